@@ -1,0 +1,1 @@
+"""The conformance suite (work in progress)."""

@@ -1,0 +1,1 @@
+"""The native driver (work in progress)."""

@@ -1,0 +1,1 @@
+"""The Temporal driver (work in progress)."""

@@ -1,0 +1,87 @@
+"""engine_port: one workflow graph format, one engine API, several drivers.
+
+Write a workflow once as a graph of durable stages; run it on the native driver (SQLite or
+PostgreSQL) or on Temporal, chosen in configuration.
+"""
+
+from ._blobs import (
+    DEFAULT_SPILL_THRESHOLD,
+    BlobStore,
+    ClaimCheck,
+    FolderBlobStore,
+    MemoryBlobStore,
+    is_spill_ref,
+)
+from ._blobstores import open_blob_store
+from ._clock import Clock, FakeClock, SystemClock
+from ._context import StageContext, Steps, SyncSteps
+from ._engine import WorkflowEngine
+from ._events import EventSink, MemorySink, event_id
+from ._factory import create_engine
+from ._graph import GraphModel, Retry, Stage, StageSpec, Workflow
+from ._ledger import InMemoryLedger, StepLedger, StepRecord
+from ._models import (
+    ErrorInfo,
+    Event,
+    FlushResult,
+    RunInfo,
+    RunSnapshot,
+    RunStatus,
+    SignalResult,
+    StageInfo,
+    StageStatus,
+    VersionInfo,
+)
+from ._registry import Registry
+from ._runner import Completed, Failed, Outcome, StageRequest, StageRunner, Suspended
+from ._settings import EngineSettings
+from .errors import EngineError, NonRetryableError
+
+__all__ = [
+    "DEFAULT_SPILL_THRESHOLD",
+    "BlobStore",
+    "ClaimCheck",
+    "Clock",
+    "Completed",
+    "EngineError",
+    "EngineSettings",
+    "ErrorInfo",
+    "Event",
+    "EventSink",
+    "Failed",
+    "FakeClock",
+    "FlushResult",
+    "FolderBlobStore",
+    "GraphModel",
+    "InMemoryLedger",
+    "MemoryBlobStore",
+    "MemorySink",
+    "NonRetryableError",
+    "Outcome",
+    "Registry",
+    "Retry",
+    "RunInfo",
+    "RunSnapshot",
+    "RunStatus",
+    "SignalResult",
+    "Stage",
+    "StageContext",
+    "StageInfo",
+    "StageRequest",
+    "StageRunner",
+    "StageSpec",
+    "StageStatus",
+    "StepLedger",
+    "StepRecord",
+    "Steps",
+    "Suspended",
+    "SyncSteps",
+    "SystemClock",
+    "VersionInfo",
+    "Workflow",
+    "WorkflowEngine",
+    "create_engine",
+    "event_id",
+    "is_spill_ref",
+    "open_blob_store",
+]

@@ -1,0 +1,279 @@
+"""StageContext and the durable-step API available inside a stage body."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from ._graph import Stage, _return_type
+from ._ledger import StepLedger, StepRecord
+from ._serde import JSON, to_json_value, validate_as
+from .errors import StepError, StepTimeoutError
+
+if TYPE_CHECKING:
+    from ._clock import Clock
+    from ._graph import Workflow
+    from ._registry import Registry
+
+__all__ = ["StageContext", "Steps", "SyncSteps"]
+
+InT = TypeVar("InT")
+T = TypeVar("T")
+
+
+class Suspend(BaseException):  # noqa: N818 - control flow, never seen by users
+    """Raised out of a stage body to suspend it; a BaseException so ``except Exception``
+    in user code cannot swallow it."""
+
+    def __init__(
+        self, reason: Literal["sleep", "signal", "poll"], until: datetime | None, waiting_for: str
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.until = until
+        self.waiting_for = waiting_for
+
+
+@dataclass
+class BusinessEvent:
+    type: str
+    data: dict[str, Any]
+
+
+async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    result = await asyncio.to_thread(fn, *args, **kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+class Steps:
+    """Durable steps: each outcome is journaled; a replay returns the recorded result."""
+
+    def __init__(self, ledger: StepLedger, clock: Clock) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._used: set[str] = set()
+
+    def _claim(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise StepError("a step needs a non-empty string name")
+        if name in self._used:
+            raise StepError(
+                f"step name {name!r} is used twice in this stage; give every step in a stage "
+                "its own name"
+            )
+        self._used.add(name)
+
+    async def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once; later replays return its journaled result."""
+        self._claim(name)
+        out_type = _return_type(fn)
+        rec = await self._ledger.get(name)
+        if rec is not None and rec.completed:
+            return validate_as(out_type, rec.result)
+        result = await _call(fn, *args, **kwargs)
+        value = to_json_value(result, f"result of step {name!r}")
+        await self._ledger.put(StepRecord(name=name, kind="run", completed=True, result=value))
+        return validate_as(out_type, value)
+
+    async def sleep(self, name: str, duration: timedelta | float) -> None:
+        """A durable sleep: the stage suspends and resumes once ``duration`` has passed."""
+        self._claim(name)
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
+        rec = await self._ledger.get(name)
+        now = self._clock.now()
+        if rec is None:
+            rec = StepRecord(
+                name=name, kind="sleep", completed=False, deadline=now + timedelta(seconds=seconds)
+            )
+            if seconds > 0:
+                await self._ledger.put(rec)
+        if rec.completed:
+            return
+        assert rec.deadline is not None
+        if now >= rec.deadline:
+            await self._ledger.put(rec.done(None))
+            return
+        raise Suspend("sleep", rec.deadline, f"sleep:{name}")
+
+    async def wait_for_signal(self, name: str, timeout: timedelta | float | None = None) -> Any:
+        """Wait for ``engine.signal(run, name, payload)`` and return the payload.
+
+        A signal sent earlier is buffered and consumed here. With ``timeout``, the deadline is
+        fixed on the first execution; past it the body receives :class:`StepTimeoutError`.
+        """
+        self._claim(name)
+        rec = await self._ledger.get(name)
+        if rec is not None and rec.completed:
+            return rec.result
+        if rec is None:
+            now = self._clock.now()
+            deadline = None if timeout is None else now + _td(timeout)
+            rec = StepRecord(
+                name=name, kind="signal", completed=False, deadline=deadline, signal=name
+            )
+            taken = await self._ledger.consume_signal(rec)
+            if taken is not None:
+                return taken.result
+            await self._ledger.put(rec)
+        else:
+            taken = await self._ledger.consume_signal(rec)
+            if taken is not None:
+                return taken.result
+        if rec.deadline is not None and self._clock.now() >= rec.deadline:
+            raise StepTimeoutError(
+                f"no signal {name!r} arrived before {rec.deadline.isoformat()}; catch "
+                "StepTimeoutError to handle the timeout, or send the signal earlier"
+            )
+        raise Suspend("signal", rec.deadline, f"signal:{name}")
+
+    async def wait_for(
+        self,
+        name: str,
+        check: Callable[[], Any],
+        interval: timedelta | float = 1.0,
+        timeout: timedelta | float | None = None,
+    ) -> Any:
+        """Poll ``check()`` every ``interval`` until it returns something other than None or
+        False; that value is journaled and returned."""
+        self._claim(name)
+        rec = await self._ledger.get(name)
+        if rec is not None and rec.completed:
+            return rec.result
+        now = self._clock.now()
+        if rec is None:
+            deadline = None if timeout is None else now + _td(timeout)
+            rec = StepRecord(name=name, kind="poll", completed=False, deadline=deadline)
+            await self._ledger.put(rec)
+        value = await _call(check)
+        if value is not None and value is not False:
+            result = to_json_value(value, f"result of wait_for step {name!r}")
+            await self._ledger.put(rec.done(result))
+            return result
+        now = self._clock.now()
+        if rec.deadline is not None and now >= rec.deadline:
+            raise StepTimeoutError(
+                f"condition {name!r} was not met before {rec.deadline.isoformat()}; catch "
+                "StepTimeoutError to handle the timeout"
+            )
+        until = now + _td(interval)
+        if rec.deadline is not None:
+            until = min(until, rec.deadline)
+        raise Suspend("poll", until, f"poll:{name}")
+
+
+def _td(value: timedelta | float) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=float(value))
+
+
+class SyncSteps:
+    """The same steps for a sync ``def`` stage body (which runs in a worker thread)."""
+
+    def __init__(self, steps: Steps, loop: asyncio.AbstractEventLoop) -> None:
+        self._steps = steps
+        self._loop = loop
+
+    def _wait(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._wait(self._steps.run(name, fn, *args, **kwargs))
+
+    def sleep(self, name: str, duration: timedelta | float) -> None:
+        self._wait(self._steps.sleep(name, duration))
+
+    def wait_for_signal(self, name: str, timeout: timedelta | float | None = None) -> Any:
+        return self._wait(self._steps.wait_for_signal(name, timeout))
+
+    def wait_for(
+        self,
+        name: str,
+        check: Callable[[], Any],
+        interval: timedelta | float = 1.0,
+        timeout: timedelta | float | None = None,
+    ) -> Any:
+        return self._wait(self._steps.wait_for(name, check, interval, timeout))
+
+
+@dataclass
+class StageContext(Generic[InT]):
+    """What a stage body receives."""
+
+    input: InT
+    run_id: str
+    stage_id: str
+    attempt: int
+    workflow: Workflow[Any]
+    step: Steps
+    registry: Registry
+    outputs: Mapping[str, JSON] = field(default_factory=dict)
+    cancel_event: asyncio.Event | None = None
+    log: logging.LoggerAdapter[logging.Logger] = field(
+        default_factory=lambda: logging.LoggerAdapter(logging.getLogger("wfe.stage"), {})
+    )
+    events: list[BusinessEvent] = field(default_factory=list)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _hook_calls: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def workflow_id(self) -> str:
+        return self.workflow.id
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event is not None and self.cancel_event.is_set()
+
+    @property
+    def sync_step(self) -> SyncSteps:
+        """Blocking durable steps for sync ``def`` stage bodies."""
+        if self._loop is None:
+            raise StepError("sync_step is only available while a stage runs")
+        return SyncSteps(self.step, self._loop)
+
+    def output_of(self, stage: Stage | str) -> Any:
+        """The output of an upstream stage, validated into that stage's output type."""
+        stage_id = stage.id if isinstance(stage, Stage) else stage
+        if stage_id not in self.outputs:
+            raise StepError(
+                f"stage {self.stage_id!r} has no output of {stage_id!r}; only completed "
+                "upstream stages (listed in after=, directly or transitively) can be read"
+            )
+        return validate_as(self.workflow.get_stage(stage_id).output_type, self.outputs[stage_id])
+
+    def emit(self, type: str, data: Any = None) -> None:
+        """Stage a business event; it is released only when the run completes."""
+        if not isinstance(type, str) or not type:
+            raise StepError("ctx.emit needs a non-empty event type")
+        value = to_json_value(data if data is not None else {}, f"data of event {type!r}")
+        if not isinstance(value, dict):
+            value = {"value": value}
+        self.events.append(BusinessEvent(type, value))
+
+    async def hook(self, name: str, payload: Any = None) -> list[Any]:
+        """Run every handler registered for hook point ``name`` as a durable step, in
+        registration order; returns their results."""
+        if name not in self.workflow.hooks:
+            raise StepError(
+                f"workflow {self.workflow.id!r} does not declare hook point {name!r}; add it "
+                "with Workflow(..., hooks=[...]) or workflow.hook_point(name)"
+            )
+        n = self._hook_calls.get(name, 0)
+        self._hook_calls[name] = n + 1
+        results = []
+        for h in self.registry.hook_handlers(name):
+            step_name = f"hook:{name}:{n}:{h.name}"
+            results.append(await self.step.run(step_name, h.fn, self, payload))
+        return results
+
+    def hook_sync(self, name: str, payload: Any = None) -> list[Any]:
+        if self._loop is None:
+            raise StepError("hook_sync is only available while a stage runs")
+        return asyncio.run_coroutine_threadsafe(self.hook(name, payload), self._loop).result()

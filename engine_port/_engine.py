@@ -1,0 +1,104 @@
+"""The WorkflowEngine port: what every driver implements."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Self
+
+from ._graph import Workflow
+from ._models import FlushResult, RunInfo, RunSnapshot, RunStatus, SignalResult, VersionInfo
+from ._registry import Registry
+
+__all__ = ["WorkflowEngine"]
+
+
+class WorkflowEngine(abc.ABC):
+    """One engine API, several drivers. Use as ``async with engine: ...``."""
+
+    driver_name: str = "abstract"
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Connect (and migrate the schema if needed)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def start(
+        self,
+        workflow: str | Workflow[Any],
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        version: str | None = None,
+    ) -> RunInfo:
+        """Start a run of the registry's latest (or the given) version of ``workflow``."""
+
+    @abc.abstractmethod
+    async def get_run(self, run_id: str) -> RunInfo: ...
+
+    @abc.abstractmethod
+    async def list_runs(
+        self,
+        *,
+        workflow_id: str | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 100,
+    ) -> list[RunInfo]: ...
+
+    @abc.abstractmethod
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        """Wait until the run is terminal; raise WaitTimeoutError after ``timeout`` seconds."""
+
+    @abc.abstractmethod
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult: ...
+
+    @abc.abstractmethod
+    async def cancel(self, run_id: str) -> RunInfo: ...
+
+    @abc.abstractmethod
+    async def redrive(
+        self, run_id: str, from_: str = "last_failure", *, version: str | None = None
+    ) -> RunInfo:
+        """Re-run a terminal run under the same id from ``last_failure``, ``start`` or a
+        stage id; ``version="latest"`` re-pins it to the registry's latest version."""
+
+    @abc.abstractmethod
+    async def list_versions(self) -> list[VersionInfo]: ...
+
+    @abc.abstractmethod
+    async def export_run(self, run_id: str) -> RunSnapshot: ...
+
+    @abc.abstractmethod
+    async def import_run(self, snapshot: RunSnapshot) -> RunInfo: ...
+
+    @abc.abstractmethod
+    def worker(self, **options: Any) -> AbstractAsyncContextManager[Any]:
+        """A worker host for this process, as an async context manager."""
+
+    async def flush_events(self) -> FlushResult:
+        """Deliver pending events to the sink now (drivers may also do this in the worker)."""
+        return FlushResult()
+
+    async def replay_dlq(self) -> int:
+        """Re-queue dead-lettered events; returns how many."""
+        return 0

@@ -1,0 +1,59 @@
+"""create_engine: pick the driver by configuration (an explicit table, no plugin magic)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._blobs import BlobStore
+from ._clock import Clock
+from ._engine import WorkflowEngine
+from ._events import EventSink
+from ._registry import Registry
+from ._settings import EngineSettings
+from .errors import DriverUnavailableError
+
+__all__ = ["DRIVERS", "create_engine"]
+
+# driver name -> (module, factory function, extra that installs its dependencies)
+DRIVERS: dict[str, tuple[str, str, str]] = {
+    "native": ("driver_native", "create_native_engine", "postgres"),
+    "temporal": ("driver_temporal", "create_temporal_engine", "temporal"),
+}
+
+
+def create_engine(
+    settings: EngineSettings | None = None,
+    registry: Registry | None = None,
+    *,
+    event_sink: EventSink | None = None,
+    blob_store: BlobStore | None = None,
+    clock: Clock | None = None,
+    **driver_options: Any,
+) -> WorkflowEngine:
+    """Build the engine named by ``settings.driver`` for ``registry``."""
+    settings = settings or EngineSettings()
+    registry = registry if registry is not None else Registry()
+    try:
+        module_name, factory_name, extra = DRIVERS[settings.driver]
+    except KeyError:
+        raise DriverUnavailableError(
+            f"unknown driver {settings.driver!r}; choose one of {sorted(DRIVERS)}"
+        ) from None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise DriverUnavailableError(
+            f"the {settings.driver} driver needs packages that are not installed ({exc.name}); "
+            f"install them with: pip install 'wfe[{extra}]'"
+        ) from None
+    factory = getattr(module, factory_name)
+    engine: WorkflowEngine = factory(
+        settings,
+        registry,
+        event_sink=event_sink,
+        blob_store=blob_store,
+        clock=clock,
+        **driver_options,
+    )
+    return engine

@@ -1,0 +1,400 @@
+"""The one graph format: ``Workflow`` definitions, stages and their canonical JSON model."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+from .errors import DefinitionError, NonRetryableError
+
+if TYPE_CHECKING:
+    from ._context import StageContext
+
+__all__ = ["GraphModel", "Retry", "RetryModel", "Stage", "StageSpec", "Workflow"]
+
+InT = TypeVar("InT", bound=BaseModel)
+_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+_WF_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+
+
+def _qualname(tp: type) -> str:
+    return f"{tp.__module__}.{tp.__qualname__}"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Per-stage retry policy (attempt 1 is the first try)."""
+
+    max_attempts: int = 3
+    initial_interval: timedelta = timedelta(seconds=1)
+    backoff: float = 2.0
+    max_interval: timedelta | None = None
+    non_retryable: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise DefinitionError("Retry.max_attempts must be at least 1")
+        if self.backoff < 1.0:
+            raise DefinitionError("Retry.backoff must be >= 1.0")
+        if self.initial_interval < timedelta(0):
+            raise DefinitionError("Retry.initial_interval must not be negative")
+
+    def delay_after(self, attempt: int) -> timedelta:
+        """The wait before attempt ``attempt + 1``."""
+        seconds = self.initial_interval.total_seconds() * self.backoff ** (attempt - 1)
+        if self.max_interval is not None:
+            seconds = min(seconds, self.max_interval.total_seconds())
+        return timedelta(seconds=seconds)
+
+    def is_retryable(self, error: BaseException) -> bool:
+        if isinstance(error, NonRetryableError):
+            return False
+        return not (self.non_retryable and isinstance(error, self.non_retryable))
+
+    def model(self) -> RetryModel:
+        return RetryModel(
+            max_attempts=self.max_attempts,
+            initial_interval_s=self.initial_interval.total_seconds(),
+            backoff=self.backoff,
+            max_interval_s=None if self.max_interval is None else self.max_interval.total_seconds(),
+            non_retryable=sorted(_qualname(t) for t in self.non_retryable),
+        )
+
+
+class RetryModel(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    max_attempts: int
+    initial_interval_s: float
+    backoff: float
+    max_interval_s: float | None = None
+    non_retryable: list[str] = []
+
+
+class StageSpec(BaseModel):
+    """One stage as the drivers see it."""
+
+    model_config = ConfigDict(frozen=True)
+    id: str
+    after: list[str]
+    retry: RetryModel
+    timeout_s: float | None = None
+    compensable: bool = False
+    local: bool = False
+    output_schema: dict[str, Any]
+
+
+class GraphModel(BaseModel):
+    """The canonical, serialisable form of a workflow definition (what both drivers execute)."""
+
+    model_config = ConfigDict(frozen=True)
+    workflow_id: str
+    version: str
+    input_schema: dict[str, Any]
+    stages: list[StageSpec]
+    groups: list[list[str]]
+    hooks: list[str] = []
+    timeout_s: float | None = None
+
+    def canonical_json(self) -> str:
+        return self.model_dump_json()
+
+    def stage(self, stage_id: str) -> StageSpec:
+        for s in self.stages:
+            if s.id == stage_id:
+                return s
+        raise DefinitionError(f"workflow {self.workflow_id!r} has no stage {stage_id!r}")
+
+    def sinks(self) -> list[str]:
+        used = {d for s in self.stages for d in s.after}
+        return [s.id for s in self.stages if s.id not in used]
+
+    def group_of(self, stage_id: str) -> int:
+        for i, g in enumerate(self.groups):
+            if stage_id in g:
+                return i
+        raise DefinitionError(f"workflow {self.workflow_id!r} has no stage {stage_id!r}")
+
+
+Handler = Callable[..., Any]
+
+
+@dataclass(eq=False)
+class Stage:
+    """A stage of a workflow; returned by ``@workflow.stage``."""
+
+    id: str
+    fn: Handler
+    after: tuple[str, ...]
+    retry: Retry
+    timeout: timedelta | None
+    local: bool
+    output_type: Any
+    workflow_id: str
+    compensation_fn: Handler | None = None
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def compensation(self, fn: Handler) -> Handler:
+        """Declare ``fn(ctx, output)`` as this stage's compensation (run on saga rollback)."""
+        if self.compensation_fn is not None:
+            raise DefinitionError(f"stage {self.id!r} already has a compensation")
+        self.compensation_fn = fn
+        return fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def _return_type(fn: Handler) -> Any:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return Any
+    ret = hints.get("return", Any)
+    if ret is type(None):
+        return None
+    origin = typing.get_origin(ret)
+    if origin is not None and origin in (Awaitable, typing.Coroutine):
+        args = typing.get_args(ret)
+        return args[-1] if args else Any
+    return ret
+
+
+def _schema_of(tp: Any, what: str) -> dict[str, Any]:
+    if tp is Any:
+        return {}
+    if tp is None:
+        return {"type": "null"}
+    try:
+        return TypeAdapter(tp).json_schema()
+    except Exception as exc:
+        raise DefinitionError(
+            f"{what} has a return type pydantic cannot describe as JSON ({exc}); return a pydantic "
+            "model, a dataclass or plain JSON types"
+        ) from None
+
+
+@dataclass(eq=False)
+class Workflow(Generic[InT]):
+    """A declarative workflow: a DAG of stages.
+
+    ``version`` is explicit or, when omitted, a hash of the structure (stage ids, dependencies,
+    retry and timeout policies, input and output JSON schemas; never the bodies).
+    """
+
+    id: str
+    input: type[InT]
+    version_: str | None = None
+    hooks: tuple[str, ...] = ()
+    timeout: timedelta | None = None
+    _stages: dict[str, Stage] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        id: str,
+        *,
+        input: type[InT],
+        version: str | None = None,
+        hooks: Iterable[str] = (),
+        timeout: timedelta | None = None,
+    ) -> None:
+        if not isinstance(id, str) or not _WF_ID.match(id):
+            raise DefinitionError(
+                f"workflow id {id!r} is invalid; use letters, digits, '_' and '-' only"
+            )
+        if not (isinstance(input, type) and issubclass(input, BaseModel)):
+            raise DefinitionError(f"workflow {id!r}: input= must be a pydantic BaseModel subclass")
+        if version is not None and not version:
+            raise DefinitionError(f"workflow {id!r}: version must be a non-empty string")
+        self.id = id
+        self.input = input
+        self.version_ = version
+        self.hooks = tuple(hooks)
+        self.timeout = timeout
+        self._stages = {}
+        self._graph: GraphModel | None = None
+
+    # -- definition -------------------------------------------------------------------------
+    def stage(
+        self,
+        fn: Handler | None = None,
+        *,
+        id: str | None = None,
+        after: Sequence[Stage | str] = (),
+        retry: Retry | None = None,
+        timeout: timedelta | None = None,
+        local: bool = False,
+    ) -> Any:
+        """Decorator declaring a stage; returns a :class:`Stage`."""
+
+        def register(f: Handler) -> Stage:
+            stage_id = id or f.__name__
+            if not _ID.match(stage_id):
+                raise DefinitionError(
+                    f"stage id {stage_id!r} in workflow {self.id!r} is invalid; use letters, "
+                    "digits, '_' and '-'"
+                )
+            if stage_id in self._stages:
+                raise DefinitionError(
+                    f"workflow {self.id!r} already has a stage {stage_id!r}; give each stage a "
+                    "unique id (id=...)"
+                )
+            deps: list[str] = []
+            for dep in after:
+                dep_id = dep.id if isinstance(dep, Stage) else dep
+                if isinstance(dep, Stage) and dep.workflow_id != self.id:
+                    raise DefinitionError(
+                        f"stage {stage_id!r} depends on {dep_id!r} of another workflow "
+                        f"({dep.workflow_id!r})"
+                    )
+                if dep_id == stage_id:
+                    raise DefinitionError(f"stage {stage_id!r} cannot depend on itself")
+                if dep_id in deps:
+                    raise DefinitionError(f"stage {stage_id!r} lists {dep_id!r} twice in after=")
+                deps.append(dep_id)
+            if not callable(f):
+                raise DefinitionError(f"stage {stage_id!r} must be a function")
+            if timeout is not None and timeout <= timedelta(0):
+                raise DefinitionError(f"stage {stage_id!r}: timeout must be positive")
+            out = _return_type(f)
+            stage = Stage(
+                id=stage_id,
+                fn=f,
+                after=tuple(deps),
+                retry=retry or Retry(),
+                timeout=timeout,
+                local=local,
+                output_type=out,
+                workflow_id=self.id,
+            )
+            self._stages[stage_id] = stage
+            self._graph = None
+            return stage
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    def hook_point(self, name: str) -> None:
+        """Declare a hook point that ``ctx.hook(name, payload)`` may call."""
+        if name not in self.hooks:
+            self.hooks = (*self.hooks, name)
+            self._graph = None
+
+    # -- reading ----------------------------------------------------------------------------
+    @property
+    def stages(self) -> dict[str, Stage]:
+        return dict(self._stages)
+
+    def get_stage(self, stage_id: str) -> Stage:
+        try:
+            return self._stages[stage_id]
+        except KeyError:
+            raise DefinitionError(f"workflow {self.id!r} has no stage {stage_id!r}") from None
+
+    def groups(self) -> list[list[str]]:
+        """The execution groups: topological layers of the DAG (ids sorted within a layer)."""
+        if not self._stages:
+            raise DefinitionError(f"workflow {self.id!r} has no stages; add one with @wf.stage")
+        for s in self._stages.values():
+            for d in s.after:
+                if d not in self._stages:
+                    raise DefinitionError(
+                        f"stage {s.id!r} of workflow {self.id!r} depends on unknown stage {d!r}"
+                    )
+        level: dict[str, int] = {}
+        remaining = dict(self._stages)
+        while remaining:
+            ready = [s for s in remaining.values() if all(d in level for d in s.after)]
+            if not ready:
+                cyc = ", ".join(sorted(remaining))
+                raise DefinitionError(
+                    f"workflow {self.id!r} has a dependency cycle among stages: {cyc}"
+                )
+            for s in ready:
+                level[s.id] = 1 + max((level[d] for d in s.after), default=-1)
+                del remaining[s.id]
+        layers: list[list[str]] = [[] for _ in range(max(level.values()) + 1)]
+        for sid, lv in level.items():
+            layers[lv].append(sid)
+        return [sorted(layer) for layer in layers]
+
+    def _structure(self) -> dict[str, Any]:
+        groups = self.groups()
+        stages = [
+            StageSpec(
+                id=s.id,
+                after=list(s.after),
+                retry=s.retry.model(),
+                timeout_s=None if s.timeout is None else s.timeout.total_seconds(),
+                compensable=s.compensation_fn is not None,
+                local=s.local,
+                output_schema=_schema_of(s.output_type, f"stage {s.id!r}"),
+            )
+            for s in sorted(self._stages.values(), key=lambda s: s.id)
+        ]
+        return {
+            "workflow_id": self.id,
+            "input_schema": self.input.model_json_schema(),
+            "stages": stages,
+            "groups": groups,
+            "hooks": sorted(self.hooks),
+            "timeout_s": None if self.timeout is None else self.timeout.total_seconds(),
+        }
+
+    def graph(self) -> GraphModel:
+        """The canonical graph model (validates the definition; raises DefinitionError)."""
+        if self._graph is None:
+            structure = self._structure()
+            unversioned = GraphModel(version="", **structure)
+            version = self.version_ or structural_hash(unversioned)
+            self._graph = GraphModel(version=version, **structure)
+        return self._graph
+
+    @property
+    def version(self) -> str:
+        return self.graph().version
+
+    def validate_input(self, data: Any) -> InT:
+        from pydantic import ValidationError
+
+        from .errors import InvalidInputError
+
+        try:
+            if isinstance(data, self.input):
+                return data
+            if isinstance(data, BaseModel):
+                data = data.model_dump(mode="json")
+            return self.input.model_validate(data)
+        except ValidationError as exc:
+            fields = tuple(".".join(str(p) for p in e["loc"]) or "<root>" for e in exc.errors())
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise InvalidInputError(self.id, detail, fields) from None
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.id!r}, stages={list(self._stages)})"
+
+
+def structural_hash(model: GraphModel) -> str:
+    data = model.model_dump_json(exclude={"version"}).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def is_async_handler(fn: Handler) -> bool:
+    return inspect.iscoroutinefunction(fn)
+
+
+StageFn = Callable[["StageContext[Any]"], Any]

@@ -1,0 +1,187 @@
+"""Port models: identical for every driver. No driver type ever crosses the port."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ACTIVE_RUN_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "ErrorInfo",
+    "Event",
+    "FlushResult",
+    "RunInfo",
+    "RunSnapshot",
+    "RunStatus",
+    "SignalResult",
+    "SnapshotStage",
+    "SnapshotStep",
+    "StageInfo",
+    "StageStatus",
+    "VersionInfo",
+]
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPENSATING = "compensating"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    MIGRATED = "migrated"
+
+
+TERMINAL_RUN_STATUSES = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.MIGRATED}
+)
+ACTIVE_RUN_STATUSES = frozenset(set(RunStatus) - TERMINAL_RUN_STATUSES)
+
+
+class StageStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    COMPENSATED = "compensated"
+    SKIPPED = "skipped"
+
+
+class ErrorInfo(BaseModel):
+    """A recorded error: exception type name, message and the stage it came from."""
+
+    model_config = ConfigDict(frozen=True)
+    type: str
+    message: str
+    stage: str | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException, stage: str | None = None) -> ErrorInfo:
+        return cls(type=type(exc).__name__, message=str(exc), stage=stage)
+
+
+class Event(BaseModel):
+    """A lifecycle or business event with a stable id and a per-run sequence number."""
+
+    model_config = ConfigDict(frozen=True)
+    id: str
+    run_id: str
+    seq: int
+    type: str
+    workflow_id: str
+    stage: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    business: bool = False
+    at: datetime
+
+
+class StageInfo(BaseModel):
+    id: str
+    status: StageStatus
+    attempt: int = 0
+    output: Any = None
+    error: ErrorInfo | None = None
+    compensation_error: ErrorInfo | None = None
+    waiting_for: str | None = None
+    wake_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class RunInfo(BaseModel):
+    id: str
+    workflow_id: str
+    version: str
+    status: RunStatus
+    input: Any = None
+    output: Any = None
+    error: ErrorInfo | None = None
+    compensation_errors: list[ErrorInfo] = Field(default_factory=list)
+    stages: list[StageInfo] = Field(default_factory=list)
+    idempotency_key: str | None = None
+    migrated_to: str | None = None
+    redrive_count: int = 0
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+    def stage(self, stage_id: str) -> StageInfo:
+        for s in self.stages:
+            if s.id == stage_id:
+                return s
+        raise KeyError(stage_id)
+
+
+class SignalResult(BaseModel):
+    run_id: str
+    name: str
+    delivered: bool
+    already_completed: bool = False
+
+
+class VersionInfo(BaseModel):
+    workflow_id: str
+    version: str
+    active_runs: int
+    served_here: bool
+    drained: bool
+    latest: bool = False
+
+
+class FlushResult(BaseModel):
+    delivered: int = 0
+    failed: int = 0
+    dead: int = 0
+    degraded: bool = False
+
+
+class SnapshotStep(BaseModel):
+    name: str
+    kind: str
+    completed: bool
+    result: Any = None
+    deadline: datetime | None = None
+    signal: str | None = None
+
+
+class SnapshotStage(BaseModel):
+    id: str
+    status: StageStatus
+    attempt: int = 0
+    output: Any = None  # JSON or a spill reference (the blob stays in the shared store)
+    error: ErrorInfo | None = None
+    completed_order: int | None = None
+    steps: list[SnapshotStep] = Field(default_factory=list)
+    staged_events: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class RunSnapshot(BaseModel):
+    """The portable state of a run, for moving it between drivers (format version 1)."""
+
+    format: Literal["wfe.run-snapshot"] = "wfe.run-snapshot"
+    format_version: Literal[1] = 1
+    run_id: str
+    workflow_id: str
+    version: str
+    status: RunStatus
+    input: Any
+    idempotency_key: str | None = None
+    input_fingerprint: str | None = None
+    stages: list[SnapshotStage]
+    signals: dict[str, Any] = Field(default_factory=dict)  # buffered, not yet consumed
+    consumed_signals: list[str] = Field(default_factory=list)
+    event_seq: int = 0
+    redrive_count: int = 0
+    created_at: datetime | None = None
+    source: str | None = None

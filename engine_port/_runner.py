@@ -1,0 +1,156 @@
+"""The StageRunner: executes one stage attempt against a step ledger.
+
+Both drivers call it (the native kernel from ``job.execute``, the Temporal driver from its
+stage activity), which is what makes them behave identically by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from ._clock import Clock, SystemClock
+from ._context import BusinessEvent, StageContext, Steps, Suspend
+from ._graph import Stage, Workflow
+from ._ledger import StepLedger
+from ._models import ErrorInfo
+from ._registry import Registry
+from ._serde import JSON, to_json_value, validate_as
+from .errors import (
+    DefinitionError,
+    SerializationError,
+    StageTimeoutError,
+    StepError,
+)
+
+__all__ = ["Completed", "Failed", "Outcome", "StageRequest", "StageRunner", "Suspended"]
+
+
+@dataclass(frozen=True)
+class StageRequest:
+    """One stage attempt to execute."""
+
+    run_id: str
+    workflow: Workflow[Any]
+    stage_id: str
+    attempt: int
+    input: JSON
+    outputs: Mapping[str, JSON] = field(default_factory=dict)
+    cancel_event: asyncio.Event | None = None
+
+
+@dataclass(frozen=True)
+class Completed:
+    output: JSON
+    events: tuple[BusinessEvent, ...] = ()
+
+
+@dataclass(frozen=True)
+class Suspended:
+    reason: Literal["sleep", "signal", "poll"]
+    until: datetime | None
+    waiting_for: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ErrorInfo
+    retryable: bool
+
+
+Outcome = Completed | Suspended | Failed
+
+_NEVER_RETRY = (SerializationError, StepError, DefinitionError)
+
+
+class StageRunner:
+    """Runs stage bodies and compensations; holds no state between calls."""
+
+    def __init__(self, registry: Registry, clock: Clock | None = None) -> None:
+        self.registry = registry
+        self.clock: Clock = clock or SystemClock()
+
+    def _context(self, req: StageRequest, ledger: StepLedger) -> StageContext[Any]:
+        wf = req.workflow
+        return StageContext(
+            input=wf.validate_input(req.input),
+            run_id=req.run_id,
+            stage_id=req.stage_id,
+            attempt=req.attempt,
+            workflow=wf,
+            step=Steps(ledger, self.clock),
+            registry=self.registry,
+            outputs=req.outputs,
+            cancel_event=req.cancel_event,
+            _loop=asyncio.get_running_loop(),
+        )
+
+    async def _invoke(self, stage: Stage, fn: Any, *args: Any) -> Any:
+        if asyncio.iscoroutinefunction(fn):
+            return await fn(*args)
+        ctx = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(ctx.run, fn, *args))
+
+    async def run(self, req: StageRequest, ledger: StepLedger) -> Outcome:
+        """Execute (or replay) one attempt of a stage. Cancellation propagates as
+        ``asyncio.CancelledError``."""
+        stage = req.workflow.get_stage(req.stage_id)
+        ctx = self._context(req, ledger)
+        timeout = None if stage.timeout is None else stage.timeout.total_seconds()
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                result = await self._invoke(stage, stage.fn, ctx)
+        except Suspend as s:
+            return Suspended(s.reason, s.until, s.waiting_for)
+        except TimeoutError as exc:
+            if timeout is not None and scope.expired():
+                err: BaseException = StageTimeoutError(
+                    f"stage {stage.id!r} attempt {req.attempt} ran longer than its timeout of "
+                    f"{timeout:g}s; raise the stage timeout= or make the stage faster"
+                )
+                return Failed(ErrorInfo.of(err, stage.id), retryable=True)
+            return self._failed(stage, exc)
+        except Exception as exc:
+            return self._failed(stage, exc)
+        try:
+            output = to_json_value(result, f"output of stage {stage.id!r}")
+            if stage.output_type not in (Any, None):
+                validate_as(stage.output_type, output)
+        except SerializationError as exc:
+            return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
+        except Exception as exc:
+            err = SerializationError(
+                f"output of stage {stage.id!r} does not match its return annotation: {exc}"
+            )
+            return Failed(ErrorInfo.of(err, stage.id), retryable=False)
+        return Completed(output, tuple(ctx.events))
+
+    def _failed(self, stage: Stage, exc: BaseException) -> Failed:
+        retryable = stage.retry.is_retryable(exc) and not isinstance(exc, _NEVER_RETRY)
+        return Failed(ErrorInfo.of(exc, stage.id), retryable=retryable)
+
+    async def compensate(self, req: StageRequest, output: JSON, ledger: StepLedger) -> Outcome:
+        """Run the stage's compensation once with its recorded output. Returns Completed(None)
+        or Failed; the driver applies the stage's retry policy."""
+        stage = req.workflow.get_stage(req.stage_id)
+        if stage.compensation_fn is None:
+            return Completed(None)
+        ctx = self._context(req, ledger)
+        try:
+            value = validate_as(stage.output_type, output)
+            await self._invoke(stage, stage.compensation_fn, ctx, value)
+        except Suspend:
+            err = StepError(
+                f"compensation of stage {stage.id!r} tried to sleep or wait; compensations run "
+                "to completion, use ctx.step.run only"
+            )
+            return Failed(ErrorInfo.of(err, stage.id), retryable=False)
+        except Exception as exc:
+            return self._failed(stage, exc)
+        return Completed(None)

@@ -1,0 +1,49 @@
+"""EngineSettings: environment (prefix ``WFE_``), then ``wfe.toml``, then defaults."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+__all__ = ["EngineSettings"]
+
+
+class EngineSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="WFE_", toml_file="wfe.toml", extra="forbid", frozen=True
+    )
+
+    driver: Literal["native", "temporal"] = "native"
+    database_url: str = "sqlite:///.wfe/wfe.db"
+    blob_url: str = "file://.wfe/blobs"
+    temporal_address: str = "127.0.0.1:7233"
+    temporal_namespace: str = "default"
+    task_queue: str = "wfe"
+    spill_threshold_bytes: int = Field(default=64 * 1024, ge=0)
+    app: str | None = None
+    # native worker tuning
+    worker_concurrency: int = Field(default=8, ge=1)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    poll_interval_seconds: float = Field(default=0.05, gt=0)
+    dead_letter_after: int = Field(default=5, ge=1)
+    command_key_stale_seconds: float = Field(default=600.0, gt=0)
+    # routing for a mixed (migration) period: workflow id -> driver
+    routes: dict[str, Literal["native", "temporal"]] = Field(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))

@@ -1,0 +1,165 @@
+"""Typed errors of the workflow-engine port.
+
+Every error a user can cause is a subclass of :class:`EngineError`. Drivers translate their own
+failures into these types so that code written against the port never sees a driver's exception.
+Each message says what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DefinitionError",
+    "DefinitionVersionConflictError",
+    "DriverUnavailableError",
+    "EngineError",
+    "IdempotencyConflictError",
+    "InvalidInputError",
+    "MigrationError",
+    "NonRetryableError",
+    "RunNotActiveError",
+    "RunNotFoundError",
+    "RunTimeoutError",
+    "SerializationError",
+    "SpilledPayloadUnavailableError",
+    "StageTimeoutError",
+    "StepError",
+    "StepTimeoutError",
+    "UnsafeBlobKeyError",
+    "UnsupportedFeatureError",
+    "VersionNotServedError",
+    "WaitTimeoutError",
+    "WorkflowNotFoundError",
+]
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises because of something a user did or asked for."""
+
+
+class DefinitionError(EngineError):
+    """A workflow graph is malformed (cycle, unknown or self dependency, duplicate id, empty)."""
+
+
+class DefinitionVersionConflictError(DefinitionError):
+    """One (workflow, version) was registered with two different structures."""
+
+    def __init__(self, workflow_id: str, version: str) -> None:
+        super().__init__(
+            f"workflow {workflow_id!r} version {version!r} is already registered with a different "
+            "structure; give the changed definition a new version= (or drop version= to use the "
+            "structural hash)"
+        )
+        self.workflow_id = workflow_id
+        self.version = version
+
+
+class WorkflowNotFoundError(EngineError):
+    """The registry has no workflow (or no such version of it)."""
+
+    def __init__(self, workflow_id: str, version: str | None = None) -> None:
+        what = f"{workflow_id!r}" if version is None else f"{workflow_id!r} version {version!r}"
+        super().__init__(
+            f"no workflow {what} is registered; add it to the Registry passed to create_engine()"
+        )
+        self.workflow_id = workflow_id
+        self.version = version
+
+
+class InvalidInputError(EngineError):
+    """A workflow input failed validation against the workflow's input model."""
+
+    def __init__(self, workflow_id: str, detail: str, fields: tuple[str, ...] = ()) -> None:
+        names = ", ".join(fields) if fields else "the input"
+        super().__init__(
+            f"input for workflow {workflow_id!r} is invalid ({names}): {detail}; "
+            "fix the input so it matches the workflow's input model"
+        )
+        self.workflow_id = workflow_id
+        self.fields = fields
+
+
+class SerializationError(EngineError):
+    """A value could not be serialised to JSON (stage output, step result, event data)."""
+
+
+class RunNotFoundError(EngineError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r}; check the id (list_runs() shows known runs)")
+        self.run_id = run_id
+
+
+class RunNotActiveError(EngineError):
+    def __init__(self, run_id: str, status: str, action: str) -> None:
+        super().__init__(
+            f"cannot {action} run {run_id!r}: it is {status}; only active runs accept this "
+            "(use redrive() to re-run a terminal run)"
+        )
+        self.run_id = run_id
+        self.status = status
+
+
+class IdempotencyConflictError(EngineError):
+    def __init__(self, key: str, run_id: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} already started run {run_id!r} with a different input; "
+            "use a new key for a different input"
+        )
+        self.key = key
+        self.run_id = run_id
+
+
+class NonRetryableError(EngineError):
+    """Raise from a stage body to fail the stage at once, without retries."""
+
+
+class StepError(EngineError):
+    """A durable step was used incorrectly (for example one step name used twice in a stage)."""
+
+
+class StepTimeoutError(EngineError):
+    """A durable wait reached its deadline (fixed when the wait first started)."""
+
+
+class StageTimeoutError(EngineError):
+    """A stage attempt ran longer than its ``timeout``."""
+
+
+class RunTimeoutError(EngineError):
+    """A run ran longer than its run ``timeout``."""
+
+
+class WaitTimeoutError(EngineError):
+    """``engine.wait()`` gave up before the run reached a terminal status."""
+
+
+class SpilledPayloadUnavailableError(EngineError):
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"spilled payload {key!r} is not in the blob store; point blob_url at the store the "
+            "run was written with (or copy the blobs across when migrating)"
+        )
+        self.key = key
+
+
+class UnsafeBlobKeyError(EngineError):
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"blob key {key!r} escapes the blob store root; use a relative key without '..'"
+        )
+        self.key = key
+
+
+class UnsupportedFeatureError(EngineError):
+    """A driver was asked for an option it does not support (never silently ignored)."""
+
+
+class DriverUnavailableError(EngineError):
+    """A driver's extra is not installed, or its server cannot be reached."""
+
+
+class VersionNotServedError(EngineError):
+    """No registry here serves the (workflow, version) asked for."""
+
+
+class MigrationError(EngineError):
+    """A run could not be exported or imported."""
