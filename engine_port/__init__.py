@@ -20,6 +20,7 @@ from ._events import EventSink, MemorySink, event_id
 from ._factory import create_engine
 from ._graph import GraphModel, Retry, Stage, StageSpec, Workflow
 from ._ledger import InMemoryLedger, StepLedger, StepRecord
+from ._lifecycle import EventDraft, Lifecycle, run_output
 from ._models import (
     ErrorInfo,
     Event,
@@ -47,6 +48,7 @@ __all__ = [
     "EngineSettings",
     "ErrorInfo",
     "Event",
+    "EventDraft",
     "EventSink",
     "Failed",
     "FakeClock",
@@ -54,6 +56,7 @@ __all__ = [
     "FolderBlobStore",
     "GraphModel",
     "InMemoryLedger",
+    "Lifecycle",
     "MemoryBlobStore",
     "MemorySink",
     "NonRetryableError",
@@ -84,4 +87,5 @@ __all__ = [
     "event_id",
     "is_spill_ref",
     "open_blob_store",
+    "run_output",
 ]

@@ -26,7 +26,7 @@ InT = TypeVar("InT")
 T = TypeVar("T")
 
 
-class Suspend(BaseException):  # noqa: N818 - control flow, never seen by users
+class Suspend(BaseException):
     """Raised out of a stage body to suspend it; a BaseException so ``except Exception``
     in user code cannot swallow it."""
 
