@@ -8,12 +8,14 @@ Each message says what to do about it.
 from __future__ import annotations
 
 __all__ = [
+    "CommandInProgressError",
     "DefinitionError",
     "DefinitionVersionConflictError",
     "DriverUnavailableError",
     "EngineError",
     "IdempotencyConflictError",
     "InvalidInputError",
+    "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
     "RunNotActiveError",
@@ -76,6 +78,14 @@ class InvalidInputError(EngineError):
         )
         self.workflow_id = workflow_id
         self.fields = fields
+
+
+class InvalidRedriveError(EngineError):
+    """A redrive named an unknown stage, or there is nothing to redrive."""
+
+
+class CommandInProgressError(EngineError):
+    """A command with this idempotency key is still running elsewhere."""
 
 
 class SerializationError(EngineError):

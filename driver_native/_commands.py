@@ -1,0 +1,146 @@
+"""Typed commands of the native kernel. Each is one transaction (job.execute runs user code
+between two)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "CancelRun",
+    "ClaimPending",
+    "Command",
+    "CreateRun",
+    "ExecuteJob",
+    "FlushOutbox",
+    "Heartbeat",
+    "ListVersions",
+    "PollSuspended",
+    "PurgeRuns",
+    "ReapStaleLeases",
+    "ReapStuckRuns",
+    "RedriveRun",
+    "ReleaseJobs",
+    "ReplayDlq",
+    "SignalStep",
+    "Transition",
+]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: ClassVar[str] = "command"
+
+
+@dataclass(frozen=True)
+class CreateRun(Command):
+    name: ClassVar[str] = "run.create"
+    workflow_id: str
+    input: Any
+    idempotency_key: str | None = None
+    version: str | None = None
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimPending(Command):
+    """Lease due jobs (new stages, retries, woken suspensions) this host serves."""
+
+    name: ClassVar[str] = "run.claim_pending"
+    worker_id: str
+    limit: int = 1
+    served: frozenset[str] | None = None  # "workflow@version"; None = the registry's
+
+
+@dataclass(frozen=True)
+class ExecuteJob(Command):
+    name: ClassVar[str] = "job.execute"
+    job: Any
+    worker_id: str
+    stop: asyncio.Event | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Heartbeat(Command):
+    name: ClassVar[str] = "job.heartbeat"
+    job_id: int
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class Transition(Command):
+    """Record a stage attempt's outcome (normally done inside job.execute)."""
+
+    name: ClassVar[str] = "run.transition"
+    job: Any
+    worker_id: str
+    outcome: Any
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class CancelRun(Command):
+    name: ClassVar[str] = "run.cancel"
+    run_id: str
+
+
+@dataclass(frozen=True)
+class RedriveRun(Command):
+    name: ClassVar[str] = "run.redrive"
+    run_id: str
+    from_: str = "last_failure"
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class PollSuspended(Command):
+    name: ClassVar[str] = "stage.poll_suspended"
+
+
+@dataclass(frozen=True)
+class SignalStep(Command):
+    name: ClassVar[str] = "step.signal"
+    run_id: str
+    signal: str
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class ReapStaleLeases(Command):
+    name: ClassVar[str] = "lease.reap_stale"
+
+
+@dataclass(frozen=True)
+class FlushOutbox(Command):
+    name: ClassVar[str] = "outbox.flush"
+    limit: int = 500
+
+
+@dataclass(frozen=True)
+class ReplayDlq(Command):
+    name: ClassVar[str] = "dlq.replay"
+
+
+@dataclass(frozen=True)
+class ReapStuckRuns(Command):
+    name: ClassVar[str] = "run.reap_stuck"
+    grace_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class PurgeRuns(Command):
+    name: ClassVar[str] = "run.purge"
+    older_than_seconds: float = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class ListVersions(Command):
+    name: ClassVar[str] = "run.list_versions"
+
+
+@dataclass(frozen=True)
+class ReleaseJobs(Command):
+    name: ClassVar[str] = "job.release"
+    job_ids: tuple[int, ...]
+    worker_id: str

@@ -1,0 +1,279 @@
+"""NativeEngine: the WorkflowEngine port on the native kernel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from engine_port import (
+    BlobStore,
+    ClaimCheck,
+    EngineSettings,
+    ErrorInfo,
+    Event,
+    EventSink,
+    FlushResult,
+    Registry,
+    RunInfo,
+    RunSnapshot,
+    RunStatus,
+    SignalResult,
+    StageInfo,
+    SystemClock,
+    VersionInfo,
+    Workflow,
+    WorkflowEngine,
+    open_blob_store,
+)
+from engine_port._clock import Clock
+from engine_port.errors import EngineError, UnsupportedFeatureError, WaitTimeoutError
+
+from . import _outbox, _runs
+from ._commands import (
+    CancelRun,
+    CreateRun,
+    FlushOutbox,
+    ListVersions,
+    PurgeRuns,
+    RedriveRun,
+    ReplayDlq,
+    SignalStep,
+)
+from ._db import Database
+from ._kernel import Kernel
+from ._worker import WorkerHost
+
+__all__ = ["NativeEngine", "create_native_engine"]
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+class NativeEngine(WorkflowEngine):
+    """The native driver: SQLite (embedded default) or PostgreSQL, plus a blob store."""
+
+    driver_name = "native"
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        registry: Registry,
+        *,
+        event_sink: EventSink | None = None,
+        blob_store: BlobStore | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(registry)
+        self.settings = settings
+        self.event_sink = event_sink
+        self.blob_store = blob_store
+        self.clock: Clock = clock or SystemClock()
+        self._kernel: Kernel | None = None
+        self._hosts: list[WorkerHost] = []
+
+    # -- connection ------------------------------------------------------------------------
+    async def connect(self) -> None:
+        if self._kernel is not None:
+            return
+        db = Database(self.settings.database_url)
+        await asyncio.get_running_loop().run_in_executor(None, db.upgrade)
+        store = self.blob_store
+        if store is None:
+            if self.settings.blob_url.startswith("db://"):
+                from ._dbblobs import DatabaseBlobStore
+
+                store = DatabaseBlobStore(db)
+            else:
+                store = open_blob_store(self.settings.blob_url)
+        claim = ClaimCheck(store, self.settings.spill_threshold_bytes)
+        self._kernel = Kernel(db, self.registry, self.settings, claim, self.clock, self.event_sink)
+
+    async def close(self) -> None:
+        for host in list(self._hosts):
+            await host.stop()
+        if self._kernel is not None:
+            self._kernel.db.dispose()
+            self._kernel = None
+
+    @property
+    def kernel(self) -> Kernel:
+        if self._kernel is None:
+            raise EngineError("the engine is not connected; use `async with engine:` first")
+        return self._kernel
+
+    def _wake(self) -> None:
+        for host in self._hosts:
+            host.wake()
+
+    # -- the port --------------------------------------------------------------------------
+    async def start(
+        self,
+        workflow: str | Workflow[Any],
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        version: str | None = None,
+    ) -> RunInfo:
+        wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
+        if isinstance(workflow, Workflow) and version is None:
+            version = workflow.version
+        run_id, _created = await self.kernel.dispatch(
+            CreateRun(wf_id, input, idempotency_key, version)
+        )
+        self._wake()
+        return await self.get_run(run_id)
+
+    async def get_run(self, run_id: str) -> RunInfo:
+        k = self.kernel
+        run, stage_rows, graph = await k.db.tx(_runs.read_run, run_id)
+        order = {sid: i for i, sid in enumerate(s for g in graph.groups for s in g)} if graph else {}
+        stage_infos = []
+        for r in sorted(stage_rows, key=lambda r: order.get(r.stage_id, 0)):
+            stage_infos.append(
+                StageInfo(
+                    id=r.stage_id,
+                    status=r.status,
+                    attempt=r.attempt,
+                    output=await k.claim.load(r.output) if r.has_output else None,
+                    error=ErrorInfo.model_validate(r.error) if r.error else None,
+                    compensation_error=(
+                        ErrorInfo.model_validate(r.compensation_error)
+                        if r.compensation_error else None
+                    ),
+                    waiting_for=r.waiting_for,
+                    wake_at=_dt(r.wake_at),
+                    started_at=_dt(r.started_at),
+                    finished_at=_dt(r.finished_at),
+                )
+            )
+        output = None
+        if run.status == RunStatus.COMPLETED and graph is not None:
+            sinks = graph.sinks()
+            if len(sinks) == 1:
+                output = await k.claim.load(run.output)
+            else:
+                output = {s: await k.claim.load(v) for s, v in (run.output or {}).items()}
+        return RunInfo(
+            id=run.id,
+            workflow_id=run.workflow_id,
+            version=run.version,
+            status=run.status,
+            input=await k.claim.load(run.input),
+            output=output,
+            error=ErrorInfo.model_validate(run.error) if run.error else None,
+            compensation_errors=[ErrorInfo.model_validate(e) for e in run.compensation_errors or []],
+            stages=stage_infos,
+            idempotency_key=run.idempotency_key,
+            migrated_to=run.migrated_to,
+            redrive_count=run.redrive_count,
+            created_at=_dt(run.created_at),
+            updated_at=_dt(run.updated_at),
+            finished_at=_dt(run.finished_at),
+        )
+
+    async def list_runs(
+        self,
+        *,
+        workflow_id: str | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 100,
+    ) -> list[RunInfo]:
+        statuses = [status] if isinstance(status, str) else list(status or [])
+        ids = await self.kernel.db.tx(_runs.list_run_rows, workflow_id, statuses, limit)
+        return [await self.get_run(i) for i in ids]
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            info = await self.get_run(run_id)
+            if info.terminal:
+                return info
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(
+                    f"run {run_id!r} is still {info.status} after {timeout}s; is a worker "
+                    "running for its workflow version? (engine.worker() or `wfe worker`)"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.1)
+
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult:
+        result: SignalResult = await self.kernel.dispatch(SignalStep(run_id, name, payload))
+        self._wake()
+        return result
+
+    async def cancel(self, run_id: str) -> RunInfo:
+        await self.kernel.dispatch(CancelRun(run_id))
+        self._wake()
+        return await self.get_run(run_id)
+
+    async def redrive(
+        self, run_id: str, from_: str = "last_failure", *, version: str | None = None
+    ) -> RunInfo:
+        await self.kernel.dispatch(RedriveRun(run_id, from_, version))
+        self._wake()
+        return await self.get_run(run_id)
+
+    async def list_versions(self) -> list[VersionInfo]:
+        result: list[VersionInfo] = await self.kernel.dispatch(ListVersions())
+        return result
+
+    async def export_run(self, run_id: str) -> RunSnapshot:
+        raise UnsupportedFeatureError(
+            "export_run is not implemented by the native driver yet (issue 7)"
+        )
+
+    async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
+        raise UnsupportedFeatureError(
+            "import_run is not implemented by the native driver yet (issue 7)"
+        )
+
+    @contextlib.asynccontextmanager
+    async def worker(self, **options: Any) -> AsyncIterator[WorkerHost]:
+        host = WorkerHost(self.kernel, **options)
+        self._hosts.append(host)
+        try:
+            async with host:
+                yield host
+        finally:
+            self._hosts.remove(host)
+
+    async def flush_events(self) -> FlushResult:
+        result: FlushResult = await self.kernel.dispatch(FlushOutbox())
+        return result
+
+    async def replay_dlq(self) -> int:
+        n: int = await self.kernel.dispatch(ReplayDlq())
+        return n
+
+    # -- native extras ---------------------------------------------------------------------
+    async def events(self, run_id: str) -> list[Event]:
+        """Every event the run wrote to its outbox, in sequence order (delivered or not)."""
+        return await self.kernel.db.tx(_outbox.load_events, run_id)
+
+    async def purge(self, older_than_seconds: float) -> int:
+        n: int = await self.kernel.dispatch(PurgeRuns(older_than_seconds))
+        return n
+
+
+def create_native_engine(
+    settings: EngineSettings,
+    registry: Registry,
+    *,
+    event_sink: EventSink | None = None,
+    blob_store: BlobStore | None = None,
+    clock: Clock | None = None,
+    **options: Any,
+) -> NativeEngine:
+    if options:
+        raise UnsupportedFeatureError(
+            f"the native driver does not support the options {sorted(options)}"
+        )
+    return NativeEngine(
+        settings, registry, event_sink=event_sink, blob_store=blob_store, clock=clock
+    )

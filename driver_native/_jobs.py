@@ -1,0 +1,108 @@
+"""The job queue in the database: claim with leases, heartbeat, reap stale leases, wake
+suspended stages. On PostgreSQL a claim is one UPDATE over FOR UPDATE SKIP LOCKED."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from engine_port import RunStatus
+
+from ._schema import jobs, runs
+
+__all__ = ["claim", "heartbeat", "poll_suspended", "reap_stale", "release"]
+
+
+def _lease_until(conn: Connection, lease: float, now: float) -> Any:
+    if conn.dialect.name == "postgresql":
+        return sa.func.extract("epoch", sa.func.clock_timestamp()) + lease
+    return now + lease
+
+
+def claim(
+    conn: Connection,
+    worker: str,
+    served: Collection[str] | None,
+    limit: int,
+    lease: float,
+    now: float,
+) -> list[Any]:
+    """Lease up to ``limit`` due jobs whose "workflow@version" this host serves."""
+    cond = [
+        jobs.c.status.in_(("ready", "waiting")),
+        jobs.c.available_at.is_not(None),
+        jobs.c.available_at <= now,
+    ]
+    if served is not None:
+        cond.append(jobs.c.wfv.in_(list(served)))
+    inner = sa.select(jobs.c.id).where(*cond).order_by(jobs.c.available_at).limit(limit)
+    if conn.dialect.name == "postgresql":
+        inner = inner.with_for_update(skip_locked=True)
+    stmt = (
+        sa.update(jobs)
+        .where(jobs.c.id.in_(inner.scalar_subquery()))
+        .values(status="leased", lease_owner=worker, lease_expires_at=_lease_until(conn, lease, now))
+        .returning(*jobs.c)
+    )
+    return list(conn.execute(stmt).all())
+
+
+def heartbeat(conn: Connection, job_id: int, worker: str, lease: float, now: float) -> tuple[bool, bool]:
+    """Extend a lease; returns (still ours, the run wants this stage stopped)."""
+    res = conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.lease_owner == worker, jobs.c.status == "leased")
+        .values(lease_expires_at=_lease_until(conn, lease, now))
+        .returning(jobs.c.run_id, jobs.c.kind)
+    ).first()
+    if res is None:
+        return False, True
+    if res.kind != "stage":
+        return True, False
+    run = conn.execute(
+        sa.select(runs.c.status, runs.c.cancel_requested).where(runs.c.id == res.run_id)
+    ).first()
+    stop = run is None or bool(run.cancel_requested) or run.status not in (
+        RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED
+    )
+    return True, stop
+
+
+def release(conn: Connection, job_ids: Collection[int], worker: str) -> int:
+    """Give leases back (graceful shutdown): the jobs become claimable at once, same attempt."""
+    if not job_ids:
+        return 0
+    res = conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.id.in_(list(job_ids)), jobs.c.lease_owner == worker)
+        .values(status="ready", lease_owner=None, lease_expires_at=None)
+    )
+    return res.rowcount or 0
+
+
+def reap_stale(conn: Connection, now: float) -> int:
+    """Expired leases (their worker died) become claimable again; the attempt is kept."""
+    db_now: Any = (
+        sa.func.extract("epoch", sa.func.clock_timestamp())
+        if conn.dialect.name == "postgresql"
+        else now
+    )
+    res = conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.status == "leased", jobs.c.lease_expires_at < db_now)
+        .values(status="ready", lease_owner=None, lease_expires_at=None)
+    )
+    return res.rowcount or 0
+
+
+def poll_suspended(conn: Connection, now: float) -> int:
+    """Suspended stages whose wake time has come become ready."""
+    res = conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.status == "waiting", jobs.c.available_at <= now)
+        .values(status="ready")
+    )
+    return res.rowcount or 0

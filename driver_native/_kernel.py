@@ -1,0 +1,397 @@
+"""The stateless command kernel: ``kernel.dispatch(command)``.
+
+The kernel holds configuration (database, registry, runner, blob store, sink, clock) and no
+run state; it starts no timers. Hosts (the worker, the serverless entry points) drive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
+
+from engine_port import (
+    ClaimCheck,
+    Completed,
+    EngineSettings,
+    EventSink,
+    FlushResult,
+    GraphModel,
+    Registry,
+    SignalResult,
+    StageRequest,
+    StageRunner,
+    VersionInfo,
+)
+from engine_port._clock import Clock
+from engine_port._serde import fingerprint, to_json_value
+from engine_port.errors import CommandInProgressError, IdempotencyConflictError, WorkflowNotFoundError
+
+from . import _jobs, _outbox, _progress, _runs
+from ._commands import (
+    CancelRun,
+    ClaimPending,
+    Command,
+    CreateRun,
+    ExecuteJob,
+    FlushOutbox,
+    Heartbeat,
+    ListVersions,
+    PollSuspended,
+    PurgeRuns,
+    ReapStaleLeases,
+    ReapStuckRuns,
+    RedriveRun,
+    ReleaseJobs,
+    ReplayDlq,
+    SignalStep,
+    Transition,
+)
+from ._db import Database
+from ._ledger import SqlStepLedger
+from ._schema import command_keys, steps
+
+__all__ = ["Kernel"]
+
+
+class Kernel:
+    def __init__(
+        self,
+        db: Database,
+        registry: Registry,
+        settings: EngineSettings,
+        claim: ClaimCheck,
+        clock: Clock,
+        sink: EventSink | None,
+    ) -> None:
+        self.db = db
+        self.registry = registry
+        self.settings = settings
+        self.claim = claim
+        self.clock = clock
+        self.sink = sink
+        self.runner = StageRunner(registry, clock)
+        self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
+            CreateRun: self._create_run,
+            ClaimPending: self._claim,
+            ExecuteJob: self._execute,
+            Heartbeat: self._heartbeat,
+            Transition: self._transition,
+            CancelRun: self._cancel,
+            RedriveRun: self._redrive,
+            PollSuspended: self._poll_suspended,
+            SignalStep: self._signal,
+            ReapStaleLeases: self._reap_stale,
+            FlushOutbox: self._flush,
+            ReplayDlq: self._replay_dlq,
+            ReapStuckRuns: self._reap_stuck,
+            PurgeRuns: self._purge,
+            ListVersions: self._list_versions,
+            ReleaseJobs: self._release,
+        }
+
+    def now(self) -> float:
+        return self.clock.now().timestamp()
+
+    async def dispatch(self, command: Command, *, idempotency_key: str | None = None) -> Any:
+        """Run one command. With ``idempotency_key``, a repeat returns the first result; a
+        repeat while the first is still running raises CommandInProgressError (a key left
+        in progress longer than ``command_key_stale_seconds`` is reclaimed)."""
+        handler = self._handlers[type(command)]
+        if idempotency_key is None:
+            return await handler(command)
+        fp = fingerprint(to_json_value(repr(command), "command"))
+        state, stored = await self.db.tx(self._key_begin, idempotency_key, command.name, fp)
+        if state == "done":
+            return stored
+        try:
+            result = await handler(command)
+        except BaseException:
+            await self.db.tx(self._key_drop, idempotency_key)
+            raise
+        await self.db.tx(self._key_done, idempotency_key, to_json_value(result, "command result"))
+        return result
+
+    # -- command idempotency keys --------------------------------------------------------------
+    def _key_begin(self, conn: Connection, key: str, name: str, fp: str) -> tuple[str, Any]:
+        now = self.now()
+        row = conn.execute(sa.select(command_keys).where(command_keys.c.key == key)).first()
+        if row is not None:
+            if row.fingerprint != fp or row.command != name:
+                raise IdempotencyConflictError(key, row.command)
+            if row.status == "done":
+                return "done", row.result
+            if now - row.created_at < self.settings.command_key_stale_seconds:
+                raise CommandInProgressError(
+                    f"command {name} with key {key!r} is still in progress; retry later"
+                )
+            conn.execute(
+                sa.update(command_keys).where(command_keys.c.key == key).values(created_at=now)
+            )
+            return "reclaimed", None
+        conn.execute(command_keys.insert().values(
+            key=key, command=name, fingerprint=fp, status="in_progress", created_at=now))
+        return "new", None
+
+    def _key_done(self, conn: Connection, key: str, result: Any) -> None:
+        conn.execute(sa.update(command_keys).where(command_keys.c.key == key)
+                     .values(status="done", result=result))
+
+    def _key_drop(self, conn: Connection, key: str) -> None:
+        conn.execute(sa.delete(command_keys).where(command_keys.c.key == key))
+
+    # -- helpers ---------------------------------------------------------------------------
+    def graph_for(self, workflow_id: str, version: str, conn: Connection | None = None) -> GraphModel:
+        if self.registry.has(workflow_id, version):
+            return self.registry.graph(workflow_id, version)
+        if conn is not None:
+            g = _runs.load_graph(conn, workflow_id, version)
+            if g is not None:
+                return g
+        raise WorkflowNotFoundError(workflow_id, version)
+
+    def served(self) -> frozenset[str]:
+        return frozenset(f"{w}@{v}" for w, v in self.registry.served())
+
+    # -- run commands ----------------------------------------------------------------------
+    async def _create_run(self, cmd: CreateRun) -> tuple[str, bool]:
+        wf = self.registry.get(cmd.workflow_id, cmd.version)
+        graph = wf.graph()
+        value = wf.validate_input(cmd.input).model_dump(mode="json")
+        fp = fingerprint({"workflow": wf.id, "input": value})
+        run_id = cmd.run_id or uuid.uuid4().hex
+        stored = await self.claim.dump(value, f"runs/{run_id}/input")
+        for attempt in range(3):
+            try:
+                return await self.db.tx(
+                    _runs.create_run, graph, run_id, stored, fp, cmd.idempotency_key, self.now()
+                )
+            except IntegrityError:
+                if cmd.idempotency_key is None or attempt == 2:
+                    raise  # a concurrent duplicate won the race: read it on the next try
+        raise AssertionError("unreachable")
+
+    async def _signal(self, cmd: SignalStep) -> SignalResult:
+        payload = to_json_value(cmd.payload, f"payload of signal {cmd.signal!r}")
+        return await self.db.tx(_runs.signal_run, cmd.run_id, cmd.signal, payload, self.now())
+
+    async def _cancel(self, cmd: CancelRun) -> bool:
+        return await self.db.tx(_runs.cancel_run, cmd.run_id, self.now())
+
+    async def _redrive(self, cmd: RedriveRun) -> None:
+        def run(conn: Connection) -> None:
+            run_row = conn.execute(
+                sa.select(_runs.runs.c.workflow_id, _runs.runs.c.version)
+                .where(_runs.runs.c.id == cmd.run_id)
+            ).first()
+            if run_row is None:
+                from engine_port.errors import RunNotFoundError
+
+                raise RunNotFoundError(cmd.run_id)
+            if cmd.version == "latest":
+                graph = self.registry.graph(run_row.workflow_id)
+            elif cmd.version is not None:
+                graph = self.registry.graph(run_row.workflow_id, cmd.version)
+            else:
+                graph = self.graph_for(run_row.workflow_id, run_row.version, conn)
+            _runs.redrive_run(conn, cmd.run_id, cmd.from_, graph, self.now())
+
+        await self.db.tx(run)
+
+    async def _list_versions(self, _cmd: ListVersions) -> list[VersionInfo]:
+        latest = {w: self.registry.latest_version(w) for w in self.registry.workflow_ids()}
+        return await self.db.tx(_runs.list_versions, self.registry.served(), latest)
+
+    async def _purge(self, cmd: PurgeRuns) -> int:
+        ids = await self.db.tx(_runs.purge_runs, self.now() - cmd.older_than_seconds)
+        for rid in ids:
+            for key in await self.claim.store.list(f"runs/{rid}/"):
+                await self.claim.store.delete(key)
+        return len(ids)
+
+    async def _reap_stuck(self, cmd: ReapStuckRuns) -> int:
+        def graphs(conn: Connection, run: Any) -> GraphModel | None:
+            try:
+                return self.graph_for(run.workflow_id, run.version, conn)
+            except WorkflowNotFoundError:
+                return None
+
+        return await self.db.tx(_runs.reap_stuck, self.now(), cmd.grace_seconds, graphs)
+
+    # -- jobs ------------------------------------------------------------------------------
+    async def _claim(self, cmd: ClaimPending) -> list[Any]:
+        served = cmd.served if cmd.served is not None else self.served()
+        return await self.db.tx(
+            _jobs.claim, cmd.worker_id, served, cmd.limit, self.settings.lease_seconds, self.now()
+        )
+
+    async def _heartbeat(self, cmd: Heartbeat) -> tuple[bool, bool]:
+        return await self.db.tx(
+            _jobs.heartbeat, cmd.job_id, cmd.worker_id, self.settings.lease_seconds, self.now()
+        )
+
+    async def _release(self, cmd: ReleaseJobs) -> int:
+        return await self.db.tx(_jobs.release, cmd.job_ids, cmd.worker_id)
+
+    async def _reap_stale(self, _cmd: ReapStaleLeases) -> int:
+        return await self.db.tx(_jobs.reap_stale, self.now())
+
+    async def _poll_suspended(self, _cmd: PollSuspended) -> int:
+        return await self.db.tx(_jobs.poll_suspended, self.now())
+
+    async def _transition(self, cmd: Transition) -> str:
+        job = cmd.job
+        wf = self.registry.get(job.wfv.split("@", 1)[0], job.wfv.split("@", 1)[1])
+        outcome = cmd.outcome
+        if isinstance(outcome, Completed):
+            key = f"runs/{job.run_id}/stages/{job.stage_id}/output"
+            outcome = Completed(await self.claim.dump(outcome.output, key, force=True),
+                                outcome.events)
+        return await self.db.tx(
+            _progress.apply_outcome, job, cmd.worker_id, outcome, wf.graph(), self.now(),
+            cmd.cancelled,
+        )
+
+    async def _execute(self, cmd: ExecuteJob) -> str:
+        if cmd.job.kind == "compensate":
+            return await self._compensate(cmd)
+        job, worker = cmd.job, cmd.worker_id
+        begin, _ = await self.db.tx(_progress.begin_attempt, job, worker, self.now())
+        if begin is None:
+            return "skipped"
+        wf = self.registry.get(begin.workflow_id, begin.version)
+        cancel = asyncio.Event()
+        request = StageRequest(
+            run_id=begin.run_id,
+            workflow=wf,
+            stage_id=begin.stage_id,
+            attempt=begin.attempt,
+            input=await self.claim.load(begin.input),
+            outputs={k: await self.claim.load(v) for k, v in begin.outputs.items()},
+            cancel_event=cancel,
+        )
+        ledger = SqlStepLedger(self.db, self.claim, begin.run_id, begin.stage_id, begin.steps)
+        task = asyncio.create_task(self.runner.run(request, ledger))
+        beat = asyncio.create_task(self._beat(job, worker, task, cancel, cmd.stop))
+        try:
+            outcome = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the host is shutting down: it releases the lease
+            return await self._transition(Transition(job, worker, None, cancelled=True))
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+        return await self._transition(Transition(job, worker, outcome))
+
+    async def _beat(
+        self,
+        job: Any,
+        worker: str,
+        task: asyncio.Task[Any] | None,
+        cancel: asyncio.Event | None,
+        stop: asyncio.Event | None,
+    ) -> None:
+        interval = min(self.settings.lease_seconds / 3, 0.5)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                alive, wants_stop = await self.dispatch(Heartbeat(job.id, worker))
+            except Exception:  # a missed heartbeat is not fatal; the lease has slack
+                continue
+            if task is not None and (wants_stop or not alive):
+                if cancel is not None:
+                    cancel.set()
+                task.cancel()
+                return
+
+    async def _compensate(self, cmd: ExecuteJob) -> str:
+        job, worker = cmd.job, cmd.worker_id
+        wf_id, version = job.wfv.split("@", 1)
+        wf = self.registry.get(wf_id, version)
+        plan = await self.db.tx(
+            _progress.begin_compensation_job, job, worker, wf.graph(), self.now()
+        )
+        if plan is None:
+            return "deferred"
+        beat = asyncio.create_task(self._beat(job, worker, None, None, None))
+        try:
+            run_input = await self.claim.load(plan.input)
+            outputs = {k: await self.claim.load(v) for k, v in plan.outputs.items()}
+            for stage_id, stored in plan.todo:
+                await self._compensate_stage(wf, plan.run_id, stage_id, run_input, outputs,
+                                             await self.claim.load(stored))
+            await self.db.tx(_progress.finish_compensation, job, worker, self.now())
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+        return "compensated"
+
+    async def _compensate_stage(
+        self, wf: Any, run_id: str, stage_id: str, run_input: Any, outputs: dict[str, Any],
+        output: Any,
+    ) -> None:
+        stage = wf.get_stage(stage_id)
+        ledger_id = f"{stage_id}#compensation"
+        attempt = 1
+        while True:
+            rows = await self.db.tx(
+                lambda c: list(c.execute(sa.select(steps).where(
+                    steps.c.run_id == run_id, steps.c.stage_id == ledger_id)).all())
+            )
+            ledger = SqlStepLedger(self.db, self.claim, run_id, ledger_id, rows)
+            req = StageRequest(run_id, wf, stage_id, attempt, run_input, outputs)
+            outcome = await self.runner.compensate(req, output, ledger)
+            if isinstance(outcome, Completed):
+                await self.db.tx(_progress.record_compensation, run_id, stage_id, None, self.now())
+                return
+            assert not isinstance(outcome, _progress.Suspended)
+            if outcome.retryable and attempt < stage.retry.max_attempts:
+                await self.clock.sleep(stage.retry.delay_after(attempt).total_seconds())
+                attempt += 1
+                continue
+            await self.db.tx(
+                _progress.record_compensation, run_id, stage_id, outcome.error, self.now()
+            )
+            return
+
+    # -- outbox ----------------------------------------------------------------------------
+    async def _flush(self, cmd: FlushOutbox) -> FlushResult:
+        pending = await self.db.tx(_outbox.pending_events, cmd.limit)
+        if not pending:
+            return FlushResult()
+        if self.sink is None:
+            await self.db.tx(_outbox.mark_flushed, [p[0] for p in pending], [], None, 1)
+            return FlushResult(delivered=len(pending))
+        by_run: dict[str, list[tuple[int, int, Any]]] = {}
+        for item in pending:
+            by_run.setdefault(item[2].run_id, []).append(item)
+        delivered: list[int] = []
+        failed: list[int] = []
+        error: str | None = None
+        for items in by_run.values():
+            try:
+                await self.sink.publish([e for _, _, e in items])
+                delivered += [i for i, _, _ in items]
+            except Exception as exc:  # the sink is the user's; never let it block runs
+                failed += [i for i, _, _ in items]
+                error = f"{type(exc).__name__}: {exc}"
+        dead = await self.db.tx(
+            _outbox.mark_flushed, delivered, failed, error, self.settings.dead_letter_after
+        )
+        return FlushResult(
+            delivered=len(delivered), failed=len(failed), dead=dead, degraded=bool(failed)
+        )
+
+    async def _replay_dlq(self, _cmd: ReplayDlq) -> int:
+        return await self.db.tx(_outbox.replay_dead)
+

@@ -1,0 +1,103 @@
+"""The step ledger on the database: one row per step, each write its own transaction.
+
+Large step results go to the blob store behind a reference (claim check)."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from engine_port import ClaimCheck, StepRecord, is_spill_ref
+
+from ._db import Database
+from ._schema import signals, steps
+from ._sql import upsert
+
+__all__ = ["SqlStepLedger", "step_record"]
+
+_MISSING = object()
+
+
+def _ts(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def _dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def step_record(row: Any) -> StepRecord:
+    return StepRecord(
+        name=row.name, kind=row.kind, completed=bool(row.completed), result=row.result,
+        deadline=_dt(row.deadline), signal=row.signal,
+    )
+
+
+def _row(run_id: str, stage_id: str, rec: StepRecord, result: Any) -> dict[str, Any]:
+    return {
+        "run_id": run_id, "stage_id": stage_id, "name": rec.name, "kind": rec.kind,
+        "completed": rec.completed, "result": result, "deadline": _ts(rec.deadline),
+        "signal": rec.signal,
+    }
+
+
+def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> Any:
+    row = conn.execute(
+        sa.select(signals.c.payload).where(
+            signals.c.run_id == run_id, signals.c.name == rec.signal,
+            signals.c.consumed.is_(False),
+        )
+    ).first()
+    if row is None:
+        return _MISSING
+    conn.execute(
+        sa.update(signals)
+        .where(signals.c.run_id == run_id, signals.c.name == rec.signal)
+        .values(consumed=True)
+    )
+    upsert(conn, steps, _row(run_id, stage_id, rec.done(row.payload), row.payload),
+           ("run_id", "stage_id", "name"))
+    return row.payload
+
+
+class SqlStepLedger:
+    """The ledger of one stage of one run. Only the job holding the stage's lease writes it,
+    so reads are served from what was loaded at the start of the attempt."""
+
+    def __init__(
+        self, db: Database, claim: ClaimCheck, run_id: str, stage_id: str, rows: list[Any]
+    ) -> None:
+        self._db = db
+        self._claim = claim
+        self.run_id = run_id
+        self.stage_id = stage_id
+        self._cache = {r.name: step_record(r) for r in rows}
+
+    async def get(self, name: str) -> StepRecord | None:
+        rec = self._cache.get(name)
+        if rec is not None and is_spill_ref(rec.result):
+            rec = rec.done(await self._claim.load(rec.result))
+            self._cache[name] = rec
+        return rec
+
+    async def put(self, record: StepRecord) -> None:
+        stored = record.result
+        if record.completed and record.result is not None:
+            digest = hashlib.sha256(record.name.encode()).hexdigest()[:24]
+            key = f"runs/{self.run_id}/steps/{self.stage_id}/{digest}"
+            stored = await self._claim.dump(record.result, key)
+        await self._db.tx(upsert, steps, _row(self.run_id, self.stage_id, record, stored),
+                          ("run_id", "stage_id", "name"))
+        self._cache[record.name] = record
+
+    async def consume_signal(self, record: StepRecord) -> StepRecord | None:
+        payload = await self._db.tx(_consume, self.run_id, self.stage_id, record)
+        if payload is _MISSING:
+            return None
+        done = record.done(payload)
+        self._cache[record.name] = done
+        return done

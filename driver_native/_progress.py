@@ -1,0 +1,478 @@
+"""How a run moves: the transaction functions behind job.execute and run.transition.
+
+Every function here runs inside one transaction that the kernel opened; none runs user code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from engine_port import (
+    Completed,
+    ErrorInfo,
+    EventDraft,
+    Failed,
+    GraphModel,
+    Lifecycle,
+    Outcome,
+    RunStatus,
+    StageStatus,
+    Suspended,
+    run_output,
+)
+
+from ._outbox import append_events
+from ._schema import jobs, runs, signals, staged_events, stages, steps
+from ._sql import try_run
+
+__all__ = [
+    "Begin",
+    "CompensationPlan",
+    "apply_outcome",
+    "begin_attempt",
+    "begin_compensation",
+    "begin_compensation_job",
+    "finish_compensation",
+    "record_compensation",
+    "schedule",
+]
+
+ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
+
+
+@dataclass(frozen=True)
+class Begin:
+    """What job.execute needs to run one stage attempt outside the transaction."""
+
+    run_id: str
+    workflow_id: str
+    version: str
+    stage_id: str
+    attempt: int
+    input: Any
+    outputs: dict[str, Any]  # stage id -> stored output (maybe a spill reference)
+    steps: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CompensationPlan:
+    run_id: str
+    workflow_id: str
+    version: str
+    input: Any
+    todo: list[tuple[str, Any]]  # (stage id, stored output) in reverse completion order
+    outputs: dict[str, Any]
+
+
+def _lc(run: Any) -> Lifecycle:
+    return Lifecycle(run.id, run.redrive_count)
+
+
+def _owns(conn: Connection, job_id: int, worker: str) -> bool:
+    row = conn.execute(
+        sa.select(jobs.c.id).where(
+            jobs.c.id == job_id, jobs.c.lease_owner == worker, jobs.c.status == "leased"
+        )
+    ).first()
+    return row is not None
+
+
+def _touch(conn: Connection, run_id: str, now: float, **values: Any) -> None:
+    conn.execute(sa.update(runs).where(runs.c.id == run_id).values(updated_at=now, **values))
+
+
+def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
+    return conn.execute(
+        sa.select(stages).where(stages.c.run_id == run_id, stages.c.stage_id == stage_id)
+    ).first()
+
+
+def _set_stage(conn: Connection, run_id: str, stage_id: str, **values: Any) -> None:
+    conn.execute(
+        sa.update(stages)
+        .where(stages.c.run_id == run_id, stages.c.stage_id == stage_id)
+        .values(**values)
+    )
+
+
+def _outputs(conn: Connection, run_id: str) -> dict[str, Any]:
+    rows = conn.execute(
+        sa.select(stages.c.stage_id, stages.c.output).where(
+            stages.c.run_id == run_id, stages.c.has_output.is_(True)
+        )
+    ).all()
+    return {r.stage_id: r.output for r in rows}
+
+
+def refresh_status(conn: Connection, run_id: str, now: float) -> None:
+    """running while a stage job is leased or ready, suspended when all wait."""
+    run = try_run(conn, run_id, lock=False)
+    if run is None or run.status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+        return
+    counts = dict(
+        conn.execute(
+            sa.select(jobs.c.status, sa.func.count())
+            .where(jobs.c.run_id == run_id)
+            .group_by(jobs.c.status)
+        ).all()
+    )
+    busy = counts.get("leased", 0) + counts.get("ready", 0)
+    status = RunStatus.RUNNING if busy or not counts.get("waiting") else RunStatus.SUSPENDED
+    if status != run.status:
+        _touch(conn, run_id, now, status=status)
+
+
+def schedule(conn: Connection, run: Any, graph: GraphModel, now: float) -> list[EventDraft]:
+    """Enqueue the first group with unfinished stages; finish the run when none is left."""
+    group = run.current_group
+    while group < len(graph.groups):
+        open_stages = [
+            r.stage_id
+            for r in conn.execute(
+                sa.select(stages.c.stage_id, stages.c.status).where(
+                    stages.c.run_id == run.id, stages.c.stage_id.in_(graph.groups[group])
+                )
+            ).all()
+            if r.status != StageStatus.COMPLETED
+        ]
+        if open_stages:
+            have = set(
+                conn.execute(
+                    sa.select(jobs.c.stage_id).where(
+                        jobs.c.run_id == run.id, jobs.c.kind == "stage"
+                    )
+                ).scalars()
+            )
+            new = [s for s in sorted(open_stages) if s not in have]
+            if new:
+                conn.execute(
+                    jobs.insert(),
+                    [
+                        {
+                            "run_id": run.id,
+                            "stage_id": s,
+                            "kind": "stage",
+                            "wfv": f"{run.workflow_id}@{run.version}",
+                            "status": "ready",
+                            "available_at": now,
+                            "attempt": 1,
+                            "created_at": now,
+                        }
+                        for s in new
+                    ],
+                )
+            if group != run.current_group:
+                _touch(conn, run.id, now, current_group=group)
+            return []
+        group += 1
+    return _finish_completed(conn, run, graph, now)
+
+
+def _finish_completed(conn: Connection, run: Any, graph: GraphModel, now: float) -> list[EventDraft]:
+    lc = _lc(run)
+    outputs = _outputs(conn, run.id)
+    rows = conn.execute(
+        sa.select(staged_events, stages.c.completed_order)
+        .join(
+            stages,
+            sa.and_(
+                stages.c.run_id == staged_events.c.run_id,
+                stages.c.stage_id == staged_events.c.stage_id,
+            ),
+        )
+        .where(staged_events.c.run_id == run.id)
+        .order_by(stages.c.completed_order, staged_events.c.idx)
+    ).all()
+    drafts = [lc.business(r.stage_id, r.idx, r.type, r.data) for r in rows]
+    drafts.append(lc.run_completed())
+    conn.execute(sa.delete(staged_events).where(staged_events.c.run_id == run.id))
+    _touch(
+        conn,
+        run.id,
+        now,
+        status=RunStatus.COMPLETED,
+        output=run_output(graph.sinks(), outputs),
+        finished_at=now,
+        current_group=len(graph.groups),
+    )
+    return drafts
+
+
+def begin_attempt(
+    conn: Connection, job: Any, worker: str, now: float
+) -> tuple[Begin | None, list[EventDraft]]:
+    """Mark the stage running (emitting run.started / stage.started when they are new)."""
+    run = try_run(conn, job.run_id)
+    if run is None or not _owns(conn, job.id, worker):
+        return None, []
+    lc = _lc(run)
+    stage = _stage(conn, run.id, job.stage_id)
+    if run.status not in ACTIVE or run.cancel_requested:
+        drafts = _cancel_stage(conn, run, stage, now)
+        conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
+        append_events(conn, run, drafts, now)
+        return None, []
+    drafts: list[EventDraft] = []
+    if run.status == RunStatus.PENDING:
+        drafts.append(lc.run_started())
+    if stage.status == StageStatus.PENDING:
+        attempt = job.attempt
+        _set_stage(
+            conn, run.id, stage.stage_id,
+            status=StageStatus.RUNNING, attempt=attempt, suspensions=0, started_at=now,
+            error=None, waiting_for=None, wake_at=None,
+        )
+        drafts.append(lc.stage_started(stage.stage_id, attempt))
+    elif stage.status in (StageStatus.RUNNING, StageStatus.SUSPENDED):
+        attempt = stage.attempt  # resuming (after a sleep, a signal, a poll or a crash)
+        _set_stage(conn, run.id, stage.stage_id, status=StageStatus.RUNNING, waiting_for=None)
+    else:
+        conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
+        return None, []
+    if run.status != RunStatus.RUNNING:
+        _touch(conn, run.id, now, status=RunStatus.RUNNING)
+    append_events(conn, run, drafts, now)
+    step_rows = conn.execute(
+        sa.select(steps).where(steps.c.run_id == run.id, steps.c.stage_id == stage.stage_id)
+    ).all()
+    begin = Begin(
+        run_id=run.id,
+        workflow_id=run.workflow_id,
+        version=run.version,
+        stage_id=stage.stage_id,
+        attempt=attempt,
+        input=run.input,
+        outputs=_outputs(conn, run.id),
+        steps=list(step_rows),
+    )
+    return begin, drafts
+
+
+def _cancel_stage(conn: Connection, run: Any, stage: Any, now: float) -> list[EventDraft]:
+    if stage is None or stage.status not in (
+        StageStatus.RUNNING, StageStatus.SUSPENDED, StageStatus.PENDING
+    ):
+        return []
+    if stage.status == StageStatus.PENDING and stage.attempt == 0:
+        return []  # never started: it ends skipped, with no event
+    _set_stage(conn, run.id, stage.stage_id, status=StageStatus.CANCELLED, finished_at=now,
+               waiting_for=None, wake_at=None)
+    return [_lc(run).stage_cancelled(stage.stage_id)]
+
+
+def apply_outcome(
+    conn: Connection,
+    job: Any,
+    worker: str,
+    outcome: Outcome,
+    graph: GraphModel,
+    now: float,
+    cancelled: bool = False,
+) -> str:
+    """Record one stage attempt's outcome; returns what happened (for host stats)."""
+    run = try_run(conn, job.run_id)
+    if run is None or not _owns(conn, job.id, worker):
+        return "discarded"  # our lease was lost: another worker owns this stage now
+    lc = _lc(run)
+    stage = _stage(conn, run.id, job.stage_id)
+    drafts: list[EventDraft] = []
+    result = "cancelled"
+    if cancelled or run.status not in ACTIVE or run.cancel_requested:
+        drafts += _cancel_stage(conn, run, stage, now)
+        conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
+    elif isinstance(outcome, Completed):
+        result = "completed"
+        order = run.completed_count + 1
+        _set_stage(
+            conn, run.id, stage.stage_id,
+            status=StageStatus.COMPLETED, output=outcome.output, has_output=True,
+            finished_at=now, completed_order=order, waiting_for=None, wake_at=None,
+        )
+        _touch(conn, run.id, now, completed_count=order)
+        conn.execute(
+            sa.delete(staged_events).where(
+                staged_events.c.run_id == run.id, staged_events.c.stage_id == stage.stage_id
+            )
+        )
+        if outcome.events:
+            conn.execute(
+                staged_events.insert(),
+                [
+                    {"run_id": run.id, "stage_id": stage.stage_id, "idx": i,
+                     "type": e.type, "data": e.data}
+                    for i, e in enumerate(outcome.events)
+                ],
+            )
+        drafts.append(lc.stage_completed(stage.stage_id, stage.attempt))
+        conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
+        refreshed = try_run(conn, run.id, lock=False)
+        drafts += schedule(conn, refreshed, graph, now)
+    elif isinstance(outcome, Suspended):
+        result = "suspended"
+        n = stage.suspensions + 1
+        until = None if outcome.until is None else outcome.until.timestamp()
+        _set_stage(
+            conn, run.id, stage.stage_id,
+            status=StageStatus.SUSPENDED, suspensions=n,
+            waiting_for=outcome.waiting_for, wake_at=until,
+        )
+        drafts.append(
+            lc.stage_suspended(
+                stage.stage_id, stage.attempt, n, outcome.reason, outcome.until,
+                outcome.waiting_for,
+            )
+        )
+        ready_now = False
+        if outcome.reason == "signal":
+            name = outcome.waiting_for.split(":", 1)[1]
+            ready_now = conn.execute(
+                sa.select(signals.c.name).where(
+                    signals.c.run_id == run.id, signals.c.name == name,
+                    signals.c.consumed.is_(False),
+                )
+            ).first() is not None
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id == job.id)
+            .values(
+                status="ready" if ready_now else "waiting",
+                available_at=now if ready_now else until,
+                waiting_for=outcome.waiting_for,
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+        )
+    else:
+        assert isinstance(outcome, Failed)
+        spec = graph.stage(stage.stage_id)
+        will_retry = outcome.retryable and stage.attempt < spec.retry.max_attempts
+        drafts.append(lc.stage_failed(stage.stage_id, stage.attempt, outcome.error, will_retry))
+        if will_retry:
+            result = "retrying"
+            delay = spec.retry.initial_interval_s * spec.retry.backoff ** (stage.attempt - 1)
+            if spec.retry.max_interval_s is not None:
+                delay = min(delay, spec.retry.max_interval_s)
+            _set_stage(conn, run.id, stage.stage_id, status=StageStatus.PENDING,
+                       error=outcome.error.model_dump())
+            conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.id == job.id)
+                .values(status="ready", available_at=now + delay, attempt=stage.attempt + 1,
+                        lease_owner=None, lease_expires_at=None, waiting_for=None)
+            )
+        else:
+            result = "failed"
+            _set_stage(conn, run.id, stage.stage_id, status=StageStatus.FAILED,
+                       error=outcome.error.model_dump(), finished_at=now)
+            conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
+            _touch(conn, run.id, now, error=outcome.error.model_dump())
+            append_events(conn, run, drafts, now)
+            drafts = begin_compensation(conn, try_run(conn, run.id, lock=False), now)
+    append_events(conn, run, drafts, now)
+    refresh_status(conn, run.id, now)
+    return result
+
+
+def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraft]:
+    """Stop the run's other stages and enqueue its compensation job."""
+    drafts: list[EventDraft] = []
+    others = conn.execute(
+        sa.select(jobs).where(jobs.c.run_id == run.id, jobs.c.kind == "stage")
+    ).all()
+    for j in others:
+        if j.status == "leased":
+            continue  # its worker sees the run compensating and cancels the stage
+        drafts += _cancel_stage(conn, run, _stage(conn, run.id, j.stage_id), now)
+        conn.execute(sa.delete(jobs).where(jobs.c.id == j.id))
+    _touch(conn, run.id, now, status=RunStatus.COMPENSATING)
+    exists = conn.execute(
+        sa.select(jobs.c.id).where(jobs.c.run_id == run.id, jobs.c.kind == "compensate")
+    ).first()
+    if exists is None:
+        conn.execute(
+            jobs.insert().values(
+                run_id=run.id, stage_id="*", kind="compensate",
+                wfv=f"{run.workflow_id}@{run.version}", status="ready", available_at=now,
+                attempt=1, created_at=now,
+            )
+        )
+    return drafts
+
+
+def begin_compensation_job(
+    conn: Connection, job: Any, worker: str, graph: GraphModel, now: float
+) -> CompensationPlan | None:
+    """The stages to compensate, newest first; None (rescheduled) while stages still run."""
+    run = try_run(conn, job.run_id)
+    if run is None or not _owns(conn, job.id, worker):
+        return None
+    busy = conn.execute(
+        sa.select(jobs.c.id).where(
+            jobs.c.run_id == run.id, jobs.c.kind == "stage", jobs.c.status == "leased"
+        )
+    ).first()
+    if busy is not None:
+        conn.execute(
+            sa.update(jobs).where(jobs.c.id == job.id).values(
+                status="ready", available_at=now + 0.05, lease_owner=None, lease_expires_at=None
+            )
+        )
+        return None
+    compensable = {s.id for s in graph.stages if s.compensable}
+    rows = conn.execute(
+        sa.select(stages)
+        .where(stages.c.run_id == run.id, stages.c.status == StageStatus.COMPLETED,
+               stages.c.compensation_error.is_(None))
+        .order_by(stages.c.completed_order.desc())
+    ).all()
+    return CompensationPlan(
+        run_id=run.id,
+        workflow_id=run.workflow_id,
+        version=run.version,
+        input=run.input,
+        todo=[(r.stage_id, r.output) for r in rows if r.stage_id in compensable],
+        outputs=_outputs(conn, run.id),
+    )
+
+
+def record_compensation(
+    conn: Connection, run_id: str, stage_id: str, error: ErrorInfo | None, now: float
+) -> None:
+    run = try_run(conn, run_id)
+    if run is None:
+        return
+    if error is None:
+        _set_stage(conn, run_id, stage_id, status=StageStatus.COMPENSATED)
+        append_events(conn, run, [_lc(run).stage_compensated(stage_id)], now)
+    else:
+        _set_stage(conn, run_id, stage_id, compensation_error=error.model_dump())
+        errors = list(run.compensation_errors or [])
+        errors.append(error.model_dump())
+        _touch(conn, run_id, now, compensation_errors=errors)
+
+
+def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> None:
+    run = try_run(conn, job.run_id)
+    if run is None or not _owns(conn, job.id, worker):
+        return
+    lc = _lc(run)
+    conn.execute(
+        sa.update(stages)
+        .where(stages.c.run_id == run.id, stages.c.status == StageStatus.PENDING)
+        .values(status=StageStatus.SKIPPED)
+    )
+    conn.execute(sa.delete(staged_events).where(staged_events.c.run_id == run.id))
+    conn.execute(sa.delete(jobs).where(jobs.c.run_id == run.id))
+    if run.cancel_requested:
+        status, draft = RunStatus.CANCELLED, lc.run_cancelled()
+    else:
+        error = ErrorInfo.model_validate(run.error) if run.error else ErrorInfo(
+            type="EngineError", message="run failed"
+        )
+        status, draft = RunStatus.FAILED, lc.run_failed(error)
+    _touch(conn, run.id, now, status=status, finished_at=now)
+    append_events(conn, run, [draft], now)

@@ -1,0 +1,355 @@
+"""Run-level transactions: create, signal, cancel, redrive, read, versions, purge, reaping."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql, sqlite
+
+from engine_port import (
+    ErrorInfo,
+    GraphModel,
+    Lifecycle,
+    RunStatus,
+    SignalResult,
+    StageStatus,
+    VersionInfo,
+)
+from engine_port.errors import (
+    IdempotencyConflictError,
+    InvalidRedriveError,
+    RunNotActiveError,
+    RunNotFoundError,
+    RunTimeoutError,
+)
+
+from ._outbox import append_events
+from ._progress import ACTIVE, begin_compensation, refresh_status, schedule
+from ._schema import (
+    definitions,
+    jobs,
+    outbox,
+    runs,
+    signals,
+    stage_archive,
+    staged_events,
+    stages,
+    steps,
+)
+from ._sql import lock_run, try_run
+
+__all__ = [
+    "cancel_run",
+    "create_run",
+    "list_run_rows",
+    "list_versions",
+    "load_graph",
+    "purge_runs",
+    "read_run",
+    "reap_stuck",
+    "redrive_run",
+    "signal_run",
+]
+
+TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.MIGRATED)
+
+
+def _insert_ignore(conn: Connection, table: sa.Table, values: dict[str, Any]) -> None:
+    ins: Any = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+    conn.execute(ins.values(**values).on_conflict_do_nothing())
+
+
+def load_graph(conn: Connection, workflow_id: str, version: str) -> GraphModel | None:
+    row = conn.execute(
+        sa.select(definitions.c.graph).where(
+            definitions.c.workflow_id == workflow_id, definitions.c.version == version
+        )
+    ).first()
+    return None if row is None else GraphModel.model_validate(row.graph)
+
+
+def create_run(
+    conn: Connection,
+    graph: GraphModel,
+    run_id: str,
+    input_value: Any,
+    fingerprint: str,
+    key: str | None,
+    now: float,
+) -> tuple[str, bool]:
+    """Insert the run, its stages, run.created and the first group's jobs. With an
+    idempotency key already used, return that run (or raise on a different input)."""
+    if key is not None:
+        existing = conn.execute(
+            sa.select(runs.c.id, runs.c.input_fingerprint, runs.c.workflow_id).where(
+                runs.c.idempotency_key == key
+            )
+        ).first()
+        if existing is not None:
+            if (existing.input_fingerprint, existing.workflow_id) != (fingerprint, graph.workflow_id):
+                raise IdempotencyConflictError(key, existing.id)
+            return existing.id, False
+    _insert_ignore(
+        conn,
+        definitions,
+        {"workflow_id": graph.workflow_id, "version": graph.version,
+         "graph": graph.model_dump(mode="json"), "created_at": now},
+    )
+    conn.execute(
+        runs.insert().values(
+            id=run_id, workflow_id=graph.workflow_id, version=graph.version,
+            status=RunStatus.PENDING, input=input_value, input_fingerprint=fingerprint,
+            idempotency_key=key, current_group=0, event_seq=0, completed_count=0,
+            redrive_count=0, cancel_requested=False,
+            deadline=None if graph.timeout_s is None else now + graph.timeout_s,
+            created_at=now, updated_at=now,
+        )
+    )
+    conn.execute(
+        stages.insert(),
+        [{"run_id": run_id, "stage_id": s.id, "status": StageStatus.PENDING, "attempt": 0,
+          "suspensions": 0, "has_output": False} for s in graph.stages],
+    )
+    run = lock_run(conn, run_id)
+    append_events(conn, run, [Lifecycle(run_id).run_created(graph.version)], now)
+    schedule(conn, lock_run(conn, run_id), graph, now)
+    return run_id, True
+
+
+def signal_run(conn: Connection, run_id: str, name: str, payload: Any, now: float) -> SignalResult:
+    run = lock_run(conn, run_id)
+    if run.status not in ACTIVE or run.cancel_requested:
+        raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
+    consumed = conn.execute(
+        sa.select(steps.c.name).where(
+            steps.c.run_id == run_id, steps.c.signal == name, steps.c.completed.is_(True)
+        )
+    ).first()
+    existing = conn.execute(
+        sa.select(signals.c.consumed).where(signals.c.run_id == run_id, signals.c.name == name)
+    ).first()
+    if consumed is not None or (existing is not None and existing.consumed):
+        return SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
+    if existing is None:
+        conn.execute(
+            signals.insert().values(
+                run_id=run_id, name=name, payload=payload, consumed=False, received_at=now
+            )
+        )
+    conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.run_id == run_id, jobs.c.status == "waiting",
+               jobs.c.waiting_for == f"signal:{name}")
+        .values(status="ready", available_at=now)
+    )
+    refresh_status(conn, run_id, now)
+    return SignalResult(run_id=run_id, name=name, delivered=True, already_completed=False)
+
+
+def cancel_run(conn: Connection, run_id: str, now: float) -> bool:
+    """Returns False when the run was already cancelled (a no-op)."""
+    run = lock_run(conn, run_id)
+    if run.status == RunStatus.CANCELLED or run.cancel_requested:
+        return False
+    if run.status == RunStatus.COMPENSATING:
+        return False  # already rolling back after a failure; it ends failed
+    if run.status in TERMINAL:
+        raise RunNotActiveError(run_id, run.status, "cancel")
+    conn.execute(sa.update(runs).where(runs.c.id == run_id).values(cancel_requested=True))
+    run = lock_run(conn, run_id)
+    drafts = begin_compensation(conn, run, now)
+    append_events(conn, run, drafts, now)
+    return True
+
+
+def _descendants(graph: GraphModel, stage_id: str) -> set[str]:
+    out = {stage_id}
+    changed = True
+    while changed:
+        changed = False
+        for s in graph.stages:
+            if s.id not in out and any(d in out for d in s.after):
+                out.add(s.id)
+                changed = True
+    return out
+
+
+def redrive_run(
+    conn: Connection,
+    run_id: str,
+    from_: str,
+    graph: GraphModel,
+    now: float,
+) -> None:
+    """Re-run a terminal run under the same id; ``graph`` is the version it runs on now."""
+    run = lock_run(conn, run_id)
+    if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPLETED):
+        raise RunNotActiveError(run_id, run.status, "redrive")
+    rows = {
+        r.stage_id: r
+        for r in conn.execute(sa.select(stages).where(stages.c.run_id == run_id)).all()
+    }
+    ids = {s.id for s in graph.stages}
+    if set(rows) != ids:
+        raise InvalidRedriveError(
+            f"run {run_id!r} cannot move to version {graph.version!r}: its stages differ "
+            f"({sorted(rows)} vs {sorted(ids)}); redrive it on its own version"
+        )
+    if from_ == "start":
+        rerun = set(ids)
+    elif from_ == "last_failure":
+        rerun = {
+            sid for sid, r in rows.items()
+            if r.status not in (StageStatus.COMPLETED, StageStatus.COMPENSATED)
+        }
+        if not rerun:
+            raise InvalidRedriveError(
+                f"run {run_id!r} has no failed stage; use from_='start' or a stage id"
+            )
+    elif from_ in ids:
+        rerun = _descendants(graph, from_)
+    else:
+        raise InvalidRedriveError(
+            f"redrive from_={from_!r}: use 'last_failure', 'start' or one of {sorted(ids)}"
+        )
+    for sid in sorted(rerun):
+        r = rows[sid]
+        if r.attempt > 0:
+            record = {k: v for k, v in r._mapping.items() if k not in ("run_id",)}
+            conn.execute(stage_archive.insert().values(
+                run_id=run_id, redrive=run.redrive_count, stage_id=sid, record=record))
+        if from_ != "last_failure":
+            conn.execute(sa.delete(steps).where(steps.c.run_id == run_id, steps.c.stage_id == sid))
+    conn.execute(
+        sa.update(stages)
+        .where(stages.c.run_id == run_id, stages.c.stage_id.in_(sorted(rerun)))
+        .values(status=StageStatus.PENDING, attempt=0, suspensions=0, output=None,
+                has_output=False, error=None, compensation_error=None, completed_order=None,
+                waiting_for=None, wake_at=None, started_at=None, finished_at=None)
+    )
+    keep = sorted(ids - rerun)
+    if keep:
+        conn.execute(
+            sa.update(stages)
+            .where(stages.c.run_id == run_id, stages.c.stage_id.in_(keep))
+            .values(status=StageStatus.COMPLETED, compensation_error=None)
+        )
+    conn.execute(sa.delete(jobs).where(jobs.c.run_id == run_id))
+    conn.execute(sa.delete(staged_events).where(
+        staged_events.c.run_id == run_id, staged_events.c.stage_id.in_(sorted(rerun))))
+    first_group = min(graph.group_of(s) for s in rerun)
+    redrive = run.redrive_count + 1
+    conn.execute(
+        sa.update(runs).where(runs.c.id == run_id).values(
+            status=RunStatus.RUNNING, version=graph.version, error=None,
+            compensation_errors=None, cancel_requested=False, finished_at=None, output=None,
+            redrive_count=redrive, current_group=first_group, updated_at=now,
+            deadline=None if graph.timeout_s is None else now + graph.timeout_s,
+        )
+    )
+    _insert_ignore(
+        conn, definitions,
+        {"workflow_id": graph.workflow_id, "version": graph.version,
+         "graph": graph.model_dump(mode="json"), "created_at": now},
+    )
+    run = lock_run(conn, run_id)
+    drafts = [Lifecycle(run_id, redrive).run_redriven(from_, graph.version)]
+    drafts += schedule(conn, run, graph, now)
+    append_events(conn, run, drafts, now)
+
+
+def read_run(conn: Connection, run_id: str) -> tuple[Any, list[Any], GraphModel | None]:
+    run = try_run(conn, run_id, lock=False)
+    if run is None:
+        raise RunNotFoundError(run_id)
+    rows = conn.execute(sa.select(stages).where(stages.c.run_id == run_id)).all()
+    return run, list(rows), load_graph(conn, run.workflow_id, run.version)
+
+
+def list_run_rows(
+    conn: Connection, workflow_id: str | None, status: Sequence[str] | None, limit: int
+) -> list[str]:
+    q = sa.select(runs.c.id).order_by(runs.c.created_at.desc()).limit(limit)
+    if workflow_id is not None:
+        q = q.where(runs.c.workflow_id == workflow_id)
+    if status:
+        q = q.where(runs.c.status.in_(list(status)))
+    return list(conn.execute(q).scalars())
+
+
+def list_versions(
+    conn: Connection, served: Collection[tuple[str, str]], latest: dict[str, str]
+) -> list[VersionInfo]:
+    active = dict(
+        ((r.workflow_id, r.version), r.n)
+        for r in conn.execute(
+            sa.select(runs.c.workflow_id, runs.c.version, sa.func.count().label("n"))
+            .where(runs.c.status.in_([s.value for s in ACTIVE] + [RunStatus.COMPENSATING.value]))
+            .group_by(runs.c.workflow_id, runs.c.version)
+        ).all()
+    )
+    known = {(r.workflow_id, r.version) for r in conn.execute(
+        sa.select(definitions.c.workflow_id, definitions.c.version)).all()}
+    keys = sorted(known | set(served) | set(active))
+    return [
+        VersionInfo(
+            workflow_id=w, version=v, active_runs=active.get((w, v), 0),
+            served_here=(w, v) in served, drained=active.get((w, v), 0) == 0,
+            latest=latest.get(w) == v,
+        )
+        for w, v in keys
+    ]
+
+
+def purge_runs(conn: Connection, finished_before: float) -> list[str]:
+    ids = list(conn.execute(
+        sa.select(runs.c.id).where(runs.c.status.in_(list(TERMINAL)),
+                                   runs.c.finished_at < finished_before)
+    ).scalars())
+    if ids:
+        for table in (stages, steps, signals, staged_events, jobs, outbox, stage_archive):
+            conn.execute(sa.delete(table).where(table.c.run_id.in_(ids)))
+        conn.execute(sa.delete(runs).where(runs.c.id.in_(ids)))
+    return ids
+
+
+def reap_stuck(conn: Connection, now: float, grace: float, graphs: Any) -> int:
+    """Fail runs past their run timeout; re-schedule active runs that lost their jobs."""
+    n = 0
+    overdue = conn.execute(
+        sa.select(runs.c.id).where(runs.c.status.in_(list(ACTIVE)), runs.c.deadline < now,
+                                   runs.c.cancel_requested.is_(False))
+    ).scalars().all()
+    for rid in overdue:
+        run = lock_run(conn, rid)
+        err = ErrorInfo.of(RunTimeoutError(
+            f"run {rid!r} exceeded its run timeout; raise the workflow timeout= or make "
+            "it faster"))
+        conn.execute(sa.update(runs).where(runs.c.id == rid).values(error=err.model_dump()))
+        append_events(conn, run, begin_compensation(conn, lock_run(conn, rid), now), now)
+        n += 1
+    with_jobs = sa.select(jobs.c.run_id)
+    orphans = conn.execute(
+        sa.select(runs.c.id, runs.c.status).where(
+            runs.c.status.in_([s.value for s in ACTIVE] + [RunStatus.COMPENSATING.value]),
+            runs.c.updated_at < now - grace,
+            runs.c.id.not_in(with_jobs),
+        )
+    ).all()
+    for o in orphans:
+        run = lock_run(conn, o.id)
+        if o.status == RunStatus.COMPENSATING:
+            begin_compensation(conn, run, now)
+        else:
+            graph = graphs(conn, run)
+            if graph is not None:
+                append_events(conn, run, schedule(conn, run, graph, now), now)
+        n += 1
+    return n
+
+
+def has_outbox(conn: Connection) -> int:
+    return int(conn.execute(sa.select(sa.func.count()).select_from(outbox)).scalar_one())

@@ -1,0 +1,235 @@
+"""The native driver's schema: SQLAlchemy Core tables and versioned migrations.
+
+Times are stored as float seconds since the epoch (UTC), which compare the same way on SQLite
+and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Connection,
+    Double,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    inspect,
+    select,
+)
+
+__all__ = ["LATEST_SCHEMA_VERSION", "MIGRATIONS", "metadata", "schema_version", "upgrade"]
+
+metadata = MetaData()
+
+schema_info = Table(
+    "wfe_schema",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("version", Integer, nullable=False),
+)
+
+definitions = Table(
+    "wfe_definitions",
+    metadata,
+    Column("workflow_id", String(200), primary_key=True),
+    Column("version", String(100), primary_key=True),
+    Column("graph", JSON, nullable=False),
+    Column("created_at", Double, nullable=False),
+)
+
+runs = Table(
+    "wfe_runs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("workflow_id", String(200), nullable=False),
+    Column("version", String(100), nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("input", JSON),
+    Column("input_fingerprint", String(64)),
+    Column("idempotency_key", String(300), unique=True),
+    Column("output", JSON),
+    Column("error", JSON),
+    Column("compensation_errors", JSON),
+    Column("current_group", Integer, nullable=False, default=0),
+    Column("event_seq", Integer, nullable=False, default=0),
+    Column("completed_count", Integer, nullable=False, default=0),
+    Column("redrive_count", Integer, nullable=False, default=0),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("deadline", Double),
+    Column("migrated_to", String(300)),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("finished_at", Double),
+    Index("ix_wfe_runs_status", "status"),
+    Index("ix_wfe_runs_wf", "workflow_id", "version", "status"),
+)
+
+stages = Table(
+    "wfe_stages",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("stage_id", String(200), primary_key=True),
+    Column("status", String(20), nullable=False),
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("suspensions", Integer, nullable=False, default=0),
+    Column("output", JSON),
+    Column("has_output", Boolean, nullable=False, default=False),
+    Column("error", JSON),
+    Column("compensation_error", JSON),
+    Column("completed_order", Integer),
+    Column("waiting_for", String(300)),
+    Column("wake_at", Double),
+    Column("started_at", Double),
+    Column("finished_at", Double),
+)
+
+stage_archive = Table(
+    "wfe_stage_archive",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False, index=True),
+    Column("redrive", Integer, nullable=False),
+    Column("stage_id", String(200), nullable=False),
+    Column("record", JSON, nullable=False),
+)
+
+jobs = Table(
+    "wfe_jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("stage_id", String(200), nullable=False),
+    Column("kind", String(20), nullable=False),  # stage | compensate
+    Column("wfv", String(310), nullable=False),  # "workflow@version": what a host must serve
+    Column("status", String(20), nullable=False),  # ready | waiting | leased
+    Column("available_at", Double),
+    Column("waiting_for", String(300)),
+    Column("attempt", Integer, nullable=False, default=1),
+    Column("lease_owner", String(200)),
+    Column("lease_expires_at", Double),
+    Column("created_at", Double, nullable=False),
+    UniqueConstraint("run_id", "stage_id", "kind", name="uq_wfe_jobs_stage"),
+    Index("ix_wfe_jobs_claim", "status", "available_at"),
+    Index("ix_wfe_jobs_run", "run_id"),
+)
+
+steps = Table(
+    "wfe_steps",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("stage_id", String(200), primary_key=True),
+    Column("name", String(500), primary_key=True),
+    Column("kind", String(20), nullable=False),
+    Column("completed", Boolean, nullable=False),
+    Column("result", JSON),
+    Column("deadline", Double),
+    Column("signal", String(300)),
+)
+
+signals = Table(
+    "wfe_signals",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("name", String(300), primary_key=True),
+    Column("payload", JSON),
+    Column("consumed", Boolean, nullable=False, default=False),
+    Column("received_at", Double, nullable=False),
+)
+
+staged_events = Table(
+    "wfe_staged_events",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("stage_id", String(200), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("type", String(300), nullable=False),
+    Column("data", JSON, nullable=False),
+)
+
+outbox = Table(
+    "wfe_outbox",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", String(64), nullable=False, unique=True),
+    Column("run_id", String(64), nullable=False),
+    Column("workflow_id", String(200), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("type", String(300), nullable=False),
+    Column("stage_id", String(200)),
+    Column("data", JSON, nullable=False),
+    Column("business", Boolean, nullable=False, default=False),
+    Column("created_at", Double, nullable=False),
+    Column("status", String(20), nullable=False),  # pending | delivered | dead
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("last_error", Text),
+    Index("ix_wfe_outbox_status", "status", "id"),
+    Index("ix_wfe_outbox_run", "run_id", "seq"),
+)
+
+command_keys = Table(
+    "wfe_command_keys",
+    metadata,
+    Column("key", String(300), primary_key=True),
+    Column("command", String(100), nullable=False),
+    Column("fingerprint", String(64), nullable=False),
+    Column("status", String(20), nullable=False),  # in_progress | done
+    Column("result", JSON),
+    Column("created_at", Double, nullable=False),
+)
+
+blobs = Table(
+    "wfe_blobs",
+    metadata,
+    Column("key", String(1000), primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+)
+
+
+def _v1(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[t for t in metadata.sorted_tables if t is not blobs])
+
+
+def _v2(conn: Connection) -> None:
+    """v2 added the database-table blob store."""
+    blobs.create(conn, checkfirst=True)
+
+
+MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
+    (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
+    (2, "database-table blob store", _v2),
+]
+LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def schema_version(conn: Connection) -> int:
+    if not inspect(conn).has_table("wfe_schema"):
+        return 0
+    row = conn.execute(select(schema_info.c.version).where(schema_info.c.id == 1)).first()
+    return 0 if row is None else int(row[0])
+
+
+def upgrade(conn: Connection, target: int = LATEST_SCHEMA_VERSION) -> list[int]:
+    """Apply every migration above the database's version up to ``target``; returns the
+    versions applied. Runs inside the caller's transaction."""
+    current = schema_version(conn)
+    if current == 0:
+        schema_info.create(conn, checkfirst=True)
+        conn.execute(schema_info.insert().values(id=1, version=0))
+    applied = []
+    for version, _desc, step in MIGRATIONS:
+        if current < version <= target:
+            step(conn)
+            conn.execute(
+                schema_info.update().where(schema_info.c.id == 1).values(version=version)
+            )
+            applied.append(version)
+    return applied

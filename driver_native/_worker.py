@@ -1,0 +1,175 @@
+"""The long-running worker host: claims jobs, executes them with heartbeats, and drives the
+kernel's maintenance (reap leases, flush the outbox, reap stuck runs, retention)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import Counter
+from types import TracebackType
+from typing import Any, Self
+
+from ._commands import (
+    ClaimPending,
+    ExecuteJob,
+    FlushOutbox,
+    PurgeRuns,
+    ReapStaleLeases,
+    ReapStuckRuns,
+    ReleaseJobs,
+)
+from ._kernel import Kernel
+
+__all__ = ["WorkerHost"]
+
+log = logging.getLogger("wfe.worker")
+
+
+class WorkerHost:
+    """``async with WorkerHost(kernel): ...`` runs a worker in this process."""
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        *,
+        worker_id: str | None = None,
+        concurrency: int | None = None,
+        poll_interval: float | None = None,
+        maintenance_interval: float = 1.0,
+        flush_interval: float = 0.05,
+        retention_seconds: float | None = None,
+        shutdown_timeout: float = 10.0,
+        served: frozenset[str] | None = None,
+    ) -> None:
+        self.kernel = kernel
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.concurrency = concurrency or kernel.settings.worker_concurrency
+        self.poll_interval = poll_interval or kernel.settings.poll_interval_seconds
+        self.maintenance_interval = maintenance_interval
+        self.flush_interval = flush_interval
+        self.retention_seconds = retention_seconds
+        self.shutdown_timeout = shutdown_timeout
+        self.served = served
+        self._active: dict[int, tuple[Any, asyncio.Task[None]]] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._loop_task: asyncio.Task[None] | None = None
+        self._counts: Counter[str] = Counter()
+        self._started_at = 0.0
+        self.last_flush: Any = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._started_at = time.monotonic()
+        self._loop_task = asyncio.create_task(self._loop(), name=f"wfe-worker-{self.worker_id}")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Graceful: stop claiming, let running jobs finish (up to ``shutdown_timeout``), then
+        cancel the rest and give their leases back so another worker takes them at once."""
+        self._stopping = True
+        self._wake.set()
+        if self._loop_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        tasks = [t for _, t in self._active.values()]
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=self.shutdown_timeout)
+            ids = tuple(job_id for job_id, (_, t) in list(self._active.items()) if t in pending)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            if ids:
+                await self.kernel.dispatch(ReleaseJobs(ids, self.worker_id))
+                self._counts["released"] += len(ids)
+        with contextlib.suppress(Exception):
+            await self.kernel.dispatch(FlushOutbox())
+
+    async def run_forever(self) -> None:
+        await self.start()
+        try:
+            assert self._loop_task is not None
+            await asyncio.shield(self._loop_task)
+        finally:
+            await self.stop()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "running": len(self._active),
+            "uptime_s": round(time.monotonic() - self._started_at, 3),
+            **dict(self._counts),
+        }
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        next_maintenance = 0.0
+        next_flush = 0.0
+        while not self._stopping:
+            claimed = 0
+            try:
+                free = self.concurrency - len(self._active)
+                if free > 0:
+                    jobs = await self.kernel.dispatch(
+                        ClaimPending(self.worker_id, limit=free, served=self.served)
+                    )
+                    for job in jobs:
+                        task = asyncio.create_task(self._run_job(job))
+                        self._active[job.id] = (job, task)
+                    claimed = len(jobs)
+                    self._counts["claimed"] += claimed
+                now = time.monotonic()
+                if now >= next_flush:
+                    self.last_flush = await self.kernel.dispatch(FlushOutbox())
+                    next_flush = now + self.flush_interval
+                if now >= next_maintenance:
+                    await self._maintenance()
+                    next_maintenance = now + self.maintenance_interval
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("worker %s: loop iteration failed; retrying", self.worker_id)
+                self._counts["loop_errors"] += 1
+                await asyncio.sleep(self.poll_interval)
+            if not claimed and not self._stopping:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def _maintenance(self) -> None:
+        self._counts["reaped_leases"] += await self.kernel.dispatch(ReapStaleLeases())
+        self._counts["reaped_runs"] += await self.kernel.dispatch(ReapStuckRuns())
+        if self.retention_seconds is not None:
+            self._counts["purged"] += await self.kernel.dispatch(
+                PurgeRuns(self.retention_seconds)
+            )
+
+    async def _run_job(self, job: Any) -> None:
+        try:
+            result = await self.kernel.dispatch(ExecuteJob(job, self.worker_id))
+            self._counts[str(result)] += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("worker %s: job %s of run %s failed in the engine", self.worker_id,
+                          job.id, job.run_id)
+            self._counts["engine_errors"] += 1
+        finally:
+            self._active.pop(job.id, None)
+            self._wake.set()
