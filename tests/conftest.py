@@ -1,0 +1,27 @@
+"""Shared fixtures: real databases (SQLite files, PostgreSQL schemas)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support.databases import PostgresSession, postgres_session  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def pg_session() -> Iterator[PostgresSession]:
+    yield from postgres_session()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database for one test: a SQLite file, or a new PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'wfe.db'}"
+    session: PostgresSession = request.getfixturevalue("pg_session")
+    return session.new_schema()

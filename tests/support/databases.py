@@ -1,0 +1,67 @@
+"""Real databases for tests: a temporary SQLite file, or a fresh PostgreSQL schema in a
+database created for this test session on the server at WFE_TEST_POSTGRES_URL
+(default postgresql+psycopg://postgres@127.0.0.1:5432/postgres)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import pytest
+import sqlalchemy as sa
+
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def admin_url() -> str:
+    url = os.environ.get("WFE_TEST_POSTGRES_URL", DEFAULT_PG)
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _unreachable(reason: str) -> None:
+    msg = f"PostgreSQL at {admin_url()} is unreachable ({reason}); set WFE_TEST_POSTGRES_URL"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(msg, pytrace=False)
+    pytest.skip(msg)
+
+
+class PostgresSession:
+    """One database per test session; one schema per test."""
+
+    def __init__(self) -> None:
+        base = sa.make_url(admin_url())
+        self.dbname = f"wfe_test_{uuid.uuid4().hex[:10]}"
+        self.admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+        with self.admin.connect() as c:
+            c.execute(sa.text(f'CREATE DATABASE "{self.dbname}"'))
+        self.url = base.set(database=self.dbname)
+        self.engine = sa.create_engine(self.url, isolation_level="AUTOCOMMIT")
+
+    def new_schema(self) -> str:
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with self.engine.connect() as c:
+            c.execute(sa.text(f'CREATE SCHEMA "{name}"'))
+        opts = quote(f"-csearch_path={name}")
+        return self.url.render_as_string(hide_password=False) + f"?options={opts}"
+
+    def close(self) -> None:
+        self.engine.dispose()
+        with self.admin.connect() as c:
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)'))
+        self.admin.dispose()
+
+
+def postgres_session() -> Iterator[PostgresSession]:
+    try:
+        session = PostgresSession()
+    except Exception as exc:  # noqa: BLE001 - any connection failure means unreachable
+        _unreachable(str(exc).splitlines()[0])
+        raise
+    try:
+        yield session
+    finally:
+        session.close()
