@@ -1,0 +1,618 @@
+"""TemporalEngine: the WorkflowEngine port on a Temporal cluster.
+
+Runs are Temporal workflow executions (workflow id = run id, type = workflow id) on the task
+queue of their (workflow, version); their RunInfo lives in the execution's memo, their status,
+version, current stage and idempotency key in search attributes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, suppress
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from engine_port import (
+    BlobStore,
+    ClaimCheck,
+    Clock,
+    EngineSettings,
+    EventSink,
+    FlushResult,
+    Registry,
+    RunInfo,
+    RunSnapshot,
+    RunStatus,
+    SignalResult,
+    StageRunner,
+    VersionInfo,
+    Workflow,
+    WorkflowEngine,
+    open_blob_store,
+    run_output,
+)
+from engine_port.errors import (
+    DriverUnavailableError,
+    EngineError,
+    IdempotencyConflictError,
+    RunNotActiveError,
+    RunNotFoundError,
+    UnsupportedFeatureError,
+    WaitTimeoutError,
+)
+
+from ._activities import DriverActivities, EventStats
+from ._search import SA_IDEMPOTENCY_KEY, SA_STATUS, SA_VERSION, check_search_attributes
+from ._wire import (
+    fingerprint,
+    new_run_id,
+    run_id_for_key,
+    spill_key,
+    state_key,
+    task_queue_for,
+)
+from ._workflow import SIGNAL_UPDATE
+
+__all__ = ["TemporalEngine", "create_temporal_engine"]
+
+_ACTIVE = ("pending", "running", "suspended", "compensating")
+_ALL = (*_ACTIVE, "completed", "failed", "cancelled", "migrated")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class TemporalEngine(WorkflowEngine):
+    """The Temporal driver. Options: ``heartbeat_timeout`` (seconds, how fast a lost worker is
+    noticed), ``connect_timeout``, ``signal_timeout`` (how long signal() waits for a worker to
+    answer before buffering the signal on the server)."""
+
+    driver_name = "temporal"
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        registry: Registry,
+        *,
+        event_sink: EventSink | None = None,
+        blob_store: BlobStore | None = None,
+        clock: Clock | None = None,
+        heartbeat_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        signal_timeout: float = 5.0,
+        cancel_wait: float = 10.0,
+    ) -> None:
+        super().__init__(registry)
+        self.settings = settings
+        self.event_sink = event_sink
+        self.blob_store = (
+            blob_store if blob_store is not None else open_blob_store(settings.blob_url)
+        )
+        self.claim = ClaimCheck(self.blob_store, settings.spill_threshold_bytes)
+        self.runner = StageRunner(registry, clock)
+        self.heartbeat_timeout = heartbeat_timeout
+        self.connect_timeout = connect_timeout
+        self.signal_timeout = signal_timeout
+        self.cancel_wait = cancel_wait
+        self.stats = EventStats()
+        self._client: Client | None = None
+        self.activities = DriverActivities(
+            registry,
+            self.claim,
+            self.runner,
+            event_sink,
+            self.stats,
+            heartbeat_every=max(0.2, heartbeat_timeout / 4),
+        )
+
+    # -- connection -------------------------------------------------------------------------
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            raise DriverUnavailableError(
+                "the Temporal engine is not connected; use `async with engine:` or await "
+                "engine.connect() first"
+            )
+        return self._client
+
+    async def connect(self) -> None:
+        if self._client is not None:
+            return
+        address, ns = self.settings.temporal_address, self.settings.temporal_namespace
+        try:
+            client = await asyncio.wait_for(
+                Client.connect(address, namespace=ns), timeout=self.connect_timeout
+            )
+            await asyncio.wait_for(
+                check_search_attributes(client, ns, address), timeout=self.connect_timeout
+            )
+        except EngineError:
+            raise
+        except (TimeoutError, RuntimeError, RPCError, OSError) as exc:
+            raise DriverUnavailableError(
+                f"cannot reach Temporal at {address} (namespace {ns!r}): "
+                f"{str(exc) or type(exc).__name__}; start a dev server with `wfe dev temporal` "
+                "(or driver_temporal.TemporalDevServer) or point WFE_TEMPORAL_ADDRESS / "
+                "WFE_TEMPORAL_NAMESPACE at a running cluster"
+            ) from None
+        self._client = client
+
+    async def close(self) -> None:
+        self._client = None
+
+    def task_queue(self, workflow_id: str, version: str) -> str:
+        return task_queue_for(self.settings.task_queue, workflow_id, version)
+
+    # -- start --------------------------------------------------------------------------------
+    async def start(
+        self,
+        workflow: str | Workflow[Any],
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        version: str | None = None,
+    ) -> RunInfo:
+        wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
+        wf = self.registry.get(wf_id, version)  # WorkflowNotFoundError
+        data = wf.validate_input(input).model_dump(mode="json")  # InvalidInputError
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key
+        ):
+            raise EngineError("idempotency_key must be a non-empty string")
+        graph = wf.graph()
+        fp = fingerprint(wf.id, data)
+        run_id = run_id_for_key(idempotency_key) if idempotency_key else new_run_id()
+        client = self.client
+        input_ref = await self.claim.dump(data, spill_key(run_id, "input", fp[:16]))
+        created = _now().isoformat()
+        start = {
+            "run_id": run_id,
+            "workflow_id": wf.id,
+            "version": graph.version,
+            "graph": graph.model_dump(mode="json"),
+            "input": input_ref,
+            "idempotency_key": idempotency_key,
+            "fingerprint": fp,
+            "created_at": created,
+            "heartbeat_timeout_s": self.heartbeat_timeout,
+            "dead_letter_after": self.settings.dead_letter_after,
+        }
+        initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
+        initial["created_at"] = created
+        pairs = _pairs(graph.version, idempotency_key)
+        try:
+            handle: WorkflowHandle[Any, Any] = await client.start_workflow(
+                wf.id,
+                start,
+                id=run_id,
+                task_queue=self.task_queue(wf.id, graph.version),
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                memo={"wfe_run": initial, "wfe_fp": fp},
+                search_attributes=TypedSearchAttributes(pairs),
+                static_summary=f"{wf.id} {graph.version}",
+                static_details=f"wfe run of workflow {wf.id!r} version {graph.version!r}",
+            )
+        except WorkflowAlreadyStartedError:
+            handle = client.get_workflow_handle(run_id)
+        if idempotency_key:
+            desc = await handle.describe()
+            memo = await desc.memo()
+            if memo.get("wfe_fp") != fp:
+                raise IdempotencyConflictError(idempotency_key, run_id)
+            return await self._info_from_memo(memo, desc.status)
+        return await self._resolve(initial)
+
+    def _initial_info(
+        self, run_id: str, wf_id: str, version: str, input_ref: Any, key: str | None
+    ) -> dict[str, Any]:
+        graph = self.registry.graph(wf_id, version)
+        return {
+            "id": run_id,
+            "workflow_id": wf_id,
+            "version": version,
+            "status": "pending",
+            "input": input_ref,
+            "stages": [{"id": sid, "status": "pending"} for group in graph.groups for sid in group],
+            "idempotency_key": key,
+            "sinks": graph.sinks(),
+        }
+
+    # -- reading ------------------------------------------------------------------------------
+    async def _resolve(self, info: dict[str, Any]) -> RunInfo:
+        info = dict(info)
+        sinks = info.pop("sinks", None) or []
+        info["input"] = await self.claim.load(info.get("input"))
+        stages = []
+        outputs: dict[str, Any] = {}
+        for raw in info.get("stages") or []:
+            s = dict(raw)
+            s["output"] = await self.claim.load(s.get("output"))
+            if s["status"] in ("completed", "compensated"):
+                outputs[s["id"]] = s["output"]
+            stages.append(s)
+        info["stages"] = stages
+        if info.get("status") == "completed":
+            info["output"] = run_output(sinks, outputs)
+        return RunInfo.model_validate(info)
+
+    async def _info_from_memo(self, memo: Any, status: WorkflowExecutionStatus | None) -> RunInfo:
+        info = dict(memo.get("wfe_run") or {})
+        if not info:
+            raise EngineError("this Temporal workflow was not started by wfe")
+        if info.get("status") in _ACTIVE and status not in (
+            None,
+            WorkflowExecutionStatus.RUNNING,
+        ):
+            # terminated or timed out by an operator outside the engine
+            info["status"] = "failed"
+            info["error"] = info.get("error") or {
+                "type": "RunTimeoutError"
+                if status == WorkflowExecutionStatus.TIMED_OUT
+                else "EngineError",
+                "message": f"the Temporal execution ended as {status.name if status else '?'}",
+            }
+        return await self._resolve(info)
+
+    async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]:
+        try:
+            desc = await self.client.get_workflow_handle(run_id).describe()
+        except RPCError as exc:
+            if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                raise RunNotFoundError(run_id) from None
+            raise DriverUnavailableError(f"Temporal describe of {run_id!r} failed: {exc}") from None
+        memo = await desc.memo()
+        if "wfe_run" not in memo:
+            raise RunNotFoundError(run_id)
+        return memo, desc.status
+
+    async def get_run(self, run_id: str) -> RunInfo:
+        memo, status = await self._describe(run_id)
+        return await self._info_from_memo(memo, status)
+
+    async def list_runs(
+        self,
+        *,
+        workflow_id: str | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 100,
+    ) -> list[RunInfo]:
+        if status is None:
+            wanted: Sequence[str] = _ALL
+        elif isinstance(status, str):
+            wanted = [str(status)]
+        else:
+            wanted = [str(s) for s in status]
+        clauses = ["WfeStatus IN (" + ", ".join(f"'{s}'" for s in wanted) + ")"]
+        if workflow_id is not None:
+            clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
+        out: list[RunInfo] = []
+        async for ex in self.client.list_workflows(" AND ".join(clauses), limit=limit):
+            memo = await ex.memo()
+            if "wfe_run" in memo:
+                out.append(await self._info_from_memo(memo, ex.status))
+            if len(out) >= limit:
+                break
+        return out
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        await self._describe(run_id)
+        handle = self.client.get_workflow_handle(run_id)
+        try:
+            await asyncio.wait_for(_settle(handle), timeout)
+        except TimeoutError:
+            info = await self.get_run(run_id)
+            raise WaitTimeoutError(
+                f"run {run_id!r} is still {info.status} after {timeout}s; wait longer, or check "
+                "that a worker serving its workflow version is running (engine.worker())"
+            ) from None
+        return await self.get_run(run_id)
+
+    # -- signals and cancel ---------------------------------------------------------------------
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult:
+        if not isinstance(name, str) or not name:
+            raise EngineError("a signal needs a non-empty string name")
+        memo, status = await self._describe(run_id)
+        info = await self._info_from_memo(memo, status)
+        if info.terminal:
+            raise RunNotActiveError(run_id, info.status, "signal")
+        delivery = uuid.uuid4().hex
+        value = await self.claim.dump(_json(payload), spill_key(run_id, "signals", delivery))
+        body = {"name": name, "payload": value, "delivery": delivery}
+        handle = self.client.get_workflow_handle(run_id)
+        try:
+            res: dict[str, Any] = await asyncio.wait_for(
+                handle.execute_update(SIGNAL_UPDATE, body, result_type=dict),
+                self.signal_timeout,
+            )
+        except TimeoutError:
+            # no worker answered: buffer it on the server (deduplicated by delivery id)
+            try:
+                await handle.signal(name, body)
+            except RPCError:
+                status_now = (await self.get_run(run_id)).status
+                raise RunNotActiveError(run_id, status_now, "signal") from None
+            return SignalResult(run_id=run_id, name=name, delivered=True)
+        except (WorkflowUpdateFailedError, RPCError):
+            current = await self.get_run(run_id)
+            raise RunNotActiveError(run_id, current.status, "signal") from None
+        return SignalResult(
+            run_id=run_id,
+            name=name,
+            delivered=bool(res.get("delivered")),
+            already_completed=bool(res.get("already_completed")),
+        )
+
+    async def cancel(self, run_id: str) -> RunInfo:
+        memo, status = await self._describe(run_id)
+        info = await self._info_from_memo(memo, status)
+        if info.status == RunStatus.CANCELLED:
+            return info
+        if info.terminal:
+            raise RunNotActiveError(run_id, info.status, "cancel")
+        handle = self.client.get_workflow_handle(run_id)
+        with suppress(RPCError):  # already being cancelled or just finished
+            await handle.cancel()
+        with suppress(TimeoutError):
+            await asyncio.wait_for(_settle(handle), self.cancel_wait)
+        return await self.get_run(run_id)
+
+    # -- redrive ------------------------------------------------------------------------------
+    async def redrive(
+        self, run_id: str, from_: str = "last_failure", *, version: str | None = None
+    ) -> RunInfo:
+        info = await self.get_run(run_id)
+        if not info.terminal:
+            raise EngineError(
+                f"run {run_id!r} is still {info.status}; redrive() re-runs terminal runs only "
+                "(cancel it first, or wait for it)"
+            )
+        try:
+            import pydantic_core
+
+            state: dict[str, Any] = pydantic_core.from_json(
+                await self.blob_store.get(state_key(run_id))
+            )
+        except EngineError:
+            raise
+        target_version = info.version
+        if version == "latest":
+            target_version = self.registry.latest_version(info.workflow_id)
+        elif version is not None:
+            target_version = version
+        wf = self.registry.get(info.workflow_id, target_version)
+        graph = wf.graph()
+        stages: dict[str, dict[str, Any]] = state["stages"]
+        order = [sid for g in graph.groups for sid in g]
+        if from_ == "start":
+            reset = set(order)
+        elif from_ == "last_failure":
+            bad = [
+                sid
+                for sid in order
+                if stages.get(sid, {}).get("status") not in ("completed", "compensated")
+            ]
+            if not bad:
+                raise EngineError(
+                    f"run {run_id!r} has no failed stage to redrive from; use from_='start' "
+                    "or name a stage"
+                )
+            reset = _downstream(graph.stages, {bad[0]}) | set(bad)
+        else:
+            graph.stage(from_)  # DefinitionError for an unknown stage
+            reset = _downstream(graph.stages, {from_})
+        new_stages: dict[str, dict[str, Any]] = {}
+        for sid in order:
+            old = stages.get(sid) or {}
+            if sid in reset:
+                keep_steps = from_ == "last_failure"
+                new_stages[sid] = {
+                    "status": "pending",
+                    "attempt": 0,
+                    "steps": old.get("steps", {}) if keep_steps else {},
+                }
+            else:
+                new_stages[sid] = {**old, "status": "completed"}
+        redrive = int(state.get("redrive", 0)) + 1
+        start = {
+            "run_id": run_id,
+            "workflow_id": wf.id,
+            "version": graph.version,
+            "graph": graph.model_dump(mode="json"),
+            "input": state["input"],
+            "idempotency_key": state.get("idempotency_key"),
+            "fingerprint": state.get("fingerprint"),
+            "created_at": state.get("created_at"),
+            "heartbeat_timeout_s": self.heartbeat_timeout,
+            "dead_letter_after": self.settings.dead_letter_after,
+            "redrive": redrive,
+            "redrive_from": from_,
+            "event_seq": state.get("event_seq", 0),
+            "stages": new_stages,
+            "signals": state.get("signals") or {},
+            "consumed": [] if from_ == "start" else state.get("consumed") or [],
+            "run_started": state.get("run_started", False),
+        }
+        initial = self._initial_info(
+            run_id, wf.id, graph.version, state["input"], state.get("idempotency_key")
+        )
+        initial.update(redrive_count=redrive, created_at=state.get("created_at"))
+        pairs = _pairs(graph.version, state.get("idempotency_key"))
+        try:
+            await self.client.start_workflow(
+                wf.id,
+                start,
+                id=run_id,
+                task_queue=self.task_queue(wf.id, graph.version),
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                memo={"wfe_run": initial, "wfe_fp": state.get("fingerprint")},
+                search_attributes=TypedSearchAttributes(pairs),
+                static_summary=f"{wf.id} {graph.version} (redrive {redrive} from {from_})",
+            )
+        except WorkflowAlreadyStartedError:
+            raise EngineError(f"run {run_id!r} was redriven concurrently") from None
+        return await self.get_run(run_id)
+
+    # -- versions -----------------------------------------------------------------------------
+    async def list_versions(self) -> list[VersionInfo]:
+        counts: dict[tuple[str, str], int] = {}
+        ids = self.registry.workflow_ids()
+        if ids:
+            types = ", ".join(f"'{_quote(w)}'" for w in ids)
+            query = (
+                f"WorkflowType IN ({types}) AND ExecutionStatus = 'Running' "
+                "AND WfeStatus IN (" + ", ".join(f"'{s}'" for s in _ACTIVE) + ")"
+            )
+            async for ex in self.client.list_workflows(query):
+                ver = ex.typed_search_attributes.get(SA_VERSION)
+                if ver is not None:
+                    key = (ex.workflow_type, ver)
+                    counts[key] = counts.get(key, 0) + 1
+        served = self.registry.served()
+        out = []
+        for wf_id, ver in sorted(served | set(counts)):
+            latest = self.registry.has(wf_id) and self.registry.latest_version(wf_id) == ver
+            n = counts.get((wf_id, ver), 0)
+            out.append(
+                VersionInfo(
+                    workflow_id=wf_id,
+                    version=ver,
+                    active_runs=n,
+                    served_here=(wf_id, ver) in served,
+                    drained=n == 0,
+                    latest=latest,
+                )
+            )
+        return out
+
+    # -- migration (another issue) -----------------------------------------------------------
+    async def export_run(self, run_id: str) -> RunSnapshot:
+        raise UnsupportedFeatureError(
+            "the Temporal driver cannot export runs yet; migration is not implemented"
+        )
+
+    async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
+        raise UnsupportedFeatureError(
+            "the Temporal driver cannot import runs yet; migration is not implemented"
+        )
+
+    # -- hosting and events -------------------------------------------------------------------
+    def worker(self, **options: Any) -> AbstractAsyncContextManager[Any]:
+        from ._worker import EngineWorker
+
+        return EngineWorker(self, **options)
+
+    async def flush_events(self) -> FlushResult:
+        """Events are delivered by the workers' publish activities; this reports what they
+        delivered, failed and dead-lettered since the last call (``degraded`` when the sink
+        failed)."""
+        delivered, failed, dead = self.stats.take()
+        return FlushResult(delivered=delivered, failed=failed, dead=dead, degraded=failed > 0)
+
+    async def replay_dlq(self) -> int:
+        """Deliver dead-lettered events (kept under ``dlq/`` in the BlobStore) to the sink, in
+        per-run order; delivered ones leave the DLQ. Returns how many were delivered."""
+        import pydantic_core
+
+        from engine_port import Event
+
+        if self.event_sink is None:
+            return 0
+        keys = await self.blob_store.list("dlq/")
+        by_run: dict[str, list[str]] = {}
+        for k in keys:
+            by_run.setdefault(k.split("/")[1], []).append(k)
+        n = 0
+        for run_keys in by_run.values():
+            run_keys.sort()
+            events = [
+                Event.model_validate(pydantic_core.from_json(await self.blob_store.get(k)))
+                for k in run_keys
+            ]
+            try:
+                await self.event_sink.publish(events)
+            except Exception:
+                continue
+            for k in run_keys:
+                await self.blob_store.delete(k)
+            n += len(events)
+        return n
+
+
+async def _settle(handle: WorkflowHandle[Any, Any]) -> None:
+    """Wait until the execution (following redrives) is closed, whatever its outcome."""
+    with suppress(Exception):
+        await handle.result(follow_runs=True)
+
+
+def _pairs(version: str, key: str | None) -> list[SearchAttributePair[Any]]:
+    pairs: list[SearchAttributePair[Any]] = [
+        SearchAttributePair(SA_VERSION, version),
+        SearchAttributePair(SA_STATUS, "pending"),
+    ]
+    if key:
+        pairs.append(SearchAttributePair(SA_IDEMPOTENCY_KEY, key))
+    return pairs
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _json(value: Any) -> Any:
+    import pydantic_core
+
+    from engine_port.errors import SerializationError
+
+    try:
+        return pydantic_core.to_jsonable_python(value)
+    except Exception as exc:
+        raise SerializationError(
+            f"signal payload is not JSON-serialisable ({type(value).__name__}): {exc}"
+        ) from None
+
+
+def _downstream(stages: Sequence[Any], roots: set[str]) -> set[str]:
+    out = set(roots)
+    changed = True
+    while changed:
+        changed = False
+        for s in stages:
+            if s.id not in out and any(d in out for d in s.after):
+                out.add(s.id)
+                changed = True
+    return out
+
+
+def create_temporal_engine(
+    settings: EngineSettings,
+    registry: Registry,
+    *,
+    event_sink: EventSink | None = None,
+    blob_store: BlobStore | None = None,
+    clock: Clock | None = None,
+    **options: Any,
+) -> TemporalEngine:
+    """The factory ``engine_port.create_engine`` calls for ``driver="temporal"``."""
+    return TemporalEngine(
+        settings, registry, event_sink=event_sink, blob_store=blob_store, clock=clock, **options
+    )

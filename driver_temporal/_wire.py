@@ -1,0 +1,98 @@
+"""Plain-JSON shapes exchanged between the client, the workflow and the activities.
+
+Every Temporal payload of this driver is a small JSON document; large values travel as
+claim-check references (``engine_port.ClaimCheck``) into the shared BlobStore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from datetime import datetime
+from typing import Any
+
+from engine_port import StepRecord
+
+__all__ = [
+    "dlq_key",
+    "fingerprint",
+    "new_run_id",
+    "parse_time",
+    "record_from_json",
+    "record_to_json",
+    "run_id_for_key",
+    "spill_key",
+    "state_key",
+    "task_queue_for",
+]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+def fingerprint(workflow_id: str, value: Any) -> str:
+    """A stable hash of a workflow id and its JSON input (keys sorted)."""
+    canon = json.dumps(
+        [workflow_id, value], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def run_id_for_key(key: str) -> str:
+    """The run (Temporal workflow) id derived from an idempotency key."""
+    return "idem-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+def task_queue_for(base: str, workflow_id: str, version: str) -> str:
+    """The task queue of one (workflow, version): only workers serving exactly that version
+    poll it, so a run stays pinned to the version it started on."""
+    return f"{base}-{workflow_id}-{_UNSAFE.sub('_', version)}"
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def spill_key(run_id: str, *parts: object) -> str:
+    """A blob key under ``runs/<run>/``; free-form parts are hashed so keys stay safe."""
+    safe = [p if isinstance(p, str) and _UNSAFE.sub("", p) == p else _hash(str(p)) for p in parts]
+    return "/".join(["runs", run_id, *safe]) + ".json"
+
+
+def state_key(run_id: str) -> str:
+    return f"runs/{run_id}/state.json"
+
+
+def dlq_key(run_id: str, seq: int, event_id: str) -> str:
+    return f"dlq/{run_id}/{seq:010d}-{event_id}.json"
+
+
+def parse_time(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def record_to_json(rec: StepRecord) -> dict[str, Any]:
+    return {
+        "name": rec.name,
+        "kind": rec.kind,
+        "completed": rec.completed,
+        "result": rec.result,
+        "deadline": None if rec.deadline is None else rec.deadline.isoformat(),
+        "signal": rec.signal,
+    }
+
+
+def record_from_json(data: dict[str, Any]) -> StepRecord:
+    return StepRecord(
+        name=data["name"],
+        kind=data["kind"],
+        completed=bool(data["completed"]),
+        result=data.get("result"),
+        deadline=parse_time(data.get("deadline")),
+        signal=data.get("signal"),
+    )

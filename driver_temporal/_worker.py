@@ -1,0 +1,113 @@
+"""Hosting: ``engine.worker()`` runs temporalio Workers for the engine's registry, one per
+served (workflow, version), each on that version's task queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from contextlib import AsyncExitStack
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from ._workflow import GraphWorkflow
+
+if TYPE_CHECKING:
+    from ._engine import TemporalEngine
+
+__all__ = ["EngineWorker", "run_worker_forever"]
+
+_PASSTHROUGH = ("engine_port", "driver_temporal", "pydantic", "pydantic_core", "annotated_types")
+
+
+class EngineWorker:
+    """An async context manager running one temporalio Worker per served (workflow, version).
+
+    Options: ``graceful_shutdown_timeout`` (seconds running activities get to finish on exit),
+    ``max_concurrent_activities``, ``sticky_queue_timeout`` (seconds before a workflow task
+    cached on a lost worker moves to another one).
+    """
+
+    def __init__(
+        self,
+        engine: TemporalEngine,
+        *,
+        graceful_shutdown_timeout: float = 5.0,
+        max_concurrent_activities: int = 100,
+        sticky_queue_timeout: float = 5.0,
+    ) -> None:
+        self.engine = engine
+        self.graceful_shutdown_timeout = graceful_shutdown_timeout
+        self.max_concurrent_activities = max_concurrent_activities
+        self.sticky_queue_timeout = sticky_queue_timeout
+        self.task_queues: list[str] = []
+        self._stack: AsyncExitStack | None = None
+
+    def _workers(self) -> list[Worker]:
+        eng = self.engine
+        acts = eng.activities
+        runner = SandboxedWorkflowRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_modules(*_PASSTHROUGH)
+        )
+        workers = []
+        for wf_id, version in sorted(eng.registry.served()):
+            tq = eng.task_queue(wf_id, version)
+            self.task_queues.append(tq)
+            workers.append(
+                Worker(
+                    eng.client,
+                    task_queue=tq,
+                    workflows=[GraphWorkflow],
+                    activities=[acts.stage, acts.publish, acts.dead_letter, acts.save_state],
+                    workflow_runner=runner,
+                    graceful_shutdown_timeout=timedelta(seconds=self.graceful_shutdown_timeout),
+                    max_concurrent_activities=self.max_concurrent_activities,
+                    sticky_queue_schedule_to_start_timeout=timedelta(
+                        seconds=self.sticky_queue_timeout
+                    ),
+                )
+            )
+        return workers
+
+    async def __aenter__(self) -> Self:
+        await self.engine.connect()
+        stack = AsyncExitStack()
+        try:
+            for w in self._workers():
+                await stack.enter_async_context(w)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+
+async def run_worker_forever(engine: TemporalEngine, **options: Any) -> None:
+    """Run the engine's workers until SIGINT/SIGTERM, then shut down gracefully
+    (``wfe worker`` with ``driver = "temporal"``)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with engine, engine.worker(**options) as worker:
+        print(
+            f"wfe worker (temporal) on {engine.settings.temporal_address}, task queues: "
+            + ", ".join(worker.task_queues),
+            flush=True,
+        )
+        await stop.wait()

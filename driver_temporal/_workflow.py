@@ -1,0 +1,556 @@
+"""The dynamic workflow that interprets a workflow graph.
+
+Workflow type = the workflow id; every stage attempt is an activity whose type is the stage id.
+The workflow holds each stage's step ledger, applies the stage's retry policy itself (the
+activity's own RetryPolicy only re-runs lost workers and timeouts, keeping the attempt number),
+sleeps on durable timers, waits on Temporal signals (buffered when sent early), runs saga
+compensations, and builds every lifecycle event with ``engine_port.Lifecycle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RawValue, RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle
+
+    from ._activities import COMPENSATE_SUFFIX
+    from ._search import SA_STAGE, SA_STATUS
+    from ._wire import parse_time
+
+__all__ = ["RUN_INFO_QUERY", "SIGNAL_UPDATE", "GraphWorkflow"]
+
+SIGNAL_UPDATE = "wfe.signal"
+RUN_INFO_QUERY = "wfe.run_info"
+_GRACE = 10.0  # seconds beyond a stage timeout before Temporal declares the attempt lost
+_INFRA_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=500),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=20,
+)
+_LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+
+
+class _StageFailed(Exception):
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message", ""))
+        self.error = error
+
+
+def _iso(value: Any) -> str:
+    return str(value.isoformat())
+
+
+@workflow.defn(dynamic=True)
+class GraphWorkflow:
+    """Interprets a GraphModel passed in the start input (see ``_engine.TemporalEngine``)."""
+
+    def __init__(self) -> None:
+        self._signals: dict[str, Any] = {}
+        self._consumed: set[str] = set()
+        self._deliveries: dict[str, dict[str, Any]] = {}
+        self._outbox: list[dict[str, Any]] = []
+        self._closing = False
+        self._final = False
+        self._info: dict[str, Any] = {}
+        self._sa: tuple[str, str] | None = None
+
+    # -- handlers ---------------------------------------------------------------------------
+    @workflow.signal(dynamic=True)
+    def on_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        body: dict[str, Any] = {}
+        if args:
+            body = workflow.payload_converter().from_payload(args[0].payload, dict) or {}
+        self._deliver(name, body.get("payload"), body.get("delivery"))
+
+    @workflow.update(name=SIGNAL_UPDATE)
+    def on_signal_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._deliver(body["name"], body.get("payload"), body.get("delivery"))
+
+    @on_signal_update.validator
+    def _validate_signal(self, body: dict[str, Any]) -> None:
+        if self._final:
+            raise ApplicationError("run is no longer active", type="RunNotActiveError")
+
+    @workflow.query(name=RUN_INFO_QUERY)
+    def run_info(self) -> dict[str, Any]:
+        return self._info
+
+    def _deliver(self, name: str, payload: Any, delivery: str | None) -> dict[str, Any]:
+        if delivery and delivery in self._deliveries:
+            return self._deliveries[delivery]
+        if name in self._consumed:
+            res = {"delivered": False, "already_completed": True}
+        else:
+            self._signals.setdefault(name, payload)
+            res = {"delivered": True, "already_completed": False}
+        if delivery:
+            self._deliveries[delivery] = res
+        return res
+
+    # -- main -------------------------------------------------------------------------------
+    @workflow.run
+    async def run(self, args: Sequence[RawValue]) -> dict[str, Any]:
+        start: dict[str, Any] = workflow.payload_converter().from_payload(args[0].payload, dict)
+        self._setup(start)
+        publisher = asyncio.create_task(self._publisher())
+        if self._redrive == 0:
+            self._emit(self._lc.run_created(self._version))
+        else:
+            self._emit(self._lc.run_redriven(start.get("redrive_from") or "start", self._version))
+        self._sync()
+        outcome = "completed"
+        error: dict[str, Any] | None = None
+        try:
+            if self._graph.timeout_s:
+                await asyncio.wait_for(self._execute(), self._graph.timeout_s)
+            else:
+                await self._execute()
+        except _StageFailed as failed:
+            outcome, error = "failed", failed.error
+        except TimeoutError:
+            outcome = "failed"
+            error = {
+                "type": "RunTimeoutError",
+                "message": f"run {self._run_id!r} ran longer than its timeout of "
+                f"{self._graph.timeout_s:g}s; raise the workflow timeout= or speed it up",
+                "stage": None,
+            }
+            self._cancel_active()
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            self._cancel_active()
+        if outcome != "completed":
+            await self._compensate()
+        await self._finish(outcome, error)
+        self._closing = True
+        await publisher
+        if outcome == "failed" and error is not None:
+            raise ApplicationError(error["message"], type=error["type"], non_retryable=True)
+        if outcome == "cancelled":
+            raise asyncio.CancelledError()
+        return self._info
+
+    def _setup(self, start: dict[str, Any]) -> None:
+        self._start = start
+        self._run_id: str = start["run_id"]
+        self._wf_id: str = start["workflow_id"]
+        self._version: str = start["version"]
+        self._graph = GraphModel.model_validate(start["graph"])
+        self._redrive: int = start.get("redrive", 0)
+        self._lc = Lifecycle(self._run_id, self._redrive)
+        self._seq: int = start.get("event_seq", 0)
+        self._hb = timedelta(seconds=start.get("heartbeat_timeout_s", 10.0))
+        self._dead_after: int = start.get("dead_letter_after", 5)
+        self._status = "pending"
+        self._error: dict[str, Any] | None = None
+        self._comp_errors: list[dict[str, Any]] = []
+        self._finished_at: str | None = None
+        self._run_started = bool(start.get("run_started", False))
+        prior: dict[str, dict[str, Any]] = start.get("stages") or {}
+        self._stages: dict[str, dict[str, Any]] = {}
+        for sid in self._order_ids():
+            st = prior.get(sid) or {}
+            self._stages[sid] = {
+                "id": sid,
+                "status": st.get("status", "pending"),
+                "attempt": st.get("attempt", 0),
+                "output": st.get("output"),
+                "error": st.get("error"),
+                "compensation_error": None,
+                "waiting_for": None,
+                "wake_at": None,
+                "started_at": st.get("started_at"),
+                "finished_at": st.get("finished_at"),
+                "order": st.get("order"),
+                "steps": dict(st.get("steps") or {}),
+                "comp_steps": {},
+                "events": list(st.get("events") or []),
+                "suspensions": 0,
+            }
+        self._order = max((s["order"] or 0 for s in self._stages.values()), default=0)
+        for name, payload in (start.get("signals") or {}).items():
+            self._signals.setdefault(name, payload)
+        self._consumed |= set(start.get("consumed") or [])
+
+    def _order_ids(self) -> list[str]:
+        return [sid for group in self._graph.groups for sid in group]
+
+    async def _execute(self) -> None:
+        for group in self._graph.groups:
+            todo = [s for s in group if self._stages[s]["status"] != "completed"]
+            if not todo:
+                continue
+            results = await asyncio.gather(
+                *(self._run_stage(s) for s in todo), return_exceptions=True
+            )
+            for r in results:
+                if isinstance(r, asyncio.CancelledError):
+                    raise r
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+
+    # -- one stage --------------------------------------------------------------------------
+    async def _run_stage(self, sid: str) -> None:
+        st = self._stages[sid]
+        spec = self._graph.stage(sid)
+        st["attempt"] = max(1, st["attempt"])
+        fresh = True
+        while True:
+            attempt = st["attempt"]
+            if fresh:
+                if not self._run_started:
+                    self._run_started = True
+                    self._emit(self._lc.run_started())
+                st.update(
+                    status="running",
+                    started_at=_iso(workflow.now()),
+                    finished_at=None,
+                    suspensions=0,
+                    waiting_for=None,
+                    wake_at=None,
+                )
+                self._emit(self._lc.stage_started(sid, attempt))
+                self._sync()
+            res = await self._call(sid, attempt, compensation=False)
+            kind = res["kind"]
+            if kind == "completed":
+                self._order += 1
+                st.update(
+                    status="completed",
+                    output=res.get("output"),
+                    events=res.get("events") or [],
+                    error=None,
+                    finished_at=_iso(workflow.now()),
+                    order=self._order,
+                    waiting_for=None,
+                    wake_at=None,
+                )
+                self._emit(self._lc.stage_completed(sid, attempt))
+                self._sync()
+                return
+            if kind == "suspended":
+                st["suspensions"] += 1
+                until = parse_time(res.get("until"))
+                st.update(status="suspended", waiting_for=res["waiting_for"], wake_at=res["until"])
+                self._emit(
+                    self._lc.stage_suspended(
+                        sid, attempt, st["suspensions"], res["reason"], until, res["waiting_for"]
+                    )
+                )
+                self._sync()
+                await self._wait(res, until)
+                st.update(status="running", waiting_for=None, wake_at=None)
+                fresh = False
+                continue
+            error = res["error"]
+            will_retry = bool(res.get("retryable")) and attempt < spec.retry.max_attempts
+            self._emit(self._lc.stage_failed(sid, attempt, ErrorInfo(**error), will_retry))
+            st["error"] = error
+            if not will_retry:
+                st.update(status="failed", finished_at=_iso(workflow.now()))
+                self._sync()
+                raise _StageFailed(error)
+            self._sync()
+            await workflow.sleep(self._delay(sid, attempt), summary=f"retry {sid}")
+            st["attempt"] = attempt + 1
+            fresh = True
+
+    def _delay(self, sid: str, attempt: int) -> float:
+        r = self._graph.stage(sid).retry
+        seconds = r.initial_interval_s * r.backoff ** (attempt - 1)
+        if r.max_interval_s is not None:
+            seconds = min(seconds, r.max_interval_s)
+        return max(seconds, 0.001)
+
+    async def _wait(self, res: dict[str, Any], until: Any) -> None:
+        remaining = None
+        if until is not None:
+            remaining = max(0.0, (until - workflow.now()).total_seconds()) + 0.02
+        if res["reason"] == "signal":
+            name = res["waiting_for"].split(":", 1)[1]
+            if name in self._signals:
+                return
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: name in self._signals,
+                    timeout=remaining,
+                    timeout_summary=f"timeout of {res['waiting_for']}",
+                )
+        elif remaining is not None:
+            await workflow.sleep(remaining, summary=res["waiting_for"])
+
+    def _ancestors(self, sid: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(self._graph.stage(sid).after)
+        while todo:
+            d = todo.pop()
+            if d not in seen:
+                seen.add(d)
+                todo.extend(self._graph.stage(d).after)
+        return seen
+
+    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:
+        st = self._stages[sid]
+        spec = self._graph.stage(sid)
+        steps = st["comp_steps"] if compensation else st["steps"]
+        task = {
+            "run_id": self._run_id,
+            "workflow_id": self._wf_id,
+            "version": self._version,
+            "stage_id": sid,
+            "attempt": attempt,
+            "redrive": self._redrive,
+            "input": self._start["input"],
+            "outputs": {a: self._stages[a]["output"] for a in self._ancestors(sid)},
+            "steps": list(steps.values()),
+            "signals": {} if compensation else dict(self._signals),
+            "output": st["output"] if compensation else None,
+        }
+        timeout = timedelta(days=1)
+        if spec.timeout_s:
+            timeout = timedelta(seconds=spec.timeout_s + _GRACE)
+        what = "compensation" if compensation else "attempt"
+        try:
+            res: dict[str, Any] = await workflow.execute_activity(
+                sid + COMPENSATE_SUFFIX if compensation else sid,
+                task,
+                result_type=dict,
+                start_to_close_timeout=timeout,
+                heartbeat_timeout=self._hb,
+                retry_policy=_INFRA_RETRY,
+                summary=f"{sid} {what} {attempt}",
+            )
+        except ActivityError as exc:
+            cause = exc.cause
+            if isinstance(cause, CancelledError):
+                raise asyncio.CancelledError() from None
+            if isinstance(cause, ApplicationError):
+                etype, retryable = cause.type or "ApplicationError", not cause.non_retryable
+            elif isinstance(cause, ActivityTimeoutError):
+                etype, retryable = "StageTimeoutError", True
+            else:
+                etype, retryable = type(cause).__name__, True
+            message = str(getattr(cause, "message", None) or exc.message)
+            res = {
+                "kind": "failed",
+                "error": {"type": etype, "message": message, "stage": sid},
+                "retryable": retryable,
+            }
+        for rec in res.get("steps") or ():
+            steps[rec["name"]] = rec
+        for name in res.get("consumed") or ():
+            self._signals.pop(name, None)
+            self._consumed.add(name)
+        return res
+
+    # -- saga -------------------------------------------------------------------------------
+    def _cancel_active(self) -> None:
+        for sid in sorted(self._stages):
+            st = self._stages[sid]
+            if st["status"] in ("running", "suspended"):
+                st.update(status="cancelled", finished_at=_iso(workflow.now()), waiting_for=None)
+                self._emit(self._lc.stage_cancelled(sid))
+
+    async def _compensate(self) -> None:
+        self._status = "compensating"
+        self._sync()
+        done = [s for s in self._stages.values() if s["status"] == "completed" and s["order"]]
+        for st in sorted(done, key=lambda s: s["order"], reverse=True):
+            sid = st["id"]
+            spec = self._graph.stage(sid)
+            if not spec.compensable:
+                continue
+            attempt = 1
+            while True:
+                res = await self._call(sid, attempt, compensation=True)
+                if res["kind"] == "completed":
+                    st["status"] = "compensated"
+                    self._emit(self._lc.stage_compensated(sid))
+                    self._sync()
+                    break
+                if (
+                    res["kind"] == "failed"
+                    and res.get("retryable")
+                    and attempt < spec.retry.max_attempts
+                ):
+                    await workflow.sleep(self._delay(sid, attempt), summary=f"retry {sid}")
+                    attempt += 1
+                    continue
+                st["compensation_error"] = res.get("error")
+                self._comp_errors.append(res.get("error") or {})
+                break
+
+    async def _finish(self, outcome: str, error: dict[str, Any] | None) -> None:
+        for st in self._stages.values():
+            if st["status"] == "pending":
+                st["status"] = "skipped"
+        if outcome == "completed":
+            done = [s for s in self._stages.values() if s["order"]]
+            for st in sorted(done, key=lambda s: s["order"]):
+                for i, e in enumerate(st["events"]):
+                    self._emit(self._lc.business(st["id"], i, e["type"], e["data"]))
+            self._emit(self._lc.run_completed())
+        elif outcome == "failed":
+            assert error is not None
+            self._error = error
+            self._emit(self._lc.run_failed(ErrorInfo(**error)))
+        else:
+            self._emit(self._lc.run_cancelled())
+        self._status = outcome
+        self._final = True
+        self._finished_at = _iso(workflow.now())
+        self._sync()
+        await workflow.execute_local_activity(
+            "wfe.save_state",
+            args=[self._run_id, self._state()],
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=5)),
+        )
+
+    def _state(self) -> dict[str, Any]:
+        """Everything a redrive needs."""
+        return {
+            "run_id": self._run_id,
+            "workflow_id": self._wf_id,
+            "version": self._version,
+            "input": self._start["input"],
+            "idempotency_key": self._start.get("idempotency_key"),
+            "fingerprint": self._start.get("fingerprint"),
+            "created_at": self._start.get("created_at"),
+            "redrive": self._redrive,
+            "event_seq": self._seq,
+            "status": self._status,
+            "stages": self._stages,
+            "signals": self._signals,
+            "consumed": sorted(self._consumed),
+            "run_started": self._run_started,
+        }
+
+    # -- events -----------------------------------------------------------------------------
+    def _emit(self, draft: EventDraft) -> None:
+        self._seq += 1
+        event = draft.at_seq(self._run_id, self._wf_id, self._seq, workflow.now())
+        self._outbox.append(event.model_dump(mode="json"))
+
+    async def _publisher(self) -> None:
+        failures = 0
+        while True:
+            await workflow.wait_condition(lambda: bool(self._outbox) or self._closing)
+            if not self._outbox:
+                return
+            batch = list(self._outbox[:200])
+            try:
+                res = await workflow.execute_local_activity(
+                    "wfe.publish",
+                    batch,
+                    result_type=dict,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=_LOCAL_RETRY,
+                )
+                ok = bool(res.get("ok"))
+            except ActivityError:
+                ok = False
+            if ok:
+                del self._outbox[: len(batch)]
+                failures = 0
+                continue
+            failures += 1
+            if failures >= self._dead_after:
+                try:
+                    await workflow.execute_local_activity(
+                        "wfe.dead_letter",
+                        batch,
+                        start_to_close_timeout=timedelta(seconds=30),
+                        retry_policy=_LOCAL_RETRY,
+                    )
+                    del self._outbox[: len(batch)]
+                    failures = 0
+                    continue
+                except ActivityError:
+                    pass
+            await workflow.sleep(min(0.2 * 2 ** (failures - 1), 5.0), summary="event sink retry")
+
+    # -- inspection -------------------------------------------------------------------------
+    def _run_status(self) -> str:
+        if self._final or self._status == "compensating":
+            return self._status
+        if not self._run_started:
+            return "pending"
+        statuses = {s["status"] for s in self._stages.values()}
+        if "running" in statuses:
+            return "running"
+        if "suspended" in statuses:
+            return "suspended"
+        return "running"
+
+    def _details(self, status: str) -> str:
+        waits = [
+            f"stage {s['id']} waits for {s['waiting_for']}"
+            + (f" until {s['wake_at']}" if s["wake_at"] else "")
+            for s in self._stages.values()
+            if s["status"] == "suspended"
+        ]
+        running = [s["id"] for s in self._stages.values() if s["status"] == "running"]
+        parts = [f"status: {status}"]
+        if running:
+            parts.append("running: " + ", ".join(running))
+        parts.extend(waits)
+        return "; ".join(parts)
+
+    def _sync(self) -> None:
+        status = self._run_status()
+        current = ",".join(
+            s["id"] for s in self._stages.values() if s["status"] in ("running", "suspended")
+        )
+        if self._sa != (status, current):
+            self._sa = (status, current)
+            workflow.upsert_search_attributes(
+                [SA_STATUS.value_set(status), SA_STAGE.value_set(current)]
+            )
+        workflow.set_current_details(self._details(status))
+        self._info = {
+            "id": self._run_id,
+            "workflow_id": self._wf_id,
+            "version": self._version,
+            "status": status,
+            "input": self._start["input"],
+            "error": self._error,
+            "compensation_errors": self._comp_errors,
+            "stages": [
+                {
+                    k: s[k]
+                    for k in (
+                        "id",
+                        "status",
+                        "attempt",
+                        "output",
+                        "error",
+                        "compensation_error",
+                        "waiting_for",
+                        "wake_at",
+                        "started_at",
+                        "finished_at",
+                    )
+                }
+                for s in self._stages.values()
+            ],
+            "idempotency_key": self._start.get("idempotency_key"),
+            "redrive_count": self._redrive,
+            "created_at": self._start.get("created_at"),
+            "updated_at": _iso(workflow.now()),
+            "finished_at": self._finished_at,
+            "sinks": self._graph.sinks(),
+        }
+        workflow.upsert_memo({"wfe_run": self._info})
