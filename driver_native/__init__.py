@@ -22,6 +22,12 @@ from ._commands import (
 from ._db import Database
 from ._engine import NativeEngine, create_native_engine
 from ._kernel import Kernel
+from ._serverless import (
+    handle_job,
+    process_available_jobs,
+    run_maintenance_tick,
+    run_to_completion,
+)
 from ._worker import WorkerHost
 
 __all__ = [
@@ -47,4 +53,8 @@ __all__ = [
     "Transition",
     "WorkerHost",
     "create_native_engine",
+    "handle_job",
+    "process_available_jobs",
+    "run_maintenance_tick",
+    "run_to_completion",
 ]
