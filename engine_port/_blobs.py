@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ __all__ = [
 
 DEFAULT_SPILL_THRESHOLD = 64 * 1024
 SPILL_MARKER = "$wfe_spill"
+_TMP_SUFFIX = ".wfe-tmp"
 
 
 def check_key(key: str) -> str:
@@ -67,19 +69,25 @@ class FolderBlobStore:
     def _put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        # unique per write: two concurrent puts of one key must not share a temp file
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _get(self, path: Path, key: str) -> bytes:
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise SpilledPayloadUnavailableError(key) from None
 
     async def put(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(self._put, key, data)
 
     async def get(self, key: str) -> bytes:
-        path = self._path(key)
-        try:
-            return await asyncio.to_thread(path.read_bytes)
-        except FileNotFoundError:
-            raise SpilledPayloadUnavailableError(key) from None
+        return await asyncio.to_thread(self._get, self._path(key), key)
 
     async def has(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -94,7 +102,7 @@ class FolderBlobStore:
             return []
         keys = []
         for p in self.root.rglob("*"):
-            if p.is_file() and not p.name.startswith("."):
+            if p.is_file() and not (p.name.startswith(".") and p.name.endswith(_TMP_SUFFIX)):
                 key = p.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     keys.append(key)

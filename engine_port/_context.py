@@ -39,6 +39,16 @@ class Suspend(BaseException):
         self.waiting_for = waiting_for
 
 
+# A timed-out wait is journaled as completed with this marker as its result, so a replay
+# raises StepTimeoutError again even if the signal (or the condition) turns up later.
+TIMEOUT_MARKER = "$wfe_step_timeout"
+
+
+def _timed_out(rec: StepRecord) -> bool:
+    r = rec.result
+    return isinstance(r, dict) and len(r) == 1 and TIMEOUT_MARKER in r
+
+
 @dataclass
 class BusinessEvent:
     type: str
@@ -113,6 +123,8 @@ class Steps:
         self._claim(name)
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
+            if _timed_out(rec):
+                raise _signal_timeout(name, rec)
             return rec.result
         if rec is None:
             now = self._clock.now()
@@ -129,10 +141,8 @@ class Steps:
             if taken is not None:
                 return taken.result
         if rec.deadline is not None and self._clock.now() >= rec.deadline:
-            raise StepTimeoutError(
-                f"no signal {name!r} arrived before {rec.deadline.isoformat()}; catch "
-                "StepTimeoutError to handle the timeout, or send the signal earlier"
-            )
+            await self._ledger.put(rec.done({TIMEOUT_MARKER: rec.deadline.isoformat()}))
+            raise _signal_timeout(name, rec)
         raise Suspend("signal", rec.deadline, f"signal:{name}")
 
     async def wait_for(
@@ -147,6 +157,8 @@ class Steps:
         self._claim(name)
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
+            if _timed_out(rec):
+                raise _poll_timeout(name, rec)
             return rec.result
         now = self._clock.now()
         if rec is None:
@@ -160,18 +172,48 @@ class Steps:
             return result
         now = self._clock.now()
         if rec.deadline is not None and now >= rec.deadline:
-            raise StepTimeoutError(
-                f"condition {name!r} was not met before {rec.deadline.isoformat()}; catch "
-                "StepTimeoutError to handle the timeout"
-            )
+            await self._ledger.put(rec.done({TIMEOUT_MARKER: rec.deadline.isoformat()}))
+            raise _poll_timeout(name, rec)
         until = now + _td(interval)
         if rec.deadline is not None:
             until = min(until, rec.deadline)
         raise Suspend("poll", until, f"poll:{name}")
 
 
+def _signal_timeout(name: str, rec: StepRecord) -> StepTimeoutError:
+    when = "its deadline" if rec.deadline is None else rec.deadline.isoformat()
+    return StepTimeoutError(
+        f"no signal {name!r} arrived before {when}; catch StepTimeoutError to handle the "
+        "timeout, or send the signal earlier"
+    )
+
+
+def _poll_timeout(name: str, rec: StepRecord) -> StepTimeoutError:
+    when = "its deadline" if rec.deadline is None else rec.deadline.isoformat()
+    return StepTimeoutError(
+        f"condition {name!r} was not met before {when}; catch StepTimeoutError to handle the "
+        "timeout"
+    )
+
+
 def _td(value: timedelta | float) -> timedelta:
     return value if isinstance(value, timedelta) else timedelta(seconds=float(value))
+
+
+def _run_on_loop(loop: asyncio.AbstractEventLoop, coro: Any, what: str) -> Any:
+    """Run ``coro`` on ``loop`` from a worker thread and wait for it. Called on the loop's own
+    thread this would block forever, so it fails with StepError instead."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()
+        raise StepError(
+            f"{what} blocks and only works in a sync def stage; in an async def stage use the "
+            "awaitable form (await ctx.step.... / await ctx.hook(...))"
+        )
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
 
 class SyncSteps:
@@ -182,7 +224,7 @@ class SyncSteps:
         self._loop = loop
 
     def _wait(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return _run_on_loop(self._loop, coro, "ctx.sync_step")
 
     def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return self._wait(self._steps.run(name, fn, *args, **kwargs))
@@ -276,4 +318,5 @@ class StageContext(Generic[InT]):
     def hook_sync(self, name: str, payload: Any = None) -> list[Any]:
         if self._loop is None:
             raise StepError("hook_sync is only available while a stage runs")
-        return asyncio.run_coroutine_threadsafe(self.hook(name, payload), self._loop).result()
+        results: list[Any] = _run_on_loop(self._loop, self.hook(name, payload), "ctx.hook_sync")
+        return results

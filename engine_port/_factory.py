@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ._blobs import BlobStore
@@ -16,10 +18,25 @@ from .errors import DriverUnavailableError
 __all__ = ["DRIVERS", "create_engine"]
 
 # driver name -> (module, factory function, extra that installs its dependencies)
-DRIVERS: dict[str, tuple[str, str, str]] = {
-    "native": ("driver_native", "create_native_engine", "postgres"),
-    "temporal": ("driver_temporal", "create_temporal_engine", "temporal"),
-}
+DRIVERS: Mapping[str, tuple[str, str, str]] = MappingProxyType(
+    {
+        "native": ("driver_native", "create_native_engine", "postgres"),
+        "temporal": ("driver_temporal", "create_temporal_engine", "temporal"),
+    }
+)
+
+
+_OWN_PACKAGES = frozenset({"engine_port", "driver_native", "driver_temporal", "conformance"})
+
+
+def _missing_dependency(exc: ImportError, module_name: str) -> bool:
+    """True when the import failed because a package is not installed (the driver package
+    itself, or a third-party dependency), False for a broken import inside our own code."""
+    if exc.name is None:
+        return False
+    if exc.name == module_name:
+        return True
+    return exc.name.split(".")[0] not in _OWN_PACKAGES
 
 
 def create_engine(
@@ -43,6 +60,8 @@ def create_engine(
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if not _missing_dependency(exc, module_name):
+            raise  # a bug inside the driver (or the port), not a missing install
         raise DriverUnavailableError(
             f"the {settings.driver} driver needs packages that are not installed ({exc.name}); "
             f"install them with: pip install 'wfe[{extra}]'"

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 import re
+import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["GraphModel", "Retry", "RetryModel", "Stage", "StageSpec", "Workflow"]
 
 InT = TypeVar("InT", bound=BaseModel)
+_MAX_DELAY_S = 365 * 24 * 3600.0
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
 _WF_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
 
@@ -40,19 +43,51 @@ class Retry:
     non_retryable: tuple[type[BaseException], ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise DefinitionError(
+                f"Retry.max_attempts must be an int, not {type(self.max_attempts).__name__}"
+            )
         if self.max_attempts < 1:
             raise DefinitionError("Retry.max_attempts must be at least 1")
-        if self.backoff < 1.0:
-            raise DefinitionError("Retry.backoff must be >= 1.0")
+        if isinstance(self.backoff, bool) or not isinstance(self.backoff, int | float):
+            raise DefinitionError(
+                f"Retry.backoff must be a number, not {type(self.backoff).__name__}"
+            )
+        if not math.isfinite(self.backoff) or self.backoff < 1.0:
+            raise DefinitionError("Retry.backoff must be a finite number >= 1.0")
+        if not isinstance(self.initial_interval, timedelta):
+            raise DefinitionError(
+                "Retry.initial_interval must be a timedelta (e.g. timedelta(seconds=1))"
+            )
         if self.initial_interval < timedelta(0):
             raise DefinitionError("Retry.initial_interval must not be negative")
+        if self.max_interval is not None:
+            if not isinstance(self.max_interval, timedelta):
+                raise DefinitionError("Retry.max_interval must be a timedelta or None")
+            if self.max_interval < timedelta(0):
+                raise DefinitionError("Retry.max_interval must not be negative")
+        non_retryable = self.non_retryable
+        if isinstance(non_retryable, type):
+            non_retryable = (non_retryable,)
+        if not isinstance(non_retryable, Iterable) or isinstance(non_retryable, str):
+            raise DefinitionError("Retry.non_retryable must be a tuple of exception classes")
+        non_retryable = tuple(non_retryable)
+        for t in non_retryable:
+            if not (isinstance(t, type) and issubclass(t, BaseException)):
+                raise DefinitionError(f"Retry.non_retryable must hold exception classes, not {t!r}")
+        object.__setattr__(self, "non_retryable", non_retryable)
 
     def delay_after(self, attempt: int) -> timedelta:
         """The wait before attempt ``attempt + 1``."""
-        seconds = self.initial_interval.total_seconds() * self.backoff ** (attempt - 1)
+        base = self.initial_interval.total_seconds()
+        try:
+            seconds = base * self.backoff ** max(0, attempt - 1)
+        except OverflowError:
+            seconds = math.inf
         if self.max_interval is not None:
             seconds = min(seconds, self.max_interval.total_seconds())
-        return timedelta(seconds=seconds)
+        # a timedelta cannot hold more than ~2.7 million years; cap far below that
+        return timedelta(seconds=min(seconds, _MAX_DELAY_S))
 
     def is_retryable(self, error: BaseException) -> bool:
         if isinstance(error, NonRetryableError):
@@ -155,11 +190,25 @@ class Stage:
         return self.fn(*args, **kwargs)
 
 
+def _return_hint_only(fn: Handler) -> dict[str, Any]:
+    """Resolve only the return annotation (the parameters' annotations may name types that
+    are imported under ``TYPE_CHECKING`` only, which must not lose the output type)."""
+    target = inspect.unwrap(fn) if inspect.isfunction(fn) or inspect.ismethod(fn) else fn
+    annotations = getattr(target, "__annotations__", None)
+    if not isinstance(annotations, dict) or "return" not in annotations:
+        return {}
+    holder = types.SimpleNamespace(__annotations__={"return": annotations["return"]})
+    try:
+        return typing.get_type_hints(holder, globalns=getattr(target, "__globals__", None))
+    except Exception:
+        return {}
+
+
 def _return_type(fn: Handler) -> Any:
     try:
         hints = typing.get_type_hints(fn)
     except Exception:
-        return Any
+        hints = _return_hint_only(fn)
     ret = hints.get("return", Any)
     if ret is type(None):
         return None
@@ -214,8 +263,10 @@ class Workflow(Generic[InT]):
             )
         if not (isinstance(input, type) and issubclass(input, BaseModel)):
             raise DefinitionError(f"workflow {id!r}: input= must be a pydantic BaseModel subclass")
-        if version is not None and not version:
+        if version is not None and (not isinstance(version, str) or not version):
             raise DefinitionError(f"workflow {id!r}: version must be a non-empty string")
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise DefinitionError(f"workflow {id!r}: timeout must be a positive timedelta")
         self.id = id
         self.input = input
         self.version_ = version
@@ -223,8 +274,33 @@ class Workflow(Generic[InT]):
         self.timeout = timeout
         self._stages = {}
         self._graph: GraphModel | None = None
+        self._graph_key: tuple[Any, ...] | None = None
 
     # -- definition -------------------------------------------------------------------------
+    @overload
+    def stage(
+        self,
+        fn: Handler,
+        *,
+        id: str | None = None,
+        after: Sequence[Stage | str] = (),
+        retry: Retry | None = None,
+        timeout: timedelta | None = None,
+        local: bool = False,
+    ) -> Stage: ...
+
+    @overload
+    def stage(
+        self,
+        fn: None = None,
+        *,
+        id: str | None = None,
+        after: Sequence[Stage | str] = (),
+        retry: Retry | None = None,
+        timeout: timedelta | None = None,
+        local: bool = False,
+    ) -> Callable[[Handler], Stage]: ...
+
     def stage(
         self,
         fn: Handler | None = None,
@@ -237,9 +313,14 @@ class Workflow(Generic[InT]):
     ) -> Any:
         """Decorator declaring a stage; returns a :class:`Stage`."""
 
+        if isinstance(after, Stage | str):  # one dependency given without a list
+            after = [after]
+        if retry is not None and not isinstance(retry, Retry):
+            raise DefinitionError(f"retry= must be a Retry(...), not {type(retry).__name__}")
+
         def register(f: Handler) -> Stage:
-            stage_id = id or f.__name__
-            if not _ID.match(stage_id):
+            stage_id = id if id is not None else getattr(f, "__name__", "")
+            if not isinstance(stage_id, str) or not _ID.match(stage_id):
                 raise DefinitionError(
                     f"stage id {stage_id!r} in workflow {self.id!r} is invalid; use letters, "
                     "digits, '_' and '-'"
@@ -264,8 +345,10 @@ class Workflow(Generic[InT]):
                 deps.append(dep_id)
             if not callable(f):
                 raise DefinitionError(f"stage {stage_id!r} must be a function")
-            if timeout is not None and timeout <= timedelta(0):
-                raise DefinitionError(f"stage {stage_id!r}: timeout must be positive")
+            if timeout is not None and (
+                not isinstance(timeout, timedelta) or timeout <= timedelta(0)
+            ):
+                raise DefinitionError(f"stage {stage_id!r}: timeout must be a positive timedelta")
             out = _return_type(f)
             stage = Stage(
                 id=stage_id,
@@ -352,13 +435,25 @@ class Workflow(Generic[InT]):
             "timeout_s": None if self.timeout is None else self.timeout.total_seconds(),
         }
 
+    def _cache_key(self) -> tuple[Any, ...]:
+        # everything graph() depends on that can change after a stage was added
+        # (a compensation declared later, hooks/timeout/version assigned directly)
+        return (
+            tuple((s.id, s.compensation_fn is not None) for s in self._stages.values()),
+            self.hooks,
+            self.timeout,
+            self.version_,
+        )
+
     def graph(self) -> GraphModel:
         """The canonical graph model (validates the definition; raises DefinitionError)."""
-        if self._graph is None:
+        key = self._cache_key()
+        if self._graph is None or self._graph_key != key:
             structure = self._structure()
             unversioned = GraphModel(version="", **structure)
             version = self.version_ or structural_hash(unversioned)
             self._graph = GraphModel(version=version, **structure)
+            self._graph_key = key
         return self._graph
 
     @property

@@ -35,9 +35,12 @@ class Registry:
         graph = workflow.graph()  # validates: cycles, unknown deps, empty
         versions = self._workflows.setdefault(workflow.id, {})
         existing = versions.get(graph.version)
-        if existing is not None and existing is not workflow:
-            if existing.graph().canonical_json() != graph.canonical_json():
-                raise DefinitionVersionConflictError(workflow.id, graph.version)
+        if (
+            existing is not None
+            and existing is not workflow
+            and existing.graph().canonical_json() != graph.canonical_json()
+        ):
+            raise DefinitionVersionConflictError(workflow.id, graph.version)
         versions.pop(graph.version, None)
         versions[graph.version] = workflow
         return workflow

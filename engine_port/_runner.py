@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +24,7 @@ from ._registry import Registry
 from ._serde import JSON, to_json_value, validate_as
 from .errors import (
     DefinitionError,
+    InvalidInputError,
     SerializationError,
     StageTimeoutError,
     StepError,
@@ -91,17 +93,23 @@ class StageRunner:
         )
 
     async def _invoke(self, stage: Stage, fn: Any, *args: Any) -> Any:
-        if asyncio.iscoroutinefunction(fn):
+        if inspect.iscoroutinefunction(fn):
             return await fn(*args)
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, functools.partial(ctx.run, fn, *args))
+        result = await loop.run_in_executor(None, functools.partial(ctx.run, fn, *args))
+        if inspect.isawaitable(result):  # a callable object or wrapper returning a coroutine
+            return await result
+        return result
 
     async def run(self, req: StageRequest, ledger: StepLedger) -> Outcome:
         """Execute (or replay) one attempt of a stage. Cancellation propagates as
         ``asyncio.CancelledError``."""
         stage = req.workflow.get_stage(req.stage_id)
-        ctx = self._context(req, ledger)
+        try:
+            ctx = self._context(req, ledger)
+        except InvalidInputError as exc:
+            return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
         timeout = None if stage.timeout is None else stage.timeout.total_seconds()
         try:
             async with asyncio.timeout(timeout) as scope:
@@ -141,7 +149,10 @@ class StageRunner:
         stage = req.workflow.get_stage(req.stage_id)
         if stage.compensation_fn is None:
             return Completed(None)
-        ctx = self._context(req, ledger)
+        try:
+            ctx = self._context(req, ledger)
+        except InvalidInputError as exc:
+            return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
         try:
             value = validate_as(stage.output_type, output)
             await self._invoke(stage, stage.compensation_fn, ctx, value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from typing import Any
@@ -14,8 +15,6 @@ from .errors import SerializationError
 __all__ = ["JSON", "dumps", "fingerprint", "loads", "to_json_value", "validate_as"]
 
 JSON = Any  # a value made only of dict/list/str/int/float/bool/None
-
-_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
 
 
 def _check(value: Any, path: str) -> None:
@@ -45,16 +44,16 @@ def to_json_value(value: Any, what: str) -> JSON:
     return plain
 
 
+@functools.lru_cache(maxsize=512)
+def _cached_adapter(tp: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(tp)
+
+
 def _adapter(tp: Any) -> TypeAdapter[Any]:
     try:
-        return _ADAPTERS[tp]
-    except (KeyError, TypeError):
-        adapter: TypeAdapter[Any] = TypeAdapter(tp)
-        try:
-            _ADAPTERS[tp] = adapter
-        except TypeError:  # unhashable annotation
-            pass
-        return adapter
+        return _cached_adapter(tp)
+    except TypeError:  # unhashable annotation: build it uncached
+        return TypeAdapter(tp)
 
 
 def validate_as(tp: Any, value: JSON) -> Any:
