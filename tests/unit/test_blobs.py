@@ -1,0 +1,228 @@
+"""Claim-check blobs: folder and memory stores, key safety, spill references."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_port import (
+    DEFAULT_SPILL_THRESHOLD,
+    ClaimCheck,
+    FolderBlobStore,
+    MemoryBlobStore,
+    is_spill_ref,
+    open_blob_store,
+)
+from engine_port.errors import EngineError, SpilledPayloadUnavailableError, UnsafeBlobKeyError
+
+UNSAFE = ["../x", "/etc/passwd", "a/../../b", "a\\b", "", "a//b", "a/./b", ".", "a/", "x\x00y"]
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+@pytest.fixture(params=["folder", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "folder":
+        return FolderBlobStore(tmp_path / "blobs")
+    return MemoryBlobStore()
+
+
+async def test_put_get_has_delete_list_round_trip(store: Any) -> None:
+    assert await store.list() == []
+    await store.put("runs/r1/a.json", b'{"a":1}')
+    await store.put("runs/r1/b.json", b"\x00\xffbinary")
+    await store.put("runs/r2/a.json", b"2")
+    await store.put("top", b"t")
+    assert await store.get("runs/r1/a.json") == b'{"a":1}'
+    assert await store.get("runs/r1/b.json") == b"\x00\xffbinary"
+    assert await store.has("runs/r1/a.json")
+    assert not await store.has("runs/r1/zzz")
+    assert await store.list() == ["runs/r1/a.json", "runs/r1/b.json", "runs/r2/a.json", "top"]
+    assert await store.list("runs/r1/") == ["runs/r1/a.json", "runs/r1/b.json"]
+    assert await store.list("runs/r") == ["runs/r1/a.json", "runs/r1/b.json", "runs/r2/a.json"]
+    await store.put("top", b"overwritten")
+    assert await store.get("top") == b"overwritten"
+    await store.delete("runs/r1/a.json")
+    await store.delete("runs/r1/a.json")  # deleting twice is fine
+    assert not await store.has("runs/r1/a.json")
+    assert await store.list("runs/r1/") == ["runs/r1/b.json"]
+
+
+async def test_folder_store_writes_files_under_its_root(tmp_path: Path) -> None:
+    store = FolderBlobStore(tmp_path)
+    await store.put("a/b/c.bin", b"data")
+    assert (tmp_path / "a" / "b" / "c.bin").read_bytes() == b"data"
+    # no temporary files are left behind, and a second store on the folder sees the blob
+    assert files_under(tmp_path) == ["a/b/c.bin"]
+    assert await FolderBlobStore(tmp_path).get("a/b/c.bin") == b"data"
+
+
+async def test_folder_store_lists_keys_that_start_with_a_dot(tmp_path: Path) -> None:
+    store = FolderBlobStore(tmp_path)
+    await store.put(".hidden", b"h")
+    await store.put("x/.also", b"a")
+    assert await store.list() == [".hidden", "x/.also"]
+
+
+async def test_folder_store_concurrent_puts_of_one_key(tmp_path: Path) -> None:
+    store = FolderBlobStore(tmp_path)
+    payloads = [bytes([i]) * 1000 for i in range(16)]
+    await asyncio.gather(*(store.put("same", p) for p in payloads))
+    assert await store.get("same") in payloads
+    assert await store.list() == ["same"]
+
+
+@pytest.mark.parametrize("key", UNSAFE)
+async def test_unsafe_keys_are_rejected(store: Any, key: str) -> None:
+    with pytest.raises(UnsafeBlobKeyError):
+        await store.put(key, b"x")
+    with pytest.raises(UnsafeBlobKeyError):
+        await store.get(key)
+    with pytest.raises(UnsafeBlobKeyError):
+        await store.has(key)
+    with pytest.raises(UnsafeBlobKeyError):
+        await store.delete(key)
+
+
+async def test_traversal_writes_nothing_outside_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = FolderBlobStore(root)
+    for key in UNSAFE:
+        with pytest.raises(UnsafeBlobKeyError):
+            await store.put(key, b"x")
+    assert files_under(tmp_path) == []
+
+
+async def test_symlink_escaping_the_root_is_rejected(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    store = FolderBlobStore(root)
+    with pytest.raises(UnsafeBlobKeyError):
+        await store.put("link/x", b"x")
+    assert list(outside.iterdir()) == []
+
+
+async def test_get_of_a_missing_key_raises_spilled_payload_unavailable(store: Any) -> None:
+    with pytest.raises(SpilledPayloadUnavailableError, match="nope/x") as exc:
+        await store.get("nope/x")
+    assert exc.value.key == "nope/x"
+
+
+async def test_get_of_a_folder_key_raises_spilled_payload_unavailable(tmp_path: Path) -> None:
+    store = FolderBlobStore(tmp_path)
+    await store.put("dir/file", b"x")
+    with pytest.raises(SpilledPayloadUnavailableError):
+        await store.get("dir")
+    with pytest.raises(SpilledPayloadUnavailableError):
+        await store.get("dir/file/below")
+
+
+# -- claim check -----------------------------------------------------------------------------
+
+
+async def test_small_values_stay_inline_and_large_ones_spill(store: Any) -> None:
+    cc = ClaimCheck(store, threshold=100)
+    small = {"a": "x" * 10}
+    assert await cc.dump(small, "k/small") == small
+    assert not await store.has("k/small")
+
+    large = {"a": "x" * 200}
+    ref = await cc.dump(large, "k/large")
+    assert is_spill_ref(ref)
+    assert ClaimCheck.key_of(ref) == "k/large"
+    assert ref["$wfe_spill"]["size"] > 100
+    assert len(ref["$wfe_spill"]["sha256"]) == 64
+    assert await store.has("k/large")
+    assert "x" * 200 not in str(ref)
+    assert await cc.load(ref) == large
+    assert await cc.load(small) == small
+    assert ClaimCheck.key_of(small) is None
+
+
+async def test_threshold_is_inclusive(store: Any) -> None:
+    value = "y" * 8  # JSON: 10 bytes with the quotes
+    assert await ClaimCheck(store, threshold=10).dump(value, "k") == value
+    assert is_spill_ref(await ClaimCheck(store, threshold=9).dump(value, "k"))
+
+
+async def test_force_always_spills(store: Any) -> None:
+    cc = ClaimCheck(store)
+    values: list[Any] = [None, 1, "s", [], {"a": 1}]
+    for i, value in enumerate(values):
+        ref = await cc.dump(value, f"forced/{i}", force=True)
+        assert is_spill_ref(ref)
+        assert await cc.load(ref) == value
+
+
+async def test_large_value_round_trips_unchanged(store: Any) -> None:
+    cc = ClaimCheck(store)
+    big = {"rows": [{"i": i, "s": "é" * 50, "f": i / 3} for i in range(2000)]}
+    ref = await cc.dump(big, "runs/r/stage/out")
+    assert is_spill_ref(ref)
+    assert await cc.load(ref) == big
+
+
+async def test_load_through_an_empty_store_raises(store: Any) -> None:
+    ref = await ClaimCheck(store, threshold=0).dump({"a": 1}, "gone/1")
+    with pytest.raises(SpilledPayloadUnavailableError, match="gone/1"):
+        await ClaimCheck(MemoryBlobStore()).load(ref)
+
+
+async def test_dump_with_an_unsafe_key_raises(store: Any) -> None:
+    with pytest.raises(UnsafeBlobKeyError):
+        await ClaimCheck(store, threshold=0).dump({"a": 1}, "../escape")
+
+
+def test_default_threshold_is_64_kib() -> None:
+    assert DEFAULT_SPILL_THRESHOLD == 64 * 1024
+    assert ClaimCheck(MemoryBlobStore()).threshold == 64 * 1024
+
+
+def test_is_spill_ref_only_matches_the_reference_shape() -> None:
+    assert is_spill_ref({"$wfe_spill": {"key": "k"}})
+    assert not is_spill_ref({"$wfe_spill": {"key": "k"}, "other": 1})
+    assert not is_spill_ref({"key": "k"})
+    assert not is_spill_ref(["$wfe_spill"])
+    assert not is_spill_ref(None)
+
+
+# -- open_blob_store -------------------------------------------------------------------------
+
+
+async def test_open_blob_store_file_url_absolute(tmp_path: Path) -> None:
+    store = open_blob_store(f"file://{tmp_path}/blobs")
+    assert isinstance(store, FolderBlobStore)
+    await store.put("k", b"v")
+    assert (tmp_path / "blobs" / "k").read_bytes() == b"v"
+
+
+async def test_open_blob_store_file_url_relative(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = open_blob_store("file://.wfe/blobs")
+    assert isinstance(store, FolderBlobStore)
+    assert store.root == (tmp_path / ".wfe" / "blobs").resolve()
+    await store.put("k", b"v")
+    assert (tmp_path / ".wfe" / "blobs" / "k").read_bytes() == b"v"
+
+
+async def test_open_blob_store_memory_url() -> None:
+    store = open_blob_store("memory://")
+    assert isinstance(store, MemoryBlobStore)
+    await store.put("k", b"v")
+    assert await store.get("k") == b"v"
+    assert open_blob_store("memory://") is not store  # no shared global state
+
+
+def test_open_blob_store_unknown_scheme_raises() -> None:
+    with pytest.raises(EngineError, match="unknown scheme"):
+        open_blob_store("ftp://somewhere")

@@ -1,0 +1,199 @@
+"""EngineSettings (defaults, WFE_ environment, wfe.toml) and create_engine's driver lookup."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+import engine_port._factory as factory
+from engine_port import EngineSettings, Registry, create_engine
+from engine_port.errors import DriverUnavailableError
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No WFE_ variable from the outside and no wfe.toml in the working directory."""
+    import os
+
+    for name in list(os.environ):
+        if name.upper().startswith("WFE_"):
+            monkeypatch.delenv(name)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def test_defaults() -> None:
+    s = EngineSettings()
+    assert s.driver == "native"
+    assert s.database_url == "sqlite:///.wfe/wfe.db"
+    assert s.blob_url == "file://.wfe/blobs"
+    assert s.spill_threshold_bytes == 64 * 1024
+    assert s.temporal_address == "127.0.0.1:7233"
+    assert s.temporal_namespace == "default"
+    assert s.task_queue == "wfe"
+    assert s.app is None
+    assert s.routes == {}
+
+
+def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WFE_DRIVER", "temporal")
+    monkeypatch.setenv("WFE_DATABASE_URL", "postgresql+psycopg://u:p@db/wfe")
+    monkeypatch.setenv("WFE_BLOB_URL", "s3://bucket?endpoint=minio:9000")
+    monkeypatch.setenv("WFE_SPILL_THRESHOLD_BYTES", "1024")
+    monkeypatch.setenv("WFE_TASK_QUEUE", "orders")
+    monkeypatch.setenv("WFE_APP", "myapp.workflows:registry")
+    monkeypatch.setenv("WFE_ROUTES", '{"order-processing": "temporal"}')
+    s = EngineSettings()
+    assert s.driver == "temporal"
+    assert s.database_url == "postgresql+psycopg://u:p@db/wfe"
+    assert s.blob_url == "s3://bucket?endpoint=minio:9000"
+    assert s.spill_threshold_bytes == 1024
+    assert s.task_queue == "orders"
+    assert s.app == "myapp.workflows:registry"
+    assert s.routes == {"order-processing": "temporal"}
+
+
+def test_lowercase_environment_names_work_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("wfe_task_queue", "lower")
+    assert EngineSettings().task_queue == "lower"
+
+
+def test_wfe_toml_in_the_working_directory_is_read(clean_env: Path) -> None:
+    (clean_env / "wfe.toml").write_text(
+        'driver = "temporal"\n'
+        'database_url = "sqlite:///from-toml.db"\n'
+        "spill_threshold_bytes = 2048\n"
+        "[routes]\n"
+        'billing = "native"\n'
+    )
+    s = EngineSettings()
+    assert s.driver == "temporal"
+    assert s.database_url == "sqlite:///from-toml.db"
+    assert s.spill_threshold_bytes == 2048
+    assert s.routes == {"billing": "native"}
+    assert s.blob_url == "file://.wfe/blobs"  # untouched default
+
+
+def test_environment_wins_over_wfe_toml_and_arguments_win_over_both(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (clean_env / "wfe.toml").write_text('task_queue = "toml"\ndriver = "temporal"\n')
+    monkeypatch.setenv("WFE_TASK_QUEUE", "env")
+    s = EngineSettings()
+    assert (s.task_queue, s.driver) == ("env", "temporal")
+    assert EngineSettings(task_queue="arg").task_queue == "arg"
+
+
+def test_unknown_driver_value_raises_validation_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError, match="driver"):
+        EngineSettings(driver="oracle")
+    monkeypatch.setenv("WFE_DRIVER", "oracle")
+    with pytest.raises(ValidationError, match="driver"):
+        EngineSettings()
+
+
+def test_unknown_driver_in_wfe_toml_raises_validation_error(clean_env: Path) -> None:
+    (clean_env / "wfe.toml").write_text('driver = "oracle"\n')
+    with pytest.raises(ValidationError, match="driver"):
+        EngineSettings()
+
+
+def test_unknown_setting_in_wfe_toml_is_rejected(clean_env: Path) -> None:
+    (clean_env / "wfe.toml").write_text('databse_url = "typo"\n')
+    with pytest.raises(ValidationError, match="databse_url"):
+        EngineSettings()
+
+
+def test_negative_threshold_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="spill_threshold_bytes"):
+        EngineSettings(spill_threshold_bytes=-1)
+
+
+def test_settings_are_frozen() -> None:
+    s = EngineSettings()
+    with pytest.raises(ValidationError):
+        s.driver = "temporal"  # type: ignore[misc]
+
+
+# -- create_engine ---------------------------------------------------------------------------
+
+
+def use_driver(monkeypatch: pytest.MonkeyPatch, name: str, entry: tuple[str, str, str]) -> None:
+    """Point driver ``name`` at (module, factory, extra) for this test only."""
+    monkeypatch.setattr(factory, "DRIVERS", {**factory.DRIVERS, name: entry})
+
+
+def test_driver_table_is_read_only() -> None:
+    with pytest.raises(TypeError):
+        factory.DRIVERS["x"] = ("m", "f", "e")  # type: ignore[index]
+
+
+def test_create_engine_with_a_driver_that_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    use_driver(
+        monkeypatch, "temporal", ("wfe_no_such_driver_module", "create_temporal_engine", "temporal")
+    )
+    with pytest.raises(DriverUnavailableError, match=r"pip install 'wfe\[temporal\]'") as exc:
+        create_engine(EngineSettings(driver="temporal"), Registry())
+    assert "wfe_no_such_driver_module" in str(exc.value)
+
+
+def test_create_engine_with_a_missing_third_party_dependency(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pkg = tmp_path / "wfe_fake_driver"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import wfe_missing_third_party_lib\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    use_driver(monkeypatch, "native", ("wfe_fake_driver", "create", "postgres"))
+    with pytest.raises(DriverUnavailableError, match=r"pip install 'wfe\[postgres\]'") as exc:
+        create_engine(EngineSettings(driver="native"), Registry())
+    assert "wfe_missing_third_party_lib" in str(exc.value)
+
+
+def test_create_engine_does_not_hide_a_broken_import_inside_the_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pkg = tmp_path / "wfe_buggy_driver"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from engine_port import NoSuchName\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    use_driver(monkeypatch, "native", ("wfe_buggy_driver", "create", "postgres"))
+    with pytest.raises(ImportError, match="NoSuchName") as exc:
+        create_engine(EngineSettings(driver="native"), Registry())
+    assert not isinstance(exc.value, DriverUnavailableError)
+
+
+def test_create_engine_passes_settings_registry_and_ports_to_the_factory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pkg = tmp_path / "wfe_recording_driver"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "calls = []\n"
+        "def create(settings, registry, **kw):\n"
+        "    calls.append((settings, registry, kw))\n"
+        "    return 'engine'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    use_driver(monkeypatch, "native", ("wfe_recording_driver", "create", "postgres"))
+    settings, registry = EngineSettings(), Registry()
+    engine: Any = create_engine(settings, registry, extra_option=1)
+    assert engine == "engine"
+    wfe_recording_driver = importlib.import_module("wfe_recording_driver")
+
+    [(got_settings, got_registry, kw)] = wfe_recording_driver.calls
+    assert got_settings is settings and got_registry is registry
+    assert kw == {
+        "event_sink": None,
+        "blob_store": None,
+        "clock": None,
+        "extra_option": 1,
+    }

@@ -1,0 +1,155 @@
+"""Freezes the public surface: adding or removing a public name must be a deliberate change
+to this file too."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import engine_port
+from engine_port import errors
+
+PUBLIC = [
+    "BlobStore",
+    "ClaimCheck",
+    "Clock",
+    "Completed",
+    "DEFAULT_SPILL_THRESHOLD",
+    "EngineError",
+    "EngineSettings",
+    "ErrorInfo",
+    "Event",
+    "EventDraft",
+    "EventSink",
+    "Failed",
+    "FakeClock",
+    "FlushResult",
+    "FolderBlobStore",
+    "GraphModel",
+    "InMemoryLedger",
+    "Lifecycle",
+    "MemoryBlobStore",
+    "MemorySink",
+    "NonRetryableError",
+    "Outcome",
+    "Registry",
+    "Retry",
+    "RunInfo",
+    "RunSnapshot",
+    "RunStatus",
+    "SignalResult",
+    "Stage",
+    "StageContext",
+    "StageInfo",
+    "StageRequest",
+    "StageRunner",
+    "StageSpec",
+    "StageStatus",
+    "StepLedger",
+    "StepRecord",
+    "Steps",
+    "Suspended",
+    "SyncSteps",
+    "SystemClock",
+    "VersionInfo",
+    "Workflow",
+    "WorkflowEngine",
+    "create_engine",
+    "event_id",
+    "is_spill_ref",
+    "open_blob_store",
+    "run_output",
+]
+
+ERRORS = [
+    "CommandInProgressError",
+    "DefinitionError",
+    "DefinitionVersionConflictError",
+    "DriverUnavailableError",
+    "EngineError",
+    "IdempotencyConflictError",
+    "InvalidInputError",
+    "InvalidRedriveError",
+    "MigrationError",
+    "NonRetryableError",
+    "RunNotActiveError",
+    "RunNotFoundError",
+    "RunTimeoutError",
+    "SerializationError",
+    "SpilledPayloadUnavailableError",
+    "StageTimeoutError",
+    "StepError",
+    "StepTimeoutError",
+    "UnsafeBlobKeyError",
+    "UnsupportedFeatureError",
+    "VersionNotServedError",
+    "WaitTimeoutError",
+    "WorkflowNotFoundError",
+]
+
+
+def test_engine_port_public_names_are_frozen() -> None:
+    assert sorted(engine_port.__all__) == sorted(PUBLIC)
+    assert len(engine_port.__all__) == len(set(engine_port.__all__))
+
+
+def test_error_names_are_frozen() -> None:
+    public = sorted(n for n in errors.__all__ if not n.startswith("_"))
+    assert public == sorted(ERRORS)
+    assert len(errors.__all__) == len(set(errors.__all__))
+
+
+@pytest.mark.parametrize("name", [n for n in ERRORS if n != "EngineError"])
+def test_every_error_is_an_engine_error(name: str) -> None:
+    cls = getattr(errors, name)
+    assert isinstance(cls, type)
+    assert issubclass(cls, errors.EngineError)
+    assert cls is not errors.EngineError
+
+
+def test_engine_error_is_an_exception() -> None:
+    assert issubclass(errors.EngineError, Exception)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_name_is_importable(name: str) -> None:
+    module = importlib.import_module("engine_port")
+    assert getattr(module, name) is not None
+    namespace: dict[str, object] = {}
+    exec(f"from engine_port import {name}", namespace)
+    assert namespace[name] is getattr(engine_port, name)
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_every_error_name_is_importable(name: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from engine_port.errors import {name}", namespace)
+    assert namespace[name] is getattr(errors, name)
+
+
+def test_the_errors_exported_at_top_level_are_the_same_objects() -> None:
+    assert engine_port.EngineError is errors.EngineError
+    assert engine_port.NonRetryableError is errors.NonRetryableError
+
+
+def test_importing_engine_port_imports_no_driver() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, engine_port, engine_port.errors\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('driver_native', 'driver_temporal', 'temporalio', 'sqlalchemy', 'minio'))\n"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.stdout.strip() == ""
