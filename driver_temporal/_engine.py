@@ -11,7 +11,7 @@ import asyncio
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, suppress
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.client import (
@@ -19,6 +19,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import (
     SearchAttributePair,
@@ -157,6 +158,10 @@ class TemporalEngine(WorkflowEngine):
 
     async def close(self) -> None:
         self._client = None
+
+    def _scope(self) -> str:
+        """Visibility filter for the runs of this engine's task queue (its deployment)."""
+        return f"TaskQueue STARTS_WITH '{_quote(self.settings.task_queue)}-'"
 
     def task_queue(self, workflow_id: str, version: str) -> str:
         return task_queue_for(self.settings.task_queue, workflow_id, version)
@@ -301,7 +306,10 @@ class TemporalEngine(WorkflowEngine):
             wanted = [str(status)]
         else:
             wanted = [str(s) for s in status]
-        clauses = ["WfeStatus IN (" + ", ".join(f"'{s}'" for s in wanted) + ")"]
+        clauses = [
+            self._scope(),
+            "WfeStatus IN (" + ", ".join(f"'{s}'" for s in wanted) + ")",
+        ]
         if workflow_id is not None:
             clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
         out: list[RunInfo] = []
@@ -338,19 +346,19 @@ class TemporalEngine(WorkflowEngine):
         value = await self.claim.dump(_json(payload), spill_key(run_id, "signals", delivery))
         body = {"name": name, "payload": value, "delivery": delivery}
         handle = self.client.get_workflow_handle(run_id)
+        if info.status == RunStatus.PENDING:
+            # no stage has run yet, so no wait can have consumed it: buffer it on the server
+            return await self._plain_signal(handle, run_id, name, body)
         try:
-            res: dict[str, Any] = await asyncio.wait_for(
-                handle.execute_update(SIGNAL_UPDATE, body, result_type=dict),
-                self.signal_timeout,
+            res: dict[str, Any] = await handle.execute_update(
+                SIGNAL_UPDATE,
+                body,
+                result_type=dict,
+                rpc_timeout=timedelta(seconds=self.signal_timeout),
             )
-        except TimeoutError:
-            # no worker answered: buffer it on the server (deduplicated by delivery id)
-            try:
-                await handle.signal(name, body)
-            except RPCError:
-                status_now = (await self.get_run(run_id)).status
-                raise RunNotActiveError(run_id, status_now, "signal") from None
-            return SignalResult(run_id=run_id, name=name, delivered=True)
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            # no worker answered in time: buffer it on the server (deduplicated by delivery id)
+            return await self._plain_signal(handle, run_id, name, body)
         except (WorkflowUpdateFailedError, RPCError):
             current = await self.get_run(run_id)
             raise RunNotActiveError(run_id, current.status, "signal") from None
@@ -360,6 +368,16 @@ class TemporalEngine(WorkflowEngine):
             delivered=bool(res.get("delivered")),
             already_completed=bool(res.get("already_completed")),
         )
+
+    async def _plain_signal(
+        self, handle: WorkflowHandle[Any, Any], run_id: str, name: str, body: dict[str, Any]
+    ) -> SignalResult:
+        try:
+            await handle.signal(name, body)
+        except RPCError:
+            status_now = (await self.get_run(run_id)).status
+            raise RunNotActiveError(run_id, status_now, "signal") from None
+        return SignalResult(run_id=run_id, name=name, delivered=True)
 
     async def cancel(self, run_id: str) -> RunInfo:
         memo, status = await self._describe(run_id)
@@ -479,7 +497,7 @@ class TemporalEngine(WorkflowEngine):
         if ids:
             types = ", ".join(f"'{_quote(w)}'" for w in ids)
             query = (
-                f"WorkflowType IN ({types}) AND ExecutionStatus = 'Running' "
+                f"{self._scope()} AND WorkflowType IN ({types}) AND ExecutionStatus = 'Running' "
                 "AND WfeStatus IN (" + ", ".join(f"'{s}'" for s in _ACTIVE) + ")"
             )
             async for ex in self.client.list_workflows(query):

@@ -89,9 +89,7 @@ def trace(sink: MemorySink, run: RunInfo | str) -> list[tuple[str, str | None]]:
     return [(e.type, e.stage) for e in events]
 
 
-async def wait_for_event(
-    sink: MemorySink, run_id: str, type_: str, timeout: float = 20.0
-) -> None:
+async def wait_for_event(sink: MemorySink, run_id: str, type_: str, timeout: float = 20.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         if any(e.type == type_ for e in sink.for_run(run_id)):

@@ -64,3 +64,50 @@ async def test_s1_linear(make_engine: EngineFactory) -> None:
         ("stage.completed", "c"),
         ("run.completed", None),
     ]
+
+
+async def test_s2_parallel_group(make_engine: EngineFactory) -> None:
+    wf = Workflow("diamond", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        return ctx.input.n
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[In]) -> int:
+        return int(ctx.output_of("a")) + 10
+
+    @wf.stage(after=[a])
+    async def c(ctx: StageContext[In]) -> int:
+        return int(ctx.output_of("a")) + 100
+
+    @wf.stage(after=[b, c])
+    async def d(ctx: StageContext[In]) -> list[int]:
+        return [ctx.output_of("b"), ctx.output_of("c")]
+
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink)
+    async with engine, engine.worker():
+        run = await engine.start("diamond", {"n": 1})
+        info = await engine.wait(run.id, timeout=30)
+    assert info.status == "completed"
+    assert info.output == [11, 101]
+    events = trace(sink, run)
+    group = events[4:8]
+    assert sorted(group, key=lambda e: (e[1], e[0] != "stage.started")) == [
+        ("stage.started", "b"),
+        ("stage.completed", "b"),
+        ("stage.started", "c"),
+        ("stage.completed", "c"),
+    ]
+    assert events[:4] == [
+        ("run.created", None),
+        ("run.started", None),
+        ("stage.started", "a"),
+        ("stage.completed", "a"),
+    ]
+    assert events[8:] == [
+        ("stage.started", "d"),
+        ("stage.completed", "d"),
+        ("run.completed", None),
+    ]
