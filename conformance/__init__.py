@@ -1,1 +1,69 @@
-"""The conformance suite (work in progress)."""
+"""The conformance suite: the contract every workflow-engine driver must pass.
+
+A driver opts in with one pytest class that inherits :class:`AllContracts` and provides a
+``harness`` fixture returning a :class:`Harness` (an engine factory plus its
+:class:`Capabilities`). See conformance/README.md.
+"""
+
+from ._admin import BadInputContract, IdempotencyContract, VersionContract
+from ._crash import CrashContract
+from ._flow import ClaimCheckContract, FlowContract, HookContract, RetryContract, SleepContract
+from ._harness import (
+    Capabilities,
+    ExecutionLog,
+    Harness,
+    SettingsHarness,
+    eventually,
+    unique_id,
+    wait_for_events,
+)
+from ._saga import CancelContract, CompensationContract, RedriveContract
+from ._signals import SignalContract, TimeoutContract
+from ._trace import check_golden, normalise, run_summary
+
+__all__ = [
+    "AllContracts",
+    "BadInputContract",
+    "CancelContract",
+    "Capabilities",
+    "ClaimCheckContract",
+    "CompensationContract",
+    "CrashContract",
+    "ExecutionLog",
+    "FlowContract",
+    "Harness",
+    "HookContract",
+    "IdempotencyContract",
+    "RedriveContract",
+    "RetryContract",
+    "SettingsHarness",
+    "SignalContract",
+    "SleepContract",
+    "TimeoutContract",
+    "VersionContract",
+    "check_golden",
+    "eventually",
+    "normalise",
+    "run_summary",
+    "unique_id",
+    "wait_for_events",
+]
+
+
+class AllContracts(
+    FlowContract,
+    RetryContract,
+    SleepContract,
+    HookContract,
+    ClaimCheckContract,
+    CompensationContract,
+    CancelContract,
+    RedriveContract,
+    SignalContract,
+    TimeoutContract,
+    IdempotencyContract,
+    VersionContract,
+    BadInputContract,
+    CrashContract,
+):
+    """Every scenario of the contract."""

@@ -366,12 +366,11 @@ class Kernel:
 
     # -- outbox ----------------------------------------------------------------------------
     async def _flush(self, cmd: FlushOutbox) -> FlushResult:
+        if self.sink is None:
+            return FlushResult()  # no sink here: events wait in the outbox for a host with one
         pending = await self.db.tx(_outbox.pending_events, cmd.limit)
         if not pending:
             return FlushResult()
-        if self.sink is None:
-            await self.db.tx(_outbox.mark_flushed, [p[0] for p in pending], [], None, 1)
-            return FlushResult(delivered=len(pending))
         by_run: dict[str, list[tuple[int, int, Any]]] = {}
         for item in pending:
             by_run.setdefault(item[2].run_id, []).append(item)

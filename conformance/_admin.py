@@ -1,0 +1,207 @@
+"""Scenarios: idempotent start, pinned versions, bad input (S11, S13, S16)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_port import MemorySink, Registry, RunStatus, StageContext, Workflow
+from engine_port.errors import (
+    DefinitionError,
+    IdempotencyConflictError,
+    InvalidInputError,
+    SerializationError,
+    WorkflowNotFoundError,
+)
+
+from ._harness import ExecutionLog, Harness, unique_id, wait_for_events
+from ._models import Num, Order
+from ._trace import check_golden, normalise, run_summary
+
+__all__ = ["BadInputContract", "IdempotencyContract", "VersionContract"]
+
+
+class IdempotencyContract:
+    async def test_s11_idempotent_start(self, harness: Harness, tmp_path: Path) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("s11"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> int:
+            log.hit("a")
+            return ctx.input.n
+
+        key = unique_id("order")
+        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+            first = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
+            second = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
+            assert second.id == first.id
+            assert first.idempotency_key == key
+            with pytest.raises(IdempotencyConflictError):
+                await engine.start(wf.id, {"n": 2}, idempotency_key=key)
+            key2 = unique_id("burst")
+            runs = await asyncio.gather(
+                *(engine.start(wf.id, {"n": 5}, idempotency_key=key2) for _ in range(8))
+            )
+            assert len({r.id for r in runs}) == 1
+            async with engine.worker():
+                for rid in {first.id, runs[0].id}:
+                    assert (await engine.wait(rid, timeout=60)).status == RunStatus.COMPLETED
+            mine = await engine.list_runs(workflow_id=wf.id)
+            assert len(mine) == 2
+            again = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
+            assert again.id == first.id and again.status == RunStatus.COMPLETED
+        assert log.count("a") == 2
+
+
+class VersionContract:
+    async def test_s13_pinned_versions(self, harness: Harness, tmp_path: Path) -> None:
+        if not harness.capabilities.pinned_versions:
+            pytest.skip("driver lacks capability pinned_versions")
+        log = ExecutionLog(tmp_path / "log")
+        wid = unique_id("s13")
+
+        def build(version: str) -> Workflow[Num]:
+            wf = Workflow(wid, input=Num, version=version)
+
+            @wf.stage
+            async def a(ctx: StageContext[Num]) -> str:
+                log.hit(f"a@{version}")
+                await ctx.step.wait_for_signal("go")
+                return version
+
+            return wf
+
+        v1, v2 = build("v1"), build("v2")
+        r1, r2 = Registry([v1]), Registry([v2])
+        sink = MemorySink()
+        async with harness.engine(r1, sink) as e1, harness.engine(r2, sink) as e2:
+            async with e1.worker():
+                run = await e1.start(wid, {})
+                await wait_for_events(sink, run.id, "stage.suspended")
+            assert run.version == "v1"
+            await e2.signal(run.id, "go", {})
+            async with e2.worker():
+                new = await e2.start(wid, {})
+                assert new.version == "v2"
+                await e2.signal(new.id, "go", {})
+                assert (await e2.wait(new.id, timeout=60)).output == "v2"
+                still = await e2.get_run(run.id)
+                assert still.status in (RunStatus.SUSPENDED, RunStatus.RUNNING,
+                                        RunStatus.PENDING)
+                versions = {(v.workflow_id, v.version): v for v in await e2.list_versions()}
+                old = versions[(wid, "v1")]
+                assert (old.active_runs, old.served_here, old.drained) == (1, False, False)
+                assert versions[(wid, "v2")].served_here
+                assert log.count("a@v1") == 1  # the v2 worker never ran the v1 run
+            async with e1.worker():
+                done = await e1.wait(run.id, timeout=60)
+            assert done.output == "v1"
+            drained = {(v.workflow_id, v.version): v for v in await e1.list_versions()}
+            assert drained[(wid, "v1")].drained
+
+    async def test_s13_redrive_repins_to_latest(self, harness: Harness, tmp_path: Path) -> None:
+        if not (harness.capabilities.pinned_versions and harness.capabilities.redrive):
+            pytest.skip("driver lacks capability pinned_versions/redrive")
+        wid = unique_id("s13r")
+
+        def build(version: str, fail: bool) -> Workflow[Num]:
+            wf = Workflow(wid, input=Num, version=version)
+
+            @wf.stage
+            async def a(ctx: StageContext[Num]) -> str:
+                if fail:
+                    from engine_port import NonRetryableError
+
+                    raise NonRetryableError("v1 is broken")
+                return version
+
+            return wf
+
+        v1, v2 = build("v1", True), build("v2", False)
+        sink = MemorySink()
+        async with harness.engine(Registry([v1]), sink) as e1, \
+                harness.engine(Registry([v1, v2]), sink) as e2:
+            async with e1.worker():
+                run = await e1.start(wid, {})
+                assert (await e1.wait(run.id, timeout=60)).status == RunStatus.FAILED
+            async with e2.worker():
+                moved = await e2.redrive(run.id, version="latest")
+                assert moved.version == "v2"
+                done = await e2.wait(run.id, timeout=60)
+        assert done.status == RunStatus.COMPLETED and done.output == "v2"
+
+
+class BadInputContract:
+    async def test_s16_bad_input(self, harness: Harness, tmp_path: Path) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("s16"), input=Order)
+
+        @wf.stage
+        async def a(ctx: StageContext[Order]) -> str:
+            log.hit("a")
+            return ctx.input.order_id
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+            with pytest.raises(WorkflowNotFoundError):
+                await engine.start("no-such-workflow", {})
+            with pytest.raises(InvalidInputError) as err:
+                await engine.start(wf.id, {"order_id": "1", "total": "lots"})
+            assert "total" in str(err.value)
+            with pytest.raises(InvalidInputError):
+                await engine.start(wf.id, {"total": 1.0})
+            assert await engine.list_runs(workflow_id=wf.id) == []
+        assert log.entries() == []
+
+    async def test_s16_cycle_is_a_definition_error(self) -> None:
+        wf = Workflow(unique_id("cyc"), input=Num)
+
+        @wf.stage(after=["b"])
+        async def a(ctx: StageContext[Num]) -> None: ...
+
+        @wf.stage(after=["a"])
+        async def b(ctx: StageContext[Num]) -> None: ...
+
+        with pytest.raises(DefinitionError):
+            Registry([wf])
+
+    async def test_s16_non_json_output_fails_with_compensation(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("s16s"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> str:
+            log.hit("a")
+            return "a"
+
+        @wf.stage(after=[a])
+        async def bad(ctx: StageContext[Num]) -> Any:
+            log.hit("bad")
+            return object()
+
+        @a.compensation
+        async def undo(ctx: StageContext[Num], out: str) -> None:
+            log.hit("undo-a")
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.failed")
+        assert info.status == RunStatus.FAILED
+        assert info.error is not None and info.error.type == SerializationError.__name__
+        assert log.entries() == ["a", "bad", "undo-a"]  # not retried
+        check_golden("s16_serialization", {"trace": normalise(events, wf.graph()),
+                                           "run": run_summary(info)})
+
+    async def test_s16_unknown_run_reads(self, harness: Harness) -> None:
+        from engine_port.errors import RunNotFoundError
+
+        async with harness.engine(Registry(), MemorySink()) as engine:
+            with pytest.raises(RunNotFoundError):
+                await engine.wait("missing", timeout=1)

@@ -1,0 +1,69 @@
+"""Scenario S17: a worker process killed with SIGKILL mid-stage; another worker finishes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine_port import MemorySink, RunStatus
+
+from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
+from ._trace import check_golden, normalise
+from .apps.crash import build
+
+__all__ = ["CrashContract"]
+
+
+class CrashContract:
+    async def test_s17_worker_killed_mid_stage(self, harness: Harness, tmp_path: Path) -> None:
+        if not harness.capabilities.crash_recovery:
+            pytest.skip("driver lacks capability crash_recovery")
+        log_path = tmp_path / "log"
+        log = ExecutionLog(log_path)
+        wid = unique_id("s17")
+        registry = build(wid, str(log_path))
+        env = {
+            **os.environ,
+            **harness.worker_env(),
+            "WFE_CONFORMANCE_WF": wid,
+            "WFE_CONFORMANCE_LOG": str(log_path),
+            "WFE_APP": "conformance.apps.crash:registry",
+        }
+        sink = MemorySink()
+        async with harness.engine(registry, sink) as engine:
+            run = await engine.start(wid, {})
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "engine_port", "worker"],
+                env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.err", "wb"),
+            )
+            try:
+                await eventually(lambda: log.count("b-between") == 1 or proc.poll() is not None,
+                                 timeout=60, what="the worker to reach stage b")
+                assert proc.poll() is None, (tmp_path / "worker.err").read_text()[-3000:]
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=10)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=10)
+            async with engine.worker():
+                info = await engine.wait(run.id, timeout=90)
+                events = await wait_for_events(sink, run.id, "run.completed", timeout=30)
+        assert info.status == RunStatus.COMPLETED
+        counts = log.counts()
+        assert counts["x"] == 1 and counts["y"] == 1, counts
+        assert counts["b"] >= 2 and counts["a"] == 1 and counts["c"] == 1, counts
+        trace = normalise(events, registry.get(wid).graph())
+        assert trace == [
+            ["run.created"], ["run.started"],
+            ["stage.started", "a", 1], ["stage.completed", "a", 1],
+            ["stage.started", "b", 1], ["stage.completed", "b", 1],
+            ["stage.started", "c", 1], ["stage.completed", "c", 1],
+            ["run.completed"],
+        ]
+        check_golden("s17_crash", {"trace": trace})

@@ -1,0 +1,227 @@
+"""Scenarios: signals before and after the wait, twice, unknown and terminal runs; wait
+timeouts; stage and run timeouts (S7, S8, S9)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_port import MemorySink, Registry, Retry, RunStatus, StageContext, Workflow
+from engine_port.errors import RunNotActiveError, RunNotFoundError, StepTimeoutError
+
+from ._harness import ExecutionLog, Harness, unique_id, wait_for_events
+from ._models import Num
+from ._trace import check_golden, normalise
+
+__all__ = ["SignalContract", "TimeoutContract"]
+
+
+def waiter(log: ExecutionLog, timeout: timedelta | None = None,
+           retry: Retry | None = None) -> Workflow[Num]:
+    wf = Workflow(unique_id("sig"), input=Num)
+
+    def x() -> int:
+        log.hit("x")
+        return 1
+
+    @wf.stage(retry=retry or Retry(max_attempts=1))
+    async def w(ctx: StageContext[Num]) -> dict[str, Any]:
+        log.hit("w")
+        await ctx.step.run("x", x)
+        payload = await ctx.step.wait_for_signal("go", timeout=timeout)
+        return {"got": payload}
+
+    return wf
+
+
+class SignalContract:
+    async def test_s7_signal_after_wait(self, harness: Harness, tmp_path: Path) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = waiter(log)
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            events = await wait_for_events(sink, run.id, "stage.suspended")
+            assert events[-1].data["waiting_for"] == "signal:go"
+            current = await engine.get_run(run.id)
+            assert current.status == RunStatus.SUSPENDED
+            assert current.stage("w").waiting_for == "signal:go"
+            first = await engine.signal(run.id, "go", {"n": 1})
+            assert (first.delivered, first.already_completed) == (True, False)
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.completed")
+            with pytest.raises(RunNotActiveError):
+                await engine.signal(run.id, "go", {"n": 2})
+        assert info.output == {"got": {"n": 1}}
+        assert log.counts() == {"w": 2, "x": 1}
+        trace = normalise(events, wf.graph())
+        assert trace == [
+            ["run.created"], ["run.started"], ["stage.started", "w", 1],
+            ["stage.suspended", "w", "signal", "signal:go"], ["stage.completed", "w", 1],
+            ["run.completed"],
+        ]
+        check_golden("s7_signal_after_wait", {"trace": trace, "counts": log.counts()})
+
+    async def test_s7_second_signal_while_active(self, harness: Harness, tmp_path: Path) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("sig2"), input=Num)
+
+        @wf.stage
+        async def w(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("go")
+
+        @wf.stage(after=[w])
+        async def hold(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("finish")
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await wait_for_events(sink, run.id, "stage.suspended")
+            assert (await engine.signal(run.id, "go", 1)).delivered
+            await wait_for_events(sink, run.id, "stage.completed")
+            second = await engine.signal(run.id, "go", 2)
+            assert (second.delivered, second.already_completed) == (False, True)
+            await engine.signal(run.id, "finish", 3)
+            info = await engine.wait(run.id, timeout=60)
+        assert info.output == 3 and info.stage("w").output == 1
+
+    async def test_s8_signal_before_wait(self, harness: Harness, tmp_path: Path) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = waiter(log)
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine:
+            run = await engine.start(wf.id, {})
+            result = await engine.signal(run.id, "go", {"early": True})
+            assert result.delivered and not result.already_completed
+            async with engine.worker():
+                info = await engine.wait(run.id, timeout=60)
+                events = await wait_for_events(sink, run.id, "run.completed")
+        assert info.output == {"got": {"early": True}}
+        trace = normalise(events, wf.graph())
+        assert trace == [
+            ["run.created"], ["run.started"], ["stage.started", "w", 1],
+            ["stage.completed", "w", 1], ["run.completed"],
+        ]
+        check_golden("s8_signal_before_wait", {"trace": trace})
+
+    async def test_signal_unknown_run(self, harness: Harness, tmp_path: Path) -> None:
+        async with harness.engine(Registry([waiter(ExecutionLog(tmp_path / "log"))]),
+                                  MemorySink()) as engine:
+            with pytest.raises(RunNotFoundError):
+                await engine.signal("no-such-run", "go", {})
+            with pytest.raises(RunNotFoundError):
+                await engine.get_run("no-such-run")
+            with pytest.raises(RunNotFoundError):
+                await engine.cancel("no-such-run")
+
+    async def test_s9_wait_timeout(self, harness: Harness, tmp_path: Path) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        retry = Retry(max_attempts=2, initial_interval=timedelta(milliseconds=50))
+        wf = waiter(log, timeout=timedelta(milliseconds=300), retry=retry)
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.failed")
+        assert info.status == RunStatus.FAILED
+        assert info.error is not None and info.error.type == StepTimeoutError.__name__
+        deadlines = {e.data["until"] for e in events if e.type == "stage.suspended"}
+        assert len(deadlines) == 1  # the deadline never slides, across replays and attempts
+        assert log.count("x") == 1
+        trace = normalise(events, wf.graph())
+        assert trace[-4:] == [
+            ["stage.failed", "w", 1, "StepTimeoutError", True],
+            ["stage.started", "w", 2], ["stage.failed", "w", 2, "StepTimeoutError", False],
+            ["run.failed", "StepTimeoutError", None],
+        ]
+        check_golden("s9_wait_timeout", {"trace": trace})
+
+    async def test_wait_timeout_caught(self, harness: Harness) -> None:
+        wf = Workflow(unique_id("s9c"), input=Num)
+
+        @wf.stage
+        async def w(ctx: StageContext[Num]) -> str:
+            try:
+                await ctx.step.wait_for_signal("go", timeout=timedelta(milliseconds=100))
+            except StepTimeoutError:
+                return "gave up"
+            return "signalled"
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            info = await engine.wait(run.id, timeout=60)
+        assert info.output == "gave up"
+
+    async def test_wait_for_condition(self, harness: Harness, tmp_path: Path) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("poll"), input=Num)
+
+        def check() -> Any:
+            log.hit("check")
+            return {"ready": True} if log.count("check") >= 3 else None
+
+        @wf.stage
+        async def p(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for("ready", check, interval=0.05, timeout=30)
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            info = await engine.wait(run.id, timeout=60)
+        assert info.output == {"ready": True}
+        assert log.count("check") == 3
+
+
+class TimeoutContract:
+    async def test_stage_timeout(self, harness: Harness, tmp_path: Path) -> None:
+        if not harness.capabilities.stage_timeout:
+            pytest.skip("driver lacks capability stage_timeout")
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("st"), input=Num)
+
+        @wf.stage(timeout=timedelta(milliseconds=300),
+                  retry=Retry(max_attempts=2, initial_interval=timedelta(milliseconds=10)))
+        async def slow(ctx: StageContext[Num]) -> int:
+            log.hit("slow")
+            if ctx.attempt == 1:
+                await asyncio.sleep(10)
+            return ctx.attempt
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED and info.output == 2
+        assert log.count("slow") == 2
+
+    async def test_run_timeout(self, harness: Harness, tmp_path: Path) -> None:
+        if not harness.capabilities.run_timeout:
+            pytest.skip("driver lacks capability run_timeout")
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("rt"), input=Num, timeout=timedelta(milliseconds=500))
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> int:
+            return 1
+
+        @wf.stage(after=[a])
+        async def hang(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("never")
+
+        @a.compensation
+        async def undo(ctx: StageContext[Num], out: int) -> None:
+            log.hit("undo-a")
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.failed")
+        assert info.status == RunStatus.FAILED
+        assert info.error is not None and info.error.type == "RunTimeoutError"
+        assert log.count("undo-a") == 1
+        assert [e.type for e in events[-3:]] == ["stage.cancelled", "stage.compensated",
+                                                 "run.failed"]

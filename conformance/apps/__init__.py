@@ -1,0 +1,1 @@
+"""Small applications the contract runs in worker subprocesses (``wfe worker --app``)."""
