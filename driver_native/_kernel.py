@@ -60,6 +60,30 @@ from ._schema import command_keys, steps
 __all__ = ["Kernel"]
 
 
+def _held(key: str, token: float) -> tuple[Any, ...]:
+    return (
+        command_keys.c.key == key,
+        command_keys.c.status == "in_progress",
+        command_keys.c.created_at == token,
+    )
+
+
+def _revive(command: Command, stored: Any) -> Any:
+    """A command result stored as JSON under an idempotency key, rebuilt as the type the
+    handler returned, so that a repeat returns what the first call returned."""
+    if stored is None:
+        return None
+    if isinstance(command, CreateRun | Heartbeat):
+        return tuple(stored)
+    if isinstance(command, SignalStep):
+        return SignalResult.model_validate(stored)
+    if isinstance(command, FlushOutbox):
+        return FlushResult.model_validate(stored)
+    if isinstance(command, ListVersions):
+        return [VersionInfo.model_validate(v) for v in stored]
+    return stored
+
+
 class Kernel:
     def __init__(
         self,
@@ -109,13 +133,16 @@ class Kernel:
         fp = fingerprint(to_json_value(repr(command), "command"))
         state, stored = await self.db.tx(self._key_begin, idempotency_key, command.name, fp)
         if state == "done":
-            return stored
+            return _revive(command, stored)
+        token = stored  # when this call took the key: a stale holder must not touch it later
         try:
             result = await handler(command)
         except BaseException:
-            await self.db.tx(self._key_drop, idempotency_key)
+            await self.db.tx(self._key_drop, idempotency_key, token)
             raise
-        await self.db.tx(self._key_done, idempotency_key, to_json_value(result, "command result"))
+        await self.db.tx(
+            self._key_done, idempotency_key, to_json_value(result, "command result"), token
+        )
         return result
 
     # -- command idempotency keys --------------------------------------------------------------
@@ -134,17 +161,22 @@ class Kernel:
             conn.execute(
                 sa.update(command_keys).where(command_keys.c.key == key).values(created_at=now)
             )
-            return "reclaimed", None
+            return "reclaimed", now
         conn.execute(command_keys.insert().values(
             key=key, command=name, fingerprint=fp, status="in_progress", created_at=now))
-        return "new", None
+        return "new", now
 
-    def _key_done(self, conn: Connection, key: str, result: Any) -> None:
-        conn.execute(sa.update(command_keys).where(command_keys.c.key == key)
-                     .values(status="done", result=result))
+    def _key_done(self, conn: Connection, key: str, result: Any, token: float) -> None:
+        conn.execute(
+            sa.update(command_keys)
+            .where(*_held(key, token))
+            .values(status="done", result=result)
+        )
 
-    def _key_drop(self, conn: Connection, key: str) -> None:
-        conn.execute(sa.delete(command_keys).where(command_keys.c.key == key))
+    def _key_drop(self, conn: Connection, key: str, token: float) -> None:
+        # only while this call still holds the key: a stale holder that fails after another
+        # call reclaimed the key must not erase the reclaimer's key (or its stored result)
+        conn.execute(sa.delete(command_keys).where(*_held(key, token)))
 
     # -- helpers ---------------------------------------------------------------------------
     def graph_for(self, workflow_id: str, version: str, conn: Connection | None = None) -> GraphModel:
