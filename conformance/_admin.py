@@ -90,8 +90,7 @@ class VersionContract:
                 await e2.signal(new.id, "go", {})
                 assert (await e2.wait(new.id, timeout=60)).output == "v2"
                 still = await e2.get_run(run.id)
-                assert still.status in (RunStatus.SUSPENDED, RunStatus.RUNNING,
-                                        RunStatus.PENDING)
+                assert still.status in (RunStatus.SUSPENDED, RunStatus.RUNNING, RunStatus.PENDING)
                 versions = {(v.workflow_id, v.version): v for v in await e2.list_versions()}
                 old = versions[(wid, "v1")]
                 assert (old.active_runs, old.served_here, old.drained) == (1, False, False)
@@ -123,8 +122,10 @@ class VersionContract:
 
         v1, v2 = build("v1", True), build("v2", False)
         sink = MemorySink()
-        async with harness.engine(Registry([v1]), sink) as e1, \
-                harness.engine(Registry([v1, v2]), sink) as e2:
+        async with (
+            harness.engine(Registry([v1]), sink) as e1,
+            harness.engine(Registry([v1, v2]), sink) as e2,
+        ):
             async with e1.worker():
                 run = await e1.start(wid, {})
                 assert (await e1.wait(run.id, timeout=60)).status == RunStatus.FAILED
@@ -196,8 +197,9 @@ class BadInputContract:
         assert info.status == RunStatus.FAILED
         assert info.error is not None and info.error.type == SerializationError.__name__
         assert log.entries() == ["a", "bad", "undo-a"]  # not retried
-        check_golden("s16_serialization", {"trace": normalise(events, wf.graph()),
-                                           "run": run_summary(info)})
+        check_golden(
+            "s16_serialization", {"trace": normalise(events, wf.graph()), "run": run_summary(info)}
+        )
 
     async def test_s16_unknown_run_reads(self, harness: Harness) -> None:
         from engine_port.errors import RunNotFoundError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -37,20 +38,30 @@ class CrashContract:
         sink = MemorySink()
         async with harness.engine(registry, sink) as engine:
             run = await engine.start(wid, {})
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "engine_port", "worker"],
-                env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.err", "wb"),
-            )
+            err_path = tmp_path / "worker.err"
+            with err_path.open("wb") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "engine_port",
+                    "worker",
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
             try:
-                await eventually(lambda: log.count("b-between") == 1 or proc.poll() is not None,
-                                 timeout=60, what="the worker to reach stage b")
-                assert proc.poll() is None, (tmp_path / "worker.err").read_text()[-3000:]
+                await eventually(
+                    lambda: log.count("b-between") == 1 or proc.returncode is not None,
+                    timeout=60,
+                    what="the worker to reach stage b",
+                )
+                assert proc.returncode is None, err_path.read_text()[-3000:]
                 proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=10)
+                await asyncio.wait_for(proc.wait(), 10)
             finally:
-                if proc.poll() is None:
+                if proc.returncode is None:
                     proc.kill()
-                    proc.wait(timeout=10)
+                    await asyncio.wait_for(proc.wait(), 10)
             async with engine.worker():
                 info = await engine.wait(run.id, timeout=90)
                 events = await wait_for_events(sink, run.id, "run.completed", timeout=30)
@@ -60,10 +71,14 @@ class CrashContract:
         assert counts["b"] >= 2 and counts["a"] == 1 and counts["c"] == 1, counts
         trace = normalise(events, registry.get(wid).graph())
         assert trace == [
-            ["run.created"], ["run.started"],
-            ["stage.started", "a", 1], ["stage.completed", "a", 1],
-            ["stage.started", "b", 1], ["stage.completed", "b", 1],
-            ["stage.started", "c", 1], ["stage.completed", "c", 1],
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "a", 1],
+            ["stage.completed", "a", 1],
+            ["stage.started", "b", 1],
+            ["stage.completed", "b", 1],
+            ["stage.started", "c", 1],
+            ["stage.completed", "c", 1],
             ["run.completed"],
         ]
         check_golden("s17_crash", {"trace": trace})

@@ -3,6 +3,7 @@ S14, S15)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -34,7 +35,10 @@ class Doubled(BaseModel):
 
 
 async def _run(
-    harness: Harness, wf: Workflow[Any], payload: Any, until: str = "run.completed",
+    harness: Harness,
+    wf: Workflow[Any],
+    payload: Any,
+    until: str = "run.completed",
     registry: Registry | None = None,
 ) -> tuple[Any, list[Any]]:
     sink = MemorySink()
@@ -75,14 +79,19 @@ class FlowContract:
         assert log.counts() == {"a": 1, "b": 1, "c": 1}
         trace = normalise(events, wf.graph())
         assert trace == [
-            ["run.created"], ["run.started"],
-            ["stage.started", "a", 1], ["stage.completed", "a", 1],
-            ["stage.started", "b", 1], ["stage.completed", "b", 1],
-            ["stage.started", "c", 1], ["stage.completed", "c", 1],
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "a", 1],
+            ["stage.completed", "a", 1],
+            ["stage.started", "b", 1],
+            ["stage.completed", "b", 1],
+            ["stage.started", "c", 1],
+            ["stage.completed", "c", 1],
             ["run.completed"],
         ]
-        check_golden("s1_linear", {"trace": trace, "run": run_summary(info),
-                                   "counts": log.counts()})
+        check_golden(
+            "s1_linear", {"trace": trace, "run": run_summary(info), "counts": log.counts()}
+        )
 
     async def test_s2_parallel_group(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
@@ -96,12 +105,12 @@ class FlowContract:
         @wf.stage(after=[a])
         async def b(ctx: StageContext[Num]) -> int:
             log.hit("b")
-            return ctx.output_of(a) + 10
+            return int(ctx.output_of(a)) + 10
 
         @wf.stage(after=[a])
         async def c(ctx: StageContext[Num]) -> int:
             log.hit("c")
-            return ctx.output_of(a) + 100
+            return int(ctx.output_of(a)) + 100
 
         @wf.stage(after=[b, c])
         async def d(ctx: StageContext[Num]) -> list[int]:
@@ -114,17 +123,23 @@ class FlowContract:
         assert info.output == [11, 101]
         trace = normalise(events, wf.graph())
         assert trace == [
-            ["run.created"], ["run.started"],
-            ["stage.started", "a", 1], ["stage.completed", "a", 1],
-            ["stage.started", "b", 1], ["stage.completed", "b", 1],
-            ["stage.started", "c", 1], ["stage.completed", "c", 1],
-            ["stage.started", "d", 1], ["stage.completed", "d", 1],
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "a", 1],
+            ["stage.completed", "a", 1],
+            ["stage.started", "b", 1],
+            ["stage.completed", "b", 1],
+            ["stage.started", "c", 1],
+            ["stage.completed", "c", 1],
+            ["stage.started", "d", 1],
+            ["stage.completed", "d", 1],
             ["run.completed"],
         ]
         # nothing of group k+1 before the last completion of group k
         seq = {(e.type, e.stage): e.seq for e in events}
-        assert seq[("stage.started", "d")] > max(seq[("stage.completed", "b")],
-                                                 seq[("stage.completed", "c")])
+        assert seq[("stage.started", "d")] > max(
+            seq[("stage.completed", "b")], seq[("stage.completed", "c")]
+        )
         assert log.counts() == {"a": 1, "b": 1, "c": 1, "d": 1}
         check_golden("s2_parallel", {"trace": trace, "run": run_summary(info)})
 
@@ -169,22 +184,26 @@ class RetryContract:
 
         @wf.stage(after=[b])
         async def c(ctx: StageContext[Num]) -> int:
-            return ctx.output_of(b)
+            return int(ctx.output_of(b))
 
         info, events = await _run(harness, wf, {})
         assert info.status == RunStatus.COMPLETED
         assert info.output == 3
         assert log.count("b") == 3
-        gaps = [b2 - b1 for b1, b2 in zip(starts, starts[1:], strict=False)]
+        gaps = [b2 - b1 for b1, b2 in itertools.pairwise(starts)]
         assert gaps[0] >= 0.09 and gaps[1] >= 0.19, gaps  # 100 ms, then 200 ms
         trace = normalise(events, wf.graph())
         assert trace[4:10] == [
-            ["stage.started", "b", 1], ["stage.failed", "b", 1, "RuntimeError", True],
-            ["stage.started", "b", 2], ["stage.failed", "b", 2, "RuntimeError", True],
-            ["stage.started", "b", 3], ["stage.completed", "b", 3],
+            ["stage.started", "b", 1],
+            ["stage.failed", "b", 1, "RuntimeError", True],
+            ["stage.started", "b", 2],
+            ["stage.failed", "b", 2, "RuntimeError", True],
+            ["stage.started", "b", 3],
+            ["stage.completed", "b", 3],
         ]
-        check_golden("s3_retries", {"trace": trace, "run": run_summary(info),
-                                    "counts": log.counts()})
+        check_golden(
+            "s3_retries", {"trace": trace, "run": run_summary(info), "counts": log.counts()}
+        )
 
     async def test_s3_retries_exhausted(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
@@ -207,8 +226,10 @@ class RetryContract:
         assert log.counts() == {"a": 2}
         assert info.stage("b").status == "skipped"
         trace = normalise(events, wf.graph())
-        assert trace[-2:] == [["stage.failed", "a", 2, "ValueError", False],
-                              ["run.failed", "ValueError", None]]
+        assert trace[-2:] == [
+            ["stage.failed", "a", 2, "ValueError", False],
+            ["run.failed", "ValueError", None],
+        ]
         check_golden("s3_exhausted", {"trace": trace, "run": run_summary(info)})
 
     async def test_non_retryable(self, harness: Harness, tmp_path: Path) -> None:
@@ -220,8 +241,13 @@ class RetryContract:
         class Declined(Exception):
             pass
 
-        @wf.stage(retry=Retry(max_attempts=5, initial_interval=timedelta(milliseconds=10),
-                              non_retryable=(Declined,)))
+        @wf.stage(
+            retry=Retry(
+                max_attempts=5,
+                initial_interval=timedelta(milliseconds=10),
+                non_retryable=(Declined,),
+            )
+        )
         async def a(ctx: StageContext[Num]) -> int:
             log.hit("a")
             if ctx.input.n == 1:
@@ -266,8 +292,11 @@ class SleepContract:
         assert done.at >= datetime.fromisoformat(susp.data["until"]) - timedelta(milliseconds=5)
         trace = normalise(events, wf.graph())
         assert trace == [
-            ["run.created"], ["run.started"], ["stage.started", "s", 1],
-            ["stage.suspended", "s", "sleep", "sleep:nap"], ["stage.completed", "s", 1],
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "s", 1],
+            ["stage.suspended", "s", "sleep", "sleep:nap"],
+            ["stage.completed", "s", 1],
             ["run.completed"],
         ]
         check_golden("s6_sleep", {"trace": trace, "counts": log.counts()})
@@ -357,7 +386,8 @@ class ClaimCheckContract:
 
         info, _ = await _run(harness, wf, {})
         assert info.status == RunStatus.COMPLETED
-        async with harness.engine(Registry([wf]), MemorySink(),
-                                  blob_store=MemoryBlobStore()) as other:
+        async with harness.engine(
+            Registry([wf]), MemorySink(), blob_store=MemoryBlobStore()
+        ) as other:
             with pytest.raises(SpilledPayloadUnavailableError):
                 await other.get_run(info.id)

@@ -17,7 +17,15 @@ from typing import Any
 
 from engine_port import Event, MemorySink, Registry, WorkflowEngine
 
-__all__ = ["Capabilities", "ExecutionLog", "Harness", "SettingsHarness", "eventually", "unique_id", "wait_for_events"]
+__all__ = [
+    "Capabilities",
+    "ExecutionLog",
+    "Harness",
+    "SettingsHarness",
+    "eventually",
+    "unique_id",
+    "wait_for_events",
+]
 
 
 @dataclass(frozen=True)

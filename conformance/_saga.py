@@ -30,8 +30,12 @@ __all__ = ["CancelContract", "CompensationContract", "RedriveContract"]
 QUICK = Retry(max_attempts=2, initial_interval=timedelta(milliseconds=20))
 
 
-def saga(log: ExecutionLog, fail_at: str | None, flags: dict[str, bool] | None = None,
-         failing_compensation: str | None = None) -> Workflow[Num]:
+def saga(
+    log: ExecutionLog,
+    fail_at: str | None,
+    flags: dict[str, bool] | None = None,
+    failing_compensation: str | None = None,
+) -> Workflow[Num]:
     """a -> b -> c -> d, a and b compensable, a emits a business event."""
     wf = Workflow(unique_id("saga"), input=Num)
     flags = flags if flags is not None else {}
@@ -84,18 +88,23 @@ class CompensationContract:
         assert info.error is not None and info.error.stage == "c"
         assert info.error.type == "NonRetryableError" and "c broke" in info.error.message
         assert {s.id: s.status for s in info.stages} == {
-            "a": "compensated", "b": "compensated", "c": "failed", "d": "skipped"}
+            "a": "compensated",
+            "b": "compensated",
+            "c": "failed",
+            "d": "skipped",
+        }
         entries = log.entries()
         assert entries == ["a", "b", "c", "undo-b", "undo-a"]
         assert not any(e.business for e in events)
         trace = normalise(events, wf.graph())
         assert trace[-5:] == [
-            ["stage.started", "c", 1], ["stage.failed", "c", 1, "NonRetryableError", False],
-            ["stage.compensated", "b"], ["stage.compensated", "a"],
+            ["stage.started", "c", 1],
+            ["stage.failed", "c", 1, "NonRetryableError", False],
+            ["stage.compensated", "b"],
+            ["stage.compensated", "a"],
             ["run.failed", "NonRetryableError", None],
         ]
-        check_golden("s4_compensation", {"trace": trace, "run": run_summary(info),
-                                         "log": entries})
+        check_golden("s4_compensation", {"trace": trace, "run": run_summary(info), "log": entries})
 
     @pytest.mark.parametrize("fail_at", ["a", "b", "d"])
     async def test_failure_at_each_position(
@@ -114,10 +123,13 @@ class CompensationContract:
         expected_undo = [f"undo-{s}" for s in reversed(done) if s in ("a", "b")]
         assert log.entries() == [*done, fail_at, *expected_undo]
         assert [e.stage for e in events if e.type == "stage.compensated"] == [
-            u.removeprefix("undo-") for u in expected_undo]
+            u.removeprefix("undo-") for u in expected_undo
+        ]
         assert info.status == RunStatus.FAILED
-        check_golden(f"s4_fail_at_{fail_at}", {"trace": normalise(events, wf.graph()),
-                                               "run": run_summary(info)})
+        check_golden(
+            f"s4_fail_at_{fail_at}",
+            {"trace": normalise(events, wf.graph()), "run": run_summary(info)},
+        )
 
     async def test_s5_failing_compensation(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
@@ -199,11 +211,18 @@ class CancelContract:
                 await engine.signal(run.id, "go", {})
         assert info.status == RunStatus.CANCELLED
         assert {s.id: s.status for s in info.stages} == {
-            "a": "compensated", "b": "compensated", "c": "cancelled"}
+            "a": "compensated",
+            "b": "compensated",
+            "c": "cancelled",
+        }
         assert log.entries() == ["a", "b", "c", "undo-b", "undo-a"]
         trace = normalise(events, wf.graph())
-        assert trace[-4:] == [["stage.cancelled", "c"], ["stage.compensated", "b"],
-                              ["stage.compensated", "a"], ["run.cancelled"]]
+        assert trace[-4:] == [
+            ["stage.cancelled", "c"],
+            ["stage.compensated", "b"],
+            ["stage.compensated", "a"],
+            ["run.cancelled"],
+        ]
         check_golden("s10_cancel_suspended", {"trace": trace, "run": run_summary(info)})
 
     async def test_cancel_running_stage(self, harness: Harness, tmp_path: Path) -> None:
@@ -243,8 +262,11 @@ class CancelContract:
         assert info.stage("slow").status == "cancelled"
         assert info.stage("a").status == "compensated"
         trace = normalise(events, wf.graph())
-        assert trace[-3:] == [["stage.cancelled", "slow"], ["stage.compensated", "a"],
-                              ["run.cancelled"]]
+        assert trace[-3:] == [
+            ["stage.cancelled", "slow"],
+            ["stage.compensated", "a"],
+            ["run.cancelled"],
+        ]
 
     async def test_cancel_terminal_run_raises(self, harness: Harness) -> None:
         wf = Workflow(unique_id("s10t"), input=Num)
@@ -283,11 +305,13 @@ class RedriveContract:
             assert info.status == RunStatus.COMPLETED and info.output == "d-out"
             assert log.counts() == {"a": 1, "b": 1, "c": 2, "d": 1, "undo-a": 1, "undo-b": 1}
             trace = normalise(events, wf.graph())
-            tail = trace[trace.index(["run.redriven", "last_failure"]):]
+            tail = trace[trace.index(["run.redriven", "last_failure"]) :]
             assert tail == [
                 ["run.redriven", "last_failure"],
-                ["stage.started", "c", 1], ["stage.completed", "c", 1],
-                ["stage.started", "d", 1], ["stage.completed", "d", 1],
+                ["stage.started", "c", 1],
+                ["stage.completed", "c", 1],
+                ["stage.started", "d", 1],
+                ["stage.completed", "d", 1],
                 # a's business event was discarded by the compensation and a is not re-run
                 ["run.completed"],
             ]
@@ -296,8 +320,9 @@ class RedriveContract:
             again = await engine.redrive(run.id, from_="b")
             assert again.id == run.id
             await engine.wait(run.id, timeout=60)
-            await eventually(lambda: sum(e.type == "run.completed"
-                                         for e in sink.for_run(run.id)) == 2)
+            await eventually(
+                lambda: sum(e.type == "run.completed" for e in sink.for_run(run.id)) == 2
+            )
             assert log.counts()["a"] == 1 and log.counts()["b"] == 2 and log.counts()["c"] == 3
 
             await engine.redrive(run.id, from_="start")

@@ -20,8 +20,9 @@ from ._trace import check_golden, normalise
 __all__ = ["SignalContract", "TimeoutContract"]
 
 
-def waiter(log: ExecutionLog, timeout: timedelta | None = None,
-           retry: Retry | None = None) -> Workflow[Num]:
+def waiter(
+    log: ExecutionLog, timeout: timedelta | None = None, retry: Retry | None = None
+) -> Workflow[Num]:
     wf = Workflow(unique_id("sig"), input=Num)
 
     def x() -> int:
@@ -60,14 +61,16 @@ class SignalContract:
         assert log.counts() == {"w": 2, "x": 1}
         trace = normalise(events, wf.graph())
         assert trace == [
-            ["run.created"], ["run.started"], ["stage.started", "w", 1],
-            ["stage.suspended", "w", "signal", "signal:go"], ["stage.completed", "w", 1],
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "w", 1],
+            ["stage.suspended", "w", "signal", "signal:go"],
+            ["stage.completed", "w", 1],
             ["run.completed"],
         ]
         check_golden("s7_signal_after_wait", {"trace": trace, "counts": log.counts()})
 
-    async def test_s7_second_signal_while_active(self, harness: Harness, tmp_path: Path) -> None:
-        log = ExecutionLog(tmp_path / "log")
+    async def test_s7_second_signal_while_active(self, harness: Harness) -> None:
         wf = Workflow(unique_id("sig2"), input=Num)
 
         @wf.stage
@@ -104,14 +107,18 @@ class SignalContract:
         assert info.output == {"got": {"early": True}}
         trace = normalise(events, wf.graph())
         assert trace == [
-            ["run.created"], ["run.started"], ["stage.started", "w", 1],
-            ["stage.completed", "w", 1], ["run.completed"],
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "w", 1],
+            ["stage.completed", "w", 1],
+            ["run.completed"],
         ]
         check_golden("s8_signal_before_wait", {"trace": trace})
 
     async def test_signal_unknown_run(self, harness: Harness, tmp_path: Path) -> None:
-        async with harness.engine(Registry([waiter(ExecutionLog(tmp_path / "log"))]),
-                                  MemorySink()) as engine:
+        async with harness.engine(
+            Registry([waiter(ExecutionLog(tmp_path / "log"))]), MemorySink()
+        ) as engine:
             with pytest.raises(RunNotFoundError):
                 await engine.signal("no-such-run", "go", {})
             with pytest.raises(RunNotFoundError):
@@ -136,7 +143,8 @@ class SignalContract:
         trace = normalise(events, wf.graph())
         assert trace[-4:] == [
             ["stage.failed", "w", 1, "StepTimeoutError", True],
-            ["stage.started", "w", 2], ["stage.failed", "w", 2, "StepTimeoutError", False],
+            ["stage.started", "w", 2],
+            ["stage.failed", "w", 2, "StepTimeoutError", False],
             ["run.failed", "StepTimeoutError", None],
         ]
         check_golden("s9_wait_timeout", {"trace": trace})
@@ -183,8 +191,10 @@ class TimeoutContract:
         log = ExecutionLog(tmp_path / "log")
         wf = Workflow(unique_id("st"), input=Num)
 
-        @wf.stage(timeout=timedelta(milliseconds=300),
-                  retry=Retry(max_attempts=2, initial_interval=timedelta(milliseconds=10)))
+        @wf.stage(
+            timeout=timedelta(milliseconds=300),
+            retry=Retry(max_attempts=2, initial_interval=timedelta(milliseconds=10)),
+        )
         async def slow(ctx: StageContext[Num]) -> int:
             log.hit("slow")
             if ctx.attempt == 1:
@@ -223,5 +233,8 @@ class TimeoutContract:
         assert info.status == RunStatus.FAILED
         assert info.error is not None and info.error.type == "RunTimeoutError"
         assert log.count("undo-a") == 1
-        assert [e.type for e in events[-3:]] == ["stage.cancelled", "stage.compensated",
-                                                 "run.failed"]
+        assert [e.type for e in events[-3:]] == [
+            "stage.cancelled",
+            "stage.compensated",
+            "run.failed",
+        ]

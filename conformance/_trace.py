@@ -19,14 +19,14 @@ _GROUPED = {"stage.started", "stage.suspended", "stage.completed", "stage.failed
 def _entry(e: Event, stage_names: dict[str, str]) -> list[Any]:
     d = e.data
     stage = stage_names.get(e.stage or "", e.stage)
-    if e.type == "stage.started" or e.type == "stage.completed":
+    if e.type in ("stage.started", "stage.completed"):
         return [e.type, stage, d.get("attempt")]
     if e.type == "stage.failed":
         return [e.type, stage, d.get("attempt"), d["error"]["type"], d.get("will_retry")]
     if e.type == "stage.suspended":
         return [e.type, stage, d.get("reason"), d.get("waiting_for")]
     if e.type == "run.failed":
-        return [e.type, d["error"]["type"], stage_names.get(d["error"].get("stage") or "", None)]
+        return [e.type, d["error"]["type"], stage_names.get(d["error"].get("stage") or "")]
     if e.type == "run.redriven":
         return [e.type, d.get("from")]
     if e.business:
@@ -83,8 +83,10 @@ def check_golden(name: str, trace: Any) -> None:
     text = json.dumps(trace, indent=1, sort_keys=True) + "\n"
     if os.environ.get("WFE_UPDATE_GOLDEN") == "1" or not path.exists():
         if os.environ.get("CI", "").lower() == "true" and not path.exists():
-            raise AssertionError(f"golden trace {path.name} is missing; run the suite with "
-                                 "WFE_UPDATE_GOLDEN=1 and commit it")
+            raise AssertionError(
+                f"golden trace {path.name} is missing; run the suite with "
+                "WFE_UPDATE_GOLDEN=1 and commit it"
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         return

@@ -128,8 +128,15 @@ def _is_connect_error(exc: OperationalError) -> bool:
     text = str(exc.orig).lower()
     return any(
         s in text
-        for s in ("connection refused", "could not connect", "connection failed", "does not exist",
-                  "unable to open database", "timeout expired", "no such host")
+        for s in (
+            "connection refused",
+            "could not connect",
+            "connection failed",
+            "does not exist",
+            "unable to open database",
+            "timeout expired",
+            "no such host",
+        )
     )
 
 

@@ -131,7 +131,9 @@ class NativeEngine(WorkflowEngine):
     async def get_run(self, run_id: str) -> RunInfo:
         k = self.kernel
         run, stage_rows, graph = await k.db.tx(_runs.read_run, run_id)
-        order = {sid: i for i, sid in enumerate(s for g in graph.groups for s in g)} if graph else {}
+        order = (
+            {sid: i for i, sid in enumerate(s for g in graph.groups for s in g)} if graph else {}
+        )
         stage_infos = []
         for r in sorted(stage_rows, key=lambda r: order.get(r.stage_id, 0)):
             stage_infos.append(
@@ -143,7 +145,8 @@ class NativeEngine(WorkflowEngine):
                     error=ErrorInfo.model_validate(r.error) if r.error else None,
                     compensation_error=(
                         ErrorInfo.model_validate(r.compensation_error)
-                        if r.compensation_error else None
+                        if r.compensation_error
+                        else None
                     ),
                     waiting_for=r.waiting_for,
                     wake_at=_dt(r.wake_at),
@@ -166,7 +169,9 @@ class NativeEngine(WorkflowEngine):
             input=await k.claim.load(run.input),
             output=output,
             error=ErrorInfo.model_validate(run.error) if run.error else None,
-            compensation_errors=[ErrorInfo.model_validate(e) for e in run.compensation_errors or []],
+            compensation_errors=[
+                ErrorInfo.model_validate(e) for e in run.compensation_errors or []
+            ],
             stages=stage_infos,
             idempotency_key=run.idempotency_key,
             migrated_to=run.migrated_to,

@@ -44,13 +44,17 @@ def claim(
     stmt = (
         sa.update(jobs)
         .where(jobs.c.id.in_(inner.scalar_subquery()))
-        .values(status="leased", lease_owner=worker, lease_expires_at=_lease_until(conn, lease, now))
+        .values(
+            status="leased", lease_owner=worker, lease_expires_at=_lease_until(conn, lease, now)
+        )
         .returning(*jobs.c)
     )
     return list(conn.execute(stmt).all())
 
 
-def heartbeat(conn: Connection, job_id: int, worker: str, lease: float, now: float) -> tuple[bool, bool]:
+def heartbeat(
+    conn: Connection, job_id: int, worker: str, lease: float, now: float
+) -> tuple[bool, bool]:
     """Extend a lease; returns (still ours, the run wants this stage stopped)."""
     res = conn.execute(
         sa.update(jobs)
@@ -65,8 +69,10 @@ def heartbeat(conn: Connection, job_id: int, worker: str, lease: float, now: flo
     run = conn.execute(
         sa.select(runs.c.status, runs.c.cancel_requested).where(runs.c.id == res.run_id)
     ).first()
-    stop = run is None or bool(run.cancel_requested) or run.status not in (
-        RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED
+    stop = (
+        run is None
+        or bool(run.cancel_requested)
+        or run.status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
     )
     return True, stop
 

@@ -21,6 +21,7 @@ from engine_port import (
     Completed,
     EngineSettings,
     EventSink,
+    Failed,
     FlushResult,
     GraphModel,
     Registry,
@@ -31,7 +32,11 @@ from engine_port import (
 )
 from engine_port._clock import Clock
 from engine_port._serde import fingerprint, to_json_value
-from engine_port.errors import CommandInProgressError, IdempotencyConflictError, WorkflowNotFoundError
+from engine_port.errors import (
+    CommandInProgressError,
+    IdempotencyConflictError,
+    WorkflowNotFoundError,
+)
 
 from . import _jobs, _outbox, _progress, _runs
 from ._commands import (
@@ -55,7 +60,7 @@ from ._commands import (
 )
 from ._db import Database
 from ._ledger import SqlStepLedger
-from ._schema import command_keys, steps
+from ._schema import command_keys, runs, steps
 
 __all__ = ["Kernel"]
 
@@ -162,8 +167,11 @@ class Kernel:
                 sa.update(command_keys).where(command_keys.c.key == key).values(created_at=now)
             )
             return "reclaimed", now
-        conn.execute(command_keys.insert().values(
-            key=key, command=name, fingerprint=fp, status="in_progress", created_at=now))
+        conn.execute(
+            command_keys.insert().values(
+                key=key, command=name, fingerprint=fp, status="in_progress", created_at=now
+            )
+        )
         return "new", now
 
     def _key_done(self, conn: Connection, key: str, result: Any, token: float) -> None:
@@ -179,7 +187,9 @@ class Kernel:
         conn.execute(sa.delete(command_keys).where(*_held(key, token)))
 
     # -- helpers ---------------------------------------------------------------------------
-    def graph_for(self, workflow_id: str, version: str, conn: Connection | None = None) -> GraphModel:
+    def graph_for(
+        self, workflow_id: str, version: str, conn: Connection | None = None
+    ) -> GraphModel:
         if self.registry.has(workflow_id, version):
             return self.registry.graph(workflow_id, version)
         if conn is not None:
@@ -219,8 +229,9 @@ class Kernel:
     async def _redrive(self, cmd: RedriveRun) -> None:
         def run(conn: Connection) -> None:
             run_row = conn.execute(
-                sa.select(_runs.runs.c.workflow_id, _runs.runs.c.version)
-                .where(_runs.runs.c.id == cmd.run_id)
+                sa.select(runs.c.workflow_id, runs.c.version).where(
+                    runs.c.id == cmd.run_id
+                )
             ).first()
             if run_row is None:
                 from engine_port.errors import RunNotFoundError
@@ -283,10 +294,16 @@ class Kernel:
         outcome = cmd.outcome
         if isinstance(outcome, Completed):
             key = f"runs/{job.run_id}/stages/{job.stage_id}/output"
-            outcome = Completed(await self.claim.dump(outcome.output, key, force=True),
-                                outcome.events)
+            outcome = Completed(
+                await self.claim.dump(outcome.output, key, force=True), outcome.events
+            )
         return await self.db.tx(
-            _progress.apply_outcome, job, cmd.worker_id, outcome, wf.graph(), self.now(),
+            _progress.apply_outcome,
+            job,
+            cmd.worker_id,
+            outcome,
+            wf.graph(),
+            self.now(),
             cmd.cancelled,
         )
 
@@ -359,8 +376,9 @@ class Kernel:
             run_input = await self.claim.load(plan.input)
             outputs = {k: await self.claim.load(v) for k, v in plan.outputs.items()}
             for stage_id, stored in plan.todo:
-                await self._compensate_stage(wf, plan.run_id, stage_id, run_input, outputs,
-                                             await self.claim.load(stored))
+                await self._compensate_stage(
+                    wf, plan.run_id, stage_id, run_input, outputs, await self.claim.load(stored)
+                )
             await self.db.tx(_progress.finish_compensation, job, worker, self.now())
         finally:
             beat.cancel()
@@ -369,7 +387,12 @@ class Kernel:
         return "compensated"
 
     async def _compensate_stage(
-        self, wf: Any, run_id: str, stage_id: str, run_input: Any, outputs: dict[str, Any],
+        self,
+        wf: Any,
+        run_id: str,
+        stage_id: str,
+        run_input: Any,
+        outputs: dict[str, Any],
         output: Any,
     ) -> None:
         stage = wf.get_stage(stage_id)
@@ -377,8 +400,13 @@ class Kernel:
         attempt = 1
         while True:
             rows = await self.db.tx(
-                lambda c: list(c.execute(sa.select(steps).where(
-                    steps.c.run_id == run_id, steps.c.stage_id == ledger_id)).all())
+                lambda c: list(
+                    c.execute(
+                        sa.select(steps).where(
+                            steps.c.run_id == run_id, steps.c.stage_id == ledger_id
+                        )
+                    ).all()
+                )
             )
             ledger = SqlStepLedger(self.db, self.claim, run_id, ledger_id, rows)
             req = StageRequest(run_id, wf, stage_id, attempt, run_input, outputs)
@@ -386,7 +414,7 @@ class Kernel:
             if isinstance(outcome, Completed):
                 await self.db.tx(_progress.record_compensation, run_id, stage_id, None, self.now())
                 return
-            assert not isinstance(outcome, _progress.Suspended)
+            assert isinstance(outcome, Failed)
             if outcome.retryable and attempt < stage.retry.max_attempts:
                 await self.clock.sleep(stage.retry.delay_after(attempt).total_seconds())
                 attempt += 1
@@ -425,4 +453,3 @@ class Kernel:
 
     async def _replay_dlq(self, _cmd: ReplayDlq) -> int:
         return await self.db.tx(_outbox.replay_dead)
-

@@ -32,15 +32,24 @@ def _dt(value: float | None) -> datetime | None:
 
 def step_record(row: Any) -> StepRecord:
     return StepRecord(
-        name=row.name, kind=row.kind, completed=bool(row.completed), result=row.result,
-        deadline=_dt(row.deadline), signal=row.signal,
+        name=row.name,
+        kind=row.kind,
+        completed=bool(row.completed),
+        result=row.result,
+        deadline=_dt(row.deadline),
+        signal=row.signal,
     )
 
 
 def _row(run_id: str, stage_id: str, rec: StepRecord, result: Any) -> dict[str, Any]:
     return {
-        "run_id": run_id, "stage_id": stage_id, "name": rec.name, "kind": rec.kind,
-        "completed": rec.completed, "result": result, "deadline": _ts(rec.deadline),
+        "run_id": run_id,
+        "stage_id": stage_id,
+        "name": rec.name,
+        "kind": rec.kind,
+        "completed": rec.completed,
+        "result": result,
+        "deadline": _ts(rec.deadline),
         "signal": rec.signal,
     }
 
@@ -48,7 +57,8 @@ def _row(run_id: str, stage_id: str, rec: StepRecord, result: Any) -> dict[str, 
 def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> Any:
     row = conn.execute(
         sa.select(signals.c.payload).where(
-            signals.c.run_id == run_id, signals.c.name == rec.signal,
+            signals.c.run_id == run_id,
+            signals.c.name == rec.signal,
             signals.c.consumed.is_(False),
         )
     ).first()
@@ -59,8 +69,12 @@ def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> A
         .where(signals.c.run_id == run_id, signals.c.name == rec.signal)
         .values(consumed=True)
     )
-    upsert(conn, steps, _row(run_id, stage_id, rec.done(row.payload), row.payload),
-           ("run_id", "stage_id", "name"))
+    upsert(
+        conn,
+        steps,
+        _row(run_id, stage_id, rec.done(row.payload), row.payload),
+        ("run_id", "stage_id", "name"),
+    )
     return row.payload
 
 
@@ -90,8 +104,12 @@ class SqlStepLedger:
             digest = hashlib.sha256(record.name.encode()).hexdigest()[:24]
             key = f"runs/{self.run_id}/steps/{self.stage_id}/{digest}"
             stored = await self._claim.dump(record.result, key)
-        await self._db.tx(upsert, steps, _row(self.run_id, self.stage_id, record, stored),
-                          ("run_id", "stage_id", "name"))
+        await self._db.tx(
+            upsert,
+            steps,
+            _row(self.run_id, self.stage_id, record, stored),
+            ("run_id", "stage_id", "name"),
+        )
         self._cache[record.name] = record
 
     async def consume_signal(self, record: StepRecord) -> StepRecord | None:

@@ -16,9 +16,7 @@ from ._schema import outbox, runs
 __all__ = ["append_events", "load_events", "mark_flushed", "pending_events", "replay_dead"]
 
 
-def append_events(
-    conn: Connection, run: Any, drafts: Sequence[EventDraft], now: float
-) -> None:
+def append_events(conn: Connection, run: Any, drafts: Sequence[EventDraft], now: float) -> None:
     """Give ``drafts`` the run's next sequence numbers and write them to the outbox."""
     if not drafts:
         return
@@ -69,10 +67,7 @@ def _event(row: Any) -> Event:
 def pending_events(conn: Connection, limit: int) -> list[tuple[int, int, Event]]:
     """(outbox row id, attempts, event) of undelivered events, in write order."""
     rows = conn.execute(
-        sa.select(outbox)
-        .where(outbox.c.status == "pending")
-        .order_by(outbox.c.id)
-        .limit(limit)
+        sa.select(outbox).where(outbox.c.status == "pending").order_by(outbox.c.id).limit(limit)
     ).all()
     return [(r.id, r.attempts, _event(r)) for r in rows]
 

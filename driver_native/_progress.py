@@ -113,7 +113,7 @@ def refresh_status(conn: Connection, run_id: str, now: float) -> None:
     run = try_run(conn, run_id, lock=False)
     if run is None or run.status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
         return
-    counts = dict(
+    counts: dict[str, int] = dict(
         conn.execute(
             sa.select(jobs.c.status, sa.func.count())
             .where(jobs.c.run_id == run_id)
@@ -172,7 +172,9 @@ def schedule(conn: Connection, run: Any, graph: GraphModel, now: float) -> list[
     return _finish_completed(conn, run, graph, now)
 
 
-def _finish_completed(conn: Connection, run: Any, graph: GraphModel, now: float) -> list[EventDraft]:
+def _finish_completed(
+    conn: Connection, run: Any, graph: GraphModel, now: float
+) -> list[EventDraft]:
     lc = _lc(run)
     outputs = _outputs(conn, run.id)
     rows = conn.execute(
@@ -212,9 +214,8 @@ def begin_attempt(
     lc = _lc(run)
     stage = _stage(conn, run.id, job.stage_id)
     if run.status not in ACTIVE or run.cancel_requested:
-        drafts = _cancel_stage(conn, run, stage, now)
         conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
-        append_events(conn, run, drafts, now)
+        append_events(conn, run, _cancel_stage(conn, run, stage, now), now)
         return None, []
     drafts: list[EventDraft] = []
     if run.status == RunStatus.PENDING:
@@ -222,9 +223,16 @@ def begin_attempt(
     if stage.status == StageStatus.PENDING:
         attempt = job.attempt
         _set_stage(
-            conn, run.id, stage.stage_id,
-            status=StageStatus.RUNNING, attempt=attempt, suspensions=0, started_at=now,
-            error=None, waiting_for=None, wake_at=None,
+            conn,
+            run.id,
+            stage.stage_id,
+            status=StageStatus.RUNNING,
+            attempt=attempt,
+            suspensions=0,
+            started_at=now,
+            error=None,
+            waiting_for=None,
+            wake_at=None,
         )
         drafts.append(lc.stage_started(stage.stage_id, attempt))
     elif stage.status in (StageStatus.RUNNING, StageStatus.SUSPENDED):
@@ -254,13 +262,22 @@ def begin_attempt(
 
 def _cancel_stage(conn: Connection, run: Any, stage: Any, now: float) -> list[EventDraft]:
     if stage is None or stage.status not in (
-        StageStatus.RUNNING, StageStatus.SUSPENDED, StageStatus.PENDING
+        StageStatus.RUNNING,
+        StageStatus.SUSPENDED,
+        StageStatus.PENDING,
     ):
         return []
     if stage.status == StageStatus.PENDING and stage.attempt == 0:
         return []  # never started: it ends skipped, with no event
-    _set_stage(conn, run.id, stage.stage_id, status=StageStatus.CANCELLED, finished_at=now,
-               waiting_for=None, wake_at=None)
+    _set_stage(
+        conn,
+        run.id,
+        stage.stage_id,
+        status=StageStatus.CANCELLED,
+        finished_at=now,
+        waiting_for=None,
+        wake_at=None,
+    )
     return [_lc(run).stage_cancelled(stage.stage_id)]
 
 
@@ -288,9 +305,16 @@ def apply_outcome(
         result = "completed"
         order = run.completed_count + 1
         _set_stage(
-            conn, run.id, stage.stage_id,
-            status=StageStatus.COMPLETED, output=outcome.output, has_output=True,
-            finished_at=now, completed_order=order, waiting_for=None, wake_at=None,
+            conn,
+            run.id,
+            stage.stage_id,
+            status=StageStatus.COMPLETED,
+            output=outcome.output,
+            has_output=True,
+            finished_at=now,
+            completed_order=order,
+            waiting_for=None,
+            wake_at=None,
         )
         _touch(conn, run.id, now, completed_count=order)
         conn.execute(
@@ -302,8 +326,13 @@ def apply_outcome(
             conn.execute(
                 staged_events.insert(),
                 [
-                    {"run_id": run.id, "stage_id": stage.stage_id, "idx": i,
-                     "type": e.type, "data": e.data}
+                    {
+                        "run_id": run.id,
+                        "stage_id": stage.stage_id,
+                        "idx": i,
+                        "type": e.type,
+                        "data": e.data,
+                    }
                     for i, e in enumerate(outcome.events)
                 ],
             )
@@ -316,25 +345,37 @@ def apply_outcome(
         n = stage.suspensions + 1
         until = None if outcome.until is None else outcome.until.timestamp()
         _set_stage(
-            conn, run.id, stage.stage_id,
-            status=StageStatus.SUSPENDED, suspensions=n,
-            waiting_for=outcome.waiting_for, wake_at=until,
+            conn,
+            run.id,
+            stage.stage_id,
+            status=StageStatus.SUSPENDED,
+            suspensions=n,
+            waiting_for=outcome.waiting_for,
+            wake_at=until,
         )
         drafts.append(
             lc.stage_suspended(
-                stage.stage_id, stage.attempt, n, outcome.reason, outcome.until,
+                stage.stage_id,
+                stage.attempt,
+                n,
+                outcome.reason,
+                outcome.until,
                 outcome.waiting_for,
             )
         )
         ready_now = False
         if outcome.reason == "signal":
             name = outcome.waiting_for.split(":", 1)[1]
-            ready_now = conn.execute(
-                sa.select(signals.c.name).where(
-                    signals.c.run_id == run.id, signals.c.name == name,
-                    signals.c.consumed.is_(False),
-                )
-            ).first() is not None
+            ready_now = (
+                conn.execute(
+                    sa.select(signals.c.name).where(
+                        signals.c.run_id == run.id,
+                        signals.c.name == name,
+                        signals.c.consumed.is_(False),
+                    )
+                ).first()
+                is not None
+            )
         conn.execute(
             sa.update(jobs)
             .where(jobs.c.id == job.id)
@@ -356,18 +397,35 @@ def apply_outcome(
             delay = spec.retry.initial_interval_s * spec.retry.backoff ** (stage.attempt - 1)
             if spec.retry.max_interval_s is not None:
                 delay = min(delay, spec.retry.max_interval_s)
-            _set_stage(conn, run.id, stage.stage_id, status=StageStatus.PENDING,
-                       error=outcome.error.model_dump())
+            _set_stage(
+                conn,
+                run.id,
+                stage.stage_id,
+                status=StageStatus.PENDING,
+                error=outcome.error.model_dump(),
+            )
             conn.execute(
                 sa.update(jobs)
                 .where(jobs.c.id == job.id)
-                .values(status="ready", available_at=now + delay, attempt=stage.attempt + 1,
-                        lease_owner=None, lease_expires_at=None, waiting_for=None)
+                .values(
+                    status="ready",
+                    available_at=now + delay,
+                    attempt=stage.attempt + 1,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    waiting_for=None,
+                )
             )
         else:
             result = "failed"
-            _set_stage(conn, run.id, stage.stage_id, status=StageStatus.FAILED,
-                       error=outcome.error.model_dump(), finished_at=now)
+            _set_stage(
+                conn,
+                run.id,
+                stage.stage_id,
+                status=StageStatus.FAILED,
+                error=outcome.error.model_dump(),
+                finished_at=now,
+            )
             conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
             _touch(conn, run.id, now, error=outcome.error.model_dump())
             append_events(conn, run, drafts, now)
@@ -395,9 +453,14 @@ def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraf
     if exists is None:
         conn.execute(
             jobs.insert().values(
-                run_id=run.id, stage_id="*", kind="compensate",
-                wfv=f"{run.workflow_id}@{run.version}", status="ready", available_at=now,
-                attempt=1, created_at=now,
+                run_id=run.id,
+                stage_id="*",
+                kind="compensate",
+                wfv=f"{run.workflow_id}@{run.version}",
+                status="ready",
+                available_at=now,
+                attempt=1,
+                created_at=now,
             )
         )
     return drafts
@@ -417,7 +480,9 @@ def begin_compensation_job(
     ).first()
     if busy is not None:
         conn.execute(
-            sa.update(jobs).where(jobs.c.id == job.id).values(
+            sa.update(jobs)
+            .where(jobs.c.id == job.id)
+            .values(
                 status="ready", available_at=now + 0.05, lease_owner=None, lease_expires_at=None
             )
         )
@@ -425,8 +490,11 @@ def begin_compensation_job(
     compensable = {s.id for s in graph.stages if s.compensable}
     rows = conn.execute(
         sa.select(stages)
-        .where(stages.c.run_id == run.id, stages.c.status == StageStatus.COMPLETED,
-               stages.c.compensation_error.is_(None))
+        .where(
+            stages.c.run_id == run.id,
+            stages.c.status == StageStatus.COMPLETED,
+            stages.c.compensation_error.is_(None),
+        )
         .order_by(stages.c.completed_order.desc())
     ).all()
     return CompensationPlan(
@@ -470,8 +538,10 @@ def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> 
     if run.cancel_requested:
         status, draft = RunStatus.CANCELLED, lc.run_cancelled()
     else:
-        error = ErrorInfo.model_validate(run.error) if run.error else ErrorInfo(
-            type="EngineError", message="run failed"
+        error = (
+            ErrorInfo.model_validate(run.error)
+            if run.error
+            else ErrorInfo(type="EngineError", message="run failed")
         )
         status, draft = RunStatus.FAILED, lc.run_failed(error)
     _touch(conn, run.id, now, status=status, finished_at=now)

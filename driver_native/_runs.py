@@ -89,29 +89,54 @@ def create_run(
             )
         ).first()
         if existing is not None:
-            if (existing.input_fingerprint, existing.workflow_id) != (fingerprint, graph.workflow_id):
+            if (existing.input_fingerprint, existing.workflow_id) != (
+                fingerprint,
+                graph.workflow_id,
+            ):
                 raise IdempotencyConflictError(key, existing.id)
             return existing.id, False
     _insert_ignore(
         conn,
         definitions,
-        {"workflow_id": graph.workflow_id, "version": graph.version,
-         "graph": graph.model_dump(mode="json"), "created_at": now},
+        {
+            "workflow_id": graph.workflow_id,
+            "version": graph.version,
+            "graph": graph.model_dump(mode="json"),
+            "created_at": now,
+        },
     )
     conn.execute(
         runs.insert().values(
-            id=run_id, workflow_id=graph.workflow_id, version=graph.version,
-            status=RunStatus.PENDING, input=input_value, input_fingerprint=fingerprint,
-            idempotency_key=key, current_group=0, event_seq=0, completed_count=0,
-            redrive_count=0, cancel_requested=False,
+            id=run_id,
+            workflow_id=graph.workflow_id,
+            version=graph.version,
+            status=RunStatus.PENDING,
+            input=input_value,
+            input_fingerprint=fingerprint,
+            idempotency_key=key,
+            current_group=0,
+            event_seq=0,
+            completed_count=0,
+            redrive_count=0,
+            cancel_requested=False,
             deadline=None if graph.timeout_s is None else now + graph.timeout_s,
-            created_at=now, updated_at=now,
+            created_at=now,
+            updated_at=now,
         )
     )
     conn.execute(
         stages.insert(),
-        [{"run_id": run_id, "stage_id": s.id, "status": StageStatus.PENDING, "attempt": 0,
-          "suspensions": 0, "has_output": False} for s in graph.stages],
+        [
+            {
+                "run_id": run_id,
+                "stage_id": s.id,
+                "status": StageStatus.PENDING,
+                "attempt": 0,
+                "suspensions": 0,
+                "has_output": False,
+            }
+            for s in graph.stages
+        ],
     )
     run = lock_run(conn, run_id)
     append_events(conn, run, [Lifecycle(run_id).run_created(graph.version)], now)
@@ -141,8 +166,11 @@ def signal_run(conn: Connection, run_id: str, name: str, payload: Any, now: floa
         )
     conn.execute(
         sa.update(jobs)
-        .where(jobs.c.run_id == run_id, jobs.c.status == "waiting",
-               jobs.c.waiting_for == f"signal:{name}")
+        .where(
+            jobs.c.run_id == run_id,
+            jobs.c.status == "waiting",
+            jobs.c.waiting_for == f"signal:{name}",
+        )
         .values(status="ready", available_at=now)
     )
     refresh_status(conn, run_id, now)
@@ -202,7 +230,8 @@ def redrive_run(
         rerun = set(ids)
     elif from_ == "last_failure":
         rerun = {
-            sid for sid, r in rows.items()
+            sid
+            for sid, r in rows.items()
             if r.status not in (StageStatus.COMPLETED, StageStatus.COMPENSATED)
         }
         if not rerun:
@@ -219,16 +248,30 @@ def redrive_run(
         r = rows[sid]
         if r.attempt > 0:
             record = {k: v for k, v in r._mapping.items() if k not in ("run_id",)}
-            conn.execute(stage_archive.insert().values(
-                run_id=run_id, redrive=run.redrive_count, stage_id=sid, record=record))
+            conn.execute(
+                stage_archive.insert().values(
+                    run_id=run_id, redrive=run.redrive_count, stage_id=sid, record=record
+                )
+            )
         if from_ != "last_failure":
             conn.execute(sa.delete(steps).where(steps.c.run_id == run_id, steps.c.stage_id == sid))
     conn.execute(
         sa.update(stages)
         .where(stages.c.run_id == run_id, stages.c.stage_id.in_(sorted(rerun)))
-        .values(status=StageStatus.PENDING, attempt=0, suspensions=0, output=None,
-                has_output=False, error=None, compensation_error=None, completed_order=None,
-                waiting_for=None, wake_at=None, started_at=None, finished_at=None)
+        .values(
+            status=StageStatus.PENDING,
+            attempt=0,
+            suspensions=0,
+            output=None,
+            has_output=False,
+            error=None,
+            compensation_error=None,
+            completed_order=None,
+            waiting_for=None,
+            wake_at=None,
+            started_at=None,
+            finished_at=None,
+        )
     )
     keep = sorted(ids - rerun)
     if keep:
@@ -238,22 +281,39 @@ def redrive_run(
             .values(status=StageStatus.COMPLETED, compensation_error=None)
         )
     conn.execute(sa.delete(jobs).where(jobs.c.run_id == run_id))
-    conn.execute(sa.delete(staged_events).where(
-        staged_events.c.run_id == run_id, staged_events.c.stage_id.in_(sorted(rerun))))
+    conn.execute(
+        sa.delete(staged_events).where(
+            staged_events.c.run_id == run_id, staged_events.c.stage_id.in_(sorted(rerun))
+        )
+    )
     first_group = min(graph.group_of(s) for s in rerun)
     redrive = run.redrive_count + 1
     conn.execute(
-        sa.update(runs).where(runs.c.id == run_id).values(
-            status=RunStatus.RUNNING, version=graph.version, error=None,
-            compensation_errors=None, cancel_requested=False, finished_at=None, output=None,
-            redrive_count=redrive, current_group=first_group, updated_at=now,
+        sa.update(runs)
+        .where(runs.c.id == run_id)
+        .values(
+            status=RunStatus.RUNNING,
+            version=graph.version,
+            error=None,
+            compensation_errors=None,
+            cancel_requested=False,
+            finished_at=None,
+            output=None,
+            redrive_count=redrive,
+            current_group=first_group,
+            updated_at=now,
             deadline=None if graph.timeout_s is None else now + graph.timeout_s,
         )
     )
     _insert_ignore(
-        conn, definitions,
-        {"workflow_id": graph.workflow_id, "version": graph.version,
-         "graph": graph.model_dump(mode="json"), "created_at": now},
+        conn,
+        definitions,
+        {
+            "workflow_id": graph.workflow_id,
+            "version": graph.version,
+            "graph": graph.model_dump(mode="json"),
+            "created_at": now,
+        },
     )
     run = lock_run(conn, run_id)
     drafts = [Lifecycle(run_id, redrive).run_redriven(from_, graph.version)]
@@ -291,13 +351,18 @@ def list_versions(
             .group_by(runs.c.workflow_id, runs.c.version)
         ).all()
     )
-    known = {(r.workflow_id, r.version) for r in conn.execute(
-        sa.select(definitions.c.workflow_id, definitions.c.version)).all()}
+    known = {
+        (r.workflow_id, r.version)
+        for r in conn.execute(sa.select(definitions.c.workflow_id, definitions.c.version)).all()
+    }
     keys = sorted(known | set(served) | set(active))
     return [
         VersionInfo(
-            workflow_id=w, version=v, active_runs=active.get((w, v), 0),
-            served_here=(w, v) in served, drained=active.get((w, v), 0) == 0,
+            workflow_id=w,
+            version=v,
+            active_runs=active.get((w, v), 0),
+            served_here=(w, v) in served,
+            drained=active.get((w, v), 0) == 0,
             latest=latest.get(w) == v,
         )
         for w, v in keys
@@ -305,10 +370,13 @@ def list_versions(
 
 
 def purge_runs(conn: Connection, finished_before: float) -> list[str]:
-    ids = list(conn.execute(
-        sa.select(runs.c.id).where(runs.c.status.in_(list(TERMINAL)),
-                                   runs.c.finished_at < finished_before)
-    ).scalars())
+    ids = list(
+        conn.execute(
+            sa.select(runs.c.id).where(
+                runs.c.status.in_(list(TERMINAL)), runs.c.finished_at < finished_before
+            )
+        ).scalars()
+    )
     if ids:
         for table in (stages, steps, signals, staged_events, jobs, outbox, stage_archive):
             conn.execute(sa.delete(table).where(table.c.run_id.in_(ids)))
@@ -319,15 +387,25 @@ def purge_runs(conn: Connection, finished_before: float) -> list[str]:
 def reap_stuck(conn: Connection, now: float, grace: float, graphs: Any) -> int:
     """Fail runs past their run timeout; re-schedule active runs that lost their jobs."""
     n = 0
-    overdue = conn.execute(
-        sa.select(runs.c.id).where(runs.c.status.in_(list(ACTIVE)), runs.c.deadline < now,
-                                   runs.c.cancel_requested.is_(False))
-    ).scalars().all()
+    overdue = (
+        conn.execute(
+            sa.select(runs.c.id).where(
+                runs.c.status.in_(list(ACTIVE)),
+                runs.c.deadline < now,
+                runs.c.cancel_requested.is_(False),
+            )
+        )
+        .scalars()
+        .all()
+    )
     for rid in overdue:
         run = lock_run(conn, rid)
-        err = ErrorInfo.of(RunTimeoutError(
-            f"run {rid!r} exceeded its run timeout; raise the workflow timeout= or make "
-            "it faster"))
+        err = ErrorInfo.of(
+            RunTimeoutError(
+                f"run {rid!r} exceeded its run timeout; raise the workflow timeout= or make "
+                "it faster"
+            )
+        )
         conn.execute(sa.update(runs).where(runs.c.id == rid).values(error=err.model_dump()))
         append_events(conn, run, begin_compensation(conn, lock_run(conn, rid), now), now)
         n += 1

@@ -228,8 +228,6 @@ def upgrade(conn: Connection, target: int = LATEST_SCHEMA_VERSION) -> list[int]:
     for version, _desc, step in MIGRATIONS:
         if current < version <= target:
             step(conn)
-            conn.execute(
-                schema_info.update().where(schema_info.c.id == 1).values(version=version)
-            )
+            conn.execute(schema_info.update().where(schema_info.c.id == 1).values(version=version))
             applied.append(version)
     return applied

@@ -156,9 +156,7 @@ class WorkerHost:
         self._counts["reaped_leases"] += await self.kernel.dispatch(ReapStaleLeases())
         self._counts["reaped_runs"] += await self.kernel.dispatch(ReapStuckRuns())
         if self.retention_seconds is not None:
-            self._counts["purged"] += await self.kernel.dispatch(
-                PurgeRuns(self.retention_seconds)
-            )
+            self._counts["purged"] += await self.kernel.dispatch(PurgeRuns(self.retention_seconds))
 
     async def _run_job(self, job: Any) -> None:
         try:
@@ -167,8 +165,12 @@ class WorkerHost:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("worker %s: job %s of run %s failed in the engine", self.worker_id,
-                          job.id, job.run_id)
+            log.exception(
+                "worker %s: job %s of run %s failed in the engine",
+                self.worker_id,
+                job.id,
+                job.run_id,
+            )
             self._counts["engine_errors"] += 1
         finally:
             self._active.pop(job.id, None)

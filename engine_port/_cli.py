@@ -21,8 +21,11 @@ from .errors import EngineError
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(help="wfe: durable workflows on SQLite, PostgreSQL or Temporal.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="wfe: durable workflows on SQLite, PostgreSQL or Temporal.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 db_app = typer.Typer(help="Native driver database schema.", no_args_is_help=True)
 dev_app = typer.Typer(help="Development servers.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -50,7 +53,9 @@ def _run(coro: Any) -> Any:
 
 @app.command()
 def demo(
-    database_url: Annotated[str | None, typer.Option(help="defaults to the embedded SQLite")] = None,
+    database_url: Annotated[
+        str | None, typer.Option(help="defaults to the embedded SQLite")
+    ] = None,
 ) -> None:
     """Run the demo workflow on the embedded default and print its run and events."""
     from ._demo import run_demo
@@ -70,8 +75,10 @@ def worker(app_: AppOpt = None, driver: DriverOpt = None) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         async with create_engine(settings, registry) as engine, engine.worker():
-            console.print(f"worker up: driver={settings.driver}, workflows="
-                          f"{sorted(registry.served())}", highlight=False)
+            console.print(
+                f"worker up: driver={settings.driver}, workflows={sorted(registry.served())}",
+                highlight=False,
+            )
             await stop.wait()
         console.print("worker stopped")
 
@@ -109,8 +116,13 @@ def runs_cmd(
         async with create_engine(settings, registry) as engine:
             table = Table("run", "workflow", "version", "status", "stages")
             for r in await engine.list_runs(workflow_id=workflow, limit=limit):
-                table.add_row(r.id, r.workflow_id, r.version, r.status.value,
-                              " ".join(f"{s.id}:{s.status.value}" for s in r.stages))
+                table.add_row(
+                    r.id,
+                    r.workflow_id,
+                    r.version,
+                    r.status.value,
+                    " ".join(f"{s.id}:{s.status.value}" for s in r.stages),
+                )
             console.print(table)
 
     _run(show())
@@ -166,9 +178,7 @@ def conformance_cmd(
 
 
 @dev_app.command("temporal")
-def dev_temporal(
-    port: int = 7233, ui_port: int = 8233, db_filename: str | None = None
-) -> None:
+def dev_temporal(port: int = 7233, ui_port: int = 8233, db_filename: str | None = None) -> None:
     """Start the Temporal dev server (with its Web UI and wfe's search attributes)."""
     module = importlib.import_module("driver_temporal._devserver")
     with contextlib.suppress(KeyboardInterrupt):

@@ -86,8 +86,9 @@ def build_demo() -> Registry:
         return "shipped"
 
     registry = Registry([order])
-    registry.register_hook("order.charged", lambda ctx, payload: f"emailed {payload['txn']}",
-                           name="email-receipt")
+    registry.register_hook(
+        "order.charged", lambda ctx, payload: f"emailed {payload['txn']}", name="email-receipt"
+    )
     return registry
 
 
@@ -116,13 +117,13 @@ async def run_demo(settings: EngineSettings, console: Console) -> None:
             "demo-order", {"order_id": "B-2", "total": 5.0, "fail_shipping": True}
         )
         for run in (ok, bad):
-            while (await engine.get_run(run.id)).status != "suspended":
+            while (await engine.get_run(run.id)).status != "suspended":  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
             console.print(f"{run.id} waits for signal 'approval'; sending it")
             await engine.signal(run.id, "approval", {"approved_by": "demo"})
         for run in (ok, bad):
             info = await engine.wait(run.id, timeout=60)
             terminal = "run.completed" if info.status == "completed" else "run.failed"
-            while not any(e.type == terminal for e in sink.for_run(run.id)):
+            while not any(e.type == terminal for e in sink.for_run(run.id)):  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
             _print_run(console, info, sink)

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.databases import PostgresSession, postgres_session  # noqa: E402
+from tests.support.databases import PostgresSession, postgres_session
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,7 @@ class PostgresSession:
 def postgres_session() -> Iterator[PostgresSession]:
     try:
         session = PostgresSession()
-    except Exception as exc:  # noqa: BLE001 - any connection failure means unreachable
+    except Exception as exc:
         _unreachable(str(exc).splitlines()[0])
         raise
     try:
