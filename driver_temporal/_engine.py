@@ -245,6 +245,8 @@ class TemporalEngine(WorkflowEngine):
     async def _resolve(self, info: dict[str, Any]) -> RunInfo:
         info = dict(info)
         sinks = info.pop("sinks", None) or []
+        info.pop("event_seq", None)
+        info.pop("run_started", None)
         info["input"] = await self.claim.load(info.get("input"))
         stages = []
         outputs: dict[str, Any] = {}
@@ -397,20 +399,18 @@ class TemporalEngine(WorkflowEngine):
     async def redrive(
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
-        info = await self.get_run(run_id)
-        if not info.terminal:
+        memo, status = await self._describe(run_id)
+        info = await self._info_from_memo(memo, status)
+        if not info.terminal and version is None:
             raise EngineError(
                 f"run {run_id!r} is still {info.status}; redrive() re-runs terminal runs only "
-                "(cancel it first, or wait for it)"
+                "(cancel it first, wait for it, or re-pin a stranded run with version='latest')"
             )
-        try:
-            import pydantic_core
-
-            state: dict[str, Any] = pydantic_core.from_json(
-                await self.blob_store.get(state_key(run_id))
-            )
-        except EngineError:
-            raise
+        if info.terminal:
+            state = await self._load_state(run_id)
+        else:
+            # a stranded active run (no worker serves its version): re-pin it from its memo
+            state = _state_from_memo(memo)
         target_version = info.version
         if version == "latest":
             target_version = self.registry.latest_version(info.workflow_id)
@@ -418,6 +418,11 @@ class TemporalEngine(WorkflowEngine):
             target_version = version
         wf = self.registry.get(info.workflow_id, target_version)
         graph = wf.graph()
+        if not info.terminal:
+            with suppress(RPCError):
+                await self.client.get_workflow_handle(run_id).terminate(
+                    reason=f"re-pinned by redrive(version={version!r})"
+                )
         stages: dict[str, dict[str, Any]] = state["stages"]
         order = [sid for g in graph.groups for sid in g]
         if from_ == "start":
@@ -489,6 +494,14 @@ class TemporalEngine(WorkflowEngine):
         except WorkflowAlreadyStartedError:
             raise EngineError(f"run {run_id!r} was redriven concurrently") from None
         return await self.get_run(run_id)
+
+    async def _load_state(self, run_id: str) -> dict[str, Any]:
+        import pydantic_core
+
+        state: dict[str, Any] = pydantic_core.from_json(
+            await self.blob_store.get(state_key(run_id))
+        )
+        return state
 
     # -- versions -----------------------------------------------------------------------------
     async def list_versions(self) -> list[VersionInfo]:
@@ -607,6 +620,32 @@ def _json(value: Any) -> Any:
         raise SerializationError(
             f"signal payload is not JSON-serialisable ({type(value).__name__}): {exc}"
         ) from None
+
+
+def _state_from_memo(memo: Any) -> dict[str, Any]:
+    """What a redrive needs, rebuilt from an active run's memo (step ledgers are not in it:
+    the re-pinned stage starts its steps afresh)."""
+    info = memo["wfe_run"]
+    stages: dict[str, dict[str, Any]] = {}
+    done = sorted(
+        (s for s in info["stages"] if s.get("status") == "completed"),
+        key=lambda s: s.get("finished_at") or "",
+    )
+    order = {s["id"]: i + 1 for i, s in enumerate(done)}
+    for s in info["stages"]:
+        stages[s["id"]] = {**s, "order": order.get(s["id"]), "steps": {}, "events": []}
+    return {
+        "input": info["input"],
+        "idempotency_key": info.get("idempotency_key"),
+        "fingerprint": memo.get("wfe_fp"),
+        "created_at": info.get("created_at"),
+        "redrive": info.get("redrive_count", 0),
+        "event_seq": info.get("event_seq", 0),
+        "stages": stages,
+        "signals": {},
+        "consumed": [],
+        "run_started": info.get("run_started", False),
+    }
 
 
 def _downstream(stages: Sequence[Any], roots: set[str]) -> set[str]:

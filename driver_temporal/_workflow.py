@@ -552,5 +552,7 @@ class GraphWorkflow:
             "updated_at": _iso(workflow.now()),
             "finished_at": self._finished_at,
             "sinks": self._graph.sinks(),
+            "event_seq": self._seq,
+            "run_started": self._run_started,
         }
         workflow.upsert_memo({"wfe_run": self._info})

@@ -1,0 +1,172 @@
+"""S14 claim check, event sink degradation and DLQ, inspection with the temporal CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from driver_temporal import TemporalEngine, find_temporal_binary
+from engine_port import (
+    EngineSettings,
+    FolderBlobStore,
+    MemoryBlobStore,
+    MemorySink,
+    Registry,
+    StageContext,
+    Workflow,
+    create_engine,
+)
+from engine_port.errors import DriverUnavailableError, SpilledPayloadUnavailableError
+
+from .conftest import EngineFactory, trace
+
+pytestmark = pytest.mark.temporal
+
+TEN_MB = 10 * 1024 * 1024
+
+
+class In(BaseModel):
+    n: int = 0
+
+
+async def test_s14_large_values_go_through_the_blob_store(
+    make_engine: EngineFactory, blob_dir: Path, temporal_address: str
+) -> None:
+    wf = Workflow("bigdata", input=In)
+
+    @wf.stage
+    async def big(ctx: StageContext[In]) -> dict[str, str]:
+        step = await ctx.step.run("one-mb", lambda: "s" * (1024 * 1024))
+        return {"blob": "x" * TEN_MB, "step": step[:3]}
+
+    @wf.stage(after=[big])
+    async def small(ctx: StageContext[In]) -> int:
+        return len(ctx.output_of("big")["blob"])
+
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink)
+    async with engine, engine.worker():
+        run = await engine.start("bigdata", {})
+        info = await engine.wait(run.id, timeout=60)
+        assert info.status == "completed", info.error
+        assert info.output == TEN_MB
+        assert info.stage("big").output["blob"] == "x" * TEN_MB
+        sizes = [p.stat().st_size for p in blob_dir.rglob("*.json")]
+        assert max(sizes) > TEN_MB
+        assert sum(1 for s in sizes if 1024 * 1024 <= s < 2 * 1024 * 1024) >= 1
+        handle = engine.client.get_workflow_handle(run.id)
+        history = await handle.fetch_history()
+        assert history.to_json().__len__() < 512 * 1024
+        assert all(len(json.dumps(e.data)) < 64 * 1024 for e in sink.for_run(run.id))
+    empty = make_engine(Registry([wf]))
+    empty.blob_store = MemoryBlobStore()
+    empty.claim.store = empty.blob_store
+    async with empty:
+        with pytest.raises(SpilledPayloadUnavailableError):
+            await empty.get_run(run.id)
+
+
+async def test_failing_sink_degrades_dead_letters_and_replays(make_engine: EngineFactory) -> None:
+    wf = Workflow("sinkless", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        return 1
+
+    sink = MemorySink()
+    sink.failing = True
+    engine = make_engine(Registry([wf]), sink=sink, dead_letter_after=2)
+    async with engine, engine.worker():
+        run = await engine.start("sinkless", {})
+        info = await engine.wait(run.id, timeout=60)
+        assert info.status == "completed"  # a failing sink never blocks runs
+        flushed = await engine.flush_events()
+        assert flushed.degraded and flushed.dead == 5 and flushed.delivered == 0
+        assert sink.events == []
+        sink.failing = False
+        assert await engine.replay_dlq() == 5
+        assert await engine.replay_dlq() == 0
+    assert [t for t, _ in trace(sink, run)] == [
+        "run.created",
+        "run.started",
+        "stage.started",
+        "stage.completed",
+        "run.completed",
+    ]
+
+
+async def test_temporal_cli_describe_shows_graph_names(
+    make_engine: EngineFactory, temporal_address: str
+) -> None:
+    wf = Workflow("describable", input=In)
+
+    @wf.stage
+    async def fetch(ctx: StageContext[In]) -> int:
+        return 1
+
+    @wf.stage(after=[fetch])
+    async def store(ctx: StageContext[In]) -> int:
+        return 2
+
+    engine = make_engine(Registry([wf]))
+    async with engine, engine.worker():
+        run = await engine.start("describable", {}, idempotency_key=f"k-{id(wf)}")
+        await engine.wait(run.id, timeout=30)
+    base = [find_temporal_binary(), "workflow"]
+    addr = ["--address", temporal_address, "-w", run.id, "-o", "json"]
+    desc = json.loads(
+        subprocess.run(
+            [*base, "describe", *addr], check=True, capture_output=True, text=True
+        ).stdout
+    )
+    text = json.dumps(desc)
+    assert desc["workflowExecutionInfo"]["type"]["name"] == "describable"
+    for attr in ("WfeVersion", "WfeStatus", "WfeStage", "WfeIdempotencyKey"):
+        assert attr in text
+    shown = subprocess.run([*base, "show", *addr], check=True, capture_output=True, text=True)
+    types = {
+        e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+        for e in json.loads(shown.stdout)["events"]
+        if "activityTaskScheduledEventAttributes" in e
+    }
+    assert types == {"fetch", "store"}
+
+
+async def test_unreachable_server_and_missing_search_attribute(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    settings = EngineSettings(driver="temporal", temporal_address="127.0.0.1:1")
+    engine = create_engine(settings, Registry(), blob_store=FolderBlobStore(tmp_path))
+    assert isinstance(engine, TemporalEngine)
+    engine.connect_timeout = 2.0
+    with pytest.raises(DriverUnavailableError, match="127.0.0.1:1"):
+        await engine.connect()
+    ns = f"nosa{tmp_path.name[-6:].replace('_', '')}"
+    subprocess.run(
+        [
+            find_temporal_binary(),
+            "operator",
+            "namespace",
+            "create",
+            "--address",
+            temporal_address,
+            "-n",
+            ns,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    settings = EngineSettings(
+        driver="temporal", temporal_address=temporal_address, temporal_namespace=ns
+    )
+    engine = create_engine(settings, Registry(), blob_store=FolderBlobStore(tmp_path))
+    with pytest.raises(DriverUnavailableError) as err:
+        await engine.connect()
+    assert "WfeVersion" in str(err.value)
+    assert "temporal operator search-attribute create --name WfeVersion --type Keyword" in str(
+        err.value
+    )

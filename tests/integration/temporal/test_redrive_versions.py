@@ -1,0 +1,129 @@
+"""S12 redrive, S13 pinned versions."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from pydantic import BaseModel
+
+from engine_port import MemorySink, Registry, Retry, StageContext, Workflow
+
+from .conftest import EngineFactory, trace
+
+pytestmark = pytest.mark.temporal
+
+
+class In(BaseModel):
+    n: int = 0
+
+
+async def test_s12_redrive_from_last_failure_start_and_stage(make_engine: EngineFactory) -> None:
+    counts = {"a": 0, "b": 0, "c": 0, "steps": 0}
+    broken = {"c": True}
+    wf = Workflow("redrivable", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> str:
+        counts["a"] += 1
+        return "A"
+
+    @a.compensation
+    async def undo_a(ctx: StageContext[In], out: str) -> None:
+        pass
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[In]) -> str:
+        counts["b"] += 1
+        return "B"
+
+    @wf.stage(after=[b], retry=Retry(max_attempts=1, initial_interval=timedelta(0)))
+    async def c(ctx: StageContext[In]) -> str:
+        counts["c"] += 1
+
+        def journaled() -> int:
+            counts["steps"] += 1
+            return 42
+
+        v = await ctx.step.run("kept", journaled)
+        if broken["c"]:
+            raise RuntimeError("c is broken")
+        return f"{ctx.output_of('a')}{ctx.output_of('b')}C{v}"
+
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink)
+    async with engine, engine.worker():
+        run = await engine.start("redrivable", {})
+        failed = await engine.wait(run.id, timeout=30)
+        assert failed.status == "failed"
+        broken["c"] = False
+        again = await engine.redrive(run.id, from_="last_failure")
+        assert again.id == run.id and again.redrive_count == 1
+        done = await engine.wait(run.id, timeout=30)
+        assert done.status == "completed" and done.output == "ABC42"
+        assert counts == {"a": 1, "b": 1, "c": 2, "steps": 1}
+        events = trace(sink, run)
+        i = events.index(("run.redriven", None))
+        assert events[i - 1] == ("run.failed", None)
+        assert events[i + 1 :] == [
+            ("stage.started", "c"),
+            ("stage.completed", "c"),
+            ("run.completed", None),
+        ]
+        await engine.redrive(run.id, from_="b")
+        done = await engine.wait(run.id, timeout=30)
+        assert done.status == "completed" and done.redrive_count == 2
+        assert counts == {"a": 1, "b": 2, "c": 3, "steps": 2}
+        await engine.redrive(run.id, from_="start")
+        done = await engine.wait(run.id, timeout=30)
+        assert counts == {"a": 2, "b": 3, "c": 4, "steps": 3}
+    trace(sink, run)  # seq stays gap-free across redrives
+
+
+def versioned(version: str) -> Workflow[In]:
+    wf = Workflow("pinned", input=In, version=version)
+
+    @wf.stage
+    async def which(ctx: StageContext[In]) -> str:
+        return version
+
+    @wf.stage(after=[which])
+    async def wait(ctx: StageContext[In]) -> str:
+        await ctx.step.sleep("nap", timedelta(milliseconds=50))
+        return str(ctx.output_of("which"))
+
+    return wf
+
+
+async def test_s13_pinned_versions(make_engine: EngineFactory) -> None:
+    e1 = make_engine(Registry([versioned("v1")]))
+    e2 = make_engine(Registry([versioned("v2")]))
+    async with e1, e2:
+        old = await e1.start("pinned", {})
+        stranded = await e1.start("pinned", {})
+        assert old.version == "v1"
+        async with e2.worker():
+            new = await e2.start("pinned", {})
+            assert new.version == "v2"
+            assert (await e2.wait(new.id, timeout=30)).output == "v2"
+            await asyncio.sleep(0.5)
+            assert (await e2.get_run(old.id)).status == "pending"
+            versions = {}
+            for _ in range(50):
+                versions = {v.version: v for v in await e2.list_versions()}
+                if "v1" in versions and versions["v1"].active_runs == 2:
+                    break
+                await asyncio.sleep(0.1)
+            v1 = versions["v1"]
+            assert (v1.active_runs, v1.served_here, v1.drained) == (2, False, False)
+            assert versions["v2"].served_here and versions["v2"].latest
+            async with e1.worker():  # a v1 worker appears: the v1 run finishes on v1
+                done = await e1.wait(old.id, timeout=30)
+                assert done.output == "v1" and done.version == "v1"
+                assert (await e1.wait(stranded.id, timeout=30)).output == "v1"
+            stranded2 = await e1.start("pinned", {"n": 2})
+            repinned = await e2.redrive(stranded2.id, version="latest")
+            assert repinned.version == "v2"
+            done2 = await e2.wait(stranded2.id, timeout=30)
+            assert done2.status == "completed" and done2.output == "v2"
