@@ -209,15 +209,36 @@ class Kernel:
         fp = fingerprint({"workflow": wf.id, "input": value})
         run_id = cmd.run_id or uuid.uuid4().hex
         stored = await self.claim.dump(value, f"runs/{run_id}/input")
-        for attempt in range(3):
-            try:
-                return await self.db.tx(
-                    _runs.create_run, graph, run_id, stored, fp, cmd.idempotency_key, self.now()
-                )
-            except IntegrityError:
-                if cmd.idempotency_key is None or attempt == 2:
-                    raise  # a concurrent duplicate won the race: read it on the next try
+        try:
+            for attempt in range(3):
+                try:
+                    result: tuple[str, bool] = await self.db.tx(
+                        _runs.create_run, graph, run_id, stored, fp, cmd.idempotency_key,
+                        self.now(),
+                    )
+                except IntegrityError:
+                    if cmd.idempotency_key is None or attempt == 2:
+                        raise  # a concurrent duplicate won the race: read it on the next try
+                else:
+                    if not result[1]:
+                        await self._drop_orphan_input(run_id, stored)
+                    return result
+        except BaseException:
+            await self._drop_orphan_input(run_id, stored)
+            raise
         raise AssertionError("unreachable")
+
+    async def _drop_orphan_input(self, run_id: str, stored: Any) -> None:
+        """A spilled input whose run was not created (an idempotent repeat, a conflict) must
+        not stay behind in the blob store: bad input writes nothing."""
+        key = self.claim.key_of(stored)
+        if key is None:
+            return
+        exists = await self.db.tx(
+            lambda c: c.execute(sa.select(runs.c.id).where(runs.c.id == run_id)).first()
+        )
+        if exists is None:
+            await self.claim.store.delete(key)
 
     async def _signal(self, cmd: SignalStep) -> SignalResult:
         payload = to_json_value(cmd.payload, f"payload of signal {cmd.signal!r}")

@@ -74,8 +74,17 @@ async def count_rows(engine: NativeEngine, table: str, **where: Any) -> int:
 
 
 async def row_counts(engine: NativeEngine) -> dict[str, int]:
-    names = ["wfe_runs", "wfe_stages", "wfe_jobs", "wfe_outbox", "wfe_signals", "wfe_steps",
-             "wfe_command_keys", "wfe_blobs", "wfe_definitions"]
+    names = [
+        "wfe_runs",
+        "wfe_stages",
+        "wfe_jobs",
+        "wfe_outbox",
+        "wfe_signals",
+        "wfe_steps",
+        "wfe_command_keys",
+        "wfe_blobs",
+        "wfe_definitions",
+    ]
     return {n: await count_rows(engine, n) for n in names}
 
 

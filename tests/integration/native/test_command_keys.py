@@ -55,7 +55,10 @@ async def test_in_progress_guard_and_stale_reclaim(make_engine: MakeEngine) -> N
     clock = FakeClock()
     store = GatedStore()
     engine = await make_engine(
-        w.linear, clock=clock, blob_store=store, spill_threshold_bytes=16,
+        w.linear,
+        clock=clock,
+        blob_store=store,
+        spill_threshold_bytes=16,
         command_key_stale_seconds=600,
     )
     k = engine.kernel
