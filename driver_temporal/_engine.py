@@ -115,7 +115,7 @@ class TemporalEngine(WorkflowEngine):
         self.cancel_wait = cancel_wait
         self.stats = EventStats()
         self._client: Client | None = None
-        self.activities = DriverActivities(
+        self._activities = DriverActivities(
             registry,
             self.claim,
             self.runner,
@@ -126,7 +126,7 @@ class TemporalEngine(WorkflowEngine):
 
     # -- connection -------------------------------------------------------------------------
     @property
-    def client(self) -> Client:
+    def _conn(self) -> Client:
         if self._client is None:
             raise DriverUnavailableError(
                 "the Temporal engine is not connected; use `async with engine:` or await "
@@ -185,7 +185,7 @@ class TemporalEngine(WorkflowEngine):
         graph = wf.graph()
         fp = fingerprint(wf.id, data)
         run_id = run_id_for_key(idempotency_key) if idempotency_key else new_run_id()
-        client = self.client
+        client = self._conn
         input_ref = await self.claim.dump(data, spill_key(run_id, "input", fp[:16]))
         created = _now().isoformat()
         start = {
@@ -281,7 +281,7 @@ class TemporalEngine(WorkflowEngine):
 
     async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]:
         try:
-            desc = await self.client.get_workflow_handle(run_id).describe()
+            desc = await self._conn.get_workflow_handle(run_id).describe()
         except RPCError as exc:
             if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
                 raise RunNotFoundError(run_id) from None
@@ -315,7 +315,7 @@ class TemporalEngine(WorkflowEngine):
         if workflow_id is not None:
             clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
         out: list[RunInfo] = []
-        async for ex in self.client.list_workflows(" AND ".join(clauses), limit=limit):
+        async for ex in self._conn.list_workflows(" AND ".join(clauses), limit=limit):
             memo = await ex.memo()
             if "wfe_run" in memo:
                 out.append(await self._info_from_memo(memo, ex.status))
@@ -325,7 +325,7 @@ class TemporalEngine(WorkflowEngine):
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         await self._describe(run_id)
-        handle = self.client.get_workflow_handle(run_id)
+        handle = self._conn.get_workflow_handle(run_id)
         try:
             await asyncio.wait_for(_settle(handle), timeout)
         except TimeoutError:
@@ -347,7 +347,7 @@ class TemporalEngine(WorkflowEngine):
         delivery = uuid.uuid4().hex
         value = await self.claim.dump(_json(payload), spill_key(run_id, "signals", delivery))
         body = {"name": name, "payload": value, "delivery": delivery}
-        handle = self.client.get_workflow_handle(run_id)
+        handle = self._conn.get_workflow_handle(run_id)
         if info.status == RunStatus.PENDING:
             # no stage has run yet, so no wait can have consumed it: buffer it on the server
             return await self._plain_signal(handle, run_id, name, body)
@@ -388,7 +388,7 @@ class TemporalEngine(WorkflowEngine):
             return info
         if info.terminal:
             raise RunNotActiveError(run_id, info.status, "cancel")
-        handle = self.client.get_workflow_handle(run_id)
+        handle = self._conn.get_workflow_handle(run_id)
         with suppress(RPCError):  # already being cancelled or just finished
             await handle.cancel()
         with suppress(TimeoutError):
@@ -420,7 +420,7 @@ class TemporalEngine(WorkflowEngine):
         graph = wf.graph()
         if not info.terminal:
             with suppress(RPCError):
-                await self.client.get_workflow_handle(run_id).terminate(
+                await self._conn.get_workflow_handle(run_id).terminate(
                     reason=f"re-pinned by redrive(version={version!r})"
                 )
         stages: dict[str, dict[str, Any]] = state["stages"]
@@ -480,7 +480,7 @@ class TemporalEngine(WorkflowEngine):
         initial.update(redrive_count=redrive, created_at=state.get("created_at"))
         pairs = _pairs(graph.version, state.get("idempotency_key"))
         try:
-            await self.client.start_workflow(
+            await self._conn.start_workflow(
                 wf.id,
                 start,
                 id=run_id,
@@ -513,7 +513,7 @@ class TemporalEngine(WorkflowEngine):
                 f"{self._scope()} AND WorkflowType IN ({types}) AND ExecutionStatus = 'Running' "
                 "AND WfeStatus IN (" + ", ".join(f"'{s}'" for s in _ACTIVE) + ")"
             )
-            async for ex in self.client.list_workflows(query):
+            async for ex in self._conn.list_workflows(query):
                 ver = ex.typed_search_attributes.get(SA_VERSION)
                 if ver is not None:
                     key = (ex.workflow_type, ver)

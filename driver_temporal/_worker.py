@@ -49,7 +49,7 @@ class EngineWorker:
 
     def _workers(self) -> list[Worker]:
         eng = self.engine
-        acts = eng.activities
+        acts = eng._activities
         runner = SandboxedWorkflowRunner(
             restrictions=SandboxRestrictions.default.with_passthrough_modules(*_PASSTHROUGH)
         )
@@ -59,7 +59,7 @@ class EngineWorker:
             self.task_queues.append(tq)
             workers.append(
                 Worker(
-                    eng.client,
+                    eng._conn,
                     task_queue=tq,
                     workflows=[GraphWorkflow],
                     activities=[acts.stage, acts.publish, acts.dead_letter, acts.save_state],

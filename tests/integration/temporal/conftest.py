@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from driver_temporal import TemporalDevServer, TemporalEngine, create_temporal_engine
-from engine_port import EngineSettings, FolderBlobStore, MemorySink, Registry, RunInfo
+from engine_port import (
+    EngineSettings,
+    EventSink,
+    FolderBlobStore,
+    MemorySink,
+    Registry,
+    RunInfo,
+)
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +58,7 @@ async def make_engine(
     def make(
         registry: Registry,
         *,
-        sink: MemorySink | None = None,
+        sink: EventSink | None = None,
         task_queue: str | None = None,
         options: dict[str, Any] | None = None,
         **settings: Any,

@@ -41,9 +41,7 @@ async def test_s17_sigkill_mid_stage_resumes_on_another_worker(
     counts.mkdir()
     monkeypatch.setenv("WFE_TEST_COUNT_DIR", str(counts))
     sink = crash_app.FileSink(counts / "events.jsonl")
-    engine = make_engine(crash_app.build_registry(), sink=None, options={"heartbeat_timeout": 2.0})
-    engine.event_sink = sink
-    engine.activities.sink = sink
+    engine = make_engine(crash_app.build_registry(), sink=sink, options={"heartbeat_timeout": 2.0})
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
