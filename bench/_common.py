@@ -1,0 +1,139 @@
+"""Shared pieces: workload sizes, timing helpers, result cells."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "WORKLOADS",
+    "Sizes",
+    "fresh_postgres_db",
+    "guarded",
+    "pct",
+    "step_growth",
+    "summary_ms",
+]
+
+WORKLOADS = ("latency", "throughput", "fanout", "long_stage", "signal")
+
+PG_ADMIN = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each workload is. ``slow`` systems (Temporal) use fewer samples for the
+    per-run latency workloads so a full bench stays within ~15 minutes."""
+
+    latency_runs: int = 200
+    throughput_runs: int = 1000
+    fanout_width: int = 50
+    fanout_runs: int = 5
+    long_steps: int = 1000
+    signal_runs: int = 30
+    warmup: int = 5
+
+    @classmethod
+    def full(cls, slow: bool = False) -> Sizes:
+        if slow:
+            return cls(latency_runs=30, fanout_runs=3, signal_runs=10, warmup=2)
+        return cls()
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            latency_runs=3,
+            throughput_runs=10,
+            fanout_width=5,
+            fanout_runs=1,
+            long_steps=20,
+            signal_runs=1,
+            warmup=1,
+        )
+
+
+def pct(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank on the sorted samples)."""
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def summary_ms(samples_s: list[float]) -> dict[str, Any]:
+    ms = [x * 1000 for x in samples_s]
+    return {
+        "p50_ms": pct(ms, 50),
+        "p99_ms": pct(ms, 99),
+        "mean_ms": statistics.fmean(ms) if ms else float("nan"),
+        "n": len(ms),
+    }
+
+
+def step_growth(stamps: list[float]) -> dict[str, Any]:
+    """Per-step cost from the wall-clock time at which each step body ran: the cost of step
+    i is stamps[i] - stamps[i-1] (it includes journaling step i-1). Step "10" is the median
+    over steps 6-15 and step "1000" the median over the last 10 steps (for tiny runs: the
+    first and the last quarter)."""
+    diffs = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:], strict=False)]
+    n = len(diffs)
+    if n == 0:
+        return {"error": "no steps were timed"}
+    if n >= 100:
+        early, late = diffs[5:15], diffs[-10:]
+    else:
+        q = max(1, n // 4)
+        early, late = diffs[:q], diffs[-q:]
+    e, l_ = statistics.median(early), statistics.median(late)
+    return {
+        "per_step_ms": statistics.median(diffs),
+        "mean_step_ms": statistics.fmean(diffs),
+        "step10_ms": e,
+        "step1000_ms": l_,
+        "growth": l_ / e if e > 0 else float("nan"),
+        "n_steps": n + 1,
+        "total_ms": (stamps[-1] - stamps[0]) * 1000,
+    }
+
+
+async def guarded(
+    out: dict[str, Any], workload: str, fn: Callable[[], Awaitable[dict[str, Any]]]
+) -> None:
+    """Run one workload; record its numbers, or why it could not run."""
+    t0 = time.perf_counter()
+    try:
+        out[workload] = await fn()
+    except BaseException as exc:  # record and carry on with the next workload
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        tb = traceback.format_exception(exc)
+        out[workload] = {
+            "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+            "traceback": "".join(tb[-6:]),
+        }
+    out[workload]["wall_s"] = round(time.perf_counter() - t0, 3)
+
+
+@contextlib.contextmanager
+def fresh_postgres_db(prefix: str = "bench") -> Iterator[str]:
+    """A new, empty PostgreSQL database for one system; dropped afterwards. Yields a
+    ``postgresql://`` URL."""
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
