@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from driver_native import ClaimPending, CreateRun, Database, ExecuteJob, Kernel, _schema
@@ -11,6 +12,30 @@ from engine_port import ClaimCheck, EngineSettings, FolderBlobStore, Registry, S
 
 from . import workflows as w
 from .conftest import MakeEngine
+
+
+def _copy_v1_rows(source: Database, target: Database) -> None:
+    def copy(conn: sa.Connection) -> None:
+        insp = sa.inspect(conn)
+        for table in _schema.metadata.sorted_tables:
+            if table.name == "wfe_schema" or not insp.has_table(table.name):
+                continue
+            serial = "id" in table.c and table.c.id.autoincrement is True
+            cols = [c["name"] for c in insp.get_columns(table.name)]
+            if serial:  # let the target number them (PostgreSQL sequences), in the same order
+                cols.remove("id")
+            rows = source.tx_sync(
+                lambda c, t=table, cs=cols: [
+                    dict(r._mapping)
+                    for r in c.execute(
+                        sa.select(*[t.c[n] for n in cs]).order_by(*t.primary_key.columns)
+                    ).all()
+                ]
+            )
+            if rows:
+                conn.execute(table.insert(), rows)
+
+    target.tx_sync(copy)
 
 
 def _tables(db: Database) -> set[str]:
@@ -31,23 +56,35 @@ def test_fresh_database_reaches_latest_version(database_url: str) -> None:
 
 
 async def test_upgrade_from_v1_keeps_existing_runs(
-    database_url: str, tmp_path: Path, make_engine: MakeEngine
+    database_url: str, tmp_path: Path, make_engine: MakeEngine, request: pytest.FixtureRequest
 ) -> None:
-    db = Database(database_url)
+    # Runs made by the current code on a database of its own, then copied into a database
+    # that stays at schema v1 (only the columns v1 has): what an old deployment leaves behind.
+    if database_url.startswith("sqlite"):
+        source_url = f"sqlite:///{tmp_path / 'source.db'}"
+    else:
+        source_url = request.getfixturevalue("pg_session").new_schema()
+    source = Database(source_url)
     try:
-        assert db.tx_sync(lambda c: _schema.upgrade(c, target=1)) == [1]
-        assert db.schema_version() == 1
-        assert "wfe_blobs" not in _tables(db)
-        settings = EngineSettings(database_url=database_url)
+        source.upgrade()
+        settings = EngineSettings(database_url=source_url)
         claim = ClaimCheck(FolderBlobStore(tmp_path / "blobs"))
-        kernel = Kernel(db, Registry([w.linear]), settings, claim, SystemClock(), None)
+        kernel = Kernel(source, Registry([w.linear]), settings, claim, SystemClock(), None)
         done_id, _ = await kernel.dispatch(CreateRun("it-linear", {"n": 1}))
         for _ in range(3):
             (job,) = await kernel.dispatch(ClaimPending("v1-host"))
             assert await kernel.dispatch(ExecuteJob(job, "v1-host")) == "completed"
         open_id, _ = await kernel.dispatch(CreateRun("it-linear", {"n": 5}, "key-v1"))
+        db = Database(database_url)
+        try:
+            assert db.tx_sync(lambda c: _schema.upgrade(c, target=1)) == [1]
+            assert db.schema_version() == 1
+            assert "wfe_blobs" not in _tables(db)
+            _copy_v1_rows(source, db)
+        finally:
+            db.dispose()
     finally:
-        db.dispose()
+        source.dispose()
 
     engine = await make_engine(w.linear, blob_url=f"file://{tmp_path / 'blobs'}")
     assert engine.kernel.db.schema_version() == _schema.LATEST_SCHEMA_VERSION
