@@ -8,6 +8,7 @@ A driver opts in with one pytest class that inherits :class:`AllContracts` and p
 from ._admin import BadInputContract, IdempotencyContract, VersionContract
 from ._crash import CrashContract
 from ._flow import ClaimCheckContract, FlowContract, HookContract, RetryContract, SleepContract
+from ._migrate import MigrationContract
 from ._harness import (
     Capabilities,
     ExecutionLog,
@@ -34,6 +35,7 @@ __all__ = [
     "Harness",
     "HookContract",
     "IdempotencyContract",
+    "MigrationContract",
     "RedriveContract",
     "RetryContract",
     "SettingsHarness",

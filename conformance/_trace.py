@@ -36,7 +36,9 @@ def _entry(e: Event, stage_names: dict[str, str]) -> list[Any]:
 
 def normalise(events: list[Event], graph: GraphModel) -> list[list[Any]]:
     """Dedupe by id, order by seq, check seq has no gaps, and order each execution group's
-    interleaved stage events by stage id (keeping each stage's own order)."""
+    interleaved stage events by stage id (keeping each stage's own order). ``run.migrated``
+    counts for the sequence but is left out of the trace: a moved run must read the same as
+    one that never moved."""
     seen: dict[str, Event] = {}
     for e in events:
         seen.setdefault(e.id, e)
@@ -55,6 +57,8 @@ def normalise(events: list[Event], graph: GraphModel) -> list[list[Any]]:
         segment.clear()
 
     for e in ordered:
+        if e.type == "run.migrated":
+            continue  # where a run lives is not part of its behaviour (checked separately)
         g = group_of.get(e.stage or "") if e.type in _GROUPED and not e.business else None
         if g is None or (seg_group is not None and g != seg_group):
             flush()

@@ -17,6 +17,7 @@ from engine_port import (
     Event,
     EventSink,
     FlushResult,
+    GraphModel,
     Registry,
     RunInfo,
     RunSnapshot,
@@ -30,9 +31,14 @@ from engine_port import (
     open_blob_store,
 )
 from engine_port._clock import Clock
-from engine_port.errors import EngineError, UnsupportedFeatureError, WaitTimeoutError
+from engine_port.errors import (
+    EngineError,
+    MigrationError,
+    UnsupportedFeatureError,
+    WaitTimeoutError,
+)
 
-from . import _outbox, _runs
+from . import _migration, _outbox, _runs
 from ._commands import (
     CancelRun,
     CreateRun,
@@ -228,15 +234,38 @@ class NativeEngine(WorkflowEngine):
         result: list[VersionInfo] = await self.kernel.dispatch(ListVersions())
         return result
 
-    async def export_run(self, run_id: str) -> RunSnapshot:
-        raise UnsupportedFeatureError(
-            "export_run is not implemented by the native driver yet (issue 7)"
-        )
+    async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
+        deadline = time.monotonic() + wait
+        while True:
+            snapshot = await self.kernel.db.tx(_migration.freeze_and_snapshot, run_id)
+            if snapshot is not None:
+                return snapshot
+            if time.monotonic() >= deadline:
+                raise MigrationError(
+                    f"run {run_id!r} has a stage running; it is not at a safe point (wait "
+                    "longer, or migrate it later)"
+                )
+            await asyncio.sleep(0.05)
+
+    async def complete_export(self, run_id: str, target: str) -> RunInfo:
+        await self.kernel.db.tx(_migration.complete_export, run_id, target, self.kernel.now())
+        return await self.get_run(run_id)
+
+    async def drain(self, workflow_ids: Sequence[str], target: str | None) -> None:
+        await self.kernel.db.tx(_runs.set_drain, list(workflow_ids), target, self.kernel.now())
+
+    async def abort_export(self, run_id: str) -> None:
+        await self.kernel.db.tx(_migration.abort_export, run_id)
+        self._wake()
 
     async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
-        raise UnsupportedFeatureError(
-            "import_run is not implemented by the native driver yet (issue 7)"
-        )
+        if snapshot.graph is not None:
+            graph = GraphModel.model_validate(snapshot.graph)
+        else:
+            graph = self.registry.graph(snapshot.workflow_id, snapshot.version)
+        await self.kernel.db.tx(_migration.import_snapshot, snapshot, graph, self.kernel.now())
+        self._wake()
+        return await self.get_run(snapshot.run_id)
 
     @contextlib.asynccontextmanager
     async def worker(self, **options: Any) -> AsyncIterator[WorkerHost]:

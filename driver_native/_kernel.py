@@ -31,7 +31,7 @@ from engine_port import (
     VersionInfo,
 )
 from engine_port._clock import Clock
-from engine_port._serde import fingerprint, to_json_value
+from engine_port._serde import fingerprint, input_fingerprint, to_json_value
 from engine_port.errors import (
     CommandInProgressError,
     IdempotencyConflictError,
@@ -176,9 +176,7 @@ class Kernel:
 
     def _key_done(self, conn: Connection, key: str, result: Any, token: float) -> None:
         conn.execute(
-            sa.update(command_keys)
-            .where(*_held(key, token))
-            .values(status="done", result=result)
+            sa.update(command_keys).where(*_held(key, token)).values(status="done", result=result)
         )
 
     def _key_drop(self, conn: Connection, key: str, token: float) -> None:
@@ -206,14 +204,19 @@ class Kernel:
         wf = self.registry.get(cmd.workflow_id, cmd.version)
         graph = wf.graph()
         value = wf.validate_input(cmd.input).model_dump(mode="json")
-        fp = fingerprint({"workflow": wf.id, "input": value})
+        fp = input_fingerprint(wf.id, value)
         run_id = cmd.run_id or uuid.uuid4().hex
         stored = await self.claim.dump(value, f"runs/{run_id}/input")
         try:
             for attempt in range(3):
                 try:
                     result: tuple[str, bool] = await self.db.tx(
-                        _runs.create_run, graph, run_id, stored, fp, cmd.idempotency_key,
+                        _runs.create_run,
+                        graph,
+                        run_id,
+                        stored,
+                        fp,
+                        cmd.idempotency_key,
                         self.now(),
                     )
                 except IntegrityError:
@@ -250,9 +253,7 @@ class Kernel:
     async def _redrive(self, cmd: RedriveRun) -> None:
         def run(conn: Connection) -> None:
             run_row = conn.execute(
-                sa.select(runs.c.workflow_id, runs.c.version).where(
-                    runs.c.id == cmd.run_id
-                )
+                sa.select(runs.c.workflow_id, runs.c.version).where(runs.c.id == cmd.run_id)
             ).first()
             if run_row is None:
                 from engine_port.errors import RunNotFoundError

@@ -21,15 +21,18 @@ from engine_port import (
 from engine_port.errors import (
     IdempotencyConflictError,
     InvalidRedriveError,
+    MigrationError,
     RunNotActiveError,
     RunNotFoundError,
     RunTimeoutError,
+    WorkflowDrainedError,
 )
 
 from ._outbox import append_events
 from ._progress import ACTIVE, begin_compensation, refresh_status, schedule
 from ._schema import (
     definitions,
+    drains,
     jobs,
     outbox,
     runs,
@@ -51,6 +54,7 @@ __all__ = [
     "read_run",
     "reap_stuck",
     "redrive_run",
+    "set_drain",
     "signal_run",
 ]
 
@@ -82,6 +86,11 @@ def create_run(
 ) -> tuple[str, bool]:
     """Insert the run, its stages, run.created and the first group's jobs. With an
     idempotency key already used, return that run (or raise on a different input)."""
+    drain = conn.execute(
+        sa.select(drains.c.target).where(drains.c.workflow_id == graph.workflow_id)
+    ).first()
+    if drain is not None:
+        raise WorkflowDrainedError(graph.workflow_id, drain.target)
     if key is not None:
         existing = conn.execute(
             sa.select(runs.c.id, runs.c.input_fingerprint, runs.c.workflow_id).where(
@@ -144,10 +153,19 @@ def create_run(
     return run_id, True
 
 
+def _refuse_frozen(run: Any, action: str) -> None:
+    if run.frozen:
+        raise MigrationError(
+            f"run {run.id!r} is being moved to another driver; retry the {action} in a moment "
+            "(it then reaches the run wherever it lives)"
+        )
+
+
 def signal_run(conn: Connection, run_id: str, name: str, payload: Any, now: float) -> SignalResult:
     run = lock_run(conn, run_id)
     if run.status not in ACTIVE or run.cancel_requested:
         raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
+    _refuse_frozen(run, f"signal {name!r}")
     consumed = conn.execute(
         sa.select(steps.c.name).where(
             steps.c.run_id == run_id, steps.c.signal == name, steps.c.completed.is_(True)
@@ -186,6 +204,7 @@ def cancel_run(conn: Connection, run_id: str, now: float) -> bool:
         return False  # already rolling back after a failure; it ends failed
     if run.status in TERMINAL:
         raise RunNotActiveError(run_id, run.status, "cancel")
+    _refuse_frozen(run, "cancel")
     conn.execute(sa.update(runs).where(runs.c.id == run_id).values(cancel_requested=True))
     run = lock_run(conn, run_id)
     drafts = begin_compensation(conn, run, now)
@@ -393,6 +412,7 @@ def reap_stuck(conn: Connection, now: float, grace: float, graphs: Any) -> int:
                 runs.c.status.in_(list(ACTIVE)),
                 runs.c.deadline < now,
                 runs.c.cancel_requested.is_(False),
+                runs.c.frozen.is_(False),
             )
         )
         .scalars()
@@ -429,5 +449,13 @@ def reap_stuck(conn: Connection, now: float, grace: float, graphs: Any) -> int:
     return n
 
 
-def has_outbox(conn: Connection) -> int:
-    return int(conn.execute(sa.select(sa.func.count()).select_from(outbox)).scalar_one())
+def set_drain(
+    conn: Connection, workflow_ids: Sequence[str], target: str | None, now: float
+) -> None:
+    """Mark workflows as draining to ``target`` (None lifts the drain)."""
+    conn.execute(sa.delete(drains).where(drains.c.workflow_id.in_(list(workflow_ids))))
+    if target is not None and workflow_ids:
+        conn.execute(
+            drains.insert(),
+            [{"workflow_id": w, "target": target, "created_at": now} for w in workflow_ids],
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import sqlalchemy as sa
 from sqlalchemy import (
     JSON,
     Boolean,
@@ -66,6 +67,7 @@ runs = Table(
     Column("cancel_requested", Boolean, nullable=False, default=False),
     Column("deadline", Double),
     Column("migrated_to", String(300)),
+    Column("frozen", Boolean, nullable=False, default=False, server_default=sa.false()),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     Column("finished_at", Double),
@@ -195,7 +197,9 @@ blobs = Table(
 
 
 def _v1(conn: Connection) -> None:
-    metadata.create_all(conn, tables=[t for t in metadata.sorted_tables if t is not blobs])
+    metadata.create_all(
+        conn, tables=[t for t in metadata.sorted_tables if t not in (blobs, drains)]
+    )
 
 
 def _v2(conn: Connection) -> None:
@@ -203,9 +207,29 @@ def _v2(conn: Connection) -> None:
     blobs.create(conn, checkfirst=True)
 
 
+drains = Table(
+    "wfe_drains",
+    metadata,
+    Column("workflow_id", String(200), primary_key=True),
+    Column("target", String(100), nullable=False),
+    Column("created_at", Double, nullable=False),
+)
+
+
+def _v3(conn: Connection) -> None:
+    """v3 added runs.frozen (a run being exported to another driver) and wfe_drains (workflows
+    whose new runs go to another driver)."""
+    drains.create(conn, checkfirst=True)
+    if "frozen" not in {c["name"] for c in inspect(conn).get_columns("wfe_runs")}:
+        conn.execute(
+            sa.text("ALTER TABLE wfe_runs ADD COLUMN frozen BOOLEAN NOT NULL DEFAULT false")
+        )
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
+    (3, "runs.frozen for migrations between drivers", _v3),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

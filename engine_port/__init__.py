@@ -21,6 +21,7 @@ from ._factory import create_engine
 from ._graph import GraphModel, Retry, Stage, StageSpec, Workflow
 from ._ledger import InMemoryLedger, StepLedger, StepRecord
 from ._lifecycle import EventDraft, Lifecycle, run_output
+from ._migration import MigrationReport, RunMove, copy_blobs, migrate_run, migrate_runs
 from ._models import (
     ErrorInfo,
     Event,
@@ -34,6 +35,7 @@ from ._models import (
     VersionInfo,
 )
 from ._registry import Registry
+from ._routing import RoutingEngine
 from ._runner import Completed, Failed, Outcome, StageRequest, StageRunner, Suspended
 from ._settings import EngineSettings
 from .errors import EngineError, NonRetryableError
@@ -59,11 +61,14 @@ __all__ = [
     "Lifecycle",
     "MemoryBlobStore",
     "MemorySink",
+    "MigrationReport",
     "NonRetryableError",
     "Outcome",
     "Registry",
     "Retry",
+    "RoutingEngine",
     "RunInfo",
+    "RunMove",
     "RunSnapshot",
     "RunStatus",
     "SignalResult",
@@ -83,9 +88,12 @@ __all__ = [
     "VersionInfo",
     "Workflow",
     "WorkflowEngine",
+    "copy_blobs",
     "create_engine",
     "event_id",
     "is_spill_ref",
+    "migrate_run",
+    "migrate_runs",
     "open_blob_store",
     "run_output",
 ]

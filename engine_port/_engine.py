@@ -11,6 +11,7 @@ from typing import Any, Self
 from ._graph import Workflow
 from ._models import FlushResult, RunInfo, RunSnapshot, RunStatus, SignalResult, VersionInfo
 from ._registry import Registry
+from .errors import UnsupportedFeatureError
 
 __all__ = ["WorkflowEngine"]
 
@@ -86,10 +87,31 @@ class WorkflowEngine(abc.ABC):
     async def list_versions(self) -> list[VersionInfo]: ...
 
     @abc.abstractmethod
-    async def export_run(self, run_id: str) -> RunSnapshot: ...
+    async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
+        """Freeze the run at a safe point (pending, suspended, between stages) and return its
+        snapshot. A running stage is waited for up to ``wait`` seconds, else MigrationError.
+        The run stays frozen (no stage starts, signals are refused) until
+        :meth:`complete_export` or :meth:`abort_export`. Exporting a frozen run again returns
+        the same snapshot."""
+
+    async def complete_export(self, run_id: str, target: str) -> RunInfo:
+        """Mark an exported run ``migrated`` (terminal here, pointing at ``target``) and emit
+        ``run.migrated``."""
+        raise UnsupportedFeatureError(f"the {self.driver_name} driver cannot migrate runs")
+
+    async def drain(self, workflow_ids: Sequence[str], target: str | None) -> None:
+        """Stop taking new runs of ``workflow_ids`` here (``start`` raises
+        WorkflowDrainedError naming ``target``); ``target=None`` lifts the drain."""
+        raise UnsupportedFeatureError(f"the {self.driver_name} driver cannot drain workflows")
+
+    async def abort_export(self, run_id: str) -> None:
+        """Unfreeze an exported run that did not move."""
+        raise UnsupportedFeatureError(f"the {self.driver_name} driver cannot migrate runs")
 
     @abc.abstractmethod
-    async def import_run(self, snapshot: RunSnapshot) -> RunInfo: ...
+    async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
+        """Create the run from a snapshot and resume it; importing a run that is already
+        here returns it (a rerun migration never duplicates)."""
 
     @abc.abstractmethod
     def worker(self, **options: Any) -> AbstractAsyncContextManager[Any]:

@@ -48,9 +48,39 @@ def create_engine(
     clock: Clock | None = None,
     **driver_options: Any,
 ) -> WorkflowEngine:
-    """Build the engine named by ``settings.driver`` for ``registry``."""
+    """Build the engine named by ``settings.driver`` for ``registry``. With ``routes`` set
+    (workflow id -> driver), build a routing engine over ``settings.driver`` and every driver
+    a route names: new runs go where their workflow is routed, and every other call finds the
+    run on whichever driver holds it."""
     settings = settings or EngineSettings()
     registry = registry if registry is not None else Registry()
+    if settings.routes:
+        from ._routing import RoutingEngine
+
+        names: set[str] = {settings.driver, *settings.routes.values()}
+        engines: dict[str, WorkflowEngine] = {
+            name: _build(
+                settings.model_copy(update={"driver": name, "routes": {}}),
+                registry,
+                event_sink,
+                blob_store,
+                clock,
+                driver_options,
+            )
+            for name in sorted(names)
+        }
+        return RoutingEngine(registry, engines, default=settings.driver, routes=settings.routes)
+    return _build(settings, registry, event_sink, blob_store, clock, driver_options)
+
+
+def _build(
+    settings: EngineSettings,
+    registry: Registry,
+    event_sink: EventSink | None,
+    blob_store: BlobStore | None,
+    clock: Clock | None,
+    driver_options: dict[str, Any],
+) -> WorkflowEngine:
     try:
         module_name, factory_name, extra = DRIVERS[settings.driver]
     except KeyError:

@@ -147,27 +147,48 @@ class FlushResult(BaseModel):
 
 
 class SnapshotStep(BaseModel):
+    """One journaled durable step of a stage."""
+
     name: str
-    kind: str
+    kind: str = Field(description="run | sleep | signal | poll")
     completed: bool
-    result: Any = None
-    deadline: datetime | None = None
+    result: Any = Field(default=None, description="JSON, or a spill reference into the blob store")
+    deadline: datetime | None = Field(
+        default=None, description="a sleep's wake time or a wait's timeout, fixed at first run"
+    )
     signal: str | None = None
 
 
 class SnapshotStage(BaseModel):
+    """One stage of the run, with its step ledger and staged business events."""
+
     id: str
     status: StageStatus
     attempt: int = 0
-    output: Any = None  # JSON or a spill reference (the blob stays in the shared store)
+    suspensions: int = Field(default=0, description="suspensions within the current attempt")
+    output: Any = Field(default=None, description="JSON or a spill reference (blob stays put)")
+    has_output: bool = False
     error: ErrorInfo | None = None
+    compensation_error: ErrorInfo | None = None
     completed_order: int | None = None
+    waiting_for: str | None = None
+    wake_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
     steps: list[SnapshotStep] = Field(default_factory=list)
-    staged_events: list[dict[str, Any]] = Field(default_factory=list)
+    staged_events: list[dict[str, Any]] = Field(
+        default_factory=list, description="business events emitted, released on completion"
+    )
 
 
 class RunSnapshot(BaseModel):
-    """The portable state of a run, for moving it between drivers (format version 1)."""
+    """The portable state of a run, for moving it between drivers (format version 1).
+
+    Taken at a safe point (pending, suspended, or between stages), so no stage is running.
+    Values are JSON or spill references into the shared blob store; ``event_seq`` is the last
+    sequence number used by the source *including* the ``run.migrated`` event it emits when the
+    move completes, so the target continues at ``event_seq + 1``.
+    """
 
     format: Literal["wfe.run-snapshot"] = "wfe.run-snapshot"
     format_version: Literal[1] = 1
@@ -175,13 +196,24 @@ class RunSnapshot(BaseModel):
     workflow_id: str
     version: str
     status: RunStatus
-    input: Any
+    input: Any = Field(description="the validated input (JSON or a spill reference)")
     idempotency_key: str | None = None
     input_fingerprint: str | None = None
+    graph: dict[str, Any] | None = Field(
+        default=None, description="the definition snapshot (GraphModel JSON)"
+    )
+    current_group: int = 0
+    completed_count: int = 0
     stages: list[SnapshotStage]
-    signals: dict[str, Any] = Field(default_factory=dict)  # buffered, not yet consumed
+    signals: dict[str, Any] = Field(
+        default_factory=dict, description="buffered signals not yet consumed, by name"
+    )
     consumed_signals: list[str] = Field(default_factory=list)
     event_seq: int = 0
     redrive_count: int = 0
+    redrive_history: list[dict[str, Any]] = Field(
+        default_factory=list, description="archived stage records superseded by redrives"
+    )
+    deadline: datetime | None = Field(default=None, description="the run timeout's deadline")
     created_at: datetime | None = None
-    source: str | None = None
+    source: str | None = Field(default=None, description="the driver the snapshot came from")

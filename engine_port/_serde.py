@@ -12,7 +12,15 @@ from pydantic import TypeAdapter
 
 from .errors import SerializationError
 
-__all__ = ["JSON", "dumps", "fingerprint", "loads", "to_json_value", "validate_as"]
+__all__ = [
+    "JSON",
+    "dumps",
+    "fingerprint",
+    "input_fingerprint",
+    "loads",
+    "to_json_value",
+    "validate_as",
+]
 
 JSON = Any  # a value made only of dict/list/str/int/float/bool/None
 
@@ -77,3 +85,8 @@ def fingerprint(value: JSON) -> str:
 
     canon = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def input_fingerprint(workflow_id: str, value: JSON) -> str:
+    """The fingerprint idempotency keys compare (the same on every driver)."""
+    return fingerprint({"workflow": workflow_id, "input": value})

@@ -30,6 +30,7 @@ __all__ = [
     "UnsupportedFeatureError",
     "VersionNotServedError",
     "WaitTimeoutError",
+    "WorkflowDrainedError",
     "WorkflowNotFoundError",
 ]
 
@@ -169,6 +170,18 @@ class DriverUnavailableError(EngineError):
 
 class VersionNotServedError(EngineError):
     """No registry here serves the (workflow, version) asked for."""
+
+
+class WorkflowDrainedError(EngineError):
+    """The workflow is draining to another driver: start new runs there."""
+
+    def __init__(self, workflow_id: str, target: str) -> None:
+        super().__init__(
+            f"workflow {workflow_id!r} is draining to the {target} driver; start new runs "
+            f"there (set routes={{{workflow_id!r}: {target!r}}} in the settings)"
+        )
+        self.workflow_id = workflow_id
+        self.target = target
 
 
 class MigrationError(EngineError):

@@ -1,0 +1,208 @@
+"""Scenarios: moving live runs between two engines at every kind of safe point (issue 7).
+
+A driver pair opts in with a ``migration_pair`` fixture returning (source, target) harnesses;
+the contract runs it in both directions when the fixture is parametrized that way."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_port import (
+    MemorySink,
+    Registry,
+    RunStatus,
+    StageContext,
+    Workflow,
+    WorkflowEngine,
+    migrate_run,
+)
+
+from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
+from ._models import Num
+from ._trace import check_golden, normalise
+
+__all__ = ["MigrationContract"]
+
+
+def _workflow(log: ExecutionLog, kind: str) -> Workflow[Num]:
+    wf = Workflow(unique_id(f"mig-{kind}"), input=Num, version="m1")
+
+    def x() -> str:
+        log.hit("x")
+        return "x"
+
+    @wf.stage
+    async def a(ctx: StageContext[Num]) -> str:
+        log.hit("a")
+        ctx.emit("a.done", {"n": ctx.input.n})
+        return "a"
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[Num]) -> Any:
+        log.hit("b")
+        await ctx.step.run("x", x)
+        if kind == "sleep":
+            await ctx.step.sleep("nap", timedelta(milliseconds=1500))
+            return "slept"
+        if kind == "signal":
+            return await ctx.step.wait_for_signal("go")
+        return "b"
+
+    @wf.stage(after=[a])
+    async def c(ctx: StageContext[Num]) -> str:
+        log.hit("c")
+        return "c"
+
+    @wf.stage(after=[b, c])
+    async def d(ctx: StageContext[Num]) -> list[Any]:
+        log.hit("d")
+        return [ctx.output_of(b), ctx.output_of(c)]
+
+    return wf
+
+
+@contextlib.asynccontextmanager
+async def _pair(
+    pair: tuple[Harness, Harness], registry: Registry, sink: MemorySink
+) -> AsyncIterator[tuple[WorkflowEngine, WorkflowEngine]]:
+    source, target = pair
+    async with source.engine(registry, sink) as s, target.engine(registry, sink) as t:
+        yield s, t
+
+
+async def _moved(source: WorkflowEngine, target: WorkflowEngine, run_id: str) -> None:
+    move = await migrate_run(source, target, run_id, wait=30)
+    assert move.outcome == "moved", move
+    again = await migrate_run(source, target, run_id, wait=30)  # a rerun never duplicates
+    assert again.outcome == "skipped", again
+    left = await source.get_run(run_id)
+    assert left.status == RunStatus.MIGRATED and left.migrated_to == target.driver_name
+    await source.flush_events()
+
+
+def _assert_migrated_once(events: list[Any]) -> None:
+    assert [e.type for e in events].count("run.migrated") == 1
+
+
+EXPECTED = [
+    ["run.created"], ["run.started"],
+    ["stage.started", "a", 1], ["stage.completed", "a", 1],
+    ["stage.started", "b", 1], ["stage.completed", "b", 1],
+    ["stage.started", "c", 1], ["stage.completed", "c", 1],
+    ["stage.started", "d", 1], ["stage.completed", "d", 1],
+    ["business", "a.done", "a", {"n": 1}],
+    ["run.completed"],
+]  # fmt: skip
+
+
+class MigrationContract:
+    async def test_move_pending_run(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "plain")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            run = await source.start(wf.id, {"n": 1}, idempotency_key=unique_id("k"))
+            await _moved(source, target, run.id)
+            same = await target.start(wf.id, {"n": 1}, idempotency_key=run.idempotency_key)
+            assert same.id == run.id  # the idempotency key followed the run
+            async with target.worker():
+                info = await target.wait(run.id, timeout=60)
+                events = await wait_for_events(sink, run.id, "run.completed")
+        assert info.status == RunStatus.COMPLETED and info.output == ["b", "c"]
+        assert log.counts() == {"a": 1, "b": 1, "c": 1, "d": 1, "x": 1}
+        _assert_migrated_once(events)
+        trace = normalise(events, wf.graph())
+        assert trace == EXPECTED
+        check_golden("mig_pending", {"trace": trace})
+
+    async def test_move_during_sleep(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "sleep")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            async with source.worker():
+                run = await source.start(wf.id, {"n": 1})
+                suspended = await wait_for_events(sink, run.id, "stage.suspended")
+                until = next(e for e in suspended if e.type == "stage.suspended").data["until"]
+                await eventually(lambda: log.count("c") == 1)
+                await _moved(source, target, run.id)
+            async with target.worker():
+                info = await target.wait(run.id, timeout=60)
+                events = await wait_for_events(sink, run.id, "run.completed")
+        assert info.status == RunStatus.COMPLETED and info.output == ["slept", "c"]
+        assert log.counts() == {"a": 1, "b": 2, "c": 1, "d": 1, "x": 1}
+        from datetime import datetime
+
+        done_b = next(e for e in events if e.type == "stage.completed" and e.stage == "b")
+        assert done_b.at >= datetime.fromisoformat(until) - timedelta(milliseconds=5)
+        _assert_migrated_once(events)
+        trace = normalise(events, wf.graph())
+        assert trace[:5] + trace[6:] == EXPECTED
+        assert trace[5] == ["stage.suspended", "b", "sleep", "sleep:nap"]
+
+    @pytest.mark.parametrize("signal_first", [False, True], ids=["signal-after", "signal-before"])
+    async def test_move_while_waiting_for_signal(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path, signal_first: bool
+    ) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "signal")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            async with source.worker():
+                run = await source.start(wf.id, {"n": 1})
+                await wait_for_events(sink, run.id, "stage.suspended")
+                await eventually(lambda: log.count("c") == 1)
+                if signal_first:
+                    sent = await source.signal(run.id, "go", {"moved": True})
+                    assert sent.delivered
+                    await asyncio.sleep(0)  # the source may or may not resume b before export
+            await _moved(source, target, run.id)
+            if not signal_first:
+                assert (await target.signal(run.id, "go", {"moved": True})).delivered
+            async with target.worker():
+                info = await target.wait(run.id, timeout=60)
+                events = await wait_for_events(sink, run.id, "run.completed")
+        assert info.status == RunStatus.COMPLETED
+        assert info.output == [{"moved": True}, "c"]
+        counts = log.counts()
+        assert (counts["a"], counts["c"], counts["d"], counts["x"]) == (1, 1, 1, 1)
+        _assert_migrated_once(events)
+        trace = normalise(events, wf.graph())
+        assert [t for t in trace if t[0] != "stage.suspended"] == EXPECTED
+
+    async def test_move_between_stages_of_a_group(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        """b waits for a signal while c (same group) has completed: only b is left."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "signal")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            async with source.worker():
+                run = await source.start(wf.id, {"n": 1})
+                await eventually(lambda: log.count("c") == 1 and log.count("b") == 1)
+                await wait_for_events(sink, run.id, "stage.suspended")
+                before = await source.get_run(run.id)
+                assert before.stage("c").status == "completed"
+            t0 = time.monotonic()
+            await _moved(source, target, run.id)
+            assert time.monotonic() - t0 < 30
+            moved = await target.get_run(run.id)
+            assert moved.stage("c").status == "completed" and moved.stage("c").output == "c"
+            await target.signal(run.id, "go", 7)
+            async with target.worker():
+                info = await target.wait(run.id, timeout=60)
+        assert info.output == [7, "c"]
+        assert log.counts()["c"] == 1 and log.counts()["a"] == 1

@@ -1,0 +1,306 @@
+"""Moving runs in and out of the native driver: freeze at a safe point and snapshot, mark
+migrated, unfreeze, and import a snapshot."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from engine_port import (
+    ErrorInfo,
+    GraphModel,
+    Lifecycle,
+    RunSnapshot,
+    RunStatus,
+    StageStatus,
+)
+from engine_port._models import SnapshotStage, SnapshotStep
+from engine_port.errors import IdempotencyConflictError, MigrationError
+
+from ._outbox import append_events
+from ._progress import ACTIVE, schedule
+from ._runs import load_graph
+from ._schema import definitions, jobs, runs, signals, stage_archive, staged_events, stages, steps
+from ._sql import lock_run, try_run
+
+__all__ = ["abort_export", "complete_export", "freeze_and_snapshot", "import_snapshot"]
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+def _ts(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def freeze_and_snapshot(conn: Connection, run_id: str) -> RunSnapshot | None:
+    """Freeze the run and snapshot it; None while a stage is running (not a safe point)."""
+    run = lock_run(conn, run_id)
+    if run.status == RunStatus.MIGRATED:
+        raise MigrationError(f"run {run_id!r} was already migrated to {run.migrated_to!r}")
+    if run.status not in ACTIVE or run.cancel_requested:
+        raise MigrationError(
+            f"run {run_id!r} is {run.status}; only pending or suspended runs, or runs between "
+            "stages, can migrate (terminal runs stay where they are)"
+        )
+    busy = conn.execute(
+        sa.select(jobs.c.id).where(jobs.c.run_id == run_id, jobs.c.status == "leased")
+    ).first()
+    if busy is not None:
+        return None
+    conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.run_id == run_id, jobs.c.status.in_(("ready", "waiting")))
+        .values(status="frozen")
+    )
+    conn.execute(sa.update(runs).where(runs.c.id == run_id).values(frozen=True))
+    stage_rows = conn.execute(sa.select(stages).where(stages.c.run_id == run_id)).all()
+    step_rows = conn.execute(sa.select(steps).where(steps.c.run_id == run_id)).all()
+    event_rows = conn.execute(
+        sa.select(staged_events)
+        .where(staged_events.c.run_id == run_id)
+        .order_by(staged_events.c.idx)
+    ).all()
+    signal_rows = conn.execute(sa.select(signals).where(signals.c.run_id == run_id)).all()
+    archive = conn.execute(sa.select(stage_archive).where(stage_archive.c.run_id == run_id)).all()
+    graph = load_graph(conn, run.workflow_id, run.version)
+    snapshot_stages = []
+    for r in stage_rows:
+        snapshot_stages.append(
+            SnapshotStage(
+                id=r.stage_id,
+                status=r.status,
+                attempt=r.attempt,
+                suspensions=r.suspensions,
+                output=r.output,
+                has_output=bool(r.has_output),
+                error=ErrorInfo.model_validate(r.error) if r.error else None,
+                compensation_error=(
+                    ErrorInfo.model_validate(r.compensation_error) if r.compensation_error else None
+                ),
+                completed_order=r.completed_order,
+                waiting_for=r.waiting_for,
+                wake_at=_dt(r.wake_at),
+                started_at=_dt(r.started_at),
+                finished_at=_dt(r.finished_at),
+                steps=[
+                    SnapshotStep(
+                        name=s.name,
+                        kind=s.kind,
+                        completed=bool(s.completed),
+                        result=s.result,
+                        deadline=_dt(s.deadline),
+                        signal=s.signal,
+                    )
+                    for s in step_rows
+                    if s.stage_id == r.stage_id
+                ],
+                staged_events=[
+                    {"type": e.type, "data": e.data} for e in event_rows if e.stage_id == r.stage_id
+                ],
+            )
+        )
+    return RunSnapshot(
+        run_id=run.id,
+        workflow_id=run.workflow_id,
+        version=run.version,
+        status=run.status,
+        input=run.input,
+        idempotency_key=run.idempotency_key,
+        input_fingerprint=run.input_fingerprint,
+        graph=None if graph is None else graph.model_dump(mode="json"),
+        current_group=run.current_group,
+        completed_count=run.completed_count,
+        stages=snapshot_stages,
+        signals={s.name: s.payload for s in signal_rows if not s.consumed},
+        consumed_signals=[s.name for s in signal_rows if s.consumed],
+        event_seq=run.event_seq + 1,  # run.migrated takes the next number
+        redrive_count=run.redrive_count,
+        redrive_history=[
+            {"redrive": a.redrive, "stage": a.stage_id, "record": a.record} for a in archive
+        ],
+        deadline=_dt(run.deadline),
+        created_at=_dt(run.created_at),
+        source="native",
+    )
+
+
+def complete_export(conn: Connection, run_id: str, target: str, now: float) -> None:
+    run = lock_run(conn, run_id)
+    if run.status == RunStatus.MIGRATED:
+        return
+    if not run.frozen:
+        raise MigrationError(f"run {run_id!r} was not exported; call export_run first")
+    conn.execute(sa.delete(jobs).where(jobs.c.run_id == run_id))
+    conn.execute(
+        sa.update(runs)
+        .where(runs.c.id == run_id)
+        .values(
+            status=RunStatus.MIGRATED,
+            migrated_to=target,
+            frozen=False,
+            finished_at=now,
+            updated_at=now,
+        )
+    )
+    append_events(conn, run, [Lifecycle(run.id, run.redrive_count).run_migrated(target)], now)
+
+
+def abort_export(conn: Connection, run_id: str) -> None:
+    lock_run(conn, run_id)
+    conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.run_id == run_id, jobs.c.status == "frozen")
+        .values(status=sa.case((jobs.c.waiting_for.is_(None), "ready"), else_="waiting"))
+    )
+    conn.execute(sa.update(runs).where(runs.c.id == run_id).values(frozen=False))
+
+
+def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now: float) -> bool:
+    """Create the run from ``snap``; False when it is already here (a rerun)."""
+    existing = try_run(conn, snap.run_id)
+    if existing is not None:
+        return False
+    if snap.idempotency_key is not None:
+        other = conn.execute(
+            sa.select(runs.c.id).where(runs.c.idempotency_key == snap.idempotency_key)
+        ).first()
+        if other is not None:
+            raise IdempotencyConflictError(snap.idempotency_key, other.id)
+    if load_graph(conn, graph.workflow_id, graph.version) is None:
+        conn.execute(
+            definitions.insert().values(
+                workflow_id=graph.workflow_id,
+                version=graph.version,
+                graph=graph.model_dump(mode="json"),
+                created_at=now,
+            )
+        )
+    status = RunStatus.PENDING if snap.status == RunStatus.PENDING else RunStatus.RUNNING
+    conn.execute(
+        runs.insert().values(
+            id=snap.run_id,
+            workflow_id=snap.workflow_id,
+            version=snap.version,
+            status=status,
+            input=snap.input,
+            input_fingerprint=snap.input_fingerprint,
+            idempotency_key=snap.idempotency_key,
+            current_group=snap.current_group,
+            event_seq=snap.event_seq,
+            completed_count=snap.completed_count,
+            redrive_count=snap.redrive_count,
+            cancel_requested=False,
+            frozen=False,
+            deadline=_ts(snap.deadline),
+            created_at=_ts(snap.created_at) or now,
+            updated_at=now,
+        )
+    )
+    for st in snap.stages:
+        conn.execute(
+            stages.insert().values(
+                run_id=snap.run_id,
+                stage_id=st.id,
+                status=st.status,
+                attempt=st.attempt,
+                suspensions=st.suspensions,
+                output=st.output,
+                has_output=st.has_output,
+                error=None if st.error is None else st.error.model_dump(),
+                compensation_error=(
+                    None if st.compensation_error is None else st.compensation_error.model_dump()
+                ),
+                completed_order=st.completed_order,
+                waiting_for=st.waiting_for,
+                wake_at=_ts(st.wake_at),
+                started_at=_ts(st.started_at),
+                finished_at=_ts(st.finished_at),
+            )
+        )
+        if st.steps:
+            conn.execute(
+                steps.insert(),
+                [
+                    {
+                        "run_id": snap.run_id,
+                        "stage_id": st.id,
+                        "name": s.name,
+                        "kind": s.kind,
+                        "completed": s.completed,
+                        "result": s.result,
+                        "deadline": _ts(s.deadline),
+                        "signal": s.signal,
+                    }
+                    for s in st.steps
+                ],
+            )
+        if st.staged_events:
+            conn.execute(
+                staged_events.insert(),
+                [
+                    {
+                        "run_id": snap.run_id,
+                        "stage_id": st.id,
+                        "idx": i,
+                        "type": e["type"],
+                        "data": e["data"],
+                    }
+                    for i, e in enumerate(st.staged_events)
+                ],
+            )
+        job = _resume_job(snap, st, now)
+        if job is not None:
+            conn.execute(jobs.insert().values(**job))
+    for name, payload in snap.signals.items():
+        conn.execute(
+            signals.insert().values(
+                run_id=snap.run_id, name=name, payload=payload, consumed=False, received_at=now
+            )
+        )
+    for name in snap.consumed_signals:
+        conn.execute(
+            signals.insert().values(
+                run_id=snap.run_id, name=name, payload=None, consumed=True, received_at=now
+            )
+        )
+    for entry in snap.redrive_history:
+        conn.execute(
+            stage_archive.insert().values(
+                run_id=snap.run_id,
+                redrive=entry["redrive"],
+                stage_id=entry["stage"],
+                record=entry["record"],
+            )
+        )
+    run = lock_run(conn, snap.run_id)
+    append_events(conn, run, schedule(conn, run, graph, now), now)
+    return True
+
+
+def _resume_job(snap: RunSnapshot, st: SnapshotStage, now: float) -> dict[str, Any] | None:
+    base = {
+        "run_id": snap.run_id,
+        "stage_id": st.id,
+        "kind": "stage",
+        "wfv": f"{snap.workflow_id}@{snap.version}",
+        "created_at": now,
+    }
+    if st.status == StageStatus.SUSPENDED:
+        buffered = (st.waiting_for or "").startswith("signal:") and (
+            st.waiting_for.split(":", 1)[1] in snap.signals  # type: ignore[union-attr]
+        )
+        return {
+            **base,
+            "status": "ready" if buffered else "waiting",
+            "available_at": now if buffered else _ts(st.wake_at),
+            "waiting_for": st.waiting_for,
+            "attempt": st.attempt,
+        }
+    if st.status == StageStatus.PENDING and st.attempt > 0:  # a retry was scheduled
+        return {**base, "status": "ready", "available_at": now, "attempt": st.attempt + 1}
+    return None

@@ -1,0 +1,214 @@
+"""Moving live runs between engines (drivers) at safe points, with nothing run twice and
+nothing lost. Driver-agnostic: it uses only the port's export/import calls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ._blobs import SPILL_MARKER, BlobStore
+from ._engine import WorkflowEngine
+from ._models import ACTIVE_RUN_STATUSES, RunSnapshot, RunStatus
+from .errors import EngineError, MigrationError, RunNotFoundError
+
+__all__ = ["MigrationReport", "RunMove", "migrate_run", "migrate_runs"]
+
+
+class RunMove(BaseModel):
+    run_id: str
+    workflow_id: str
+    outcome: Literal["moved", "would_move", "skipped", "left"]
+    reason: str | None = None
+
+
+class MigrationReport(BaseModel):
+    source: str
+    target: str
+    dry_run: bool = False
+    moves: list[RunMove] = Field(default_factory=list)
+
+    def count(self, outcome: str) -> int:
+        return sum(m.outcome == outcome for m in self.moves)
+
+
+def _spill_keys(value: Any, out: set[str]) -> None:
+    if isinstance(value, dict):
+        if SPILL_MARKER in value and len(value) == 1:
+            out.add(value[SPILL_MARKER]["key"])
+            return
+        for v in value.values():
+            _spill_keys(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _spill_keys(v, out)
+
+
+async def copy_blobs(snapshot: RunSnapshot, source: BlobStore, target: BlobStore) -> int:
+    """Copy every blob the snapshot references from ``source`` to ``target``."""
+    keys: set[str] = set()
+    _spill_keys(snapshot.model_dump(mode="json"), keys)
+    for key in sorted(keys):
+        if not await target.has(key):
+            await target.put(key, await source.get(key))
+    return len(keys)
+
+
+async def migrate_run(
+    source: WorkflowEngine,
+    target: WorkflowEngine,
+    run_id: str,
+    *,
+    wait: float = 30.0,
+    blobs: tuple[BlobStore, BlobStore] | None = None,
+) -> RunMove:
+    """Move one run: freeze and export it at a safe point, import it into ``target``, then mark
+    it migrated on ``source``. Rerunning after a crash at any point completes the move once."""
+    info = await source.get_run(run_id)
+    if info.status == RunStatus.MIGRATED:
+        return RunMove(
+            run_id=run_id,
+            workflow_id=info.workflow_id,
+            outcome="skipped",
+            reason=f"already moved to {info.migrated_to}",
+        )
+    if info.status not in ACTIVE_RUN_STATUSES or info.status == RunStatus.COMPENSATING:
+        return RunMove(
+            run_id=run_id,
+            workflow_id=info.workflow_id,
+            outcome="skipped",
+            reason=f"{info.status.value} runs stay where they are",
+        )
+    try:
+        snapshot = await source.export_run(run_id, wait=wait)
+    except MigrationError as exc:
+        return RunMove(run_id=run_id, workflow_id=info.workflow_id, outcome="left", reason=str(exc))
+    try:
+        if blobs is not None:
+            await copy_blobs(snapshot, *blobs)
+        await target.import_run(snapshot)
+    except BaseException:
+        await source.abort_export(run_id)
+        raise
+    await source.complete_export(run_id, target.driver_name)
+    return RunMove(run_id=run_id, workflow_id=info.workflow_id, outcome="moved")
+
+
+async def migrate_runs(
+    source: WorkflowEngine,
+    target: WorkflowEngine,
+    *,
+    workflow_ids: Sequence[str] | None = None,
+    version: str | None = None,
+    run_ids: Sequence[str] | None = None,
+    statuses: Sequence[RunStatus] | None = None,
+    dry_run: bool = False,
+    drain: bool = False,
+    wait: float = 30.0,
+    drain_timeout: float = 300.0,
+    blobs: tuple[BlobStore, BlobStore] | None = None,
+    progress: Callable[[RunMove], None] | None = None,
+) -> MigrationReport:
+    """Move the selected active runs from ``source`` to ``target``.
+
+    ``drain`` first stops ``source`` from taking new runs of the selected workflows (new starts
+    must go to ``target``: route them there) and keeps migrating until none is left there.
+    """
+    report = MigrationReport(source=source.driver_name, target=target.driver_name, dry_run=dry_run)
+    if drain and dry_run:
+        raise EngineError("--drain and --dry-run cannot be combined")
+    if drain:
+        if not workflow_ids:
+            raise EngineError("--drain needs the workflows to drain (--workflow)")
+        await source.drain(workflow_ids, target.driver_name)
+    deadline = time.monotonic() + drain_timeout
+    done: set[str] = set()
+    while True:
+        candidates = await _select(source, workflow_ids, version, run_ids, statuses)
+        pending = [c for c in candidates if c not in done]
+        for run_id in pending:
+            try:
+                if dry_run:
+                    move = await _would_move(source, run_id)
+                else:
+                    move = await migrate_run(source, target, run_id, wait=wait, blobs=blobs)
+            except RunNotFoundError:
+                continue
+            if move.outcome != "left" or not drain:
+                done.add(run_id)
+                report.moves.append(move)
+                if progress is not None:
+                    progress(move)
+        if not drain:
+            return report
+        left = [
+            c
+            for c in await _select(source, workflow_ids, version, run_ids, statuses)
+            if c not in done
+        ]
+        if not left:
+            return report
+        if time.monotonic() > deadline:
+            for run_id in left:
+                info = await source.get_run(run_id)
+                report.moves.append(
+                    RunMove(
+                        run_id=run_id,
+                        workflow_id=info.workflow_id,
+                        outcome="left",
+                        reason="drain timed out",
+                    )
+                )
+            return report
+        await asyncio.sleep(0.1)
+
+
+async def _select(
+    source: WorkflowEngine,
+    workflow_ids: Sequence[str] | None,
+    version: str | None,
+    run_ids: Sequence[str] | None,
+    statuses: Sequence[RunStatus] | None,
+) -> list[str]:
+    wanted = [s for s in (statuses or ACTIVE_RUN_STATUSES) if s in ACTIVE_RUN_STATUSES]
+    if run_ids:
+        infos = []
+        for rid in run_ids:
+            try:
+                infos.append(await source.get_run(rid))
+            except RunNotFoundError:
+                continue
+    else:
+        infos = []
+        for wf in workflow_ids or [None]:  # type: ignore[list-item]
+            infos += await source.list_runs(workflow_id=wf, status=wanted, limit=100_000)
+    return [
+        i.id
+        for i in infos
+        if i.status in wanted
+        and (version is None or i.version == version)
+        and (not workflow_ids or i.workflow_id in workflow_ids)
+    ]
+
+
+async def _would_move(source: WorkflowEngine, run_id: str) -> RunMove:
+    info = await source.get_run(run_id)
+    running = [s.id for s in info.stages if s.status == "running"]
+    if info.status == RunStatus.COMPENSATING:
+        return RunMove(
+            run_id=run_id,
+            workflow_id=info.workflow_id,
+            outcome="left",
+            reason="compensating: it finishes where it is",
+        )
+    if running:
+        return RunMove(
+            run_id=run_id,
+            workflow_id=info.workflow_id,
+            outcome="would_move",
+            reason=f"after its running stage(s) {running} finish",
+        )
+    return RunMove(run_id=run_id, workflow_id=info.workflow_id, outcome="would_move")

@@ -1,0 +1,200 @@
+"""An engine over several drivers for a mixed (migration) period: new runs are routed per
+workflow id by configuration, and every other call finds the run wherever it lives."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from ._engine import WorkflowEngine
+from ._graph import Workflow
+from ._models import (
+    FlushResult,
+    RunInfo,
+    RunSnapshot,
+    RunStatus,
+    SignalResult,
+    VersionInfo,
+)
+from ._registry import Registry
+from .errors import (
+    EngineError,
+    RunNotFoundError,
+    UnsupportedFeatureError,
+    WaitTimeoutError,
+    WorkflowDrainedError,
+)
+
+__all__ = ["RoutingEngine"]
+
+
+class RoutingEngine(WorkflowEngine):
+    """``engines`` maps driver names to engines; ``routes`` maps workflow ids to the driver
+    that takes their new runs (others go to ``default``)."""
+
+    driver_name = "routing"
+
+    def __init__(
+        self,
+        registry: Registry,
+        engines: Mapping[str, WorkflowEngine],
+        *,
+        default: str,
+        routes: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(registry)
+        if default not in engines:
+            raise EngineError(f"default driver {default!r} is not among {sorted(engines)}")
+        for wf, driver in (routes or {}).items():
+            if driver not in engines:
+                raise EngineError(f"route {wf!r} -> {driver!r}: no such driver configured")
+        self.engines = dict(engines)
+        self.default = default
+        self.routes = dict(routes or {})
+
+    def _order(self, first: str | None = None) -> list[WorkflowEngine]:
+        names = [first or self.default] + [n for n in self.engines if n != (first or self.default)]
+        return [self.engines[n] for n in names]
+
+    async def connect(self) -> None:
+        for engine in self.engines.values():
+            await engine.connect()
+
+    async def close(self) -> None:
+        for engine in self.engines.values():
+            await engine.close()
+
+    async def _locate(self, run_id: str) -> tuple[WorkflowEngine, RunInfo]:
+        """The engine that holds the live copy of the run (following migrated pointers)."""
+        found: tuple[WorkflowEngine, RunInfo] | None = None
+        for engine in self._order():
+            try:
+                info = await engine.get_run(run_id)
+            except RunNotFoundError:
+                continue
+            if info.status != RunStatus.MIGRATED:
+                return engine, info
+            found = found or (engine, info)
+            target = self.engines.get(info.migrated_to or "")
+            if target is not None and target is not engine:
+                with contextlib.suppress(RunNotFoundError):
+                    return target, await target.get_run(run_id)
+        if found is None:
+            raise RunNotFoundError(run_id)
+        return found
+
+    async def start(
+        self,
+        workflow: str | Workflow[Any],
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        version: str | None = None,
+    ) -> RunInfo:
+        wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
+        driver = self.routes.get(wf_id, self.default)
+        engine = self.engines[driver]
+        try:
+            return await engine.start(
+                workflow, input, idempotency_key=idempotency_key, version=version
+            )
+        except WorkflowDrainedError as exc:
+            other = self.engines.get(exc.target)
+            if other is None or other is engine:
+                raise
+            return await other.start(
+                workflow, input, idempotency_key=idempotency_key, version=version
+            )
+
+    async def get_run(self, run_id: str) -> RunInfo:
+        return (await self._locate(run_id))[1]
+
+    async def list_runs(
+        self,
+        *,
+        workflow_id: str | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 100,
+    ) -> list[RunInfo]:
+        out: dict[str, RunInfo] = {}
+        for engine in self.engines.values():
+            for info in await engine.list_runs(workflow_id=workflow_id, status=status, limit=limit):
+                if info.status != RunStatus.MIGRATED or info.id not in out:
+                    out[info.id] = info
+        return list(out.values())[:limit]
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            info = await self.get_run(run_id)
+            if info.terminal and info.status != RunStatus.MIGRATED:
+                return info
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(f"run {run_id!r} is still {info.status} after {timeout}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.1)
+
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult:
+        engine, _ = await self._locate(run_id)
+        return await engine.signal(run_id, name, payload)
+
+    async def cancel(self, run_id: str) -> RunInfo:
+        engine, _ = await self._locate(run_id)
+        return await engine.cancel(run_id)
+
+    async def redrive(
+        self, run_id: str, from_: str = "last_failure", *, version: str | None = None
+    ) -> RunInfo:
+        engine, _ = await self._locate(run_id)
+        return await engine.redrive(run_id, from_, version=version)
+
+    async def list_versions(self) -> list[VersionInfo]:
+        merged: dict[tuple[str, str], VersionInfo] = {}
+        for engine in self.engines.values():
+            for v in await engine.list_versions():
+                key = (v.workflow_id, v.version)
+                old = merged.get(key)
+                if old is None:
+                    merged[key] = v
+                    continue
+                active = old.active_runs + v.active_runs
+                merged[key] = old.model_copy(
+                    update={
+                        "active_runs": active,
+                        "served_here": old.served_here or v.served_here,
+                        "drained": active == 0,
+                        "latest": old.latest or v.latest,
+                    }
+                )
+        return sorted(merged.values(), key=lambda v: (v.workflow_id, v.version))
+
+    async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
+        engine, _ = await self._locate(run_id)
+        return await engine.export_run(run_id, wait=wait)
+
+    async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
+        engine = self.engines[self.routes.get(snapshot.workflow_id, self.default)]
+        return await engine.import_run(snapshot)
+
+    @contextlib.asynccontextmanager
+    async def worker(self, **options: Any) -> AsyncIterator[list[Any]]:
+        if options:
+            raise UnsupportedFeatureError("pass worker options to each driver's engine")
+        async with contextlib.AsyncExitStack() as stack:
+            yield [await stack.enter_async_context(e.worker()) for e in self.engines.values()]
+
+    async def flush_events(self) -> FlushResult:
+        results = [await e.flush_events() for e in self.engines.values()]
+        return FlushResult(
+            delivered=sum(r.delivered for r in results),
+            failed=sum(r.failed for r in results),
+            dead=sum(r.dead for r in results),
+            degraded=any(r.degraded for r in results),
+        )
+
+    async def replay_dlq(self) -> int:
+        return sum([await e.replay_dlq() for e in self.engines.values()])
