@@ -8,7 +8,6 @@ A driver opts in with one pytest class that inherits :class:`AllContracts` and p
 from ._admin import BadInputContract, IdempotencyContract, VersionContract
 from ._crash import CrashContract
 from ._flow import ClaimCheckContract, FlowContract, HookContract, RetryContract, SleepContract
-from ._migrate import MigrationContract
 from ._harness import (
     Capabilities,
     ExecutionLog,
@@ -18,6 +17,7 @@ from ._harness import (
     unique_id,
     wait_for_events,
 )
+from ._migrate import MigrationContract
 from ._saga import CancelContract, CompensationContract, RedriveContract
 from ._signals import SignalContract, TimeoutContract
 from ._trace import check_golden, normalise, run_summary
