@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import statistics
 import time
@@ -83,7 +84,7 @@ def step_growth(stamps: list[float]) -> dict[str, Any]:
     i is stamps[i] - stamps[i-1] (it includes journaling step i-1). Step "10" is the median
     over steps 6-15 and step "1000" the median over the last 10 steps (for tiny runs: the
     first and the last quarter)."""
-    diffs = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:], strict=False)]
+    diffs = [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
     n = len(diffs)
     if n == 0:
         return {"error": "no steps were timed"}
@@ -115,8 +116,9 @@ async def guarded(
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         tb = traceback.format_exception(exc)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         out[workload] = {
-            "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+            "error": f"{type(exc).__name__}: {first}",
             "traceback": "".join(tb[-6:]),
         }
     out[workload]["wall_s"] = round(time.perf_counter() - t0, 3)

@@ -133,22 +133,19 @@ def _signal(c: Conn, sizes: Sizes) -> dict[str, Any]:
     return summary_ms(samples)
 
 
+def _spawn_writer(args: dict[str, Any]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench._floor", json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 async def _throughput(backend: str, url: str, sizes: Sizes) -> dict[str, Any]:
     n = sizes.throughput_runs
     start_at = time.time() + 1.5
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench._floor",
-                json.dumps({"backend": backend, "url": url, "runs": n // 2, "start_at": start_at}),
-            ],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-        )
-        for _ in range(2)
-    ]
+    args = {"backend": backend, "url": url, "runs": n // 2, "start_at": start_at}
+    procs = [_spawn_writer(args) for _ in range(2)]
     ends = []
     for p in procs:
         stdout, _ = await asyncio.to_thread(p.communicate, None, 600)

@@ -24,14 +24,7 @@ async def worker_processes(kind: str, args: dict[str, Any], count: int = 2) -> A
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for _ in range(count):
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "bench._procs", kind, json.dumps(args)],
-                    stdout=subprocess.PIPE,
-                    stdin=subprocess.DEVNULL,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                )
-            )
+            procs.append(_spawn(kind, args))
         for p in procs:
             assert p.stdout is not None
             line = await asyncio.wait_for(asyncio.to_thread(p.stdout.readline), 60)
@@ -48,6 +41,15 @@ async def worker_processes(kind: str, args: dict[str, Any], count: int = 2) -> A
             except subprocess.TimeoutExpired:
                 p.kill()
                 await asyncio.to_thread(p.wait)
+
+
+def _spawn(kind: str, args: dict[str, Any]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench._procs", kind, json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 async def _until_term() -> None:

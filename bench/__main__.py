@@ -1,0 +1,88 @@
+"""``python -m bench [--quick] [--systems a,b] [--out DIR]``: every system, every workload,
+one process per system (so one system's crash or global state cannot touch another), one
+machine, one run; then one table of ratios, ``latest.json`` and ``latest.png``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ._common import WORKLOADS
+from ._report import check_goals, machine_info, print_tables, write_png
+from ._systems import SYSTEMS
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run_system(name: str, quick: bool, timeout: float, console: Console) -> dict[str, Any]:
+    """One system in a child process; a crash or a timeout becomes a recorded reason."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-") as d:
+        out = Path(d) / "result.json"
+        cmd = [sys.executable, "-m", "bench._systems", name, "quick" if quick else "full", str(out)]
+        why: str | None = None
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+            if proc.returncode != 0 or not out.exists():
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+                why = f"exited {proc.returncode}: {tail[0][:300]}"
+        except subprocess.TimeoutExpired:
+            why = f"timed out after {timeout:g}s"
+        result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    if why is not None:
+        for wl in WORKLOADS:
+            result.setdefault(wl, {"error": why})
+    if SYSTEMS[name].latency_only:
+        result = {"latency": result.get("latency", {"error": why or "not run"})}
+    bad = sum(1 for c in result.values() if "error" in c)
+    console.print(
+        f"  {name}: {time.perf_counter() - t0:.1f}s"
+        + (f" [red]({bad} cell(s) could not run)[/red]" if bad else "")
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="each workload once, at tiny size")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where latest.json/.png go")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per system")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown:
+        ap.error(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
+    timeout = args.timeout or (120.0 if args.quick else 420.0)
+    console = Console(width=200)
+    started = datetime.now(UTC)
+    console.print(f"bench ({'quick' if args.quick else 'full'}): {len(names)} systems")
+    results = {n: run_system(n, args.quick, timeout, console) for n in names}
+    doc = {
+        "mode": "quick" if args.quick else "full",
+        "started_at": started.isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
+        "command": "python -m bench" + (" --quick" if args.quick else ""),
+        "machine": machine_info(),
+        "results": results,
+    }
+    doc["goals"] = check_goals(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(doc, indent=1, default=str))
+    write_png(doc, args.out / "latest.png")
+    print_tables(doc, console)
+    console.print(f"wrote {args.out / 'latest.json'} and {args.out / 'latest.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

