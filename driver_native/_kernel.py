@@ -314,12 +314,15 @@ class Kernel:
         job = cmd.job
         wf = self.registry.get(job.wfv.split("@", 1)[0], job.wfv.split("@", 1)[1])
         outcome = cmd.outcome
+        key = None
         if isinstance(outcome, Completed):
-            key = f"runs/{job.run_id}/stages/{job.stage_id}/output"
+            # a key of its own per outcome: a late, discarded outcome must never overwrite
+            # the output that another worker's completed attempt stored
+            key = f"runs/{job.run_id}/stages/{job.stage_id}/output-{uuid.uuid4().hex[:12]}"
             outcome = Completed(
                 await self.claim.dump(outcome.output, key, force=True), outcome.events
             )
-        return await self.db.tx(
+        result: str = await self.db.tx(
             _progress.apply_outcome,
             job,
             cmd.worker_id,
@@ -328,6 +331,9 @@ class Kernel:
             self.now(),
             cmd.cancelled,
         )
+        if key is not None and result != "completed":
+            await self.claim.store.delete(key)
+        return result
 
     async def _execute(self, cmd: ExecuteJob) -> str:
         if cmd.job.kind == "compensate":

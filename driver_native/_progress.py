@@ -72,10 +72,16 @@ def _lc(run: Any) -> Lifecycle:
     return Lifecycle(run.id, run.redrive_count)
 
 
-def _owns(conn: Connection, job_id: int, worker: str) -> bool:
+def _owns(conn: Connection, job: Any, worker: str) -> bool:
+    """The job row is still ``worker``'s lease on this very stage (ids alone can be reused)."""
     row = conn.execute(
         sa.select(jobs.c.id).where(
-            jobs.c.id == job_id, jobs.c.lease_owner == worker, jobs.c.status == "leased"
+            jobs.c.id == job.id,
+            jobs.c.run_id == job.run_id,
+            jobs.c.stage_id == job.stage_id,
+            jobs.c.kind == job.kind,
+            jobs.c.lease_owner == worker,
+            jobs.c.status == "leased",
         )
     ).first()
     return row is not None
@@ -209,7 +215,7 @@ def begin_attempt(
 ) -> tuple[Begin | None, list[EventDraft]]:
     """Mark the stage running (emitting run.started / stage.started when they are new)."""
     run = try_run(conn, job.run_id)
-    if run is None or not _owns(conn, job.id, worker):
+    if run is None or not _owns(conn, job, worker):
         return None, []
     lc = _lc(run)
     stage = _stage(conn, run.id, job.stage_id)
@@ -292,7 +298,7 @@ def apply_outcome(
 ) -> str:
     """Record one stage attempt's outcome; returns what happened (for host stats)."""
     run = try_run(conn, job.run_id)
-    if run is None or not _owns(conn, job.id, worker):
+    if run is None or not _owns(conn, job, worker):
         return "discarded"  # our lease was lost: another worker owns this stage now
     lc = _lc(run)
     stage = _stage(conn, run.id, job.stage_id)
@@ -471,7 +477,7 @@ def begin_compensation_job(
 ) -> CompensationPlan | None:
     """The stages to compensate, newest first; None (rescheduled) while stages still run."""
     run = try_run(conn, job.run_id)
-    if run is None or not _owns(conn, job.id, worker):
+    if run is None or not _owns(conn, job, worker):
         return None
     busy = conn.execute(
         sa.select(jobs.c.id).where(
@@ -525,7 +531,7 @@ def record_compensation(
 
 def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> None:
     run = try_run(conn, job.run_id)
-    if run is None or not _owns(conn, job.id, worker):
+    if run is None or not _owns(conn, job, worker):
         return
     lc = _lc(run)
     conn.execute(

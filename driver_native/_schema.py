@@ -122,6 +122,7 @@ jobs = Table(
     UniqueConstraint("run_id", "stage_id", "kind", name="uq_wfe_jobs_stage"),
     Index("ix_wfe_jobs_claim", "status", "available_at"),
     Index("ix_wfe_jobs_run", "run_id"),
+    sqlite_autoincrement=True,  # a reaped worker's late outcome must never match a new job
 )
 
 steps = Table(

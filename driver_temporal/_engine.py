@@ -536,7 +536,7 @@ class TemporalEngine(WorkflowEngine):
         return out
 
     # -- migration (another issue) -----------------------------------------------------------
-    async def export_run(self, run_id: str) -> RunSnapshot:
+    async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
         raise UnsupportedFeatureError(
             "the Temporal driver cannot export runs yet; migration is not implemented"
         )

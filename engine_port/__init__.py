@@ -16,7 +16,7 @@ from ._blobstores import open_blob_store
 from ._clock import Clock, FakeClock, SystemClock
 from ._context import StageContext, Steps, SyncSteps
 from ._engine import WorkflowEngine
-from ._events import EventSink, MemorySink, event_id
+from ._events import EventSink, JsonlFileSink, MemorySink, event_id, open_event_sink
 from ._factory import create_engine
 from ._graph import GraphModel, Retry, Stage, StageSpec, Workflow
 from ._ledger import InMemoryLedger, StepLedger, StepRecord
@@ -58,6 +58,7 @@ __all__ = [
     "FolderBlobStore",
     "GraphModel",
     "InMemoryLedger",
+    "JsonlFileSink",
     "Lifecycle",
     "MemoryBlobStore",
     "MemorySink",
@@ -95,5 +96,6 @@ __all__ = [
     "migrate_run",
     "migrate_runs",
     "open_blob_store",
+    "open_event_sink",
     "run_output",
 ]

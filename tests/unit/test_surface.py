@@ -28,6 +28,7 @@ PUBLIC = [
     "FolderBlobStore",
     "GraphModel",
     "InMemoryLedger",
+    "JsonlFileSink",
     "Lifecycle",
     "MemoryBlobStore",
     "MemorySink",
@@ -65,6 +66,7 @@ PUBLIC = [
     "migrate_run",
     "migrate_runs",
     "open_blob_store",
+    "open_event_sink",
     "run_output",
 ]
 

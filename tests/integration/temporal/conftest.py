@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +21,6 @@ from engine_port import (
     Registry,
     RunInfo,
 )
-
-
-@pytest.fixture(scope="session")
-def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TemporalDevServer]:
-    log = tmp_path_factory.mktemp("temporal") / "dev-server.log"
-    server = TemporalDevServer(headless=False, log_file=log)
-    asyncio.run(server.start())
-    try:
-        yield server
-    finally:
-        asyncio.run(server.stop())
 
 
 @pytest.fixture(scope="session")
