@@ -83,7 +83,7 @@ def step_growth(stamps: list[float]) -> dict[str, Any]:
     """Per-step cost from the wall-clock time at which each step body ran: the cost of step
     i is stamps[i] - stamps[i-1] (it includes journaling step i-1). Step "10" is the median
     over steps 6-15 and step "1000" the median over the last 10 steps (for tiny runs: the
-    first and the last quarter)."""
+    first and the last quarter). Every system runs a 50-step warm-up stage first."""
     diffs = [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
     n = len(diffs)
     if n == 0:

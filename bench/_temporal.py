@@ -109,6 +109,9 @@ async def _raw_fanout(client: Any, sizes: Sizes) -> dict[str, Any]:
 async def _raw_long(client: Any, sizes: Sizes) -> dict[str, Any]:
     from . import _temporal_raw as R
 
+    await client.execute_workflow(  # warm-up, as for every system
+        "bench_long", min(50, sizes.long_steps), id=uuid.uuid4().hex, task_queue=R.TASK_QUEUE
+    )
     R.STAMPS.clear()
     t0 = time.perf_counter()
     await client.execute_workflow(
