@@ -22,8 +22,8 @@ from engine_port.errors import IdempotencyConflictError, MigrationError
 
 from ._outbox import append_events
 from ._progress import ACTIVE, schedule
-from ._runs import load_graph
-from ._schema import definitions, jobs, runs, signals, stage_archive, staged_events, stages, steps
+from ._runs import load_graph, save_definition
+from ._schema import jobs, runs, signals, stage_archive, staged_events, stages, steps
 from ._sql import lock_run, try_run
 
 __all__ = ["abort_export", "complete_export", "freeze_and_snapshot", "import_snapshot"]
@@ -171,15 +171,7 @@ def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now:
         ).first()
         if other is not None:
             raise IdempotencyConflictError(snap.idempotency_key, other.id)
-    if load_graph(conn, graph.workflow_id, graph.version) is None:
-        conn.execute(
-            definitions.insert().values(
-                workflow_id=graph.workflow_id,
-                version=graph.version,
-                graph=graph.model_dump(mode="json"),
-                created_at=now,
-            )
-        )
+    save_definition(conn, graph, now)
     status = RunStatus.PENDING if snap.status == RunStatus.PENDING else RunStatus.RUNNING
     conn.execute(
         runs.insert().values(

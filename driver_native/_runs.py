@@ -54,6 +54,7 @@ __all__ = [
     "read_run",
     "reap_stuck",
     "redrive_run",
+    "save_definition",
     "set_drain",
     "signal_run",
 ]
@@ -64,6 +65,20 @@ TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatu
 def _insert_ignore(conn: Connection, table: sa.Table, values: dict[str, Any]) -> None:
     ins: Any = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
     conn.execute(ins.values(**values).on_conflict_do_nothing())
+
+
+def save_definition(conn: Connection, graph: GraphModel, now: float) -> None:
+    """Snapshot the definition a run executes (kept once per (workflow, version))."""
+    _insert_ignore(
+        conn,
+        definitions,
+        {
+            "workflow_id": graph.workflow_id,
+            "version": graph.version,
+            "graph": graph.model_dump(mode="json"),
+            "created_at": now,
+        },
+    )
 
 
 def load_graph(conn: Connection, workflow_id: str, version: str) -> GraphModel | None:
@@ -104,16 +119,7 @@ def create_run(
             ):
                 raise IdempotencyConflictError(key, existing.id)
             return existing.id, False
-    _insert_ignore(
-        conn,
-        definitions,
-        {
-            "workflow_id": graph.workflow_id,
-            "version": graph.version,
-            "graph": graph.model_dump(mode="json"),
-            "created_at": now,
-        },
-    )
+    save_definition(conn, graph, now)
     conn.execute(
         runs.insert().values(
             id=run_id,
@@ -212,18 +218,6 @@ def cancel_run(conn: Connection, run_id: str, now: float) -> bool:
     return True
 
 
-def _descendants(graph: GraphModel, stage_id: str) -> set[str]:
-    out = {stage_id}
-    changed = True
-    while changed:
-        changed = False
-        for s in graph.stages:
-            if s.id not in out and any(d in out for d in s.after):
-                out.add(s.id)
-                changed = True
-    return out
-
-
 def redrive_run(
     conn: Connection,
     run_id: str,
@@ -258,7 +252,7 @@ def redrive_run(
                 f"run {run_id!r} has no failed stage; use from_='start' or a stage id"
             )
     elif from_ in ids:
-        rerun = _descendants(graph, from_)
+        rerun = graph.downstream(from_)
     else:
         raise InvalidRedriveError(
             f"redrive from_={from_!r}: use 'last_failure', 'start' or one of {sorted(ids)}"
@@ -324,16 +318,7 @@ def redrive_run(
             deadline=None if graph.timeout_s is None else now + graph.timeout_s,
         )
     )
-    _insert_ignore(
-        conn,
-        definitions,
-        {
-            "workflow_id": graph.workflow_id,
-            "version": graph.version,
-            "graph": graph.model_dump(mode="json"),
-            "created_at": now,
-        },
-    )
+    save_definition(conn, graph, now)
     run = lock_run(conn, run_id)
     drafts = [Lifecycle(run_id, redrive).run_redriven(from_, graph.version)]
     drafts += schedule(conn, run, graph, now)

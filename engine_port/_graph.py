@@ -151,6 +151,19 @@ class GraphModel(BaseModel):
         used = {d for s in self.stages for d in s.after}
         return [s.id for s in self.stages if s.id not in used]
 
+    def downstream(self, stage_id: str) -> set[str]:
+        """``stage_id`` and every stage that depends on it, directly or transitively."""
+        self.stage(stage_id)
+        out = {stage_id}
+        changed = True
+        while changed:
+            changed = False
+            for s in self.stages:
+                if s.id not in out and any(d in out for d in s.after):
+                    out.add(s.id)
+                    changed = True
+        return out
+
     def group_of(self, stage_id: str) -> int:
         for i, g in enumerate(self.groups):
             if stage_id in g:

@@ -478,3 +478,31 @@ def test_graph_model_stage_lookup_of_an_unknown_stage_raises() -> None:
         g.group_of("zzz")
     with pytest.raises(DefinitionError):
         two_stage().get_stage("zzz")
+
+
+def test_downstream_is_the_stage_and_everything_that_depends_on_it() -> None:
+    from pydantic import BaseModel
+
+    from engine_port import Workflow
+
+    class In(BaseModel):
+        n: int = 0
+
+    wf = Workflow("downstream", input=In)
+
+    @wf.stage
+    async def a(ctx: object) -> None: ...
+
+    @wf.stage(after=[a])
+    async def b(ctx: object) -> None: ...
+
+    @wf.stage(after=[a])
+    async def c(ctx: object) -> None: ...
+
+    @wf.stage(after=[b])
+    async def d(ctx: object) -> None: ...
+
+    graph = wf.graph()
+    assert graph.downstream("b") == {"b", "d"}
+    assert graph.downstream("a") == {"a", "b", "c", "d"}
+    assert graph.downstream("c") == {"c"}
