@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from ._common import WORKLOADS
-from ._report import check_goals, machine_info, print_tables, write_png
+from ._report import check_goals, machine_info, markdown, print_tables, write_png
 from ._systems import SYSTEMS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -57,7 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where latest.json/.png go")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per system")
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="measure nothing: print the tables (and Markdown) of OUT/latest.json",
+    )
     args = ap.parse_args(argv)
+    if args.report:
+        doc = json.loads((args.out / "latest.json").read_text())
+        print_tables(doc, Console(width=200))
+        print(markdown(doc))
+        return 0
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown:

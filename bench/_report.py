@@ -17,7 +17,7 @@ from rich.table import Table
 from ._common import PG_ADMIN
 from ._systems import REFERENCE, SYSTEMS
 
-__all__ = ["check_goals", "machine_info", "print_tables", "write_png"]
+__all__ = ["check_goals", "machine_info", "markdown", "print_tables", "write_png"]
 
 # (workload, metric, label, higher is better)
 COLUMNS = [
@@ -276,3 +276,35 @@ def write_png(doc: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The same table and goals as Markdown (for bench/README.md)."""
+    results = doc["results"]
+    lines = [
+        "| system | " + " | ".join(label for _, _, label, _ in COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
+    for name, system in SYSTEMS.items():
+        if name not in results:
+            continue
+        ref = REFERENCE[system.group]
+        row = [system.label]
+        for workload, metric, _, higher in COLUMNS:
+            v = _metric(results, name, workload, metric)
+            cell = results[name].get(workload)
+            if v is None:
+                row.append("error" if isinstance(cell, dict) and "error" in cell else "-")
+                continue
+            r = _metric(results, ref, workload, metric)
+            text = _fmt(v)
+            if metric != "growth" and r and name != ref:
+                text += f" (x{_fmt((r / v) if higher else (v / r))})"
+            row.append(text)
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "| goal | ratio | target | status |", "|---|---|---|---|"]
+    for g in doc["goals"]:
+        status = "not measured" if g["met"] is None else ("met" if g["met"] else "**missed**")
+        ratio = "-" if g["ratio"] is None else f"{g['ratio']:.2f}"
+        lines.append(f"| {g['goal']} | {ratio} | {g['target']} | {status} |")
+    return "\n".join(lines)
