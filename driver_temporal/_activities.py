@@ -2,14 +2,15 @@
 compensations (type = ``<stage>.compensate``) through ``engine_port.StageRunner``; small named
 activities publish events, dead-letter them and save a run's final state.
 
-Crash survival of steps: every step record the StageRunner journals during an attempt is sent
-at once as the activity's heartbeat details (large results spilled to the BlobStore first).
-When the worker dies, Temporal times the activity out (heartbeat timeout) and retries it on
-another worker with the same stage attempt; that retry seeds its ledger from the last
-heartbeat details, so steps completed before the crash replay from the journal instead of
-running again. The window is the SDK's heartbeat throttle: a step completed less than one
-throttle interval (0.8 x heartbeat timeout, first heartbeat immediate) before the crash may
-run again.
+Crash survival of steps: every step record the StageRunner journals during an attempt is
+written to the shared BlobStore (``runs/<run>/steps/<stage>/r<redrive>/<stage|compensate>/``,
+large results spilled first) *before* the stage body continues, so it is durable the moment the
+step returns. When the worker dies, Temporal notices the lost heartbeat (heartbeats only carry
+liveness) and retries the activity on another worker with the same stage attempt; that retry
+seeds its ledger from the journal in the BlobStore, merged with the ledger the workflow holds,
+so no step completed before the crash ever runs again (only the step that was running when the
+worker died, whose record was never written, runs again). A signal the lost try consumed stays
+consumed: the retry reports it to the workflow.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic_core
 from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from engine_port import (
+    BlobStore,
     ClaimCheck,
     Completed,
     Event,
@@ -39,7 +42,17 @@ from engine_port import (
 )
 from engine_port.errors import EngineError
 
-from ._wire import dlq_key, record_from_json, record_to_json, spill_key, state_key
+from ._wire import (
+    dlq_key,
+    journal_key,
+    journal_prefix,
+    outbox_key,
+    outbox_prefix,
+    record_from_json,
+    record_to_json,
+    spill_key,
+    state_key,
+)
 
 __all__ = ["COMPENSATE_SUFFIX", "DriverActivities", "EventStats"]
 
@@ -61,7 +74,8 @@ class EventStats:
 
 
 class _JournalLedger(InMemoryLedger):
-    """An in-memory ledger that heartbeats every new record (spilled) as it is written."""
+    """An in-memory ledger that writes every new record (spilled) to the shared BlobStore
+    before returning, so a journaled step survives a crash of this worker."""
 
     def __init__(
         self,
@@ -69,15 +83,20 @@ class _JournalLedger(InMemoryLedger):
         signals: dict[str, Any],
         journal: dict[str, dict[str, Any]],
         spill: Any,
+        store: BlobStore,
+        prefix: str,
     ) -> None:
         super().__init__(records, signals)
         self.journal = journal
         self._spill = spill
+        self._store = store
+        self._prefix = prefix
 
     async def put(self, record: StepRecord) -> None:
+        data = await self._spill(record)
+        await self._store.put(journal_key(self._prefix, record.name), pydantic_core.to_json(data))
         await super().put(record)
-        self.journal[record.name] = await self._spill(record)
-        activity.heartbeat(list(self.journal.values()))
+        self.journal[record.name] = data
 
 
 class DriverActivities:
@@ -119,13 +138,25 @@ class DriverActivities:
         )
         journal: dict[str, dict[str, Any]] = {}
         records = {r["name"]: r for r in task["steps"]}
-        if info.heartbeat_details:
-            # a previous try of this attempt died after journaling these steps
-            for r in info.heartbeat_details[0] or ():
+        prefix = journal_prefix(
+            req.run_id, req.stage_id, task["redrive"], "compensate" if compensation else "stage"
+        )
+        raw_signals: dict[str, Any] = dict(task.get("signals") or {})
+        pre_consumed: list[str] = []
+        if info.attempt > 1:
+            # a previous try of this attempt died: steps it journaled replay, never run again
+            for key in await self.claim.store.list(prefix):
+                r = pydantic_core.from_json(await self.claim.store.get(key))
+                if records.get(r["name"]) == r:
+                    continue
                 records[r["name"]] = r
                 journal[r["name"]] = r
+                sig = r.get("signal")
+                if r.get("kind") == "signal" and r.get("completed") and sig in raw_signals:
+                    raw_signals.pop(sig)
+                    pre_consumed.append(sig)
         loaded = {name: await self._load_record(r) for name, r in records.items()}
-        signals = {k: await self.claim.load(v) for k, v in task.get("signals", {}).items()}
+        signals = {k: await self.claim.load(v) for k, v in raw_signals.items()}
 
         async def spill(rec: StepRecord) -> dict[str, Any]:
             data = record_to_json(rec)
@@ -133,8 +164,8 @@ class DriverActivities:
             data["result"] = await self.claim.dump(rec.result, key)
             return data
 
-        ledger = _JournalLedger(loaded, signals, journal, spill)
-        beat = asyncio.create_task(self._heartbeat(journal))
+        ledger = _JournalLedger(loaded, signals, journal, spill, self.claim.store, prefix)
+        beat = asyncio.create_task(self._heartbeat())
         try:
             if compensation:
                 outcome = await self.runner.compensate(
@@ -148,7 +179,7 @@ class DriverActivities:
                 await beat
         result: dict[str, Any] = {
             "steps": list(journal.values()),
-            "consumed": list(ledger.consumed),
+            "consumed": pre_consumed + list(ledger.consumed),
         }
         if isinstance(outcome, Completed):
             output = None
@@ -181,25 +212,76 @@ class DriverActivities:
             rec = rec.done(await self.claim.load(rec.result)) if rec.completed else rec
         return rec
 
-    async def _heartbeat(self, journal: dict[str, dict[str, Any]]) -> None:
+    async def _heartbeat(self) -> None:
+        """Liveness only: a worker that stops heartbeating is declared lost."""
         while True:
-            activity.heartbeat(list(journal.values()))
+            activity.heartbeat()
             await asyncio.sleep(self.heartbeat_every)
 
     # -- events -------------------------------------------------------------------------------
     @activity.defn(name="wfe.publish")
-    async def publish(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+    async def publish(self, events: list[dict[str, Any]], parked: bool = False) -> dict[str, Any]:
         """Deliver a batch of one run's events to the sink; a failure is reported, not raised
-        (the workflow counts failures and dead-letters the batch)."""
-        if self.sink is None or not events:
-            return {"ok": True}
+        (the workflow counts failures and dead-letters the batch).
+
+        A worker with no sink keeps the batch in the shared BlobStore (``outbox/<run>/``) and
+        reports ``parked``; the next worker with a sink that publishes for the run (told so by
+        ``parked``) delivers the kept events first, in order, and ``flush_events()`` of an
+        engine with a sink delivers what is left (at-least-once, like the native outbox)."""
+        import pydantic_core
+
+        store = self.claim.store
+        if self.sink is None:
+            for e in events:
+                await store.put(
+                    outbox_key(e["run_id"], e["seq"], e["id"]), pydantic_core.to_json(e)
+                )
+            return {"ok": True, "parked": parked or bool(events)}
+        keys: list[str] = []
+        batch = list(events)
+        if parked and events:
+            keys = await store.list(outbox_prefix(events[0]["run_id"]))
+            kept = [pydantic_core.from_json(await store.get(k)) for k in keys]
+            seen = {e["id"] for e in batch}
+            batch = sorted([e for e in kept if e["id"] not in seen] + batch, key=lambda e: e["seq"])
+        if not batch:
+            return {"ok": True, "parked": parked}
         try:
-            await self.sink.publish([Event.model_validate(e) for e in events])
+            await self.sink.publish([Event.model_validate(e) for e in batch])
         except Exception as exc:
             self.stats.failed += 1
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        self.stats.delivered += len(events)
-        return {"ok": True}
+        self.stats.delivered += len(batch)
+        for k in keys:
+            await store.delete(k)
+        return {"ok": True, "parked": False}
+
+    async def deliver_parked(self) -> int:
+        """Deliver every event a sinkless worker kept in the BlobStore, per run in order."""
+        import pydantic_core
+
+        if self.sink is None:
+            return 0
+        store = self.claim.store
+        by_run: dict[str, list[str]] = {}
+        for k in await store.list("outbox/"):
+            by_run.setdefault(k.split("/")[1], []).append(k)
+        n = 0
+        for keys in by_run.values():
+            keys.sort()
+            batch = [
+                Event.model_validate(pydantic_core.from_json(await store.get(k))) for k in keys
+            ]
+            try:
+                await self.sink.publish(batch)
+            except Exception:
+                self.stats.failed += 1
+                continue
+            for k in keys:
+                await store.delete(k)
+            n += len(batch)
+        self.stats.delivered += n
+        return n
 
     @activity.defn(name="wfe.dead_letter")
     async def dead_letter(self, events: list[dict[str, Any]]) -> None:

@@ -3,6 +3,14 @@
 Runs are Temporal workflow executions (workflow id = run id, type = workflow id) on the task
 queue of their (workflow, version); their RunInfo lives in the execution's memo, their status,
 version, current stage and idempotency key in search attributes.
+
+Migration: ``export_run``/``complete_export``/``abort_export`` are workflow updates
+(``_workflow``); so that they work while no worker of the run's version is up (a pending run, or
+a migration tool running alone), the engine hosts a workflow-only helper worker on that task
+queue for as long as it is connected (it runs workflow tasks and the event-publishing local
+activities, never a stage). ``import_run`` starts the execution under the snapshot's run id with
+its state. Drains and idempotency keys of imported runs are small records in the shared
+BlobStore under ``temporal/<namespace>/<task queue>/`` so every engine of the cluster sees them.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from contextlib import AbstractAsyncContextManager, suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pydantic_core
+from temporalio.api.enums.v1 import PendingWorkflowTaskState
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -29,6 +39,8 @@ from temporalio.common import (
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from engine_port import (
     BlobStore,
@@ -49,30 +61,40 @@ from engine_port import (
     open_blob_store,
     run_output,
 )
+from engine_port._graph import GraphModel
+from engine_port._serde import input_fingerprint
 from engine_port.errors import (
     DriverUnavailableError,
     EngineError,
     IdempotencyConflictError,
+    InvalidRedriveError,
+    MigrationError,
     RunNotActiveError,
     RunNotFoundError,
-    UnsupportedFeatureError,
     WaitTimeoutError,
+    WorkflowDrainedError,
 )
 
 from ._activities import DriverActivities, EventStats
 from ._search import SA_IDEMPOTENCY_KEY, SA_STATUS, SA_VERSION, check_search_attributes
 from ._wire import (
-    fingerprint,
     new_run_id,
     run_id_for_key,
     spill_key,
     state_key,
     task_queue_for,
 )
-from ._workflow import SIGNAL_UPDATE
+from ._workflow import (
+    ABORT_EXPORT_UPDATE,
+    COMPLETE_EXPORT_UPDATE,
+    FREEZE_UPDATE,
+    SIGNAL_UPDATE,
+    GraphWorkflow,
+)
 
 __all__ = ["TemporalEngine", "create_temporal_engine"]
 
+_WFT_STARTED = PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED
 _ACTIVE = ("pending", "running", "suspended", "compensating")
 _ALL = (*_ACTIVE, "completed", "failed", "cancelled", "migrated")
 
@@ -115,6 +137,8 @@ class TemporalEngine(WorkflowEngine):
         self.cancel_wait = cancel_wait
         self.stats = EventStats()
         self._client: Client | None = None
+        self._helpers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
+        self._hosted: dict[str, int] = {}  # task queue -> EngineWorkers serving it here
         self._activities = DriverActivities(
             registry,
             self.claim,
@@ -157,6 +181,12 @@ class TemporalEngine(WorkflowEngine):
         self._client = client
 
     async def close(self) -> None:
+        helpers, self._helpers = self._helpers, {}
+        for worker, task in helpers.values():
+            with suppress(Exception):
+                await worker.shutdown()
+            with suppress(BaseException):
+                await task
         self._client = None
 
     def _scope(self) -> str:
@@ -183,9 +213,19 @@ class TemporalEngine(WorkflowEngine):
         ):
             raise EngineError("idempotency_key must be a non-empty string")
         graph = wf.graph()
-        fp = fingerprint(wf.id, data)
-        run_id = run_id_for_key(idempotency_key) if idempotency_key else new_run_id()
+        fp = input_fingerprint(wf.id, data)
         client = self._conn
+        drained_to = await self._drained(wf.id)
+        if drained_to is not None:
+            raise WorkflowDrainedError(wf.id, drained_to)
+        if idempotency_key:
+            moved_here = await self._keyed_run(idempotency_key)
+            if moved_here is not None:  # an imported run holds this key
+                memo, status = moved_here
+                if memo.get("wfe_fp") != fp:
+                    raise IdempotencyConflictError(idempotency_key, memo["wfe_run"]["id"])
+                return await self._info_from_memo(memo, status)
+        run_id = run_id_for_key(idempotency_key) if idempotency_key else new_run_id()
         input_ref = await self.claim.dump(data, spill_key(run_id, "input", fp[:16]))
         created = _now().isoformat()
         start = {
@@ -280,12 +320,29 @@ class TemporalEngine(WorkflowEngine):
         return await self._resolve(info)
 
     async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]:
-        try:
-            desc = await self._conn.get_workflow_handle(run_id).describe()
-        except RPCError as exc:
-            if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
-                raise RunNotFoundError(run_id) from None
-            raise DriverUnavailableError(f"Temporal describe of {run_id!r} failed: {exc}") from None
+        handle = self._conn.get_workflow_handle(run_id)
+        deadline = asyncio.get_running_loop().time() + 2.0
+        while True:
+            try:
+                desc = await handle.describe()
+            except RPCError as exc:
+                if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                    raise RunNotFoundError(run_id) from None
+                raise DriverUnavailableError(
+                    f"Temporal describe of {run_id!r} failed: {exc}"
+                ) from None
+            # A workflow task in progress may already have published events (local activities
+            # run inside it) whose state its completion commits to the memo: read after it, so
+            # that what get_run says is never older than an event the sink has seen.
+            raw = desc.raw_description
+            if not (
+                desc.status == WorkflowExecutionStatus.RUNNING
+                and raw.HasField("pending_workflow_task")
+                and raw.pending_workflow_task.state == _WFT_STARTED
+                and asyncio.get_running_loop().time() < deadline
+            ):
+                break
+            await asyncio.sleep(0.01)
         memo = await desc.memo()
         if "wfe_run" not in memo:
             raise RunNotFoundError(run_id)
@@ -344,6 +401,11 @@ class TemporalEngine(WorkflowEngine):
         info = await self._info_from_memo(memo, status)
         if info.terminal:
             raise RunNotActiveError(run_id, info.status, "signal")
+        if (memo.get("wfe_run") or {}).get("frozen"):
+            raise MigrationError(
+                f"run {run_id!r} is frozen for migration; signal it once the move completed "
+                "(on its target) or was aborted"
+            )
         delivery = uuid.uuid4().hex
         value = await self.claim.dump(_json(payload), spill_key(run_id, "signals", delivery))
         body = {"name": name, "payload": value, "delivery": delivery}
@@ -361,7 +423,12 @@ class TemporalEngine(WorkflowEngine):
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             # no worker answered in time: buffer it on the server (deduplicated by delivery id)
             return await self._plain_signal(handle, run_id, name, body)
-        except (WorkflowUpdateFailedError, RPCError):
+        except WorkflowUpdateFailedError as exc:
+            if _failure_type(exc) == "MigrationError":
+                raise MigrationError(_failure_message(exc)) from None
+            current = await self.get_run(run_id)
+            raise RunNotActiveError(run_id, current.status, "signal") from None
+        except RPCError:
             current = await self.get_run(run_id)
             raise RunNotActiveError(run_id, current.status, "signal") from None
         return SignalResult(
@@ -401,11 +468,10 @@ class TemporalEngine(WorkflowEngine):
     ) -> RunInfo:
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
-        if not info.terminal and version is None:
-            raise EngineError(
-                f"run {run_id!r} is still {info.status}; redrive() re-runs terminal runs only "
-                "(cancel it first, wait for it, or re-pin a stranded run with version='latest')"
-            )
+        if (not info.terminal and version is None) or info.status == RunStatus.MIGRATED:
+            # redrive() re-runs terminal runs only (a stranded active run may be re-pinned
+            # with version='latest'); a migrated run lives on its target now
+            raise RunNotActiveError(run_id, info.status, "redrive")
         if info.terminal:
             state = await self._load_state(run_id)
         else:
@@ -434,14 +500,16 @@ class TemporalEngine(WorkflowEngine):
                 if stages.get(sid, {}).get("status") not in ("completed", "compensated")
             ]
             if not bad:
-                raise EngineError(
-                    f"run {run_id!r} has no failed stage to redrive from; use from_='start' "
-                    "or name a stage"
+                raise InvalidRedriveError(
+                    f"run {run_id!r} has no failed stage; use from_='start' or a stage id"
                 )
             reset = _downstream(graph.stages, {bad[0]}) | set(bad)
-        else:
-            graph.stage(from_)  # DefinitionError for an unknown stage
+        elif from_ in order:
             reset = _downstream(graph.stages, {from_})
+        else:
+            raise InvalidRedriveError(
+                f"redrive from_={from_!r}: use 'last_failure', 'start' or one of {sorted(order)}"
+            )
         new_stages: dict[str, dict[str, Any]] = {}
         for sid in order:
             old = stages.get(sid) or {}
@@ -535,16 +603,256 @@ class TemporalEngine(WorkflowEngine):
             )
         return out
 
-    # -- migration (another issue) -----------------------------------------------------------
-    async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
-        raise UnsupportedFeatureError(
-            "the Temporal driver cannot export runs yet; migration is not implemented"
+    # -- migration ----------------------------------------------------------------------------
+    def _scope_key(self, *parts: str) -> str:
+        ns, tq = self.settings.temporal_namespace, self.settings.task_queue
+        return "/".join(["temporal", _safe(ns), _safe(tq), *parts])
+
+    def _drain_key(self, workflow_id: str) -> str:
+        return self._scope_key("drains", _safe(workflow_id) + ".json")
+
+    def _key_key(self, key: str) -> str:
+        return self._scope_key("keys", _sha(key) + ".json")
+
+    async def _drained(self, workflow_id: str) -> str | None:
+        k = self._drain_key(workflow_id)
+        if not await self.blob_store.has(k):
+            return None
+        try:
+            target: str = pydantic_core.from_json(await self.blob_store.get(k))["target"]
+        except EngineError:  # lifted meanwhile
+            return None
+        return target
+
+    async def drain(self, workflow_ids: Sequence[str], target: str | None) -> None:
+        """Recorded in the shared BlobStore, so every engine of this cluster (same namespace
+        and task queue) refuses new runs of the drained workflows."""
+        for wf_id in workflow_ids:
+            if target is None:
+                await self.blob_store.delete(self._drain_key(wf_id))
+            else:
+                await self.blob_store.put(
+                    self._drain_key(wf_id),
+                    pydantic_core.to_json({"workflow_id": wf_id, "target": target}),
+                )
+
+    async def _keyed_run(self, key: str) -> tuple[Any, WorkflowExecutionStatus | None] | None:
+        """The imported run that holds idempotency key ``key`` here, if any."""
+        k = self._key_key(key)
+        if not await self.blob_store.has(k):
+            return None
+        try:
+            run_id: str = pydantic_core.from_json(await self.blob_store.get(k))["run_id"]
+            memo, status = await self._describe(run_id)
+        except (RunNotFoundError, EngineError):
+            return None  # an import that never started its run
+        if (memo.get("wfe_run") or {}).get("status") == "migrated":
+            return None  # moved away again
+        return memo, status
+
+    async def _helper(self, workflow_id: str, version: str) -> None:
+        """Make sure a workflow-only worker serves the run's task queue in this process, so
+        that migration updates are answered even when no worker of the version is up."""
+        tq = self.task_queue(workflow_id, version)
+        if tq in self._helpers or self._hosted.get(tq):
+            return  # (one process may not run two workers of one task queue)
+        acts = self._activities
+        worker = Worker(
+            self._conn,
+            task_queue=tq,
+            workflows=[GraphWorkflow],
+            activities=[acts.publish, acts.dead_letter, acts.save_state],
+            no_remote_activities=True,
+            max_cached_workflows=0,
+            workflow_runner=SandboxedWorkflowRunner(
+                restrictions=SandboxRestrictions.default.with_passthrough_modules(
+                    "engine_port", "driver_temporal", "pydantic", "pydantic_core", "annotated_types"
+                )
+            ),
+            graceful_shutdown_timeout=timedelta(seconds=5),
         )
+        self._helpers[tq] = (worker, asyncio.create_task(worker.run()))
+
+    async def _drop_helper(self, task_queue: str) -> None:
+        """Stop the helper of ``task_queue`` (a full worker is about to serve it)."""
+        helper = self._helpers.pop(task_queue, None)
+        if helper is not None:
+            worker, task = helper
+            with suppress(Exception):
+                await worker.shutdown()
+            with suppress(BaseException):
+                await task
+
+    async def _update(self, run_id: str, info: RunInfo, name: str, body: dict[str, Any]) -> Any:
+        await self._helper(info.workflow_id, info.version)
+        handle = self._conn.get_workflow_handle(run_id)
+        wait = float(body.get("wait") or 0.0)
+        try:
+            return await handle.execute_update(
+                name, body, result_type=dict, rpc_timeout=timedelta(seconds=wait + 60)
+            )
+        except WorkflowUpdateFailedError as exc:
+            if _failure_type(exc) in ("MigrationError", "RunNotActiveError"):
+                raise MigrationError(_failure_message(exc)) from None
+            raise MigrationError(f"run {run_id!r}: {_failure_message(exc)}") from None
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            raise MigrationError(
+                f"run {run_id!r} did not answer the migration request in time; retry"
+            ) from None
+        except RPCError as exc:
+            current = await self.get_run(run_id)
+            if current.terminal:
+                raise MigrationError(
+                    f"run {run_id!r} is {current.status}; terminal runs stay where they are"
+                ) from None
+            raise DriverUnavailableError(f"Temporal update of {run_id!r} failed: {exc}") from None
+
+    async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
+        info = await self.get_run(run_id)
+        if info.status == RunStatus.MIGRATED:
+            raise MigrationError(f"run {run_id!r} was already migrated to {info.migrated_to!r}")
+        if info.terminal or info.status == RunStatus.COMPENSATING:
+            raise MigrationError(
+                f"run {run_id!r} is {info.status}; only pending or suspended runs, or runs "
+                "between stages, can migrate (terminal runs stay where they are)"
+            )
+        data = await self._update(run_id, info, FREEZE_UPDATE, {"wait": wait})
+        return RunSnapshot.model_validate(data)
+
+    async def complete_export(self, run_id: str, target: str) -> RunInfo:
+        info = await self.get_run(run_id)
+        if info.status == RunStatus.MIGRATED:
+            return info
+        await self._update(run_id, info, COMPLETE_EXPORT_UPDATE, {"target": target})
+        # the execution ends once run.migrated is published
+        with suppress(TimeoutError):
+            await asyncio.wait_for(_settle(self._conn.get_workflow_handle(run_id)), 60)
+        return await self.get_run(run_id)
+
+    async def abort_export(self, run_id: str) -> None:
+        info = await self.get_run(run_id)
+        if info.terminal:
+            return
+        await self._update(run_id, info, ABORT_EXPORT_UPDATE, {})
 
     async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
-        raise UnsupportedFeatureError(
-            "the Temporal driver cannot import runs yet; migration is not implemented"
-        )
+        run_id = snapshot.run_id
+        reuse = WorkflowIDReusePolicy.REJECT_DUPLICATE
+        try:
+            memo, status = await self._describe(run_id)
+        except RunNotFoundError:
+            pass
+        else:
+            existing = await self._info_from_memo(memo, status)
+            if existing.status != RunStatus.MIGRATED:
+                return existing  # a rerun migration never duplicates
+            reuse = WorkflowIDReusePolicy.ALLOW_DUPLICATE  # it moved away and comes back
+        if snapshot.graph is not None:
+            graph = GraphModel.model_validate(snapshot.graph)
+        else:
+            graph = self.registry.graph(snapshot.workflow_id, snapshot.version)
+        key = snapshot.idempotency_key
+        if key:
+            holder = await self._keyed_run(key)
+            if holder is not None and holder[0]["wfe_run"]["id"] != run_id:
+                raise IdempotencyConflictError(key, holder[0]["wfe_run"]["id"])
+            native_id = run_id_for_key(key)
+            if native_id != run_id:
+                with suppress(RunNotFoundError):
+                    await self._describe(native_id)
+                    raise IdempotencyConflictError(key, native_id)
+            await self.blob_store.put(
+                self._key_key(key), pydantic_core.to_json({"key": key, "run_id": run_id})
+            )
+        run_started = snapshot.status != RunStatus.PENDING
+        stages: dict[str, dict[str, Any]] = {}
+        for st in snapshot.stages:
+            stages[st.id] = {
+                "status": str(st.status),
+                "attempt": st.attempt,
+                "output": st.output if st.has_output else None,
+                "error": None if st.error is None else st.error.model_dump(),
+                "waiting_for": st.waiting_for,
+                "wake_at": None if st.wake_at is None else st.wake_at.isoformat(),
+                "started_at": None if st.started_at is None else st.started_at.isoformat(),
+                "finished_at": None if st.finished_at is None else st.finished_at.isoformat(),
+                "order": st.completed_order,
+                "suspensions": st.suspensions,
+                "steps": {
+                    s.name: {
+                        "name": s.name,
+                        "kind": s.kind,
+                        "completed": s.completed,
+                        "result": s.result,
+                        "deadline": None if s.deadline is None else s.deadline.isoformat(),
+                        "signal": s.signal,
+                    }
+                    for s in st.steps
+                },
+                "events": list(st.staged_events),
+            }
+        created = (snapshot.created_at or _now()).isoformat()
+        status_now = "pending" if not run_started else str(snapshot.status)
+        start = {
+            "run_id": run_id,
+            "workflow_id": snapshot.workflow_id,
+            "version": snapshot.version,
+            "graph": graph.model_dump(mode="json"),
+            "input": snapshot.input,
+            "idempotency_key": key,
+            "fingerprint": snapshot.input_fingerprint,
+            "created_at": created,
+            "heartbeat_timeout_s": self.heartbeat_timeout,
+            "dead_letter_after": self.settings.dead_letter_after,
+            "redrive": snapshot.redrive_count,
+            "event_seq": snapshot.event_seq,
+            "stages": stages,
+            "signals": dict(snapshot.signals),
+            "consumed": list(snapshot.consumed_signals),
+            "run_started": run_started,
+            "deadline": None if snapshot.deadline is None else snapshot.deadline.isoformat(),
+            "imported": True,
+        }
+        initial = {
+            "id": run_id,
+            "workflow_id": snapshot.workflow_id,
+            "version": snapshot.version,
+            "status": status_now,
+            "input": snapshot.input,
+            "stages": [
+                {
+                    "id": sid,
+                    "status": stages[sid]["status"] if sid in stages else "pending",
+                    "attempt": stages.get(sid, {}).get("attempt", 0),
+                    "output": stages.get(sid, {}).get("output"),
+                    "waiting_for": stages.get(sid, {}).get("waiting_for"),
+                    "wake_at": stages.get(sid, {}).get("wake_at"),
+                }
+                for group in graph.groups
+                for sid in group
+            ],
+            "idempotency_key": key,
+            "redrive_count": snapshot.redrive_count,
+            "created_at": created,
+            "sinks": graph.sinks(),
+            "event_seq": snapshot.event_seq,
+            "run_started": run_started,
+        }
+        pairs = _pairs(snapshot.version, key, status_now)
+        with suppress(WorkflowAlreadyStartedError):  # a concurrent import of the same run won
+            await self._conn.start_workflow(
+                snapshot.workflow_id,
+                start,
+                id=run_id,
+                task_queue=self.task_queue(snapshot.workflow_id, snapshot.version),
+                id_reuse_policy=reuse,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                memo={"wfe_run": initial, "wfe_fp": snapshot.input_fingerprint},
+                search_attributes=TypedSearchAttributes(pairs),
+                static_summary=f"{snapshot.workflow_id} {snapshot.version} "
+                f"(imported from {snapshot.source or 'another engine'})",
+            )
+        return await self.get_run(run_id)
 
     # -- hosting and events -------------------------------------------------------------------
     def worker(self, **options: Any) -> AbstractAsyncContextManager[Any]:
@@ -553,9 +861,10 @@ class TemporalEngine(WorkflowEngine):
         return EngineWorker(self, **options)
 
     async def flush_events(self) -> FlushResult:
-        """Events are delivered by the workers' publish activities; this reports what they
-        delivered, failed and dead-lettered since the last call (``degraded`` when the sink
-        failed)."""
+        """Events are delivered by the workers' publish activities; this delivers the events
+        that sinkless workers kept in the BlobStore, then reports what was delivered, failed
+        and dead-lettered since the last call (``degraded`` when the sink failed)."""
+        await self._activities.deliver_parked()
         delivered, failed, dead = self.stats.take()
         return FlushResult(delivered=delivered, failed=failed, dead=dead, degraded=failed > 0)
 
@@ -595,14 +904,39 @@ async def _settle(handle: WorkflowHandle[Any, Any]) -> None:
         await handle.result(follow_runs=True)
 
 
-def _pairs(version: str, key: str | None) -> list[SearchAttributePair[Any]]:
+def _pairs(
+    version: str, key: str | None, status: str = "pending"
+) -> list[SearchAttributePair[Any]]:
     pairs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(SA_VERSION, version),
-        SearchAttributePair(SA_STATUS, "pending"),
+        SearchAttributePair(SA_STATUS, status),
     ]
     if key:
         pairs.append(SearchAttributePair(SA_IDEMPOTENCY_KEY, key))
     return pairs
+
+
+def _failure_type(exc: WorkflowUpdateFailedError) -> str | None:
+    cause = exc.cause
+    return getattr(cause, "type", None)
+
+
+def _failure_message(exc: WorkflowUpdateFailedError) -> str:
+    cause = exc.cause
+    return str(getattr(cause, "message", None) or cause or exc)
+
+
+def _sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _safe(part: str) -> str:
+    import re
+
+    ok = bool(part) and part not in (".", "..") and re.fullmatch(r"[A-Za-z0-9_.\-]+", part)
+    return part if ok else _sha(part)
 
 
 def _quote(value: str) -> str:

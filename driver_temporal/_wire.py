@@ -18,7 +18,11 @@ from engine_port import StepRecord
 __all__ = [
     "dlq_key",
     "fingerprint",
+    "journal_key",
+    "journal_prefix",
     "new_run_id",
+    "outbox_key",
+    "outbox_prefix",
     "parse_time",
     "record_from_json",
     "record_to_json",
@@ -64,12 +68,33 @@ def spill_key(run_id: str, *parts: object) -> str:
     return "/".join(["runs", run_id, *safe]) + ".json"
 
 
+def _safe(part: str) -> str:
+    return part if part and _UNSAFE.sub("", part) == part else _hash(part)
+
+
+def journal_prefix(run_id: str, stage_id: str, redrive: int, kind: str) -> str:
+    """Where one stage's step journal lives (``kind`` = ``stage`` or ``compensate``)."""
+    return f"runs/{_safe(run_id)}/steps/{_safe(stage_id)}/r{int(redrive)}/{kind}/"
+
+
+def journal_key(prefix: str, step_name: str) -> str:
+    return f"{prefix}{_safe(step_name)}.json"
+
+
 def state_key(run_id: str) -> str:
     return f"runs/{run_id}/state.json"
 
 
 def dlq_key(run_id: str, seq: int, event_id: str) -> str:
     return f"dlq/{run_id}/{seq:010d}-{event_id}.json"
+
+
+def outbox_prefix(run_id: str) -> str:
+    return f"outbox/{_safe(run_id)}/"
+
+
+def outbox_key(run_id: str, seq: int, event_id: str) -> str:
+    return f"{outbox_prefix(run_id)}{seq:010d}-{_safe(event_id)}.json"
 
 
 def parse_time(value: str | None) -> datetime | None:

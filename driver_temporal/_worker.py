@@ -77,13 +77,26 @@ class EngineWorker:
         await self.engine.connect()
         stack = AsyncExitStack()
         try:
-            for w in self._workers():
+            workers = self._workers()
+            hosted = self.engine._hosted
+            for tq in self.task_queues:
+                await self.engine._drop_helper(tq)
+                hosted[tq] = hosted.get(tq, 0) + 1
+            stack.callback(self._unhost)
+            for w in workers:
                 await stack.enter_async_context(w)
         except BaseException:
             await stack.aclose()
             raise
         self._stack = stack
         return self
+
+    def _unhost(self) -> None:
+        hosted = self.engine._hosted
+        for tq in self.task_queues:
+            hosted[tq] = hosted.get(tq, 1) - 1
+            if hosted[tq] <= 0:
+                del hosted[tq]
 
     async def __aexit__(
         self,

@@ -5,6 +5,14 @@ The workflow holds each stage's step ledger, applies the stage's retry policy it
 activity's own RetryPolicy only re-runs lost workers and timeouts, keeping the attempt number),
 sleeps on durable timers, waits on Temporal signals (buffered when sent early), runs saga
 compensations, and builds every lifecycle event with ``engine_port.Lifecycle``.
+
+Migration (``TemporalEngine.export_run`` and friends): the ``wfe.freeze`` update freezes the run
+at a safe point (no stage activity in flight; a running one is waited for), after which no stage
+starts or resumes and signals are refused, and returns the run's snapshot;
+``wfe.complete_export`` ends the run ``migrated`` (emitting ``run.migrated`` with the sequence
+number the snapshot reserved) and ``wfe.abort_export`` unfreezes it. A run started with
+``imported`` in its start input resumes from a snapshot: completed stages are kept, a suspended
+stage continues its attempt (same deadlines, no second ``stage.started``), event numbers continue.
 """
 
 from __future__ import annotations
@@ -27,10 +35,20 @@ with workflow.unsafe.imports_passed_through():
     from ._search import SA_STAGE, SA_STATUS
     from ._wire import parse_time
 
-__all__ = ["RUN_INFO_QUERY", "SIGNAL_UPDATE", "GraphWorkflow"]
+__all__ = [
+    "ABORT_EXPORT_UPDATE",
+    "COMPLETE_EXPORT_UPDATE",
+    "FREEZE_UPDATE",
+    "RUN_INFO_QUERY",
+    "SIGNAL_UPDATE",
+    "GraphWorkflow",
+]
 
 SIGNAL_UPDATE = "wfe.signal"
 RUN_INFO_QUERY = "wfe.run_info"
+FREEZE_UPDATE = "wfe.freeze"
+COMPLETE_EXPORT_UPDATE = "wfe.complete_export"
+ABORT_EXPORT_UPDATE = "wfe.abort_export"
 _GRACE = 10.0  # seconds beyond a stage timeout before Temporal declares the attempt lost
 _INFRA_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=500),
@@ -39,6 +57,14 @@ _INFRA_RETRY = RetryPolicy(
     maximum_attempts=20,
 )
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+
+
+class _Migrated(Exception):
+    """Raised at every wait of a frozen run once it was moved to another engine."""
+
+
+def _migration_error(message: str) -> ApplicationError:
+    return ApplicationError(message, type="MigrationError", non_retryable=True)
 
 
 class _StageFailed(Exception):
@@ -64,6 +90,13 @@ class GraphWorkflow:
         self._final = False
         self._info: dict[str, Any] = {}
         self._sa: tuple[str, str] | None = None
+        self._ready = False
+        self._frozen = False
+        self._migrated_to: str | None = None
+        self._inflight = 0
+        self._parked = False  # events kept in the BlobStore by a worker that had no sink
+        self._status = "pending"
+        self._run_id: str = ""
 
     # -- handlers ---------------------------------------------------------------------------
     @workflow.signal(dynamic=True)
@@ -79,8 +112,149 @@ class GraphWorkflow:
 
     @on_signal_update.validator
     def _validate_signal(self, body: dict[str, Any]) -> None:
-        if self._final:
+        if self._final or self._migrated_to is not None:
             raise ApplicationError("run is no longer active", type="RunNotActiveError")
+        if self._frozen:
+            raise _migration_error(
+                f"run {self._run_id!r} is frozen for migration; signal it once the move "
+                "completed (on its target) or was aborted"
+            )
+
+    # -- migration ----------------------------------------------------------------------------
+    def _refuse_move(self) -> None:
+        if self._migrated_to is not None:
+            raise _migration_error(
+                f"run {self._run_id!r} was already migrated to {self._migrated_to!r}"
+            )
+        if self._final or self._status == "compensating":
+            raise _migration_error(
+                f"run {self._run_id!r} is {self._status}; only pending or suspended runs, or "
+                "runs between stages, can migrate (terminal runs stay where they are)"
+            )
+
+    @workflow.update(name=FREEZE_UPDATE)
+    async def on_freeze(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not self._ready:
+            await workflow.wait_condition(lambda: self._ready)
+        self._refuse_move()
+        self._frozen = True
+        self._sync()
+
+        def settled() -> bool:
+            return self._inflight == 0 or self._final or self._status == "compensating"
+
+        if not settled():
+            wait = float(body.get("wait") or 0.0)
+            try:
+                if wait <= 0:
+                    raise TimeoutError
+                await workflow.wait_condition(
+                    settled, timeout=wait, timeout_summary="migration: wait for running stages"
+                )
+            except TimeoutError:
+                self._frozen = False
+                self._sync()
+                raise _migration_error(
+                    f"run {self._run_id!r} has a stage running; it is not at a safe point "
+                    "(wait longer, or migrate it later)"
+                ) from None
+        if self._final or self._status == "compensating":
+            self._frozen = False
+            self._sync()
+            self._refuse_move()
+        return self._snapshot()
+
+    @on_freeze.validator
+    def _validate_freeze(self, body: dict[str, Any]) -> None:
+        if self._ready:
+            self._refuse_move()
+
+    @workflow.update(name=COMPLETE_EXPORT_UPDATE)
+    def on_complete_export(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self._migrated_to is None:
+            if not self._frozen:
+                raise _migration_error(
+                    f"run {self._run_id!r} was not exported; call export_run first"
+                )
+            self._migrated_to = str(body["target"])
+        return {"target": self._migrated_to}
+
+    @workflow.update(name=ABORT_EXPORT_UPDATE)
+    def on_abort_export(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self._migrated_to is None and self._frozen:
+            self._frozen = False
+            self._sync()
+        return {"frozen": self._frozen}
+
+    async def _gate(self) -> None:
+        """Block while the run is frozen; raise _Migrated once it moved."""
+        if self._frozen or self._migrated_to is not None:
+            await workflow.wait_condition(lambda: not self._frozen or self._migrated_to is not None)
+        if self._migrated_to is not None:
+            raise _Migrated()
+
+    async def _pause(self, seconds: float, summary: str) -> None:
+        """A durable timer that a completed migration interrupts."""
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: self._migrated_to is not None, timeout=seconds, timeout_summary=summary
+            )
+        if self._migrated_to is not None:
+            raise _Migrated()
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The RunSnapshot (format 1) of the frozen run, as JSON."""
+        stages = []
+        current_group = len(self._graph.groups)
+        for gi, group in enumerate(self._graph.groups):
+            if any(self._stages[s]["status"] != "completed" for s in group):
+                current_group = gi
+                break
+        for sid in self._order_ids():
+            st = self._stages[sid]
+            status = st["status"]
+            if status == "running" and st.get("backoff"):
+                status = "pending"  # between attempts: the next attempt is scheduled
+            stages.append(
+                {
+                    "id": sid,
+                    "status": status,
+                    "attempt": st["attempt"],
+                    "suspensions": st["suspensions"],
+                    "output": st["output"],
+                    "has_output": status == "completed",
+                    "error": st["error"],
+                    "compensation_error": st["compensation_error"],
+                    "completed_order": st["order"],
+                    "waiting_for": st["waiting_for"],
+                    "wake_at": st["wake_at"],
+                    "started_at": st["started_at"],
+                    "finished_at": st["finished_at"],
+                    "steps": list(st["steps"].values()),
+                    "staged_events": list(st["events"]),
+                }
+            )
+        return {
+            "run_id": self._run_id,
+            "workflow_id": self._wf_id,
+            "version": self._version,
+            "status": self._run_status(),
+            "input": self._start["input"],
+            "idempotency_key": self._start.get("idempotency_key"),
+            "input_fingerprint": self._start.get("fingerprint"),
+            "graph": self._start["graph"],
+            "current_group": current_group,
+            "completed_count": self._order,
+            "stages": stages,
+            "signals": dict(self._signals),
+            "consumed_signals": sorted(self._consumed),
+            "event_seq": self._seq + 1,  # run.migrated takes the next number
+            "redrive_count": self._redrive,
+            "redrive_history": [],
+            "deadline": self._deadline,
+            "created_at": self._start.get("created_at"),
+            "source": "temporal",
+        }
 
     @workflow.query(name=RUN_INFO_QUERY)
     def run_info(self) -> dict[str, Any]:
@@ -104,18 +278,29 @@ class GraphWorkflow:
         start: dict[str, Any] = workflow.payload_converter().from_payload(args[0].payload, dict)
         self._setup(start)
         publisher = asyncio.create_task(self._publisher())
-        if self._redrive == 0:
+        if start.get("imported"):
+            pass  # moved here from another engine, which emitted its earlier events
+        elif self._redrive == 0:
             self._emit(self._lc.run_created(self._version))
         else:
             self._emit(self._lc.run_redriven(start.get("redrive_from") or "start", self._version))
+        self._ready = True
         self._sync()
+        # let update handlers delivered with the first task (a freeze for migration) act
+        # before any stage starts: they wait on this same condition pass, registered earlier
+        await workflow.wait_condition(lambda: True)
         outcome = "completed"
         error: dict[str, Any] | None = None
         try:
             if self._graph.timeout_s:
-                await asyncio.wait_for(self._execute(), self._graph.timeout_s)
+                deadline = parse_time(self._deadline)
+                assert deadline is not None
+                remaining = max(0.001, (deadline - workflow.now()).total_seconds())
+                await asyncio.wait_for(self._execute(), remaining)
             else:
                 await self._execute()
+        except _Migrated:
+            outcome = "migrated"
         except _StageFailed as failed:
             outcome, error = "failed", failed.error
         except TimeoutError:
@@ -130,7 +315,7 @@ class GraphWorkflow:
         except asyncio.CancelledError:
             outcome = "cancelled"
             self._cancel_active()
-        if outcome != "completed":
+        if outcome in ("failed", "cancelled"):
             await self._compensate()
         await self._finish(outcome, error)
         self._closing = True
@@ -143,7 +328,7 @@ class GraphWorkflow:
 
     def _setup(self, start: dict[str, Any]) -> None:
         self._start = start
-        self._run_id: str = start["run_id"]
+        self._run_id = start["run_id"]
         self._wf_id: str = start["workflow_id"]
         self._version: str = start["version"]
         self._graph = GraphModel.model_validate(start["graph"])
@@ -153,6 +338,9 @@ class GraphWorkflow:
         self._hb = timedelta(seconds=start.get("heartbeat_timeout_s", 10.0))
         self._dead_after: int = start.get("dead_letter_after", 5)
         self._status = "pending"
+        self._deadline: str | None = start.get("deadline")
+        if self._graph.timeout_s and self._deadline is None:
+            self._deadline = _iso(workflow.now() + timedelta(seconds=self._graph.timeout_s))
         self._error: dict[str, Any] | None = None
         self._comp_errors: list[dict[str, Any]] = []
         self._finished_at: str | None = None
@@ -168,15 +356,16 @@ class GraphWorkflow:
                 "output": st.get("output"),
                 "error": st.get("error"),
                 "compensation_error": None,
-                "waiting_for": None,
-                "wake_at": None,
+                "waiting_for": st.get("waiting_for"),
+                "wake_at": st.get("wake_at"),
                 "started_at": st.get("started_at"),
                 "finished_at": st.get("finished_at"),
                 "order": st.get("order"),
                 "steps": dict(st.get("steps") or {}),
                 "comp_steps": {},
                 "events": list(st.get("events") or []),
-                "suspensions": 0,
+                "suspensions": st.get("suspensions", 0),
+                "backoff": False,
             }
         self._order = max((s["order"] or 0 for s in self._stages.values()), default=0)
         for name, payload in (start.get("signals") or {}).items():
@@ -205,9 +394,28 @@ class GraphWorkflow:
     async def _run_stage(self, sid: str) -> None:
         st = self._stages[sid]
         spec = self._graph.stage(sid)
-        st["attempt"] = max(1, st["attempt"])
         fresh = True
+        if st["status"] in ("suspended", "running") and st["attempt"] > 0:
+            # imported mid-attempt: continue that attempt (no second stage.started)
+            fresh = False
+            if st["status"] == "suspended" and st["waiting_for"]:
+                waiting_for: str = st["waiting_for"]
+                reason = waiting_for.split(":", 1)[0]
+                if reason not in ("sleep", "signal", "poll"):
+                    reason = "sleep" if st["wake_at"] else "signal"
+                await self._wait(
+                    {"reason": reason, "waiting_for": waiting_for}, parse_time(st["wake_at"])
+                )
+        # the attempt is recorded only once it starts (a snapshot taken while the stage waits
+        # at the gate shows it as not started, or as between attempts)
+        next_attempt = max(1, st["attempt"])
+        if st["status"] == "pending" and st["attempt"] > 0:
+            next_attempt = st["attempt"] + 1  # imported between attempts: the retry is due
         while True:
+            await self._gate()
+            st["backoff"] = False
+            if fresh:
+                st["attempt"] = next_attempt
             attempt = st["attempt"]
             if fresh:
                 if not self._run_started:
@@ -223,6 +431,8 @@ class GraphWorkflow:
                 )
                 self._emit(self._lc.stage_started(sid, attempt))
                 self._sync()
+            else:
+                st.update(status="running", waiting_for=None, wake_at=None)
             res = await self._call(sid, attempt, compensation=False)
             kind = res["kind"]
             if kind == "completed":
@@ -251,7 +461,6 @@ class GraphWorkflow:
                 )
                 self._sync()
                 await self._wait(res, until)
-                st.update(status="running", waiting_for=None, wake_at=None)
                 fresh = False
                 continue
             error = res["error"]
@@ -263,8 +472,9 @@ class GraphWorkflow:
                 self._sync()
                 raise _StageFailed(error)
             self._sync()
-            await workflow.sleep(self._delay(sid, attempt), summary=f"retry {sid}")
-            st["attempt"] = attempt + 1
+            st["backoff"] = True
+            await self._pause(self._delay(sid, attempt), f"retry {sid}")
+            next_attempt = attempt + 1
             fresh = True
 
     def _delay(self, sid: str, attempt: int) -> float:
@@ -284,12 +494,14 @@ class GraphWorkflow:
                 return
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: name in self._signals,
+                    lambda: name in self._signals or self._migrated_to is not None,
                     timeout=remaining,
                     timeout_summary=f"timeout of {res['waiting_for']}",
                 )
+            if self._migrated_to is not None:
+                raise _Migrated()
         elif remaining is not None:
-            await workflow.sleep(remaining, summary=res["waiting_for"])
+            await self._pause(remaining, res["waiting_for"])
 
     def _ancestors(self, sid: str) -> set[str]:
         seen: set[str] = set()
@@ -322,6 +534,8 @@ class GraphWorkflow:
         if spec.timeout_s:
             timeout = timedelta(seconds=spec.timeout_s + _GRACE)
         what = "compensation" if compensation else "attempt"
+        if not compensation:
+            self._inflight += 1
         try:
             res: dict[str, Any] = await workflow.execute_activity(
                 sid + COMPENSATE_SUFFIX if compensation else sid,
@@ -348,6 +562,9 @@ class GraphWorkflow:
                 "error": {"type": etype, "message": message, "stage": sid},
                 "retryable": retryable,
             }
+        finally:
+            if not compensation:
+                self._inflight -= 1
         for rec in res.get("steps") or ():
             steps[rec["name"]] = rec
         for name in res.get("consumed") or ():
@@ -393,6 +610,16 @@ class GraphWorkflow:
                 break
 
     async def _finish(self, outcome: str, error: dict[str, Any] | None) -> None:
+        if outcome == "migrated":
+            # the run lives on its target now; this copy ends here, frozen as it was exported
+            assert self._migrated_to is not None
+            self._emit(self._lc.run_migrated(self._migrated_to))
+            self._status = "migrated"
+            self._final = True
+            self._frozen = False
+            self._finished_at = _iso(workflow.now())
+            self._sync()
+            return
         for st in self._stages.values():
             if st["status"] == "pending":
                 st["status"] = "skipped"
@@ -408,6 +635,10 @@ class GraphWorkflow:
             self._emit(self._lc.run_failed(ErrorInfo(**error)))
         else:
             self._emit(self._lc.run_cancelled())
+        for st in self._stages.values():
+            # released on completion, discarded by compensation or cancel: either way they are
+            # gone, so a later redrive never emits them again (stages it re-runs emit anew)
+            st["events"] = []
         self._status = outcome
         self._final = True
         self._finished_at = _iso(workflow.now())
@@ -454,7 +685,7 @@ class GraphWorkflow:
             try:
                 res = await workflow.execute_local_activity(
                     "wfe.publish",
-                    batch,
+                    args=[batch, self._parked],
                     result_type=dict,
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=_LOCAL_RETRY,
@@ -463,6 +694,7 @@ class GraphWorkflow:
             except ActivityError:
                 ok = False
             if ok:
+                self._parked = bool(res.get("parked"))
                 del self._outbox[: len(batch)]
                 failures = 0
                 continue
@@ -554,5 +786,7 @@ class GraphWorkflow:
             "sinks": self._graph.sinks(),
             "event_seq": self._seq,
             "run_started": self._run_started,
+            "migrated_to": self._migrated_to,
+            "frozen": self._frozen,
         }
         workflow.upsert_memo({"wfe_run": self._info})
