@@ -4,6 +4,7 @@ between two)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -59,6 +60,11 @@ class ExecuteJob(Command):
     job: Any
     worker_id: str
     stop: asyncio.Event | None = field(default=None, compare=False)
+    # up to ``handoff`` jobs the outcome enqueues are leased to this worker at once and
+    # passed to ``on_handoff`` (the host runs them without a trip through the queue)
+    handoff: int = 0
+    on_handoff: Callable[[list[tuple[Any, Any]]], None] | None = field(default=None, compare=False)
+    begun: Any = field(default=None, compare=False)  # a handed-off stage already running
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from engine_port import (
     open_blob_store,
 )
 from engine_port._clock import Clock
+from engine_port._models import TERMINAL_RUN_STATUSES
 from engine_port.errors import (
     EngineError,
     MigrationError,
@@ -81,6 +82,7 @@ class NativeEngine(WorkflowEngine):
         self.clock: Clock = clock or SystemClock()
         self._kernel: Kernel | None = None
         self._hosts: list[WorkerHost] = []
+        self._waiters: dict[str, set[asyncio.Event]] = {}
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -115,6 +117,11 @@ class NativeEngine(WorkflowEngine):
     def _wake(self) -> None:
         for host in self._hosts:
             host.wake()
+
+    def _job_done(self, run_id: str) -> None:
+        """A local worker finished a job of ``run_id``: wake whoever waits for that run."""
+        for event in self._waiters.get(run_id, ()):
+            event.set()
 
     # -- the port --------------------------------------------------------------------------
     async def start(
@@ -199,19 +206,32 @@ class NativeEngine(WorkflowEngine):
         return [await self.get_run(i) for i in ids]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        """Wait for a terminal status: woken at once by this process's workers, and polling
+        for runs that workers in other processes execute."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.005
-        while True:
-            info = await self.get_run(run_id)
-            if info.terminal:
-                return info
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeoutError(
-                    f"run {run_id!r} is still {info.status} after {timeout}s; is a worker "
-                    "running for its workflow version? (engine.worker() or `wfe worker`)"
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.1)
+        event = asyncio.Event()
+        self._waiters.setdefault(run_id, set()).add(event)
+        delay = 0.01
+        try:
+            while True:
+                event.clear()
+                status = await self.kernel.db.tx(_runs.run_status, run_id)
+                if RunStatus(status) in TERMINAL_RUN_STATUSES:
+                    return await self.get_run(run_id)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeoutError(
+                        f"run {run_id!r} is still {status} after {timeout}s; is a worker "
+                        "running for its workflow version? (engine.worker() or `wfe worker`)"
+                    )
+                pause = delay if deadline is None else min(delay, deadline - time.monotonic())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), max(pause, 0.0))
+                delay = min(delay * 1.5, 0.1)
+        finally:
+            waiting = self._waiters.get(run_id, set())
+            waiting.discard(event)
+            if not waiting:
+                self._waiters.pop(run_id, None)
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult:
         result: SignalResult = await self.kernel.dispatch(SignalStep(run_id, name, payload))
@@ -269,7 +289,7 @@ class NativeEngine(WorkflowEngine):
 
     @contextlib.asynccontextmanager
     async def worker(self, **options: Any) -> AsyncIterator[WorkerHost]:
-        host = WorkerHost(self.kernel, **options)
+        host = WorkerHost(self.kernel, on_job_done=self._job_done, **options)
         self._hosts.append(host)
         try:
             async with host:

@@ -310,7 +310,7 @@ class Kernel:
     async def _poll_suspended(self, _cmd: PollSuspended) -> int:
         return await self.db.tx(_jobs.poll_suspended, self.now())
 
-    async def _transition(self, cmd: Transition) -> str:
+    async def _transition(self, cmd: Transition, handoff: _progress.Handoff | None = None) -> str:
         job = cmd.job
         wf = self.registry.get(job.wfv.split("@", 1)[0], job.wfv.split("@", 1)[1])
         outcome = cmd.outcome
@@ -330,6 +330,7 @@ class Kernel:
             wf.graph(),
             self.now(),
             cmd.cancelled,
+            handoff,
         )
         if key is not None and result != "completed":
             await self.claim.store.delete(key)
@@ -339,7 +340,9 @@ class Kernel:
         if cmd.job.kind == "compensate":
             return await self._compensate(cmd)
         job, worker = cmd.job, cmd.worker_id
-        begin, _ = await self.db.tx(_progress.begin_attempt, job, worker, self.now())
+        begin = cmd.begun
+        if begin is None:
+            begin, _ = await self.db.tx(_progress.begin_attempt, job, worker, self.now())
         if begin is None:
             return "skipped"
         wf = self.registry.get(begin.workflow_id, begin.version)
@@ -367,7 +370,13 @@ class Kernel:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
-        return await self._transition(Transition(job, worker, outcome))
+        handoff = None
+        if cmd.handoff > 0 and cmd.on_handoff is not None:
+            handoff = _progress.Handoff(worker, self.settings.lease_seconds, cmd.handoff)
+        result = await self._transition(Transition(job, worker, outcome), handoff)
+        if handoff is not None and handoff.jobs and cmd.on_handoff is not None:
+            cmd.on_handoff(handoff.jobs)
+        return result
 
     async def _beat(
         self,

@@ -16,14 +16,19 @@ from ._schema import outbox, runs
 __all__ = ["append_events", "load_events", "mark_flushed", "pending_events", "replay_dead"]
 
 
-def append_events(conn: Connection, run: Any, drafts: Sequence[EventDraft], now: float) -> None:
-    """Give ``drafts`` the run's next sequence numbers and write them to the outbox."""
+def append_events(
+    conn: Connection, run: Any, drafts: Sequence[EventDraft], now: float, **run_values: Any
+) -> None:
+    """Give ``drafts`` the run's next sequence numbers and write them to the outbox
+    (``run_values`` are set on the run in the same statement)."""
     if not drafts:
+        if run_values:
+            conn.execute(sa.update(runs).where(runs.c.id == run.id).values(**run_values))
         return
     seq = conn.execute(
         sa.update(runs)
         .where(runs.c.id == run.id)
-        .values(event_seq=runs.c.event_seq + len(drafts))
+        .values(event_seq=runs.c.event_seq + len(drafts), **run_values)
         .returning(runs.c.event_seq)
     ).scalar_one()
     first = seq - len(drafts) + 1

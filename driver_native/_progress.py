@@ -27,11 +27,12 @@ from engine_port import (
 
 from ._outbox import append_events
 from ._schema import jobs, runs, signals, staged_events, stages, steps
-from ._sql import try_run
+from ._sql import delete_where, select_where, try_run, update_where
 
 __all__ = [
     "Begin",
     "CompensationPlan",
+    "Handoff",
     "apply_outcome",
     "begin_attempt",
     "begin_compensation",
@@ -58,6 +59,17 @@ class Begin:
     steps: list[Any] = field(default_factory=list)
 
 
+@dataclass
+class Handoff:
+    """Jobs a transition enqueues may be leased at once to the worker that made it (up to
+    ``limit``), so it runs the next stage without a round trip through the queue."""
+
+    worker: str
+    lease: float
+    limit: int
+    jobs: list[tuple[Any, Begin]] = field(default_factory=list)  # already marked running
+
+
 @dataclass(frozen=True)
 class CompensationPlan:
     run_id: str
@@ -74,35 +86,29 @@ def _lc(run: Any) -> Lifecycle:
 
 def _owns(conn: Connection, job: Any, worker: str) -> bool:
     """The job row is still ``worker``'s lease on this very stage (ids alone can be reused)."""
-    row = conn.execute(
-        sa.select(jobs.c.id).where(
-            jobs.c.id == job.id,
-            jobs.c.run_id == job.run_id,
-            jobs.c.stage_id == job.stage_id,
-            jobs.c.kind == job.kind,
-            jobs.c.lease_owner == worker,
-            jobs.c.status == "leased",
-        )
+    row = select_where(
+        conn,
+        jobs,
+        id=job.id,
+        run_id=job.run_id,
+        stage_id=job.stage_id,
+        kind=job.kind,
+        lease_owner=worker,
+        status="leased",
     ).first()
     return row is not None
 
 
 def _touch(conn: Connection, run_id: str, now: float, **values: Any) -> None:
-    conn.execute(sa.update(runs).where(runs.c.id == run_id).values(updated_at=now, **values))
+    update_where(conn, runs, {"id": run_id}, {"updated_at": now, **values})
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
-    return conn.execute(
-        sa.select(stages).where(stages.c.run_id == run_id, stages.c.stage_id == stage_id)
-    ).first()
+    return select_where(conn, stages, run_id=run_id, stage_id=stage_id).first()
 
 
 def _set_stage(conn: Connection, run_id: str, stage_id: str, **values: Any) -> None:
-    conn.execute(
-        sa.update(stages)
-        .where(stages.c.run_id == run_id, stages.c.stage_id == stage_id)
-        .values(**values)
-    )
+    update_where(conn, stages, {"run_id": run_id, "stage_id": stage_id}, values)
 
 
 def _outputs(conn: Connection, run_id: str) -> dict[str, Any]:
@@ -132,7 +138,9 @@ def refresh_status(conn: Connection, run_id: str, now: float) -> None:
         _touch(conn, run_id, now, status=status)
 
 
-def schedule(conn: Connection, run: Any, graph: GraphModel, now: float) -> list[EventDraft]:
+def schedule(
+    conn: Connection, run: Any, graph: GraphModel, now: float, handoff: Handoff | None = None
+) -> list[EventDraft]:
     """Enqueue the first group with unfinished stages; finish the run when none is left."""
     group = run.current_group
     while group < len(graph.groups):
@@ -154,28 +162,80 @@ def schedule(conn: Connection, run: Any, graph: GraphModel, now: float) -> list[
                 ).scalars()
             )
             new = [s for s in sorted(open_stages) if s not in have]
-            if new:
-                conn.execute(
-                    jobs.insert(),
-                    [
-                        {
-                            "run_id": run.id,
-                            "stage_id": s,
-                            "kind": "stage",
-                            "wfv": f"{run.workflow_id}@{run.version}",
-                            "status": "ready",
-                            "available_at": now,
-                            "attempt": 1,
-                            "created_at": now,
-                        }
-                        for s in new
-                    ],
-                )
+            take = set(new[: handoff.limit]) if handoff is not None else set()
+            lease_until = _lease_deadline(conn, handoff.lease, now) if take and handoff else None
+            rows = [
+                {
+                    "run_id": run.id,
+                    "stage_id": s,
+                    "kind": "stage",
+                    "wfv": f"{run.workflow_id}@{run.version}",
+                    "status": "leased" if s in take else "ready",
+                    "lease_owner": handoff.worker if handoff and s in take else None,
+                    "lease_expires_at": lease_until if s in take else None,
+                    "available_at": now,
+                    "attempt": 1,
+                    "created_at": now,
+                }
+                for s in new
+            ]
+            drafts: list[EventDraft] = []
+            if rows:
+                inserted = conn.execute(jobs.insert().returning(*jobs.c), rows).all()
+                if take and handoff is not None:
+                    handed = [j for j in inserted if j.stage_id in take]
+                    drafts = _begin_handed(conn, run, handed, handoff, now)
             if group != run.current_group:
                 _touch(conn, run.id, now, current_group=group)
-            return []
+            return drafts
         group += 1
     return _finish_completed(conn, run, graph, now)
+
+
+def _begin_handed(
+    conn: Connection, run: Any, handed: list[Any], handoff: Handoff, now: float
+) -> list[EventDraft]:
+    """Mark freshly enqueued stages running for the worker they are handed to (their
+    ``stage.started`` goes out in the same transaction as the completion that freed them)."""
+    lc = _lc(run)
+    ids = sorted(j.stage_id for j in handed)
+    conn.execute(
+        sa.update(stages)
+        .where(stages.c.run_id == run.id, stages.c.stage_id.in_(ids))
+        .values(
+            status=StageStatus.RUNNING,
+            attempt=1,
+            suspensions=0,
+            started_at=now,
+            error=None,
+            waiting_for=None,
+            wake_at=None,
+        )
+    )
+    outputs = _outputs(conn, run.id)
+    step_rows = conn.execute(
+        sa.select(steps).where(steps.c.run_id == run.id, steps.c.stage_id.in_(ids))
+    ).all()
+    for job in sorted(handed, key=lambda j: j.stage_id):
+        begin = Begin(
+            run_id=run.id,
+            workflow_id=run.workflow_id,
+            version=run.version,
+            stage_id=job.stage_id,
+            attempt=1,
+            input=run.input,
+            outputs=outputs,
+            steps=[r for r in step_rows if r.stage_id == job.stage_id],
+        )
+        handoff.jobs.append((job, begin))
+    return [lc.stage_started(sid, 1) for sid in ids]
+
+
+def _lease_deadline(conn: Connection, lease: float, now: float) -> float:
+    if conn.dialect.name == "postgresql":  # leases compare against the database clock
+        db_now = conn.execute(sa.select(sa.func.extract("epoch", sa.func.clock_timestamp())))
+        return float(db_now.scalar_one()) + lease
+    return now + lease
 
 
 def _finish_completed(
@@ -220,7 +280,7 @@ def begin_attempt(
     lc = _lc(run)
     stage = _stage(conn, run.id, job.stage_id)
     if run.status not in ACTIVE or run.cancel_requested:
-        conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
+        delete_where(conn, jobs, id=job.id)
         append_events(conn, run, _cancel_stage(conn, run, stage, now), now)
         return None, []
     drafts: list[EventDraft] = []
@@ -245,7 +305,7 @@ def begin_attempt(
         attempt = stage.attempt  # resuming (after a sleep, a signal, a poll or a crash)
         _set_stage(conn, run.id, stage.stage_id, status=StageStatus.RUNNING, waiting_for=None)
     else:
-        conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
+        delete_where(conn, jobs, id=job.id)
         return None, []
     if run.status != RunStatus.RUNNING:
         _touch(conn, run.id, now, status=RunStatus.RUNNING)
@@ -295,6 +355,7 @@ def apply_outcome(
     graph: GraphModel,
     now: float,
     cancelled: bool = False,
+    handoff: Handoff | None = None,
 ) -> str:
     """Record one stage attempt's outcome; returns what happened (for host stats)."""
     run = try_run(conn, job.run_id)
@@ -303,10 +364,12 @@ def apply_outcome(
     lc = _lc(run)
     stage = _stage(conn, run.id, job.stage_id)
     drafts: list[EventDraft] = []
+    run_values: dict[str, Any] = {}
+    refresh = True
     result = "cancelled"
     if cancelled or run.status not in ACTIVE or run.cancel_requested:
         drafts += _cancel_stage(conn, run, stage, now)
-        conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
+        delete_where(conn, jobs, id=job.id)
     elif isinstance(outcome, Completed):
         result = "completed"
         order = run.completed_count + 1
@@ -322,12 +385,9 @@ def apply_outcome(
             waiting_for=None,
             wake_at=None,
         )
-        _touch(conn, run.id, now, completed_count=order)
-        conn.execute(
-            sa.delete(staged_events).where(
-                staged_events.c.run_id == run.id, staged_events.c.stage_id == stage.stage_id
-            )
-        )
+        run_values.update(completed_count=order, updated_at=now)
+        # a stage completes once per redrive cycle, and redrive clears what it re-runs, so no
+        # staged events of this stage exist yet
         if outcome.events:
             conn.execute(
                 staged_events.insert(),
@@ -343,9 +403,12 @@ def apply_outcome(
                 ],
             )
         drafts.append(lc.stage_completed(stage.stage_id, stage.attempt))
-        conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
-        refreshed = try_run(conn, run.id, lock=False)
-        drafts += schedule(conn, refreshed, graph, now)
+        delete_where(conn, jobs, id=job.id)
+        progressed = schedule(conn, run, graph, now, handoff)
+        drafts += progressed
+        # the run moved on (finished, or handed its next stages to this worker): its status
+        # is already right, so skip recomputing it
+        refresh = not progressed
     elif isinstance(outcome, Suspended):
         result = "suspended"
         n = stage.suspensions + 1
@@ -432,12 +495,13 @@ def apply_outcome(
                 error=outcome.error.model_dump(),
                 finished_at=now,
             )
-            conn.execute(sa.delete(jobs).where(jobs.c.id == job.id))
+            delete_where(conn, jobs, id=job.id)
             _touch(conn, run.id, now, error=outcome.error.model_dump())
             append_events(conn, run, drafts, now)
             drafts = begin_compensation(conn, try_run(conn, run.id, lock=False), now)
-    append_events(conn, run, drafts, now)
-    refresh_status(conn, run.id, now)
+    append_events(conn, run, drafts, now, **run_values)
+    if refresh:
+        refresh_status(conn, run.id, now)
     return result
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "read_run",
     "reap_stuck",
     "redrive_run",
+    "run_status",
     "save_definition",
     "set_drain",
     "signal_run",
@@ -323,6 +324,13 @@ def redrive_run(
     drafts = [Lifecycle(run_id, redrive).run_redriven(from_, graph.version)]
     drafts += schedule(conn, run, graph, now)
     append_events(conn, run, drafts, now)
+
+
+def run_status(conn: Connection, run_id: str) -> str:
+    status = conn.execute(sa.select(runs.c.status).where(runs.c.id == run_id)).scalar()
+    if status is None:
+        raise RunNotFoundError(run_id)
+    return str(status)
 
 
 def read_run(conn: Connection, run_id: str) -> tuple[Any, list[Any], GraphModel | None]:

@@ -1,7 +1,11 @@
-"""Small SQL helpers shared by the kernel's transaction functions."""
+"""Small SQL helpers shared by the kernel's transaction functions.
+
+Hot-path statements are built once per shape and executed with bound parameters: building a
+SQLAlchemy statement costs ~5x more than executing a prebuilt one (measured in bench/)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +17,46 @@ from engine_port.errors import RunNotFoundError
 
 from ._schema import runs
 
-__all__ = ["lock_run", "try_run", "upsert"]
+__all__ = ["delete_where", "lock_run", "select_where", "try_run", "update_where", "upsert"]
+
+
+@functools.cache
+def _select(table: Table, keys: tuple[str, ...], lock: bool) -> Any:
+    stmt = sa.select(table).where(*(table.c[k] == sa.bindparam(f"k_{k}") for k in keys))
+    return stmt.with_for_update() if lock else stmt
+
+
+@functools.cache
+def _update(table: Table, keys: tuple[str, ...], values: tuple[str, ...]) -> Any:
+    return (
+        sa.update(table)
+        .where(*(table.c[k] == sa.bindparam(f"k_{k}") for k in keys))
+        .values({v: sa.bindparam(f"v_{v}") for v in values})
+    )
+
+
+@functools.cache
+def _delete(table: Table, keys: tuple[str, ...]) -> Any:
+    return sa.delete(table).where(*(table.c[k] == sa.bindparam(f"k_{k}") for k in keys))
+
+
+def select_where(
+    conn: Connection, table: Table, *, lock: bool = False, **keys: Any
+) -> sa.CursorResult[Any]:
+    """``SELECT * FROM table WHERE k1 = :k1 AND ...`` (``FOR UPDATE`` on PostgreSQL)."""
+    stmt = _select(table, tuple(keys), lock and conn.dialect.name == "postgresql")
+    return conn.execute(stmt, {f"k_{k}": v for k, v in keys.items()})
+
+
+def update_where(
+    conn: Connection, table: Table, where: dict[str, Any], values: dict[str, Any]
+) -> sa.CursorResult[Any]:
+    params = {f"k_{k}": v for k, v in where.items()} | {f"v_{k}": v for k, v in values.items()}
+    return conn.execute(_update(table, tuple(where), tuple(values)), params)
+
+
+def delete_where(conn: Connection, table: Table, **keys: Any) -> sa.CursorResult[Any]:
+    return conn.execute(_delete(table, tuple(keys)), {f"k_{k}": v for k, v in keys.items()})
 
 
 def upsert(conn: Connection, table: Table, values: dict[str, Any], keys: Sequence[str]) -> None:
@@ -25,10 +68,7 @@ def upsert(conn: Connection, table: Table, values: dict[str, Any], keys: Sequenc
 
 
 def try_run(conn: Connection, run_id: str, *, lock: bool = True) -> sa.Row[Any] | None:
-    q = sa.select(runs).where(runs.c.id == run_id)
-    if lock and conn.dialect.name == "postgresql":
-        q = q.with_for_update()
-    return conn.execute(q).first()
+    return select_where(conn, runs, lock=lock, id=run_id).first()
 
 
 def lock_run(conn: Connection, run_id: str) -> sa.Row[Any]:

@@ -11,6 +11,7 @@ import socket
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
@@ -45,6 +46,7 @@ class WorkerHost:
         retention_seconds: float | None = None,
         shutdown_timeout: float = 10.0,
         served: frozenset[str] | None = None,
+        on_job_done: Callable[[str], None] | None = None,
     ) -> None:
         self.kernel = kernel
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -55,6 +57,7 @@ class WorkerHost:
         self.retention_seconds = retention_seconds
         self.shutdown_timeout = shutdown_timeout
         self.served = served
+        self.on_job_done = on_job_done
         self._active: dict[int, tuple[Any, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -158,9 +161,25 @@ class WorkerHost:
         if self.retention_seconds is not None:
             self._counts["purged"] += await self.kernel.dispatch(PurgeRuns(self.retention_seconds))
 
-    async def _run_job(self, job: Any) -> None:
+    def _adopt(self, handed: list[tuple[Any, Any]]) -> None:
+        """Run stages the kernel handed to this worker straight from a transition (already
+        leased to it and marked running)."""
+        for job, begun in handed:
+            self._counts["handed_off"] += 1
+            self._active[job.id] = (job, asyncio.create_task(self._run_job(job, begun)))
+
+    async def _run_job(self, job: Any, begun: Any = None) -> None:
+        handed_before = self._counts["handed_off"]
         try:
-            result = await self.kernel.dispatch(ExecuteJob(job, self.worker_id))
+            free = max(0, self.concurrency - len(self._active) + 1)
+            command = ExecuteJob(
+                job,
+                self.worker_id,
+                handoff=0 if self._stopping else free,
+                on_handoff=self._adopt,
+                begun=begun,
+            )
+            result = await self.kernel.dispatch(command)
             self._counts[str(result)] += 1
         except asyncio.CancelledError:
             raise
@@ -173,5 +192,9 @@ class WorkerHost:
             )
             self._counts["engine_errors"] += 1
         finally:
+            full = len(self._active) >= self.concurrency
             self._active.pop(job.id, None)
-            self._wake.set()
+            if full or self._counts["handed_off"] == handed_before:
+                self._wake.set()  # a slot freed, or nothing was handed on: look for work
+            if self.on_job_done is not None:
+                self.on_job_done(job.run_id)
