@@ -5,6 +5,7 @@ Every function here runs inside one transaction that the kernel opened; none run
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,38 @@ def _owns(conn: Connection, job: Any, worker: str) -> bool:
     return row is not None
 
 
+@functools.cache
+def _owned_stage_query() -> Any:
+    joined = stages.join(
+        jobs, sa.and_(jobs.c.run_id == stages.c.run_id, jobs.c.stage_id == stages.c.stage_id)
+    )
+    return (
+        sa.select(stages)
+        .select_from(joined)
+        .where(
+            jobs.c.id == sa.bindparam("job_id"),
+            jobs.c.run_id == sa.bindparam("run_id"),
+            jobs.c.stage_id == sa.bindparam("stage_id"),
+            jobs.c.kind == sa.bindparam("kind"),
+            jobs.c.lease_owner == sa.bindparam("worker"),
+            jobs.c.status == "leased",
+        )
+    )
+
+
+def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
+    """The stage row, if the job is still ``worker``'s lease on it (ids alone can be reused);
+    ownership check and stage read in one query."""
+    params = {
+        "job_id": job.id,
+        "run_id": job.run_id,
+        "stage_id": job.stage_id,
+        "kind": job.kind,
+        "worker": worker,
+    }
+    return conn.execute(_owned_stage_query(), params).first()
+
+
 def _touch(conn: Connection, run_id: str, now: float, **values: Any) -> None:
     update_where(conn, runs, {"id": run_id}, {"updated_at": now, **values})
 
@@ -138,30 +171,60 @@ def refresh_status(conn: Connection, run_id: str, now: float) -> None:
         _touch(conn, run_id, now, status=status)
 
 
+@functools.cache
+def _state_query() -> Any:
+    has_steps = (
+        sa.exists()
+        .where(steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id)
+        .label("has_steps")
+    )
+    joined = stages.outerjoin(
+        jobs,
+        sa.and_(
+            jobs.c.run_id == stages.c.run_id,
+            jobs.c.stage_id == stages.c.stage_id,
+            jobs.c.kind == "stage",
+        ),
+    )
+    return (
+        sa.select(
+            stages.c.stage_id,
+            stages.c.status,
+            stages.c.output,
+            stages.c.has_output,
+            jobs.c.id.label("job_id"),
+            has_steps,
+        )
+        .select_from(joined)
+        .where(stages.c.run_id == sa.bindparam("run_id"))
+    )
+
+
+def _load_state(conn: Connection, run_id: str) -> dict[str, Any]:
+    """Every stage of the run with its status, output and whether it has a job: one query."""
+    return {r.stage_id: r for r in conn.execute(_state_query(), {"run_id": run_id})}
+
+
 def schedule(
-    conn: Connection, run: Any, graph: GraphModel, now: float, handoff: Handoff | None = None
+    conn: Connection,
+    run: Any,
+    graph: GraphModel,
+    now: float,
+    handoff: Handoff | None = None,
+    run_values: dict[str, Any] | None = None,
 ) -> list[EventDraft]:
-    """Enqueue the first group with unfinished stages; finish the run when none is left."""
+    """Enqueue the first group with unfinished stages; finish the run when none is left.
+    With ``run_values``, run-row changes are collected there for the caller's one update."""
+    state = _load_state(conn, run.id)
     group = run.current_group
+    values: dict[str, Any] = run_values if run_values is not None else {}
+    drafts: list[EventDraft] = []
     while group < len(graph.groups):
         open_stages = [
-            r.stage_id
-            for r in conn.execute(
-                sa.select(stages.c.stage_id, stages.c.status).where(
-                    stages.c.run_id == run.id, stages.c.stage_id.in_(graph.groups[group])
-                )
-            ).all()
-            if r.status != StageStatus.COMPLETED
+            sid for sid in graph.groups[group] if state[sid].status != StageStatus.COMPLETED
         ]
         if open_stages:
-            have = set(
-                conn.execute(
-                    sa.select(jobs.c.stage_id).where(
-                        jobs.c.run_id == run.id, jobs.c.kind == "stage"
-                    )
-                ).scalars()
-            )
-            new = [s for s in sorted(open_stages) if s not in have]
+            new = [s for s in sorted(open_stages) if state[s].job_id is None]
             take = set(new[: handoff.limit]) if handoff is not None else set()
             lease_until = _lease_deadline(conn, handoff.lease, now) if take and handoff else None
             rows = [
@@ -179,21 +242,29 @@ def schedule(
                 }
                 for s in new
             ]
-            drafts: list[EventDraft] = []
             if rows:
                 inserted = conn.execute(jobs.insert().returning(*jobs.c), rows).all()
                 if take and handoff is not None:
                     handed = [j for j in inserted if j.stage_id in take]
-                    drafts = _begin_handed(conn, run, handed, handoff, now)
+                    drafts = _begin_handed(conn, run, handed, handoff, state, now)
             if group != run.current_group:
-                _touch(conn, run.id, now, current_group=group)
-            return drafts
+                values["current_group"] = group
+            break
         group += 1
-    return _finish_completed(conn, run, graph, now)
+    else:
+        drafts = _finish_completed(conn, run, graph, state, now, values)
+    if run_values is None and values:
+        _touch(conn, run.id, now, **values)
+    return drafts
 
 
 def _begin_handed(
-    conn: Connection, run: Any, handed: list[Any], handoff: Handoff, now: float
+    conn: Connection,
+    run: Any,
+    handed: list[Any],
+    handoff: Handoff,
+    state: dict[str, Any],
+    now: float,
 ) -> list[EventDraft]:
     """Mark freshly enqueued stages running for the worker they are handed to (their
     ``stage.started`` goes out in the same transaction as the completion that freed them)."""
@@ -212,10 +283,14 @@ def _begin_handed(
             wake_at=None,
         )
     )
-    outputs = _outputs(conn, run.id)
-    step_rows = conn.execute(
-        sa.select(steps).where(steps.c.run_id == run.id, steps.c.stage_id.in_(ids))
-    ).all()
+    outputs = {sid: r.output for sid, r in state.items() if r.has_output}
+    step_rows: list[Any] = []
+    if any(state[sid].has_steps for sid in ids):  # a ledger kept by a redrive
+        step_rows = list(
+            conn.execute(
+                sa.select(steps).where(steps.c.run_id == run.id, steps.c.stage_id.in_(ids))
+            ).all()
+        )
     for job in sorted(handed, key=lambda j: j.stage_id):
         begin = Begin(
             run_id=run.id,
@@ -239,10 +314,15 @@ def _lease_deadline(conn: Connection, lease: float, now: float) -> float:
 
 
 def _finish_completed(
-    conn: Connection, run: Any, graph: GraphModel, now: float
+    conn: Connection,
+    run: Any,
+    graph: GraphModel,
+    state: dict[str, Any],
+    now: float,
+    values: dict[str, Any],
 ) -> list[EventDraft]:
     lc = _lc(run)
-    outputs = _outputs(conn, run.id)
+    outputs = {sid: r.output for sid, r in state.items() if r.has_output}
     rows = conn.execute(
         sa.select(staged_events, stages.c.completed_order)
         .join(
@@ -257,14 +337,13 @@ def _finish_completed(
     ).all()
     drafts = [lc.business(r.stage_id, r.idx, r.type, r.data) for r in rows]
     drafts.append(lc.run_completed())
-    conn.execute(sa.delete(staged_events).where(staged_events.c.run_id == run.id))
-    _touch(
-        conn,
-        run.id,
-        now,
+    if rows:
+        conn.execute(sa.delete(staged_events).where(staged_events.c.run_id == run.id))
+    values.update(
         status=RunStatus.COMPLETED,
         output=run_output(graph.sinks(), outputs),
         finished_at=now,
+        updated_at=now,
         current_group=len(graph.groups),
     )
     return drafts
@@ -359,10 +438,10 @@ def apply_outcome(
 ) -> str:
     """Record one stage attempt's outcome; returns what happened (for host stats)."""
     run = try_run(conn, job.run_id)
-    if run is None or not _owns(conn, job, worker):
+    stage = None if run is None else _owned_stage(conn, job, worker)
+    if run is None or stage is None:
         return "discarded"  # our lease was lost: another worker owns this stage now
     lc = _lc(run)
-    stage = _stage(conn, run.id, job.stage_id)
     drafts: list[EventDraft] = []
     run_values: dict[str, Any] = {}
     refresh = True
@@ -404,7 +483,7 @@ def apply_outcome(
             )
         drafts.append(lc.stage_completed(stage.stage_id, stage.attempt))
         delete_where(conn, jobs, id=job.id)
-        progressed = schedule(conn, run, graph, now, handoff)
+        progressed = schedule(conn, run, graph, now, handoff, run_values)
         drafts += progressed
         # the run moved on (finished, or handed its next stages to this worker): its status
         # is already right, so skip recomputing it
