@@ -5,6 +5,7 @@ workload drained from native on PostgreSQL to Temporal while new runs keep start
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from datetime import timedelta
@@ -67,11 +68,11 @@ class TestNativeTemporalMigration(MigrationContract):
 
 # -- a live workload drained from native (PostgreSQL) to Temporal -------------------------------
 
-N_RUNS = 500
+N_RUNS = int(os.environ.get("WFE_MIX_RUNS", "500"))
 
 
 def _mixed_workflow(log: ExecutionLog, kind: str, tag: str) -> Workflow[Num]:
-    """plain: a -> b -> c; sleep: b journals step x then sleeps 2 s; signal: b journals x then
+    """plain: a -> b -> c; sleep: b journals step x then sleeps 10 s; signal: b journals x then
     waits for "go". Stage bodies log ``<run>:<stage>`` when they finish, and ``<run>:b:enter``
     each time b's body is entered (a resumed stage re-enters it: the documented replay)."""
     wf = Workflow(f"mix-{kind}-{tag}", input=Num, version="v1")
@@ -90,7 +91,7 @@ def _mixed_workflow(log: ExecutionLog, kind: str, tag: str) -> Workflow[Num]:
         if kind != "plain":
             await ctx.step.run("x", lambda: log.hit(f"{rid}:x"))
         if kind == "sleep":
-            await ctx.step.sleep("nap", timedelta(seconds=2))
+            await ctx.step.sleep("nap", timedelta(seconds=10))
         if kind == "signal":
             result = await ctx.step.wait_for_signal("go")
         log.hit(f"{rid}:b")
@@ -139,11 +140,15 @@ async def test_drain_500_runs_native_to_temporal_while_starting(
 
     signalled: set[str] = set()
     starting_done = asyncio.Event()
+    moved_all = asyncio.Event()
 
     async def signaller() -> None:
+        """Every other signal run is signalled as soon as it exists (before or while it moves,
+        buffered or consumed on native); the others once the drain is over (on Temporal)."""
         while True:
-            todo = [r for r, k in list(kinds.items()) if k == "signal" and r not in signalled]
-            if not todo and starting_done.is_set():
+            mine = [r for r, k in list(kinds.items()) if k == "signal" and r not in signalled]
+            todo = mine if moved_all.is_set() else [r for r in mine if r[-1] in "02468ace"]
+            if not mine and starting_done.is_set():
                 return
             for rid in todo:
                 try:
@@ -168,6 +173,7 @@ async def test_drain_500_runs_native_to_temporal_while_starting(
         report = await migrate_runs(
             native, temporal, workflow_ids=wf_ids, drain=True, wait=30, drain_timeout=120
         )
+        moved_all.set()
         await starter
         await signals
         finals = [await engine.wait(rid, timeout=120) for rid in list(kinds)]
@@ -193,6 +199,8 @@ async def test_drain_500_runs_native_to_temporal_while_starting(
                 else:
                     assert info.migrated_to == "temporal"
 
+    outcomes = {o: report.count(o) for o in ("moved", "skipped", "left")}
+    print(f"migration report: {outcomes}")
     assert len(kinds) == N_RUNS
     assert report.count("left") == 0, [m for m in report.moves if m.outcome == "left"]
     moved = report.count("moved")
