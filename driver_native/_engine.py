@@ -135,11 +135,26 @@ class NativeEngine(WorkflowEngine):
         wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
         if isinstance(workflow, Workflow) and version is None:
             version = workflow.version
-        run_id, _created = await self.kernel.dispatch(
+        created_at = self.clock.now()
+        run_id, created = await self.kernel.dispatch(
             CreateRun(wf_id, input, idempotency_key, version)
         )
         self._wake()
-        return await self.get_run(run_id)
+        if not created:  # an idempotent repeat: report the run as it is now
+            return await self.get_run(run_id)
+        wf = self.registry.get(wf_id, version)
+        graph = wf.graph()
+        return RunInfo(  # just written by this call: no need to read it back
+            id=run_id,
+            workflow_id=wf_id,
+            version=graph.version,
+            status=RunStatus.PENDING,
+            input=wf.validate_input(input).model_dump(mode="json"),
+            stages=[StageInfo(id=s, status="pending") for g in graph.groups for s in g],
+            idempotency_key=idempotency_key,
+            created_at=created_at,
+            updated_at=created_at,
+        )
 
     async def get_run(self, run_id: str) -> RunInfo:
         k = self.kernel

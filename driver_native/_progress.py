@@ -354,10 +354,10 @@ def begin_attempt(
 ) -> tuple[Begin | None, list[EventDraft]]:
     """Mark the stage running (emitting run.started / stage.started when they are new)."""
     run = try_run(conn, job.run_id)
-    if run is None or not _owns(conn, job, worker):
+    stage = None if run is None else _owned_stage(conn, job, worker)
+    if run is None or stage is None:
         return None, []
     lc = _lc(run)
-    stage = _stage(conn, run.id, job.stage_id)
     if run.status not in ACTIVE or run.cancel_requested:
         delete_where(conn, jobs, id=job.id)
         append_events(conn, run, _cancel_stage(conn, run, stage, now), now)
@@ -386,12 +386,12 @@ def begin_attempt(
     else:
         delete_where(conn, jobs, id=job.id)
         return None, []
-    if run.status != RunStatus.RUNNING:
-        _touch(conn, run.id, now, status=RunStatus.RUNNING)
-    append_events(conn, run, drafts, now)
-    step_rows = conn.execute(
-        sa.select(steps).where(steps.c.run_id == run.id, steps.c.stage_id == stage.stage_id)
-    ).all()
+    run_values = {} if run.status == RunStatus.RUNNING else {"status": RunStatus.RUNNING}
+    append_events(conn, run, drafts, now, **run_values)
+    state = _load_state(conn, run.id)
+    step_rows: list[Any] = []
+    if state[stage.stage_id].has_steps:
+        step_rows = list(select_where(conn, steps, run_id=run.id, stage_id=stage.stage_id).all())
     begin = Begin(
         run_id=run.id,
         workflow_id=run.workflow_id,
@@ -399,8 +399,8 @@ def begin_attempt(
         stage_id=stage.stage_id,
         attempt=attempt,
         input=run.input,
-        outputs=_outputs(conn, run.id),
-        steps=list(step_rows),
+        outputs={sid: r.output for sid, r in state.items() if r.has_output},
+        steps=step_rows,
     )
     return begin, drafts
 
