@@ -88,6 +88,30 @@ class Database:
                 ) from None
             raise
 
+    def read_sync(
+        self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
+    ) -> T:
+        """Run read-only ``fn(conn, ...)`` in autocommit: one round trip per query, no
+        BEGIN/COMMIT, and on SQLite no write lock."""
+        try:
+            with self.engine.connect() as raw:
+                conn = raw.execution_options(isolation_level="AUTOCOMMIT")
+                return fn(conn, *a, **k)
+        except OperationalError as exc:
+            if _is_connect_error(exc):
+                raise DriverUnavailableError(
+                    f"cannot reach the database at {self.safe_url}: {exc.orig}; check that "
+                    "the server runs and database_url is right"
+                ) from None
+            raise
+
+    async def read(
+        self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self.read_sync, fn, *a, **k)
+        return await loop.run_in_executor(self._executor, call)
+
     async def tx(self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs) -> T:
         """Run ``fn(conn, ...)`` in one transaction on the database thread pool."""
         loop = asyncio.get_running_loop()
@@ -150,4 +174,5 @@ def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
 
 
 def _sqlite_on_begin(conn: Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+        conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -158,7 +158,7 @@ class NativeEngine(WorkflowEngine):
 
     async def get_run(self, run_id: str) -> RunInfo:
         k = self.kernel
-        run, stage_rows, graph = await k.db.tx(_runs.read_run, run_id)
+        run, stage_rows, graph = await k.db.read(_runs.read_run, run_id)
         order = (
             {sid: i for i, sid in enumerate(s for g in graph.groups for s in g)} if graph else {}
         )
@@ -217,7 +217,7 @@ class NativeEngine(WorkflowEngine):
         limit: int = 100,
     ) -> list[RunInfo]:
         statuses = [status] if isinstance(status, str) else list(status or [])
-        ids = await self.kernel.db.tx(_runs.list_run_rows, workflow_id, statuses, limit)
+        ids = await self.kernel.db.read(_runs.list_run_rows, workflow_id, statuses, limit)
         return [await self.get_run(i) for i in ids]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
@@ -230,7 +230,7 @@ class NativeEngine(WorkflowEngine):
         try:
             while True:
                 event.clear()
-                status = await self.kernel.db.tx(_runs.run_status, run_id)
+                status = await self.kernel.db.read(_runs.run_status, run_id)
                 if RunStatus(status) in TERMINAL_RUN_STATUSES:
                     return await self.get_run(run_id)
                 if deadline is not None and time.monotonic() >= deadline:
@@ -323,7 +323,7 @@ class NativeEngine(WorkflowEngine):
     # -- native extras ---------------------------------------------------------------------
     async def events(self, run_id: str) -> list[Event]:
         """Every event the run wrote to its outbox, in sequence order (delivered or not)."""
-        return await self.kernel.db.tx(_outbox.load_events, run_id)
+        return await self.kernel.db.read(_outbox.load_events, run_id)
 
     async def purge(self, older_than_seconds: float) -> int:
         n: int = await self.kernel.dispatch(PurgeRuns(older_than_seconds))
