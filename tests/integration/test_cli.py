@@ -87,3 +87,55 @@ def test_conformance_command_prints_a_table(env: dict[str, str]) -> None:
     result = CliRunner().invoke(app, ["conformance", "-k", "s1_linear"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "test_s1_linear" in result.output and "passed" in result.output
+
+
+@pytest.mark.temporal
+def test_migrate_command_moves_runs_from_native_to_temporal(
+    env: dict[str, str], temporal_server: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    import uuid
+
+    from engine_port import EngineSettings, Registry, create_engine
+    from engine_port._demo import build_demo
+
+    monkeypatch.setenv("WFE_TEMPORAL_ADDRESS", temporal_server.address)  # type: ignore[attr-defined]
+    monkeypatch.setenv("WFE_TASK_QUEUE", f"cli-{uuid.uuid4().hex[:8]}")
+    registry: Registry = build_demo()
+
+    async def start_two() -> list[str]:
+        async with create_engine(EngineSettings(), registry) as native:
+            runs = [
+                await native.start("demo-order", {"order_id": f"M-{i}", "total": 1.0})
+                for i in range(2)
+            ]
+            return [r.id for r in runs]
+
+    ids = asyncio.run(start_two())
+    runner = CliRunner()
+    dry = runner.invoke(
+        app, ["migrate", "--from", "native", "--to", "temporal", "--dry-run"], terminal_width=200
+    )
+    assert dry.exit_code == 0, dry.output
+    assert "would_move: 2" in dry.output
+    moved = runner.invoke(
+        app, ["migrate", "--from", "native", "--to", "temporal"], terminal_width=200
+    )
+    assert moved.exit_code == 0, moved.output
+    assert "moved: 2" in moved.output
+    again = runner.invoke(
+        app, ["migrate", "--from", "native", "--to", "temporal"], terminal_width=200
+    )
+    assert again.exit_code == 0 and "moved: 0" in again.output  # rerun never duplicates
+
+    async def check() -> None:
+        async with create_engine(EngineSettings(), registry) as native:
+            for rid in ids:
+                info = await native.get_run(rid)
+                assert info.status == "migrated" and info.migrated_to == "temporal"
+        temporal = create_engine(EngineSettings(driver="temporal"), registry)
+        async with temporal:
+            for rid in ids:
+                assert (await temporal.get_run(rid)).status in ("pending", "running", "suspended")
+
+    asyncio.run(check())
