@@ -6,7 +6,9 @@ Crash survival of steps: every step record the StageRunner journals during an at
 written to the shared BlobStore (``runs/<run>/steps/<stage>/r<redrive>/<stage|compensate>/``,
 large results spilled first) *before* the stage body continues, so it is durable the moment the
 step returns. When the worker dies, Temporal notices the lost heartbeat (heartbeats only carry
-liveness) and retries the activity on another worker with the same stage attempt; that retry
+liveness) and retries the activity on another worker with the same stage attempt (a ``local=True``
+stage: the workflow task times out, another worker replays the history and runs the local
+activity again, at try 1, so local activities always read the journal); that retry
 seeds its ledger from the journal in the BlobStore, merged with the ledger the workflow holds,
 so no step completed before the crash ever runs again (only the step that was running when the
 worker died, whose record was never written, runs again). A signal the lost try consumed stays
@@ -143,8 +145,9 @@ class DriverActivities:
         )
         raw_signals: dict[str, Any] = dict(task.get("signals") or {})
         pre_consumed: list[str] = []
-        if info.attempt > 1:
+        if info.attempt > 1 or info.is_local:
             # a previous try of this attempt died: steps it journaled replay, never run again
+            # (a local activity re-run after a lost worker starts again at try 1: always look)
             for key in await self.claim.store.list(prefix):
                 r = pydantic_core.from_json(await self.claim.store.get(key))
                 if records.get(r["name"]) == r:
@@ -165,7 +168,8 @@ class DriverActivities:
             return data
 
         ledger = _JournalLedger(loaded, signals, journal, spill, self.claim.store, prefix)
-        beat = asyncio.create_task(self._heartbeat())
+        # local activities have no heartbeat: the workflow task's timeout notices a lost worker
+        beat = None if info.is_local else asyncio.create_task(self._heartbeat())
         try:
             if compensation:
                 outcome = await self.runner.compensate(
@@ -174,9 +178,10 @@ class DriverActivities:
             else:
                 outcome = await self.runner.run(req, ledger)
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            if beat is not None:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
         result: dict[str, Any] = {
             "steps": list(journal.values()),
             "consumed": pre_consumed + list(ledger.consumed),

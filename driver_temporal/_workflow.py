@@ -1,6 +1,16 @@
 """The dynamic workflow that interprets a workflow graph.
 
 Workflow type = the workflow id; every stage attempt is an activity whose type is the stage id.
+A ``local=True`` stage (``StageSpec.local``) runs its attempts and compensations as Temporal
+*local* activities of the same dynamic activity: the worker that runs the workflow task runs the
+stage in-process and records the result as a ``MarkerRecorded`` event (no
+``ActivityTaskScheduled``, no server dispatch: ~15 ms instead of ~65 ms per no-op stage here).
+Same task, same StageRunner path, same events, ledger and claim check; the same
+start-to-close timeout (stage timeout + grace) and infrastructure retry policy, run by the
+worker itself, and no heartbeat timeout (a lost worker is noticed through the workflow task's
+timeout instead, after which another worker replays the history and runs the attempt again;
+steps it journaled are read back from the BlobStore, see ``_activities``). Keep local stages
+short: a workflow task stays open while one runs.
 The workflow holds each stage's step ledger, applies the stage's retry policy itself (the
 activity's own RetryPolicy only re-runs lost workers and timeouts, keeping the attempt number),
 sleeps on durable timers, waits on Temporal signals (buffered when sent early), runs saga
@@ -57,6 +67,7 @@ _INFRA_RETRY = RetryPolicy(
     maximum_attempts=20,
 )
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+_LOCAL_PATCH = "wfe-local-stages"
 
 
 class _Migrated(Exception):
@@ -536,16 +547,30 @@ class GraphWorkflow:
         what = "compensation" if compensation else "attempt"
         if not compensation:
             self._inflight += 1
+        name = sid + COMPENSATE_SUFFIX if compensation else sid
+        summary = f"{sid} {what} {attempt}"
         try:
-            res: dict[str, Any] = await workflow.execute_activity(
-                sid + COMPENSATE_SUFFIX if compensation else sid,
-                task,
-                result_type=dict,
-                start_to_close_timeout=timeout,
-                heartbeat_timeout=self._hb,
-                retry_policy=_INFRA_RETRY,
-                summary=f"{sid} {what} {attempt}",
-            )
+            res: dict[str, Any]
+            # the patch marker keeps runs started before local stages existed replaying
+            if spec.local and workflow.patched(_LOCAL_PATCH):
+                res = await workflow.execute_local_activity(
+                    name,
+                    task,
+                    result_type=dict,
+                    start_to_close_timeout=timeout,
+                    retry_policy=_INFRA_RETRY,
+                    summary=summary,
+                )
+            else:
+                res = await workflow.execute_activity(
+                    name,
+                    task,
+                    result_type=dict,
+                    start_to_close_timeout=timeout,
+                    heartbeat_timeout=self._hb,
+                    retry_policy=_INFRA_RETRY,
+                    summary=summary,
+                )
         except ActivityError as exc:
             cause = exc.cause
             if isinstance(cause, CancelledError):

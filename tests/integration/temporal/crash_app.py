@@ -1,5 +1,6 @@
 """A small app for the crash test (S17): run as a worker subprocess that hangs inside stage b
-after step x when WFE_TEST_HANG is set, so the test can SIGKILL it there.
+after step x when WFE_TEST_HANG is set, so the test can SIGKILL it there. WFE_TEST_LOCAL makes b
+a ``local=True`` stage (a Temporal local activity).
 
 Counts of stage/step bodies go to files in $WFE_TEST_COUNT_DIR (outside the engine); events
 go to a JSON-lines file sink shared by every worker process.
@@ -64,7 +65,7 @@ def build_registry() -> Registry:
         bump("a")
         return 1
 
-    @wf.stage(after=[a])
+    @wf.stage(after=[a], local=bool(os.environ.get("WFE_TEST_LOCAL")))
     async def b(ctx: StageContext[In]) -> int:
         bump("b")
 

@@ -30,16 +30,24 @@ async def wait_path(path: Path, proc: asyncio.subprocess.Process, timeout: float
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.parametrize("local", [False, True], ids=["activity", "local-activity"])
 async def test_s17_sigkill_mid_stage_resumes_on_another_worker(
     make_engine: EngineFactory,
     tmp_path: Path,
     blob_dir: Path,
     temporal_address: str,
     monkeypatch: pytest.MonkeyPatch,
+    local: bool,
 ) -> None:
+    """A regular activity is retried after its heartbeat timeout; a local one is run again when
+    the dead worker's workflow task times out and another worker replays the history."""
     counts = tmp_path / "counts"
     counts.mkdir()
     monkeypatch.setenv("WFE_TEST_COUNT_DIR", str(counts))
+    if local:
+        monkeypatch.setenv("WFE_TEST_LOCAL", "1")
+    else:
+        monkeypatch.delenv("WFE_TEST_LOCAL", raising=False)
     sink = crash_app.FileSink(counts / "events.jsonl")
     engine = make_engine(crash_app.build_registry(), sink=sink, options={"heartbeat_timeout": 2.0})
     env = {
