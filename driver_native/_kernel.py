@@ -35,6 +35,7 @@ from engine_port._serde import fingerprint, input_fingerprint, to_json_value
 from engine_port.errors import (
     CommandInProgressError,
     IdempotencyConflictError,
+    RunExistsError,
     WorkflowNotFoundError,
 )
 
@@ -206,7 +207,8 @@ class Kernel:
         value = wf.validate_input(cmd.input).model_dump(mode="json")
         fp = input_fingerprint(wf.id, value)
         run_id = cmd.run_id or uuid.uuid4().hex
-        stored = await self.claim.dump(value, f"runs/{run_id}/input")
+        # a key of its own: a CreateRun naming an existing run id must not overwrite its input
+        stored = await self.claim.dump(value, f"runs/{run_id}/input-{uuid.uuid4().hex[:12]}")
         try:
             for attempt in range(3):
                 try:
@@ -220,6 +222,8 @@ class Kernel:
                         self.now(),
                     )
                 except IntegrityError:
+                    if cmd.run_id is not None and await self._run_exists(cmd.run_id):
+                        raise RunExistsError(cmd.run_id) from None
                     if cmd.idempotency_key is None or attempt == 2:
                         raise  # a concurrent duplicate won the race: read it on the next try
                 else:
@@ -231,16 +235,22 @@ class Kernel:
             raise
         raise AssertionError("unreachable")
 
+    async def _run_exists(self, run_id: str) -> bool:
+        row = await self.db.read(
+            lambda c: c.execute(sa.select(runs.c.id).where(runs.c.id == run_id)).first()
+        )
+        return row is not None
+
     async def _drop_orphan_input(self, run_id: str, stored: Any) -> None:
         """A spilled input whose run was not created (an idempotent repeat, a conflict) must
         not stay behind in the blob store: bad input writes nothing."""
         key = self.claim.key_of(stored)
         if key is None:
             return
-        exists = await self.db.tx(
-            lambda c: c.execute(sa.select(runs.c.id).where(runs.c.id == run_id)).first()
+        current = await self.db.read(
+            lambda c: c.execute(sa.select(runs.c.input).where(runs.c.id == run_id)).first()
         )
-        if exists is None:
+        if current is None or self.claim.key_of(current.input) != key:
             await self.claim.store.delete(key)
 
     async def _signal(self, cmd: SignalStep) -> SignalResult:

@@ -18,6 +18,7 @@ __all__ = [
     "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
+    "RunExistsError",
     "RunNotActiveError",
     "RunNotFoundError",
     "RunTimeoutError",
@@ -96,6 +97,15 @@ class SerializationError(EngineError):
 class RunNotFoundError(EngineError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"no run with id {run_id!r}; check the id (list_runs() shows known runs)")
+        self.run_id = run_id
+
+
+class RunExistsError(EngineError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"a run with id {run_id!r} already exists; choose another run id, or use an "
+            "idempotency key to make repeated starts return the same run"
+        )
         self.run_id = run_id
 
 

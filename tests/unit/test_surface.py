@@ -81,6 +81,7 @@ ERRORS = [
     "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
+    "RunExistsError",
     "RunNotActiveError",
     "RunNotFoundError",
     "RunTimeoutError",
