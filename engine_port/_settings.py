@@ -31,7 +31,7 @@ class EngineSettings(BaseSettings):
     # where hosts deliver events: jsonl:///PATH or package.module:factory
     event_sink: str | None = None
     # native worker tuning
-    worker_concurrency: int = Field(default=8, ge=1)
+    worker_concurrency: int = Field(default=32, ge=1)
     lease_seconds: float = Field(default=30.0, gt=0)
     poll_interval_seconds: float = Field(default=0.05, gt=0)
     dead_letter_after: int = Field(default=5, ge=1)
