@@ -92,7 +92,7 @@ async def test_repeat_start_with_a_large_input_writes_no_blob(make_engine: MakeE
     store = engine.kernel.claim.store
     assert isinstance(store, FolderBlobStore)
     blobs = await store.list()
-    assert blobs == [f"runs/{first.id}/input"]
+    assert len(blobs) == 1 and blobs[0].startswith(f"runs/{first.id}/input")
     again = await engine.start("it-linear", big_input, idempotency_key="big")
     assert again.id == first.id
     assert await store.list() == blobs
