@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -121,25 +122,24 @@ def create_run(
                 raise IdempotencyConflictError(key, existing.id)
             return existing.id, False
     save_definition(conn, graph, now)
-    conn.execute(
-        runs.insert().values(
-            id=run_id,
-            workflow_id=graph.workflow_id,
-            version=graph.version,
-            status=RunStatus.PENDING,
-            input=input_value,
-            input_fingerprint=fingerprint,
-            idempotency_key=key,
-            current_group=0,
-            event_seq=0,
-            completed_count=0,
-            redrive_count=0,
-            cancel_requested=False,
-            deadline=None if graph.timeout_s is None else now + graph.timeout_s,
-            created_at=now,
-            updated_at=now,
-        )
+    values = dict(
+        id=run_id,
+        workflow_id=graph.workflow_id,
+        version=graph.version,
+        status=RunStatus.PENDING,
+        input=input_value,
+        input_fingerprint=fingerprint,
+        idempotency_key=key,
+        current_group=0,
+        event_seq=0,
+        completed_count=0,
+        redrive_count=0,
+        cancel_requested=False,
+        deadline=None if graph.timeout_s is None else now + graph.timeout_s,
+        created_at=now,
+        updated_at=now,
     )
+    conn.execute(runs.insert().values(**values))
     conn.execute(
         stages.insert(),
         [
@@ -154,9 +154,12 @@ def create_run(
             for s in graph.stages
         ],
     )
-    run = lock_run(conn, run_id)
-    append_events(conn, run, [Lifecycle(run_id).run_created(graph.version)], now)
-    schedule(conn, lock_run(conn, run_id), graph, now)
+    # the row just written, without reading it back (the schedule below needs its fields)
+    run = SimpleNamespace(**values)
+    run_values: dict[str, Any] = {}
+    drafts = [Lifecycle(run_id).run_created(graph.version)]
+    drafts += schedule(conn, run, graph, now, run_values=run_values)
+    append_events(conn, run, drafts, now, **run_values)
     return run_id, True
 
 
