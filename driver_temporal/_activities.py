@@ -3,16 +3,17 @@ compensations (type = ``<stage>.compensate``) through ``engine_port.StageRunner`
 activities publish events, dead-letter them and save a run's final state.
 
 Crash survival of steps: every step record the StageRunner journals during an attempt is
-written to the shared BlobStore (``runs/<run>/steps/<stage>/r<redrive>/<stage|compensate>/``,
-large results spilled first) *before* the stage body continues, so it is durable the moment the
-step returns. When the worker dies, Temporal notices the lost heartbeat (heartbeats only carry
-liveness) and retries the activity on another worker with the same stage attempt (a ``local=True``
-stage: the workflow task times out, another worker replays the history and runs the local
-activity again, at try 1, so local activities always read the journal); that retry
-seeds its ledger from the journal in the BlobStore, merged with the ledger the workflow holds,
-so no step completed before the crash ever runs again (only the step that was running when the
-worker died, whose record was never written, runs again). A signal the lost try consumed stays
-consumed: the retry reports it to the workflow.
+appended to the step journal in the shared BlobStore
+(``runs/<run>/steps/<stage>/r<redrive>/<stage|compensate>/journal.jsonl``, large results spilled
+first; one constant-cost append per step, see ``_journal``) *before* the stage body continues,
+so it is durable the moment the step returns. When the worker dies, Temporal notices the lost
+heartbeat (heartbeats only carry liveness) and retries the activity on another worker with the
+same stage attempt (a ``local=True`` stage: the workflow task times out, another worker replays
+the history and runs the local activity again, at try 1, so local activities always read the
+journal); that retry seeds its ledger from the journal, merged with the ledger the workflow
+holds, so no step completed before the crash ever runs again (only the step that was running
+when the worker died, whose record was never written, runs again). A signal the lost try
+consumed stays consumed: the retry reports it to the workflow.
 """
 
 from __future__ import annotations
@@ -23,13 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pydantic_core
 from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from engine_port import (
-    BlobStore,
     ClaimCheck,
     Completed,
     Event,
@@ -44,9 +43,9 @@ from engine_port import (
 )
 from engine_port.errors import EngineError
 
+from ._journal import StepJournal
 from ._wire import (
     dlq_key,
-    journal_key,
     journal_prefix,
     outbox_key,
     outbox_prefix,
@@ -76,8 +75,8 @@ class EventStats:
 
 
 class _JournalLedger(InMemoryLedger):
-    """An in-memory ledger that writes every new record (spilled) to the shared BlobStore
-    before returning, so a journaled step survives a crash of this worker."""
+    """An in-memory ledger that journals every new record (spilled) before returning, so a
+    journaled step survives a crash of this worker (see ``_journal``)."""
 
     def __init__(
         self,
@@ -85,18 +84,16 @@ class _JournalLedger(InMemoryLedger):
         signals: dict[str, Any],
         journal: dict[str, dict[str, Any]],
         spill: Any,
-        store: BlobStore,
-        prefix: str,
+        log: StepJournal,
     ) -> None:
         super().__init__(records, signals)
         self.journal = journal
         self._spill = spill
-        self._store = store
-        self._prefix = prefix
+        self._log = log
 
     async def put(self, record: StepRecord) -> None:
         data = await self._spill(record)
-        await self._store.put(journal_key(self._prefix, record.name), pydantic_core.to_json(data))
+        await self._log.append(data)
         await super().put(record)
         self.journal[record.name] = data
 
@@ -143,13 +140,13 @@ class DriverActivities:
         prefix = journal_prefix(
             req.run_id, req.stage_id, task["redrive"], "compensate" if compensation else "stage"
         )
+        log = StepJournal(self.claim.store, prefix)
         raw_signals: dict[str, Any] = dict(task.get("signals") or {})
         pre_consumed: list[str] = []
         if info.attempt > 1 or info.is_local:
             # a previous try of this attempt died: steps it journaled replay, never run again
             # (a local activity re-run after a lost worker starts again at try 1: always look)
-            for key in await self.claim.store.list(prefix):
-                r = pydantic_core.from_json(await self.claim.store.get(key))
+            for r in await log.read():
                 if records.get(r["name"]) == r:
                     continue
                 records[r["name"]] = r
@@ -167,7 +164,7 @@ class DriverActivities:
             data["result"] = await self.claim.dump(rec.result, key)
             return data
 
-        ledger = _JournalLedger(loaded, signals, journal, spill, self.claim.store, prefix)
+        ledger = _JournalLedger(loaded, signals, journal, spill, log)
         # local activities have no heartbeat: the workflow task's timeout notices a lost worker
         beat = None if info.is_local else asyncio.create_task(self._heartbeat())
         try:
@@ -178,6 +175,7 @@ class DriverActivities:
             else:
                 outcome = await self.runner.run(req, ledger)
         finally:
+            log.close()
             if beat is not None:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

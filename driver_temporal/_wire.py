@@ -19,6 +19,7 @@ __all__ = [
     "dlq_key",
     "fingerprint",
     "journal_key",
+    "journal_log_key",
     "journal_prefix",
     "new_run_id",
     "outbox_key",
@@ -78,7 +79,13 @@ def journal_prefix(run_id: str, stage_id: str, redrive: int, kind: str) -> str:
 
 
 def journal_key(prefix: str, step_name: str) -> str:
+    """One step's record as its own blob (stores that cannot append)."""
     return f"{prefix}{_safe(step_name)}.json"
+
+
+def journal_log_key(prefix: str) -> str:
+    """The append-only JSON-lines journal (folder stores); no step name maps to it."""
+    return f"{prefix}journal.jsonl"
 
 
 def state_key(run_id: str) -> str:

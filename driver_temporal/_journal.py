@@ -1,0 +1,104 @@
+"""The step journal of one stage (or compensation) of one redrive of a run: every step record
+the StageRunner journals, written durably before the stage body continues, so that a try that
+replaces a lost one replays those steps instead of running them again.
+
+Cost per step is constant and small. On a ``FolderBlobStore`` (the default) the journal is one
+append-only JSON-lines file, ``<prefix>journal.jsonl``, opened once per try (``O_APPEND``) and
+written with one ``os.write`` per step: no new file, no temp-file-and-rename, no thread hop. The
+record is in the kernel's page cache when the step returns, so it survives the death of the
+worker process (the guarantee the driver gives; like ``FolderBlobStore.put`` there is no fsync,
+so a power loss of the machine is not covered). Records are self-delimiting lines; a line torn
+by a crash mid-write is ignored on read (that step had not returned, so it runs again), and the
+next try starts its first record on a new line. Other
+BlobStores (S3, memory) cannot append: there each record is one ``put`` of its own key
+(``<prefix><step>.json``), constant per step too. Reading lists only the journal's own folder
+(never the whole store); the later record of a step wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pydantic_core
+
+from engine_port import BlobStore, FolderBlobStore
+
+from ._wire import journal_key, journal_log_key
+
+__all__ = ["StepJournal"]
+
+
+class StepJournal:
+    """Append and read the step records under one journal prefix."""
+
+    def __init__(self, store: BlobStore, prefix: str) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._dir: Path | None = None
+        if isinstance(store, FolderBlobStore):
+            self._dir = store.root / prefix  # journal_prefix() builds only safe parts
+        self._fd: int | None = None
+
+    async def append(self, record: dict[str, Any]) -> None:
+        line = pydantic_core.to_json(record) + b"\n"
+        if self._dir is None:
+            await self._store.put(journal_key(self._prefix, record["name"]), line)
+            return
+        if self._fd is None:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(
+                self._dir / journal_log_key(""), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+            )
+            if os.fstat(self._fd).st_size:
+                line = b"\n" + line  # end a line a crashed try may have torn
+        view = memoryview(line)
+        while view:  # a regular file takes it in one write; loop for the pathological case
+            view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    async def read(self) -> list[dict[str, Any]]:
+        """Every record journaled under the prefix, oldest first."""
+        blobs: list[bytes] = []
+        if self._dir is not None:
+            blobs = await asyncio.to_thread(self._read_dir, self._dir)
+        else:
+            for key in await self._store.list(self._prefix):
+                blobs.append(await self._store.get(key))
+        out: list[dict[str, Any]] = []
+        for blob in blobs:
+            for line in blob.splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    rec = pydantic_core.from_json(line)
+                except ValueError:
+                    continue  # torn by a crash mid-write: that step never returned
+                if isinstance(rec, dict) and "name" in rec:
+                    out.append(rec)
+        return out
+
+    @staticmethod
+    def _read_dir(folder: Path) -> list[bytes]:
+        try:
+            names = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        log = journal_log_key("")
+        # one-file-per-step records (older driver versions) first, then the log in write order
+        files = sorted(n for n in names if n.endswith(".json") and not n.startswith("."))
+        if log in names:
+            files.append(log)
+        blobs = []
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                blobs.append((folder / name).read_bytes())
+        return blobs
