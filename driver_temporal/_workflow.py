@@ -297,12 +297,14 @@ class GraphWorkflow:
             self._emit(self._lc.run_redriven(start.get("redrive_from") or "start", self._version))
         self._ready = True
         self._sync()
-        # let update handlers delivered with the first task (a freeze for migration) act
-        # before any stage starts: they wait on this same condition pass, registered earlier
-        await workflow.wait_condition(lambda: True)
         outcome = "completed"
         error: dict[str, Any] | None = None
         try:
+            # let update handlers delivered with the first task (a freeze for migration) act
+            # before any stage starts: they wait on this same condition pass, registered
+            # earlier; a cancel that arrived with the first task lands here (inside the try,
+            # so the run still ends through _finish and saves its state)
+            await workflow.wait_condition(lambda: True)
             if self._graph.timeout_s:
                 deadline = parse_time(self._deadline)
                 assert deadline is not None

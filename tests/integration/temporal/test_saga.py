@@ -202,3 +202,29 @@ async def test_s16_bad_input_is_typed_and_writes_nothing(make_engine: EngineFact
     assert info.error is not None and info.error.type == "SerializationError"
     assert info.stage("a").status == "failed" and info.stage("a").attempt == 1
     assert info.stage("b").status == "skipped"
+
+
+async def test_cancel_before_the_first_workflow_task_still_ends_through_finish(
+    make_engine: EngineFactory,
+) -> None:
+    """A cancel that reaches the run with its first workflow task (no worker was up) ends the
+    run cancelled with its state saved, so it can be redriven."""
+    wf = Workflow("cancel-early", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        return 1
+
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink, options={"cancel_wait": 0.2})
+    async with engine:
+        run = await engine.start("cancel-early", {})
+        await engine.cancel(run.id)  # no worker yet: the request waits in the history
+        async with engine.worker():
+            info = await engine.wait(run.id, timeout=30)
+            assert info.status == "cancelled" and info.error is None
+            again = await engine.redrive(run.id, from_="start")
+            assert again.redrive_count == 1
+            done = await engine.wait(run.id, timeout=30)
+    assert done.status == "completed" and done.output == 1
+    assert ("run.cancelled", None) in trace(sink, run)
