@@ -1,6 +1,8 @@
 """The activities: one dynamic activity runs stage attempts (type = stage id) and
 compensations (type = ``<stage>.compensate``) through ``engine_port.StageRunner``; small named
-activities publish events, dead-letter them and save a run's final state.
+activities publish events, dead-letter them and save a run's final state. A stage attempt's
+activity asks its run to begin (the ``wfe.begin`` update, see ``_workflow``) before the body runs,
+and returns ``deferred`` without running anything when the run refuses (frozen for migration).
 
 Crash survival of steps: every step record the StageRunner journals during an attempt is
 appended to the step journal in the shared BlobStore
@@ -25,8 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from engine_port import (
     ClaimCheck,
@@ -55,9 +59,10 @@ from ._wire import (
     state_key,
 )
 
-__all__ = ["COMPENSATE_SUFFIX", "DriverActivities", "EventStats"]
+__all__ = ["BEGIN_UPDATE", "COMPENSATE_SUFFIX", "DriverActivities", "EventStats"]
 
 COMPENSATE_SUFFIX = ".compensate"
+BEGIN_UPDATE = "wfe.begin"
 
 
 @dataclass
@@ -127,6 +132,18 @@ class DriverActivities:
         except EngineError as exc:
             raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
         compensation = info.activity_type.endswith(COMPENSATE_SUFFIX)
+        if task.get("begin") is not None and not compensation:
+            # the attempt begins only if the workflow agrees (not frozen for migration, still
+            # the current try); the heartbeat keeps a slow answer from looking like a lost worker
+            asking = asyncio.create_task(self._heartbeat())
+            try:
+                begun = await self._begin(info, task)
+            finally:
+                asking.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asking
+            if not begun:
+                return {"kind": "deferred"}
         req = StageRequest(
             run_id=task["run_id"],
             workflow=wf,
@@ -208,6 +225,27 @@ class DriverActivities:
                 waiting_for=outcome.waiting_for,
             )
         return result
+
+    async def _begin(self, info: activity.Info, task: dict[str, Any]) -> bool:
+        """Ask the run to begin this stage attempt (``wfe.begin``); False when it refused
+        (the activity was withdrawn by a freeze, or the run is over) and nothing may run."""
+        assert info.workflow_id is not None  # a workflow's activity, never a standalone one
+        handle = activity.client().get_workflow_handle(
+            info.workflow_id, run_id=info.workflow_run_id
+        )
+        try:
+            await handle.execute_update(
+                BEGIN_UPDATE,
+                {"stage": task["stage_id"], "token": task["begin"]},
+                result_type=dict,
+            )
+        except WorkflowUpdateFailedError:
+            return False
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False  # the execution ended (moved away, cancelled)
+            raise
+        return True
 
     async def _load_record(self, data: dict[str, Any]) -> StepRecord:
         rec = record_from_json(data)

@@ -59,7 +59,10 @@ class EngineWorker:
         for wf_id, version in sorted(eng.registry.served()):
             tq = eng.task_queue(wf_id, version)
             self.task_queues.append(tq)
-            self._keys.append((tq, version))
+            grace = timedelta(seconds=self.graceful_shutdown_timeout)
+            # two workers per version: workflow tasks (and local activities), then stage
+            # activities. They stop in reverse order, so the workflow side still answers the
+            # ``wfe.begin`` of a stage activity picked up just before a graceful shutdown
             workers.append(
                 Worker(
                     eng._conn,
@@ -67,12 +70,22 @@ class EngineWorker:
                     deployment_config=eng.deployment_config(wf_id, version),
                     workflows=[GraphWorkflow],
                     activities=[acts.stage, acts.publish, acts.dead_letter, acts.save_state],
+                    no_remote_activities=True,
                     workflow_runner=runner,
-                    graceful_shutdown_timeout=timedelta(seconds=self.graceful_shutdown_timeout),
-                    max_concurrent_activities=self.max_concurrent_activities,
+                    graceful_shutdown_timeout=grace,
                     sticky_queue_schedule_to_start_timeout=timedelta(
                         seconds=self.sticky_queue_timeout
                     ),
+                )
+            )
+            workers.append(
+                Worker(
+                    eng._conn,
+                    task_queue=tq,
+                    deployment_config=eng.deployment_config(wf_id, version),
+                    activities=[acts.stage],
+                    graceful_shutdown_timeout=grace,
+                    max_concurrent_activities=self.max_concurrent_activities,
                 )
             )
         return workers
@@ -81,12 +94,17 @@ class EngineWorker:
         await self.engine.connect()
         stack = AsyncExitStack()
         try:
-            workers = self._workers()
-            hosted = self.engine._hosted
+            eng = self.engine
+            self._keys = [(eng.task_queue(w, v), v) for w, v in sorted(eng.registry.served())]
+            hosted = eng._hosted
             for key in self._keys:
-                await self.engine._drop_helper(key)
-                hosted[key] = hosted.get(key, 0) + 1
+                hosted[key] = hosted.get(key, 0) + 1  # no new helper from here on
             stack.callback(self._unhost)
+            for key in self._keys:
+                # a helper of the version must stop first: Temporal refuses a second worker
+                # of one task queue and build id in a process (even a workflow-only one)
+                await eng._drop_helper(key)
+            workers = self._workers()
             for w in workers:
                 await stack.enter_async_context(w)
         except BaseException:

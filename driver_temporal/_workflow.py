@@ -16,9 +16,17 @@ activity's own RetryPolicy only re-runs lost workers and timeouts, keeping the a
 sleeps on durable timers, waits on Temporal signals (buffered when sent early), runs saga
 compensations, and builds every lifecycle event with ``engine_port.Lifecycle``.
 
+A stage attempt begins when a worker picks its activity up, not when the workflow schedules it:
+the activity first asks the run (the ``wfe.begin`` update) and only then runs the stage body; the
+workflow records the attempt, emits ``stage.started`` (or resumes the suspended attempt) in that
+update. Until then the stage stays where it was (pending, between attempts, suspended), so a run
+whose activity sits on a queue no stage worker polls is still at a safe point.
+
 Migration (``TemporalEngine.export_run`` and friends): the ``wfe.freeze`` update freezes the run
-at a safe point (no stage activity in flight; a running one is waited for), after which no stage
-starts or resumes and signals are refused, and returns the run's snapshot;
+at a safe point, after which no stage starts or resumes and signals are refused, and returns the
+run's snapshot: stage activities that have not begun are withdrawn (cancelled: the server drops a
+scheduled activity at once, and a try already picked up is refused its begin, so it runs
+nothing), and a stage that began is waited for (up to ``wait``);
 ``wfe.complete_export`` ends the run ``migrated`` (emitting ``run.migrated`` with the sequence
 number the snapshot reserved) and ``wfe.abort_export`` unfreezes it. A run started with
 ``imported`` in its start input resumes from a snapshot: completed stages are kept, a suspended
@@ -41,12 +49,13 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle
 
-    from ._activities import COMPENSATE_SUFFIX
+    from ._activities import BEGIN_UPDATE, COMPENSATE_SUFFIX
     from ._search import SA_STAGE, SA_STATUS
     from ._wire import parse_time
 
 __all__ = [
     "ABORT_EXPORT_UPDATE",
+    "BEGIN_UPDATE",
     "COMPLETE_EXPORT_UPDATE",
     "FREEZE_UPDATE",
     "RUN_INFO_QUERY",
@@ -68,6 +77,9 @@ _INFRA_RETRY = RetryPolicy(
 )
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
 _LOCAL_PATCH = "wfe-local-stages"
+# stage attempts begin (stage.started, status running) when a worker picks the activity up,
+# not when it is scheduled; runs started before this marker keep beginning at scheduling
+_BEGIN_PATCH = "wfe-stage-begin"
 
 
 class _Migrated(Exception):
@@ -104,7 +116,11 @@ class GraphWorkflow:
         self._ready = False
         self._frozen = False
         self._migrated_to: str | None = None
-        self._inflight = 0
+        self._inflight = 0  # stage attempts that began and have not returned yet
+        # the stage activity awaiting its begin (or running), per stage: token, attempt,
+        # fresh, begun, withdrawn, handle
+        self._begins: dict[str, dict[str, Any]] = {}
+        self._tokens = 0
         self._parked = False  # events kept in the BlobStore by a worker that had no sink
         self._status = "pending"
         self._run_id: str = ""
@@ -149,6 +165,7 @@ class GraphWorkflow:
             await workflow.wait_condition(lambda: self._ready)
         self._refuse_move()
         self._frozen = True
+        self._withdraw()
         self._sync()
 
         def settled() -> bool:
@@ -179,6 +196,38 @@ class GraphWorkflow:
     def _validate_freeze(self, body: dict[str, Any]) -> None:
         if self._ready:
             self._refuse_move()
+
+    def _withdraw(self) -> None:
+        """Cancel every stage activity no worker has begun: those stages have not started
+        (no stage.started, no attempt recorded), so the frozen run is at a safe point. The
+        server cancels a scheduled activity at once, so none of them can start any more (a
+        try already picked up asks to begin and is refused); they are scheduled again if the
+        run is unfrozen, and never if it moved."""
+        for b in self._begins.values():
+            if not b["begun"] and not b["withdrawn"] and b["handle"] is not None:
+                b["withdrawn"] = True
+                b["handle"].cancel()
+
+    @workflow.update(name=BEGIN_UPDATE)
+    def on_begin(self, body: dict[str, Any]) -> dict[str, Any]:
+        b = self._begins[body["stage"]]
+        if not b["begun"]:
+            b["begun"] = True
+            self._inflight += 1
+            self._begin_stage(body["stage"], b["attempt"], b["fresh"], sync=True)
+        return {"attempt": b["attempt"]}
+
+    @on_begin.validator
+    def _validate_begin(self, body: dict[str, Any]) -> None:
+        """A stage activity asks before its body runs; it is refused (and runs nothing) once
+        it was withdrawn, when the run is frozen or over, or when it is not the current one."""
+        b = self._begins.get(body.get("stage") or "")
+        if b is None or b["token"] != body.get("token") or b["withdrawn"]:
+            raise ApplicationError("stage activity withdrawn", type="StageWithdrawn")
+        if b["begun"]:
+            return  # a retry of a try that began (a lost worker): it goes on
+        if self._frozen or self._migrated_to is not None or self._final:
+            raise ApplicationError("run is frozen or over", type="StageWithdrawn")
 
     @workflow.update(name=COMPLETE_EXPORT_UPDATE)
     def on_complete_export(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -426,27 +475,16 @@ class GraphWorkflow:
             next_attempt = st["attempt"] + 1  # imported between attempts: the retry is due
         while True:
             await self._gate()
-            st["backoff"] = False
-            if fresh:
-                st["attempt"] = next_attempt
-            attempt = st["attempt"]
-            if fresh:
-                if not self._run_started:
-                    self._run_started = True
-                    self._emit(self._lc.run_started())
-                st.update(
-                    status="running",
-                    started_at=_iso(workflow.now()),
-                    finished_at=None,
-                    suspensions=0,
-                    waiting_for=None,
-                    wake_at=None,
-                )
-                self._emit(self._lc.stage_started(sid, attempt))
-                self._sync()
+            attempt = next_attempt if fresh else st["attempt"]
+            if not spec.local and workflow.patched(_BEGIN_PATCH):
+                # the attempt begins when a worker picks the activity up (on_begin); until
+                # then the stage is where it was (pending, between attempts, suspended)
+                res = await self._call(sid, attempt, compensation=False, fresh=fresh)
+                if res["kind"] == "deferred":
+                    continue  # withdrawn by a freeze before it began: back to the gate
             else:
-                st.update(status="running", waiting_for=None, wake_at=None)
-            res = await self._call(sid, attempt, compensation=False)
+                self._begin_stage(sid, attempt, fresh, sync=fresh)
+                res = await self._call(sid, attempt, compensation=False)
             kind = res["kind"]
             if kind == "completed":
                 self._order += 1
@@ -490,6 +528,29 @@ class GraphWorkflow:
             next_attempt = attempt + 1
             fresh = True
 
+    def _begin_stage(self, sid: str, attempt: int, fresh: bool, *, sync: bool) -> None:
+        """The attempt starts (``fresh``: stage.started) or a suspended one resumes."""
+        st = self._stages[sid]
+        st["backoff"] = False
+        if fresh:
+            st["attempt"] = attempt
+            if not self._run_started:
+                self._run_started = True
+                self._emit(self._lc.run_started())
+            st.update(
+                status="running",
+                started_at=_iso(workflow.now()),
+                finished_at=None,
+                suspensions=0,
+                waiting_for=None,
+                wake_at=None,
+            )
+            self._emit(self._lc.stage_started(sid, attempt))
+        else:
+            st.update(status="running", waiting_for=None, wake_at=None)
+        if sync:
+            self._sync()
+
     def _delay(self, sid: str, attempt: int) -> float:
         r = self._graph.stage(sid).retry
         seconds = r.initial_interval_s * r.backoff ** (attempt - 1)
@@ -526,7 +587,12 @@ class GraphWorkflow:
                 todo.extend(self._graph.stage(d).after)
         return seen
 
-    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:
+    async def _call(
+        self, sid: str, attempt: int, *, compensation: bool, fresh: bool | None = None
+    ) -> dict[str, Any]:
+        """Run one try of a stage attempt (or compensation) as an activity. With ``fresh``
+        set (not None), the activity asks the workflow to begin the attempt before its body
+        runs (``on_begin``); until then a freeze withdraws it and this returns ``deferred``."""
         st = self._stages[sid]
         spec = self._graph.stage(sid)
         steps = st["comp_steps"] if compensation else st["steps"]
@@ -547,7 +613,20 @@ class GraphWorkflow:
         if spec.timeout_s:
             timeout = timedelta(seconds=spec.timeout_s + _GRACE)
         what = "compensation" if compensation else "attempt"
-        if not compensation:
+        begin: dict[str, Any] | None = None
+        if fresh is not None:
+            self._tokens += 1
+            begin = {
+                "token": self._tokens,
+                "attempt": attempt,
+                "fresh": fresh,
+                "begun": False,
+                "withdrawn": False,
+                "handle": None,
+            }
+            self._begins[sid] = begin
+            task["begin"] = self._tokens
+        elif not compensation:
             self._inflight += 1
         name = sid + COMPENSATE_SUFFIX if compensation else sid
         summary = f"{sid} {what} {attempt}"
@@ -564,7 +643,7 @@ class GraphWorkflow:
                     summary=summary,
                 )
             else:
-                res = await workflow.execute_activity(
+                handle = workflow.start_activity(
                     name,
                     task,
                     result_type=dict,
@@ -573,8 +652,13 @@ class GraphWorkflow:
                     retry_policy=_INFRA_RETRY,
                     summary=summary,
                 )
+                if begin is not None:
+                    begin["handle"] = handle
+                res = await handle
         except ActivityError as exc:
             cause = exc.cause
+            if begin is not None and begin["withdrawn"] and not begin["begun"]:
+                return {"kind": "deferred"}
             if isinstance(cause, CancelledError):
                 raise asyncio.CancelledError() from None
             if isinstance(cause, ApplicationError):
@@ -590,8 +674,18 @@ class GraphWorkflow:
                 "retryable": retryable,
             }
         finally:
-            if not compensation:
+            if begin is not None:
+                if self._begins.get(sid) is begin:
+                    del self._begins[sid]
+                if begin["begun"]:
+                    self._inflight -= 1
+            elif not compensation:
                 self._inflight -= 1
+        if res["kind"] == "deferred":
+            return res  # refused to begin: it ran nothing
+        if begin is not None and not begin["begun"]:
+            # a worker whose activity does not ask to begin (an older driver) ran it anyway
+            self._begin_stage(sid, attempt, bool(fresh), sync=True)
         for rec in res.get("steps") or ():
             steps[rec["name"]] = rec
         for name in res.get("consumed") or ():

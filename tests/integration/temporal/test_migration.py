@@ -1,0 +1,185 @@
+"""Export at the edges of a stage attempt: a stage activity that is scheduled but was never
+picked up by a worker is still a safe point (the freeze takes it at once, the snapshot says
+pending, no ``stage.started`` was emitted for it); a stage a worker did pick up is waited for."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import PendingActivityState
+
+from conformance import ExecutionLog
+from conformance._models import Num
+from driver_temporal import TemporalEngine
+from engine_port import (
+    EngineSettings,
+    MemorySink,
+    Registry,
+    RunStatus,
+    StageContext,
+    Workflow,
+    WorkflowEngine,
+    create_engine,
+    migrate_run,
+)
+from engine_port.errors import MigrationError
+
+from .conftest import EngineFactory, trace
+
+pytestmark = pytest.mark.temporal
+
+
+def _workflow(log: ExecutionLog, name: str, *, slow_a: float = 0.0) -> Workflow[Num]:
+    wf = Workflow(f"{name}-{time.monotonic_ns()}", input=Num, version="v1")
+
+    @wf.stage
+    async def a(ctx: StageContext[Num]) -> str:
+        log.hit("a:enter")
+        if slow_a:
+            await asyncio.sleep(slow_a)
+        log.hit("a")
+        return "a"
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[Num]) -> str:
+        log.hit("b")
+        return "b"
+
+    return wf
+
+
+async def _pending_activities(engine: TemporalEngine, run_id: str) -> list[Any]:
+    desc = await engine._conn.get_workflow_handle(run_id).describe()
+    return list(desc.raw_description.pending_activities)
+
+
+async def _scheduled_by_helper(engine: TemporalEngine, wf: Workflow[Num], run_id: str) -> None:
+    """Let the engine's workflow-only helper run the run's first workflow task (no stage
+    worker exists anywhere), until the first stage's activity is scheduled."""
+    await engine._helper(wf.id, wf.version)
+    deadline = time.monotonic() + 20
+    while not await _pending_activities(engine, run_id):
+        assert time.monotonic() < deadline, "the first stage activity was never scheduled"
+        await asyncio.sleep(0.05)
+    (act,) = await _pending_activities(engine, run_id)
+    assert act.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
+
+
+def _native(tmp_path: Path, registry: Registry, sink: MemorySink, blob_dir: Path) -> WorkflowEngine:
+    return create_engine(
+        EngineSettings(
+            driver="native",
+            database_url=f"sqlite:///{tmp_path / 'wfe.db'}",
+            blob_url=f"file://{blob_dir}",
+            lease_seconds=1.0,
+        ),
+        registry,
+        event_sink=sink,
+    )
+
+
+async def test_export_takes_a_stage_scheduled_but_never_picked_up(
+    make_engine: EngineFactory, tmp_path: Path, blob_dir: Path
+) -> None:
+    log = ExecutionLog(tmp_path / "log")
+    wf = _workflow(log, "mig-sched")
+    registry = Registry([wf])
+    sink = MemorySink()
+    source = make_engine(registry, sink=sink)
+    await source.connect()
+    run = await source.start(wf.id, {"n": 1})
+    await _scheduled_by_helper(source, wf, run.id)
+    await asyncio.sleep(0.5)  # let the helper publish whatever it emitted
+    await source.flush_events()
+    assert "stage.started" not in [t for t, _ in trace(sink, run.id)]
+    assert (await source.get_run(run.id)).stage("a").status == "pending"
+
+    async with _native(tmp_path, registry, sink, blob_dir) as target:
+        t0 = time.monotonic()
+        move = await migrate_run(source, target, run.id, wait=20)
+        assert move.outcome == "moved", move
+        assert time.monotonic() - t0 < 10, "the freeze waited for a stage that never started"
+        assert (await source.get_run(run.id)).status == RunStatus.MIGRATED
+        # the scheduled activity was withdrawn with the run: a stage worker arriving on the
+        # source now finds nothing to run
+        async with source.worker():
+            async with target.worker():
+                info = await target.wait(run.id, timeout=60)
+            await source.flush_events()
+    assert info.status == RunStatus.COMPLETED and info.output == "b"
+    assert log.counts() == {"a:enter": 1, "a": 1, "b": 1}
+    events = sink.for_run(run.id)
+    started = [(e.type, e.stage) for e in events if e.type in ("run.started", "stage.started")]
+    assert started == [("run.started", None), ("stage.started", "a"), ("stage.started", "b")]
+    assert [e.type for e in events].count("run.migrated") == 1
+
+
+async def test_export_after_abort_runs_the_withdrawn_stage_once_on_the_source(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    log = ExecutionLog(tmp_path / "log")
+    wf = _workflow(log, "mig-abort")
+    sink = MemorySink()
+    source = make_engine(Registry([wf]), sink=sink)
+    await source.connect()
+    run = await source.start(wf.id, {"n": 1})
+    await _scheduled_by_helper(source, wf, run.id)
+    t0 = time.monotonic()
+    snapshot = await source.export_run(run.id, wait=20)
+    assert time.monotonic() - t0 < 10
+    assert snapshot.status == RunStatus.PENDING
+    assert [(s.id, s.status, s.attempt) for s in snapshot.stages] == [
+        ("a", "pending", 0),
+        ("b", "pending", 0),
+    ]
+    await source.abort_export(run.id)
+    async with source.worker():
+        info = await source.wait(run.id, timeout=60)
+        await source.flush_events()
+    assert info.status == RunStatus.COMPLETED
+    assert log.counts() == {"a:enter": 1, "a": 1, "b": 1}
+    assert trace(sink, run.id) == [
+        ("run.created", None),
+        ("run.started", None),
+        ("stage.started", "a"),
+        ("stage.completed", "a"),
+        ("stage.started", "b"),
+        ("stage.completed", "b"),
+        ("run.completed", None),
+    ]
+
+
+async def test_export_still_waits_for_a_stage_a_worker_picked_up(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    log = ExecutionLog(tmp_path / "log")
+    wf = _workflow(log, "mig-running", slow_a=3.0)
+    sink = MemorySink()
+    source = make_engine(Registry([wf]), sink=sink)
+    await source.connect()
+    run = await source.start(wf.id, {"n": 1})
+    async with source.worker():
+        deadline = time.monotonic() + 20
+        while log.count("a:enter") == 0:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        with pytest.raises(MigrationError, match="has a stage running"):
+            await source.export_run(run.id, wait=0.5)
+        t0 = time.monotonic()
+        snapshot = await source.export_run(run.id, wait=30)
+        assert time.monotonic() - t0 > 1.0  # it waited for a to finish
+        assert log.count("a") == 1
+        assert [(s.id, s.status) for s in snapshot.stages] == [
+            ("a", "completed"),
+            ("b", "pending"),
+        ]
+        await source.abort_export(run.id)
+        info = await source.wait(run.id, timeout=60)
+        await source.flush_events()
+    assert info.status == RunStatus.COMPLETED
+    assert log.counts() == {"a:enter": 1, "a": 1, "b": 1}
+    assert [t for t, _ in trace(sink, run.id)].count("stage.started") == 2
