@@ -36,12 +36,12 @@ import asyncio
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, suppress
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pydantic_core
 from temporalio.api.deployment.v1 import WorkerDeploymentVersion as PbDeploymentVersion
-from temporalio.api.enums.v1 import PendingWorkflowTaskState, TaskQueueType
+from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentVersionRequest
 from temporalio.client import (
     Client,
@@ -52,7 +52,6 @@ from temporalio.client import (
 )
 from temporalio.common import (
     PinnedVersioningOverride,
-    SearchAttributePair,
     TypedSearchAttributes,
     VersioningBehavior,
     WorkerDeploymentVersion,
@@ -62,7 +61,6 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker, WorkerDeploymentConfig
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from engine_port import (
     BlobStore,
@@ -83,7 +81,6 @@ from engine_port import (
     open_blob_store,
     run_output,
 )
-from engine_port._graph import GraphModel
 from engine_port._serde import input_fingerprint
 from engine_port.errors import (
     DriverUnavailableError,
@@ -97,8 +94,23 @@ from engine_port.errors import (
     WorkflowDrainedError,
 )
 
+from . import _moving
 from ._activities import DriverActivities, EventStats
-from ._search import SA_IDEMPOTENCY_KEY, SA_STATUS, SA_VERSION, check_search_attributes
+from ._helpers import (
+    _ACTIVE,
+    _ALL,
+    _WFT_STARTED,
+    _downstream,
+    _failure_message,
+    _failure_type,
+    _json,
+    _now,
+    _pairs,
+    _quote,
+    _settle,
+    _state_from_memo,
+)
+from ._search import SA_VERSION, check_search_attributes
 from ._wire import (
     deployment_for,
     new_run_id,
@@ -108,22 +120,10 @@ from ._wire import (
     task_queue_for,
 )
 from ._workflow import (
-    ABORT_EXPORT_UPDATE,
-    COMPLETE_EXPORT_UPDATE,
-    FREEZE_UPDATE,
     SIGNAL_UPDATE,
-    GraphWorkflow,
 )
 
 __all__ = ["TemporalEngine", "create_temporal_engine"]
-
-_WFT_STARTED = PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED
-_ACTIVE = ("pending", "running", "suspended", "compensating")
-_ALL = (*_ACTIVE, "completed", "failed", "cancelled", "migrated")
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 class TemporalEngine(WorkflowEngine):
@@ -273,7 +273,7 @@ class TemporalEngine(WorkflowEngine):
             return
         own: tuple[Worker, asyncio.Task[None]] | None = None
         if not (self._hosted.get(key) or key in self._helpers):  # else it polls already
-            worker = self._workflow_only_worker(workflow_id, version)
+            worker = _moving.workflow_only_worker(self, workflow_id, version)
             own = (worker, asyncio.create_task(worker.run()))
         try:
             loop = asyncio.get_running_loop()
@@ -337,11 +337,11 @@ class TemporalEngine(WorkflowEngine):
         graph = wf.graph()
         fp = input_fingerprint(wf.id, data)
         client = self._conn
-        drained_to = await self._drained(wf.id)
+        drained_to = await _moving.drained(self, wf.id)
         if drained_to is not None:
             raise WorkflowDrainedError(wf.id, drained_to)
         if idempotency_key:
-            moved_here = await self._keyed_run(idempotency_key)
+            moved_here = await _moving.keyed_run(self, idempotency_key)
             if moved_here is not None:  # an imported run holds this key
                 memo, status = moved_here
                 if memo.get("wfe_fp") != fp:
@@ -686,7 +686,6 @@ class TemporalEngine(WorkflowEngine):
         return await self.get_run(run_id)
 
     async def _load_state(self, run_id: str) -> dict[str, Any]:
-        import pydantic_core
 
         state: dict[str, Any] = pydantic_core.from_json(
             await self.blob_store.get(state_key(run_id))
@@ -725,262 +724,27 @@ class TemporalEngine(WorkflowEngine):
             )
         return out
 
-    # -- migration ----------------------------------------------------------------------------
-    def _scope_key(self, *parts: str) -> str:
-        ns, tq = self.settings.temporal_namespace, self.settings.task_queue
-        return "/".join(["temporal", _safe(ns), _safe(tq), *parts])
-
-    def _drain_key(self, workflow_id: str) -> str:
-        return self._scope_key("drains", _safe(workflow_id) + ".json")
-
-    def _key_key(self, key: str) -> str:
-        return self._scope_key("keys", _sha(key) + ".json")
-
-    async def _drained(self, workflow_id: str) -> str | None:
-        k = self._drain_key(workflow_id)
-        if not await self.blob_store.has(k):
-            return None
-        try:
-            target: str = pydantic_core.from_json(await self.blob_store.get(k))["target"]
-        except EngineError:  # lifted meanwhile
-            return None
-        return target
-
+    # -- migration (driver_temporal/_moving.py) --------------------------------------------------
     async def drain(self, workflow_ids: Sequence[str], target: str | None) -> None:
-        """Recorded in the shared BlobStore, so every engine of this cluster (same namespace
-        and task queue) refuses new runs of the drained workflows."""
-        for wf_id in workflow_ids:
-            if target is None:
-                await self.blob_store.delete(self._drain_key(wf_id))
-            else:
-                await self.blob_store.put(
-                    self._drain_key(wf_id),
-                    pydantic_core.to_json({"workflow_id": wf_id, "target": target}),
-                )
-
-    async def _keyed_run(self, key: str) -> tuple[Any, WorkflowExecutionStatus | None] | None:
-        """The imported run that holds idempotency key ``key`` here, if any."""
-        k = self._key_key(key)
-        if not await self.blob_store.has(k):
-            return None
-        try:
-            run_id: str = pydantic_core.from_json(await self.blob_store.get(k))["run_id"]
-            memo, status = await self._describe(run_id)
-        except (RunNotFoundError, EngineError):
-            return None  # an import that never started its run
-        if (memo.get("wfe_run") or {}).get("status") == "migrated":
-            return None  # moved away again
-        return memo, status
-
-    def _workflow_only_worker(self, workflow_id: str, version: str) -> Worker:
-        """A worker of the version that runs workflow tasks and the event-publishing local
-        activities only (never a stage)."""
-        acts = self._activities
-        return Worker(
-            self._conn,
-            task_queue=self.task_queue(workflow_id),
-            workflows=[GraphWorkflow],
-            activities=[acts.publish, acts.dead_letter, acts.save_state],
-            no_remote_activities=True,
-            max_cached_workflows=0,
-            workflow_runner=SandboxedWorkflowRunner(
-                restrictions=SandboxRestrictions.default.with_passthrough_modules(
-                    "engine_port", "driver_temporal", "pydantic", "pydantic_core", "annotated_types"
-                )
-            ),
-            graceful_shutdown_timeout=timedelta(seconds=5),
-            deployment_config=self.deployment_config(workflow_id, version),
-        )
-
-    async def _helper(self, workflow_id: str, version: str) -> None:
-        """Make sure a workflow-only worker serves the run's version in this process, so
-        that migration updates are answered even when no worker of the version is up."""
-        key = (self.task_queue(workflow_id), version)
-        if key in self._helpers or self._hosted.get(key):
-            return  # (one process may not run two workers of one task queue and version)
-        worker = self._workflow_only_worker(workflow_id, version)
-        self._helpers[key] = (worker, asyncio.create_task(worker.run()))
-
-    async def _drop_helper(self, key: tuple[str, str]) -> None:
-        """Stop the helper of ``(task queue, version)`` (a full worker is about to serve it)."""
-        helper = self._helpers.pop(key, None)
-        if helper is not None:
-            worker, task = helper
-            with suppress(Exception):
-                await worker.shutdown()
-            with suppress(BaseException):
-                await task
-
-    async def _update(self, run_id: str, info: RunInfo, name: str, body: dict[str, Any]) -> Any:
-        await self._helper(info.workflow_id, info.version)
-        handle = self._conn.get_workflow_handle(run_id)
-        wait = float(body.get("wait") or 0.0)
-        try:
-            return await handle.execute_update(
-                name, body, result_type=dict, rpc_timeout=timedelta(seconds=wait + 60)
-            )
-        except WorkflowUpdateFailedError as exc:
-            if _failure_type(exc) in ("MigrationError", "RunNotActiveError"):
-                raise MigrationError(_failure_message(exc)) from None
-            raise MigrationError(f"run {run_id!r}: {_failure_message(exc)}") from None
-        except WorkflowUpdateRPCTimeoutOrCancelledError:
-            raise MigrationError(
-                f"run {run_id!r} did not answer the migration request in time; retry"
-            ) from None
-        except RPCError as exc:
-            current = await self.get_run(run_id)
-            if current.terminal:
-                raise MigrationError(
-                    f"run {run_id!r} is {current.status}; terminal runs stay where they are"
-                ) from None
-            raise DriverUnavailableError(f"Temporal update of {run_id!r} failed: {exc}") from None
+        await _moving.drain(self, workflow_ids, target)
 
     async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
-        info = await self.get_run(run_id)
-        if info.status == RunStatus.MIGRATED:
-            raise MigrationError(f"run {run_id!r} was already migrated to {info.migrated_to!r}")
-        if info.terminal or info.status == RunStatus.COMPENSATING:
-            raise MigrationError(
-                f"run {run_id!r} is {info.status}; only pending or suspended runs, or runs "
-                "between stages, can migrate (terminal runs stay where they are)"
-            )
-        data = await self._update(run_id, info, FREEZE_UPDATE, {"wait": wait})
-        return RunSnapshot.model_validate(data)
+        return await _moving.export_run(self, run_id, wait=wait)
 
     async def complete_export(self, run_id: str, target: str) -> RunInfo:
-        info = await self.get_run(run_id)
-        if info.status == RunStatus.MIGRATED:
-            return info
-        await self._update(run_id, info, COMPLETE_EXPORT_UPDATE, {"target": target})
-        # the execution ends once run.migrated is published
-        with suppress(TimeoutError):
-            await asyncio.wait_for(_settle(self._conn.get_workflow_handle(run_id)), 60)
-        return await self.get_run(run_id)
+        return await _moving.complete_export(self, run_id, target)
 
     async def abort_export(self, run_id: str) -> None:
-        info = await self.get_run(run_id)
-        if info.terminal:
-            return
-        await self._update(run_id, info, ABORT_EXPORT_UPDATE, {})
+        await _moving.abort_export(self, run_id)
 
     async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
-        run_id = snapshot.run_id
-        reuse = WorkflowIDReusePolicy.REJECT_DUPLICATE
-        try:
-            memo, status = await self._describe(run_id)
-        except RunNotFoundError:
-            pass
-        else:
-            existing = await self._info_from_memo(memo, status)
-            if existing.status != RunStatus.MIGRATED:
-                return existing  # a rerun migration never duplicates
-            reuse = WorkflowIDReusePolicy.ALLOW_DUPLICATE  # it moved away and comes back
-        if snapshot.graph is not None:
-            graph = GraphModel.model_validate(snapshot.graph)
-        else:
-            graph = self.registry.graph(snapshot.workflow_id, snapshot.version)
-        key = snapshot.idempotency_key
-        if key:
-            holder = await self._keyed_run(key)
-            if holder is not None and holder[0]["wfe_run"]["id"] != run_id:
-                raise IdempotencyConflictError(key, holder[0]["wfe_run"]["id"])
-            native_id = run_id_for_key(key)
-            if native_id != run_id:
-                with suppress(RunNotFoundError):
-                    await self._describe(native_id)
-                    raise IdempotencyConflictError(key, native_id)
-            await self.blob_store.put(
-                self._key_key(key), pydantic_core.to_json({"key": key, "run_id": run_id})
-            )
-        run_started = snapshot.status != RunStatus.PENDING
-        stages: dict[str, dict[str, Any]] = {}
-        for st in snapshot.stages:
-            stages[st.id] = {
-                "status": str(st.status),
-                "attempt": st.attempt,
-                "output": st.output if st.has_output else None,
-                "error": None if st.error is None else st.error.model_dump(),
-                "waiting_for": st.waiting_for,
-                "wake_at": None if st.wake_at is None else st.wake_at.isoformat(),
-                "started_at": None if st.started_at is None else st.started_at.isoformat(),
-                "finished_at": None if st.finished_at is None else st.finished_at.isoformat(),
-                "order": st.completed_order,
-                "suspensions": st.suspensions,
-                "steps": {
-                    s.name: {
-                        "name": s.name,
-                        "kind": s.kind,
-                        "completed": s.completed,
-                        "result": s.result,
-                        "deadline": None if s.deadline is None else s.deadline.isoformat(),
-                        "signal": s.signal,
-                    }
-                    for s in st.steps
-                },
-                "events": list(st.staged_events),
-            }
-        created = (snapshot.created_at or _now()).isoformat()
-        status_now = "pending" if not run_started else str(snapshot.status)
-        start = {
-            "run_id": run_id,
-            "workflow_id": snapshot.workflow_id,
-            "version": snapshot.version,
-            "graph": graph.model_dump(mode="json"),
-            "input": snapshot.input,
-            "idempotency_key": key,
-            "fingerprint": snapshot.input_fingerprint,
-            "created_at": created,
-            "heartbeat_timeout_s": self.heartbeat_timeout,
-            "dead_letter_after": self.settings.dead_letter_after,
-            "redrive": snapshot.redrive_count,
-            "event_seq": snapshot.event_seq,
-            "stages": stages,
-            "signals": dict(snapshot.signals),
-            "consumed": list(snapshot.consumed_signals),
-            "run_started": run_started,
-            "deadline": None if snapshot.deadline is None else snapshot.deadline.isoformat(),
-            "imported": True,
-        }
-        initial = {
-            "id": run_id,
-            "workflow_id": snapshot.workflow_id,
-            "version": snapshot.version,
-            "status": status_now,
-            "input": snapshot.input,
-            "stages": [
-                {
-                    "id": sid,
-                    "status": stages[sid]["status"] if sid in stages else "pending",
-                    "attempt": stages.get(sid, {}).get("attempt", 0),
-                    "output": stages.get(sid, {}).get("output"),
-                    "waiting_for": stages.get(sid, {}).get("waiting_for"),
-                    "wake_at": stages.get(sid, {}).get("wake_at"),
-                }
-                for group in graph.groups
-                for sid in group
-            ],
-            "idempotency_key": key,
-            "redrive_count": snapshot.redrive_count,
-            "created_at": created,
-            "sinks": graph.sinks(),
-            "event_seq": snapshot.event_seq,
-            "run_started": run_started,
-        }
-        pairs = _pairs(snapshot.version, key, status_now)
-        with suppress(WorkflowAlreadyStartedError):  # a concurrent import of the same run won
-            await self._start_pinned(
-                snapshot.workflow_id,
-                snapshot.version,
-                start,
-                id=run_id,
-                id_reuse_policy=reuse,
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                memo={"wfe_run": initial, "wfe_fp": snapshot.input_fingerprint},
-                search_attributes=TypedSearchAttributes(pairs),
-                static_summary=f"{snapshot.workflow_id} {snapshot.version} "
-                f"(imported from {snapshot.source or 'another engine'})",
-            )
-        return await self.get_run(run_id)
+        return await _moving.import_run(self, snapshot)
+
+    async def _helper(self, workflow_id: str, version: str) -> None:
+        await _moving.helper(self, workflow_id, version)
+
+    async def _drop_helper(self, key: tuple[str, str]) -> None:
+        await _moving.drop_helper(self, key)
 
     # -- hosting and events -------------------------------------------------------------------
     def worker(self, **options: Any) -> AbstractAsyncContextManager[Any]:
@@ -999,7 +763,6 @@ class TemporalEngine(WorkflowEngine):
     async def replay_dlq(self) -> int:
         """Deliver dead-lettered events (kept under ``dlq/`` in the BlobStore) to the sink, in
         per-run order; delivered ones leave the DLQ. Returns how many were delivered."""
-        import pydantic_core
 
         from engine_port import Event
 
@@ -1024,102 +787,6 @@ class TemporalEngine(WorkflowEngine):
                 await self.blob_store.delete(k)
             n += len(events)
         return n
-
-
-async def _settle(handle: WorkflowHandle[Any, Any]) -> None:
-    """Wait until the execution (following redrives) is closed, whatever its outcome."""
-    with suppress(Exception):
-        await handle.result(follow_runs=True)
-
-
-def _pairs(
-    version: str, key: str | None, status: str = "pending"
-) -> list[SearchAttributePair[Any]]:
-    pairs: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(SA_VERSION, version),
-        SearchAttributePair(SA_STATUS, status),
-    ]
-    if key:
-        pairs.append(SearchAttributePair(SA_IDEMPOTENCY_KEY, key))
-    return pairs
-
-
-def _failure_type(exc: WorkflowUpdateFailedError) -> str | None:
-    cause = exc.cause
-    return getattr(cause, "type", None)
-
-
-def _failure_message(exc: WorkflowUpdateFailedError) -> str:
-    cause = exc.cause
-    return str(getattr(cause, "message", None) or cause or exc)
-
-
-def _sha(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _safe(part: str) -> str:
-    import re
-
-    ok = bool(part) and part not in (".", "..") and re.fullmatch(r"[A-Za-z0-9_.\-]+", part)
-    return part if ok else _sha(part)
-
-
-def _quote(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")
-
-
-def _json(value: Any) -> Any:
-    import pydantic_core
-
-    from engine_port.errors import SerializationError
-
-    try:
-        return pydantic_core.to_jsonable_python(value)
-    except Exception as exc:
-        raise SerializationError(
-            f"signal payload is not JSON-serialisable ({type(value).__name__}): {exc}"
-        ) from None
-
-
-def _state_from_memo(memo: Any) -> dict[str, Any]:
-    """What a redrive needs, rebuilt from an active run's memo (step ledgers are not in it:
-    the re-pinned stage starts its steps afresh)."""
-    info = memo["wfe_run"]
-    stages: dict[str, dict[str, Any]] = {}
-    done = sorted(
-        (s for s in info["stages"] if s.get("status") == "completed"),
-        key=lambda s: s.get("finished_at") or "",
-    )
-    order = {s["id"]: i + 1 for i, s in enumerate(done)}
-    for s in info["stages"]:
-        stages[s["id"]] = {**s, "order": order.get(s["id"]), "steps": {}, "events": []}
-    return {
-        "input": info["input"],
-        "idempotency_key": info.get("idempotency_key"),
-        "fingerprint": memo.get("wfe_fp"),
-        "created_at": info.get("created_at"),
-        "redrive": info.get("redrive_count", 0),
-        "event_seq": info.get("event_seq", 0),
-        "stages": stages,
-        "signals": {},
-        "consumed": [],
-        "run_started": info.get("run_started", False),
-    }
-
-
-def _downstream(stages: Sequence[Any], roots: set[str]) -> set[str]:
-    out = set(roots)
-    changed = True
-    while changed:
-        changed = False
-        for s in stages:
-            if s.id not in out and any(d in out for d in s.after):
-                out.add(s.id)
-                changed = True
-    return out
 
 
 def create_temporal_engine(

@@ -1,0 +1,140 @@
+"""Small helpers shared by the Temporal engine and its migration support."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import suppress
+from datetime import UTC, datetime
+from typing import Any
+
+import pydantic_core
+from temporalio.api.enums.v1 import PendingWorkflowTaskState
+from temporalio.client import (
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import (
+    SearchAttributePair,
+)
+
+from ._search import SA_IDEMPOTENCY_KEY, SA_STATUS, SA_VERSION
+
+_WFT_STARTED = PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED
+_ACTIVE = ("pending", "running", "suspended", "compensating")
+_ALL = (*_ACTIVE, "completed", "failed", "cancelled", "migrated")
+
+__all__ = [
+    "_ACTIVE",
+    "_ALL",
+    "_WFT_STARTED",
+    "_downstream",
+    "_failure_message",
+    "_failure_type",
+    "_json",
+    "_now",
+    "_pairs",
+    "_quote",
+    "_safe",
+    "_settle",
+    "_sha",
+    "_state_from_memo",
+]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _settle(handle: WorkflowHandle[Any, Any]) -> None:
+    """Wait until the execution (following redrives) is closed, whatever its outcome."""
+    with suppress(Exception):
+        await handle.result(follow_runs=True)
+
+
+def _pairs(
+    version: str, key: str | None, status: str = "pending"
+) -> list[SearchAttributePair[Any]]:
+    pairs: list[SearchAttributePair[Any]] = [
+        SearchAttributePair(SA_VERSION, version),
+        SearchAttributePair(SA_STATUS, status),
+    ]
+    if key:
+        pairs.append(SearchAttributePair(SA_IDEMPOTENCY_KEY, key))
+    return pairs
+
+
+def _failure_type(exc: WorkflowUpdateFailedError) -> str | None:
+    cause = exc.cause
+    return getattr(cause, "type", None)
+
+
+def _failure_message(exc: WorkflowUpdateFailedError) -> str:
+    cause = exc.cause
+    return str(getattr(cause, "message", None) or cause or exc)
+
+
+def _sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _safe(part: str) -> str:
+    import re
+
+    ok = bool(part) and part not in (".", "..") and re.fullmatch(r"[A-Za-z0-9_.\-]+", part)
+    return part if ok else _sha(part)
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _json(value: Any) -> Any:
+
+    from engine_port.errors import SerializationError
+
+    try:
+        return pydantic_core.to_jsonable_python(value)
+    except Exception as exc:
+        raise SerializationError(
+            f"signal payload is not JSON-serialisable ({type(value).__name__}): {exc}"
+        ) from None
+
+
+def _state_from_memo(memo: Any) -> dict[str, Any]:
+    """What a redrive needs, rebuilt from an active run's memo (step ledgers are not in it:
+    the re-pinned stage starts its steps afresh)."""
+    info = memo["wfe_run"]
+    stages: dict[str, dict[str, Any]] = {}
+    done = sorted(
+        (s for s in info["stages"] if s.get("status") == "completed"),
+        key=lambda s: s.get("finished_at") or "",
+    )
+    order = {s["id"]: i + 1 for i, s in enumerate(done)}
+    for s in info["stages"]:
+        stages[s["id"]] = {**s, "order": order.get(s["id"]), "steps": {}, "events": []}
+    return {
+        "input": info["input"],
+        "idempotency_key": info.get("idempotency_key"),
+        "fingerprint": memo.get("wfe_fp"),
+        "created_at": info.get("created_at"),
+        "redrive": info.get("redrive_count", 0),
+        "event_seq": info.get("event_seq", 0),
+        "stages": stages,
+        "signals": {},
+        "consumed": [],
+        "run_started": info.get("run_started", False),
+    }
+
+
+def _downstream(stages: Sequence[Any], roots: set[str]) -> set[str]:
+    out = set(roots)
+    changed = True
+    while changed:
+        changed = False
+        for s in stages:
+            if s.id not in out and any(d in out for d in s.after):
+                out.add(s.id)
+                changed = True
+    return out
