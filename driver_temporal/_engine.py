@@ -100,7 +100,6 @@ from ._helpers import (
     _ACTIVE,
     _ALL,
     _WFT_STARTED,
-    _downstream,
     _failure_message,
     _failure_type,
     _json,
@@ -625,9 +624,9 @@ class TemporalEngine(WorkflowEngine):
                 raise InvalidRedriveError(
                     f"run {run_id!r} has no failed stage; use from_='start' or a stage id"
                 )
-            reset = _downstream(graph.stages, {bad[0]}) | set(bad)
+            reset = graph.downstream(bad[0]) | set(bad)
         elif from_ in order:
-            reset = _downstream(graph.stages, {from_})
+            reset = graph.downstream(from_)
         else:
             raise InvalidRedriveError(
                 f"redrive from_={from_!r}: use 'last_failure', 'start' or one of {sorted(order)}"

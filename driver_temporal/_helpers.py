@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +26,6 @@ __all__ = [
     "_ACTIVE",
     "_ALL",
     "_WFT_STARTED",
-    "_downstream",
     "_failure_message",
     "_failure_type",
     "_json",
@@ -126,15 +124,3 @@ def _state_from_memo(memo: Any) -> dict[str, Any]:
         "consumed": [],
         "run_started": info.get("run_started", False),
     }
-
-
-def _downstream(stages: Sequence[Any], roots: set[str]) -> set[str]:
-    out = set(roots)
-    changed = True
-    while changed:
-        changed = False
-        for s in stages:
-            if s.id not in out and any(d in out for d in s.after):
-                out.add(s.id)
-                changed = True
-    return out
