@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -121,15 +120,6 @@ class Database:
     @property
     def safe_url(self) -> str:
         return make_url(self.url).render_as_string(hide_password=True)
-
-    def now_sql(self) -> Any:
-        """The database clock as epoch seconds (PostgreSQL) for lease comparisons."""
-        return sa.func.extract("epoch", sa.func.clock_timestamp())
-
-    def db_now(self, conn: Connection) -> float:
-        if self.is_postgres:
-            return float(conn.execute(sa.select(self.now_sql())).scalar_one())
-        return time.time()
 
     # -- schema -----------------------------------------------------------------------------
     def upgrade(self) -> list[int]:

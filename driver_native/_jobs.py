@@ -12,14 +12,9 @@ from sqlalchemy import Connection
 from engine_port import RunStatus
 
 from ._schema import jobs, runs
+from ._sql import db_clock, lease_until
 
 __all__ = ["claim", "heartbeat", "poll_suspended", "reap_stale", "release"]
-
-
-def _lease_until(conn: Connection, lease: float, now: float) -> Any:
-    if conn.dialect.name == "postgresql":
-        return sa.func.extract("epoch", sa.func.clock_timestamp()) + lease
-    return now + lease
 
 
 def claim(
@@ -44,9 +39,7 @@ def claim(
     stmt = (
         sa.update(jobs)
         .where(jobs.c.id.in_(inner.scalar_subquery()))
-        .values(
-            status="leased", lease_owner=worker, lease_expires_at=_lease_until(conn, lease, now)
-        )
+        .values(status="leased", lease_owner=worker, lease_expires_at=lease_until(conn, lease, now))
         .returning(*jobs.c)
     )
     return list(conn.execute(stmt).all())
@@ -59,7 +52,7 @@ def heartbeat(
     res = conn.execute(
         sa.update(jobs)
         .where(jobs.c.id == job_id, jobs.c.lease_owner == worker, jobs.c.status == "leased")
-        .values(lease_expires_at=_lease_until(conn, lease, now))
+        .values(lease_expires_at=lease_until(conn, lease, now))
         .returning(jobs.c.run_id, jobs.c.kind)
     ).first()
     if res is None:
@@ -91,14 +84,9 @@ def release(conn: Connection, job_ids: Collection[int], worker: str) -> int:
 
 def reap_stale(conn: Connection, now: float) -> int:
     """Expired leases (their worker died) become claimable again; the attempt is kept."""
-    db_now: Any = (
-        sa.func.extract("epoch", sa.func.clock_timestamp())
-        if conn.dialect.name == "postgresql"
-        else now
-    )
     res = conn.execute(
         sa.update(jobs)
-        .where(jobs.c.status == "leased", jobs.c.lease_expires_at < db_now)
+        .where(jobs.c.status == "leased", jobs.c.lease_expires_at < db_clock(conn, now))
         .values(status="ready", lease_owner=None, lease_expires_at=None)
     )
     return res.rowcount or 0

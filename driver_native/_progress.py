@@ -28,7 +28,7 @@ from engine_port import (
 
 from ._outbox import append_events
 from ._schema import jobs, runs, signals, staged_events, stages, steps
-from ._sql import delete_where, select_where, try_run, update_where
+from ._sql import db_clock, delete_where, select_where, try_run, update_where
 
 __all__ = [
     "Begin",
@@ -307,10 +307,11 @@ def _begin_handed(
 
 
 def _lease_deadline(conn: Connection, lease: float, now: float) -> float:
-    if conn.dialect.name == "postgresql":  # leases compare against the database clock
-        db_now = conn.execute(sa.select(sa.func.extract("epoch", sa.func.clock_timestamp())))
-        return float(db_now.scalar_one()) + lease
-    return now + lease
+    """A lease expiry as a number (one value for a multi-row insert)."""
+    clock = db_clock(conn, now)
+    if not isinstance(clock, float | int):
+        clock = conn.execute(sa.select(clock)).scalar_one()
+    return float(clock) + lease
 
 
 def _finish_completed(

@@ -62,6 +62,7 @@ from ._commands import (
 )
 from ._kernel import Kernel
 from ._schema import jobs, runs
+from ._sql import lease_until
 
 __all__ = [
     "handle_job",
@@ -82,12 +83,6 @@ def _default_worker_id() -> str:
 
 
 # -- transaction bodies ------------------------------------------------------------------------
-def _lease_until(conn: Connection, lease: float, now: float) -> Any:
-    if conn.dialect.name == "postgresql":
-        return sa.func.extract("epoch", sa.func.clock_timestamp()) + lease
-    return now + lease
-
-
 def _lease(
     conn: Connection,
     worker: str,
@@ -116,9 +111,7 @@ def _lease(
     stmt = (
         sa.update(jobs)
         .where(jobs.c.id.in_(inner.scalar_subquery()))
-        .values(
-            status="leased", lease_owner=worker, lease_expires_at=_lease_until(conn, lease, now)
-        )
+        .values(status="leased", lease_owner=worker, lease_expires_at=lease_until(conn, lease, now))
         .returning(*jobs.c)
     )
     return list(conn.execute(stmt).all())

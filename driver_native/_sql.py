@@ -17,7 +17,29 @@ from engine_port.errors import RunNotFoundError
 
 from ._schema import runs
 
-__all__ = ["delete_where", "lock_run", "select_where", "try_run", "update_where", "upsert"]
+__all__ = [
+    "db_clock",
+    "delete_where",
+    "lease_until",
+    "lock_run",
+    "select_where",
+    "try_run",
+    "update_where",
+    "upsert",
+]
+
+
+def db_clock(conn: Connection, now: float) -> Any:
+    """Leases compare against the database clock: PostgreSQL's (as a SQL expression, epoch
+    seconds), or ``now`` on SQLite, where the database and the host share one clock."""
+    if conn.dialect.name == "postgresql":
+        return sa.func.extract("epoch", sa.func.clock_timestamp())
+    return now
+
+
+def lease_until(conn: Connection, lease: float, now: float) -> Any:
+    """When a lease taken now expires (a SQL expression on PostgreSQL)."""
+    return db_clock(conn, now) + lease
 
 
 @functools.cache
