@@ -62,6 +62,7 @@ from ._commands import (
 from ._db import Database
 from ._ledger import SqlStepLedger
 from ._schema import command_keys, runs, steps
+from ._sql import select_where
 
 __all__ = ["Kernel"]
 
@@ -446,14 +447,8 @@ class Kernel:
         ledger_id = f"{stage_id}#compensation"
         attempt = 1
         while True:
-            rows = await self.db.tx(
-                lambda c: list(
-                    c.execute(
-                        sa.select(steps).where(
-                            steps.c.run_id == run_id, steps.c.stage_id == ledger_id
-                        )
-                    ).all()
-                )
+            rows = await self.db.read(
+                lambda c: list(select_where(c, steps, run_id=run_id, stage_id=ledger_id).all())
             )
             ledger = SqlStepLedger(self.db, self.claim, run_id, ledger_id, rows)
             req = StageRequest(run_id, wf, stage_id, attempt, run_input, outputs)
