@@ -17,6 +17,7 @@ import pytest
 
 from engine_port import (
     MemorySink,
+    NonRetryableError,
     Registry,
     RunStatus,
     StageContext,
@@ -64,6 +65,10 @@ def _workflow(log: ExecutionLog, kind: str) -> Workflow[Num]:
     @wf.stage(after=[b, c])
     async def d(ctx: StageContext[Num]) -> list[Any]:
         log.hit("d")
+        if kind == "redrive":  # fails until redriven, then waits for a signal
+            if log.count("d") == 1:
+                raise NonRetryableError("d fails until the run is redriven")
+            return [ctx.output_of(b), await ctx.step.wait_for_signal("go")]
         return [ctx.output_of(b), ctx.output_of(c)]
 
     return wf
@@ -206,3 +211,32 @@ class MigrationContract:
                 info = await target.wait(run.id, timeout=60)
         assert info.output == [7, "c"]
         assert log.counts()["c"] == 1 and log.counts()["a"] == 1
+
+    async def test_move_a_redriven_run(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        """The redrive count and the archived attempts (redrive history) follow the run."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "redrive")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            async with source.worker():
+                run = await source.start(wf.id, {"n": 1})
+                failed = await source.wait(run.id, timeout=60)
+                assert failed.status == RunStatus.FAILED
+                await source.redrive(run.id, from_="last_failure")
+                await wait_for_events(sink, run.id, "stage.suspended")
+            await _moved(source, target, run.id)
+            moved = await target.get_run(run.id)
+            assert moved.redrive_count == 1 and moved.stage("d").status == "suspended"
+            snap = await target.export_run(run.id, wait=30)
+            await target.abort_export(run.id)
+            assert snap.redrive_count == 1
+            assert [h["stage"] for h in snap.redrive_history] == ["d"]
+            assert (await target.signal(run.id, "go", "again")).delivered
+            async with target.worker():
+                info = await target.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED and info.output == ["b", "again"]
+        assert info.redrive_count == 1
+        # d: the failed attempt, the redriven one up to its wait, its replay after the signal
+        assert log.counts() == {"a": 1, "b": 1, "c": 1, "d": 3, "x": 1}

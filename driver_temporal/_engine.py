@@ -631,10 +631,16 @@ class TemporalEngine(WorkflowEngine):
             raise InvalidRedriveError(
                 f"redrive from_={from_!r}: use 'last_failure', 'start' or one of {sorted(order)}"
             )
+        history = list(state.get("redrive_history") or [])
         new_stages: dict[str, dict[str, Any]] = {}
         for sid in order:
             old = stages.get(sid) or {}
             if sid in reset:
+                if old.get("attempt"):  # archive the attempt this redrive supersedes
+                    record = {k: v for k, v in old.items() if k != "steps"}
+                    history.append(
+                        {"redrive": state.get("redrive", 0), "stage": sid, "record": record}
+                    )
                 keep_steps = from_ == "last_failure"
                 new_stages[sid] = {
                     "status": "pending",
@@ -657,6 +663,7 @@ class TemporalEngine(WorkflowEngine):
             "dead_letter_after": self.settings.dead_letter_after,
             "redrive": redrive,
             "redrive_from": from_,
+            "redrive_history": history,
             "event_seq": state.get("event_seq", 0),
             "stages": new_stages,
             "signals": state.get("signals") or {},

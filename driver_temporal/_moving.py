@@ -304,6 +304,7 @@ async def import_run(engine: TemporalEngine, snapshot: RunSnapshot) -> RunInfo:
         "heartbeat_timeout_s": engine.heartbeat_timeout,
         "dead_letter_after": engine.settings.dead_letter_after,
         "redrive": snapshot.redrive_count,
+        "redrive_history": list(snapshot.redrive_history),
         "event_seq": snapshot.event_seq,
         "stages": stages,
         "signals": dict(snapshot.signals),

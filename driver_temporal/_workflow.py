@@ -310,7 +310,7 @@ class GraphWorkflow:
             "consumed_signals": sorted(self._consumed),
             "event_seq": self._seq + 1,  # run.migrated takes the next number
             "redrive_count": self._redrive,
-            "redrive_history": [],
+            "redrive_history": self._redrive_history,
             "deadline": self._deadline,
             "created_at": self._start.get("created_at"),
             "source": "temporal",
@@ -395,6 +395,9 @@ class GraphWorkflow:
         self._version: str = start["version"]
         self._graph = GraphModel.model_validate(start["graph"])
         self._redrive: int = start.get("redrive", 0)
+        # attempts superseded by redrives (here or on the engine a run moved from), kept for
+        # the snapshot: {"redrive": n, "stage": id, "record": the stage record it replaced}
+        self._redrive_history: list[dict[str, Any]] = list(start.get("redrive_history") or [])
         self._lc = Lifecycle(self._run_id, self._redrive)
         self._seq: int = start.get("event_seq", 0)
         self._hb = timedelta(seconds=start.get("heartbeat_timeout_s", 10.0))
@@ -782,6 +785,7 @@ class GraphWorkflow:
             "fingerprint": self._start.get("fingerprint"),
             "created_at": self._start.get("created_at"),
             "redrive": self._redrive,
+            "redrive_history": self._redrive_history,
             "event_seq": self._seq,
             "status": self._status,
             "stages": self._stages,

@@ -126,7 +126,7 @@ async def undo_first(ctx: StageContext[Item], output: str) -> None:
 
 @flaky.stage(
     after=[first],
-    retry=Retry(max_attempts=2, initial_interval=timedelta(milliseconds=200), backoff=1.0),
+    retry=Retry(max_attempts=2, initial_interval=timedelta(milliseconds=1000), backoff=1.0),
 )
 async def boom(ctx: StageContext[Item]) -> str:
     COUNTS["boom"] += 1
