@@ -24,10 +24,11 @@ worker waits (``list_versions`` shows it active) until re-pinned by ``redrive(ve
 Migration: ``export_run``/``complete_export``/``abort_export`` are workflow updates
 (``_workflow``); so that they work while no worker of the run's version is up (a pending run, or
 a migration tool running alone), the engine hosts a workflow-only helper worker of that version
-for as long as it is connected (it runs workflow tasks and the event-publishing local
-activities, never a stage). ``import_run`` starts the execution under the snapshot's run id with
-its state. Drains and idempotency keys of imported runs are small records in the shared
-BlobStore under ``temporal/<namespace>/<task queue>/`` so every engine of the cluster sees them.
+for as long as it is connected (it runs workflow tasks and their local activities: event
+publishing and ``local=True`` stages, never a stage activity). ``import_run`` starts the
+execution under the snapshot's run id with its state. Drains and idempotency keys of
+imported runs are small records in the shared BlobStore under
+``temporal/<namespace>/<task queue>/`` so every engine of the cluster sees them.
 """
 
 from __future__ import annotations

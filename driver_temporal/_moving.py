@@ -135,14 +135,17 @@ async def keyed_run(
 
 
 def workflow_only_worker(engine: TemporalEngine, workflow_id: str, version: str) -> Worker:
-    """A worker of the version that runs workflow tasks and the event-publishing local
-    activities only (never a stage)."""
+    """A worker of the version that runs workflow tasks and their local activities: event
+    publishing and, when this registry serves the version, ``local=True`` stages (they run in
+    the workflow task, which may be a new run's first one). It never polls for stage
+    activities."""
     acts = engine._activities
+    local = [acts.stage] if engine.registry.has(workflow_id, version) else []
     return Worker(
         engine._conn,
         task_queue=engine.task_queue(workflow_id),
         workflows=[GraphWorkflow],
-        activities=[acts.publish, acts.dead_letter, acts.save_state],
+        activities=[*local, acts.publish, acts.dead_letter, acts.save_state],
         no_remote_activities=True,
         max_cached_workflows=0,
         workflow_runner=SandboxedWorkflowRunner(

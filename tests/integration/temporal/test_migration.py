@@ -183,3 +183,37 @@ async def test_export_still_waits_for_a_stage_a_worker_picked_up(
     assert info.status == RunStatus.COMPLETED
     assert log.counts() == {"a:enter": 1, "a": 1, "b": 1}
     assert [t for t, _ in trace(sink, run.id)].count("stage.started") == 2
+
+
+async def test_a_local_first_stage_scheduled_by_the_helper_runs_once(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    """The workflow-only helper (hosted while migrating) can be handed a new run's first
+    workflow task; a ``local=True`` first stage runs in that task, so the helper runs it once,
+    and the rest of the run waits for a stage worker."""
+    log = ExecutionLog(tmp_path / "log")
+    wf = Workflow(f"mig-local-{time.monotonic_ns()}", input=Num, version="v1")
+
+    @wf.stage(local=True)
+    async def a(ctx: StageContext[Num]) -> str:
+        log.hit("a")
+        return "a"
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[Num]) -> str:
+        log.hit("b")
+        return ctx.output_of(a) + "b"
+
+    source = make_engine(Registry([wf]))
+    await source.connect()
+    await source._helper(wf.id, wf.version)
+    run = await source.start(wf.id, {"n": 1})
+    deadline = time.monotonic() + 30
+    while (await source.get_run(run.id)).stage("a").status != "completed":
+        assert time.monotonic() < deadline, await source.get_run(run.id)
+        await asyncio.sleep(0.1)
+    assert log.counts() == {"a": 1}
+    async with source.worker():
+        info = await source.wait(run.id, timeout=60)
+    assert info.status == RunStatus.COMPLETED and info.output == "ab"
+    assert log.counts() == {"a": 1, "b": 1}
