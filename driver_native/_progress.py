@@ -363,6 +363,16 @@ def begin_attempt(
         delete_where(conn, jobs, id=job.id)
         append_events(conn, run, _cancel_stage(conn, run, stage, now), now)
         return None, []
+    if run.frozen:
+        # claimed while a freeze for migration committed (it saw the job still ready): the
+        # job waits frozen with the run's others, and the stage does not start here
+        update_where(
+            conn,
+            jobs,
+            {"id": job.id},
+            {"status": "frozen", "lease_owner": None, "lease_expires_at": None},
+        )
+        return None, []
     drafts: list[EventDraft] = []
     if run.status == RunStatus.PENDING:
         drafts.append(lc.run_started())

@@ -212,7 +212,14 @@ async def test_drain_500_runs_native_to_temporal_while_starting(
     counts = log.counts()
     for rid, kind in kinds.items():
         for stage in ("a", "b", "c"):
-            assert counts.get(f"{rid}:{stage}") == 1, (rid, kind, stage, counts.get(rid))
+            assert counts.get(f"{rid}:{stage}") == 1, (
+                rid,
+                kind,
+                stage,
+                {k: v for k, v in counts.items() if k.startswith(rid)},
+                holders.get(rid),
+                [(e.seq, e.type, e.stage, e.data) for e in sink.for_run(rid)],
+            )
         enters = counts.get(f"{rid}:b:enter", 0)
         if kind == "plain":
             assert enters == 1
