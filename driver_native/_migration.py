@@ -293,6 +293,10 @@ def _resume_job(snap: RunSnapshot, st: SnapshotStage, now: float) -> dict[str, A
             "waiting_for": st.waiting_for,
             "attempt": st.attempt,
         }
+    if st.status == StageStatus.RUNNING and st.attempt > 0:
+        # an attempt that started and that nobody runs at the snapshot (a lost worker's, or
+        # one a freeze withdrew before any worker picked it up): it continues, journal kept
+        return {**base, "status": "ready", "available_at": now, "attempt": st.attempt}
     if st.status == StageStatus.PENDING and st.attempt > 0:  # a retry was scheduled
         return {**base, "status": "ready", "available_at": now, "attempt": st.attempt + 1}
     return None

@@ -1,8 +1,9 @@
 """The activities: one dynamic activity runs stage attempts (type = stage id) and
 compensations (type = ``<stage>.compensate``) through ``engine_port.StageRunner``; small named
-activities publish events, dead-letter them and save a run's final state. A stage attempt's
-activity asks its run to begin (the ``wfe.begin`` update, see ``_workflow``) before the body runs,
-and returns ``deferred`` without running anything when the run refuses (frozen for migration).
+activities publish events, dead-letter them, save a run's final state and read a step journal.
+A stage attempt's activity that hears of a cancel asks its run whether a migration freeze sent it
+(``wfe.freeze_cancelled``, see ``_workflow``): then the body goes on (a running stage is waited
+for), else the body sees the cancellation.
 
 Crash survival of steps: every step record the StageRunner journals during an attempt is
 appended to the step journal in the shared BlobStore
@@ -22,15 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import activity
-from temporalio.client import WorkflowUpdateFailedError
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
 
 from engine_port import (
     ClaimCheck,
@@ -59,10 +58,18 @@ from ._wire import (
     state_key,
 )
 
-__all__ = ["BEGIN_UPDATE", "COMPENSATE_SUFFIX", "DriverActivities", "EventStats"]
+__all__ = [
+    "COMPENSATE_SUFFIX",
+    "FREEZE_CANCELLED_QUERY",
+    "READ_JOURNAL_ACTIVITY",
+    "DriverActivities",
+    "EventStats",
+]
 
 COMPENSATE_SUFFIX = ".compensate"
-BEGIN_UPDATE = "wfe.begin"
+FREEZE_CANCELLED_QUERY = "wfe.freeze_cancelled"
+READ_JOURNAL_ACTIVITY = "wfe.read_journal"
+T = TypeVar("T")
 
 
 @dataclass
@@ -122,6 +129,11 @@ class DriverActivities:
         self.stats = stats
         self.heartbeat_every = heartbeat_every
 
+    def bookkeeping(self) -> list[Any]:
+        """The small activities every worker that runs workflow tasks registers (they run as
+        local activities of the workflow)."""
+        return [self.publish, self.dead_letter, self.save_state, self.read_journal]
+
     # -- stage attempts and compensations -----------------------------------------------------
     @activity.defn(dynamic=True)
     async def stage(self, args: Sequence[RawValue]) -> dict[str, Any]:
@@ -132,18 +144,6 @@ class DriverActivities:
         except EngineError as exc:
             raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
         compensation = info.activity_type.endswith(COMPENSATE_SUFFIX)
-        if task.get("begin") is not None and not compensation:
-            # the attempt begins only if the workflow agrees (not frozen for migration, still
-            # the current try); the heartbeat keeps a slow answer from looking like a lost worker
-            asking = asyncio.create_task(self._heartbeat())
-            try:
-                begun = await self._begin(info, task)
-            finally:
-                asking.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asking
-            if not begun:
-                return {"kind": "deferred"}
         req = StageRequest(
             run_id=task["run_id"],
             workflow=wf,
@@ -190,7 +190,7 @@ class DriverActivities:
                     req, await self.claim.load(task["output"]), ledger
                 )
             else:
-                outcome = await self.runner.run(req, ledger)
+                outcome = await self._unless_frozen(info, task, self.runner.run(req, ledger))
         finally:
             log.close()
             if beat is not None:
@@ -226,26 +226,33 @@ class DriverActivities:
             )
         return result
 
-    async def _begin(self, info: activity.Info, task: dict[str, Any]) -> bool:
-        """Ask the run to begin this stage attempt (``wfe.begin``); False when it refused
-        (the activity was withdrawn by a freeze, or the run is over) and nothing may run."""
-        assert info.workflow_id is not None  # a workflow's activity, never a standalone one
+    async def _unless_frozen(
+        self, info: activity.Info, task: dict[str, Any], body: Coroutine[Any, Any, T]
+    ) -> T:
+        """Run the stage body; a cancel sent by a migration freeze (which cannot know whether
+        a worker picked the activity up) leaves it running: a running stage is waited for."""
+        work = asyncio.ensure_future(body)
+        while True:
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                if work.done() or not await self._freeze_cancelled(info, task):
+                    work.cancel()
+                    return await work
+
+    async def _freeze_cancelled(self, info: activity.Info, task: dict[str, Any]) -> bool:
+        details = activity.cancellation_details()
+        if task.get("token") is None or info.workflow_id is None:
+            return False
+        if details is not None and not details.cancel_requested:
+            return False  # a worker shutdown, a timeout: not the run's doing
         handle = activity.client().get_workflow_handle(
             info.workflow_id, run_id=info.workflow_run_id
         )
         try:
-            await handle.execute_update(
-                BEGIN_UPDATE,
-                {"stage": task["stage_id"], "token": task["begin"]},
-                result_type=dict,
-            )
-        except WorkflowUpdateFailedError:
+            return bool(await handle.query(FREEZE_CANCELLED_QUERY, task["token"]))
+        except Exception:  # the run cannot answer: treat it as a cancel (journaled steps stay)
             return False
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return False  # the execution ended (moved away, cancelled)
-            raise
-        return True
 
     async def _load_record(self, data: dict[str, Any]) -> StepRecord:
         rec = record_from_json(data)
@@ -334,6 +341,15 @@ class DriverActivities:
                 dlq_key(e["run_id"], e["seq"], e["id"]), pydantic_core.to_json(e)
             )
         self.stats.dead += len(events)
+
+    @activity.defn(name=READ_JOURNAL_ACTIVITY)
+    async def read_journal(self, run_id: str, stage_id: str, redrive: int) -> list[dict[str, Any]]:
+        """The step records a stage's attempts journaled (see the module docstring)."""
+        log = StepJournal(self.claim.store, journal_prefix(run_id, stage_id, redrive, "stage"))
+        try:
+            return await log.read()
+        finally:
+            log.close()
 
     @activity.defn(name="wfe.save_state")
     async def save_state(self, run_id: str, state: dict[str, Any]) -> None:

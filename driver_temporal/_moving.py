@@ -145,7 +145,7 @@ def workflow_only_worker(engine: TemporalEngine, workflow_id: str, version: str)
         engine._conn,
         task_queue=engine.task_queue(workflow_id),
         workflows=[GraphWorkflow],
-        activities=[*local, acts.publish, acts.dead_letter, acts.save_state],
+        activities=[*local, *acts.bookkeeping()],
         no_remote_activities=True,
         max_cached_workflows=0,
         workflow_runner=SandboxedWorkflowRunner(

@@ -60,32 +60,22 @@ class EngineWorker:
             tq = eng.task_queue(wf_id, version)
             self.task_queues.append(tq)
             grace = timedelta(seconds=self.graceful_shutdown_timeout)
-            # two workers per version: workflow tasks (and local activities), then stage
-            # activities. They stop in reverse order, so the workflow side still answers the
-            # ``wfe.begin`` of a stage activity picked up just before a graceful shutdown
+            # one worker per version: workflow tasks, their local activities and the stage
+            # activities, so a stage activity the workflow schedules starts eagerly (handed
+            # back with the workflow task's completion, no matching round trip)
             workers.append(
                 Worker(
                     eng._conn,
                     task_queue=tq,
                     deployment_config=eng.deployment_config(wf_id, version),
                     workflows=[GraphWorkflow],
-                    activities=[acts.stage, acts.publish, acts.dead_letter, acts.save_state],
-                    no_remote_activities=True,
+                    activities=[acts.stage, *acts.bookkeeping()],
                     workflow_runner=runner,
                     graceful_shutdown_timeout=grace,
+                    max_concurrent_activities=self.max_concurrent_activities,
                     sticky_queue_schedule_to_start_timeout=timedelta(
                         seconds=self.sticky_queue_timeout
                     ),
-                )
-            )
-            workers.append(
-                Worker(
-                    eng._conn,
-                    task_queue=tq,
-                    deployment_config=eng.deployment_config(wf_id, version),
-                    activities=[acts.stage],
-                    graceful_shutdown_timeout=grace,
-                    max_concurrent_activities=self.max_concurrent_activities,
                 )
             )
         return workers

@@ -16,17 +16,20 @@ activity's own RetryPolicy only re-runs lost workers and timeouts, keeping the a
 sleeps on durable timers, waits on Temporal signals (buffered when sent early), runs saga
 compensations, and builds every lifecycle event with ``engine_port.Lifecycle``.
 
-A stage attempt begins when a worker picks its activity up, not when the workflow schedules it:
-the activity first asks the run (the ``wfe.begin`` update) and only then runs the stage body; the
-workflow records the attempt, emits ``stage.started`` (or resumes the suspended attempt) in that
-update. Until then the stage stays where it was (pending, between attempts, suspended), so a run
-whose activity sits on a queue no stage worker polls is still at a safe point.
+A stage attempt starts (``stage.started``) when the workflow schedules its activity, as on the
+native driver, with no round trip on the way. Stage activities are scheduled with
+``WAIT_CANCELLATION_COMPLETED``, which makes a cancel an atomic test of whether a worker picked
+the activity up: the server drops a scheduled activity at once (the workflow sees it cancelled),
+while a started one only hears of the cancel and the workflow waits for its outcome.
 
 Migration (``TemporalEngine.export_run`` and friends): the ``wfe.freeze`` update freezes the run
 at a safe point, after which no stage starts or resumes and signals are refused, and returns the
-run's snapshot: stage activities that have not begun are withdrawn (cancelled: the server drops a
-scheduled activity at once, and a try already picked up is refused its begin, so it runs
-nothing), and a stage that began is waited for (up to ``wait``);
+run's snapshot: every stage activity in flight is cancelled. One that no worker had picked up is
+withdrawn: its attempt started and nobody runs it, so the snapshot shows the stage ``running``
+with its ledger (steps a lost earlier try journaled are read back into it) and the target
+continues that attempt, as after a lost worker, without a second ``stage.started``. One a
+worker runs asks the run why it was cancelled (``wfe.freeze_cancelled``), learns it was a
+freeze and goes on, and the freeze waits for its outcome (up to ``wait``);
 ``wfe.complete_export`` ends the run ``migrated`` (emitting ``run.migrated`` with the sequence
 number the snapshot reserved) and ``wfe.abort_export`` unfreezes it. A run started with
 ``imported`` in its start input resumes from a snapshot: completed stages are kept, a suspended
@@ -45,17 +48,17 @@ from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle
 
-    from ._activities import BEGIN_UPDATE, COMPENSATE_SUFFIX
+    from ._activities import COMPENSATE_SUFFIX, FREEZE_CANCELLED_QUERY, READ_JOURNAL_ACTIVITY
     from ._search import SA_STAGE, SA_STATUS
     from ._wire import parse_time
 
 __all__ = [
     "ABORT_EXPORT_UPDATE",
-    "BEGIN_UPDATE",
     "COMPLETE_EXPORT_UPDATE",
     "FREEZE_UPDATE",
     "RUN_INFO_QUERY",
@@ -77,9 +80,6 @@ _INFRA_RETRY = RetryPolicy(
 )
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
 _LOCAL_PATCH = "wfe-local-stages"
-# stage attempts begin (stage.started, status running) when a worker picks the activity up,
-# not when it is scheduled; runs started before this marker keep beginning at scheduling
-_BEGIN_PATCH = "wfe-stage-begin"
 
 
 class _Migrated(Exception):
@@ -116,12 +116,14 @@ class GraphWorkflow:
         self._ready = False
         self._frozen = False
         self._migrated_to: str | None = None
-        self._inflight = 0  # stage attempts that began and have not returned yet
-        # the stage activity awaiting its begin (or running), per stage: token, attempt,
-        # fresh, begun, withdrawn, handle
-        self._begins: dict[str, dict[str, Any]] = {}
+        self._inflight = 0  # stage attempts in flight (scheduled or running)
+        # the stage activity in flight per stage: its token, handle and whether a freeze
+        # cancelled it; the tokens a freeze cancelled (answered to ``wfe.freeze_cancelled``)
+        self._calls: dict[str, dict[str, Any]] = {}
         self._tokens = 0
+        self._freeze_cancels: set[int] = set()
         self._parked = False  # events kept in the BlobStore by a worker that had no sink
+        self._dirty = False  # the memo and search attributes need writing (``_syncer``)
         self._status = "pending"
         self._run_id: str = ""
 
@@ -198,36 +200,18 @@ class GraphWorkflow:
             self._refuse_move()
 
     def _withdraw(self) -> None:
-        """Cancel every stage activity no worker has begun: those stages have not started
-        (no stage.started, no attempt recorded), so the frozen run is at a safe point. The
-        server cancels a scheduled activity at once, so none of them can start any more (a
-        try already picked up asks to begin and is refused); they are scheduled again if the
-        run is unfrozen, and never if it moved."""
-        for b in self._begins.values():
-            if not b["begun"] and not b["withdrawn"] and b["handle"] is not None:
-                b["withdrawn"] = True
-                b["handle"].cancel()
+        """Cancel every stage activity in flight (see the module docstring): one no worker
+        picked up comes back withdrawn, one a worker runs goes on and is waited for."""
+        for call in self._calls.values():
+            if not call["withdrawn"] and call["handle"] is not None:
+                call["withdrawn"] = True
+                self._freeze_cancels.add(call["token"])
+                call["handle"].cancel()
 
-    @workflow.update(name=BEGIN_UPDATE)
-    def on_begin(self, body: dict[str, Any]) -> dict[str, Any]:
-        b = self._begins[body["stage"]]
-        if not b["begun"]:
-            b["begun"] = True
-            self._inflight += 1
-            self._begin_stage(body["stage"], b["attempt"], b["fresh"], sync=True)
-        return {"attempt": b["attempt"]}
-
-    @on_begin.validator
-    def _validate_begin(self, body: dict[str, Any]) -> None:
-        """A stage activity asks before its body runs; it is refused (and runs nothing) once
-        it was withdrawn, when the run is frozen or over, or when it is not the current one."""
-        b = self._begins.get(body.get("stage") or "")
-        if b is None or b["token"] != body.get("token") or b["withdrawn"]:
-            raise ApplicationError("stage activity withdrawn", type="StageWithdrawn")
-        if b["begun"]:
-            return  # a retry of a try that began (a lost worker): it goes on
-        if self._frozen or self._migrated_to is not None or self._final:
-            raise ApplicationError("run is frozen or over", type="StageWithdrawn")
+    @workflow.query(name=FREEZE_CANCELLED_QUERY)
+    def freeze_cancelled(self, token: int) -> bool:
+        """Whether the cancel a stage activity received came from a freeze (so it goes on)."""
+        return token in self._freeze_cancels
 
     @workflow.update(name=COMPLETE_EXPORT_UPDATE)
     def on_complete_export(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -338,6 +322,7 @@ class GraphWorkflow:
         start: dict[str, Any] = workflow.payload_converter().from_payload(args[0].payload, dict)
         self._setup(start)
         publisher = asyncio.create_task(self._publisher())
+        syncer = asyncio.create_task(self._syncer())
         if start.get("imported"):
             pass  # moved here from another engine, which emitted its earlier events
         elif self._redrive == 0:
@@ -382,6 +367,7 @@ class GraphWorkflow:
         await self._finish(outcome, error)
         self._closing = True
         await publisher
+        await syncer
         if outcome == "failed" and error is not None:
             raise ApplicationError(error["message"], type=error["type"], non_retryable=True)
         if outcome == "cancelled":
@@ -471,23 +457,20 @@ class GraphWorkflow:
                 await self._wait(
                     {"reason": reason, "waiting_for": waiting_for}, parse_time(st["wake_at"])
                 )
-        # the attempt is recorded only once it starts (a snapshot taken while the stage waits
-        # at the gate shows it as not started, or as between attempts)
         next_attempt = max(1, st["attempt"])
         if st["status"] == "pending" and st["attempt"] > 0:
             next_attempt = st["attempt"] + 1  # imported between attempts: the retry is due
         while True:
             await self._gate()
             attempt = next_attempt if fresh else st["attempt"]
-            if not spec.local and workflow.patched(_BEGIN_PATCH):
-                # the attempt begins when a worker picks the activity up (on_begin); until
-                # then the stage is where it was (pending, between attempts, suspended)
-                res = await self._call(sid, attempt, compensation=False, fresh=fresh)
-                if res["kind"] == "deferred":
-                    continue  # withdrawn by a freeze before it began: back to the gate
-            else:
-                self._begin_stage(sid, attempt, fresh, sync=fresh)
-                res = await self._call(sid, attempt, compensation=False)
+            self._begin_stage(sid, attempt, fresh, sync=fresh)
+            res = await self._call(sid, attempt, compensation=False)
+            if res["kind"] == "withdrawn":
+                # a freeze took the activity before any worker did: the attempt started and
+                # nobody runs it (a snapshot shows it running; its target continues it);
+                # back to the gate, and the same attempt is scheduled again if unfrozen
+                fresh = False
+                continue
             kind = res["kind"]
             if kind == "completed":
                 self._order += 1
@@ -590,12 +573,9 @@ class GraphWorkflow:
                 todo.extend(self._graph.stage(d).after)
         return seen
 
-    async def _call(
-        self, sid: str, attempt: int, *, compensation: bool, fresh: bool | None = None
-    ) -> dict[str, Any]:
-        """Run one try of a stage attempt (or compensation) as an activity. With ``fresh``
-        set (not None), the activity asks the workflow to begin the attempt before its body
-        runs (``on_begin``); until then a freeze withdraws it and this returns ``deferred``."""
+    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:
+        """Run one try of a stage attempt (or compensation) as an activity; ``withdrawn``
+        when a freeze cancelled a stage activity no worker had picked up (it ran nothing)."""
         st = self._stages[sid]
         spec = self._graph.stage(sid)
         steps = st["comp_steps"] if compensation else st["steps"]
@@ -616,20 +596,8 @@ class GraphWorkflow:
         if spec.timeout_s:
             timeout = timedelta(seconds=spec.timeout_s + _GRACE)
         what = "compensation" if compensation else "attempt"
-        begin: dict[str, Any] | None = None
-        if fresh is not None:
-            self._tokens += 1
-            begin = {
-                "token": self._tokens,
-                "attempt": attempt,
-                "fresh": fresh,
-                "begun": False,
-                "withdrawn": False,
-                "handle": None,
-            }
-            self._begins[sid] = begin
-            task["begin"] = self._tokens
-        elif not compensation:
+        call: dict[str, Any] | None = None
+        if not compensation:
             self._inflight += 1
         name = sid + COMPENSATE_SUFFIX if compensation else sid
         summary = f"{sid} {what} {attempt}"
@@ -646,55 +614,67 @@ class GraphWorkflow:
                     summary=summary,
                 )
             else:
-                handle = workflow.start_activity(
+                if not compensation:
+                    self._tokens += 1
+                    task["token"] = self._tokens
+                    call = {"token": self._tokens, "handle": None, "withdrawn": False}
+                    self._calls[sid] = call
+                call_handle = workflow.start_activity(
                     name,
                     task,
                     result_type=dict,
                     start_to_close_timeout=timeout,
                     heartbeat_timeout=self._hb,
                     retry_policy=_INFRA_RETRY,
+                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                     summary=summary,
                 )
-                if begin is not None:
-                    begin["handle"] = handle
-                res = await handle
+                if call is not None:
+                    call["handle"] = call_handle
+                res = await call_handle
         except ActivityError as exc:
             cause = exc.cause
-            if begin is not None and begin["withdrawn"] and not begin["begun"]:
-                return {"kind": "deferred"}
             if isinstance(cause, CancelledError):
-                raise asyncio.CancelledError() from None
-            if isinstance(cause, ApplicationError):
-                etype, retryable = cause.type or "ApplicationError", not cause.non_retryable
-            elif isinstance(cause, ActivityTimeoutError):
-                etype, retryable = "StageTimeoutError", True
+                if call is not None and call["withdrawn"]:
+                    # the freeze's cancel found it still scheduled; steps an earlier try
+                    # of a lost worker journaled go into the ledger the snapshot carries
+                    res = {"kind": "withdrawn", "steps": await self._journaled(sid)}
+                else:
+                    raise asyncio.CancelledError() from None
             else:
-                etype, retryable = type(cause).__name__, True
-            message = str(getattr(cause, "message", None) or exc.message)
-            res = {
-                "kind": "failed",
-                "error": {"type": etype, "message": message, "stage": sid},
-                "retryable": retryable,
-            }
+                if isinstance(cause, ApplicationError):
+                    etype, retryable = cause.type or "ApplicationError", not cause.non_retryable
+                elif isinstance(cause, ActivityTimeoutError):
+                    etype, retryable = "StageTimeoutError", True
+                else:
+                    etype, retryable = type(cause).__name__, True
+                message = str(getattr(cause, "message", None) or exc.message)
+                res = {
+                    "kind": "failed",
+                    "error": {"type": etype, "message": message, "stage": sid},
+                    "retryable": retryable,
+                }
         finally:
-            if begin is not None:
-                if self._begins.get(sid) is begin:
-                    del self._begins[sid]
-                if begin["begun"]:
-                    self._inflight -= 1
-            elif not compensation:
+            if call is not None and self._calls.get(sid) is call:
+                del self._calls[sid]
+            if not compensation:
                 self._inflight -= 1
-        if res["kind"] == "deferred":
-            return res  # refused to begin: it ran nothing
-        if begin is not None and not begin["begun"]:
-            # a worker whose activity does not ask to begin (an older driver) ran it anyway
-            self._begin_stage(sid, attempt, bool(fresh), sync=True)
         for rec in res.get("steps") or ():
             steps[rec["name"]] = rec
         for name in res.get("consumed") or ():
             self._signals.pop(name, None)
             self._consumed.add(name)
         return res
+
+    async def _journaled(self, sid: str) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = await workflow.execute_local_activity(
+            READ_JOURNAL_ACTIVITY,
+            args=[self._run_id, sid, self._redrive],
+            result_type=list,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=_LOCAL_RETRY,
+        )
+        return records
 
     # -- saga -------------------------------------------------------------------------------
     def _cancel_active(self) -> None:
@@ -867,6 +847,20 @@ class GraphWorkflow:
         return "; ".join(parts)
 
     def _sync(self) -> None:
+        """Mark the run's memo and search attributes stale: ``_syncer`` writes them once at
+        the end of the activation (in the same workflow task as the events it emitted)."""
+        self._dirty = True
+
+    async def _syncer(self) -> None:
+        while True:
+            await workflow.wait_condition(lambda: self._dirty or self._closing)
+            if self._dirty:
+                self._dirty = False
+                self._write_info()
+            if self._closing:
+                return
+
+    def _write_info(self) -> None:
         status = self._run_status()
         current = ",".join(
             s["id"] for s in self._stages.values() if s["status"] in ("running", "suspended")

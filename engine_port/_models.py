@@ -184,7 +184,11 @@ class SnapshotStage(BaseModel):
 class RunSnapshot(BaseModel):
     """The portable state of a run, for moving it between drivers (format version 1).
 
-    Taken at a safe point (pending, suspended, or between stages), so no stage is running.
+    Taken at a safe point (pending, suspended, or between stages), so no stage body is
+    executing. A stage may still read ``running``: its attempt started (``stage.started`` was
+    emitted) but nobody runs it (a lost worker's attempt, or one whose job or activity no worker
+    had picked up); the target continues that attempt from its ledger, without a second
+    ``stage.started``.
     Values are JSON or spill references into the shared blob store; ``event_seq`` is the last
     sequence number used by the source *including* the ``run.migrated`` event it emits when the
     move completes, so the target continues at ``event_seq + 1``.
