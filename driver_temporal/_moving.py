@@ -24,7 +24,6 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from engine_port import (
     RunInfo,
@@ -57,6 +56,7 @@ from ._workflow import (
     COMPLETE_EXPORT_UPDATE,
     FREEZE_UPDATE,
     GraphWorkflow,
+    workflow_runner,
 )
 
 if TYPE_CHECKING:
@@ -148,11 +148,7 @@ def workflow_only_worker(engine: TemporalEngine, workflow_id: str, version: str)
         activities=[*local, *acts.bookkeeping()],
         no_remote_activities=True,
         max_cached_workflows=0,
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules(
-                "engine_port", "driver_temporal", "pydantic", "pydantic_core", "annotated_types"
-            )
-        ),
+        workflow_runner=workflow_runner(),
         graceful_shutdown_timeout=timedelta(seconds=5),
         deployment_config=engine.deployment_config(workflow_id, version),
     )

@@ -13,16 +13,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from ._workflow import GraphWorkflow
+from ._workflow import GraphWorkflow, workflow_runner
 
 if TYPE_CHECKING:
     from ._engine import TemporalEngine
 
 __all__ = ["EngineWorker", "run_worker_forever"]
-
-_PASSTHROUGH = ("engine_port", "driver_temporal", "pydantic", "pydantic_core", "annotated_types")
 
 
 class EngineWorker:
@@ -52,9 +49,6 @@ class EngineWorker:
     def _workers(self) -> list[Worker]:
         eng = self.engine
         acts = eng._activities
-        runner = SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules(*_PASSTHROUGH)
-        )
         workers = []
         for wf_id, version in sorted(eng.registry.served()):
             tq = eng.task_queue(wf_id, version)
@@ -70,7 +64,7 @@ class EngineWorker:
                     deployment_config=eng.deployment_config(wf_id, version),
                     workflows=[GraphWorkflow],
                     activities=[acts.stage, *acts.bookkeeping()],
-                    workflow_runner=runner,
+                    workflow_runner=workflow_runner(),
                     graceful_shutdown_timeout=grace,
                     max_concurrent_activities=self.max_concurrent_activities,
                     sticky_queue_schedule_to_start_timeout=timedelta(
