@@ -1,6 +1,7 @@
-"""The benchmark harness must not rot: every workload once, at tiny size, for the native
-driver on SQLite and the raw floor (and DBOS on SQLite when dbos is installed). This checks
-that numbers come out, never how big they are: benchmarks are not timed assertions."""
+"""The benchmark harness must not rot: every workload once, at tiny size, for every system of
+``python -m bench`` (DBOS only when dbos is installed; the PostgreSQL and Temporal systems
+against the real servers, like the rest of the suite). This checks that numbers come out,
+never how big they are: benchmarks are not timed assertions."""
 
 from __future__ import annotations
 
@@ -9,27 +10,41 @@ import math
 
 import pytest
 
+import bench._common
 from bench._common import WORKLOADS
+from bench._systems import SYSTEMS as BENCH_SYSTEMS
 from bench._systems import run_one
+from tests.support.databases import admin_url
 
+_NO_DBOS = pytest.mark.skipif(
+    importlib.util.find_spec("dbos") is None,
+    reason="dbos is not installed (pip install 'wfe[bench]')",
+)
 SYSTEMS = [
     "native-sqlite",
     "floor-sqlite",
-    pytest.param(
-        "dbos-sqlite",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("dbos") is None,
-            reason="dbos is not installed (pip install 'wfe[bench]')",
-        ),
-    ),
+    pytest.param("dbos-sqlite", marks=_NO_DBOS),
+    pytest.param("native-postgres", marks=pytest.mark.postgres),
+    pytest.param("floor-postgres", marks=pytest.mark.postgres),
+    pytest.param("dbos-postgres", marks=[pytest.mark.postgres, _NO_DBOS]),
+    pytest.param("temporal-driver", marks=pytest.mark.temporal),
+    pytest.param("temporal-driver-local", marks=pytest.mark.temporal),
+    pytest.param("temporal-raw", marks=pytest.mark.temporal),
+    pytest.param("temporal-raw-local", marks=pytest.mark.temporal),
 ]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("system", SYSTEMS)
-def test_every_workload_produces_numbers(system: str) -> None:
+def test_every_workload_produces_numbers(
+    system: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if system.endswith("-postgres"):
+        request.getfixturevalue("pg_session")  # the server is there (else skip, or fail on CI)
+        monkeypatch.setattr(bench._common, "PG_ADMIN", admin_url().replace("+psycopg", "", 1))
     result = run_one(system, quick=True)
-    assert set(result) == set(WORKLOADS)
+    expected = ["latency"] if BENCH_SYSTEMS[system].latency_only else list(WORKLOADS)
+    assert set(result) == set(expected)
     for workload, cell in result.items():
         assert "error" not in cell, f"{system}/{workload}: {cell.get('traceback', cell)}"
     for workload, metric in [
@@ -41,6 +56,8 @@ def test_every_workload_produces_numbers(system: str) -> None:
         ("long_stage", "growth"),
         ("signal", "p50_ms"),
     ]:
+        if workload not in expected:
+            continue
         value = result[workload][metric]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (
             f"{system}/{workload}.{metric} = {value!r}"

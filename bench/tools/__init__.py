@@ -1,0 +1,1 @@
+"""Small profiling scripts behind the notes in ``bench/README.md`` (not part of the bench)."""

@@ -1,0 +1,53 @@
+"""``python -m bench.tools.temporal_history [--local]``: run the bench's 3-stage workflow on the
+Temporal driver (own dev server, in-process worker), print the p50 latency and the event history
+of the last run with milliseconds since it started (workflow task and activity timings)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+
+from temporalio.api.enums.v1 import EventType
+
+from driver_temporal import TemporalDevServer, TemporalEngine
+from engine_port import EngineSettings, create_engine
+
+from .. import _workflows as W
+
+
+async def main(local: bool, runs: int) -> None:
+    wf = "bench-seq3-local" if local else "bench-seq3"
+    with tempfile.TemporaryDirectory() as d:
+        async with TemporalDevServer(headless=True) as server:
+            settings = EngineSettings(
+                driver="temporal",
+                temporal_address=server.address,
+                blob_url=f"file://{d}/blobs",
+                task_queue="bench",
+            )
+            async with create_engine(settings, W.registry()) as engine, engine.worker():
+                assert isinstance(engine, TemporalEngine)
+                times = []
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    run = await engine.start(wf, {})
+                    await engine.wait(run.id, timeout=60)
+                    times.append((time.perf_counter() - t0) * 1000)
+                print(f"p50 {statistics.median(times[5:] or times):.1f} ms over {runs} runs")
+                history = await engine._conn.get_workflow_handle(run.id).fetch_history()
+                first = history.events[0].event_time.ToDatetime()
+                for e in history.events:
+                    at = (e.event_time.ToDatetime() - first).total_seconds() * 1000
+                    name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
+                    print(f"{at:8.1f}  {name}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--local", action="store_true", help="the local=True stages variant")
+    ap.add_argument("--runs", type=int, default=30)
+    args = ap.parse_args()
+    asyncio.run(main(args.local, args.runs))
