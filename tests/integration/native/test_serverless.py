@@ -153,9 +153,10 @@ async def test_run_to_completion_counts_foreign_jobs(make_engine: MakeEngine) ->
     engine = await make_engine(w.linear, w.napper)
     k = engine.kernel
     other = await engine.start("it-linear", {"n": 1})
-    mine = await engine.start("it-napper", {"n": 400})
-    res = await run_to_completion(k, mine.id, timeout=10)
-    # while its own stage slept, the invocation ran the other run's three stages
+    mine = await engine.start("it-napper", {"n": 3000})
+    res = await run_to_completion(k, mine.id, timeout=20)
+    # while its own stage slept, the invocation ran the other run's three stages (the nap is
+    # long enough for three jobs on a loaded machine: 400 ms was not, once, on CI)
     assert (res["status"], res["jobs"], res["foreign_jobs"]) == ("completed", 2, 3)
     assert (await engine.get_run(other.id)).status == "completed"
     # only this run's jobs when it has work of its own
