@@ -119,9 +119,7 @@ from ._wire import (
     state_key,
     task_queue_for,
 )
-from ._workflow import (
-    SIGNAL_UPDATE,
-)
+from ._workflow import SIGNAL_UPDATE
 
 __all__ = ["TemporalEngine", "create_temporal_engine"]
 

@@ -39,6 +39,7 @@ from engine_port.errors import (
     RunNotFoundError,
 )
 
+from ._freezing import ABORT_EXPORT_UPDATE, COMPLETE_EXPORT_UPDATE, FREEZE_UPDATE
 from ._helpers import (
     _failure_message,
     _failure_type,
@@ -51,13 +52,7 @@ from ._helpers import (
 from ._wire import (
     run_id_for_key,
 )
-from ._workflow import (
-    ABORT_EXPORT_UPDATE,
-    COMPLETE_EXPORT_UPDATE,
-    FREEZE_UPDATE,
-    GraphWorkflow,
-    workflow_runner,
-)
+from ._workflow import GraphWorkflow, workflow_runner
 
 if TYPE_CHECKING:
     from ._engine import TemporalEngine

@@ -22,18 +22,8 @@ native driver, with no round trip on the way. Stage activities are scheduled wit
 the activity up: the server drops a scheduled activity at once (the workflow sees it cancelled),
 while a started one only hears of the cancel and the workflow waits for its outcome.
 
-Migration (``TemporalEngine.export_run`` and friends): the ``wfe.freeze`` update freezes the run
-at a safe point, after which no stage starts or resumes and signals are refused, and returns the
-run's snapshot: every stage activity in flight is cancelled. One that no worker had picked up is
-withdrawn: its attempt started and nobody runs it, so the snapshot shows the stage ``running``
-with its ledger (steps a lost earlier try journaled are read back into it) and the target
-continues that attempt, as after a lost worker, without a second ``stage.started``. One a
-worker runs asks the run why it was cancelled (``wfe.freeze_cancelled``), learns it was a
-freeze and goes on, and the freeze waits for its outcome (up to ``wait``);
-``wfe.complete_export`` ends the run ``migrated`` (emitting ``run.migrated`` with the sequence
-number the snapshot reserved) and ``wfe.abort_export`` unfreezes it. A run started with
-``imported`` in its start input resumes from a snapshot: completed stages are kept, a suspended
-stage continues its attempt (same deadlines, no second ``stage.started``), event numbers continue.
+Migration (freeze, snapshot, export completion) lives in ``_freezing.MigrationHandlers``, a base
+of ``GraphWorkflow``.
 """
 
 from __future__ import annotations
@@ -54,14 +44,12 @@ from temporalio.workflow import ActivityCancellationType
 with workflow.unsafe.imports_passed_through():
     from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle
 
-    from ._activities import COMPENSATE_SUFFIX, FREEZE_CANCELLED_QUERY, READ_JOURNAL_ACTIVITY
+    from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
+    from ._freezing import Migrated, MigrationHandlers, migration_error
     from ._search import SA_STAGE, SA_STATUS
     from ._wire import parse_time
 
 __all__ = [
-    "ABORT_EXPORT_UPDATE",
-    "COMPLETE_EXPORT_UPDATE",
-    "FREEZE_UPDATE",
     "RUN_INFO_QUERY",
     "SIGNAL_UPDATE",
     "GraphWorkflow",
@@ -70,9 +58,6 @@ __all__ = [
 
 SIGNAL_UPDATE = "wfe.signal"
 RUN_INFO_QUERY = "wfe.run_info"
-FREEZE_UPDATE = "wfe.freeze"
-COMPLETE_EXPORT_UPDATE = "wfe.complete_export"
-ABORT_EXPORT_UPDATE = "wfe.abort_export"
 _GRACE = 10.0  # seconds beyond a stage timeout before Temporal declares the attempt lost
 _INFRA_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=500),
@@ -93,14 +78,6 @@ def workflow_runner() -> WorkflowRunner:
     return UnsandboxedWorkflowRunner()
 
 
-class _Migrated(Exception):
-    """Raised at every wait of a frozen run once it was moved to another engine."""
-
-
-def _migration_error(message: str) -> ApplicationError:
-    return ApplicationError(message, type="MigrationError", non_retryable=True)
-
-
 class _StageFailed(Exception):
     def __init__(self, error: dict[str, Any]) -> None:
         super().__init__(error.get("message", ""))
@@ -112,7 +89,7 @@ def _iso(value: Any) -> str:
 
 
 @workflow.defn(dynamic=True)
-class GraphWorkflow:
+class GraphWorkflow(MigrationHandlers):
     """Interprets a GraphModel passed in the start input (see ``_engine.TemporalEngine``)."""
 
     def __init__(self) -> None:
@@ -155,161 +132,10 @@ class GraphWorkflow:
         if self._final or self._migrated_to is not None:
             raise ApplicationError("run is no longer active", type="RunNotActiveError")
         if self._frozen:
-            raise _migration_error(
+            raise migration_error(
                 f"run {self._run_id!r} is frozen for migration; signal it once the move "
                 "completed (on its target) or was aborted"
             )
-
-    # -- migration ----------------------------------------------------------------------------
-    def _refuse_move(self) -> None:
-        if self._migrated_to is not None:
-            raise _migration_error(
-                f"run {self._run_id!r} was already migrated to {self._migrated_to!r}"
-            )
-        if self._final or self._status == "compensating":
-            raise _migration_error(
-                f"run {self._run_id!r} is {self._status}; only pending or suspended runs, or "
-                "runs between stages, can migrate (terminal runs stay where they are)"
-            )
-
-    @workflow.update(name=FREEZE_UPDATE)
-    async def on_freeze(self, body: dict[str, Any]) -> dict[str, Any]:
-        if not self._ready:
-            await workflow.wait_condition(lambda: self._ready)
-        self._refuse_move()
-        self._frozen = True
-        self._withdraw()
-        self._sync()
-
-        def settled() -> bool:
-            return self._inflight == 0 or self._final or self._status == "compensating"
-
-        if not settled():
-            wait = float(body.get("wait") or 0.0)
-            try:
-                if wait <= 0:
-                    raise TimeoutError
-                await workflow.wait_condition(
-                    settled, timeout=wait, timeout_summary="migration: wait for running stages"
-                )
-            except TimeoutError:
-                self._frozen = False
-                self._sync()
-                raise _migration_error(
-                    f"run {self._run_id!r} has a stage running; it is not at a safe point "
-                    "(wait longer, or migrate it later)"
-                ) from None
-        if self._final or self._status == "compensating":
-            self._frozen = False
-            self._sync()
-            self._refuse_move()
-        return self._snapshot()
-
-    @on_freeze.validator
-    def _validate_freeze(self, body: dict[str, Any]) -> None:
-        if self._ready:
-            self._refuse_move()
-
-    def _withdraw(self) -> None:
-        """Cancel every stage activity in flight (see the module docstring): one no worker
-        picked up comes back withdrawn, one a worker runs goes on and is waited for."""
-        for call in self._calls.values():
-            if not call["withdrawn"] and call["handle"] is not None:
-                call["withdrawn"] = True
-                self._freeze_cancels.add(call["token"])
-                call["handle"].cancel()
-
-    @workflow.query(name=FREEZE_CANCELLED_QUERY)
-    def freeze_cancelled(self, token: int) -> bool:
-        """Whether the cancel a stage activity received came from a freeze (so it goes on)."""
-        return token in self._freeze_cancels
-
-    @workflow.update(name=COMPLETE_EXPORT_UPDATE)
-    def on_complete_export(self, body: dict[str, Any]) -> dict[str, Any]:
-        if self._migrated_to is None:
-            if not self._frozen:
-                raise _migration_error(
-                    f"run {self._run_id!r} was not exported; call export_run first"
-                )
-            self._migrated_to = str(body["target"])
-        return {"target": self._migrated_to}
-
-    @workflow.update(name=ABORT_EXPORT_UPDATE)
-    def on_abort_export(self, body: dict[str, Any]) -> dict[str, Any]:
-        if self._migrated_to is None and self._frozen:
-            self._frozen = False
-            self._sync()
-        return {"frozen": self._frozen}
-
-    async def _gate(self) -> None:
-        """Block while the run is frozen; raise _Migrated once it moved."""
-        if self._frozen or self._migrated_to is not None:
-            await workflow.wait_condition(lambda: not self._frozen or self._migrated_to is not None)
-        if self._migrated_to is not None:
-            raise _Migrated()
-
-    async def _pause(self, seconds: float, summary: str) -> None:
-        """A durable timer that a completed migration interrupts."""
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(
-                lambda: self._migrated_to is not None, timeout=seconds, timeout_summary=summary
-            )
-        if self._migrated_to is not None:
-            raise _Migrated()
-
-    def _snapshot(self) -> dict[str, Any]:
-        """The RunSnapshot (format 1) of the frozen run, as JSON."""
-        stages = []
-        current_group = len(self._graph.groups)
-        for gi, group in enumerate(self._graph.groups):
-            if any(self._stages[s]["status"] != "completed" for s in group):
-                current_group = gi
-                break
-        for sid in self._order_ids():
-            st = self._stages[sid]
-            status = st["status"]
-            if status == "running" and st.get("backoff"):
-                status = "pending"  # between attempts: the next attempt is scheduled
-            stages.append(
-                {
-                    "id": sid,
-                    "status": status,
-                    "attempt": st["attempt"],
-                    "suspensions": st["suspensions"],
-                    "output": st["output"],
-                    "has_output": status == "completed",
-                    "error": st["error"],
-                    "compensation_error": st["compensation_error"],
-                    "completed_order": st["order"],
-                    "waiting_for": st["waiting_for"],
-                    "wake_at": st["wake_at"],
-                    "started_at": st["started_at"],
-                    "finished_at": st["finished_at"],
-                    "steps": list(st["steps"].values()),
-                    "staged_events": list(st["events"]),
-                }
-            )
-        return {
-            "run_id": self._run_id,
-            "workflow_id": self._wf_id,
-            "version": self._version,
-            "status": self._run_status(),
-            "input": self._start["input"],
-            "idempotency_key": self._start.get("idempotency_key"),
-            "input_fingerprint": self._start.get("fingerprint"),
-            "graph": self._start["graph"],
-            "current_group": current_group,
-            "completed_count": self._order,
-            "stages": stages,
-            "signals": dict(self._signals),
-            "consumed_signals": sorted(self._consumed),
-            "event_seq": self._seq + 1,  # run.migrated takes the next number
-            "redrive_count": self._redrive,
-            "redrive_history": self._redrive_history,
-            "deadline": self._deadline,
-            "created_at": self._start.get("created_at"),
-            "source": "temporal",
-        }
 
     @workflow.query(name=RUN_INFO_QUERY)
     def run_info(self) -> dict[str, Any]:
@@ -357,7 +183,7 @@ class GraphWorkflow:
                 await asyncio.wait_for(self._execute(), remaining)
             else:
                 await self._execute()
-        except _Migrated:
+        except Migrated:
             outcome = "migrated"
         except _StageFailed as failed:
             outcome, error = "failed", failed.error
@@ -570,7 +396,7 @@ class GraphWorkflow:
                     timeout_summary=f"timeout of {res['waiting_for']}",
                 )
             if self._migrated_to is not None:
-                raise _Migrated()
+                raise Migrated()
         elif remaining is not None:
             await self._pause(remaining, res["waiting_for"])
 
