@@ -7,8 +7,9 @@ executor thread per process); PostgreSQL uses psycopg 3 and a pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -74,11 +75,11 @@ class Database:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wfe-db")
 
     # -- transactions -----------------------------------------------------------------------
-    def tx_sync(self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs) -> T:
-        """Run ``fn(conn, ...)`` in one transaction, on the calling thread."""
+    @contextlib.contextmanager
+    def _reachable(self) -> Iterator[None]:
+        """Turn a failure to connect into the port's DriverUnavailableError."""
         try:
-            with self.engine.begin() as conn:
-                return fn(conn, *a, **k)
+            yield
         except OperationalError as exc:
             if _is_connect_error(exc):
                 raise DriverUnavailableError(
@@ -87,22 +88,19 @@ class Database:
                 ) from None
             raise
 
+    def tx_sync(self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs) -> T:
+        """Run ``fn(conn, ...)`` in one transaction, on the calling thread."""
+        with self._reachable(), self.engine.begin() as conn:
+            return fn(conn, *a, **k)
+
     def read_sync(
         self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
     ) -> T:
         """Run read-only ``fn(conn, ...)`` in autocommit: one round trip per query, no
         BEGIN/COMMIT, and on SQLite no write lock."""
-        try:
-            with self.engine.connect() as raw:
-                conn = raw.execution_options(isolation_level="AUTOCOMMIT")
-                return fn(conn, *a, **k)
-        except OperationalError as exc:
-            if _is_connect_error(exc):
-                raise DriverUnavailableError(
-                    f"cannot reach the database at {self.safe_url}: {exc.orig}; check that "
-                    "the server runs and database_url is right"
-                ) from None
-            raise
+        with self._reachable(), self.engine.connect() as raw:
+            conn = raw.execution_options(isolation_level="AUTOCOMMIT")
+            return fn(conn, *a, **k)
 
     async def read(
         self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
