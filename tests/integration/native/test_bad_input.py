@@ -96,3 +96,24 @@ async def test_repeat_start_with_a_large_input_writes_no_blob(make_engine: MakeE
     again = await engine.start("it-linear", big_input, idempotency_key="big")
     assert again.id == first.id
     assert await store.list() == blobs
+
+
+async def test_an_unreachable_database_raises_driver_unavailable(tmp_path: Any) -> None:
+    """Nothing listens on the port: connecting says which database and what to check."""
+    import socket
+
+    from engine_port import EngineSettings, Registry, create_engine
+    from engine_port.errors import DriverUnavailableError
+
+    with socket.socket() as s:  # a port that was free a moment ago, now closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/nowhere"
+    engine = create_engine(
+        EngineSettings(database_url=url, blob_url=f"file://{tmp_path}"), Registry([w.linear])
+    )
+    with pytest.raises(
+        DriverUnavailableError, match=rf"(?s)127\.0\.0\.1:{port}.*check that the server runs"
+    ) as info:
+        await engine.connect()
+    assert info.value.__cause__ is None  # no driver traceback chained into the user's error
