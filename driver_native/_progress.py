@@ -273,15 +273,7 @@ def _begin_handed(
     conn.execute(
         sa.update(stages)
         .where(stages.c.run_id == run.id, stages.c.stage_id.in_(ids))
-        .values(
-            status=StageStatus.RUNNING,
-            attempt=1,
-            suspensions=0,
-            started_at=now,
-            error=None,
-            waiting_for=None,
-            wake_at=None,
-        )
+        .values(**_attempt_started(1, now))
     )
     outputs = {sid: r.output for sid, r in state.items() if r.has_output}
     step_rows: list[Any] = []
@@ -304,6 +296,19 @@ def _begin_handed(
         )
         handoff.jobs.append((job, begin))
     return [lc.stage_started(sid, 1) for sid in ids]
+
+
+def _attempt_started(attempt: int, now: float) -> dict[str, Any]:
+    """A stage row's values when an attempt starts (begun by a worker, or handed to one)."""
+    return {
+        "status": StageStatus.RUNNING,
+        "attempt": attempt,
+        "suspensions": 0,
+        "started_at": now,
+        "error": None,
+        "waiting_for": None,
+        "wake_at": None,
+    }
 
 
 def _lease_deadline(conn: Connection, lease: float, now: float) -> float:
@@ -378,18 +383,7 @@ def begin_attempt(
         drafts.append(lc.run_started())
     if stage.status == StageStatus.PENDING:
         attempt = job.attempt
-        _set_stage(
-            conn,
-            run.id,
-            stage.stage_id,
-            status=StageStatus.RUNNING,
-            attempt=attempt,
-            suspensions=0,
-            started_at=now,
-            error=None,
-            waiting_for=None,
-            wake_at=None,
-        )
+        _set_stage(conn, run.id, stage.stage_id, **_attempt_started(attempt, now))
         drafts.append(lc.stage_started(stage.stage_id, attempt))
     elif stage.status in (StageStatus.RUNNING, StageStatus.SUSPENDED):
         attempt = stage.attempt  # resuming (after a sleep, a signal, a poll or a crash)
