@@ -138,7 +138,7 @@ class MigrationHandlers:
         """Cancel every stage activity in flight (see the module docstring): one no worker
         picked up comes back withdrawn, one a worker runs goes on and is waited for."""
         for call in self._calls.values():
-            if not call["withdrawn"] and call["handle"] is not None:
+            if not call["withdrawn"]:
                 call["withdrawn"] = True
                 self._freeze_cancels.add(call["token"])
                 call["handle"].cancel()

@@ -300,7 +300,7 @@ class GraphWorkflow(MigrationHandlers):
         while True:
             await self._gate()
             attempt = next_attempt if fresh else st["attempt"]
-            self._begin_stage(sid, attempt, fresh, sync=fresh)
+            self._begin_stage(sid, attempt, fresh)
             res = await self._call(sid, attempt, compensation=False)
             if res["kind"] == "withdrawn":
                 # a freeze took the activity before any worker did: the attempt started and
@@ -351,8 +351,9 @@ class GraphWorkflow(MigrationHandlers):
             next_attempt = attempt + 1
             fresh = True
 
-    def _begin_stage(self, sid: str, attempt: int, fresh: bool, *, sync: bool) -> None:
-        """The attempt starts (``fresh``: stage.started) or a suspended one resumes."""
+    def _begin_stage(self, sid: str, attempt: int, fresh: bool) -> None:
+        """The attempt starts (``fresh``: stage.started, written to the memo) or a suspended
+        one resumes."""
         st = self._stages[sid]
         st["backoff"] = False
         if fresh:
@@ -369,10 +370,9 @@ class GraphWorkflow(MigrationHandlers):
                 wake_at=None,
             )
             self._emit(self._lc.stage_started(sid, attempt))
+            self._sync()
         else:
             st.update(status="running", waiting_for=None, wake_at=None)
-        if sync:
-            self._sync()
 
     def _delay(self, sid: str, attempt: int) -> float:
         r = self._graph.stage(sid).retry
@@ -454,9 +454,7 @@ class GraphWorkflow(MigrationHandlers):
                 if not compensation:
                     self._tokens += 1
                     task["token"] = self._tokens
-                    call = {"token": self._tokens, "handle": None, "withdrawn": False}
-                    self._calls[sid] = call
-                call_handle = workflow.start_activity(
+                handle = workflow.start_activity(
                     name,
                     task,
                     result_type=dict,
@@ -466,9 +464,10 @@ class GraphWorkflow(MigrationHandlers):
                     cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                     summary=summary,
                 )
-                if call is not None:
-                    call["handle"] = call_handle
-                res = await call_handle
+                if not compensation:
+                    call = {"token": self._tokens, "handle": handle, "withdrawn": False}
+                    self._calls[sid] = call
+                res = await handle
         except ActivityError as exc:
             cause = exc.cause
             if isinstance(cause, CancelledError):
