@@ -431,6 +431,34 @@ def _cancel_stage(conn: Connection, run: Any, stage: Any, now: float) -> list[Ev
     return [_lc(run).stage_cancelled(stage.stage_id)]
 
 
+def _complete_stage(
+    conn: Connection,
+    run: Any,
+    stage: Any,
+    job: Any,
+    outcome: Completed,
+    now: float,
+    run_values: dict[str, Any],
+) -> EventDraft:
+    """Record a returned stage body: its output and its place in completion order."""
+    order = run.completed_count + 1
+    _set_stage(
+        conn,
+        run.id,
+        stage.stage_id,
+        status=StageStatus.COMPLETED,
+        output=outcome.output,
+        has_output=True,
+        finished_at=now,
+        completed_order=order,
+        waiting_for=None,
+        wake_at=None,
+    )
+    run_values.update(completed_count=order, updated_at=now)
+    delete_where(conn, jobs, id=job.id)
+    return _lc(run).stage_completed(stage.stage_id, stage.attempt)
+
+
 def apply_outcome(
     conn: Connection,
     job: Any,
@@ -451,25 +479,20 @@ def apply_outcome(
     run_values: dict[str, Any] = {}
     refresh = True
     result = "cancelled"
-    if cancelled or run.status not in ACTIVE or run.cancel_requested:
+    stopping = run.status not in ACTIVE or run.cancel_requested
+    if stopping and isinstance(outcome, Completed) and run.status == RunStatus.COMPENSATING:
+        # the run stopped (a sibling failed for good, or a cancel) while this body ran, and it
+        # returned before it observed that: its side effect happened, so the stage is
+        # completed and the compensation job (which waits for leased stages) undoes it first
+        result = "completed"
+        drafts.append(_complete_stage(conn, run, stage, job, outcome, now, run_values))
+        refresh = False
+    elif cancelled or stopping:
         drafts += _cancel_stage(conn, run, stage, now)
         delete_where(conn, jobs, id=job.id)
     elif isinstance(outcome, Completed):
         result = "completed"
-        order = run.completed_count + 1
-        _set_stage(
-            conn,
-            run.id,
-            stage.stage_id,
-            status=StageStatus.COMPLETED,
-            output=outcome.output,
-            has_output=True,
-            finished_at=now,
-            completed_order=order,
-            waiting_for=None,
-            wake_at=None,
-        )
-        run_values.update(completed_count=order, updated_at=now)
+        drafts.append(_complete_stage(conn, run, stage, job, outcome, now, run_values))
         # a stage completes once per redrive cycle, and redrive clears what it re-runs, so no
         # staged events of this stage exist yet
         if outcome.events:
@@ -486,8 +509,6 @@ def apply_outcome(
                     for i, e in enumerate(outcome.events)
                 ],
             )
-        drafts.append(lc.stage_completed(stage.stage_id, stage.attempt))
-        delete_where(conn, jobs, id=job.id)
         progressed = schedule(conn, run, graph, now, handoff, run_values)
         drafts += progressed
         # the run moved on (finished, or handed its next stages to this worker): its status
