@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -232,13 +233,15 @@ class DriverActivities:
         """Run the stage body; a cancel sent by a migration freeze (which cannot know whether
         a worker picked the activity up) leaves it running: a running stage is waited for."""
         work = asyncio.ensure_future(body)
+        frozen = False  # a freeze cancels once: any later cancel is a real one
         while True:
             try:
                 return await asyncio.shield(work)
             except asyncio.CancelledError:
-                if work.done() or not await self._freeze_cancelled(info, task):
+                if frozen or work.done() or not await self._freeze_cancelled(info, task):
                     work.cancel()
                     return await work
+                frozen = True
 
     async def _freeze_cancelled(self, info: activity.Info, task: dict[str, Any]) -> bool:
         details = activity.cancellation_details()
@@ -250,7 +253,10 @@ class DriverActivities:
             info.workflow_id, run_id=info.workflow_run_id
         )
         try:
-            return bool(await handle.query(FREEZE_CANCELLED_QUERY, task["token"]))
+            answer = await handle.query(
+                FREEZE_CANCELLED_QUERY, task["token"], rpc_timeout=timedelta(seconds=5)
+            )
+            return bool(answer)
         except Exception:  # the run cannot answer: treat it as a cancel (journaled steps stay)
             return False
 

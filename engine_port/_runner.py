@@ -10,6 +10,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +32,12 @@ from .errors import (
 )
 
 __all__ = ["Completed", "Failed", "Outcome", "StageRequest", "StageRunner", "Suspended"]
+
+log = logging.getLogger("wfe.runner")
+
+CANCEL_GRACE_S = 5.0
+"""How long a cancelled stage body (or compensation) may take to stop before the engine stops
+waiting for it, so a body that ignores cancellation cannot hang a worker's shutdown."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,12 @@ _NEVER_RETRY = (SerializationError, StepError, DefinitionError)
 class StageRunner:
     """Runs stage bodies and compensations; holds no state between calls."""
 
-    def __init__(self, registry: Registry, clock: Clock | None = None) -> None:
+    def __init__(
+        self, registry: Registry, clock: Clock | None = None, cancel_grace: float = CANCEL_GRACE_S
+    ) -> None:
         self.registry = registry
         self.clock: Clock = clock or SystemClock()
+        self.cancel_grace = cancel_grace
 
     def _context(self, req: StageRequest, ledger: StepLedger) -> StageContext[Any]:
         wf = req.workflow
@@ -94,13 +104,34 @@ class StageRunner:
 
     async def _invoke(self, stage: Stage, fn: Any, *args: Any) -> Any:
         if inspect.iscoroutinefunction(fn):
-            return await fn(*args)
+            return await self._bounded(stage, fn(*args))
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(None, functools.partial(ctx.run, fn, *args))
         if inspect.isawaitable(result):  # a callable object or wrapper returning a coroutine
             return await result
         return result
+
+    async def _bounded(self, stage: Stage, body: Any) -> Any:
+        """Await ``body`` in a task of its own. Once cancelled, the body gets
+        ``cancel_grace`` seconds to stop; a body that ignores cancellation longer is left
+        behind (it cannot be killed) and the cancellation goes on, so no body holds the
+        engine. A body that catches the cancellation and returns in time has returned."""
+        task: asyncio.Future[Any] = asyncio.ensure_future(body)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=self.cancel_grace)
+            if task in done:
+                return task.result()  # the body's own CancelledError, or what it returned
+            log.warning(
+                "stage %r ignored cancellation for %gs and was left running; let "
+                "asyncio.CancelledError propagate from stage bodies",
+                stage.id,
+                self.cancel_grace,
+            )
+            raise
 
     async def run(self, req: StageRequest, ledger: StepLedger) -> Outcome:
         """Execute (or replay) one attempt of a stage. Cancellation propagates as

@@ -778,3 +778,50 @@ async def test_ctx_cancelled_is_false_without_a_cancel_event(h: Harness) -> None
         return ctx.cancelled
 
     assert completed(await h.run("s")).output is False
+
+
+async def test_a_body_that_ignores_cancellation_is_left_behind_after_the_grace(
+    h: Harness,
+) -> None:
+    """A stage body that swallows CancelledError cannot hold the engine: after the grace the
+    runner stops waiting for it and the cancellation goes on."""
+    h.runner.cancel_grace = 0.1
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    @h.wf.stage
+    async def s(ctx: StageContext[In]) -> int:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()  # ignores the cancel until the test lets it go
+        return 1
+
+    task = asyncio.create_task(h.run("s"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 30)
+    release.set()  # let the orphaned body finish so the loop closes cleanly
+    await asyncio.sleep(0)
+
+
+async def test_a_body_that_returns_after_its_cancel_within_the_grace_has_returned(
+    h: Harness,
+) -> None:
+    started = asyncio.Event()
+
+    @h.wf.stage
+    async def s(ctx: StageContext[In]) -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass
+        return "booked"
+
+    task = asyncio.create_task(h.run("s"))
+    await started.wait()
+    task.cancel()
+    assert completed(await task).output == "booked"
