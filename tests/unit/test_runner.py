@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import Counter
 from datetime import timedelta
@@ -815,10 +816,8 @@ async def test_a_body_that_returns_after_its_cancel_within_the_grace_has_returne
     @h.wf.stage
     async def s(ctx: StageContext[In]) -> str:
         started.set()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass
         return "booked"
 
     task = asyncio.create_task(h.run("s"))
