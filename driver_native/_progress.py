@@ -568,9 +568,7 @@ def apply_outcome(
         drafts.append(lc.stage_failed(stage.stage_id, stage.attempt, outcome.error, will_retry))
         if will_retry:
             result = "retrying"
-            delay = spec.retry.initial_interval_s * spec.retry.backoff ** (stage.attempt - 1)
-            if spec.retry.max_interval_s is not None:
-                delay = min(delay, spec.retry.max_interval_s)
+            delay = spec.retry.delay_s(stage.attempt)
             _set_stage(
                 conn,
                 run.id,

@@ -243,24 +243,7 @@ def redrive_run(
             f"run {run_id!r} cannot move to version {graph.version!r}: its stages differ "
             f"({sorted(rows)} vs {sorted(ids)}); redrive it on its own version"
         )
-    if from_ == "start":
-        rerun = set(ids)
-    elif from_ == "last_failure":
-        rerun = {
-            sid
-            for sid, r in rows.items()
-            if r.status not in (StageStatus.COMPLETED, StageStatus.COMPENSATED)
-        }
-        if not rerun:
-            raise InvalidRedriveError(
-                f"run {run_id!r} has no failed stage; use from_='start' or a stage id"
-            )
-    elif from_ in ids:
-        rerun = graph.downstream(from_)
-    else:
-        raise InvalidRedriveError(
-            f"redrive from_={from_!r}: use 'last_failure', 'start' or one of {sorted(ids)}"
-        )
+    rerun = graph.redrive_set(from_, {sid: r.status for sid, r in rows.items()}, run_id)
     for sid in sorted(rerun):
         r = rows[sid]
         if r.attempt > 0:

@@ -87,7 +87,6 @@ from engine_port.errors import (
     DriverUnavailableError,
     EngineError,
     IdempotencyConflictError,
-    InvalidRedriveError,
     MigrationError,
     RunNotActiveError,
     RunNotFoundError,
@@ -604,32 +603,15 @@ class TemporalEngine(WorkflowEngine):
             target_version = version
         wf = self.registry.get(info.workflow_id, target_version)
         graph = wf.graph()
+        stages: dict[str, dict[str, Any]] = state["stages"]
+        order = [sid for g in graph.groups for sid in g]
+        statuses = {sid: stages.get(sid, {}).get("status", "pending") for sid in order}
+        reset = graph.redrive_set(from_, statuses, run_id)  # bad input: raise, change nothing
         if not info.terminal:
             with suppress(RPCError):
                 await self._conn.get_workflow_handle(run_id).terminate(
                     reason=f"re-pinned by redrive(version={version!r})"
                 )
-        stages: dict[str, dict[str, Any]] = state["stages"]
-        order = [sid for g in graph.groups for sid in g]
-        if from_ == "start":
-            reset = set(order)
-        elif from_ == "last_failure":
-            bad = [
-                sid
-                for sid in order
-                if stages.get(sid, {}).get("status") not in ("completed", "compensated")
-            ]
-            if not bad:
-                raise InvalidRedriveError(
-                    f"run {run_id!r} has no failed stage; use from_='start' or a stage id"
-                )
-            reset = graph.downstream(bad[0]) | set(bad)
-        elif from_ in order:
-            reset = graph.downstream(from_)
-        else:
-            raise InvalidRedriveError(
-                f"redrive from_={from_!r}: use 'last_failure', 'start' or one of {sorted(order)}"
-            )
         history = list(state.get("redrive_history") or [])
         new_stages: dict[str, dict[str, Any]] = {}
         for sid in order:

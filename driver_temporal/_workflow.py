@@ -375,11 +375,8 @@ class GraphWorkflow(MigrationHandlers):
             st.update(status="running", waiting_for=None, wake_at=None)
 
     def _delay(self, sid: str, attempt: int) -> float:
-        r = self._graph.stage(sid).retry
-        seconds = r.initial_interval_s * r.backoff ** (attempt - 1)
-        if r.max_interval_s is not None:
-            seconds = min(seconds, r.max_interval_s)
-        return max(seconds, 0.001)
+        # a Temporal timer needs a positive duration
+        return max(self._graph.stage(sid).retry.delay_s(attempt), 0.001)
 
     async def _wait(self, res: dict[str, Any], until: Any) -> None:
         remaining = None

@@ -8,14 +8,15 @@ import math
 import re
 import types
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from .errors import DefinitionError, NonRetryableError
+from ._models import StageStatus
+from .errors import DefinitionError, InvalidRedriveError, NonRetryableError
 
 if TYPE_CHECKING:
     from ._context import StageContext
@@ -79,15 +80,7 @@ class Retry:
 
     def delay_after(self, attempt: int) -> timedelta:
         """The wait before attempt ``attempt + 1``."""
-        base = self.initial_interval.total_seconds()
-        try:
-            seconds = base * self.backoff ** max(0, attempt - 1)
-        except OverflowError:
-            seconds = math.inf
-        if self.max_interval is not None:
-            seconds = min(seconds, self.max_interval.total_seconds())
-        # a timedelta cannot hold more than ~2.7 million years; cap far below that
-        return timedelta(seconds=min(seconds, _MAX_DELAY_S))
+        return timedelta(seconds=self.model().delay_s(attempt))
 
     def is_retryable(self, error: BaseException) -> bool:
         if isinstance(error, NonRetryableError):
@@ -111,6 +104,18 @@ class RetryModel(BaseModel):
     backoff: float
     max_interval_s: float | None = None
     non_retryable: list[str] = []
+
+    def delay_s(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt`` before the next one (the one
+        rule both drivers apply: initial_interval * backoff**(attempt-1), capped)."""
+        try:
+            seconds = self.initial_interval_s * self.backoff ** max(0, attempt - 1)
+        except OverflowError:
+            seconds = math.inf
+        if self.max_interval_s is not None:
+            seconds = min(seconds, self.max_interval_s)
+        # a timedelta cannot hold more than ~2.7 million years; cap far below that
+        return min(seconds, _MAX_DELAY_S)
 
 
 class StageSpec(BaseModel):
@@ -163,6 +168,30 @@ class GraphModel(BaseModel):
                     out.add(s.id)
                     changed = True
         return out
+
+    def redrive_set(self, from_: str, statuses: Mapping[str, str], run_id: str) -> set[str]:
+        """The stages a redrive from ``from_`` re-runs, given each stage's status: ``start``
+        all; ``last_failure`` every stage that did not complete (completed or compensated
+        stages keep their outputs); a stage id that stage and everything downstream."""
+        if from_ == "start":
+            return {s.id for s in self.stages}
+        if from_ == "last_failure":
+            rerun = {
+                s.id
+                for s in self.stages
+                if statuses.get(s.id) not in (StageStatus.COMPLETED, StageStatus.COMPENSATED)
+            }
+            if not rerun:
+                raise InvalidRedriveError(
+                    f"run {run_id!r} has no failed stage; use from_='start' or a stage id"
+                )
+            return rerun
+        if from_ in {s.id for s in self.stages}:
+            return self.downstream(from_)
+        raise InvalidRedriveError(
+            f"redrive from_={from_!r}: use 'last_failure', 'start' or one of "
+            f"{sorted(s.id for s in self.stages)}"
+        )
 
     def group_of(self, stage_id: str) -> int:
         for i, g in enumerate(self.groups):

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from engine_port import GraphModel, Registry, Retry, StageContext, Workflow
-from engine_port.errors import DefinitionError, NonRetryableError
+from engine_port.errors import DefinitionError, InvalidRedriveError, NonRetryableError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -506,3 +506,47 @@ def test_downstream_is_the_stage_and_everything_that_depends_on_it() -> None:
     assert graph.downstream("b") == {"b", "d"}
     assert graph.downstream("a") == {"a", "b", "c", "d"}
     assert graph.downstream("c") == {"c"}
+
+
+def test_retry_delay_is_one_rule_for_both_drivers() -> None:
+    r = Retry(
+        max_attempts=5,
+        initial_interval=timedelta(seconds=1),
+        backoff=3.0,
+        max_interval=timedelta(seconds=5),
+    ).model()
+    assert [r.delay_s(a) for a in (1, 2, 3)] == [1.0, 3.0, 5.0]
+
+
+def test_redrive_set_per_origin() -> None:
+    wf = Workflow("rd", input=_RdIn)
+
+    @wf.stage
+    async def a(ctx: Any) -> int:
+        return 1
+
+    @wf.stage(after=[a])
+    async def b(ctx: Any) -> int:
+        return 1
+
+    @wf.stage(after=[a])
+    async def c(ctx: Any) -> int:
+        return 1
+
+    @wf.stage(after=[b, c])
+    async def d(ctx: Any) -> int:
+        return 1
+
+    g = wf.graph()
+    statuses = {"a": "compensated", "b": "completed", "c": "failed", "d": "skipped"}
+    assert g.redrive_set("last_failure", statuses, "r") == {"c", "d"}
+    assert g.redrive_set("start", statuses, "r") == {"a", "b", "c", "d"}
+    assert g.redrive_set("b", statuses, "r") == {"b", "d"}
+    with pytest.raises(InvalidRedriveError, match="use 'last_failure', 'start' or one of"):
+        g.redrive_set("nope", statuses, "r")
+    with pytest.raises(InvalidRedriveError, match="no failed stage"):
+        g.redrive_set("last_failure", dict.fromkeys("abcd", "completed"), "r")
+
+
+class _RdIn(BaseModel):
+    pass

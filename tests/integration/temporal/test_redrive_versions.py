@@ -11,6 +11,7 @@ from temporalio.api.enums.v1 import VersioningBehavior
 from temporalio.client import Client
 
 from engine_port import MemorySink, Registry, Retry, StageContext, Workflow
+from engine_port.errors import InvalidRedriveError
 
 from .conftest import EngineFactory, trace
 
@@ -138,6 +139,10 @@ async def test_s13_pinned_versions(make_engine: EngineFactory, temporal_address:
                 assert done.output == "v1" and done.version == "v1"
                 assert (await e1.wait(stranded.id, timeout=30)).output == "v1"
             stranded2 = await e1.start("pinned", {"n": 2})
+            # bad input changes nothing: the stranded run is not terminated first
+            with pytest.raises(InvalidRedriveError):
+                await e2.redrive(stranded2.id, from_="nope", version="latest")
+            assert (await e2.get_run(stranded2.id)).status == "pending"
             repinned = await e2.redrive(stranded2.id, version="latest")
             assert repinned.version == "v2"
             done2 = await e2.wait(stranded2.id, timeout=30)
