@@ -19,6 +19,7 @@ from engine_port import (
     StageStatus,
     VersionInfo,
 )
+from engine_port._models import TERMINAL_RUN_STATUSES
 from engine_port.errors import (
     IdempotencyConflictError,
     InvalidRedriveError,
@@ -61,7 +62,7 @@ __all__ = [
     "signal_run",
 ]
 
-TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.MIGRATED)
+TERMINAL = TERMINAL_RUN_STATUSES
 
 
 def _insert_ignore(conn: Connection, table: sa.Table, values: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from engine_port import RunStatus
+from engine_port._models import TERMINAL_RUN_STATUSES
 
 from ._commands import (
     ClaimPending,
@@ -73,9 +73,7 @@ __all__ = [
 
 log = logging.getLogger("wfe.serverless")
 
-_TERMINAL = frozenset(
-    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.MIGRATED}
-)
+_TERMINAL = TERMINAL_RUN_STATUSES
 
 
 def _default_worker_id() -> str:

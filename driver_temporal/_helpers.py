@@ -16,11 +16,14 @@ from temporalio.common import (
     SearchAttributePair,
 )
 
+from engine_port import RunStatus
+from engine_port._models import ACTIVE_RUN_STATUSES
+
 from ._search import SA_IDEMPOTENCY_KEY, SA_STATUS, SA_VERSION
 
 _WFT_STARTED = PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED
-_ACTIVE = ("pending", "running", "suspended", "compensating")
-_ALL = (*_ACTIVE, "completed", "failed", "cancelled", "migrated")
+_ACTIVE = tuple(s.value for s in RunStatus if s in ACTIVE_RUN_STATUSES)
+_ALL = tuple(s.value for s in RunStatus)
 
 __all__ = [
     "_ACTIVE",
