@@ -248,8 +248,12 @@ class NativeEngine(WorkflowEngine):
             if not waiting:
                 self._waiters.pop(run_id, None)
 
-    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult:
-        result: SignalResult = await self.kernel.dispatch(SignalStep(run_id, name, payload))
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
+    ) -> SignalResult:
+        result: SignalResult = await self.kernel.dispatch(
+            SignalStep(run_id, name, payload, idempotency_key)
+        )
         self._wake()
         return result
 

@@ -71,7 +71,17 @@ class WorkflowEngine(abc.ABC):
         """Wait until the run is terminal; raise WaitTimeoutError after ``timeout`` seconds."""
 
     @abc.abstractmethod
-    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult: ...
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
+    ) -> SignalResult:
+        """Send signal ``name`` with ``payload`` (JSON) to the run.
+
+        Signals of one name queue per run in arrival order; each ``wait_for_signal(name)``
+        takes the next one, so nothing is dropped. ``delivered`` says whether it went to a
+        step waiting for it at that moment (else it was buffered for a later wait). A repeat
+        of ``idempotency_key`` in the same run is not queued again and reports
+        ``already_completed=True``. Unknown run: RunNotFoundError; terminal run:
+        RunNotActiveError."""
 
     @abc.abstractmethod
     async def cancel(self, run_id: str) -> RunInfo: ...
