@@ -247,8 +247,9 @@ def _v4(conn: Connection) -> None:
     conn.execute(
         signals.insert().from_select(
             ["run_id", "name", "payload", "consumed", "received_at"],
-            select(old.c.run_id, old.c.name, old.c.payload, old.c.consumed, old.c.received_at)
-            .order_by(old.c.received_at, old.c.run_id, old.c.name),
+            select(
+                old.c.run_id, old.c.name, old.c.payload, old.c.consumed, old.c.received_at
+            ).order_by(old.c.received_at, old.c.run_id, old.c.name),
         )
     )
     old.drop(conn)

@@ -78,6 +78,15 @@ def workflow_runner() -> WorkflowRunner:
     return UnsandboxedWorkflowRunner()
 
 
+def _is_wrapped(value: Any) -> bool:
+    """A signal body the engine itself sent (``TemporalEngine.signal``), not a raw payload."""
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("delivery"), str)
+        and set(value) <= {"name", "payload", "delivery", "idempotency_key"}
+    )
+
+
 class _StageFailed(Exception):
     def __init__(self, error: dict[str, Any]) -> None:
         super().__init__(error.get("message", ""))
@@ -92,9 +101,14 @@ def _iso(value: Any) -> str:
 class GraphWorkflow(MigrationHandlers):
     """Interprets a GraphModel passed in the start input (see ``_engine.TemporalEngine``)."""
 
+    # the stage whose attempt in flight was given the buffered signals (``_lease_signals``)
+    _signal_holder: str | None = None
+
     def __init__(self) -> None:
-        self._signals: dict[str, Any] = {}
-        self._consumed: set[str] = set()
+        # buffered signals in arrival order, each {name, payload, idempotency_key}: a wait for
+        # a name takes the oldest of that name; every idempotency key the run has seen
+        self._signals: list[dict[str, Any]] = []
+        self._signal_keys: set[str] = set()
         self._deliveries: dict[str, dict[str, Any]] = {}
         self._outbox: list[dict[str, Any]] = []
         self._closing = False
@@ -118,14 +132,25 @@ class GraphWorkflow(MigrationHandlers):
     # -- handlers ---------------------------------------------------------------------------
     @workflow.signal(dynamic=True)
     def on_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        body: dict[str, Any] = {}
+        """A signal buffered on the server: one the engine sent when no worker answered its
+        update (wrapped, with its delivery id), or a raw Temporal signal from an operator
+        (``temporal workflow signal --name go --input '{...}'``), whose input is the payload.
+        Either way it just queues."""
+        value: Any = None
         if args:
-            body = workflow.payload_converter().from_payload(args[0].payload, dict) or {}
-        self._deliver(name, body.get("payload"), body.get("delivery"))
+            value = workflow.payload_converter().from_payload(args[0].payload)
+        if _is_wrapped(value):
+            self._deliver(
+                name, value.get("payload"), value.get("delivery"), value.get("idempotency_key")
+            )
+        else:
+            self._deliver(name, value, None, None)
 
     @workflow.update(name=SIGNAL_UPDATE)
     def on_signal_update(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._deliver(body["name"], body.get("payload"), body.get("delivery"))
+        return self._deliver(
+            body["name"], body.get("payload"), body.get("delivery"), body.get("idempotency_key")
+        )
 
     @on_signal_update.validator
     def _validate_signal(self, body: dict[str, Any]) -> None:
@@ -141,17 +166,62 @@ class GraphWorkflow(MigrationHandlers):
     def run_info(self) -> dict[str, Any]:
         return self._info
 
-    def _deliver(self, name: str, payload: Any, delivery: str | None) -> dict[str, Any]:
+    def _deliver(
+        self, name: str, payload: Any, delivery: str | None, key: str | None
+    ) -> dict[str, Any]:
+        """Queue a signal behind the earlier ones of its name. ``delivery`` dedups one send
+        that arrives twice (an update that timed out, then the same signal buffered on the
+        server); ``key`` is the sender's idempotency key: a repeat is not queued again."""
         if delivery and delivery in self._deliveries:
             return self._deliveries[delivery]
-        if name in self._consumed:
+        if key is not None and key in self._signal_keys:
             res = {"delivered": False, "already_completed": True}
         else:
-            self._signals.setdefault(name, payload)
-            res = {"delivered": True, "already_completed": False}
+            # delivered: a suspended wait is there to take it (more waits than signals of
+            # the name queued ahead of it); else buffered for a later wait
+            waiting_for = f"signal:{name}"
+            waiting = sum(
+                1
+                for st in getattr(self, "_stages", {}).values()
+                if st["status"] == "suspended" and st["waiting_for"] == waiting_for
+            )
+            res = {"delivered": waiting > self._queued(name), "already_completed": False}
+            self._signals.append({"name": name, "payload": payload, "idempotency_key": key})
+            if key is not None:
+                self._signal_keys.add(key)
         if delivery:
             self._deliveries[delivery] = res
         return res
+
+    def _queued(self, name: str) -> int:
+        return sum(1 for sig in self._signals if sig["name"] == name)
+
+    def _signal_queues(self) -> dict[str, list[Any]]:
+        """The buffered payloads per name, oldest first (what a stage attempt may take)."""
+        queues: dict[str, list[Any]] = {}
+        for sig in self._signals:
+            queues.setdefault(sig["name"], []).append(sig["payload"])
+        return queues
+
+    def _lease_signals(self, sid: str) -> dict[str, list[Any]]:
+        """The buffered signals for a stage attempt about to run. Only one attempt in flight
+        at a time may take from the queue (parallel stages of a group each get a snapshot, so
+        two could otherwise take the same signal): the others get none, and a wait of theirs
+        suspends until the holder has returned (``_signal_ready``)."""
+        if not self._signals or self._signal_holder not in (None, sid):
+            return {}
+        self._signal_holder = sid
+        return self._signal_queues()
+
+    def _signal_ready(self, name: str) -> bool:
+        return self._signal_holder is None and self._queued(name) > 0
+
+    def _take_signal(self, name: str) -> None:
+        """A stage attempt consumed the oldest buffered signal of ``name``."""
+        for i, sig in enumerate(self._signals):
+            if sig["name"] == name:
+                del self._signals[i]
+                return
 
     # -- main -------------------------------------------------------------------------------
     @workflow.run
@@ -256,9 +326,24 @@ class GraphWorkflow(MigrationHandlers):
                 "backoff": False,
             }
         self._order = max((s["order"] or 0 for s in self._stages.values()), default=0)
-        for name, payload in (start.get("signals") or {}).items():
-            self._signals.setdefault(name, payload)
-        self._consumed |= set(start.get("consumed") or [])
+        # signals carried over (an import, a redrive) arrived before any this run received
+        carried = start.get("signals") or []
+        if isinstance(carried, dict):  # the form before signals queued: one per name
+            carried = [{"name": n, "payload": p} for n, p in carried.items()]
+        earlier = [
+            {
+                "name": sig["name"],
+                "payload": sig.get("payload"),
+                "idempotency_key": sig.get("idempotency_key"),
+            }
+            for sig in carried
+        ]
+        keys = set(start.get("signal_keys") or [])
+        keys |= {sig["idempotency_key"] for sig in earlier if sig["idempotency_key"]}
+        self._signals = earlier + [
+            sig for sig in self._signals if sig["idempotency_key"] not in keys
+        ]
+        self._signal_keys |= keys
 
     def _order_ids(self) -> list[str]:
         return [sid for group in self._graph.groups for sid in group]
@@ -387,11 +472,11 @@ class GraphWorkflow(MigrationHandlers):
             remaining = max(0.0, (until - workflow.now()).total_seconds()) + 0.02
         if res["reason"] == "signal":
             name = res["waiting_for"].split(":", 1)[1]
-            if name in self._signals:
+            if self._signal_ready(name):
                 return
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: name in self._signals or self._migrated_to is not None,
+                    lambda: self._signal_ready(name) or self._migrated_to is not None,
                     timeout=remaining,
                     timeout_summary=f"timeout of {res['waiting_for']}",
                 )
@@ -426,7 +511,7 @@ class GraphWorkflow(MigrationHandlers):
             "input": self._start["input"],
             "outputs": {a: self._stages[a]["output"] for a in self._ancestors(sid)},
             "steps": list(steps.values()),
-            "signals": {} if compensation else dict(self._signals),
+            "signal_queues": {} if compensation else self._lease_signals(sid),
             "output": st["output"] if compensation else None,
         }
         timeout = timedelta(days=1)
@@ -495,11 +580,12 @@ class GraphWorkflow(MigrationHandlers):
                 del self._calls[sid]
             if not compensation:
                 self._inflight -= 1
+                if self._signal_holder == sid:
+                    self._signal_holder = None
         for rec in res.get("steps") or ():
             steps[rec["name"]] = rec
         for name in res.get("consumed") or ():
-            self._signals.pop(name, None)
-            self._consumed.add(name)
+            self._take_signal(name)
         return res
 
     async def _journaled(self, sid: str) -> list[dict[str, Any]]:
@@ -606,7 +692,7 @@ class GraphWorkflow(MigrationHandlers):
             "status": self._status,
             "stages": self._stages,
             "signals": self._signals,
-            "consumed": sorted(self._consumed),
+            "signal_keys": sorted(self._signal_keys),
             "run_started": self._run_started,
         }
 
