@@ -207,6 +207,28 @@ class SignalContract:
         if not concurrent:
             check_golden("s7b_twenty_signals", {"trace": trace, "output": got})
 
+    async def test_parallel_stages_take_distinct_signals(self, harness: Harness) -> None:
+        """Two stages of one group wait for "go" and two signals are buffered: each stage takes
+        its own (which one gets which is a race), none is taken twice."""
+        wf = Workflow(unique_id("sigpar"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("go")
+
+        @wf.stage
+        async def b(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("go")
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+            run = await engine.start(wf.id, {})
+            for n in (1, 2):
+                assert not (await engine.signal(run.id, "go", n)).delivered
+            async with engine.worker():
+                info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED
+        assert sorted([info.stage("a").output, info.stage("b").output]) == [1, 2]
+
     async def test_s8_signal_before_wait(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
         wf = waiter(log)
