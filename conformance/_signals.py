@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from engine_port import MemorySink, Registry, Retry, RunStatus, StageContext, Workflow
-from engine_port.errors import RunNotActiveError, RunNotFoundError, StepTimeoutError
+from engine_port.errors import (
+    EngineError,
+    RunNotActiveError,
+    RunNotFoundError,
+    StepTimeoutError,
+)
 
 from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
@@ -101,6 +106,9 @@ class SignalContract:
             assert (second.delivered, second.already_completed) == (False, False)
             third = await engine.signal(run.id, "go", 2)  # no key: simply queued again
             assert (third.delivered, third.already_completed) == (False, False)
+            for bad in ("", "k" * 301):
+                with pytest.raises(EngineError, match="idempotency_key"):
+                    await engine.signal(run.id, "finish", 0, idempotency_key=bad)
             await engine.signal(run.id, "finish", 3)
             info = await engine.wait(run.id, timeout=60)
         assert info.output == 3 and info.stage("w").output == 1

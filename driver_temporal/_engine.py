@@ -82,6 +82,7 @@ from engine_port import (
     open_blob_store,
     run_output,
 )
+from engine_port._engine import check_signal_key
 from engine_port._serde import input_fingerprint
 from engine_port.errors import (
     DriverUnavailableError,
@@ -519,6 +520,7 @@ class TemporalEngine(WorkflowEngine):
     ) -> SignalResult:
         if not isinstance(name, str) or not name:
             raise EngineError("a signal needs a non-empty string name")
+        check_signal_key(idempotency_key)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if info.terminal:
