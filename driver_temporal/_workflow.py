@@ -23,7 +23,8 @@ the activity up: the server drops a scheduled activity at once (the workflow see
 while a started one only hears of the cancel and the workflow waits for its outcome.
 
 Migration (freeze, snapshot, export completion) lives in ``_freezing.MigrationHandlers``, a base
-of ``GraphWorkflow``.
+of ``GraphWorkflow``; the signal queue (handlers, idempotency keys, which stage attempt may take
+from it) in ``_signals.SignalHandlers``, another base.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ with workflow.unsafe.imports_passed_through():
     from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
-    from ._freezing import Migrated, MigrationHandlers, migration_error
+    from ._freezing import Migrated, MigrationHandlers
     from ._search import SA_STAGE, SA_STATUS
+    from ._signals import SIGNAL_UPDATE, SignalHandlers
     from ._wire import parse_time
 
 __all__ = [
@@ -56,7 +58,6 @@ __all__ = [
     "workflow_runner",
 ]
 
-SIGNAL_UPDATE = "wfe.signal"
 RUN_INFO_QUERY = "wfe.run_info"
 _GRACE = 10.0  # seconds beyond a stage timeout before Temporal declares the attempt lost
 _INFRA_RETRY = RetryPolicy(
@@ -78,15 +79,6 @@ def workflow_runner() -> WorkflowRunner:
     return UnsandboxedWorkflowRunner()
 
 
-def _is_wrapped(value: Any) -> bool:
-    """A signal body the engine itself sent (``TemporalEngine.signal``), not a raw payload."""
-    return (
-        isinstance(value, dict)
-        and isinstance(value.get("delivery"), str)
-        and set(value) <= {"name", "payload", "delivery", "idempotency_key"}
-    )
-
-
 class _StageFailed(Exception):
     def __init__(self, error: dict[str, Any]) -> None:
         super().__init__(error.get("message", ""))
@@ -98,11 +90,8 @@ def _iso(value: Any) -> str:
 
 
 @workflow.defn(dynamic=True)
-class GraphWorkflow(MigrationHandlers):
+class GraphWorkflow(MigrationHandlers, SignalHandlers):
     """Interprets a GraphModel passed in the start input (see ``_engine.TemporalEngine``)."""
-
-    # the stage whose attempt in flight was given the buffered signals (``_lease_signals``)
-    _signal_holder: str | None = None
 
     def __init__(self) -> None:
         # buffered signals in arrival order, each {name, payload, idempotency_key}: a wait for
@@ -130,98 +119,9 @@ class GraphWorkflow(MigrationHandlers):
         self._run_id: str = ""
 
     # -- handlers ---------------------------------------------------------------------------
-    @workflow.signal(dynamic=True)
-    def on_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        """A signal buffered on the server: one the engine sent when no worker answered its
-        update (wrapped, with its delivery id), or a raw Temporal signal from an operator
-        (``temporal workflow signal --name go --input '{...}'``), whose input is the payload.
-        Either way it just queues."""
-        value: Any = None
-        if args:
-            value = workflow.payload_converter().from_payload(args[0].payload)
-        if _is_wrapped(value):
-            self._deliver(
-                name, value.get("payload"), value.get("delivery"), value.get("idempotency_key")
-            )
-        else:
-            self._deliver(name, value, None, None)
-
-    @workflow.update(name=SIGNAL_UPDATE)
-    def on_signal_update(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._deliver(
-            body["name"], body.get("payload"), body.get("delivery"), body.get("idempotency_key")
-        )
-
-    @on_signal_update.validator
-    def _validate_signal(self, body: dict[str, Any]) -> None:
-        if self._final or self._migrated_to is not None:
-            raise ApplicationError("run is no longer active", type="RunNotActiveError")
-        if self._frozen:
-            raise migration_error(
-                f"run {self._run_id!r} is frozen for migration; signal it once the move "
-                "completed (on its target) or was aborted"
-            )
-
     @workflow.query(name=RUN_INFO_QUERY)
     def run_info(self) -> dict[str, Any]:
         return self._info
-
-    def _deliver(
-        self, name: str, payload: Any, delivery: str | None, key: str | None
-    ) -> dict[str, Any]:
-        """Queue a signal behind the earlier ones of its name. ``delivery`` dedups one send
-        that arrives twice (an update that timed out, then the same signal buffered on the
-        server); ``key`` is the sender's idempotency key: a repeat is not queued again."""
-        if delivery and delivery in self._deliveries:
-            return self._deliveries[delivery]
-        if key is not None and key in self._signal_keys:
-            res = {"delivered": False, "already_completed": True}
-        else:
-            # delivered: a suspended wait is there to take it (more waits than signals of
-            # the name queued ahead of it); else buffered for a later wait
-            waiting_for = f"signal:{name}"
-            waiting = sum(
-                1
-                for st in getattr(self, "_stages", {}).values()
-                if st["status"] == "suspended" and st["waiting_for"] == waiting_for
-            )
-            res = {"delivered": waiting > self._queued(name), "already_completed": False}
-            self._signals.append({"name": name, "payload": payload, "idempotency_key": key})
-            if key is not None:
-                self._signal_keys.add(key)
-        if delivery:
-            self._deliveries[delivery] = res
-        return res
-
-    def _queued(self, name: str) -> int:
-        return sum(1 for sig in self._signals if sig["name"] == name)
-
-    def _signal_queues(self) -> dict[str, list[Any]]:
-        """The buffered payloads per name, oldest first (what a stage attempt may take)."""
-        queues: dict[str, list[Any]] = {}
-        for sig in self._signals:
-            queues.setdefault(sig["name"], []).append(sig["payload"])
-        return queues
-
-    def _lease_signals(self, sid: str) -> dict[str, list[Any]]:
-        """The buffered signals for a stage attempt about to run. Only one attempt in flight
-        at a time may take from the queue (parallel stages of a group each get a snapshot, so
-        two could otherwise take the same signal): the others get none, and a wait of theirs
-        suspends until the holder has returned (``_signal_ready``)."""
-        if not self._signals or self._signal_holder not in (None, sid):
-            return {}
-        self._signal_holder = sid
-        return self._signal_queues()
-
-    def _signal_ready(self, name: str) -> bool:
-        return self._signal_holder is None and self._queued(name) > 0
-
-    def _take_signal(self, name: str) -> None:
-        """A stage attempt consumed the oldest buffered signal of ``name``."""
-        for i, sig in enumerate(self._signals):
-            if sig["name"] == name:
-                del self._signals[i]
-                return
 
     # -- main -------------------------------------------------------------------------------
     @workflow.run
@@ -326,24 +226,7 @@ class GraphWorkflow(MigrationHandlers):
                 "backoff": False,
             }
         self._order = max((s["order"] or 0 for s in self._stages.values()), default=0)
-        # signals carried over (an import, a redrive) arrived before any this run received
-        carried = start.get("signals") or []
-        if isinstance(carried, dict):  # the form before signals queued: one per name
-            carried = [{"name": n, "payload": p} for n, p in carried.items()]
-        earlier = [
-            {
-                "name": sig["name"],
-                "payload": sig.get("payload"),
-                "idempotency_key": sig.get("idempotency_key"),
-            }
-            for sig in carried
-        ]
-        keys = set(start.get("signal_keys") or [])
-        keys |= {sig["idempotency_key"] for sig in earlier if sig["idempotency_key"]}
-        self._signals = earlier + [
-            sig for sig in self._signals if sig["idempotency_key"] not in keys
-        ]
-        self._signal_keys |= keys
+        self._carry_signals(start)
 
     def _order_ids(self) -> list[str]:
         return [sid for group in self._graph.groups for sid in group]

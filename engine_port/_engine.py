@@ -95,8 +95,8 @@ class WorkflowEngine(abc.ABC):
         takes the next one, so nothing is dropped. ``delivered`` says whether it went to a
         step waiting for it at that moment (else it was buffered for a later wait). A repeat
         of ``idempotency_key`` (a non-empty string of at most 300 characters) in the same run
-        is not queued again and reports ``already_completed=True``. Unknown run: RunNotFoundError; terminal run:
-        RunNotActiveError."""
+        is not queued again and reports ``already_completed=True``. Unknown run:
+        RunNotFoundError; terminal run: RunNotActiveError."""
 
     @abc.abstractmethod
     async def cancel(self, run_id: str) -> RunInfo: ...
