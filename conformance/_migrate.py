@@ -55,6 +55,10 @@ def _workflow(log: ExecutionLog, kind: str) -> Workflow[Num]:
             return "slept"
         if kind == "signal":
             return await ctx.step.wait_for_signal("go")
+        if kind == "queue":  # several signals of one name queue while b waits for "hold"
+            first = await ctx.step.wait_for_signal("first")
+            await ctx.step.wait_for_signal("hold")
+            return [first] + [await ctx.step.wait_for_signal("go") for _ in range(4)]
         return "b"
 
     @wf.stage(after=[a])
@@ -186,6 +190,57 @@ class MigrationContract:
         _assert_migrated_once(events)
         trace = normalise(events, wf.graph())
         assert [t for t in trace if t[0] != "stage.suspended"] == EXPECTED
+
+    async def test_move_with_queued_signals(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        """Three signals of one name buffered at the source move in arrival order, behind no
+        later one; the idempotency keys seen (of a consumed signal and of a buffered one) move
+        too, so a repeat at the target is not queued again."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "queue")
+        sink = MemorySink()
+
+        def waiting_for(run_id: str, what: str) -> Any:
+            return lambda: [
+                e
+                for e in sink.for_run(run_id)
+                if e.type == "stage.suspended" and e.data["waiting_for"] == what
+            ]
+
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            async with source.worker():
+                run = await source.start(wf.id, {"n": 1})
+                await eventually(waiting_for(run.id, "signal:first"))
+                sent = await source.signal(run.id, "first", {"f": 1}, idempotency_key="kf")
+                assert sent.delivered
+                await eventually(waiting_for(run.id, "signal:hold"))
+                results = [
+                    await source.signal(run.id, "go", {"i": 1}, idempotency_key="k1"),
+                    await source.signal(run.id, "go", {"i": 2}),
+                    await source.signal(run.id, "go", {"i": 3}),
+                ]
+                assert [r.delivered for r in results] == [False] * 3
+                await eventually(lambda: log.count("c") == 1)
+            await _moved(source, target, run.id)
+            snap = await target.export_run(run.id, wait=30)
+            await target.abort_export(run.id)
+            assert [(s.name, s.payload, s.idempotency_key) for s in snap.signals] == [
+                ("go", {"i": 1}, "k1"),
+                ("go", {"i": 2}, None),
+                ("go", {"i": 3}, None),
+            ]
+            assert sorted(snap.signal_keys) == ["k1", "kf"]
+            for name, key in (("first", "kf"), ("go", "k1")):
+                again = await target.signal(run.id, name, {"again": True}, idempotency_key=key)
+                assert (again.delivered, again.already_completed) == (False, True)
+            assert not (await target.signal(run.id, "go", {"i": 4})).delivered
+            assert (await target.signal(run.id, "hold", None)).delivered
+            async with target.worker():
+                info = await target.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED
+        assert info.output == [[{"f": 1}, {"i": 1}, {"i": 2}, {"i": 3}, {"i": 4}], "c"]
+        assert (log.count("a"), log.count("c"), log.count("d"), log.count("x")) == (1, 1, 1, 1)
 
     async def test_move_between_stages_of_a_group(
         self, migration_pair: tuple[Harness, Harness], tmp_path: Path

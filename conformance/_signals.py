@@ -1,5 +1,6 @@
-"""Scenarios: signals before and after the wait, twice, unknown and terminal runs; wait
-timeouts; stage and run timeouts (S7, S8, S9)."""
+"""Scenarios: signals before and after the wait, idempotency keys, signals of one name queueing
+in arrival order, unknown and terminal runs; wait timeouts; stage and run timeouts (S7, S7b,
+S8, S9)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from typing import Any
 import pytest
 
 from engine_port import MemorySink, Registry, Retry, RunStatus, StageContext, Workflow
-from engine_port.errors import RunNotActiveError, RunNotFoundError, StepTimeoutError
+from engine_port.errors import (
+    EngineError,
+    RunNotActiveError,
+    RunNotFoundError,
+    StepTimeoutError,
+)
 
-from ._harness import ExecutionLog, Harness, unique_id, wait_for_events
+from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
 from ._trace import check_golden, normalise
 
@@ -51,12 +57,14 @@ class SignalContract:
             current = await engine.get_run(run.id)
             assert current.status == RunStatus.SUSPENDED
             assert current.stage("w").waiting_for == "signal:go"
-            first = await engine.signal(run.id, "go", {"n": 1})
+            first = await engine.signal(run.id, "go", {"n": 1}, idempotency_key="k1")
             assert (first.delivered, first.already_completed) == (True, False)
             info = await engine.wait(run.id, timeout=60)
             events = await wait_for_events(sink, run.id, "run.completed")
             with pytest.raises(RunNotActiveError):
                 await engine.signal(run.id, "go", {"n": 2})
+            with pytest.raises(RunNotActiveError):  # terminal wins over a repeated key
+                await engine.signal(run.id, "go", {"n": 1}, idempotency_key="k1")
         assert info.output == {"got": {"n": 1}}
         assert log.counts() == {"w": 2, "x": 1}
         trace = normalise(events, wf.graph())
@@ -71,6 +79,8 @@ class SignalContract:
         check_golden("s7_signal_after_wait", {"trace": trace, "counts": log.counts()})
 
     async def test_s7_second_signal_while_active(self, harness: Harness) -> None:
+        """A repeated idempotency key is not queued again; a second signal without one is
+        queued for a later wait (here none comes)."""
         wf = Workflow(unique_id("sig2"), input=Num)
 
         @wf.stage
@@ -85,13 +95,147 @@ class SignalContract:
         async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
             run = await engine.start(wf.id, {})
             await wait_for_events(sink, run.id, "stage.suspended")
-            assert (await engine.signal(run.id, "go", 1)).delivered
+            first = await engine.signal(run.id, "go", 1, idempotency_key="k1")
+            assert (first.delivered, first.already_completed) == (True, False)
+            again = await engine.signal(run.id, "go", 1, idempotency_key="k1")
+            assert (again.delivered, again.already_completed) == (False, True)
             await wait_for_events(sink, run.id, "stage.completed")
+            again = await engine.signal(run.id, "go", "other", idempotency_key="k1")
+            assert (again.delivered, again.already_completed) == (False, True)
             second = await engine.signal(run.id, "go", 2)
-            assert (second.delivered, second.already_completed) == (False, True)
+            assert (second.delivered, second.already_completed) == (False, False)
+            third = await engine.signal(run.id, "go", 2)  # no key: simply queued again
+            assert (third.delivered, third.already_completed) == (False, False)
+            for bad in ("", "k" * 301):
+                with pytest.raises(EngineError, match="idempotency_key"):
+                    await engine.signal(run.id, "finish", 0, idempotency_key=bad)
             await engine.signal(run.id, "finish", 3)
             info = await engine.wait(run.id, timeout=60)
         assert info.output == 3 and info.stage("w").output == 1
+
+    async def test_s7b_signals_of_one_name_queue_across_stages(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """a -> b each wait for "go"; both signals arrive before a waits: a takes the first,
+        b the second, neither suspends."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("s7b"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> Any:
+            log.hit("a")
+            return await ctx.step.wait_for_signal("go")
+
+        @wf.stage(after=[a])
+        async def b(ctx: StageContext[Num]) -> Any:
+            log.hit("b")
+            return await ctx.step.wait_for_signal("go")
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine:
+            run = await engine.start(wf.id, {})
+            one = await engine.signal(run.id, "go", {"n": 1})
+            two = await engine.signal(run.id, "go", {"n": 2})
+            assert [(r.delivered, r.already_completed) for r in (one, two)] == [(False, False)] * 2
+            async with engine.worker():
+                info = await engine.wait(run.id, timeout=60)
+                events = await wait_for_events(sink, run.id, "run.completed")
+        assert info.status == RunStatus.COMPLETED
+        assert (info.stage("a").output, info.stage("b").output) == ({"n": 1}, {"n": 2})
+        assert info.output == {"n": 2}
+        assert log.counts() == {"a": 1, "b": 1}
+        trace = normalise(events, wf.graph())
+        assert trace == [
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "a", 1],
+            ["stage.completed", "a", 1],
+            ["stage.started", "b", 1],
+            ["stage.completed", "b", 1],
+            ["run.completed"],
+        ]
+        check_golden("s7b_queue_across_stages", {"trace": trace, "counts": log.counts()})
+
+    @pytest.mark.parametrize("concurrent", [False, True], ids=["sequential", "concurrent"])
+    async def test_s7b_twenty_signals_to_one_waiting_run(
+        self, harness: Harness, concurrent: bool
+    ) -> None:
+        """Twenty signals "go" to a stage waiting for "go": exactly one is delivered, the
+        others are buffered; the stage then waits 19 more times (step keys go#2..go#20) and
+        receives all twenty, in arrival order."""
+        wf = Workflow(unique_id("s7b20"), input=Num)
+
+        @wf.stage
+        async def w(ctx: StageContext[Num]) -> list[Any]:
+            first = await ctx.step.wait_for_signal("go")
+            await ctx.step.wait_for_signal("release")  # only then take the rest
+            rest = [await ctx.step.wait_for_signal("go") for _ in range(19)]
+            return [first, *rest]
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await wait_for_events(sink, run.id, "stage.suspended")
+            if concurrent:
+                results = await asyncio.gather(
+                    *(engine.signal(run.id, "go", {"i": i}) for i in range(20))
+                )
+            else:
+                results = [await engine.signal(run.id, "go", {"i": i}) for i in range(20)]
+            delivered = [i for i, r in enumerate(results) if r.delivered]
+            assert len(delivered) == 1, results
+            assert not any(r.already_completed for r in results)
+            await eventually(
+                lambda: [
+                    e
+                    for e in sink.for_run(run.id)
+                    if e.type == "stage.suspended" and e.data["waiting_for"] == "signal:release"
+                ],
+                what="w waiting for release",
+            )
+            assert (await engine.signal(run.id, "release", None)).delivered
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.completed")
+        assert info.status == RunStatus.COMPLETED
+        got = [p["i"] for p in info.output]
+        assert sorted(got) == list(range(20))  # nothing dropped, nothing twice
+        assert got[0] == delivered[0]  # the delivered one went to the waiting step
+        if not concurrent:
+            assert got == list(range(20)) and delivered == [0]  # arrival order
+        trace = normalise(events, wf.graph())
+        assert trace == [
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "w", 1],
+            ["stage.suspended", "w", "signal", "signal:go"],
+            ["stage.suspended", "w", "signal", "signal:release"],
+            ["stage.completed", "w", 1],
+            ["run.completed"],
+        ]
+        if not concurrent:
+            check_golden("s7b_twenty_signals", {"trace": trace, "output": got})
+
+    async def test_parallel_stages_take_distinct_signals(self, harness: Harness) -> None:
+        """Two stages of one group wait for "go" and two signals are buffered: each stage takes
+        its own (which one gets which is a race), none is taken twice."""
+        wf = Workflow(unique_id("sigpar"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("go")
+
+        @wf.stage
+        async def b(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("go")
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+            run = await engine.start(wf.id, {})
+            for n in (1, 2):
+                assert not (await engine.signal(run.id, "go", n)).delivered
+            async with engine.worker():
+                info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED
+        assert sorted([info.stage("a").output, info.stage("b").output]) == [1, 2]
 
     async def test_s8_signal_before_wait(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
@@ -100,7 +244,7 @@ class SignalContract:
         async with harness.engine(Registry([wf]), sink) as engine:
             run = await engine.start(wf.id, {})
             result = await engine.signal(run.id, "go", {"early": True})
-            assert result.delivered and not result.already_completed
+            assert (result.delivered, result.already_completed) == (False, False)  # buffered
             async with engine.worker():
                 info = await engine.wait(run.id, timeout=60)
                 events = await wait_for_events(sink, run.id, "run.completed")

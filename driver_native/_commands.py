@@ -110,6 +110,7 @@ class SignalStep(Command):
     run_id: str
     signal: str
     payload: Any = None
+    idempotency_key: str | None = None  # a repeat in the same run is not queued again
 
 
 @dataclass(frozen=True)

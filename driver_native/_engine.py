@@ -31,6 +31,7 @@ from engine_port import (
     open_blob_store,
 )
 from engine_port._clock import Clock
+from engine_port._engine import check_signal_key
 from engine_port._models import TERMINAL_RUN_STATUSES
 from engine_port.errors import (
     EngineError,
@@ -248,8 +249,13 @@ class NativeEngine(WorkflowEngine):
             if not waiting:
                 self._waiters.pop(run_id, None)
 
-    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult:
-        result: SignalResult = await self.kernel.dispatch(SignalStep(run_id, name, payload))
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
+    ) -> SignalResult:
+        check_signal_key(idempotency_key)
+        result: SignalResult = await self.kernel.dispatch(
+            SignalStep(run_id, name, payload, idempotency_key)
+        )
         self._wake()
         return result
 

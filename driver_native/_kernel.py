@@ -256,7 +256,9 @@ class Kernel:
 
     async def _signal(self, cmd: SignalStep) -> SignalResult:
         payload = to_json_value(cmd.payload, f"payload of signal {cmd.signal!r}")
-        return await self.db.tx(_runs.signal_run, cmd.run_id, cmd.signal, payload, self.now())
+        return await self.db.tx(
+            _runs.signal_run, cmd.run_id, cmd.signal, payload, self.now(), cmd.idempotency_key
+        )
 
     async def _cancel(self, cmd: CancelRun) -> bool:
         return await self.db.tx(_runs.cancel_run, cmd.run_id, self.now())

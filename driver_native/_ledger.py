@@ -55,20 +55,29 @@ def _row(run_id: str, stage_id: str, rec: StepRecord, result: Any) -> dict[str, 
 
 
 def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> Any:
-    row = conn.execute(
-        sa.select(signals.c.payload).where(
-            signals.c.run_id == run_id,
-            signals.c.name == rec.signal,
-            signals.c.consumed.is_(False),
+    """Take the oldest unconsumed signal named ``rec.signal`` and journal ``rec`` with its
+    payload, in one transaction. Parallel stages of one run may race for the same row: the
+    loser's guarded update matches nothing and it takes the next one."""
+    while True:
+        row = conn.execute(
+            sa.select(signals.c.id, signals.c.payload)
+            .where(
+                signals.c.run_id == run_id,
+                signals.c.name == rec.signal,
+                signals.c.consumed.is_(False),
+            )
+            .order_by(signals.c.id)
+            .limit(1)
+        ).first()
+        if row is None:
+            return _MISSING
+        taken = conn.execute(
+            sa.update(signals)
+            .where(signals.c.id == row.id, signals.c.consumed.is_(False))
+            .values(consumed=True)
         )
-    ).first()
-    if row is None:
-        return _MISSING
-    conn.execute(
-        sa.update(signals)
-        .where(signals.c.run_id == run_id, signals.c.name == rec.signal)
-        .values(consumed=True)
-    )
+        if taken.rowcount == 1:
+            break
     upsert(
         conn,
         steps,

@@ -17,7 +17,7 @@ from engine_port import (
     RunStatus,
     StageStatus,
 )
-from engine_port._models import SnapshotStage, SnapshotStep
+from engine_port._models import SnapshotSignal, SnapshotStage, SnapshotStep
 from engine_port.errors import IdempotencyConflictError, MigrationError
 
 from ._outbox import append_events
@@ -65,7 +65,9 @@ def freeze_and_snapshot(conn: Connection, run_id: str) -> RunSnapshot | None:
         .where(staged_events.c.run_id == run_id)
         .order_by(staged_events.c.idx)
     ).all()
-    signal_rows = conn.execute(sa.select(signals).where(signals.c.run_id == run_id)).all()
+    signal_rows = conn.execute(
+        sa.select(signals).where(signals.c.run_id == run_id).order_by(signals.c.id)
+    ).all()
     archive = conn.execute(sa.select(stage_archive).where(stage_archive.c.run_id == run_id)).all()
     graph = load_graph(conn, run.workflow_id, run.version)
     snapshot_stages = []
@@ -116,8 +118,12 @@ def freeze_and_snapshot(conn: Connection, run_id: str) -> RunSnapshot | None:
         current_group=run.current_group,
         completed_count=run.completed_count,
         stages=snapshot_stages,
-        signals={s.name: s.payload for s in signal_rows if not s.consumed},
-        consumed_signals=[s.name for s in signal_rows if s.consumed],
+        signals=[
+            SnapshotSignal(name=s.name, payload=s.payload, idempotency_key=s.idempotency_key)
+            for s in signal_rows
+            if not s.consumed
+        ],
+        signal_keys=[s.idempotency_key for s in signal_rows if s.idempotency_key is not None],
         event_seq=run.event_seq + 1,  # run.migrated takes the next number
         redrive_count=run.redrive_count,
         redrive_history=[
@@ -248,18 +254,32 @@ def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now:
         job = _resume_job(snap, st, now)
         if job is not None:
             conn.execute(jobs.insert().values(**job))
-    for name, payload in snap.signals.items():
+    for sig in snap.signals:  # in arrival order: the ids keep it
         conn.execute(
             signals.insert().values(
-                run_id=snap.run_id, name=name, payload=payload, consumed=False, received_at=now
+                run_id=snap.run_id,
+                name=sig.name,
+                payload=sig.payload,
+                idempotency_key=sig.idempotency_key,
+                consumed=False,
+                received_at=now,
             )
         )
-    for name in snap.consumed_signals:
-        conn.execute(
-            signals.insert().values(
-                run_id=snap.run_id, name=name, payload=None, consumed=True, received_at=now
+    queued_keys = {sig.idempotency_key for sig in snap.signals}
+    for key in dict.fromkeys(snap.signal_keys):
+        if key not in queued_keys:
+            # the key of a signal consumed at the source: a consumed row with no name keeps
+            # a repeat of the key from being queued here
+            conn.execute(
+                signals.insert().values(
+                    run_id=snap.run_id,
+                    name="",
+                    payload=None,
+                    idempotency_key=key,
+                    consumed=True,
+                    received_at=now,
+                )
             )
-        )
     for entry in snap.redrive_history:
         conn.execute(
             stage_archive.insert().values(
@@ -283,8 +303,9 @@ def _resume_job(snap: RunSnapshot, st: SnapshotStage, now: float) -> dict[str, A
         "created_at": now,
     }
     if st.status == StageStatus.SUSPENDED:
-        buffered = (st.waiting_for or "").startswith("signal:") and (
-            st.waiting_for.split(":", 1)[1] in snap.signals  # type: ignore[union-attr]
+        waiting_for = st.waiting_for or ""
+        buffered = waiting_for.startswith("signal:") and any(
+            sig.name == waiting_for.split(":", 1)[1] for sig in snap.signals
         )
         return {
             **base,

@@ -172,38 +172,66 @@ def _refuse_frozen(run: Any, action: str) -> None:
         )
 
 
-def signal_run(conn: Connection, run_id: str, name: str, payload: Any, now: float) -> SignalResult:
+def signal_run(
+    conn: Connection,
+    run_id: str,
+    name: str,
+    payload: Any,
+    now: float,
+    idempotency_key: str | None = None,
+) -> SignalResult:
+    """Queue a signal behind the run's earlier ones of its name (the run row is locked, so
+    ids follow arrival order); a repeat of ``idempotency_key`` is not queued again."""
     run = lock_run(conn, run_id)
     if run.status not in ACTIVE or run.cancel_requested:
         raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
     _refuse_frozen(run, f"signal {name!r}")
-    consumed = conn.execute(
-        sa.select(steps.c.name).where(
-            steps.c.run_id == run_id, steps.c.signal == name, steps.c.completed.is_(True)
-        )
-    ).first()
-    existing = conn.execute(
-        sa.select(signals.c.consumed).where(signals.c.run_id == run_id, signals.c.name == name)
-    ).first()
-    if consumed is not None or (existing is not None and existing.consumed):
-        return SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
-    if existing is None:
-        conn.execute(
-            signals.insert().values(
-                run_id=run_id, name=name, payload=payload, consumed=False, received_at=now
+    if idempotency_key is not None:
+        seen = conn.execute(
+            sa.select(signals.c.id).where(
+                signals.c.run_id == run_id, signals.c.idempotency_key == idempotency_key
             )
+        ).first()
+        if seen is not None:
+            return SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
+    waiting_for = f"signal:{name}"
+    waiting = conn.execute(
+        sa.select(sa.func.count()).where(
+            stages.c.run_id == run_id,
+            stages.c.status == StageStatus.SUSPENDED,
+            stages.c.waiting_for == waiting_for,
         )
+    ).scalar_one()
+    queued = conn.execute(
+        sa.select(sa.func.count()).where(
+            signals.c.run_id == run_id, signals.c.name == name, signals.c.consumed.is_(False)
+        )
+    ).scalar_one()
+    conn.execute(
+        signals.insert().values(
+            run_id=run_id,
+            name=name,
+            payload=payload,
+            idempotency_key=idempotency_key,
+            consumed=False,
+            received_at=now,
+        )
+    )
     conn.execute(
         sa.update(jobs)
         .where(
             jobs.c.run_id == run_id,
             jobs.c.status == "waiting",
-            jobs.c.waiting_for == f"signal:{name}",
+            jobs.c.waiting_for == waiting_for,
         )
         .values(status="ready", available_at=now)
     )
     refresh_status(conn, run_id, now)
-    return SignalResult(run_id=run_id, name=name, delivered=True, already_completed=False)
+    # delivered: a suspended wait for this name is there to take it, i.e. more waits than
+    # signals already queued ahead of it; else it stays buffered for a later wait
+    return SignalResult(
+        run_id=run_id, name=name, delivered=waiting > queued, already_completed=False
+    )
 
 
 def cancel_run(conn: Connection, run_id: str, now: float) -> bool:

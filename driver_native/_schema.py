@@ -138,14 +138,23 @@ steps = Table(
     Column("signal", String(300)),
 )
 
+# Signals of one name queue per run in arrival order: ``id`` (increasing, assigned while the
+# run row is locked) is the order; a wait takes the oldest unconsumed row of its name. A
+# signal's idempotency key is unique per run (NULLs are distinct on SQLite and PostgreSQL);
+# rows stay after consumption, so a repeated key is recognised for the life of the run.
 signals = Table(
-    "wfe_signals",
+    "wfe_signal_queue",
     metadata,
-    Column("run_id", String(64), primary_key=True),
-    Column("name", String(300), primary_key=True),
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("name", String(300), nullable=False),
     Column("payload", JSON),
+    Column("idempotency_key", String(300)),
     Column("consumed", Boolean, nullable=False, default=False),
     Column("received_at", Double, nullable=False),
+    UniqueConstraint("run_id", "idempotency_key", name="uq_wfe_signal_queue_key"),
+    Index("ix_wfe_signal_queue_next", "run_id", "name", "consumed", "id"),
+    sqlite_autoincrement=True,  # ids never reused: the order of a run's queue is its ids
 )
 
 staged_events = Table(
@@ -227,10 +236,30 @@ def _v3(conn: Connection) -> None:
         )
 
 
+def _v4(conn: Connection) -> None:
+    """v4 replaced wfe_signals (one row per run and signal name: a second signal of a name was
+    dropped) by wfe_signal_queue (every signal queued in arrival order, with an optional
+    idempotency key unique per run). Existing rows move over, consumed ones included."""
+    signals.create(conn, checkfirst=True)
+    if not inspect(conn).has_table("wfe_signals"):
+        return  # created at v1 by this code: the queue already exists
+    old = Table("wfe_signals", MetaData(), autoload_with=conn)
+    conn.execute(
+        signals.insert().from_select(
+            ["run_id", "name", "payload", "consumed", "received_at"],
+            select(
+                old.c.run_id, old.c.name, old.c.payload, old.c.consumed, old.c.received_at
+            ).order_by(old.c.received_at, old.c.run_id, old.c.name),
+        )
+    )
+    old.drop(conn)
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
     (3, "runs.frozen for migrations between drivers", _v3),
+    (4, "signals queue in arrival order, with idempotency keys", _v4),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -94,7 +94,7 @@ class _JournalLedger(InMemoryLedger):
     def __init__(
         self,
         records: dict[str, StepRecord],
-        signals: dict[str, Any],
+        signals: dict[str, list[Any]],
         journal: dict[str, dict[str, Any]],
         spill: Any,
         log: StepJournal,
@@ -159,7 +159,13 @@ class DriverActivities:
             req.run_id, req.stage_id, task["redrive"], "compensate" if compensation else "stage"
         )
         log = StepJournal(self.claim.store, prefix)
-        raw_signals: dict[str, Any] = dict(task.get("signals") or {})
+        # buffered payloads per signal name, oldest first (a task scheduled before signals
+        # queued carries "signals": one payload per name)
+        raw_signals: dict[str, list[Any]] = {
+            name: list(queue) for name, queue in (task.get("signal_queues") or {}).items()
+        }
+        for name, payload in (task.get("signals") or {}).items():
+            raw_signals.setdefault(name, [payload])
         pre_consumed: list[str] = []
         if info.attempt > 1 or info.is_local:
             # a previous try of this attempt died: steps it journaled replay, never run again
@@ -169,12 +175,17 @@ class DriverActivities:
                     continue
                 records[r["name"]] = r
                 journal[r["name"]] = r
-                sig = r.get("signal")
-                if r.get("kind") == "signal" and r.get("completed") and sig in raw_signals:
-                    raw_signals.pop(sig)
+                sig = str(r.get("signal"))
+                if r.get("kind") == "signal" and r.get("completed") and raw_signals.get(sig):
+                    # the lost try took the oldest of its name: it stays taken
+                    raw_signals[sig].pop(0)
                     pre_consumed.append(sig)
         loaded = {name: await self._load_record(r) for name, r in records.items()}
-        signals = {k: await self.claim.load(v) for k, v in raw_signals.items()}
+        signals = {
+            k: [await self.claim.load(v) for v in queue]
+            for k, queue in raw_signals.items()
+            if queue
+        }
 
         async def spill(rec: StepRecord) -> dict[str, Any]:
             data = record_to_json(rec)

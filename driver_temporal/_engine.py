@@ -82,6 +82,7 @@ from engine_port import (
     open_blob_store,
     run_output,
 )
+from engine_port._engine import check_signal_key
 from engine_port._serde import input_fingerprint
 from engine_port.errors import (
     DriverUnavailableError,
@@ -513,9 +514,12 @@ class TemporalEngine(WorkflowEngine):
         return await self.get_run(run_id)
 
     # -- signals and cancel ---------------------------------------------------------------------
-    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult:
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
+    ) -> SignalResult:
         if not isinstance(name, str) or not name:
             raise EngineError("a signal needs a non-empty string name")
+        check_signal_key(idempotency_key)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if info.terminal:
@@ -527,11 +531,16 @@ class TemporalEngine(WorkflowEngine):
             )
         delivery = uuid.uuid4().hex
         value = await self.claim.dump(_json(payload), spill_key(run_id, "signals", delivery))
-        body = {"name": name, "payload": value, "delivery": delivery}
+        body = {
+            "name": name,
+            "payload": value,
+            "delivery": delivery,
+            "idempotency_key": idempotency_key,
+        }
         handle = self._conn.get_workflow_handle(run_id)
         if info.status == RunStatus.PENDING:
-            # no stage has run yet, so no wait can have consumed it: buffer it on the server
-            return await self._plain_signal(handle, run_id, name, body)
+            # no stage has run yet, so no wait can take it: buffer it on the server
+            return await self._plain_signal(handle, run_id, name, body, info)
         try:
             res: dict[str, Any] = await handle.execute_update(
                 SIGNAL_UPDATE,
@@ -541,7 +550,7 @@ class TemporalEngine(WorkflowEngine):
             )
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             # no worker answered in time: buffer it on the server (deduplicated by delivery id)
-            return await self._plain_signal(handle, run_id, name, body)
+            return await self._plain_signal(handle, run_id, name, body, info)
         except WorkflowUpdateFailedError as exc:
             if _failure_type(exc) == "MigrationError":
                 raise MigrationError(_failure_message(exc)) from None
@@ -558,14 +567,25 @@ class TemporalEngine(WorkflowEngine):
         )
 
     async def _plain_signal(
-        self, handle: WorkflowHandle[Any, Any], run_id: str, name: str, body: dict[str, Any]
+        self,
+        handle: WorkflowHandle[Any, Any],
+        run_id: str,
+        name: str,
+        body: dict[str, Any],
+        info: RunInfo,
     ) -> SignalResult:
+        """Buffer the signal on the server, for the workflow to queue when a worker runs it.
+        No worker answered, so the result is read from the run's last published state: it
+        is delivered when a stage was waiting for the name (and none of the name appeared
+        queued); a repeated idempotency key is still not queued twice (the workflow drops
+        it), but cannot be reported here."""
         try:
             await handle.signal(name, body)
         except RPCError:
             status_now = (await self.get_run(run_id)).status
             raise RunNotActiveError(run_id, status_now, "signal") from None
-        return SignalResult(run_id=run_id, name=name, delivered=True)
+        waiting = any(s.waiting_for == f"signal:{name}" for s in info.stages)
+        return SignalResult(run_id=run_id, name=name, delivered=waiting)
 
     async def cancel(self, run_id: str) -> RunInfo:
         memo, status = await self._describe(run_id)
@@ -647,8 +667,8 @@ class TemporalEngine(WorkflowEngine):
             "redrive_history": history,
             "event_seq": state.get("event_seq", 0),
             "stages": new_stages,
-            "signals": state.get("signals") or {},
-            "consumed": [] if from_ == "start" else state.get("consumed") or [],
+            "signals": state.get("signals") or [],
+            "signal_keys": state.get("signal_keys") or [],
             "run_started": state.get("run_started", False),
         }
         initial = self._initial_info(

@@ -60,8 +60,8 @@ class MigrationHandlers:
     _start: dict[str, Any]
     _graph: GraphModel
     _stages: dict[str, dict[str, Any]]
-    _signals: dict[str, Any]
-    _consumed: set[str]
+    _signals: list[dict[str, Any]]
+    _signal_keys: set[str]
     _seq: int
     _order: int
     _redrive: int
@@ -225,8 +225,8 @@ class MigrationHandlers:
             "current_group": current_group,
             "completed_count": self._order,
             "stages": stages,
-            "signals": dict(self._signals),
-            "consumed_signals": sorted(self._consumed),
+            "signals": [dict(sig) for sig in self._signals],
+            "signal_keys": sorted(self._signal_keys),
             "event_seq": self._seq + 1,  # run.migrated takes the next number
             "redrive_count": self._redrive,
             "redrive_history": self._redrive_history,

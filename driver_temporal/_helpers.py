@@ -123,7 +123,7 @@ def _state_from_memo(memo: Any) -> dict[str, Any]:
         "redrive": info.get("redrive_count", 0),
         "event_seq": info.get("event_seq", 0),
         "stages": stages,
-        "signals": {},
-        "consumed": [],
+        "signals": [],
+        "signal_keys": [],
         "run_started": info.get("run_started", False),
     }

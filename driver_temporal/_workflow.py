@@ -23,7 +23,8 @@ the activity up: the server drops a scheduled activity at once (the workflow see
 while a started one only hears of the cancel and the workflow waits for its outcome.
 
 Migration (freeze, snapshot, export completion) lives in ``_freezing.MigrationHandlers``, a base
-of ``GraphWorkflow``.
+of ``GraphWorkflow``; the signal queue (handlers, idempotency keys, which stage attempt may take
+from it) in ``_signals.SignalHandlers``, another base.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ with workflow.unsafe.imports_passed_through():
     from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
-    from ._freezing import Migrated, MigrationHandlers, migration_error
+    from ._freezing import Migrated, MigrationHandlers
     from ._search import SA_STAGE, SA_STATUS
+    from ._signals import SIGNAL_UPDATE, SignalHandlers
     from ._wire import parse_time
 
 __all__ = [
@@ -56,7 +58,6 @@ __all__ = [
     "workflow_runner",
 ]
 
-SIGNAL_UPDATE = "wfe.signal"
 RUN_INFO_QUERY = "wfe.run_info"
 _GRACE = 10.0  # seconds beyond a stage timeout before Temporal declares the attempt lost
 _INFRA_RETRY = RetryPolicy(
@@ -89,12 +90,14 @@ def _iso(value: Any) -> str:
 
 
 @workflow.defn(dynamic=True)
-class GraphWorkflow(MigrationHandlers):
+class GraphWorkflow(MigrationHandlers, SignalHandlers):
     """Interprets a GraphModel passed in the start input (see ``_engine.TemporalEngine``)."""
 
     def __init__(self) -> None:
-        self._signals: dict[str, Any] = {}
-        self._consumed: set[str] = set()
+        # buffered signals in arrival order, each {name, payload, idempotency_key}: a wait for
+        # a name takes the oldest of that name; every idempotency key the run has seen
+        self._signals: list[dict[str, Any]] = []
+        self._signal_keys: set[str] = set()
         self._deliveries: dict[str, dict[str, Any]] = {}
         self._outbox: list[dict[str, Any]] = []
         self._closing = False
@@ -116,42 +119,9 @@ class GraphWorkflow(MigrationHandlers):
         self._run_id: str = ""
 
     # -- handlers ---------------------------------------------------------------------------
-    @workflow.signal(dynamic=True)
-    def on_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        body: dict[str, Any] = {}
-        if args:
-            body = workflow.payload_converter().from_payload(args[0].payload, dict) or {}
-        self._deliver(name, body.get("payload"), body.get("delivery"))
-
-    @workflow.update(name=SIGNAL_UPDATE)
-    def on_signal_update(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._deliver(body["name"], body.get("payload"), body.get("delivery"))
-
-    @on_signal_update.validator
-    def _validate_signal(self, body: dict[str, Any]) -> None:
-        if self._final or self._migrated_to is not None:
-            raise ApplicationError("run is no longer active", type="RunNotActiveError")
-        if self._frozen:
-            raise migration_error(
-                f"run {self._run_id!r} is frozen for migration; signal it once the move "
-                "completed (on its target) or was aborted"
-            )
-
     @workflow.query(name=RUN_INFO_QUERY)
     def run_info(self) -> dict[str, Any]:
         return self._info
-
-    def _deliver(self, name: str, payload: Any, delivery: str | None) -> dict[str, Any]:
-        if delivery and delivery in self._deliveries:
-            return self._deliveries[delivery]
-        if name in self._consumed:
-            res = {"delivered": False, "already_completed": True}
-        else:
-            self._signals.setdefault(name, payload)
-            res = {"delivered": True, "already_completed": False}
-        if delivery:
-            self._deliveries[delivery] = res
-        return res
 
     # -- main -------------------------------------------------------------------------------
     @workflow.run
@@ -256,9 +226,7 @@ class GraphWorkflow(MigrationHandlers):
                 "backoff": False,
             }
         self._order = max((s["order"] or 0 for s in self._stages.values()), default=0)
-        for name, payload in (start.get("signals") or {}).items():
-            self._signals.setdefault(name, payload)
-        self._consumed |= set(start.get("consumed") or [])
+        self._carry_signals(start)
 
     def _order_ids(self) -> list[str]:
         return [sid for group in self._graph.groups for sid in group]
@@ -384,11 +352,11 @@ class GraphWorkflow(MigrationHandlers):
             remaining = max(0.0, (until - workflow.now()).total_seconds()) + 0.02
         if res["reason"] == "signal":
             name = res["waiting_for"].split(":", 1)[1]
-            if name in self._signals:
+            if self._signal_ready(name):
                 return
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: name in self._signals or self._migrated_to is not None,
+                    lambda: self._signal_ready(name) or self._migrated_to is not None,
                     timeout=remaining,
                     timeout_summary=f"timeout of {res['waiting_for']}",
                 )
@@ -423,7 +391,7 @@ class GraphWorkflow(MigrationHandlers):
             "input": self._start["input"],
             "outputs": {a: self._stages[a]["output"] for a in self._ancestors(sid)},
             "steps": list(steps.values()),
-            "signals": {} if compensation else dict(self._signals),
+            "signal_queues": {} if compensation else self._lease_signals(sid),
             "output": st["output"] if compensation else None,
         }
         timeout = timedelta(days=1)
@@ -492,11 +460,12 @@ class GraphWorkflow(MigrationHandlers):
                 del self._calls[sid]
             if not compensation:
                 self._inflight -= 1
+                if self._signal_holder == sid:
+                    self._signal_holder = None
         for rec in res.get("steps") or ():
             steps[rec["name"]] = rec
         for name in res.get("consumed") or ():
-            self._signals.pop(name, None)
-            self._consumed.add(name)
+            self._take_signal(name)
         return res
 
     async def _journaled(self, sid: str) -> list[dict[str, Any]]:
@@ -603,7 +572,7 @@ class GraphWorkflow(MigrationHandlers):
             "status": self._status,
             "stages": self._stages,
             "signals": self._signals,
-            "consumed": sorted(self._consumed),
+            "signal_keys": sorted(self._signal_keys),
             "run_started": self._run_started,
         }
 

@@ -147,8 +147,15 @@ def signal_cmd(
     name: str,
     payload: Annotated[str, typer.Argument(help="the payload as JSON")] = "null",
     driver: DriverOpt = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="a repeat of this key in the same run is not queued again",
+        ),
+    ] = None,
 ) -> None:
-    """Send a signal to a run."""
+    """Send a signal to a run (signals of one name queue in arrival order)."""
     settings = _settings(driver)
     try:
         value = json.loads(payload)
@@ -158,7 +165,7 @@ def signal_cmd(
 
     async def send() -> None:
         async with create_engine(settings, None) as engine:
-            result = await engine.signal(run_id, name, value)
+            result = await engine.signal(run_id, name, value, idempotency_key=idempotency_key)
             console.print_json(result.model_dump_json())
 
     _run(send())

@@ -71,6 +71,7 @@ class Steps:
         self._ledger = ledger
         self._clock = clock
         self._used: set[str] = set()
+        self._signal_waits: dict[str, int] = {}
 
     def _claim(self, name: str) -> None:
         if not isinstance(name, str) or not name:
@@ -117,11 +118,23 @@ class Steps:
     async def wait_for_signal(self, name: str, timeout: timedelta | float | None = None) -> Any:
         """Wait for ``engine.signal(run, name, payload)`` and return the payload.
 
-        A signal sent earlier is buffered and consumed here. With ``timeout``, the deadline is
-        fixed on the first execution; past it the body receives :class:`StepTimeoutError`.
+        Signals of one name queue per run in arrival order; each wait takes the next one (a
+        signal sent earlier was buffered and is taken here without suspending). With
+        ``timeout``, the deadline is fixed on the first execution; past it the body receives
+        :class:`StepTimeoutError`.
+
+        A stage body may wait for one name several times: the k-th wait for ``name`` in the
+        body is journaled under the step key ``name`` for k=1 and ``name#k`` for k>=2 (the
+        body replays from the top, so the numbering is the same on every replay). Do not
+        give another step of the stage one of those keys.
         """
-        self._claim(name)
-        rec = await self._ledger.get(name)
+        if not isinstance(name, str) or not name:
+            raise StepError("a signal wait needs a non-empty string name")
+        k = self._signal_waits.get(name, 0) + 1
+        self._signal_waits[name] = k
+        key = name if k == 1 else f"{name}#{k}"
+        self._claim(key)
+        rec = await self._ledger.get(key)
         if rec is not None and rec.completed:
             if _timed_out(rec):
                 raise _signal_timeout(name, rec)
@@ -130,7 +143,7 @@ class Steps:
             now = self._clock.now()
             deadline = None if timeout is None else now + _td(timeout)
             rec = StepRecord(
-                name=name, kind="signal", completed=False, deadline=deadline, signal=name
+                name=key, kind="signal", completed=False, deadline=deadline, signal=name
             )
             taken = await self._ledger.consume_signal(rec)
             if taken is not None:

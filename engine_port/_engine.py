@@ -11,9 +11,24 @@ from typing import Any, Self
 from ._graph import Workflow
 from ._models import FlushResult, RunInfo, RunSnapshot, RunStatus, SignalResult, VersionInfo
 from ._registry import Registry
-from .errors import UnsupportedFeatureError
+from .errors import EngineError, UnsupportedFeatureError
 
-__all__ = ["WorkflowEngine"]
+__all__ = ["MAX_SIGNAL_KEY_LENGTH", "WorkflowEngine", "check_signal_key"]
+
+MAX_SIGNAL_KEY_LENGTH = 300
+
+
+def check_signal_key(key: str | None) -> None:
+    """Drivers call this first in ``signal``: a signal idempotency key, when given, is a
+    non-empty string of at most 300 characters."""
+    if key is None:
+        return
+    if not isinstance(key, str) or not key or len(key) > MAX_SIGNAL_KEY_LENGTH:
+        raise EngineError(
+            f"a signal idempotency_key must be a non-empty string of at most "
+            f"{MAX_SIGNAL_KEY_LENGTH} characters (got {str(key)[:40]!r}...); pass None for no "
+            "key, or hash a longer one"
+        )
 
 
 class WorkflowEngine(abc.ABC):
@@ -71,7 +86,17 @@ class WorkflowEngine(abc.ABC):
         """Wait until the run is terminal; raise WaitTimeoutError after ``timeout`` seconds."""
 
     @abc.abstractmethod
-    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult: ...
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
+    ) -> SignalResult:
+        """Send signal ``name`` with ``payload`` (JSON) to the run.
+
+        Signals of one name queue per run in arrival order; each ``wait_for_signal(name)``
+        takes the next one, so nothing is dropped. ``delivered`` says whether it went to a
+        step waiting for it at that moment (else it was buffered for a later wait). A repeat
+        of ``idempotency_key`` (a non-empty string of at most 300 characters) in the same run
+        is not queued again and reports ``already_completed=True``. Unknown run:
+        RunNotFoundError; terminal run: RunNotActiveError."""
 
     @abc.abstractmethod
     async def cancel(self, run_id: str) -> RunInfo: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal, Protocol
@@ -37,23 +38,34 @@ class StepLedger(Protocol):
     async def put(self, record: StepRecord) -> None: ...
 
     async def consume_signal(self, record: StepRecord) -> StepRecord | None:
-        """If a signal named ``record.signal`` is buffered for the run, take it and journal
-        ``record`` as completed with its payload, atomically; else return None."""
+        """If a signal named ``record.signal`` is buffered for the run, take the oldest one
+        (signals of one name queue in arrival order) and journal ``record`` as completed with
+        its payload, atomically; else return None."""
         ...
 
 
 class InMemoryLedger:
-    """A ledger held in memory (tests, and the Temporal driver's activity side)."""
+    """A ledger held in memory (tests, and the Temporal driver's activity side).
+
+    ``signals`` maps a signal name to its queue of buffered payloads, oldest first;
+    :meth:`push` appends one. ``consumed`` lists the name of every signal taken, one entry per
+    signal, in the order they were taken."""
 
     def __init__(
         self,
         records: dict[str, StepRecord] | None = None,
-        signals: dict[str, JSON] | None = None,
+        signals: Mapping[str, Iterable[JSON]] | None = None,
     ) -> None:
         self.records: dict[str, StepRecord] = dict(records or {})
-        self.signals: dict[str, JSON] = dict(signals or {})
+        self.signals: dict[str, list[JSON]] = {
+            name: list(queue) for name, queue in (signals or {}).items()
+        }
         self.consumed: list[str] = []
         self.written: list[StepRecord] = []
+
+    def push(self, name: str, payload: JSON) -> None:
+        """Buffer a signal behind the ones of its name already queued."""
+        self.signals.setdefault(name, []).append(payload)
 
     async def get(self, name: str) -> StepRecord | None:
         return self.records.get(name)
@@ -64,9 +76,12 @@ class InMemoryLedger:
 
     async def consume_signal(self, record: StepRecord) -> StepRecord | None:
         assert record.signal is not None
-        if record.signal not in self.signals:
+        queue = self.signals.get(record.signal)
+        if not queue:
             return None
-        payload = self.signals.pop(record.signal)
+        payload = queue.pop(0)
+        if not queue:
+            del self.signals[record.signal]
         self.consumed.append(record.signal)
         done = record.done(payload)
         await self.put(done)

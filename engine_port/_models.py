@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "ACTIVE_RUN_STATUSES",
@@ -18,6 +18,7 @@ __all__ = [
     "RunSnapshot",
     "RunStatus",
     "SignalResult",
+    "SnapshotSignal",
     "SnapshotStage",
     "SnapshotStep",
     "StageInfo",
@@ -124,6 +125,13 @@ class RunInfo(BaseModel):
 
 
 class SignalResult(BaseModel):
+    """What ``engine.signal`` did with a signal.
+
+    ``delivered``: the signal went to a step waiting for it at that moment (nothing of that
+    name was queued ahead of it); False when it was buffered for a later wait (signals of one
+    name queue in arrival order, nothing is dropped). ``already_completed``: the signal's
+    idempotency key was seen before in this run, so it was not queued again."""
+
     run_id: str
     name: str
     delivered: bool
@@ -157,6 +165,14 @@ class SnapshotStep(BaseModel):
         default=None, description="a sleep's wake time or a wait's timeout, fixed at first run"
     )
     signal: str | None = None
+
+
+class SnapshotSignal(BaseModel):
+    """One buffered signal, not yet consumed by a wait."""
+
+    name: str
+    payload: Any = Field(default=None, description="JSON, or a spill reference")
+    idempotency_key: str | None = None
 
 
 class SnapshotStage(BaseModel):
@@ -209,10 +225,16 @@ class RunSnapshot(BaseModel):
     current_group: int = 0
     completed_count: int = 0
     stages: list[SnapshotStage]
-    signals: dict[str, Any] = Field(
-        default_factory=dict, description="buffered signals not yet consumed, by name"
+    signals: list[SnapshotSignal] = Field(
+        default_factory=list,
+        description="buffered signals not yet consumed, in arrival order (each wait for a "
+        "name takes the oldest of that name)",
     )
-    consumed_signals: list[str] = Field(default_factory=list)
+    signal_keys: list[str] = Field(
+        default_factory=list,
+        description="every signal idempotency key seen by the run (consumed or buffered): a "
+        "repeat of one is not queued again",
+    )
     event_seq: int = 0
     redrive_count: int = 0
     redrive_history: list[dict[str, Any]] = Field(
@@ -221,3 +243,20 @@ class RunSnapshot(BaseModel):
     deadline: datetime | None = Field(default=None, description="the run timeout's deadline")
     created_at: datetime | None = None
     source: str | None = Field(default=None, description="the driver the snapshot came from")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_signal_forms(cls, data: Any) -> Any:
+        """Snapshots written before signals queued held ``signals`` as a dict of one payload
+        per name (and ``consumed_signals``, names already consumed, which no longer mean
+        anything): read them as a queue of one signal per name."""
+        if isinstance(data, dict):
+            signals = data.get("signals")
+            if isinstance(signals, dict) or "consumed_signals" in data:
+                data = dict(data)
+                data.pop("consumed_signals", None)
+                if isinstance(signals, dict):
+                    data["signals"] = [
+                        {"name": name, "payload": payload} for name, payload in signals.items()
+                    ]
+        return data

@@ -138,9 +138,11 @@ class RoutingEngine(WorkflowEngine):
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.1)
 
-    async def signal(self, run_id: str, name: str, payload: Any = None) -> SignalResult:
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
+    ) -> SignalResult:
         engine, _ = await self._locate(run_id)
-        return await engine.signal(run_id, name, payload)
+        return await engine.signal(run_id, name, payload, idempotency_key=idempotency_key)
 
     async def cancel(self, run_id: str) -> RunInfo:
         engine, _ = await self._locate(run_id)

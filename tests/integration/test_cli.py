@@ -139,3 +139,40 @@ def test_migrate_command_moves_runs_from_native_to_temporal(
                 assert (await temporal.get_run(rid)).status in ("pending", "running", "suspended")
 
     asyncio.run(check())
+
+
+def test_signal_with_an_idempotency_key_is_queued_once(env: dict[str, str]) -> None:
+    import asyncio
+    import json
+
+    from pydantic import BaseModel
+
+    from engine_port import EngineSettings, Registry, StageContext, Workflow, create_engine
+
+    class In(BaseModel):
+        pass
+
+    wf = Workflow("cli-waiter", input=In)
+
+    @wf.stage
+    async def w(ctx: StageContext[In]) -> object:
+        return await ctx.step.wait_for_signal("go")
+
+    async def start() -> str:
+        async with create_engine(EngineSettings(), Registry([wf])) as engine:
+            return (await engine.start(wf.id, {})).id
+
+    run_id = asyncio.run(start())
+    runner = CliRunner()
+    args = ["signal", run_id, "go", '{"n": 1}', "--idempotency-key", "k1"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.output)["already_completed"] is False
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output) == {
+        "run_id": run_id,
+        "name": "go",
+        "delivered": False,
+        "already_completed": True,
+    }

@@ -216,7 +216,7 @@ async def test_wait_for_signal_suspends_then_returns_the_payload(h: Harness) -> 
     s = suspended(await h.run("w"))
     assert (s.reason, s.until, s.waiting_for) == ("signal", None, "signal:go")
     suspended(await h.run("w"))  # still nothing
-    h.ledger.signals["go"] = {"n": 1}
+    h.ledger.push("go", {"n": 1})
     assert completed(await h.run("w")).output == {"got": {"n": 1}}
     assert h.ledger.consumed == ["go"]
     # a later replay returns the journaled payload even though the buffer is empty now
@@ -228,7 +228,7 @@ async def test_buffered_signal_is_consumed_without_suspending(h: Harness) -> Non
     async def w(ctx: StageContext[In]) -> Any:
         return await ctx.step.wait_for_signal("go", timeout=timedelta(days=1))
 
-    h.ledger.signals["go"] = {"early": True}
+    h.ledger.push("go", {"early": True})
     assert completed(await h.run("w")).output == {"early": True}
     assert h.ledger.signals == {}
     assert h.ledger.consumed == ["go"]
@@ -295,10 +295,65 @@ async def test_a_timed_out_wait_stays_timed_out_when_the_signal_arrives_later(
     suspended(await h.run("w"))
     h.clock.advance(11)
     assert suspended(await h.run("w")).waiting_for == "sleep:cool-down"
-    h.ledger.signals["go"] = "late"
+    h.ledger.push("go", "late")
     h.clock.advance(100)
     assert completed(await h.run("w")).output == "timeout"
     assert h.counts == {"after timeout": 1}
+
+
+async def test_signals_of_one_name_queue_and_each_wait_takes_the_next(h: Harness) -> None:
+    """Waiting twice on one name in a stage: the second wait is journaled under ``go#2``, and
+    the two waits take the queued signals oldest first."""
+
+    @h.wf.stage
+    async def w(ctx: StageContext[In]) -> list[Any]:
+        first = await ctx.step.wait_for_signal("go")
+        await ctx.step.run("between", h.count, "between")
+        second = await ctx.step.wait_for_signal("go")
+        third = await ctx.step.wait_for_signal("go")
+        return [first, second, third]
+
+    assert suspended(await h.run("w")).waiting_for == "signal:go"
+    h.ledger.push("go", 1)
+    h.ledger.push("go", 2)
+    assert suspended(await h.run("w")).waiting_for == "signal:go"  # the third wait
+    assert [r.name for r in h.ledger.written if r.completed] == ["go", "between", "go#2"]
+    assert {n: (r.signal, r.result) for n, r in h.ledger.records.items() if r.kind == "signal"} == {
+        "go": ("go", 1),
+        "go#2": ("go", 2),
+        "go#3": ("go", None),
+    }
+    h.ledger.push("go", 3)
+    assert completed(await h.run("w")).output == [1, 2, 3]
+    assert h.ledger.consumed == ["go", "go", "go"]
+    assert h.counts == {"between": 1}
+    # replay from the top: same keys, journaled payloads, nothing taken from the queue
+    h.ledger.push("go", 4)
+    assert completed(await h.run("w")).output == [1, 2, 3]
+    assert h.ledger.signals == {"go": [4]}
+
+
+async def test_signal_wait_keys_are_numbered_per_name_and_collide_loudly(h: Harness) -> None:
+    @h.wf.stage
+    async def w(ctx: StageContext[In]) -> list[Any]:
+        a = await ctx.step.wait_for_signal("a")
+        b = await ctx.step.wait_for_signal("b")
+        a2 = await ctx.step.wait_for_signal("a")
+        return [a, b, a2]
+
+    @h.wf.stage
+    async def clash(ctx: StageContext[In]) -> Any:
+        await ctx.step.run("go#2", h.count, "x")
+        await ctx.step.wait_for_signal("go")
+        return await ctx.step.wait_for_signal("go")
+
+    for name, payload in (("a", 1), ("b", 2), ("a", 3)):
+        h.ledger.push(name, payload)
+    assert completed(await h.run("w")).output == [1, 2, 3]
+    assert sorted(h.ledger.records) == ["a", "a#2", "b"]
+    h.ledger.push("go", 1)
+    f = failed(await h.run("clash"))
+    assert f.error.type == "StepError" and "go#2" in f.error.message and not f.retryable
 
 
 # -- polling ---------------------------------------------------------------------------------
@@ -494,7 +549,7 @@ async def test_sync_stage_body_can_wait_for_a_signal(h: Harness) -> None:
         return ctx.sync_step.wait_for_signal("go")
 
     assert suspended(await h.run("s")).waiting_for == "signal:go"
-    h.ledger.signals["go"] = [1, 2]
+    h.ledger.push("go", [1, 2])
     assert completed(await h.run("s")).output == [1, 2]
 
 

@@ -79,7 +79,7 @@ async def row_counts(engine: NativeEngine) -> dict[str, int]:
         "wfe_stages",
         "wfe_jobs",
         "wfe_outbox",
-        "wfe_signals",
+        "wfe_signal_queue",
         "wfe_steps",
         "wfe_command_keys",
         "wfe_blobs",

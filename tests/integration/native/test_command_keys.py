@@ -45,8 +45,9 @@ async def test_repeat_returns_first_result(make_engine: MakeEngine) -> None:
     run_id = first[0]
     sig = await k.dispatch(SignalStep(run_id, "go", {"x": 1}), idempotency_key="sig-1")
     sig2 = await k.dispatch(SignalStep(run_id, "go", {"x": 1}), idempotency_key="sig-1")
-    assert isinstance(sig, SignalResult) and sig.delivered
+    assert isinstance(sig, SignalResult) and not sig.delivered  # buffered: nothing waits yet
     assert sig2 == sig  # the stored first result, not a second delivery
+    assert await count_rows(engine, "wfe_signal_queue", run_id=run_id) == 1
     with pytest.raises(IdempotencyConflictError):
         await k.dispatch(SignalStep(run_id, "go", {"x": 2}), idempotency_key="sig-1")
 

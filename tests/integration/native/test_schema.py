@@ -101,3 +101,54 @@ async def test_upgrade_from_v1_keeps_existing_runs(
     assert finished.output == {"result": 13}
     # 9 lifecycle events + 1 business event, numbered without gaps
     assert [e.seq for e in await engine.events(open_id)] == list(range(1, 11))
+
+
+def test_v4_moves_the_one_signal_per_name_table_into_the_queue(database_url: str) -> None:
+    """A database at v3 made by the code of that time had wfe_signals (one row per run and
+    name); v4 moves its rows into wfe_signal_queue, oldest first, and drops it."""
+    db = Database(database_url)
+    try:
+        assert db.tx_sync(lambda c: _schema.upgrade(c, target=3)) == [1, 2, 3]
+        legacy = sa.Table(
+            "wfe_signals",
+            sa.MetaData(),
+            sa.Column("run_id", sa.String(64), primary_key=True),
+            sa.Column("name", sa.String(300), primary_key=True),
+            sa.Column("payload", sa.JSON),
+            sa.Column("consumed", sa.Boolean, nullable=False),
+            sa.Column("received_at", sa.Double, nullable=False),
+        )
+
+        def make_v3(conn: sa.Connection) -> None:
+            _schema.signals.drop(conn)  # v1 of today's code already made the queue
+            legacy.create(conn)
+            conn.execute(
+                legacy.insert(),
+                [
+                    {"run_id": "r1", "name": "late", "payload": 2, "consumed": False,
+                     "received_at": 20.0},
+                    {"run_id": "r1", "name": "early", "payload": {"n": 1}, "consumed": False,
+                     "received_at": 10.0},
+                    {"run_id": "r2", "name": "go", "payload": None, "consumed": True,
+                     "received_at": 15.0},
+                ],
+            )  # fmt: skip
+
+        db.tx_sync(make_v3)
+        assert db.upgrade() == [4]
+        assert "wfe_signals" not in _tables(db)
+        q = _schema.signals
+        rows = db.tx_sync(
+            lambda c: c.execute(
+                sa.select(
+                    q.c.run_id, q.c.name, q.c.payload, q.c.consumed, q.c.idempotency_key
+                ).order_by(q.c.id)
+            ).all()
+        )
+        assert [tuple(r) for r in rows] == [
+            ("r1", "early", {"n": 1}, False, None),
+            ("r2", "go", None, True, None),
+            ("r1", "late", 2, False, None),
+        ]
+    finally:
+        db.dispose()
