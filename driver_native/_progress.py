@@ -480,10 +480,12 @@ def apply_outcome(
     refresh = True
     result = "cancelled"
     stopping = run.status not in ACTIVE or run.cancel_requested
-    if stopping and isinstance(outcome, Completed) and run.status == RunStatus.COMPENSATING:
-        # the run stopped (a sibling failed for good, or a cancel) while this body ran, and it
-        # returned before it observed that: its side effect happened, so the stage is
-        # completed and the compensation job (which waits for leased stages) undoes it first
+    failing = run.status == RunStatus.COMPENSATING and not run.cancel_requested
+    if failing and isinstance(outcome, Completed):
+        # a sibling failed for good while this body ran, and it returned before it observed
+        # that: its side effect happened, so the stage is completed and the compensation job
+        # (which waits for leased stages) undoes it first. After a cancel a late result is
+        # discarded instead (SCENARIOS S10): the stage ends cancelled.
         result = "completed"
         drafts.append(_complete_stage(conn, run, stage, job, outcome, now, run_values))
         refresh = False
