@@ -309,10 +309,11 @@ class GraphWorkflow(MigrationHandlers):
             raise
         if not all(t.done() for t in tasks.values()):
             self._stop(tasks, "failed")
-        if await self._settle(tasks):
-            self._cancel_active()
+        cancelled = await self._settle(tasks)
+        if self._stop_reason is not None:
+            self._cancel_active()  # the stages the stop ended (never a migrated run's)
+        if cancelled:
             raise asyncio.CancelledError()
-        self._cancel_active()  # siblings a failure stopped end cancelled
         outcomes = [_outcome(tasks[sid]) for sid in todo]
         failures = [o for o in outcomes if isinstance(o, _StageFailed)]
         if failures:
