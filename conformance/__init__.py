@@ -18,6 +18,7 @@ from ._harness import (
     wait_for_events,
 )
 from ._migrate import MigrationContract
+from ._parallel import ParallelFailureContract
 from ._saga import CancelContract, CompensationContract, RedriveContract
 from ._signals import SignalContract, TimeoutContract
 from ._trace import check_golden, normalise, run_summary
@@ -36,6 +37,7 @@ __all__ = [
     "HookContract",
     "IdempotencyContract",
     "MigrationContract",
+    "ParallelFailureContract",
     "RedriveContract",
     "RetryContract",
     "SettingsHarness",
@@ -60,6 +62,7 @@ class AllContracts(
     ClaimCheckContract,
     CompensationContract,
     CancelContract,
+    ParallelFailureContract,
     RedriveContract,
     SignalContract,
     TimeoutContract,

@@ -83,6 +83,21 @@ class _StageFailed(Exception):
     def __init__(self, error: dict[str, Any]) -> None:
         super().__init__(error.get("message", ""))
         self.error = error
+        self.seq = 0  # the order in which stages of the run failed for good
+
+
+class _Stopped(Exception):
+    """A stage attempt ended because the run stops: a sibling failed for good, or the run
+    was cancelled or timed out (the stage ends ``cancelled``)."""
+
+
+def _outcome(task: asyncio.Task[BaseException | None]) -> BaseException | None:
+    """What a finished stage task of ``_run_group`` reported (None while it runs)."""
+    if not task.done():
+        return None
+    if task.cancelled():
+        return _Stopped()  # stopped before its first step
+    return task.result()
 
 
 def _iso(value: Any) -> str:
@@ -117,6 +132,11 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._dirty = False  # the memo and search attributes need writing (``_syncer``)
         self._status = "pending"
         self._run_id: str = ""
+        # stopping the run's stages (see ``_run_group``): why ("failed" | "cancelled"), the
+        # activity of each stage attempt in flight, how many stages failed for good so far
+        self._stop_reason: str | None = None
+        self._attempts: dict[str, Any] = {}
+        self._failures = 0
 
     # -- handlers ---------------------------------------------------------------------------
     @workflow.query(name=RUN_INFO_QUERY)
@@ -234,17 +254,86 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
     async def _execute(self) -> None:
         for group in self._graph.groups:
             todo = [s for s in group if self._stages[s]["status"] != "completed"]
-            if not todo:
+            if todo:
+                await self._run_group(todo)
+
+    async def _run_group(self, todo: list[str]) -> None:
+        """Run one execution group's stages in parallel. The first stage that fails for good
+        stops the others at once (DESIGN §5, a failure inside a parallel group), and so does a
+        cancel or a run timeout (this task is cancelled): see ``_stop``. Every stage attempt
+        has reported before this returns or raises."""
+        tasks = {sid: asyncio.create_task(self._guarded(sid)) for sid in todo}
+
+        def failed() -> bool:
+            return any(isinstance(_outcome(t), _StageFailed) for t in tasks.values())
+
+        try:
+            await workflow.wait_condition(lambda: failed() or all(t.done() for t in tasks.values()))
+        except asyncio.CancelledError:
+            # the run was cancelled (or timed out): stop the group, then end as cancelled
+            self._stop(tasks, "cancelled")
+            await self._settle(tasks)
+            self._cancel_active()
+            raise
+        if not all(t.done() for t in tasks.values()):
+            self._stop(tasks, "failed")
+        cancelled = await self._settle(tasks)
+        if self._stop_reason is not None:
+            self._cancel_active()  # the stages the stop ended (never a migrated run's)
+        if cancelled:
+            raise asyncio.CancelledError()
+        outcomes = [_outcome(tasks[sid]) for sid in todo]
+        failures = [o for o in outcomes if isinstance(o, _StageFailed)]
+        if failures:
+            raise min(failures, key=lambda f: f.seq)
+        for o in outcomes:
+            if isinstance(o, BaseException):
+                raise o
+
+    async def _guarded(self, sid: str) -> BaseException | None:
+        """One stage of a group, its outcome returned rather than raised (``_Stopped`` when
+        ``_stop`` ended it: the stage is left running or suspended for ``_cancel_active``)."""
+        try:
+            await self._run_stage(sid)
+        except _StageFailed as failed:
+            self._failures += 1
+            failed.seq = self._failures
+            return failed
+        except asyncio.CancelledError as exc:
+            return _Stopped() if self._stop_reason is not None else exc
+        except _Stopped as stopped:
+            return stopped
+        except Exception as exc:  # Migrated, or a bug: raised by _run_group once all settled
+            return exc
+        return None
+
+    def _stop(self, tasks: dict[str, asyncio.Task[BaseException | None]], reason: str) -> None:
+        """Stop every unfinished stage of the group. A stage whose attempt runs as an activity
+        has the activity cancelled (WAIT_CANCELLATION_COMPLETED: its outcome is awaited, see
+        ``_run_stage``); any other (suspended on a signal or a timer, between retries) has its
+        task cancelled."""
+        self._stop_reason = self._stop_reason or reason
+        for sid, task in tasks.items():
+            if task.done():
                 continue
-            results = await asyncio.gather(
-                *(self._run_stage(s) for s in todo), return_exceptions=True
-            )
-            for r in results:
-                if isinstance(r, asyncio.CancelledError):
-                    raise r
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
+            handle = self._attempts.get(sid)
+            if handle is not None:
+                if not handle.done():
+                    handle.cancel()
+            else:
+                task.cancel()
+
+    async def _settle(self, tasks: dict[str, asyncio.Task[BaseException | None]]) -> bool:
+        """Wait until every stage of the group reported; True when a cancel of the run
+        arrived meanwhile (the run then ends cancelled once compensated)."""
+        cancelled = False
+        while True:
+            try:
+                await workflow.wait_condition(lambda: all(t.done() for t in tasks.values()))
+                return cancelled
+            except asyncio.CancelledError:
+                cancelled = True
+                self._stop(tasks, "cancelled")
 
     # -- one stage --------------------------------------------------------------------------
     async def _run_stage(self, sid: str) -> None:
@@ -270,6 +359,13 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             attempt = next_attempt if fresh else st["attempt"]
             self._begin_stage(sid, attempt, fresh)
             res = await self._call(sid, attempt, compensation=False)
+            if self._stop_reason is not None and not (
+                res["kind"] == "completed" and self._stop_reason == "failed"
+            ):
+                # the run stops: an attempt that came back anyway (it suspended, failed or
+                # ignored the cancel) ends cancelled; one that returned after a sibling failed
+                # is completed and compensated (DESIGN §5), a late result of a cancel discarded
+                raise _Stopped()
             if res["kind"] == "withdrawn":
                 # a freeze took the activity before any worker did: the attempt started and
                 # nobody runs it (a snapshot shows it running; its target continues it);
@@ -407,14 +503,18 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             res: dict[str, Any]
             # the patch marker keeps runs started before local stages existed replaying
             if spec.local and workflow.patched(_LOCAL_PATCH):
-                res = await workflow.execute_local_activity(
+                local = workflow.start_local_activity(
                     name,
                     task,
                     result_type=dict,
                     start_to_close_timeout=timeout,
                     retry_policy=_INFRA_RETRY,
+                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                     summary=summary,
                 )
+                if not compensation:
+                    self._attempts[sid] = local
+                res = await local
             else:
                 if not compensation:
                     self._tokens += 1
@@ -432,6 +532,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 if not compensation:
                     call = {"token": self._tokens, "handle": handle, "withdrawn": False}
                     self._calls[sid] = call
+                    self._attempts[sid] = handle
                 res = await handle
         except ActivityError as exc:
             cause = exc.cause
@@ -459,6 +560,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             if call is not None and self._calls.get(sid) is call:
                 del self._calls[sid]
             if not compensation:
+                self._attempts.pop(sid, None)
                 self._inflight -= 1
                 if self._signal_holder == sid:
                     self._signal_holder = None
