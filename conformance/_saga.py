@@ -268,6 +268,48 @@ class CancelContract:
             ["run.cancelled"],
         ]
 
+    async def test_cancel_while_compensating_is_a_no_op(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """A cancel that arrives while a failed run compensates changes nothing: the
+        compensation runs to its end once and the run ends failed with its own error."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("s10c"), input=Num)
+        release = asyncio.Event()
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> str:
+            return "a"
+
+        @a.compensation
+        async def undo(ctx: StageContext[Num], out: str) -> None:
+            log.hit("undo-a")
+            await release.wait()
+
+        @wf.stage(after=[a])
+        async def b(ctx: StageContext[Num]) -> str:
+            raise NonRetryableError("b broke")
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await eventually(lambda: log.count("undo-a") == 1, what="the compensation to run")
+            first = await engine.cancel(run.id)
+            assert first.status == RunStatus.COMPENSATING
+            release.set()
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.failed")
+        assert info.status == RunStatus.FAILED
+        assert info.error is not None and info.error.type == "NonRetryableError"
+        assert log.counts() == {"undo-a": 1}
+        trace = normalise(events, wf.graph())
+        assert trace[-4:] == [
+            ["stage.started", "b", 1],
+            ["stage.failed", "b", 1, "NonRetryableError", False],
+            ["stage.compensated", "a"],
+            ["run.failed", "NonRetryableError", None],
+        ]
+
     async def test_cancel_terminal_run_raises(self, harness: Harness) -> None:
         wf = Workflow(unique_id("s10t"), input=Num)
 

@@ -590,8 +590,8 @@ class TemporalEngine(WorkflowEngine):
     async def cancel(self, run_id: str) -> RunInfo:
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
-        if info.status == RunStatus.CANCELLED:
-            return info
+        if info.status in (RunStatus.CANCELLED, RunStatus.COMPENSATING):
+            return info  # a no-op: already cancelled, or rolling back after a failure
         if info.terminal:
             raise RunNotActiveError(run_id, info.status, "cancel")
         handle = self._conn.get_workflow_handle(run_id)

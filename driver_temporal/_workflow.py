@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -98,6 +98,17 @@ def _outcome(task: asyncio.Task[BaseException | None]) -> BaseException | None:
     if task.cancelled():
         return _Stopped()  # stopped before its first step
     return task.result()
+
+
+async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end. A cancel that arrives once the run compensates or finishes
+    changes nothing (the run already stops; on native such a cancel is a no-op too), so it
+    must not cut the compensation short or skip recording the run's end."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+    task.result()
 
 
 def _iso(value: Any) -> str:
@@ -189,17 +200,28 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         except asyncio.CancelledError:
             outcome = "cancelled"
             self._cancel_active()
+        await _to_the_end(self._wind_up(outcome, error, publisher, syncer))
+        if outcome == "failed" and error is not None:
+            raise ApplicationError(error["message"], type=error["type"], non_retryable=True)
+        if outcome == "cancelled":
+            raise asyncio.CancelledError()
+        return self._info
+
+    async def _wind_up(
+        self,
+        outcome: str,
+        error: dict[str, Any] | None,
+        publisher: asyncio.Task[None],
+        syncer: asyncio.Task[None],
+    ) -> None:
+        """Compensate if the run failed or was cancelled, record its end, deliver its last
+        events."""
         if outcome in ("failed", "cancelled"):
             await self._compensate()
         await self._finish(outcome, error)
         self._closing = True
         await publisher
         await syncer
-        if outcome == "failed" and error is not None:
-            raise ApplicationError(error["message"], type=error["type"], non_retryable=True)
-        if outcome == "cancelled":
-            raise asyncio.CancelledError()
-        return self._info
 
     def _setup(self, start: dict[str, Any]) -> None:
         self._start = start
