@@ -652,7 +652,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "temporal",
         "driver_temporal/_workflow.py",
         '            st["events"] = []\n        self._status = outcome',
-        "        self._status = outcome",
+        "            pass\n        self._status = outcome",
         "staged business events are not discarded at the end (a redrive releases them again)",
         "redrive",
     ),
