@@ -136,12 +136,14 @@ class BlindSpotContract:
 
     async def test_delivery_in_order_without_duplicates(self, harness: Harness) -> None:
         """A healthy sink receives each run's events once each, in sequence order (a resumed
-        stage must not emit its stage.started again: dedup in the trace would hide it)."""
+        stage must not emit its stage.started again: dedup in the trace would hide it), and
+        every business event of a stage has an id of its own."""
         wf = Workflow(unique_id("bs-order"), input=Num)
 
         @wf.stage
         async def a(ctx: StageContext[Num]) -> int:
-            ctx.emit("a.done", {"n": 1})
+            ctx.emit("a.first", {"n": 1})
+            ctx.emit("a.second", {"n": 2})
             return 1
 
         @wf.stage(after=[a])
@@ -166,6 +168,13 @@ class BlindSpotContract:
         assert len(ids) == len(set(ids)), [(e.type, e.seq) for e in arrived]
         seqs = [e.seq for e in arrived]
         assert seqs == sorted(seqs), f"delivered out of order: {seqs}"
+        business = [(e.type, e.data) for e in sink.for_run(run.id) if e.business]
+        assert business == [
+            ("a.first", {"n": 1}),
+            ("a.second", {"n": 2}),
+            ("b.done", {"n": 2}),
+            ("c.done", {"n": 3}),
+        ]
 
     async def test_attempt_kept_after_takeover(self, harness: Harness, tmp_path: Path) -> None:
         """A stage attempt taken over from a killed worker is still attempt 1 (no stage.failed,
