@@ -1,8 +1,10 @@
 """Scenarios for what the rest of the contract could not fail on (found by the mutation check,
 tests/mutation; see /work/shared/notes/conformance-blind-spots.md): the retry delay as
 configured, the claim-check boundary, deterministic event ids, delivery order and no duplicate
-deliveries, ``ctx.attempt`` after a takeover, cancel between a failed attempt and its retry,
-the ``wait_for`` deadline, the type of a stage timeout."""
+deliveries, every suspension and business event with its own id, ``ctx.attempt`` after a
+takeover, the step ledger kept by a redrive from the last failure, cancel between a failed
+attempt and its retry, a failed step run again by the retry, the ``wait_for`` deadline, the
+type of a stage timeout."""
 
 from __future__ import annotations
 
@@ -148,7 +150,8 @@ class BlindSpotContract:
 
         @wf.stage(after=[a])
         async def b(ctx: StageContext[Num]) -> int:
-            await ctx.step.sleep("nap", timedelta(milliseconds=200))
+            await ctx.step.sleep("nap", timedelta(milliseconds=100))
+            await ctx.step.sleep("nap2", timedelta(milliseconds=100))
             ctx.emit("b.done", {"n": 2})
             return 2
 
@@ -168,6 +171,8 @@ class BlindSpotContract:
         assert len(ids) == len(set(ids)), [(e.type, e.seq) for e in arrived]
         seqs = [e.seq for e in arrived]
         assert seqs == sorted(seqs), f"delivered out of order: {seqs}"
+        suspended = [e for e in sink.for_run(run.id) if e.type == "stage.suspended"]
+        assert [e.data["waiting_for"] for e in suspended] == ["sleep:nap", "sleep:nap2"]
         business = [(e.type, e.data) for e in sink.for_run(run.id) if e.business]
         assert business == [
             ("a.first", {"n": 1}),
@@ -232,6 +237,35 @@ class BlindSpotContract:
             ["stage.completed", "b", 1],
             ["run.completed"],
         ]
+
+    async def test_redrive_from_last_failure_keeps_steps(self, harness: Harness) -> None:
+        """Redrive from the last failure keeps the failed stage's step ledger: a step that
+        completed before the failure is not run again."""
+        if not harness.capabilities.redrive:
+            pytest.skip("driver lacks capability redrive")
+        wf = Workflow(unique_id("bs-redrive"), input=Num)
+        calls: list[str] = []
+
+        def reserve() -> str:
+            calls.append("reserve")
+            return "reserved"
+
+        @wf.stage(retry=Retry(max_attempts=1))
+        async def a(ctx: StageContext[Num]) -> str:
+            got: str = await ctx.step.run("reserve", reserve)
+            calls.append("body")
+            if calls.count("body") == 1:
+                raise RuntimeError("fails once, after its step")
+            return got
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            info = await engine.wait(run.id, timeout=60)
+            assert info.status == RunStatus.FAILED
+            await engine.redrive(run.id, from_="last_failure")
+            info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED and info.output == "reserved"
+        assert calls == ["reserve", "body", "body"], calls
 
     async def test_cancel_during_retry_backoff(self, harness: Harness) -> None:
         """A run cancelled between a failed attempt and its retry: the stage ends cancelled,
