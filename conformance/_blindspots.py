@@ -4,7 +4,7 @@ configured, the claim-check boundary, deterministic event ids, delivery order an
 deliveries, every suspension and business event with its own id, ``ctx.attempt`` after a
 takeover, the step ledger kept by a redrive from the last failure, cancel between a failed
 attempt and its retry, a failed step run again by the retry, the ``wait_for`` deadline, the
-type of a stage timeout."""
+type of a stage timeout, a signal sent while its stage is running."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -266,6 +268,27 @@ class BlindSpotContract:
             info = await engine.wait(run.id, timeout=60)
         assert info.status == RunStatus.COMPLETED and info.output == "reserved"
         assert calls == ["reserve", "body", "body"], calls
+
+    async def test_signal_while_stage_runs_is_buffered(self, harness: Harness) -> None:
+        """A signal sent while the stage is running, before it reaches its wait, is buffered
+        and consumed by that wait."""
+        wf = Workflow(unique_id("bs-signal"), input=Num)
+        entered = threading.Event()
+        signalled = threading.Event()
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> Any:
+            entered.set()
+            await asyncio.to_thread(signalled.wait, 30)
+            return await ctx.step.wait_for_signal("go")
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await eventually(entered.is_set, timeout=60, what="stage a to start")
+            await engine.signal(run.id, "go", {"v": 1})
+            signalled.set()
+            info = await engine.wait(run.id, timeout=30)
+        assert info.status == RunStatus.COMPLETED and info.output == {"v": 1}
 
     async def test_cancel_during_retry_backoff(self, harness: Harness) -> None:
         """A run cancelled between a failed attempt and its retry: the stage ends cancelled,

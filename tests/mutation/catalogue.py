@@ -181,7 +181,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if not force and len(data) <= self.threshold:",
         "if not force and len(data) < self.threshold:",
         "a value of exactly the spill threshold is spilled (must stay inline)",
-        "claim or spill or blind",
+        "spill or claim",
     ),
     _m(
         "P15-never-spill",
@@ -199,7 +199,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return hashlib.sha256(raw.encode()).hexdigest()[:32]",
         '    return __import__("uuid").uuid4().hex',
         "event ids are random instead of a deterministic function of the run's history",
-        "blind or s17",
+        "event_ids or s17",
     ),
     _m(
         "P17-started-id-ignores-attempt",
@@ -220,7 +220,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "business=True)",
         '        return EventDraft(self._id("business", stage), type, stage, data, business=True)',
         "several business events of one stage share an id (all but one are lost)",
-        "s5 or compensation",
+        "delivery or s5 or compensation",
     ),
     _m(
         "P19-will-retry-always",
@@ -295,7 +295,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        attempt = stage.attempt  # resuming (after a sleep, a signal, a poll or a crash)",
         "        attempt = stage.attempt + (stage.status == StageStatus.RUNNING)",
         "the attempt number the body sees is incremented when a crashed attempt is taken over",
-        "s17 or blind",
+        "takeover or s17",
     ),
     _m(
         "N06-backoff-exponent",
@@ -304,7 +304,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "spec.retry.initial_interval_s * spec.retry.backoff ** (stage.attempt - 1)",
         "spec.retry.initial_interval_s * spec.retry.backoff ** stage.attempt",
         "retry backoff exponent off by one (the first retry waits initial*backoff)",
-        "s3 or blind",
+        "configured_delay or s3",
     ),
     _m(
         "N07-backoff-not-applied",
@@ -354,7 +354,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        .order_by(stages.c.completed_order, staged_events.c.idx)",
         "        .order_by(stages.c.completed_order.desc(), staged_events.c.idx)",
         "business events are released newest stage first",
-        "s5 or compensation",
+        "delivery or s5 or compensation",
     ),
     _m(
         "N12-cancel-between-attempts-skipped",
@@ -364,7 +364,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if stage.status == StageStatus.PENDING:",
         "a stage cancelled between a failed attempt and its retry ends skipped without "
         "stage.cancelled",
-        "cancel or blind",
+        "cancel",
     ),
     _m(
         "N13-run-output-first-group",
@@ -382,7 +382,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        n = stage.suspensions + 1",
         "        n = 1",
         "every suspension of an attempt gets the same event id (later ones are lost)",
-        "wait_for or sleep",
+        "delivery or wait_for or sleep",
     ),
     _m(
         "N15-idempotency-conflict-not-raised",
@@ -437,7 +437,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '.where(outbox.c.status == "pending").order_by(outbox.c.id).limit(limit)',
         '.where(outbox.c.status == "pending").order_by(outbox.c.id.desc()).limit(limit)',
         "the outbox delivers events newest first",
-        "blind or dlq or sink",
+        "delivery or dlq or sink",
     ),
     _m(
         "N21-outbox-seq-off-by-one",
@@ -520,7 +520,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '            await self._pause(self._delay(sid, attempt), f"retry {sid}")',
         '            await self._pause(0.001, f"retry {sid}")',
         "a retry starts at once, without its backoff",
-        "s3",
+        "configured_delay or s3",
     ),
     _m(
         "T04-backoff-exponent",
@@ -529,7 +529,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        seconds = r.initial_interval_s * r.backoff ** (attempt - 1)",
         "        seconds = r.initial_interval_s * r.backoff ** attempt",
         "retry backoff exponent off by one",
-        "s3 or blind",
+        "configured_delay or s3",
     ),
     _m(
         "T05-max-attempts-off-by-one",
@@ -590,7 +590,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '            attempt=task["attempt"],',
         '            attempt=task["attempt"] + info.attempt - 1,',
         "the attempt number the body sees grows when Temporal retries a lost activity",
-        "s17 or blind",
+        "takeover or s17",
     ),
     _m(
         "T10-journal-not-read-on-retry",
@@ -618,7 +618,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        else:\n            st.update(status="running", waiting_for=None, wake_at=None)\n'
         '            self._emit(self._lc.stage_started(sid, st["attempt"]))',
         "stage.started is emitted again (same id) when a suspended stage resumes",
-        "s6 or sleep or blind",
+        "delivery or s6 or sleep",
     ),
     _m(
         "T13-idempotency-conflict-not-raised",
