@@ -4,7 +4,8 @@ configured, the claim-check boundary, deterministic event ids, delivery order an
 deliveries, every suspension and business event with its own id, ``ctx.attempt`` after a
 takeover, the step ledger kept by a redrive from the last failure, cancel between a failed
 attempt and its retry, a failed step run again by the retry, the ``wait_for`` deadline, the
-type of a stage timeout, a signal sent while its stage is running."""
+type of a stage timeout, a signal sent while its stage is running,
+a run of a version no running worker serves left alone."""
 
 from __future__ import annotations
 
@@ -289,6 +290,36 @@ class BlindSpotContract:
             signalled.set()
             info = await engine.wait(run.id, timeout=30)
         assert info.status == RunStatus.COMPLETED and info.output == {"v": 1}
+
+    async def test_unserved_version_is_not_begun(self, harness: Harness) -> None:
+        """A run pinned to a version no running worker serves is not begun by another
+        version's worker: it stays pending, with no run.started."""
+        if not harness.capabilities.pinned_versions:
+            pytest.skip("driver lacks capability pinned_versions")
+        wid = unique_id("bs-pinned")
+
+        def build(version: str) -> Workflow[Num]:
+            wf = Workflow(wid, input=Num, version=version)
+
+            @wf.stage
+            async def a(ctx: StageContext[Num]) -> str:
+                return version
+
+            return wf
+
+        sink = MemorySink()
+        async with (
+            harness.engine(Registry([build("v1")]), sink) as e1,
+            harness.engine(Registry([build("v2")]), sink) as e2,
+        ):
+            old = await e1.start(wid, {})
+            async with e2.worker():
+                new = await e2.start(wid, {})
+                assert (await e2.wait(new.id, timeout=60)).output == "v2"
+                await wait_for_events(sink, new.id, "run.completed")
+                assert (await e2.get_run(old.id)).status == RunStatus.PENDING
+            # run.created may wait for a worker (Temporal) but nothing else may happen
+            assert {e.type for e in sink.for_run(old.id)} <= {"run.created"}
 
     async def test_cancel_during_retry_backoff(self, harness: Harness) -> None:
         """A run cancelled between a failed attempt and its retry: the stage ends cancelled,
