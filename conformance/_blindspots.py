@@ -65,7 +65,7 @@ class BlindSpotContract:
         starts: list[float] = []
         wf = Workflow(unique_id("bs-delay"), input=Num)
 
-        @wf.stage(retry=Retry(max_attempts=2, initial_interval=timedelta(seconds=0.5), backoff=10))
+        @wf.stage(retry=Retry(max_attempts=2, initial_interval=timedelta(seconds=1.5), backoff=4))
         async def a(ctx: StageContext[Num]) -> int:
             starts.append(time.monotonic())
             if ctx.attempt == 1:
@@ -77,9 +77,9 @@ class BlindSpotContract:
             info = await engine.wait(run.id, timeout=60)
         assert info.status == RunStatus.COMPLETED and info.output == 2
         gap = starts[1] - starts[0]
-        # 0.5 s as configured; an exponent off by one would wait 5 s (2.5 s of slack for a busy
-        # machine, far from both)
-        assert 0.45 <= gap < 3.0, f"retry started {gap:.2f}s after the failed attempt"
+        # 1.5 s as configured: no backoff at all would start it after the engine's own latency
+        # (well under 1.5 s), an exponent off by one after 6 s; 3 s of slack for a busy machine
+        assert 1.45 <= gap < 4.5, f"retry started {gap:.2f}s after the failed attempt"
 
     async def test_spill_threshold_is_inclusive(self, harness: Harness) -> None:
         """A step result of exactly spill_threshold_bytes stays inline; one byte more spills."""
