@@ -6,6 +6,7 @@ A driver opts in with one pytest class that inherits :class:`AllContracts` and p
 """
 
 from ._admin import BadInputContract, IdempotencyContract, VersionContract
+from ._blindspots import BlindSpotContract
 from ._crash import CrashContract
 from ._flow import ClaimCheckContract, FlowContract, HookContract, RetryContract, SleepContract
 from ._harness import (
@@ -26,6 +27,7 @@ from ._trace import check_golden, normalise, run_summary
 __all__ = [
     "AllContracts",
     "BadInputContract",
+    "BlindSpotContract",
     "CancelContract",
     "Capabilities",
     "ClaimCheckContract",
@@ -70,5 +72,6 @@ class AllContracts(
     VersionContract,
     BadInputContract,
     CrashContract,
+    BlindSpotContract,
 ):
     """Every scenario of the contract."""
