@@ -101,8 +101,18 @@ class _Runtime:
             await asyncio.sleep(_POLL)
 
     async def barrier(self, run_id: str, sid: str) -> None:
-        """Every sibling started, and the previous sibling in ``case.order`` settled."""
-        group = next(g for g in groups_of(self.case) if sid in g)
+        """Every sibling started, and the previous sibling in ``case.order`` settled (in the
+        first group also: every ``before`` signal sent)."""
+        groups = groups_of(self.case)
+        group = next(g for g in groups if sid in g)
+        if group is groups[0]:
+            before = {
+                op.name
+                for s in self.case.stages
+                for op in s.ops
+                if isinstance(op, Wait) and op.mode == "before"
+            }
+            await self._until(lambda: before <= self.sent, "before signals sent")
         await self._until(
             lambda: all(self.sink.has(run_id, "stage.started", x) for x in group),
             f"siblings of {sid} started",
@@ -170,7 +180,7 @@ def _body(s: StageCase, rt: _Runtime) -> Any:
             elif isinstance(op, Emit):
                 ctx.emit(op.type, {"n": op.n})
             elif isinstance(op, Wait):
-                if op.mode == "before":
+                if op.mode == "during":
                     await rt._until(lambda name=op.name: name in rt.sent, f"{op.name} sent")
                 timeout = timedelta(milliseconds=op.ms) if op.mode == "timeout" else None
                 try:
@@ -218,7 +228,7 @@ async def _drive(
     run = await engine.start(wf.id, {})
     waits = [(s, op) for s in case.stages for op in s.ops if isinstance(op, Wait)]
     for _, op in waits:
-        if op.mode == "before":
+        if op.mode in ("before", "during"):
             with contextlib.suppress(RunNotActiveError):
                 await engine.signal(run.id, op.name, signal_payload(op.name))
             rt.sent.add(op.name)
@@ -227,7 +237,8 @@ async def _drive(
     terminals = 2 if exp.redrive else 1
     while True:
         if time.monotonic() > rt.deadline:
-            raise AssertionError("the run did not end in time")
+            seen = [[e.type, e.stage, e.data.get("waiting_for")] for e in sink.run_events(run.id)]
+            raise AssertionError(f"the run did not end in time; its events so far: {seen}")
         for name, sid in list(pending.items()):
             if sink.has(run.id, "stage.suspended", sid, waiting_for=f"signal:{name}"):
                 del pending[name]

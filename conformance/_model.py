@@ -61,6 +61,8 @@ class Expected:
     redrive: bool = False  # the runner redrives after the first failure
     cancel: bool = False  # the runner cancels once the cancel stage holds
     held_when_failed: bool = False  # a sibling was suspended when a stage failed for good
+    stopped: list[str] = field(default_factory=list)  # stages cancelled when the run stopped
+    failed_stage: str | None = None
 
     def observation(self) -> dict[str, Any]:
         return {
@@ -127,7 +129,7 @@ class _Sim:
                     return "suspend", ("sleep", f"sleep:{op.name}")
                 led[op.name] = "done"
             elif isinstance(op, Wait):
-                if op.mode == "before":
+                if op.mode in ("before", "during"):
                     led[op.name] = "done"
                     got.append(signal_payload(op.name))
                 elif op.mode == "after":
@@ -325,6 +327,8 @@ def expect(case: Case) -> Expected:
         redrive=redrive,
         cancel=end == "cancelled",
         held_when_failed=held_when_failed,
+        stopped=sorted(stopped),
+        failed_stage=where if end == "failed" else None,
     )
 
 
