@@ -172,7 +172,9 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                 mode = draw(st.sampled_from(modes))
                 if mode == "timeout":
                     ops.append(
-                        Wait(name, "timeout", draw(st.sampled_from([400, 600])), draw(st.booleans()))
+                        Wait(
+                            name, "timeout", draw(st.sampled_from([400, 600])), draw(st.booleans())
+                        )
                     )
                 else:
                     ops.append(Wait(name, mode))
@@ -184,8 +186,8 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         sizes = [draw(st.integers(1, 4)) for _ in range(n_groups)]
         total = 0
         trimmed = []
-        for size in sizes:  # at most 12 stages
-            size = min(size, 12 - total)
+        for drawn in sizes:  # at most 12 stages
+            size = min(drawn, 12 - total)
             if size <= 0:
                 break
             trimmed.append(size)

@@ -73,9 +73,12 @@ class _IndexedSink(MemorySink):
 
     def has(self, run_id: str, type: str, stage: str | None = None, **data: Any) -> bool:
         for e in list(self.by_run.get(run_id, {}).values()):
-            if e.type == type and (stage is None or e.stage == stage):
-                if all(e.data.get(k) == v for k, v in data.items()):
-                    return True
+            if (
+                e.type == type
+                and (stage is None or e.stage == stage)
+                and all(e.data.get(k) == v for k, v in data.items())
+            ):
+                return True
         return False
 
     def count(self, run_id: str, types: tuple[str, ...]) -> int:
@@ -93,6 +96,7 @@ class _Runtime:
     sent: set[str] = field(default_factory=set)
     redriven: bool = False
     step_runs: dict[str, int] = field(default_factory=dict)
+    starts: asyncio.Semaphore | None = None
 
     async def _until(self, check: Any, what: str) -> None:
         while not check():
@@ -221,11 +225,27 @@ class _Result:
     error: str | None = None
 
 
+async def _start(engine: Any, wf: Workflow[Num], rt: _Runtime) -> Any:
+    """Start the case's run. A few starts at a time, retried while the backing service says it
+    is rate limited: on Temporal each generated workflow registers its own Worker Deployment
+    version, and the dev server limits that API (an infrastructure limit, not the contract)."""
+    assert rt.starts is not None
+    for attempt in range(8):
+        async with rt.starts:
+            try:
+                return await engine.start(wf.id, {})
+            except Exception as exc:
+                if "rate limit" not in str(exc).lower() or attempt == 7:
+                    raise
+        await asyncio.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 async def _drive(
     case: Case, wf: Workflow[Num], rt: _Runtime, exp: Expected, engine: Any
 ) -> dict[str, Any]:
     sink = rt.sink
-    run = await engine.start(wf.id, {})
+    run = await _start(engine, wf, rt)
     waits = [(s, op) for s in case.stages for op in s.ops if isinstance(op, Wait)]
     for _, op in waits:
         if op.mode in ("before", "during"):
@@ -278,6 +298,7 @@ async def run_batch(
     *,
     concurrency: int = 8,
     case_timeout: float = 120.0,
+    start_concurrency: int = 8,
     settings: dict[str, Any] | None = None,
 ) -> list[_Result]:
     """Run ``batch`` on one engine + worker of ``harness``; return one result per case."""
@@ -295,10 +316,12 @@ async def run_batch(
         prepared.append((case, _build(case, rt), rt, exp))
     registry = Registry([wf for _, wf, _, _ in prepared])
     gate = asyncio.Semaphore(concurrency)
+    starts = asyncio.Semaphore(start_concurrency)
 
     async def one(case: Case, wf: Workflow[Num], rt: _Runtime, exp: Expected) -> _Result:
         async with gate:
             rt.deadline = time.monotonic() + case_timeout
+            rt.starts = starts
             try:
                 actual = await _drive(case, wf, rt, exp, engine)
             except Exception as exc:

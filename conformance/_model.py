@@ -257,9 +257,7 @@ def _comp_order(sim: _Sim) -> list[str]:
 def expect(case: Case) -> Expected:
     """What every driver must observe for ``case``."""
     groups = groups_of(case)
-    sinks = sorted(
-        s.id for s in case.stages if not any(s.id in o.after for o in case.stages)
-    )
+    sinks = sorted(s.id for s in case.stages if not any(s.id in o.after for o in case.stages))
     sim = _Sim(case)
     trace: list[list[Any]] = [["run.created"], ["run.started"]]
     end, where, error, stopped = sim.run_groups(groups, trace)
@@ -267,9 +265,15 @@ def expect(case: Case) -> Expected:
         case.stage(x).hold and sim.ledger[x].get(case.stage(x).hold_signal) for x in stopped
     )
     redrive = False
-    if end == "failed" and case.redrive and not stopped and error in (
-        "ScriptedError",
-        "NonRetryableError",
+    if (
+        end == "failed"
+        and case.redrive
+        and not stopped
+        and error
+        in (
+            "ScriptedError",
+            "NonRetryableError",
+        )
     ):
         assert where is not None
         trial = copy.deepcopy(sim)

@@ -15,7 +15,7 @@ import asyncio
 import os
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ from conformance._fuzz import check_batch, run_batch
 from engine_port import EngineSettings
 
 BATCH = 25
+# pytest-timeout: generous for CI's 100 cases, and growing with a long run's WFE_FUZZ_CASES
+TIMEOUT = max(900, 6 * int(os.environ.get("WFE_FUZZ_CASES", "100")))
 
 
 def _knobs() -> tuple[int, int | None, frozenset[str], bool]:
@@ -56,7 +58,7 @@ def fuzz(make_harness: Callable[[], tuple[SettingsHarness, dict[str, Any]]], tar
     @given(st.lists(cases(gaps), min_size=BATCH, max_size=BATCH))
     def run(batch: list[Case]) -> None:
         harness, extra = make_harness()
-        results = asyncio.run(run_batch(harness, batch, settings=extra))
+        results = asyncio.run(run_batch(harness, batch, **extra))
         check_batch(results, target)
 
     if fixed_seed is not None:
@@ -79,7 +81,10 @@ def _native(url: Callable[[], str]) -> Callable[[], tuple[SettingsHarness, dict[
     return make
 
 
-@pytest.mark.timeout(900)
+pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
+
+
+@pytest.mark.timeout(TIMEOUT)
 def test_fuzz_native_sqlite() -> None:
     def url() -> str:
         return f"sqlite:///{Path(tempfile.mkdtemp(prefix='wfe-fuzz-db-')) / 'wfe.db'}"
@@ -88,14 +93,43 @@ def test_fuzz_native_sqlite() -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(TIMEOUT)
 def test_fuzz_native_postgres(pg_session: Any) -> None:
     fuzz(_native(pg_session.new_schema), "native-postgres")
 
 
+@pytest.fixture(scope="module")
+def fuzz_temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A dev server of its own: every generated workflow registers its own Worker Deployment
+    (one per workflow id), and the dev server allows 100 per namespace and rate-limits the
+    deployment read API; past that a start fails with DriverUnavailableError. A separate
+    server with raised limits keeps the fuzzer from exhausting the session's shared one."""
+    from driver_temporal import TemporalDevServer
+
+    class FuzzDevServer(TemporalDevServer):
+        def command(self) -> list[str]:
+            return [
+                *super().command(),
+                "--dynamic-config-value",
+                "matching.maxDeployments=100000",
+                "--dynamic-config-value",
+                "frontend.globalNamespaceWorkerDeploymentReadRPS=10000",
+            ]
+
+    log = tmp_path_factory.mktemp("temporal-fuzz") / "dev-server.log"
+    server = FuzzDevServer(headless=True, log_file=log)
+    asyncio.run(server.start())
+    try:
+        yield server
+    finally:
+        asyncio.run(server.stop())
+
+
 @pytest.mark.temporal
-@pytest.mark.timeout(900)
-def test_fuzz_temporal(temporal_server: Any) -> None:
+@pytest.mark.timeout(TIMEOUT)
+def test_fuzz_temporal(fuzz_temporal_server: Any) -> None:
+    temporal_server = fuzz_temporal_server
+
     def make() -> tuple[SettingsHarness, dict[str, Any]]:
         tmp = Path(tempfile.mkdtemp(prefix="wfe-fuzz-"))
         settings = EngineSettings(
@@ -104,6 +138,6 @@ def test_fuzz_temporal(temporal_server: Any) -> None:
             task_queue=f"fz-{uuid.uuid4().hex[:10]}",
             blob_url=f"file://{tmp / 'blobs'}",
         )
-        return SettingsHarness(settings, name="temporal"), {}
+        return SettingsHarness(settings, name="temporal"), {"start_concurrency": 2}
 
     fuzz(make, "temporal")

@@ -52,9 +52,7 @@ def saga(fail_at: str, failing_comp: str | None = None, redrive: bool = False) -
                 max_attempts=2,
                 ops=(Emit("a.done", 1),) if sid == "a" else (),
                 outcomes=("fatal",) if sid == fail_at else ("ok",),
-                compensation=(
-                    ("fail" if sid == failing_comp else "ok") if sid in "ab" else None
-                ),
+                compensation=(("fail" if sid == failing_comp else "ok") if sid in "ab" else None),
             )
         )
         prev = (sid,)
@@ -161,7 +159,14 @@ def test_s12_redrive_last_failure() -> None:
     assert exp.redrive
     assert exp.trace == g["trace"]
     assert run_part(case) == g["run"]
-    assert exp.counts == {"body:a": 1, "body:b": 1, "body:c": 2, "body:d": 1, "comp:a": 1, "comp:b": 1}
+    assert exp.counts == {
+        "body:a": 1,
+        "body:b": 1,
+        "body:c": 2,
+        "body:d": 1,
+        "comp:a": 1,
+        "comp:b": 1,
+    }
 
 
 def test_parallel_failure_stops_the_group() -> None:
@@ -240,7 +245,7 @@ def test_to_python_round_trips() -> None:
     )
     @given(cases())
     def check(case: Case) -> None:
-        rebuilt = eval(case.to_python())  # noqa: S307 - our own printed code
+        rebuilt = eval(case.to_python())  # our own printed code
         assert rebuilt == case
         expect(case)  # every generated case is one the model pins down
 
