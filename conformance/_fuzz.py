@@ -94,7 +94,7 @@ class _Runtime:
     sink: _IndexedSink
     deadline: float
     sent: set[str] = field(default_factory=set)
-    redriven: bool = False
+    redriven: str | None = None  # the stage redriven: its next attempt is scripted to succeed
     step_runs: dict[str, int] = field(default_factory=dict)
     starts: asyncio.Semaphore | None = None
 
@@ -195,7 +195,7 @@ def _body(s: StageCase, rt: _Runtime) -> Any:
                     got.append(None)
         if s.hold:
             await ctx.step.wait_for_signal(s.hold_signal)
-        outcome = "ok" if rt.redriven else s.outcome(ctx.attempt)
+        outcome = "ok" if rt.redriven == s.id else s.outcome(ctx.attempt)
         if outcome == "error":
             raise ScriptedError(f"{s.id} attempt {ctx.attempt} scripted to fail")
         if outcome == "fatal":
@@ -277,7 +277,7 @@ async def _drive(
             first = await engine.wait(run.id, timeout=60)
             if first.status != RunStatus.FAILED:
                 break
-            rt.redriven = True
+            rt.redriven = exp.failed_stage
             await engine.redrive(run.id, from_="last_failure")
         await asyncio.sleep(_POLL)
     info = await engine.wait(run.id, timeout=60)

@@ -305,6 +305,7 @@ def expect(case: Case) -> Expected:
                 counts=dict(sorted(trial.counts.items())),
                 compensations=comps,
                 redrive=True,
+                failed_stage=where,  # the stage redriven (its next attempt succeeds)
             )
     comps = _comp_order(sim) if end != "completed" else []
     if end == "completed":
