@@ -38,7 +38,14 @@ from ._model import Expected, canonical, expect, signal_payload, stage_output
 from ._models import Num
 from ._trace import normalise, run_summary
 
-__all__ = ["FlakyStepError", "ScriptedError", "UndoError", "run_batch"]
+__all__ = [
+    "FlakyStepError",
+    "ScriptedError",
+    "UndoError",
+    "check_batch",
+    "divergences",
+    "run_batch",
+]
 
 _POLL = 0.02
 _TERMINAL = ("run.completed", "run.failed", "run.cancelled")
