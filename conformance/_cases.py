@@ -1,0 +1,296 @@
+"""Generated cases for the differential fuzzer: the ``Case`` value and hypothesis strategies.
+
+A case is a DAG of stages, each with a script: durable steps, sleeps, signal waits, emitted
+business events, then an outcome per attempt; plus outside actions (cancel when a stage is
+suspended on a signal nobody sends, redrive after a failure). Every case is deterministic on
+every driver: the stages of one parallel group run their scripts one after the other in
+``Case.order`` (each body first waits, in the test process, until every sibling has started and
+its predecessor in that order is settled: completed, or suspended on a signal never sent), so
+completion order, compensation order and what a failure or a cancel finds are all fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+__all__ = [
+    "KNOWN_GAPS",
+    "Case",
+    "Emit",
+    "Op",
+    "RunStep",
+    "Sleep",
+    "StageCase",
+    "Wait",
+    "cases",
+    "groups_of",
+]
+
+# Behaviours DESIGN §5 specifies that a driver does not implement yet (fixes under way). While a
+# name is in this set the generator never draws a case that hits it, so CI can be green; remove
+# a name once its fix lands (``WFE_FUZZ_GAPS=none`` draws everything).
+#   failure_stops_siblings: a stage fails for good while a sibling of its group is suspended on
+#     a signal wait or still running (Temporal waits for every sibling: the run never ends).
+#   signal_during_stage: a signal sent after its stage started but before the body reaches the
+#     wait (Temporal records a stage.suspended the native driver does not; found by the fuzzer).
+KNOWN_GAPS: frozenset[str] = frozenset({"failure_stops_siblings", "signal_during_stage"})
+
+Outcome = Literal["ok", "error", "fatal"]  # return / raise ScriptedError / NonRetryableError
+
+
+@dataclass(frozen=True)
+class RunStep:
+    """``ctx.step.run(name, fn)``; the body raises FlakyStepError on its first ``fails`` runs."""
+
+    name: str
+    fails: int = 0
+
+
+@dataclass(frozen=True)
+class Sleep:
+    name: str
+    ms: int = 50
+
+
+@dataclass(frozen=True)
+class Wait:
+    """``ctx.step.wait_for_signal(name)``. mode ``after``: the test sends the signal once the
+    stage's ``stage.suspended`` reached the sink; ``before``: the test sends it right after
+    start, before the stage starts (stages of the first group wait for it; only in later
+    groups), so it is buffered and consumed without a suspension; ``during``: sent right after
+    start while the stage may already run, its body waits for it before reaching the wait;
+    ``timeout``: no signal, ``timeout=ms``, StepTimeoutError caught (``catch``) or not. The
+    wait re-reads the clock after journaling its deadline, so a timeout shorter than a busy
+    machine's database round trip times out without suspending: keep ``ms`` >= 400."""
+
+    name: str
+    mode: Literal["after", "before", "during", "timeout"] = "after"
+    ms: int = 100
+    catch: bool = False
+
+
+@dataclass(frozen=True)
+class Emit:
+    type: str
+    n: int = 0
+
+
+Op = RunStep | Sleep | Wait | Emit
+
+
+@dataclass(frozen=True)
+class StageCase:
+    id: str
+    after: tuple[str, ...] = ()
+    max_attempts: int = 1
+    interval_ms: int = 20
+    ops: tuple[Op, ...] = ()
+    outcomes: tuple[Outcome, ...] = ("ok",)  # per attempt; past the end: "ok"
+    compensation: Literal["ok", "fail"] | None = None
+    hold: bool = False  # end the script with a wait for a signal nobody sends
+
+    def outcome(self, attempt: int) -> Outcome:
+        return self.outcomes[attempt - 1] if attempt <= len(self.outcomes) else "ok"
+
+    @property
+    def hold_signal(self) -> str:
+        return f"hold_{self.id}"
+
+
+@dataclass(frozen=True)
+class Case:
+    stages: tuple[StageCase, ...]
+    order: tuple[str, ...] = ()  # run order inside each parallel group; default: by id
+    cancel: str | None = None  # cancel once this (holding) stage is suspended on its hold
+    redrive: bool = False  # after a failure: redrive from last_failure, next attempt succeeds
+    label: str = field(default="", compare=False)
+
+    def stage(self, sid: str) -> StageCase:
+        return next(s for s in self.stages if s.id == sid)
+
+    def run_order(self) -> tuple[str, ...]:
+        return self.order or tuple(sorted(s.id for s in self.stages))
+
+    def to_python(self) -> str:
+        """Ready-to-paste code that rebuilds this case."""
+        lines = ["Case(", "    stages=("]
+        for s in self.stages:
+            lines.append(f"        {s!r},")
+        lines.append("    ),")
+        if self.order:
+            lines.append(f"    order={self.order!r},")
+        if self.cancel is not None:
+            lines.append(f"    cancel={self.cancel!r},")
+        if self.redrive:
+            lines.append("    redrive=True,")
+        lines.append(")")
+        return "\n".join(lines)
+
+
+def groups_of(case: Case) -> list[list[str]]:
+    """Topological layers (as ``Workflow.graph().groups``): ids sorted within a layer."""
+    level: dict[str, int] = {}
+    remaining = {s.id: s for s in case.stages}
+    while remaining:
+        ready = [s for s in remaining.values() if all(d in level for d in s.after)]
+        if not ready:
+            raise ValueError("cycle")
+        for s in ready:
+            level[s.id] = 1 + max((level[d] for d in s.after), default=-1)
+            del remaining[s.id]
+    out: list[list[str]] = [[] for _ in range(max(level.values()) + 1)]
+    for sid, lv in level.items():
+        out[lv].append(sid)
+    return [sorted(g) for g in out]
+
+
+# -- strategies ---------------------------------------------------------------------------------
+
+
+def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
+    """A hypothesis strategy of deterministic cases (1-12 stages, groups of up to 4)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def _ops(draw: Any, sid: str, root: bool) -> tuple[Op, ...]:
+        n = draw(st.integers(0, 4))
+        ops: list[Op] = []
+        for i in range(n):
+            kind = draw(st.sampled_from(["run", "run", "sleep", "wait", "emit"]))
+            name = f"{sid}{i}"
+            if kind == "run":
+                ops.append(RunStep(name, fails=draw(st.sampled_from([0, 0, 0, 1, 2]))))
+            elif kind == "sleep":
+                ops.append(Sleep(name, ms=draw(st.sampled_from([20, 50, 200]))))
+            elif kind == "emit":
+                ops.append(Emit(f"{sid}.e{i}", n=draw(st.integers(0, 9))))
+            else:
+                modes = ["after", "after", "timeout"]
+                modes += [] if root else ["before"]
+                modes += [] if "signal_during_stage" in gaps else ["during"]
+                mode = draw(st.sampled_from(modes))
+                if mode == "timeout":
+                    ops.append(
+                        Wait(
+                            name, "timeout", draw(st.sampled_from([400, 600])), draw(st.booleans())
+                        )
+                    )
+                else:
+                    ops.append(Wait(name, mode))
+        return tuple(ops)
+
+    @st.composite
+    def _case(draw: Any) -> Case:
+        n_groups = draw(st.integers(1, 5))
+        sizes = [draw(st.integers(1, 4)) for _ in range(n_groups)]
+        total = 0
+        trimmed = []
+        for drawn in sizes:  # at most 12 stages
+            size = min(drawn, 12 - total)
+            if size <= 0:
+                break
+            trimmed.append(size)
+            total += size
+        letters = iter("abcdefghijkl")
+        layers = [[next(letters) for _ in range(size)] for size in trimmed]
+        stages: list[StageCase] = []
+        for k, layer in enumerate(layers):
+            for sid in layer:
+                after: tuple[str, ...] = ()
+                if k > 0:
+                    first = draw(st.sampled_from(layers[k - 1]))
+                    earlier = [x for lay in layers[:k] for x in lay if x != first]
+                    extra = draw(st.lists(st.sampled_from(earlier), max_size=2)) if earlier else []
+                    after = tuple(sorted({first, *extra}))
+                max_attempts = draw(st.integers(1, 3))
+                outcomes = tuple(
+                    draw(st.sampled_from(["ok", "ok", "ok", "ok", "error", "error", "fatal"]))
+                    for _ in range(max_attempts)
+                )
+                stages.append(
+                    StageCase(
+                        id=sid,
+                        after=after,
+                        max_attempts=max_attempts,
+                        interval_ms=draw(st.sampled_from([20, 50])),
+                        ops=draw(_ops(sid, k == 0)),
+                        outcomes=outcomes,
+                        compensation=draw(st.sampled_from([None, None, "ok", "ok", "fail"])),
+                        hold=draw(st.sampled_from([False, False, False, True])),
+                    )
+                )
+        order = tuple(x for layer in layers for x in draw(st.permutations(layer)))
+        holders = [s.id for s in stages if s.hold]
+        cancel = draw(st.sampled_from([None, None, *holders])) if holders else None
+        case = Case(
+            stages=tuple(stages),
+            order=order,
+            cancel=cancel,
+            redrive=draw(st.sampled_from([False, False, True])),
+        )
+        return make_valid(case, gaps)
+
+    return _case()
+
+
+def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:
+    """Drop what would make a case hang or hit an open question of the contract: a hold with
+    no stage later in its group to end the run (it would wait forever), failing compensations
+    in a cancelled run (DESIGN §5 leaves that status open), and known gaps."""
+    from ._model import ModelError, expect
+
+    if case.cancel is not None:
+        stages = tuple(
+            replace(s, compensation="ok") if s.compensation == "fail" else s for s in case.stages
+        )
+        case = replace(case, stages=stages)
+    for _ in range(3):
+        try:
+            exp = expect(case)
+        except ModelError:
+            case = _drop_holds(case)
+            continue
+        if "failure_stops_siblings" in gaps and exp.status == "failed" and exp.stopped:
+            case = _settle_group(case, exp.failed_stage)
+            continue
+        return case
+    return _drop_holds(replace(case, cancel=None))
+
+
+def _settle_group(case: Case, failed: str | None) -> Case:
+    """Make every sibling of the failed stage complete, and run the failed stage last."""
+    group = next(g for g in groups_of(case) if failed in g)
+
+    def tame(s: StageCase) -> StageCase:
+        if s.id not in group or s.id == failed:
+            return s
+        ops = tuple(
+            replace(op, fails=0)
+            if isinstance(op, RunStep)
+            else replace(op, catch=True)
+            if isinstance(op, Wait)
+            else op
+            for op in s.ops
+        )
+        return replace(s, ops=ops, outcomes=("ok",), hold=False)
+
+    order = [x for x in case.run_order() if x != failed]
+    last = max((i for i, x in enumerate(order) if x in group), default=None)
+    if last is None:
+        order = list(case.run_order())
+    else:
+        order.insert(last + 1, failed or "")
+    return replace(
+        case,
+        stages=tuple(tame(s) for s in case.stages),
+        order=tuple(order),
+        cancel=None if case.cancel in group else case.cancel,
+    )
+
+
+def _drop_holds(case: Case) -> Case:
+    return replace(
+        case,
+        stages=tuple(replace(s, hold=s.hold and s.id == case.cancel) for s in case.stages),
+    )

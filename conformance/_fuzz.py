@@ -1,0 +1,377 @@
+"""The differential fuzzer: run generated cases on a real engine and compare each with the
+reference model (``conformance._model``).
+
+One batch of cases is registered in one ``Registry`` and run on ONE engine + worker of a
+target (a ``Harness``), a bounded number of cases at once. Stage bodies run in this process
+(the worker is in-process), so they synchronise on what the test process has seen in the
+``MemorySink`` (see ``conformance._cases``); nothing is ordered by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from engine_port import (
+    Event,
+    MemorySink,
+    NonRetryableError,
+    Registry,
+    Retry,
+    RunStatus,
+    StageContext,
+    Workflow,
+)
+from engine_port.errors import RunNotActiveError, StepTimeoutError
+
+from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of
+from ._harness import ExecutionLog, Harness, unique_id
+from ._model import Expected, canonical, expect, signal_payload, stage_output
+from ._models import Num
+from ._trace import normalise, run_summary
+
+__all__ = [
+    "FlakyStepError",
+    "ScriptedError",
+    "UndoError",
+    "check_batch",
+    "divergences",
+    "run_batch",
+]
+
+_POLL = 0.02
+_TERMINAL = ("run.completed", "run.failed", "run.cancelled")
+
+
+class ScriptedError(Exception):
+    """A stage attempt that the case scripts to fail (retryable)."""
+
+
+class FlakyStepError(Exception):
+    """A durable step body that the case scripts to raise."""
+
+
+class UndoError(Exception):
+    """A compensation that the case scripts to fail on every attempt."""
+
+
+class _IndexedSink(MemorySink):
+    """A MemorySink that also keeps each run's events apart, so many pollers stay cheap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_run: dict[str, dict[str, Event]] = {}
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        await super().publish(events)
+        for e in events:
+            self.by_run.setdefault(e.run_id, {}).setdefault(e.id, e)
+
+    def run_events(self, run_id: str) -> list[Event]:
+        return sorted(self.by_run.get(run_id, {}).values(), key=lambda e: e.seq)
+
+    def has(self, run_id: str, type: str, stage: str | None = None, **data: Any) -> bool:
+        for e in list(self.by_run.get(run_id, {}).values()):
+            if (
+                e.type == type
+                and (stage is None or e.stage == stage)
+                and all(e.data.get(k) == v for k, v in data.items())
+            ):
+                return True
+        return False
+
+    def count(self, run_id: str, types: tuple[str, ...]) -> int:
+        return sum(e.type in types for e in list(self.by_run.get(run_id, {}).values()))
+
+
+@dataclass
+class _Runtime:
+    """The test-process state one case's bodies synchronise on."""
+
+    case: Case
+    log: ExecutionLog
+    sink: _IndexedSink
+    deadline: float
+    sent: set[str] = field(default_factory=set)
+    redriven: str | None = None  # the stage redriven: its next attempt is scripted to succeed
+    step_runs: dict[str, int] = field(default_factory=dict)
+    starts: asyncio.Semaphore | None = None
+
+    async def _until(self, check: Any, what: str) -> None:
+        while not check():
+            if time.monotonic() > self.deadline:
+                raise AssertionError(f"barrier timed out: {what}")
+            await asyncio.sleep(_POLL)
+
+    async def barrier(self, run_id: str, sid: str) -> None:
+        """Every sibling started, and the previous sibling in ``case.order`` settled (in the
+        first group also: every ``before`` signal sent)."""
+        groups = groups_of(self.case)
+        group = next(g for g in groups if sid in g)
+        if group is groups[0]:
+            before = {
+                op.name
+                for s in self.case.stages
+                for op in s.ops
+                if isinstance(op, Wait) and op.mode == "before"
+            }
+            await self._until(lambda: before <= self.sent, "before signals sent")
+        await self._until(
+            lambda: all(self.sink.has(run_id, "stage.started", x) for x in group),
+            f"siblings of {sid} started",
+        )
+        order = [x for x in self.case.run_order() if x in group]
+        i = order.index(sid)
+        if i == 0:
+            return
+        prev = self.case.stage(order[i - 1])
+
+        def settled() -> bool:
+            return self.sink.has(run_id, "stage.completed", prev.id) or (
+                prev.hold
+                and prev.id != self.case.cancel  # the cancel target stops the group instead
+                and self.sink.has(
+                    run_id, "stage.suspended", prev.id, waiting_for=f"signal:{prev.hold_signal}"
+                )
+            )
+
+        await self._until(settled, f"{prev.id} settled before {sid}")
+
+
+def _build(case: Case, rt: _Runtime) -> Workflow[Num]:
+    wf: Workflow[Num] = Workflow(unique_id("fz"), input=Num)
+    built: dict[str, Any] = {}
+    for s in case.stages:  # stages are listed in topological order
+        stage = wf.stage(
+            id=s.id,
+            after=[built[d] for d in s.after],
+            retry=Retry(
+                max_attempts=s.max_attempts,
+                initial_interval=timedelta(milliseconds=s.interval_ms),
+                backoff=2.0,
+            ),
+        )(_body(s, rt))
+        if s.compensation is not None:
+            stage.compensation(_undo(s, rt))
+        built[s.id] = stage
+    return wf
+
+
+def _step_fn(s: StageCase, op: RunStep, rt: _Runtime) -> Any:
+    key = f"{s.id}.{op.name}"
+
+    async def step() -> str:
+        rt.log.hit(f"step:{key}")
+        rt.step_runs[key] = rt.step_runs.get(key, 0) + 1
+        if rt.step_runs[key] <= op.fails:
+            raise FlakyStepError(f"step {key} fails on run {rt.step_runs[key]}")
+        return key
+
+    return step
+
+
+def _body(s: StageCase, rt: _Runtime) -> Any:
+    async def body(ctx: StageContext[Num]) -> dict[str, Any]:
+        await rt.barrier(ctx.run_id, s.id)
+        rt.log.hit(f"body:{s.id}")
+        got: list[Any] = []
+        for op in s.ops:
+            if isinstance(op, RunStep):
+                got.append(await ctx.step.run(op.name, _step_fn(s, op, rt)))
+            elif isinstance(op, Sleep):
+                await ctx.step.sleep(op.name, timedelta(milliseconds=op.ms))
+            elif isinstance(op, Emit):
+                ctx.emit(op.type, {"n": op.n})
+            elif isinstance(op, Wait):
+                if op.mode == "during":
+                    await rt._until(lambda name=op.name: name in rt.sent, f"{op.name} sent")
+                timeout = timedelta(milliseconds=op.ms) if op.mode == "timeout" else None
+                try:
+                    got.append(await ctx.step.wait_for_signal(op.name, timeout=timeout))
+                except StepTimeoutError:
+                    if not op.catch:
+                        raise
+                    got.append(None)
+        if s.hold:
+            await ctx.step.wait_for_signal(s.hold_signal)
+        outcome = "ok" if rt.redriven == s.id else s.outcome(ctx.attempt)
+        if outcome == "error":
+            raise ScriptedError(f"{s.id} attempt {ctx.attempt} scripted to fail")
+        if outcome == "fatal":
+            raise NonRetryableError(f"{s.id} attempt {ctx.attempt} scripted to fail for good")
+        for d in s.after:
+            assert ctx.output_of(d)["id"] == d
+        return stage_output(s, ctx.attempt, got)
+
+    body.__name__ = s.id
+    return body
+
+
+def _undo(s: StageCase, rt: _Runtime) -> Any:
+    async def undo(ctx: StageContext[Num], output: dict[str, Any]) -> None:
+        rt.log.hit(f"comp:{s.id}")
+        if s.compensation == "fail":
+            raise UndoError(f"cannot undo {s.id}")
+
+    return undo
+
+
+@dataclass
+class _Result:
+    case: Case
+    expected: Expected | None
+    actual: dict[str, Any] | None
+    error: str | None = None
+
+
+async def _start(engine: Any, wf: Workflow[Num], rt: _Runtime) -> Any:
+    """Start the case's run. A few starts at a time, retried while the backing service says it
+    is rate limited: on Temporal each generated workflow registers its own Worker Deployment
+    version, and the dev server limits that API (an infrastructure limit, not the contract)."""
+    assert rt.starts is not None
+    for attempt in range(8):
+        async with rt.starts:
+            try:
+                return await engine.start(wf.id, {})
+            except Exception as exc:
+                if "rate limit" not in str(exc).lower() or attempt == 7:
+                    raise
+        await asyncio.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+async def _drive(
+    case: Case, wf: Workflow[Num], rt: _Runtime, exp: Expected, engine: Any
+) -> dict[str, Any]:
+    sink = rt.sink
+    run = await _start(engine, wf, rt)
+    waits = [(s, op) for s in case.stages for op in s.ops if isinstance(op, Wait)]
+    for _, op in waits:
+        if op.mode in ("before", "during"):
+            with contextlib.suppress(RunNotActiveError):
+                await engine.signal(run.id, op.name, signal_payload(op.name))
+            rt.sent.add(op.name)
+    pending = {op.name: s.id for s, op in waits if op.mode == "after"}
+    cancelled = False
+    terminals = 2 if exp.redrive else 1
+    while True:
+        if time.monotonic() > rt.deadline:
+            seen = [[e.type, e.stage, e.data.get("waiting_for")] for e in sink.run_events(run.id)]
+            raise AssertionError(f"the run did not end in time; its events so far: {seen}")
+        for name, sid in list(pending.items()):
+            if sink.has(run.id, "stage.suspended", sid, waiting_for=f"signal:{name}"):
+                del pending[name]
+                await engine.signal(run.id, name, signal_payload(name))
+        if case.cancel and not cancelled:
+            target = case.stage(case.cancel)
+            if sink.has(
+                run.id, "stage.suspended", target.id, waiting_for=f"signal:{target.hold_signal}"
+            ):
+                cancelled = True
+                await engine.cancel(run.id)
+        done = sink.count(run.id, _TERMINAL)
+        if done >= terminals:
+            break
+        if done == 1 and exp.redrive and not rt.redriven:
+            first = await engine.wait(run.id, timeout=60)
+            if first.status != RunStatus.FAILED:
+                break
+            rt.redriven = exp.failed_stage
+            await engine.redrive(run.id, from_="last_failure")
+        await asyncio.sleep(_POLL)
+    info = await engine.wait(run.id, timeout=60)
+    events = sink.run_events(run.id)
+    entries = rt.log.entries()
+    return {
+        "run": run_summary(info),
+        "output": info.output if info.status == RunStatus.COMPLETED else None,
+        "trace": canonical(normalise(events, wf.graph())),
+        "counts": dict(sorted(rt.log.counts().items())),
+        "compensations": [e for e in entries if e.startswith("comp:")],
+    }
+
+
+async def run_batch(
+    harness: Harness,
+    batch: Sequence[Case],
+    *,
+    concurrency: int = 8,
+    case_timeout: float = 120.0,
+    start_concurrency: int = 8,
+    settings: dict[str, Any] | None = None,
+) -> list[_Result]:
+    """Run ``batch`` on one engine + worker of ``harness``; return one result per case."""
+    sink = _IndexedSink()
+    workdir = Path(tempfile.mkdtemp(prefix="wfe-fuzz-"))
+    prepared: list[tuple[Case, Workflow[Num], _Runtime, Expected]] = []
+    results: list[_Result] = []
+    for i, case in enumerate(batch):
+        try:
+            exp = expect(case)
+        except Exception as exc:  # the generator should never produce these
+            results.append(_Result(case, None, None, f"model: {exc!r}"))
+            continue
+        rt = _Runtime(case, ExecutionLog(workdir / f"case{i}.log"), sink, deadline=0.0)
+        prepared.append((case, _build(case, rt), rt, exp))
+    registry = Registry([wf for _, wf, _, _ in prepared])
+    gate = asyncio.Semaphore(concurrency)
+    starts = asyncio.Semaphore(start_concurrency)
+
+    async def one(case: Case, wf: Workflow[Num], rt: _Runtime, exp: Expected) -> _Result:
+        async with gate:
+            rt.deadline = time.monotonic() + case_timeout
+            rt.starts = starts
+            try:
+                actual = await _drive(case, wf, rt, exp, engine)
+            except Exception as exc:
+                return _Result(case, exp, None, f"{type(exc).__name__}: {exc}")
+            return _Result(case, exp, actual)
+
+    async with harness.engine(registry, sink, **(settings or {})) as engine, engine.worker():
+        results.extend(await asyncio.gather(*(one(*p) for p in prepared)))
+    return results
+
+
+def divergences(results: Sequence[_Result], target: str) -> list[str]:
+    """A readable report of every case whose observation differs from the model's."""
+    out = []
+    for r in results:
+        if r.expected is not None and r.actual is not None:
+            want = r.expected.observation()
+            got = r.actual
+            keys = [k for k in want if want[k] != got[k]]
+            if not keys:
+                continue
+            detail = "\n".join(_diff(k, want[k], got[k]) for k in keys)
+        else:
+            detail = f"  {r.error}"
+        out.append(f"--- on {target}:\n{r.case.to_python()}\n{detail}")
+    return out
+
+
+def _diff(key: str, want: Any, got: Any) -> str:
+    if isinstance(want, list) and isinstance(got, list):
+        i = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
+        i = min(len(want), len(got)) if i is None else i
+        return (
+            f"  {key} (first difference at [{i}], after {json.dumps(want[max(0, i - 2) : i])}):"
+            f"\n    expected {json.dumps(want[i:])}\n    actual   {json.dumps(got[i:])}"
+        )
+    return f"  {key}:\n    expected {json.dumps(want)}\n    actual   {json.dumps(got)}"
+
+
+def check_batch(results: Sequence[_Result], target: str) -> None:
+    problems = divergences(results, target)
+    if problems:
+        raise AssertionError(
+            f"{len(problems)} of {len(results)} generated cases diverge from the model on "
+            f"{target}:\n" + "\n".join(problems)
+        )

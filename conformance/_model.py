@@ -1,0 +1,343 @@
+"""A reference model of the contract (DESIGN §5, SCENARIOS rules 1-7): a small, deterministic
+interpreter that says what a generated :class:`Case` must produce on every driver.
+
+It returns the observation the fuzzer compares: ``run_summary`` (status, stage statuses, error,
+compensation errors), the run output, the normalised trace exactly as
+``conformance._trace.normalise`` prints it (with runs of consecutive ``stage.cancelled`` sorted
+by stage, see ``canonical``), execution counts (``body:<stage>`` per invocation of a body,
+``step:<stage>.<step>`` per run of a step body, ``comp:<stage>`` per run of a compensation)
+and the order compensations ran in.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of
+
+__all__ = ["Expected", "ModelError", "canonical", "expect", "signal_payload", "stage_output"]
+
+
+class ModelError(Exception):
+    """The case is outside what the model (and the contract) pins down, e.g. it would hang."""
+
+
+def signal_payload(name: str) -> dict[str, str]:
+    return {"sig": name}
+
+
+def stage_output(stage: StageCase, attempt: int, got: list[Any]) -> dict[str, Any]:
+    return {"id": stage.id, "attempt": attempt, "deps": sorted(stage.after), "got": got}
+
+
+def canonical(trace: list[list[Any]]) -> list[list[Any]]:
+    """Sort each run of consecutive ``stage.cancelled`` entries by stage: the contract fixes
+    which stages are cancelled when a run stops, not the order the driver records them in."""
+    out: list[list[Any]] = []
+    run: list[list[Any]] = []
+    for entry in trace:
+        if entry[0] == "stage.cancelled":
+            run.append(entry)
+            continue
+        out.extend(sorted(run, key=lambda e: str(e[1])))
+        run = []
+        out.append(entry)
+    out.extend(sorted(run, key=lambda e: str(e[1])))
+    return out
+
+
+@dataclass
+class Expected:
+    status: str
+    stages: dict[str, str]
+    error: list[Any] | None
+    compensation_errors: list[list[Any]]
+    output: Any
+    trace: list[list[Any]]
+    counts: dict[str, int]
+    compensations: list[str]
+    redrive: bool = False  # the runner redrives after the first failure
+    cancel: bool = False  # the runner cancels once the cancel stage holds
+    held_when_failed: bool = False  # a sibling was suspended when a stage failed for good
+    stopped: list[str] = field(default_factory=list)  # stages cancelled when the run stopped
+    failed_stage: str | None = None
+
+    def observation(self) -> dict[str, Any]:
+        return {
+            "run": {
+                "status": self.status,
+                "stages": self.stages,
+                "error": self.error,
+                "compensation_errors": self.compensation_errors,
+            },
+            "output": self.output,
+            "trace": self.trace,
+            "counts": self.counts,
+            "compensations": self.compensations,
+        }
+
+
+@dataclass
+class _StageRun:
+    events: list[list[Any]]
+    result: str  # completed | failed | held
+    error: str | None = None
+    output: Any = None
+    emits: list[list[Any]] = field(default_factory=list)
+
+
+class _Sim:
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        self.ledger: dict[str, dict[str, Any]] = {s.id: {} for s in case.stages}
+        self.step_runs: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+        self.outputs: dict[str, Any] = {}
+        self.completed: list[str] = []  # completion order
+        self.business: list[list[Any]] = []
+        self.status: dict[str, str] = {s.id: "skipped" for s in case.stages}
+
+    def hit(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def _invoke(self, s: StageCase, attempt: int, redriven: bool) -> tuple[str, Any]:
+        """One invocation of the body (a replay from the top). Returns (kind, detail):
+        suspend -> (reason, waiting_for); fail -> (error type, retryable); done -> output;
+        hold."""
+        self.hit(f"body:{s.id}")
+        led = self.ledger[s.id]
+        got: list[Any] = []
+        emits: list[list[Any]] = []
+        for op in s.ops:
+            state = led.get(op.name) if not isinstance(op, Emit) else None
+            if isinstance(op, RunStep):
+                if state == "done":
+                    got.append(f"{s.id}.{op.name}")
+                    continue
+                key = f"{s.id}.{op.name}"
+                self.step_runs[key] = self.step_runs.get(key, 0) + 1
+                self.hit(f"step:{key}")
+                if self.step_runs[key] <= op.fails:
+                    return "fail", ("FlakyStepError", True)
+                led[op.name] = "done"
+                got.append(key)
+            elif isinstance(op, Sleep):
+                if state is None:
+                    led[op.name] = "sleeping"
+                    return "suspend", ("sleep", f"sleep:{op.name}")
+                led[op.name] = "done"
+            elif isinstance(op, Wait):
+                if op.mode in ("before", "during"):
+                    led[op.name] = "done"
+                    got.append(signal_payload(op.name))
+                elif op.mode == "after":
+                    if state is None:
+                        led[op.name] = "waiting"
+                        return "suspend", ("signal", f"signal:{op.name}")
+                    led[op.name] = "done"
+                    got.append(signal_payload(op.name))
+                else:
+                    if state is None:
+                        led[op.name] = "waiting"
+                        return "suspend", ("signal", f"signal:{op.name}")
+                    led[op.name] = "timedout"
+                    if not op.catch:
+                        return "fail", ("StepTimeoutError", True)
+                    got.append(None)
+            else:
+                emits.append(["business", op.type, s.id, {"n": op.n}])
+        if s.hold:
+            if led.get(s.hold_signal) is None:
+                led[s.hold_signal] = "waiting"
+                return "hold", ("signal", f"signal:{s.hold_signal}")
+            raise ModelError("a hold is never signalled")
+        outcome = "ok" if redriven else s.outcome(attempt)
+        if outcome == "error":
+            return "fail", ("ScriptedError", True)
+        if outcome == "fatal":
+            return "fail", ("NonRetryableError", False)
+        return "done", (stage_output(s, attempt, got), emits)
+
+    def run_stage(self, s: StageCase, redriven: bool = False) -> _StageRun:
+        events: list[list[Any]] = []
+        for attempt in range(1, s.max_attempts + 1):
+            events.append(["stage.started", s.id, attempt])
+            while True:
+                kind, detail = self._invoke(s, attempt, redriven)
+                if kind == "suspend":
+                    events.append(["stage.suspended", s.id, *detail])
+                    continue
+                break
+            if kind == "hold":
+                events.append(["stage.suspended", s.id, *detail])
+                return _StageRun(events, "held")
+            if kind == "done":
+                output, emits = detail
+                events.append(["stage.completed", s.id, attempt])
+                return _StageRun(events, "completed", output=output, emits=emits)
+            etype, retryable = detail
+            will_retry = retryable and attempt < s.max_attempts
+            events.append(["stage.failed", s.id, attempt, etype, will_retry])
+            if not will_retry:
+                return _StageRun(events, "failed", error=etype)
+        raise AssertionError("unreachable")
+
+    def run_groups(
+        self, groups: list[list[str]], trace: list[list[Any]], redriven: str | None = None
+    ) -> tuple[str, str | None, str | None, list[str]]:
+        """Run groups in order. Returns (end, stage, error, stopped stages) where end is
+        completed | failed | cancelled."""
+        order = self.case.run_order()
+        for group in groups:
+            runs: dict[str, _StageRun] = {}
+            end: tuple[str, str, str | None] | None = None
+            stopped: list[str] = []
+            for sid in [x for x in order if x in group]:
+                s = self.case.stage(sid)
+                if end is not None:  # blocked behind the stage that ended the run
+                    runs[sid] = _StageRun([["stage.started", sid, 1]], "blocked")
+                    stopped.append(sid)
+                    continue
+                r = self.run_stage(s, redriven=sid == redriven)
+                runs[sid] = r
+                if r.result == "completed":
+                    self.status[sid] = "completed"
+                    self.outputs[sid] = r.output
+                    self.completed.append(sid)
+                    self.business.extend(r.emits)
+                elif r.result == "failed":
+                    self.status[sid] = "failed"
+                    end = ("failed", sid, r.error)
+                elif sid == self.case.cancel:
+                    end = ("cancelled", sid, None)
+                    stopped.append(sid)
+                else:
+                    stopped.append(sid)
+            for sid in sorted(runs):
+                trace.extend(runs[sid].events)
+            if end is not None:
+                return end[0], end[1], end[2], stopped
+            if stopped:
+                raise ModelError(f"stages {stopped} wait for a signal nobody sends")
+        return "completed", None, None, []
+
+    def stop(self, stopped: list[str], trace: list[list[Any]]) -> list[list[Any]]:
+        """Cancel the stopped stages and compensate completed ones newest first."""
+        comp_errors: list[list[Any]] = []
+        for sid in sorted(stopped):
+            self.status[sid] = "cancelled"
+            trace.append(["stage.cancelled", sid])
+        for sid in reversed(self.completed):
+            s = self.case.stage(sid)
+            if s.compensation is None:
+                continue
+            if s.compensation == "ok":
+                self.hit(f"comp:{sid}")
+                self.status[sid] = "compensated"
+                trace.append(["stage.compensated", sid])
+            else:
+                self.hit(f"comp:{sid}", s.max_attempts)
+                comp_errors.append(["UndoError", sid])
+        return comp_errors
+
+
+def _comp_order(sim: _Sim) -> list[str]:
+    out: list[str] = []
+    for sid in reversed(sim.completed):
+        s = sim.case.stage(sid)
+        if s.compensation == "ok":
+            out.append(f"comp:{sid}")
+        elif s.compensation == "fail":
+            out.extend([f"comp:{sid}"] * s.max_attempts)
+    return out
+
+
+def expect(case: Case) -> Expected:
+    """What every driver must observe for ``case``."""
+    groups = groups_of(case)
+    sinks = sorted(s.id for s in case.stages if not any(s.id in o.after for o in case.stages))
+    sim = _Sim(case)
+    trace: list[list[Any]] = [["run.created"], ["run.started"]]
+    end, where, error, stopped = sim.run_groups(groups, trace)
+    held_when_failed = end == "failed" and any(
+        case.stage(x).hold and sim.ledger[x].get(case.stage(x).hold_signal) for x in stopped
+    )
+    redrive = False
+    if (
+        end == "failed"
+        and case.redrive
+        and not stopped
+        and error
+        in (
+            "ScriptedError",
+            "NonRetryableError",
+        )
+    ):
+        assert where is not None
+        trial = copy.deepcopy(sim)
+        t_trace = copy.deepcopy(trace)
+        trial.stop(stopped, t_trace)
+        t_trace.append(["run.failed", error, None])
+        comps = _comp_order(trial)
+        t_trace.append(["run.redriven", "last_failure"])
+        trial.business = []
+        for sid, st in trial.status.items():
+            if st == "compensated":
+                trial.status[sid] = "completed"
+        gi = next(i for i, g in enumerate(groups) if where in g)
+        rest = [[where], *groups[gi + 1 :]]
+        try:
+            t_end, _, _, _ = trial.run_groups(rest, t_trace, redriven=where)
+        except ModelError:
+            t_end = "failed"
+        if t_end == "completed":
+            t_trace.extend(trial.business)
+            t_trace.append(["run.completed"])
+            return Expected(
+                status="completed",
+                stages=dict(sorted(trial.status.items())),
+                error=None,
+                compensation_errors=[],
+                output=_run_output(sinks, trial.outputs),
+                trace=t_trace,
+                counts=dict(sorted(trial.counts.items())),
+                compensations=comps,
+                redrive=True,
+                failed_stage=where,  # the stage redriven (its next attempt succeeds)
+            )
+    comps = _comp_order(sim) if end != "completed" else []
+    if end == "completed":
+        trace.extend(sim.business)
+        trace.append(["run.completed"])
+        comp_errors: list[list[Any]] = []
+    else:
+        comp_errors = sim.stop(stopped, trace)
+        if end == "failed":
+            trace.append(["run.failed", error, None])
+        else:
+            if comp_errors:
+                raise ModelError("a failing compensation in a cancelled run")
+            trace.append(["run.cancelled"])
+    return Expected(
+        status=end,
+        stages=dict(sorted(sim.status.items())),
+        error=[error, where] if end == "failed" else None,
+        compensation_errors=comp_errors,
+        output=_run_output(sinks, sim.outputs) if end == "completed" else None,
+        trace=trace,
+        counts=dict(sorted(sim.counts.items())),
+        compensations=comps,
+        redrive=redrive,
+        cancel=end == "cancelled",
+        held_when_failed=held_when_failed,
+        stopped=sorted(stopped),
+        failed_stage=where if end == "failed" else None,
+    )
+
+
+def _run_output(sinks: list[str], outputs: dict[str, Any]) -> Any:
+    if len(sinks) == 1:
+        return outputs.get(sinks[0])
+    return {s: outputs.get(s) for s in sinks}

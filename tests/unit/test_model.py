@@ -1,0 +1,252 @@
+"""The reference model of the contract, pinned to the hand-written golden traces so it cannot
+drift from what the scenarios (and so the drivers) were checked against."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from conformance._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, cases, make_valid
+from conformance._model import ModelError, canonical, expect
+from conformance._trace import GOLDEN_DIR
+
+
+def golden(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((GOLDEN_DIR / f"{name}.json").read_text())
+    return data
+
+
+def renamed(value: Any) -> Any:
+    """The goldens' user exception names for the model's scripted ones."""
+    text = json.dumps(value).replace("ScriptedError", "RuntimeError")
+    return json.loads(text.replace("UndoError", "RuntimeError"))
+
+
+def run_part(case: Case) -> dict[str, Any]:
+    exp = expect(case)
+    obs = exp.observation()["run"]
+    return dict(renamed(obs))
+
+
+def bodies(case: Case) -> dict[str, int]:
+    return {k.split(":", 1)[1]: v for k, v in expect(case).counts.items() if k.startswith("body:")}
+
+
+def chain(*ids: str, **over: StageCase) -> tuple[StageCase, ...]:
+    out = []
+    for i, sid in enumerate(ids):
+        out.append(over.get(sid, StageCase(sid, after=(ids[i - 1],) if i else ())))
+    return tuple(out)
+
+
+def saga(fail_at: str, failing_comp: str | None = None, redrive: bool = False) -> Case:
+    stages = []
+    prev: tuple[str, ...] = ()
+    for sid in "abcd":
+        stages.append(
+            StageCase(
+                sid,
+                after=prev,
+                max_attempts=2,
+                ops=(Emit("a.done", 1),) if sid == "a" else (),
+                outcomes=("fatal",) if sid == fail_at else ("ok",),
+                compensation=(("fail" if sid == failing_comp else "ok") if sid in "ab" else None),
+            )
+        )
+        prev = (sid,)
+    return Case(tuple(stages), redrive=redrive)
+
+
+def test_s1_linear() -> None:
+    case = Case(chain("a", "b", "c"))
+    g = golden("s1_linear")
+    assert expect(case).trace == g["trace"]
+    assert run_part(case) == g["run"]
+    assert bodies(case) == g["counts"]
+    assert expect(case).output == {"id": "c", "attempt": 1, "deps": ["b"], "got": []}
+
+
+def test_s2_parallel() -> None:
+    stages = (
+        StageCase("a"),
+        StageCase("b", after=("a",)),
+        StageCase("c", after=("a",)),
+        StageCase("d", after=("b", "c")),
+    )
+    g = golden("s2_parallel")
+    for order in (("a", "b", "c", "d"), ("a", "c", "b", "d")):
+        case = Case(stages, order=order)
+        assert expect(case).trace == g["trace"]
+        assert run_part(case) == g["run"]
+
+
+def test_s3_retries_and_exhausted() -> None:
+    b = StageCase("b", after=("a",), max_attempts=3, outcomes=("error", "error", "ok"))
+    case = Case(chain("a", "b", "c", b=b))
+    g = golden("s3_retries")
+    assert renamed(expect(case).trace) == g["trace"]
+    assert run_part(case) == g["run"]
+    assert bodies(case)["b"] == g["counts"]["b"]
+    a = StageCase("a", max_attempts=2, outcomes=("error", "error"))
+    exhausted = Case(chain("a", "b", a=a))
+    g = golden("s3_exhausted")
+    got = renamed(expect(exhausted).trace)
+    assert json.dumps(got).replace("RuntimeError", "ValueError") == json.dumps(g["trace"])
+
+
+@pytest.mark.parametrize("fail_at", ["a", "b", "c", "d"])
+def test_s4_compensation(fail_at: str) -> None:
+    case = saga(fail_at)
+    g = golden("s4_compensation" if fail_at == "c" else f"s4_fail_at_{fail_at}")
+    assert expect(case).trace == g["trace"]
+    assert run_part(case) == g["run"]
+    if fail_at == "c":
+        assert expect(case).compensations == ["comp:b", "comp:a"]
+
+
+def test_s5_failing_compensation() -> None:
+    case = saga("c", failing_comp="a")
+    g = golden("s5_failing_compensation")
+    assert expect(case).trace == g["trace"]
+    assert run_part(case) == g["run"]
+    assert expect(case).compensations == ["comp:b", "comp:a", "comp:a"]  # a retried, gave up
+
+
+def test_s6_sleep() -> None:
+    case = Case((StageCase("s", ops=(RunStep("x"), Sleep("nap", 300))),))
+    g = golden("s6_sleep")
+    exp = expect(case)
+    assert exp.trace == g["trace"]
+    assert exp.counts == {"body:s": 2, "step:s.x": 1}
+
+
+def test_s7_s8_signals() -> None:
+    after = Case((StageCase("w", ops=(RunStep("x"), Wait("go"))),))
+    assert expect(after).trace == golden("s7_signal_after_wait")["trace"]
+    assert expect(after).counts == {"body:w": 2, "step:w.x": 1}
+    before = Case((StageCase("w", ops=(RunStep("x"), Wait("go", "before"))),))
+    assert expect(before).trace == golden("s8_signal_before_wait")["trace"]
+
+
+def test_s9_wait_timeout() -> None:
+    w = StageCase("w", max_attempts=2, ops=(RunStep("x"), Wait("go", "timeout", 300)))
+    exp = expect(Case((w,)))
+    assert exp.trace == golden("s9_wait_timeout")["trace"]
+    assert exp.counts["step:w.x"] == 1
+    caught = StageCase("w", ops=(Wait("go", "timeout", 100, catch=True),))
+    assert expect(Case((caught,))).output == {"id": "w", "attempt": 1, "deps": [], "got": [None]}
+
+
+def test_s10_cancel_suspended() -> None:
+    stages = (
+        StageCase("a", compensation="ok"),
+        StageCase("b", after=("a",), compensation="ok"),
+        StageCase("c", after=("b",), hold=True),
+    )
+    case = Case(stages, cancel="c")
+    g = golden("s10_cancel_suspended")
+    trace = json.loads(json.dumps(expect(case).trace).replace("hold_c", "go"))
+    assert trace == g["trace"]
+    assert run_part(case) == g["run"]
+
+
+def test_s12_redrive_last_failure() -> None:
+    case = saga("c", redrive=True)
+    g = golden("s12_redrive_last_failure")
+    exp = expect(case)
+    assert exp.redrive and exp.failed_stage == "c"  # only c's next attempt is scripted to pass
+    assert exp.trace == g["trace"]
+    assert run_part(case) == g["run"]
+    assert exp.counts == {
+        "body:a": 1,
+        "body:b": 1,
+        "body:c": 2,
+        "body:d": 1,
+        "comp:a": 1,
+        "comp:b": 1,
+    }
+
+
+def test_parallel_failure_stops_the_group() -> None:
+    """b holds, c fails for good, d is blocked behind c: b and d cancelled, a compensated."""
+    stages = (
+        StageCase("a", compensation="ok", ops=(Emit("a.e", 1),)),
+        StageCase("b", after=("a",), hold=True),
+        StageCase("c", after=("a",), outcomes=("fatal",)),
+        StageCase("d", after=("a",)),
+        StageCase("e", after=("b", "c", "d")),
+    )
+    exp = expect(Case(stages, order=("a", "b", "c", "d", "e")))
+    assert exp.status == "failed" and exp.held_when_failed
+    assert exp.stages == {
+        "a": "compensated",
+        "b": "cancelled",
+        "c": "failed",
+        "d": "cancelled",
+        "e": "skipped",
+    }
+    assert exp.trace[4:] == [
+        ["stage.started", "b", 1],
+        ["stage.suspended", "b", "signal", "signal:hold_b"],
+        ["stage.started", "c", 1],
+        ["stage.failed", "c", 1, "NonRetryableError", False],
+        ["stage.started", "d", 1],
+        ["stage.cancelled", "b"],
+        ["stage.cancelled", "d"],
+        ["stage.compensated", "a"],
+        ["run.failed", "NonRetryableError", None],
+    ]
+    assert "body:d" not in exp.counts  # d never got past its barrier
+
+
+def test_business_events_in_completion_order() -> None:
+    stages = (
+        StageCase("a", ops=(Emit("a.1", 1), Emit("a.2", 2))),
+        StageCase("b", after=("a",), ops=(Emit("b.1", 3),)),
+        StageCase("c", after=("a",), ops=(Emit("c.1", 4),)),
+    )
+    exp = expect(Case(stages, order=("a", "c", "b")))
+    assert exp.trace[-5:] == [
+        ["business", "a.1", "a", {"n": 1}],
+        ["business", "a.2", "a", {"n": 2}],
+        ["business", "c.1", "c", {"n": 4}],
+        ["business", "b.1", "b", {"n": 3}],
+        ["run.completed"],
+    ]
+    assert exp.output == {
+        "b": {"id": "b", "attempt": 1, "deps": ["a"], "got": []},
+        "c": {"id": "c", "attempt": 1, "deps": ["a"], "got": []},
+    }
+
+
+def test_a_hold_nobody_ends_is_rejected_and_dropped() -> None:
+    case = Case((StageCase("a", hold=True),))
+    with pytest.raises(ModelError):
+        expect(case)
+    assert not make_valid(case).stages[0].hold
+
+
+def test_canonical_sorts_cancelled_runs() -> None:
+    trace = [["x"], ["stage.cancelled", "d"], ["stage.cancelled", "b"], ["y"]]
+    assert canonical(trace) == [["x"], ["stage.cancelled", "b"], ["stage.cancelled", "d"], ["y"]]
+
+
+def test_to_python_round_trips() -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(
+        max_examples=30,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(cases())
+    def check(case: Case) -> None:
+        rebuilt = eval(case.to_python())  # our own printed code
+        assert rebuilt == case
+        expect(case)  # every generated case is one the model pins down
+
+    check()
