@@ -43,7 +43,7 @@ TARGETS: dict[str, tuple[list[str], list[str], str]] = {
     ),
     "temporal": (
         ["tests/conformance/test_temporal_conformance.py"],
-        ["tests/conformance/test_temporal_fuzz.py"],
+        ["tests/conformance/test_fuzz.py"],
         "temporal",
     ),
 }
