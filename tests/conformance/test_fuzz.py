@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,13 +64,15 @@ def fuzz(make_harness: Callable[[], tuple[SettingsHarness, dict[str, Any]]], tar
     run()
 
 
-def _native(url: Callable[[], str]) -> Callable[[], tuple[SettingsHarness, dict[str, Any]]]:
+def _native(
+    url: Callable[[], str], tmp: pytest.TempPathFactory
+) -> Callable[[], tuple[SettingsHarness, dict[str, Any]]]:
     def make() -> tuple[SettingsHarness, dict[str, Any]]:
-        tmp = Path(tempfile.mkdtemp(prefix="wfe-fuzz-"))
+        blobs = tmp.mktemp("fuzz-blobs")
         settings = EngineSettings(
             driver="native",
             database_url=url() if url is not None else "",
-            blob_url=f"file://{tmp / 'blobs'}",
+            blob_url=f"file://{blobs}",
             lease_seconds=1.0,
             worker_concurrency=128,
         )
@@ -85,17 +85,17 @@ pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
 
 @pytest.mark.timeout(TIMEOUT)
-def test_fuzz_native_sqlite() -> None:
+def test_fuzz_native_sqlite(tmp_path_factory: pytest.TempPathFactory) -> None:
     def url() -> str:
-        return f"sqlite:///{Path(tempfile.mkdtemp(prefix='wfe-fuzz-db-')) / 'wfe.db'}"
+        return f"sqlite:///{tmp_path_factory.mktemp('fuzz-db') / 'wfe.db'}"
 
-    fuzz(_native(url), "native-sqlite")
+    fuzz(_native(url, tmp_path_factory), "native-sqlite")
 
 
 @pytest.mark.postgres
 @pytest.mark.timeout(TIMEOUT)
-def test_fuzz_native_postgres(pg_session: Any) -> None:
-    fuzz(_native(pg_session.new_schema), "native-postgres")
+def test_fuzz_native_postgres(pg_session: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    fuzz(_native(pg_session.new_schema, tmp_path_factory), "native-postgres")
 
 
 @pytest.fixture(scope="module")
@@ -127,16 +127,16 @@ def fuzz_temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
 
 @pytest.mark.temporal
 @pytest.mark.timeout(TIMEOUT)
-def test_fuzz_temporal(fuzz_temporal_server: Any) -> None:
+def test_fuzz_temporal(fuzz_temporal_server: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
     temporal_server = fuzz_temporal_server
 
     def make() -> tuple[SettingsHarness, dict[str, Any]]:
-        tmp = Path(tempfile.mkdtemp(prefix="wfe-fuzz-"))
+        blobs = tmp_path_factory.mktemp("fuzz-blobs")
         settings = EngineSettings(
             driver="temporal",
             temporal_address=temporal_server.address,
             task_queue=f"fz-{uuid.uuid4().hex[:10]}",
-            blob_url=f"file://{tmp / 'blobs'}",
+            blob_url=f"file://{blobs}",
         )
         return SettingsHarness(settings, name="temporal"), {"start_concurrency": 2}
 
