@@ -121,7 +121,8 @@ class Steps:
         Signals of one name queue per run in arrival order; each wait takes the next one (a
         signal sent earlier was buffered and is taken here without suspending). With
         ``timeout``, the deadline is fixed on the first execution; past it the body receives
-        :class:`StepTimeoutError`.
+        :class:`StepTimeoutError`. A wait with no buffered signal always suspends once (a
+        ``stage.suspended`` event), however short its timeout.
 
         A stage body may wait for one name several times: the k-th wait for ``name`` in the
         body is journaled under the step key ``name`` for k=1 and ``name#k`` for k>=2 (the
@@ -149,6 +150,9 @@ class Steps:
             if taken is not None:
                 return taken.result
             await self._ledger.put(rec)
+            # a new wait always suspends once, even if its deadline passed meanwhile (a slow
+            # ledger write on a busy machine): the trace must not depend on timing
+            raise Suspend("signal", rec.deadline, f"signal:{name}")
         else:
             taken = await self._ledger.consume_signal(rec)
             if taken is not None:

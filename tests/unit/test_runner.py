@@ -879,3 +879,26 @@ async def test_a_body_that_returns_after_its_cancel_within_the_grace_has_returne
     await started.wait()
     task.cancel()
     assert completed(await task).output == "booked"
+
+
+async def test_a_new_signal_wait_suspends_once_even_if_its_deadline_passed_meanwhile(
+    h: Harness,
+) -> None:
+    """A slow ledger write on a busy machine must not change the trace: a wait with no signal
+    suspends on its first execution, and times out on the replay (found by the fuzzer)."""
+    clock = h.clock
+    put = h.ledger.put
+
+    async def slow_put(rec: Any) -> None:
+        await put(rec)
+        clock.advance(5)  # the write took longer than the wait's timeout
+
+    h.ledger.put = slow_put  # type: ignore[method-assign]
+
+    @h.wf.stage
+    async def s(ctx: StageContext[In]) -> Any:
+        return await ctx.step.wait_for_signal("go", timeout=1)
+
+    first = suspended(await h.run("s"))
+    assert first.waiting_for == "signal:go"
+    assert "StepTimeoutError" in failed(await h.run("s")).error.type
