@@ -32,7 +32,12 @@ __all__ = [
 # a name once its fix lands (``WFE_FUZZ_GAPS=none`` draws everything).
 #   signal_during_stage: a signal sent after its stage started but before the body reaches the
 #     wait (Temporal records a stage.suspended the native driver does not; found by the fuzzer).
-KNOWN_GAPS: frozenset[str] = frozenset({"signal_during_stage"})
+#   signal_holder: a stage of a parallel group suspended on a signal wait cannot resume while a
+#     sibling attempt that was handed the buffered signals at its start is still running
+#     (Temporal's single-taker rule for buffered signals; the run waits for that sibling, or
+#     hangs if the sibling waits on it). Drawn as: a signal buffered before/while its stage runs
+#     in a case with a parallel group whose stage waits for a signal sent after suspension.
+KNOWN_GAPS: frozenset[str] = frozenset({"signal_during_stage", "signal_holder"})
 
 Outcome = Literal["ok", "error", "fatal"]  # return / raise ScriptedError / NonRetryableError
 
@@ -249,11 +254,44 @@ def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:
         except ModelError:
             case = _drop_holds(case)
             continue
+        if "signal_holder" in gaps and _holder_risk(case):
+            case = _no_buffered_signals(case)
+            continue
         if "failure_stops_siblings" in gaps and exp.status == "failed" and exp.stopped:
             case = _settle_group(case, exp.failed_stage)
             continue
         return case
     return _drop_holds(replace(case, cancel=None))
+
+
+def _holder_risk(case: Case) -> bool:
+    """A signal is buffered (sent before or while its stage runs) and a stage of a parallel
+    group must resume from a signal sent after it suspended (see KNOWN_GAPS)."""
+    waits = {s.id: [op for op in s.ops if isinstance(op, Wait)] for s in case.stages}
+    buffered = any(op.mode in ("before", "during") for ops in waits.values() for op in ops)
+    return buffered and any(
+        len(group) > 1 and any(op.mode == "after" for sid in group for op in waits[sid])
+        for group in groups_of(case)
+    )
+
+
+def _no_buffered_signals(case: Case) -> Case:
+    """Send every signal only once its stage suspended on it."""
+    return replace(
+        case,
+        stages=tuple(
+            replace(
+                s,
+                ops=tuple(
+                    replace(op, mode="after")
+                    if isinstance(op, Wait) and op.mode in ("before", "during")
+                    else op
+                    for op in s.ops
+                ),
+            )
+            for s in case.stages
+        ),
+    )
 
 
 def _settle_group(case: Case, failed: str | None) -> Case:
