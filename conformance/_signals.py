@@ -259,9 +259,7 @@ class SignalContract:
         ]
         check_golden("s8_signal_before_wait", {"trace": trace})
 
-    async def test_s8b_signal_while_stage_body_runs(
-        self, harness: Harness, tmp_path: Path
-    ) -> None:
+    async def test_s8b_signal_while_stage_body_runs(self, harness: Harness, tmp_path: Path) -> None:
         """The signal arrives after the stage started, while its body runs and before it
         reaches the wait (the body is held at a barrier in this test process): the wait takes
         the buffered signal at once, the stage never suspends and its body runs once."""
