@@ -30,9 +30,7 @@ __all__ = [
 # Behaviours DESIGN §5 specifies that a driver does not implement yet (fixes under way). While a
 # name is in this set the generator never draws a case that hits it, so CI can be green; remove
 # a name once its fix lands (``WFE_FUZZ_GAPS=none`` draws everything).
-#   signal_during_stage: a signal sent after its stage started but before the body reaches the
-#     wait (Temporal records a stage.suspended the native driver does not; found by the fuzzer).
-KNOWN_GAPS: frozenset[str] = frozenset({"signal_during_stage"})
+KNOWN_GAPS: frozenset[str] = frozenset()
 
 Outcome = Literal["ok", "error", "fatal"]  # return / raise ScriptedError / NonRetryableError
 
