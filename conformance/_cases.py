@@ -30,7 +30,12 @@ __all__ = [
 # Behaviours DESIGN §5 specifies that a driver does not implement yet (fixes under way). While a
 # name is in this set the generator never draws a case that hits it, so CI can be green; remove
 # a name once its fix lands (``WFE_FUZZ_GAPS=none`` draws everything).
-KNOWN_GAPS: frozenset[str] = frozenset()
+#   signal_during_stage: a signal sent after its stage started but before the body reaches the
+#     wait. Consumed without a suspension on Temporal now (s8b); still a gap because drawing it
+#     queues signals at group starts, which exposes an older Temporal hang: a suspended wait
+#     cannot resume while a sibling attempt that was given the buffered signals at its start is
+#     in flight (the single-taker rule), so a sibling that waits for it never ends.
+KNOWN_GAPS: frozenset[str] = frozenset({"signal_during_stage"})
 
 Outcome = Literal["ok", "error", "fatal"]  # return / raise ScriptedError / NonRetryableError
 
