@@ -30,14 +30,12 @@ __all__ = [
 # Behaviours DESIGN §5 specifies that a driver does not implement yet (fixes under way). While a
 # name is in this set the generator never draws a case that hits it, so CI can be green; remove
 # a name once its fix lands (``WFE_FUZZ_GAPS=none`` draws everything).
-#   signal_during_stage: a signal sent after its stage started but before the body reaches the
-#     wait (Temporal records a stage.suspended the native driver does not; found by the fuzzer).
 #   signal_holder: a stage of a parallel group suspended on a signal wait cannot resume while a
 #     sibling attempt that was handed the buffered signals at its start is still running
 #     (Temporal's single-taker rule for buffered signals; the run waits for that sibling, or
 #     hangs if the sibling waits on it). Drawn as: a signal buffered before/while its stage runs
 #     in a case with a parallel group whose stage waits for a signal sent after suspension.
-KNOWN_GAPS: frozenset[str] = frozenset({"signal_during_stage", "signal_holder"})
+KNOWN_GAPS: frozenset[str] = frozenset({"signal_holder"})
 
 Outcome = Literal["ok", "error", "fatal"]  # return / raise ScriptedError / NonRetryableError
 

@@ -259,6 +259,48 @@ class SignalContract:
         ]
         check_golden("s8_signal_before_wait", {"trace": trace})
 
+    async def test_s8b_signal_while_stage_body_runs(self, harness: Harness, tmp_path: Path) -> None:
+        """The signal arrives after the stage started, while its body runs and before it
+        reaches the wait (the body is held at a barrier in this test process): the wait takes
+        the buffered signal at once, the stage never suspends and its body runs once."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("s8b"), input=Num)
+        released = {"open": False}
+
+        def x() -> int:
+            log.hit("x")
+            return 1
+
+        @wf.stage(retry=Retry(max_attempts=1))
+        async def w(ctx: StageContext[Num]) -> dict[str, Any]:
+            log.hit("w")
+            await ctx.step.run("x", x)
+            await eventually(lambda: released["open"], timeout=60, what="the test's barrier")
+            payload = await ctx.step.wait_for_signal("go")
+            return {"got": payload}
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await eventually(lambda: log.count("x") == 1, timeout=60, what="w at the barrier")
+            result = await engine.signal(run.id, "go", {"during": True})
+            assert (result.delivered, result.already_completed) == (False, False)  # buffered
+            released["open"] = True
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.completed")
+        assert info.status == RunStatus.COMPLETED
+        assert info.output == {"got": {"during": True}}
+        assert log.counts() == {"w": 1, "x": 1}
+        trace = normalise(events, wf.graph())
+        assert trace == [
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "w", 1],
+            ["stage.completed", "w", 1],
+            ["run.completed"],
+        ]
+        check_golden("s8b_signal_during_stage", {"trace": trace, "counts": log.counts()})
+
     async def test_signal_unknown_run(self, harness: Harness, tmp_path: Path) -> None:
         async with harness.engine(
             Registry([waiter(ExecutionLog(tmp_path / "log"))]), MemorySink()

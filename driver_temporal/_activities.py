@@ -17,13 +17,21 @@ journal); that retry seeds its ledger from the journal, merged with the ledger t
 holds, so no step completed before the crash ever runs again (only the step that was running
 when the worker died, whose record was never written, runs again). A signal the lost try
 consumed stays consumed: the retry reports it to the workflow.
+
+Signals sent while a stage body runs: the activity's task carries the signals buffered when it
+was scheduled. A wait whose name has none left there asks the run (the ``wfe.take_signal``
+update, see ``_signals``) for the oldest one buffered since, before the body suspends, so a
+signal sent before the wait is reached is consumed by it without a ``stage.suspended``, as on the
+native driver. The run keeps what it handed out with the stage attempt until the attempt's
+result arrives (a retried try asking for the same step gets the same signal). A ``local=True``
+stage does not ask (it runs inside the run's own workflow task): its wait suspends and resumes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -63,12 +71,14 @@ __all__ = [
     "COMPENSATE_SUFFIX",
     "FREEZE_CANCELLED_QUERY",
     "READ_JOURNAL_ACTIVITY",
+    "TAKE_SIGNAL_UPDATE",
     "DriverActivities",
     "EventStats",
 ]
 
 COMPENSATE_SUFFIX = ".compensate"
 FREEZE_CANCELLED_QUERY = "wfe.freeze_cancelled"
+TAKE_SIGNAL_UPDATE = "wfe.take_signal"
 READ_JOURNAL_ACTIVITY = "wfe.read_journal"
 T = TypeVar("T")
 
@@ -87,9 +97,19 @@ class EventStats:
         return out
 
 
+# asks the run for the oldest signal of a name this attempt was not given: (step key, name)
+# -> (taken, payload)
+TakeSignal = Callable[[str, str], Awaitable[tuple[bool, Any]]]
+
+
 class _JournalLedger(InMemoryLedger):
     """An in-memory ledger that journals every new record (spilled) before returning, so a
-    journaled step survives a crash of this worker (see ``_journal``)."""
+    journaled step survives a crash of this worker (see ``_journal``).
+
+    With ``take``, a wait whose signal is not among those the attempt was given at its start
+    asks the run for it (``wfe.take_signal``) before the body suspends; such a wait's record is
+    journaled with ``"via": "take"`` so that a retry after a lost worker knows the signal came
+    from the run, not from the queues in its task."""
 
     def __init__(
         self,
@@ -98,17 +118,35 @@ class _JournalLedger(InMemoryLedger):
         journal: dict[str, dict[str, Any]],
         spill: Any,
         log: StepJournal,
+        take: TakeSignal | None = None,
     ) -> None:
         super().__init__(records, signals)
         self.journal = journal
         self._spill = spill
         self._log = log
+        self._take = take
+        self._taking: str | None = None
 
     async def put(self, record: StepRecord) -> None:
         data = await self._spill(record)
-        await self._log.append(data)
+        await self._log.append({**data, "via": "take"} if self._taking == record.name else data)
         await super().put(record)
         self.journal[record.name] = data
+
+    async def consume_signal(self, record: StepRecord) -> StepRecord | None:
+        done = await super().consume_signal(record)
+        if done is not None or self._take is None or record.signal is None:
+            return done
+        taken, payload = await self._take(record.name, record.signal)
+        if not taken:
+            return None
+        done = record.done(payload)
+        self._taking = record.name
+        try:
+            await self.put(done)
+        finally:
+            self._taking = None
+        return done
 
 
 class DriverActivities:
@@ -122,6 +160,7 @@ class DriverActivities:
         sink: EventSink | None,
         stats: EventStats,
         heartbeat_every: float,
+        take_timeout: float = 10.0,
     ) -> None:
         self.registry = registry
         self.claim = claim
@@ -129,6 +168,7 @@ class DriverActivities:
         self.sink = sink
         self.stats = stats
         self.heartbeat_every = heartbeat_every
+        self.take_timeout = take_timeout  # seconds a wait asks its run for a signal
 
     def bookkeeping(self) -> list[Any]:
         """The small activities every worker that runs workflow tasks registers (they run as
@@ -166,16 +206,20 @@ class DriverActivities:
         }
         for name, payload in (task.get("signals") or {}).items():
             raw_signals.setdefault(name, [payload])
+        given = {name: len(queue) for name, queue in raw_signals.items()}
         pre_consumed: list[str] = []
         if info.attempt > 1 or info.is_local:
             # a previous try of this attempt died: steps it journaled replay, never run again
             # (a local activity re-run after a lost worker starts again at try 1: always look)
             for r in await log.read():
+                via = r.pop("via", None)
                 if records.get(r["name"]) == r:
                     continue
                 records[r["name"]] = r
                 journal[r["name"]] = r
                 sig = str(r.get("signal"))
+                if via == "take":
+                    continue  # taken from the run (wfe.take_signal): the run holds it for us
                 if r.get("kind") == "signal" and r.get("completed") and raw_signals.get(sig):
                     # the lost try took the oldest of its name: it stays taken
                     raw_signals[sig].pop(0)
@@ -193,7 +237,14 @@ class DriverActivities:
             data["result"] = await self.claim.dump(rec.result, key)
             return data
 
-        ledger = _JournalLedger(loaded, signals, journal, spill, log)
+        take: TakeSignal | None = None
+        if not compensation and not info.is_local and task.get("token") is not None:
+            # (a local activity runs inside the run's workflow task: the run cannot answer it)
+
+            async def take(key: str, name: str) -> tuple[bool, Any]:
+                return await self._take_signal(info, task, given.get(name, 0), key, name)
+
+        ledger = _JournalLedger(loaded, signals, journal, spill, log, take)
         # local activities have no heartbeat: the workflow task's timeout notices a lost worker
         beat = None if info.is_local else asyncio.create_task(self._heartbeat())
         try:
@@ -270,6 +321,41 @@ class DriverActivities:
             return bool(answer)
         except Exception:  # the run cannot answer: treat it as a cancel (journaled steps stay)
             return False
+
+    async def _take_signal(
+        self, info: activity.Info, task: dict[str, Any], given: int, key: str, name: str
+    ) -> tuple[bool, Any]:
+        """Ask the run for the oldest buffered signal ``name`` behind the ``given`` ones this
+        attempt received at its start (all taken already). The run records the take with
+        this attempt (``SignalHandlers.on_take_signal``): a retry of a lost try asking for the
+        same step gets the same signal, and one whose wait never completed goes back to the
+        queue when the attempt's result arrives. No answer (nothing buffered, the run frozen,
+        another attempt holding the queue, no reply in time) means: suspend."""
+        assert info.workflow_id is not None
+        handle = activity.client().get_workflow_handle(
+            info.workflow_id, run_id=info.workflow_run_id
+        )
+        body = {
+            "stage": task["stage_id"],
+            "token": task["token"],
+            "key": key,
+            "name": name,
+            "given": given,
+        }
+        try:
+            res: dict[str, Any] = await handle.execute_update(
+                TAKE_SIGNAL_UPDATE,
+                body,
+                result_type=dict,
+                rpc_timeout=timedelta(seconds=self.take_timeout),
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # rejected (nothing to take) or no answer: the wait suspends
+            return False, None
+        if not res.get("taken"):
+            return False, None
+        return True, await self.claim.load(res.get("payload"))
 
     async def _load_record(self, data: dict[str, Any]) -> StepRecord:
         rec = record_from_json(data)
@@ -364,7 +450,8 @@ class DriverActivities:
         """The step records a stage's attempts journaled (see the module docstring)."""
         log = StepJournal(self.claim.store, journal_prefix(run_id, stage_id, redrive, "stage"))
         try:
-            return await log.read()
+            # without the mark of a signal taken from the run: it only guides a retried try
+            return [{k: v for k, v in r.items() if k != "via"} for r in await log.read()]
         finally:
             log.close()
 

@@ -9,6 +9,16 @@ a repeat is not queued again (``already_completed``). The engine sends signals a
 ``wfe.signal`` update (so it can report the outcome) or, when no worker answers, as a plain
 Temporal signal wrapped with its delivery id; a raw Temporal signal from an operator
 (``temporal workflow signal --name go --input '{...}'``) queues its input as the payload.
+
+A signal that arrives while a stage attempt runs is not in the queues its activity was given;
+when the body reaches a wait for it, the activity asks for it with the ``wfe.take_signal`` update
+(``on_take_signal``): the run takes the oldest one of the name behind those the attempt was
+given and holds it with that attempt (``_held``, per step key, so a retry of a lost try asking
+for the same step gets the same one). When the attempt's result arrives, a held signal whose
+wait completed is consumed; any other goes back to the front of its name's queue
+(``_release_taken``), so none is lost. A frozen run, a stale try and a stage that does not hold
+the queue while another one does get nothing (their wait suspends); an update with nothing to
+take is rejected by its validator, so it leaves no trace in the run's history.
 """
 
 from __future__ import annotations
@@ -21,9 +31,10 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from ._activities import TAKE_SIGNAL_UPDATE
     from ._freezing import migration_error
 
-__all__ = ["SIGNAL_UPDATE", "SignalHandlers"]
+__all__ = ["SIGNAL_UPDATE", "TAKE_SIGNAL_UPDATE", "SignalHandlers"]
 
 SIGNAL_UPDATE = "wfe.signal"
 
@@ -48,6 +59,9 @@ class SignalHandlers:
     _signals: list[dict[str, Any]]
     _signal_keys: set[str]
     _deliveries: dict[str, dict[str, Any]]
+    _calls: dict[str, dict[str, Any]]
+    # the signals each stage attempt in flight took with ``wfe.take_signal``, per step key
+    _held: dict[str, dict[str, dict[str, Any]]]
     # the stage whose attempt in flight was given the buffered signals (``_lease_signals``)
     _signal_holder: str | None = None
 
@@ -109,6 +123,63 @@ class SignalHandlers:
         if delivery:
             self._deliveries[delivery] = res
         return res
+
+    @workflow.update(name=TAKE_SIGNAL_UPDATE)
+    def on_take_signal(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A stage attempt's wait asks for the oldest signal ``name`` behind the ``given``
+        ones its activity received at its start (see the module docstring)."""
+        if not self._may_take(body):
+            return {"taken": False}
+        held = self._held.setdefault(body["stage"], {})
+        sig = held.get(body["key"])
+        if sig is None:
+            i = self._nth(body["name"], int(body.get("given") or 0))
+            if i is None:
+                return {"taken": False}
+            sig = held[body["key"]] = self._signals.pop(i)
+        return {"taken": True, "payload": sig["payload"]}
+
+    @on_take_signal.validator
+    def _validate_take(self, body: dict[str, Any]) -> None:
+        if not self._may_take(body):
+            raise ApplicationError("no signal to take: the wait suspends", type="NothingToTake")
+
+    def _may_take(self, body: dict[str, Any]) -> bool:
+        sid = body.get("stage")
+        call = self._calls.get(sid) if isinstance(sid, str) else None
+        if call is None or call["token"] != body.get("token"):
+            return False  # a try of an attempt that already reported
+        if self._final or self._frozen or self._migrated_to is not None:
+            return False  # a frozen run hands out nothing: its snapshot keeps the queue
+        if body.get("key") in self._held.get(str(sid), {}):
+            return True
+        if self._signal_holder not in (None, sid):
+            return False  # another attempt may be taking from its copy of the queue
+        return self._nth(str(body.get("name")), int(body.get("given") or 0)) is not None
+
+    def _nth(self, name: str, skip: int) -> int | None:
+        """The index in the queue of the signal ``name`` after the first ``skip`` of it."""
+        for i, sig in enumerate(self._signals):
+            if sig["name"] == name:
+                if skip == 0:
+                    return i
+                skip -= 1
+        return None
+
+    def _release_taken(self, sid: str, steps: dict[str, dict[str, Any]]) -> None:
+        """The attempt of ``sid`` reported (or ended without a result): each signal it took
+        with ``wfe.take_signal`` whose wait step completed stays consumed; any other goes
+        back in front of the queued signals of its name, in the order it was taken."""
+        held = self._held.pop(sid, None)
+        if not held:
+            return
+        back = [sig for key, sig in held.items() if not (steps.get(key) or {}).get("completed")]
+        for sig in reversed(back):
+            i = next(
+                (j for j, s in enumerate(self._signals) if s["name"] == sig["name"]),
+                len(self._signals),
+            )
+            self._signals.insert(i, sig)
 
     def _queued(self, name: str) -> int:
         return sum(1 for sig in self._signals if sig["name"] == name)

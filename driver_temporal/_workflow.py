@@ -125,6 +125,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._signals: list[dict[str, Any]] = []
         self._signal_keys: set[str] = set()
         self._deliveries: dict[str, dict[str, Any]] = {}
+        self._held: dict[str, dict[str, dict[str, Any]]] = {}
         self._outbox: list[dict[str, Any]] = []
         self._closing = False
         self._final = False
@@ -521,8 +522,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             self._inflight += 1
         name = sid + COMPENSATE_SUFFIX if compensation else sid
         summary = f"{sid} {what} {attempt}"
+        res: dict[str, Any] | None = None
         try:
-            res: dict[str, Any]
             # the patch marker keeps runs started before local stages existed replaying
             if spec.local and workflow.patched(_LOCAL_PATCH):
                 local = workflow.start_local_activity(
@@ -586,10 +587,15 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 self._inflight -= 1
                 if self._signal_holder == sid:
                     self._signal_holder = None
+                if res is None:  # no result (the run stops): what it took goes back
+                    self._release_taken(sid, {})
+        assert res is not None
         for rec in res.get("steps") or ():
             steps[rec["name"]] = rec
         for name in res.get("consumed") or ():
             self._take_signal(name)
+        if not compensation:
+            self._release_taken(sid, steps)
         return res
 
     async def _journaled(self, sid: str) -> list[dict[str, Any]]:

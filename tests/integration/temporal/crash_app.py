@@ -1,6 +1,7 @@
 """A small app for the crash test (S17): run as a worker subprocess that hangs inside stage b
 after step x when WFE_TEST_HANG is set, so the test can SIGKILL it there. WFE_TEST_LOCAL makes b
-a ``local=True`` stage (a Temporal local activity).
+a ``local=True`` stage (a Temporal local activity). WFE_TEST_SIGNAL makes b, after step x, wait at
+a file barrier (``at-barrier`` written, ``release`` awaited) and then for the signal "go".
 
 Counts of stage/step bodies go to files in $WFE_TEST_COUNT_DIR (outside the engine); events
 go to a JSON-lines file sink shared by every worker process.
@@ -78,11 +79,20 @@ def build_registry() -> Registry:
             return 20
 
         vx = await ctx.step.run("x", x)
+        got = 0
+        if os.environ.get("WFE_TEST_SIGNAL"):
+            # held at a file barrier until the test sent "go": the wait takes it from the run
+            (count_dir() / "at-barrier").write_text("waiting")
+            for _ in range(6000):  # another process opens it: poll the file (2 min at most)
+                if (count_dir() / "release").exists():
+                    break
+                await asyncio.sleep(0.02)
+            got = int((await ctx.step.wait_for_signal("go"))["n"])
         if os.environ.get("WFE_TEST_HANG"):
             (count_dir() / "in-b").write_text("hanging")
             await asyncio.sleep(600)
         vy = await ctx.step.run("y", y)
-        return int(vx) + int(vy)
+        return int(vx) + int(vy) + got
 
     @wf.stage(after=[b])
     async def c(ctx: StageContext[In]) -> int:
