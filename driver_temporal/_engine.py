@@ -297,7 +297,9 @@ class TemporalEngine(WorkflowEngine):
     async def _start_pinned(self, workflow_id: str, version: str, start: Any, **kw: Any) -> Any:
         """Start a run on its workflow's task queue, PINNED to its definition version."""
         await self._ensure_version(workflow_id, version)
-        for again in (True, False):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30.0
+        while True:
             try:
                 return await self._conn.start_workflow(
                     workflow_id,
@@ -309,12 +311,20 @@ class TemporalEngine(WorkflowEngine):
                     **kw,
                 )
             except RPCError as exc:
-                if not again or "is not present in task queue" not in str(exc):
+                if "is not present in task queue" not in str(exc):
                     raise
-                # the server forgot the version (deleted, or a new cluster): register anew
+                if loop.time() > deadline:
+                    raise DriverUnavailableError(
+                        f"Temporal kept refusing runs pinned to Worker Deployment version "
+                        f"{self.deployment_version(workflow_id, version)} for 30 s ({exc}); "
+                        "check the server's health and retry"
+                    ) from exc
+                # the server forgot the version (deleted, a new cluster), or its matching
+                # service has not caught up with the registration yet (a busy server):
+                # register anew and try again
                 self._registered.discard((self.task_queue(workflow_id), version))
                 await self._ensure_version(workflow_id, version, check=False)
-        raise AssertionError("unreachable")
+                await asyncio.sleep(0.2)
 
     # -- start --------------------------------------------------------------------------------
     async def start(
