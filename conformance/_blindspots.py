@@ -10,10 +10,6 @@ a run of a version no running worker serves left alone."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -37,6 +33,7 @@ from engine_port import (
 )
 from engine_port.errors import StepTimeoutError
 
+from ._crash import kill_worker_when
 from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
 from ._trace import normalise
@@ -193,40 +190,17 @@ class BlindSpotContract:
         log = ExecutionLog(log_path)
         wid = unique_id("bs-takeover")
         registry = build_takeover(wid, str(log_path))
-        env = {
-            **os.environ,
-            **harness.worker_env(),
-            "WFE_CONFORMANCE_WF": wid,
-            "WFE_CONFORMANCE_LOG": str(log_path),
-            "WFE_APP": "conformance.apps.takeover:registry",
-        }
         sink = MemorySink()
         async with harness.engine(registry, sink) as engine:
             run = await engine.start(wid, {})
-            err_path = tmp_path / "worker.err"
-            with err_path.open("wb") as err:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "engine_port",
-                    "worker",
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                )
-            try:
-                await eventually(
-                    lambda: len(log.entries()) == 1 or proc.returncode is not None,
-                    timeout=60,
-                    what="the worker to start stage b",
-                )
-                assert proc.returncode is None, err_path.read_text()[-3000:]
-                proc.send_signal(signal.SIGKILL)
-                await asyncio.wait_for(proc.wait(), 10)
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await asyncio.wait_for(proc.wait(), 10)
+            await kill_worker_when(
+                harness,
+                "conformance.apps.takeover:registry",
+                wid,
+                log_path,
+                lambda: len(log.entries()) == 1,
+                "the worker to start stage b",
+            )
             async with engine.worker():
                 info = await engine.wait(run.id, timeout=90)
                 events = await wait_for_events(sink, run.id, "run.completed", timeout=30)
