@@ -33,8 +33,8 @@ __all__ = [
 #   signal_holder: a stage of a parallel group suspended on a signal wait cannot resume while a
 #     sibling attempt that was handed the buffered signals at its start is still running
 #     (Temporal's single-taker rule for buffered signals; the run waits for that sibling, or
-#     hangs if the sibling waits on it). Drawn as: a signal buffered before/while its stage runs
-#     in a case with a parallel group whose stage waits for a signal sent after suspension.
+#     hangs if the sibling waits on it). While it is a gap, signal waits are drawn only in
+#     single-stage groups (a parallel group's waits time out instead).
 KNOWN_GAPS: frozenset[str] = frozenset({"signal_holder"})
 
 Outcome = Literal["ok", "error", "fatal"]  # return / raise ScriptedError / NonRetryableError
@@ -263,30 +263,33 @@ def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:
 
 
 def _holder_risk(case: Case) -> bool:
-    """A signal is buffered (sent before or while its stage runs) and a stage of a parallel
-    group must resume from a signal sent after it suspended (see KNOWN_GAPS)."""
-    waits = {s.id: [op for op in s.ops if isinstance(op, Wait)] for s in case.stages}
-    buffered = any(op.mode in ("before", "during") for ops in waits.values() for op in ops)
-    return buffered and any(
-        len(group) > 1 and any(op.mode == "after" for sid in group for op in waits[sid])
+    """A stage of a parallel group waits for a signal (see KNOWN_GAPS)."""
+    return any(
+        isinstance(op, Wait) and op.mode != "timeout"
         for group in groups_of(case)
+        if len(group) > 1
+        for sid in group
+        for op in case.stage(sid).ops
     )
 
 
 def _no_buffered_signals(case: Case) -> Case:
-    """Send every signal only once its stage suspended on it."""
+    """Signal waits only in single-stage groups: a parallel group's waits time out instead."""
+    parallel = {sid for group in groups_of(case) if len(group) > 1 for sid in group}
     return replace(
         case,
         stages=tuple(
             replace(
                 s,
                 ops=tuple(
-                    replace(op, mode="after")
-                    if isinstance(op, Wait) and op.mode in ("before", "during")
+                    Wait(op.name, "timeout", 400, True)
+                    if isinstance(op, Wait) and op.mode != "timeout" and s.id in parallel
                     else op
                     for op in s.ops
                 ),
             )
+            if s.id in parallel
+            else s
             for s in case.stages
         ),
     )
