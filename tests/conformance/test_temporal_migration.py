@@ -107,6 +107,9 @@ def _mixed_workflow(log: ExecutionLog, kind: str, tag: str) -> Workflow[Num]:
 
 @pytest.mark.temporal
 @pytest.mark.postgres
+# a deliberately large workload: ~2 min alone here, several times that beside a CPU hog; the
+# timeout only catches a hang (rule: no speed assertions in tests)
+@pytest.mark.timeout(900)
 async def test_drain_500_runs_native_to_temporal_while_starting(
     temporal_server: Any, pg_session: PostgresSession, tmp_path: Path
 ) -> None:
@@ -171,12 +174,12 @@ async def test_drain_500_runs_native_to_temporal_while_starting(
         starter = asyncio.create_task(late_starts())
         signals = asyncio.create_task(signaller())
         report = await migrate_runs(
-            native, temporal, workflow_ids=wf_ids, drain=True, wait=30, drain_timeout=120
+            native, temporal, workflow_ids=wf_ids, drain=True, wait=30, drain_timeout=600
         )
         moved_all.set()
         await starter
         await signals
-        finals = [await engine.wait(rid, timeout=120) for rid in list(kinds)]
+        finals = [await engine.wait(rid, timeout=300) for rid in list(kinds)]
         await eventually(
             lambda: all(any(e.type == "run.completed" for e in sink.for_run(rid)) for rid in kinds),
             timeout=60,
