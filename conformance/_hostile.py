@@ -91,7 +91,7 @@ class HostileDataContract:
                 }
                 assert info.output == forged
                 assert SECRET not in repr(info)
-            listed = await engine.list_runs()
+            listed = await engine.list_runs(workflow_id=echo.id)
             assert SECRET not in repr(listed)
 
     async def test_a_malformed_reference_in_user_json_breaks_nothing(
