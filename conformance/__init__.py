@@ -18,6 +18,7 @@ from ._harness import (
     unique_id,
     wait_for_events,
 )
+from ._hostile import HostileDataContract
 from ._migrate import MigrationContract
 from ._parallel import ParallelFailureContract
 from ._saga import CancelContract, CompensationContract, RedriveContract
@@ -37,6 +38,7 @@ __all__ = [
     "FlowContract",
     "Harness",
     "HookContract",
+    "HostileDataContract",
     "IdempotencyContract",
     "MigrationContract",
     "ParallelFailureContract",
@@ -73,5 +75,6 @@ class AllContracts(
     BadInputContract,
     CrashContract,
     BlindSpotContract,
+    HostileDataContract,
 ):
     """Every scenario of the contract."""

@@ -170,7 +170,7 @@ class NativeEngine(WorkflowEngine):
                     id=r.stage_id,
                     status=r.status,
                     attempt=r.attempt,
-                    output=await k.claim.load(r.output) if r.has_output else None,
+                    output=await k.claim.load(r.output, run_id=run.id) if r.has_output else None,
                     error=ErrorInfo.model_validate(r.error) if r.error else None,
                     compensation_error=(
                         ErrorInfo.model_validate(r.compensation_error)
@@ -187,15 +187,17 @@ class NativeEngine(WorkflowEngine):
         if run.status == RunStatus.COMPLETED and graph is not None:
             sinks = graph.sinks()
             if len(sinks) == 1:
-                output = await k.claim.load(run.output)
+                output = await k.claim.load(run.output, run_id=run.id)
             else:
-                output = {s: await k.claim.load(v) for s, v in (run.output or {}).items()}
+                output = {
+                    s: await k.claim.load(v, run_id=run.id) for s, v in (run.output or {}).items()
+                }
         return RunInfo(
             id=run.id,
             workflow_id=run.workflow_id,
             version=run.version,
             status=run.status,
-            input=await k.claim.load(run.input),
+            input=await k.claim.load(run.input, run_id=run.id),
             output=output,
             error=ErrorInfo.model_validate(run.error) if run.error else None,
             compensation_errors=[

@@ -29,6 +29,7 @@ from engine_port import (
     StageRequest,
     StageRunner,
     VersionInfo,
+    run_prefix,
 )
 from engine_port._clock import Clock
 from engine_port._serde import fingerprint, input_fingerprint, to_json_value
@@ -256,9 +257,21 @@ class Kernel:
 
     async def _signal(self, cmd: SignalStep) -> SignalResult:
         payload = to_json_value(cmd.payload, f"payload of signal {cmd.signal!r}")
-        return await self.db.tx(
-            _runs.signal_run, cmd.run_id, cmd.signal, payload, self.now(), cmd.idempotency_key
+        stored = await self.claim.dump(
+            payload, f"{run_prefix(cmd.run_id)}signals/{uuid.uuid4().hex[:16]}"
         )
+        key = self.claim.key_of(stored)
+        try:
+            result = await self.db.tx(
+                _runs.signal_run, cmd.run_id, cmd.signal, stored, self.now(), cmd.idempotency_key
+            )
+        except BaseException:
+            if key is not None:
+                await self.claim.store.delete(key)
+            raise
+        if key is not None and result.already_completed:
+            await self.claim.store.delete(key)
+        return result
 
     async def _cancel(self, cmd: CancelRun) -> bool:
         return await self.db.tx(_runs.cancel_run, cmd.run_id, self.now())
@@ -365,8 +378,10 @@ class Kernel:
             workflow=wf,
             stage_id=begin.stage_id,
             attempt=begin.attempt,
-            input=await self.claim.load(begin.input),
-            outputs={k: await self.claim.load(v) for k, v in begin.outputs.items()},
+            input=await self.claim.load(begin.input, run_id=begin.run_id),
+            outputs={
+                k: await self.claim.load(v, run_id=begin.run_id) for k, v in begin.outputs.items()
+            },
             cancel_event=cancel,
         )
         ledger = SqlStepLedger(self.db, self.claim, begin.run_id, begin.stage_id, begin.steps)
@@ -423,11 +438,18 @@ class Kernel:
             return "deferred"
         beat = asyncio.create_task(self._beat(job, worker, None, None, None))
         try:
-            run_input = await self.claim.load(plan.input)
-            outputs = {k: await self.claim.load(v) for k, v in plan.outputs.items()}
+            run_input = await self.claim.load(plan.input, run_id=plan.run_id)
+            outputs = {
+                k: await self.claim.load(v, run_id=plan.run_id) for k, v in plan.outputs.items()
+            }
             for stage_id, stored in plan.todo:
                 await self._compensate_stage(
-                    wf, plan.run_id, stage_id, run_input, outputs, await self.claim.load(stored)
+                    wf,
+                    plan.run_id,
+                    stage_id,
+                    run_input,
+                    outputs,
+                    await self.claim.load(stored, run_id=plan.run_id),
                 )
             await self.db.tx(_progress.finish_compensation, job, worker, self.now())
         finally:

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from engine_port import ClaimCheck, StepRecord, is_spill_ref
+from engine_port import ClaimCheck, StepRecord
 
 from ._db import Database
 from ._schema import signals, steps
@@ -99,11 +99,13 @@ class SqlStepLedger:
         self.run_id = run_id
         self.stage_id = stage_id
         self._cache = {r.name: step_record(r) for r in rows}
+        # the stored form of each completed result read from the database, opened on first use
+        self._stored = {n: rec.result for n, rec in self._cache.items() if rec.completed}
 
     async def get(self, name: str) -> StepRecord | None:
         rec = self._cache.get(name)
-        if rec is not None and is_spill_ref(rec.result):
-            rec = rec.done(await self._claim.load(rec.result))
+        if rec is not None and name in self._stored:
+            rec = rec.done(await self._claim.load(self._stored.pop(name), run_id=self.run_id))
             self._cache[name] = rec
         return rec
 
@@ -120,11 +122,12 @@ class SqlStepLedger:
             ("run_id", "stage_id", "name"),
         )
         self._cache[record.name] = record
+        self._stored.pop(record.name, None)
 
     async def consume_signal(self, record: StepRecord) -> StepRecord | None:
         payload = await self._db.tx(_consume, self.run_id, self.stage_id, record)
         if payload is _MISSING:
             return None
-        done = record.done(payload)
+        done = record.done(await self._claim.load(payload, run_id=self.run_id))
         self._cache[record.name] = done
         return done

@@ -51,7 +51,6 @@ from engine_port import (
     StageRequest,
     StageRunner,
     StepRecord,
-    is_spill_ref,
 )
 from engine_port.errors import EngineError
 
@@ -190,8 +189,11 @@ class DriverActivities:
             workflow=wf,
             stage_id=task["stage_id"],
             attempt=task["attempt"],
-            input=await self.claim.load(task["input"]),
-            outputs={k: await self.claim.load(v) for k, v in task["outputs"].items()},
+            input=await self.claim.load(task["input"], run_id=task["run_id"]),
+            outputs={
+                k: await self.claim.load(v, run_id=task["run_id"])
+                for k, v in task["outputs"].items()
+            },
         )
         journal: dict[str, dict[str, Any]] = {}
         records = {r["name"]: r for r in task["steps"]}
@@ -224,9 +226,9 @@ class DriverActivities:
                     # the lost try took the oldest of its name: it stays taken
                     raw_signals[sig].pop(0)
                     pre_consumed.append(sig)
-        loaded = {name: await self._load_record(r) for name, r in records.items()}
+        loaded = {name: await self._load_record(r, req.run_id) for name, r in records.items()}
         signals = {
-            k: [await self.claim.load(v) for v in queue]
+            k: [await self.claim.load(v, run_id=req.run_id) for v in queue]
             for k, queue in raw_signals.items()
             if queue
         }
@@ -250,7 +252,7 @@ class DriverActivities:
         try:
             if compensation:
                 outcome = await self.runner.compensate(
-                    req, await self.claim.load(task["output"]), ledger
+                    req, await self.claim.load(task["output"], run_id=req.run_id), ledger
                 )
             else:
                 outcome = await self._unless_frozen(info, task, self.runner.run(req, ledger))
@@ -355,12 +357,12 @@ class DriverActivities:
             return False, None
         if not res.get("taken"):
             return False, None
-        return True, await self.claim.load(res.get("payload"))
+        return True, await self.claim.load(res.get("payload"), run_id=task["run_id"])
 
-    async def _load_record(self, data: dict[str, Any]) -> StepRecord:
+    async def _load_record(self, data: dict[str, Any], run_id: str) -> StepRecord:
         rec = record_from_json(data)
-        if is_spill_ref(rec.result):
-            rec = rec.done(await self.claim.load(rec.result)) if rec.completed else rec
+        if rec.completed:
+            rec = rec.done(await self.claim.load(rec.result, run_id=run_id))
         return rec
 
     async def _heartbeat(self) -> None:

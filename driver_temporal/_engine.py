@@ -417,12 +417,13 @@ class TemporalEngine(WorkflowEngine):
         sinks = info.pop("sinks", None) or []
         info.pop("event_seq", None)
         info.pop("run_started", None)
-        info["input"] = await self.claim.load(info.get("input"))
+        run_id = str(info.get("id"))
+        info["input"] = await self.claim.load(info.get("input"), run_id=run_id)
         stages = []
         outputs: dict[str, Any] = {}
         for raw in info.get("stages") or []:
             s = dict(raw)
-            s["output"] = await self.claim.load(s.get("output"))
+            s["output"] = await self.claim.load(s.get("output"), run_id=run_id)
             if s["status"] in ("completed", "compensated"):
                 outputs[s["id"]] = s["output"]
             stages.append(s)

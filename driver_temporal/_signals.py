@@ -31,6 +31,8 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from engine_port import box_inline
+
     from ._activities import TAKE_SIGNAL_UPDATE
     from ._freezing import migration_error
 
@@ -79,7 +81,8 @@ class SignalHandlers:
                 name, value.get("payload"), value.get("delivery"), value.get("idempotency_key")
             )
         else:
-            self._deliver(name, value, None, None)
+            # the operator's JSON is user data: boxed, so it is never read as a reference
+            self._deliver(name, box_inline(value), None, None)
 
     @workflow.update(name=SIGNAL_UPDATE)
     def on_signal_update(self, body: dict[str, Any]) -> dict[str, Any]:

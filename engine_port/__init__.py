@@ -10,7 +10,9 @@ from ._blobs import (
     ClaimCheck,
     FolderBlobStore,
     MemoryBlobStore,
+    box_inline,
     is_spill_ref,
+    run_prefix,
 )
 from ._blobstores import open_blob_store
 from ._clock import Clock, FakeClock, SystemClock
@@ -89,6 +91,7 @@ __all__ = [
     "VersionInfo",
     "Workflow",
     "WorkflowEngine",
+    "box_inline",
     "copy_blobs",
     "create_engine",
     "event_id",
@@ -98,4 +101,5 @@ __all__ = [
     "open_blob_store",
     "open_event_sink",
     "run_output",
+    "run_prefix",
 ]

@@ -15,17 +15,22 @@ from .errors import SpilledPayloadUnavailableError, UnsafeBlobKeyError
 
 __all__ = [
     "DEFAULT_SPILL_THRESHOLD",
+    "INLINE_MARKER",
     "SPILL_MARKER",
     "BlobStore",
     "ClaimCheck",
     "FolderBlobStore",
     "MemoryBlobStore",
+    "box_inline",
     "check_key",
     "is_spill_ref",
+    "run_prefix",
 ]
 
 DEFAULT_SPILL_THRESHOLD = 64 * 1024
 SPILL_MARKER = "$wfe_spill"
+# wraps an inline user value that has the shape of engine metadata, so it is never taken for it
+INLINE_MARKER = "$wfe_inline"
 _TMP_SUFFIX = ".wfe-tmp"
 
 
@@ -138,10 +143,31 @@ def is_spill_ref(value: Any) -> bool:
     return isinstance(value, dict) and len(value) == 1 and SPILL_MARKER in value
 
 
+def _is_boxed(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and INLINE_MARKER in value
+
+
+def box_inline(value: JSON) -> JSON:
+    """The stored form of an inline user value. A value shaped like engine metadata (a spill
+    reference or a box) is wrapped in a box, so that no user JSON is ever read as a
+    reference (DESIGN §5, claim check); every other value is stored as it is."""
+    if is_spill_ref(value) or _is_boxed(value):
+        return {INLINE_MARKER: value}
+    return value
+
+
+def run_prefix(run_id: str) -> str:
+    """Every blob of a run lives under this prefix; a run reads no blob outside it."""
+    return f"runs/{run_id}/"
+
+
 class ClaimCheck:
     """Stores values over a threshold in a BlobStore behind a reference, and resolves them.
 
-    A reference is ``{"$wfe_spill": {"key": ..., "size": ..., "sha256": ...}}``.
+    A stored value is the user's value itself, a box ``{"$wfe_inline": value}`` when the
+    value has the shape of engine metadata, or a reference
+    ``{"$wfe_spill": {"key": ..., "size": ..., "sha256": ...}}`` whose key lies under the
+    run's own prefix. Only :meth:`dump` makes stored values; only :meth:`load` reads them.
     """
 
     def __init__(self, store: BlobStore, threshold: int = DEFAULT_SPILL_THRESHOLD) -> None:
@@ -149,10 +175,11 @@ class ClaimCheck:
         self.threshold = threshold
 
     async def dump(self, value: JSON, key: str, *, force: bool = False) -> JSON:
-        """Return ``value`` itself, or a spill reference when it is large (or ``force``)."""
+        """Return the stored form of ``value``: itself (boxed if needed), or a spill
+        reference when it is large (or ``force``)."""
         data = dumps(value)
         if not force and len(data) <= self.threshold:
-            return value
+            return box_inline(value)
         await self.store.put(key, data)
         return {
             SPILL_MARKER: {
@@ -162,14 +189,28 @@ class ClaimCheck:
             }
         }
 
-    async def load(self, value: JSON) -> JSON:
-        """Resolve a spill reference (values that are not references pass through)."""
+    async def load(self, value: JSON, *, run_id: str) -> JSON:
+        """The user value behind a stored value of run ``run_id``: a reference is read
+        from the store (only under the run's own prefix), a box is opened, anything else
+        passes through."""
+        if _is_boxed(value):
+            return value[INLINE_MARKER]
         if not is_spill_ref(value):
             return value
-        ref = value[SPILL_MARKER]
-        data = await self.store.get(ref["key"])
-        return loads(data)
+        key = self.key_of(value)
+        if key is None or not key.startswith(run_prefix(run_id)):
+            raise SpilledPayloadUnavailableError(
+                str(key),
+                f"it is not a well-formed reference under run {run_id!r}'s own prefix "
+                f"{run_prefix(run_id)!r}",
+            )
+        return loads(await self.store.get(key))
 
     @staticmethod
     def key_of(value: JSON) -> str | None:
-        return value[SPILL_MARKER]["key"] if is_spill_ref(value) else None
+        """The blob key of a stored value, or None when it is stored inline."""
+        if not is_spill_ref(value):
+            return None
+        ref = value[SPILL_MARKER]
+        key = ref.get("key") if isinstance(ref, dict) else None
+        return key if isinstance(key, str) else None

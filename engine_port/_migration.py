@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ._blobs import SPILL_MARKER, BlobStore
+from ._blobs import INLINE_MARKER, BlobStore, ClaimCheck, run_prefix
 from ._engine import WorkflowEngine
 from ._models import ACTIVE_RUN_STATUSES, RunSnapshot, RunStatus
 from .errors import EngineError, MigrationError, RunNotFoundError
@@ -35,22 +35,28 @@ class MigrationReport(BaseModel):
         return sum(m.outcome == outcome for m in self.moves)
 
 
-def _spill_keys(value: Any, out: set[str]) -> None:
+def _spill_keys(value: Any, prefix: str, out: set[str]) -> None:
+    """The blob keys of the references in a snapshot: boxed user values are not looked into,
+    and only keys under the run's own prefix count."""
     if isinstance(value, dict):
-        if SPILL_MARKER in value and len(value) == 1:
-            out.add(value[SPILL_MARKER]["key"])
+        if INLINE_MARKER in value and len(value) == 1:
+            return
+        key = ClaimCheck.key_of(value)
+        if key is not None:
+            if key.startswith(prefix):
+                out.add(key)
             return
         for v in value.values():
-            _spill_keys(v, out)
+            _spill_keys(v, prefix, out)
     elif isinstance(value, list):
         for v in value:
-            _spill_keys(v, out)
+            _spill_keys(v, prefix, out)
 
 
 async def copy_blobs(snapshot: RunSnapshot, source: BlobStore, target: BlobStore) -> int:
     """Copy every blob the snapshot references from ``source`` to ``target``."""
     keys: set[str] = set()
-    _spill_keys(snapshot.model_dump(mode="json"), keys)
+    _spill_keys(snapshot.model_dump(mode="json"), run_prefix(snapshot.run_id), keys)
     for key in sorted(keys):
         if not await target.has(key):
             await target.put(key, await source.get(key))

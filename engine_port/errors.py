@@ -154,10 +154,13 @@ class WaitTimeoutError(EngineError):
 
 
 class SpilledPayloadUnavailableError(EngineError):
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, reason: str | None = None) -> None:
         super().__init__(
-            f"spilled payload {key!r} is not in the blob store; point blob_url at the store the "
-            "run was written with (or copy the blobs across when migrating)"
+            f"spilled payload {key!r} cannot be read: {reason}; the run's stored state was "
+            "changed outside the engine"
+            if reason
+            else f"spilled payload {key!r} is not in the blob store; point blob_url at the "
+            "store the run was written with (or copy the blobs across when migrating)"
         )
         self.key = key
 

@@ -175,18 +175,18 @@ async def test_claim_check_spills_to_s3_and_loads_back(store: BlobStore) -> None
     assert is_spill_ref(ref)
     assert ClaimCheck.key_of(ref) == "runs/r1/stages/load/output"
     assert await store.has("runs/r1/stages/load/output")
-    assert await claim.load(ref) == large
+    assert await claim.load(ref, run_id="r1") == large
 
     # A fresh store on the same bucket resolves the reference too (another worker process).
     assert isinstance(store, S3BlobStore)
     other = S3BlobStore(
         bucket=store.bucket, endpoint=store.endpoint, access_key="test", secret_key="test"
     )
-    assert await ClaimCheck(other).load(ref) == large
+    assert await ClaimCheck(other).load(ref, run_id="r1") == large
 
     await store.delete("runs/r1/stages/load/output")
     with pytest.raises(SpilledPayloadUnavailableError):
-        await claim.load(ref)
+        await claim.load(ref, run_id="r1")
 
 
 async def test_unreachable_endpoint_raises_driver_unavailable_quickly() -> None:

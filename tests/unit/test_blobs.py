@@ -131,19 +131,19 @@ async def test_get_of_a_folder_key_raises_spilled_payload_unavailable(tmp_path: 
 async def test_small_values_stay_inline_and_large_ones_spill(store: Any) -> None:
     cc = ClaimCheck(store, threshold=100)
     small = {"a": "x" * 10}
-    assert await cc.dump(small, "k/small") == small
-    assert not await store.has("k/small")
+    assert await cc.dump(small, "runs/k/small") == small
+    assert not await store.has("runs/k/small")
 
     large = {"a": "x" * 200}
-    ref = await cc.dump(large, "k/large")
+    ref = await cc.dump(large, "runs/k/large")
     assert is_spill_ref(ref)
-    assert ClaimCheck.key_of(ref) == "k/large"
+    assert ClaimCheck.key_of(ref) == "runs/k/large"
     assert ref["$wfe_spill"]["size"] > 100
     assert len(ref["$wfe_spill"]["sha256"]) == 64
-    assert await store.has("k/large")
+    assert await store.has("runs/k/large")
     assert "x" * 200 not in str(ref)
-    assert await cc.load(ref) == large
-    assert await cc.load(small) == small
+    assert await cc.load(ref, run_id="k") == large
+    assert await cc.load(small, run_id="k") == small
     assert ClaimCheck.key_of(small) is None
 
 
@@ -157,9 +157,9 @@ async def test_force_always_spills(store: Any) -> None:
     cc = ClaimCheck(store)
     values: list[Any] = [None, 1, "s", [], {"a": 1}]
     for i, value in enumerate(values):
-        ref = await cc.dump(value, f"forced/{i}", force=True)
+        ref = await cc.dump(value, f"runs/f/{i}", force=True)
         assert is_spill_ref(ref)
-        assert await cc.load(ref) == value
+        assert await cc.load(ref, run_id="f") == value
 
 
 async def test_large_value_round_trips_unchanged(store: Any) -> None:
@@ -167,13 +167,13 @@ async def test_large_value_round_trips_unchanged(store: Any) -> None:
     big = {"rows": [{"i": i, "s": "é" * 50, "f": i / 3} for i in range(2000)]}
     ref = await cc.dump(big, "runs/r/stage/out")
     assert is_spill_ref(ref)
-    assert await cc.load(ref) == big
+    assert await cc.load(ref, run_id="r") == big
 
 
 async def test_load_through_an_empty_store_raises(store: Any) -> None:
-    ref = await ClaimCheck(store, threshold=0).dump({"a": 1}, "gone/1")
-    with pytest.raises(SpilledPayloadUnavailableError, match="gone/1"):
-        await ClaimCheck(MemoryBlobStore()).load(ref)
+    ref = await ClaimCheck(store, threshold=0).dump({"a": 1}, "runs/g/gone/1")
+    with pytest.raises(SpilledPayloadUnavailableError, match="runs/g/gone/1"):
+        await ClaimCheck(MemoryBlobStore()).load(ref, run_id="g")
 
 
 async def test_dump_with_an_unsafe_key_raises(store: Any) -> None:

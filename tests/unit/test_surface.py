@@ -59,6 +59,7 @@ PUBLIC = [
     "VersionInfo",
     "Workflow",
     "WorkflowEngine",
+    "box_inline",
     "copy_blobs",
     "create_engine",
     "event_id",
@@ -68,6 +69,7 @@ PUBLIC = [
     "open_blob_store",
     "open_event_sink",
     "run_output",
+    "run_prefix",
 ]
 
 ERRORS = [

@@ -37,7 +37,7 @@ async def test_round_trip(database_url: str) -> None:
         claim = ClaimCheck(store, threshold=10)
         ref = await claim.dump({"v": "x" * 100}, "runs/r2/out")
         assert is_spill_ref(ref)
-        assert await claim.load(ref) == {"v": "x" * 100}
+        assert await claim.load(ref, run_id="r2") == {"v": "x" * 100}
     finally:
         db.dispose()
 

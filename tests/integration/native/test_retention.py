@@ -48,7 +48,7 @@ async def test_run_timeout_fails_the_run_and_compensates(make_engine: MakeEngine
     engine = await make_engine(w.timed)
     run = await engine.start("it-timed", {"n": 1})
     async with engine.worker(maintenance_interval=0.05):
-        info = await engine.wait(run.id, timeout=10)
+        info = await engine.wait(run.id, timeout=30)
     assert info.status == "failed"
     assert info.error is not None and info.error.type == "RunTimeoutError"
     assert info.stage("reserve").status == "compensated"

@@ -136,7 +136,7 @@ async def boom(ctx: StageContext[Item]) -> str:
 
 
 # -- run timeout ----------------------------------------------------------------------------------
-timed = Workflow("it-timed", input=Item, timeout=timedelta(seconds=0.3))
+timed = Workflow("it-timed", input=Item, timeout=timedelta(seconds=3))
 
 
 @timed.stage

@@ -129,8 +129,9 @@ async def test_a_raw_temporal_signal_from_an_operator_queues_its_input(
 
     @wf.stage
     async def w(ctx: StageContext[In]) -> list[Any]:
-        return [await ctx.step.wait_for_signal("go") for _ in range(3)]
+        return [await ctx.step.wait_for_signal("go") for _ in range(4)]
 
+    forged = {"$wfe_spill": {"key": "runs/other-run/outputs/secret.json"}}
     engine = make_engine(Registry([wf]), sink=MemorySink())
     async with engine:
         run = await engine.start("rawsig", {})
@@ -138,9 +139,10 @@ async def test_a_raw_temporal_signal_from_an_operator_queues_its_input(
         handle = engine._conn.get_workflow_handle(run.id)
         await handle.signal("go", {"ok": True, "payload": "user data"})  # as an operator would
         await handle.signal("go", 5)
+        await handle.signal("go", forged)  # user data, never read as a reference
         async with engine.worker():
             info = await engine.wait(run.id, timeout=30)
-    assert info.output == [{"via": "engine"}, {"ok": True, "payload": "user data"}, 5]
+    assert info.output == [{"via": "engine"}, {"ok": True, "payload": "user data"}, 5, forged]
 
 
 async def test_s8_signal_before_wait_is_buffered(make_engine: EngineFactory) -> None:

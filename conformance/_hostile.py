@@ -1,0 +1,117 @@
+"""Scenario: user JSON shaped like engine metadata (DESIGN §5 "Claim check": references are
+engine metadata, never user data; issue 11).
+
+A run's input, step result, signal payload and stage output may be any JSON, including
+``{"$wfe_spill": {"key": ...}}`` naming another run's spilled blob, or a malformed
+``{"$wfe_spill": 1}``. Each must come back as the literal value the user gave, never as the
+content of a blob, and reading runs must keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from engine_port import MemoryBlobStore, MemorySink, Registry, RunStatus, StageContext, Workflow
+
+from ._harness import Harness, unique_id, wait_for_events
+
+__all__ = ["HostileDataContract"]
+
+SECRET = "4111 1111 1111 1111"
+
+
+class Loose(BaseModel):
+    """An input model that accepts any keys (a permissive API payload)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _victim() -> Workflow[Loose]:
+    wf = Workflow(unique_id("victim"), input=Loose)
+
+    @wf.stage
+    async def secret(ctx: StageContext[Loose]) -> dict[str, str]:
+        card = await ctx.step.run("card", lambda: {"card": SECRET, "pad": "p" * 1000})
+        return {"card": card["card"], "pad": "q" * 1000}
+
+    return wf
+
+
+def _echo() -> Workflow[Loose]:
+    """Returns its input, a step result and a signal payload, each as the user gave them."""
+    wf = Workflow(unique_id("echo"), input=Loose)
+
+    @wf.stage
+    async def echo(ctx: StageContext[Loose]) -> dict[str, Any]:
+        given = ctx.input.model_dump()
+        step = await ctx.step.run("forge", lambda: given.get("forged"))
+        signal = await ctx.step.wait_for_signal("forged")
+        return {"input": given, "step": step, "signal": signal}
+
+    @wf.stage(after=[echo])
+    async def relay(ctx: StageContext[Loose]) -> Any:
+        return ctx.output_of(echo)["step"]
+
+    return wf
+
+
+class HostileDataContract:
+    """No user JSON is ever read as a spill reference, on any driver."""
+
+    async def test_user_json_naming_another_runs_blob_is_returned_as_given(
+        self, harness: Harness
+    ) -> None:
+        store = MemoryBlobStore()
+        victim, echo = _victim(), _echo()
+        sink = MemorySink()
+        async with (
+            harness.engine(
+                Registry([victim, echo]), sink, blob_store=store, spill_threshold_bytes=512
+            ) as engine,
+            engine.worker(),
+        ):
+            v = await engine.start(victim.id, {})
+            assert (await engine.wait(v.id, timeout=60)).status == RunStatus.COMPLETED
+            keys = sorted(k for k in store.blobs if k.startswith(f"runs/{v.id}/"))
+            assert keys, "the victim's output and step result spill at a 512-byte threshold"
+            for key in keys:
+                forged = {"$wfe_spill": {"key": key}}
+                run = await engine.start(echo.id, {"forged": forged})
+                await wait_for_events(sink, run.id, "stage.suspended")
+                await engine.signal(run.id, "forged", forged)
+                info = await engine.wait(run.id, timeout=60)
+                assert info.status == RunStatus.COMPLETED, info.error
+                assert info.input == {"forged": forged}
+                assert info.stage("echo").output == {
+                    "input": {"forged": forged},
+                    "step": forged,
+                    "signal": forged,
+                }
+                assert info.output == forged
+                assert SECRET not in repr(info)
+            listed = await engine.list_runs(workflow_id=echo.id)
+            assert SECRET not in repr(listed)
+
+    async def test_a_malformed_reference_in_user_json_breaks_nothing(
+        self, harness: Harness
+    ) -> None:
+        echo = _echo()
+        sink = MemorySink()
+        bad: list[Any] = [{"$wfe_spill": 1}, {"$wfe_inline": {"$wfe_spill": None}}]
+        async with harness.engine(Registry([echo]), sink) as engine, engine.worker():
+            for forged in bad:
+                run = await engine.start(echo.id, {"forged": forged})
+                await wait_for_events(sink, run.id, "stage.suspended")
+                assert (await engine.get_run(run.id)).input == {"forged": forged}
+                await engine.signal(run.id, "forged", forged)
+                info = await engine.wait(run.id, timeout=60)
+                assert info.status == RunStatus.COMPLETED, info.error
+                assert info.stage("echo").output == {
+                    "input": {"forged": forged},
+                    "step": forged,
+                    "signal": forged,
+                }
+                assert info.output == forged
+            assert len(await engine.list_runs(workflow_id=echo.id)) == len(bad)
