@@ -1,32 +1,74 @@
-"""Load a user's registry from ``module:attribute`` (a Registry, or a callable returning one)."""
+"""Load a user's registry from ``--app``: ``module:attribute`` (a Registry, a Workflow, or a
+callable returning one) or just ``module`` (its Registry, else every Workflow it defines)."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from typing import Any
 
+from ._graph import Workflow
 from ._registry import Registry
-from .errors import EngineError
+from .errors import ConfigurationError
 
 __all__ = ["load_registry"]
 
 
+def _as_registry(target: Any, app: str) -> Registry:
+    if isinstance(target, Registry):
+        return target
+    if isinstance(target, Workflow):
+        return Registry([target])
+    if callable(target):
+        made = target()
+        if isinstance(made, Registry | Workflow):
+            return _as_registry(made, app)
+    raise ConfigurationError(
+        f"app {app!r} is not a Registry, a Workflow, nor a function returning one; point "
+        "--app (or WFE_APP) at the Registry that holds your workflows"
+    )
+
+
 def load_registry(app: str | None) -> Registry:
     if not app:
-        raise EngineError(
+        raise ConfigurationError(
             "no application given; pass --app module:registry or set WFE_APP (or app= in "
             "wfe.toml) to the Registry that holds your workflows"
         )
     module_name, _, attr = app.partition(":")
-    if not module_name or not attr:
-        raise EngineError(f"app {app!r} must look like 'package.module:registry'")
+    if not module_name:
+        raise ConfigurationError(f"app {app!r} must look like 'package.module:registry'")
+    # like `python -m`, the current directory is importable (the app's own folder)
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EngineError(f"cannot import {module_name!r} for app {app!r}: {exc}") from None
-    target = getattr(module, attr, None)
-    if target is None:
-        raise EngineError(f"module {module_name!r} has no attribute {attr!r} (app {app!r})")
-    registry = target if isinstance(target, Registry) else target()
-    if not isinstance(registry, Registry):
-        raise EngineError(f"app {app!r} is not a Registry nor a function returning one")
-    return registry
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for app {app!r}: {exc}; run from the folder that "
+            "holds it or add that folder to PYTHONPATH"
+        ) from None
+    if attr:
+        target = getattr(module, attr, None)
+        if target is None:
+            raise ConfigurationError(
+                f"module {module_name!r} has no attribute {attr!r} (app {app!r})"
+            )
+        return _as_registry(target, app)
+    found = [v for v in vars(module).values() if isinstance(v, Registry)]
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        raise ConfigurationError(
+            f"module {module_name!r} holds {len(found)} Registry objects; name one: "
+            f"--app {module_name}:NAME"
+        )
+    workflows = [v for v in vars(module).values() if isinstance(v, Workflow)]
+    if not workflows:
+        raise ConfigurationError(
+            f"module {module_name!r} defines no Registry and no Workflow; name one: "
+            f"--app {module_name}:NAME"
+        )
+    return Registry(workflows)

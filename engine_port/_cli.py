@@ -1,25 +1,56 @@
-"""The ``wfe`` command line."""
+"""The ``wfe`` command line.
+
+Results go to stdout (a table on a terminal; untruncated tab-separated rows when piped; one JSON
+document, or JSON lines for listings, with ``--json``), errors to stderr, and the exit code says
+what went wrong (``EXIT_CODES``, documented in the README).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import importlib
+import importlib.metadata
 import json
+import re
 import signal
 import sys
-from typing import Annotated, Any
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ._app import load_registry
+from ._config import load_settings
 from ._factory import create_engine
+from ._models import RunInfo, RunStatus
+from ._registry import Registry
 from ._settings import EngineSettings
-from .errors import EngineError
+from .errors import (
+    CommandInProgressError,
+    ConfigurationError,
+    DefinitionError,
+    DriverUnavailableError,
+    EngineError,
+    IdempotencyConflictError,
+    InvalidInputError,
+    InvalidRedriveError,
+    MigrationError,
+    RunNotActiveError,
+    RunNotFoundError,
+    SerializationError,
+    UnsupportedFeatureError,
+    VersionNotServedError,
+    WorkflowDrainedError,
+    WorkflowNotFoundError,
+)
 
-__all__ = ["app", "main"]
+__all__ = ["EXIT_CODES", "app", "exit_code", "main"]
 
 app = typer.Typer(
     help="wfe: durable workflows on SQLite, PostgreSQL or Temporal.",
@@ -28,27 +59,163 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Native driver database schema.", no_args_is_help=True)
 dev_app = typer.Typer(help="Development servers.", no_args_is_help=True)
+dlq_app = typer.Typer(
+    help="Events the sink refused too often (dead letters).", no_args_is_help=True
+)
 app.add_typer(db_app, name="db")
 app.add_typer(dev_app, name="dev")
-console = Console()
+app.add_typer(dlq_app, name="dlq")
+console = Console()  # results (stdout)
+errors = Console(stderr=True)  # errors and progress (stderr)
 
-AppOpt = Annotated[str | None, typer.Option("--app", help="module:registry (or WFE_APP)")]
+# exit codes: 0 ok, 1 any other engine error, 2 wrong usage (typer/click)
+EXIT_CODES: dict[str, int] = {
+    "not_found": 3,  # no such run / workflow
+    "wrong_state": 4,  # the run or workflow is not in a state that allows it
+    "unavailable": 5,  # the database, blob store or Temporal cluster cannot be reached
+    "bad_config": 6,  # settings, wfe.toml, --app
+    "bad_input": 7,  # an argument or payload the engine refuses
+}
+_KINDS: tuple[tuple[tuple[type[EngineError], ...], str], ...] = (
+    ((RunNotFoundError, WorkflowNotFoundError), "not_found"),
+    (
+        (
+            RunNotActiveError,
+            InvalidRedriveError,
+            IdempotencyConflictError,
+            WorkflowDrainedError,
+            CommandInProgressError,
+            VersionNotServedError,
+            MigrationError,
+        ),
+        "wrong_state",
+    ),
+    ((DriverUnavailableError,), "unavailable"),
+    ((ConfigurationError, DefinitionError, UnsupportedFeatureError), "bad_config"),
+    ((InvalidInputError, SerializationError), "bad_input"),
+)
+
+
+def exit_code(exc: EngineError) -> int:
+    """The process exit code for an engine error (see EXIT_CODES)."""
+    for types, kind in _KINDS:
+        if isinstance(exc, types):
+            return EXIT_CODES[kind]
+    return 1
+
+
+def _fail(exc: EngineError) -> NoReturn:
+    errors.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    raise typer.Exit(exit_code(exc))
+
+
+@contextlib.contextmanager
+def _reported() -> Iterator[None]:
+    try:
+        yield
+    except EngineError as exc:
+        _fail(exc)
+
+
+AppOpt = Annotated[
+    str | None,
+    typer.Option("--app", help="module:registry, module:workflow or module (or WFE_APP)"),
+]
 DriverOpt = Annotated[str | None, typer.Option("--driver", help="native or temporal")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (JSON lines for listings)")]
 
 
 def _settings(driver: str | None = None, **extra: Any) -> EngineSettings:
     values: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
     if driver:
         values["driver"] = driver
-    return EngineSettings(**values)
+    with _reported():
+        return load_settings(**values)
+
+
+def _registry(app_: str | None, settings: EngineSettings, required: bool) -> Registry | None:
+    name = app_ or settings.app
+    if not name and not required:
+        return None
+    with _reported():
+        return load_registry(name)
 
 
 def _run(coro: Any) -> Any:
-    try:
+    with _reported():
         return asyncio.run(coro)
-    except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+
+
+def _json_line(value: Any) -> None:
+    if isinstance(value, BaseModel):
+        text = value.model_dump_json()
+    else:
+        text = json.dumps(value, default=str)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _show_json(value: BaseModel | dict[str, Any], as_json: bool) -> None:
+    """One JSON document: coloured on a terminal, plain when piped or with --json."""
+    if as_json or not console.is_terminal:
+        _json_line(value)
+    else:
+        text = value.model_dump_json() if isinstance(value, BaseModel) else json.dumps(value)
+        console.print_json(text)
+
+
+def _rows(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None) -> None:
+    """A table on a terminal; untruncated tab-separated rows (with a header) when piped."""
+    if console.is_terminal:
+        table = Table(*columns, title=title)
+        for row in rows:
+            table.add_row(*(escape(c) for c in row))
+        console.print(table)
+        return
+    sys.stdout.write("\t".join(columns) + "\n")
+    for row in rows:
+        sys.stdout.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in row) + "\n")
+    sys.stdout.flush()
+
+
+def _when(value: datetime | None) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else ""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _seconds(text: str, option: str) -> float:
+    match = _DURATION.match(text)
+    if not match:
+        raise typer.BadParameter(
+            f"{text!r} is not a duration; use a number of seconds or e.g. 30m, 12h, 7d",
+            param_hint=option,
+        )
+    return float(match.group(1)) * _UNIT[match.group(2)]
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("wfe")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        sys.stdout.write(f"wfe {version}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="print the version"
+        ),
+    ] = False,
+) -> None:
+    """wfe: durable workflows on SQLite, PostgreSQL or Temporal."""
 
 
 @app.command()
@@ -67,7 +234,8 @@ def demo(
 def worker(app_: AppOpt = None, driver: DriverOpt = None) -> None:
     """Run a worker for the app's registry until SIGINT/SIGTERM (graceful shutdown)."""
     settings = _settings(driver)
-    registry = load_registry(app_ or settings.app)
+    registry = _registry(app_, settings, required=True)
+    assert registry is not None
 
     async def serve() -> None:
         stop = asyncio.Event()
@@ -86,59 +254,103 @@ def worker(app_: AppOpt = None, driver: DriverOpt = None) -> None:
 
 
 @db_app.command("upgrade")
-def db_upgrade(database_url: Annotated[str | None, typer.Option()] = None) -> None:
+def db_upgrade(
+    database_url: Annotated[str | None, typer.Option()] = None, as_json: JsonOpt = False
+) -> None:
     """Create or upgrade the native driver's schema."""
     settings = _settings(database_url=database_url)
     native = importlib.import_module("driver_native")
-    db = native.Database(settings.database_url)
-    try:
-        applied = db.upgrade()
-        console.print(f"schema at version {db.schema_version()} (applied: {applied or 'none'})")
-    except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    finally:
-        db.dispose()
+    with _reported():
+        db = native.Database(settings.database_url)
+        try:
+            applied = db.upgrade()
+            version = db.schema_version()
+        finally:
+            db.dispose()
+    if as_json:
+        _json_line({"schema_version": version, "applied": list(applied)})
+    else:
+        console.print(f"schema at version {version} (applied: {applied or 'none'})")
+
+
+def _status_list(values: list[str] | None) -> list[RunStatus] | None:
+    if not values:
+        return None
+    valid = [s.value for s in RunStatus]
+    bad = [v for v in values if v not in valid]
+    if bad:
+        raise typer.BadParameter(
+            f"{', '.join(bad)} is not a run status; use one of {', '.join(valid)}",
+            param_hint="--status",
+        )
+    return [RunStatus(v) for v in values]
 
 
 @app.command("runs")
 def runs_cmd(
     app_: AppOpt = None,
-    workflow: Annotated[str | None, typer.Option()] = None,
-    limit: int = 20,
+    workflow: Annotated[str | None, typer.Option(help="only runs of this workflow id")] = None,
+    status: Annotated[
+        list[str] | None, typer.Option("--status", help="only runs in this status (repeatable)")
+    ] = None,
+    version: Annotated[str | None, typer.Option(help="only runs pinned to this version")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="only runs created in the last DURATION (30m, 12h, 7d)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="at most this many runs")] = 20,
     driver: DriverOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """List recent runs."""
+    """List recent runs, newest first."""
+    statuses = _status_list(status)
+    cutoff = datetime.now(UTC) - timedelta(seconds=_seconds(since, "--since")) if since else None
     settings = _settings(driver)
-    registry = load_registry(app_ or settings.app) if (app_ or settings.app) else None
+    registry = _registry(app_, settings, required=False)
 
-    async def show() -> None:
+    async def show() -> list[RunInfo]:
         async with create_engine(settings, registry) as engine:
-            table = Table("run", "workflow", "version", "status", "stages")
-            for r in await engine.list_runs(workflow_id=workflow, limit=limit):
-                table.add_row(
-                    r.id,
-                    r.workflow_id,
-                    r.version,
-                    r.status.value,
-                    " ".join(f"{s.id}:{s.status.value}" for s in r.stages),
-                )
-            console.print(table)
+            runs = await engine.list_runs(workflow_id=workflow, status=statuses, limit=limit)
+        return [
+            r
+            for r in runs
+            if (version is None or r.version == version)
+            and (cutoff is None or r.created_at is None or r.created_at >= cutoff)
+        ]
 
-    _run(show())
+    runs = _run(show())
+    if as_json:
+        for r in runs:
+            _json_line(r)
+        return
+    _rows(
+        ("run", "workflow", "version", "status", "created", "updated", "stages"),
+        [
+            (
+                r.id,
+                r.workflow_id,
+                r.version,
+                r.status.value,
+                _when(r.created_at),
+                _when(r.updated_at),
+                " ".join(f"{s.id}:{s.status.value}" for s in r.stages),
+            )
+            for r in runs
+        ],
+    )
+    if workflow and not runs and not as_json:
+        errors.print(f"no runs of workflow {workflow!r} match", highlight=False)
 
 
 @app.command("show")
-def show_cmd(run_id: str, driver: DriverOpt = None) -> None:
-    """Show one run as JSON."""
+def show_cmd(run_id: str, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
+    """Show one run (its stages, output and error) as JSON."""
     settings = _settings(driver)
 
-    async def show() -> None:
+    async def show() -> RunInfo:
         async with create_engine(settings, None) as engine:
-            info = await engine.get_run(run_id)
-            console.print_json(info.model_dump_json())
+            return await engine.get_run(run_id)
 
-    _run(show())
+    _show_json(_run(show()), as_json)
 
 
 @app.command("signal")
@@ -154,34 +366,167 @@ def signal_cmd(
             help="a repeat of this key in the same run is not queued again",
         ),
     ] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Send a signal to a run (signals of one name queue in arrival order)."""
-    settings = _settings(driver)
     try:
         value = json.loads(payload)
     except json.JSONDecodeError as exc:
-        console.print(f"[red]error:[/red] the payload is not JSON ({exc}); quote it, e.g. '{{}}'")
-        raise typer.Exit(2) from None
+        errors.print(
+            f"[red]error:[/red] the payload is not JSON ({escape(str(exc))}); quote it, e.g. '{{}}'"
+        )
+        raise typer.Exit(EXIT_CODES["bad_input"]) from None
+    settings = _settings(driver)
 
-    async def send() -> None:
+    async def send() -> BaseModel:
         async with create_engine(settings, None) as engine:
-            result = await engine.signal(run_id, name, value, idempotency_key=idempotency_key)
-            console.print_json(result.model_dump_json())
+            return await engine.signal(run_id, name, value, idempotency_key=idempotency_key)
 
-    _run(send())
+    _show_json(_run(send()), as_json)
 
 
 @app.command("cancel")
-def cancel_cmd(run_id: str, driver: DriverOpt = None) -> None:
+def cancel_cmd(run_id: str, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
     """Cancel a run (its completed stages are compensated)."""
     settings = _settings(driver)
 
-    async def cancel() -> None:
+    async def cancel() -> RunInfo:
         async with create_engine(settings, None) as engine:
-            info = await engine.cancel(run_id)
-            console.print(f"{info.id}: {info.status.value}")
+            return await engine.cancel(run_id)
 
-    _run(cancel())
+    info = _run(cancel())
+    if as_json:
+        _json_line(info)
+    else:
+        console.print(f"{info.id}: {info.status.value}", highlight=False)
+
+
+@app.command("redrive")
+def redrive_cmd(
+    run_id: str,
+    from_: Annotated[
+        str, typer.Option("--from", help="last_failure, start, or a stage id")
+    ] = "last_failure",
+    version: Annotated[
+        str | None, typer.Option(help="re-pin the run: 'latest' or a version of the app")
+    ] = None,
+    app_: AppOpt = None,
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-run a failed or cancelled run under the same id (completed upstream outputs are
+    reused); a worker serving its version then runs it."""
+    settings = _settings(driver)
+    registry = _registry(app_, settings, required=version is not None)
+
+    async def redrive() -> RunInfo:
+        async with create_engine(settings, registry) as engine:
+            return await engine.redrive(run_id, from_, version=version)
+
+    info = _run(redrive())
+    if as_json:
+        _json_line(info)
+    else:
+        console.print(f"{info.id}: {info.status.value} (version {info.version})", highlight=False)
+
+
+@app.command("versions")
+def versions_cmd(app_: AppOpt = None, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
+    """Workflow versions: active runs per version, served here, drained."""
+    settings = _settings(driver)
+    registry = _registry(app_, settings, required=False)
+
+    async def versions() -> list[Any]:
+        async with create_engine(settings, registry) as engine:
+            return await engine.list_versions()
+
+    found = _run(versions())
+    if as_json:
+        for v in found:
+            _json_line(v)
+        return
+    _rows(
+        tuple(found[0].model_dump(mode="json")) if found else ("workflow_id", "version"),
+        [tuple(str(x) for x in v.model_dump(mode="json").values()) for v in found],
+    )
+
+
+@dlq_app.command("replay")
+def dlq_replay(driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
+    """Queue every dead-lettered event for delivery again."""
+    settings = _settings(driver)
+
+    async def replay() -> int:
+        async with create_engine(settings, None) as engine:
+            return await engine.replay_dlq()
+
+    count = _run(replay())
+    if as_json:
+        _json_line({"requeued": count})
+    else:
+        console.print(f"re-queued {count} dead-lettered event(s)")
+
+
+@app.command("purge")
+def purge_cmd(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="finished longer ago than this (30m, 12h, 7d)")
+    ],
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete finished runs (their rows, events and blobs) older than a duration."""
+    seconds = _seconds(older_than, "--older-than")
+    settings = _settings(driver)
+
+    async def purge() -> int:
+        async with create_engine(settings, None) as engine:
+            method = getattr(engine, "purge", None)
+            if method is None:
+                raise UnsupportedFeatureError(
+                    f"the {settings.driver} driver cannot purge runs; on Temporal set the "
+                    "namespace's retention period instead"
+                )
+            return int(await method(seconds))
+
+    count = _run(purge())
+    if as_json:
+        _json_line({"purged": count})
+    else:
+        console.print(f"purged {count} run(s)")
+
+
+@app.command("drain")
+def drain_cmd(
+    workflows: Annotated[list[str], typer.Argument(help="workflow ids")],
+    target: Annotated[
+        str | None, typer.Option(help="where new runs go instead (named in the error)")
+    ] = None,
+    lift: Annotated[bool, typer.Option("--lift", help="take new runs here again")] = False,
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop taking new runs of these workflows here (start() then raises WorkflowDrainedError),
+    or lift the drain with --lift."""
+    if lift and target:
+        raise typer.BadParameter("give --target or --lift, not both", param_hint="--lift")
+    if not lift and not target:
+        raise typer.BadParameter(
+            "say where new runs go (--target temporal, --target native) or --lift the drain",
+            param_hint="--target",
+        )
+    settings = _settings(driver)
+
+    async def drain() -> None:
+        async with create_engine(settings, None) as engine:
+            await engine.drain(workflows, None if lift else target)
+
+    _run(drain())
+    if as_json:
+        _json_line({"workflows": workflows, "drained": not lift, "target": target})
+    else:
+        what = "lifted the drain of" if lift else f"drained (new runs go to {target}):"
+        console.print(f"{what} {', '.join(workflows)}", highlight=False)
 
 
 @app.command("conformance")
@@ -224,51 +569,51 @@ def migrate_cmd(
     drain: Annotated[bool, typer.Option("--drain", help="stop new runs on the source")] = False,
     wait: Annotated[float, typer.Option(help="seconds to wait for a running stage")] = 30.0,
     drain_timeout: Annotated[float, typer.Option(help="seconds to keep draining")] = 300.0,
+    as_json: JsonOpt = False,
 ) -> None:
     """Move live runs between drivers at safe points (rerunning it never duplicates a run)."""
     from rich.progress import Progress
 
-    from ._migration import migrate_runs
-    from ._models import RunStatus
+    from ._migration import MigrationReport, migrate_runs
 
     if from_ == to:
-        console.print("[red]error:[/red] --from and --to name the same driver")
-        raise typer.Exit(2)
+        raise typer.BadParameter("--from and --to name the same driver", param_hint="--to")
+    statuses = _status_list(status)
     source_settings, target_settings = _settings(from_), _settings(to)
 
-    async def move() -> None:
+    async def move() -> MigrationReport:
         source = create_engine(source_settings, None)
         target = create_engine(target_settings, None)
         async with source, target:
-            with Progress(console=console, transient=True) as bar:
+            with Progress(console=errors, transient=True) as bar:
                 task = bar.add_task(f"{from_} -> {to}", total=None)
-                report = await migrate_runs(
+                return await migrate_runs(
                     source,
                     target,
                     workflow_ids=workflow,
                     version=version,
                     run_ids=run,
-                    statuses=[RunStatus(s) for s in status or []] or None,
+                    statuses=statuses,
                     dry_run=dry_run,
                     drain=drain,
                     wait=wait,
                     drain_timeout=drain_timeout,
                     progress=lambda _move: bar.advance(task),
                 )
-        title = f"{'dry run: ' if dry_run else ''}{from_} -> {to}"
-        table = Table("run", "workflow", "outcome", "reason", title=title)
-        for m in report.moves:
-            table.add_row(m.run_id, m.workflow_id, m.outcome, m.reason or "")
-        console.print(table)
-        counts = (f"{o}: {report.count(o)}" for o in ("moved", "would_move", "skipped", "left"))
-        console.print(", ".join(counts))
 
-    _run(move())
+    report = _run(move())
+    if as_json:
+        _json_line(report)
+        return
+    title = f"{'dry run: ' if dry_run else ''}{from_} -> {to}"
+    _rows(
+        ("run", "workflow", "outcome", "reason"),
+        [(m.run_id, m.workflow_id, m.outcome, m.reason or "") for m in report.moves],
+        title=title,
+    )
+    counts = (f"{o}: {report.count(o)}" for o in ("moved", "would_move", "skipped", "left"))
+    console.print(", ".join(counts), highlight=False)
 
 
 def main() -> None:
-    try:
-        app()
-    except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        sys.exit(2)
+    app()

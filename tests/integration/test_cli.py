@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine_port._cli import app
+from engine_port._cli import EXIT_CODES, app
 
 
 @pytest.fixture
@@ -51,8 +51,9 @@ def test_db_upgrade_and_runs_listing(env: dict[str, str]) -> None:
 def test_bad_input_is_a_clear_error_not_a_traceback(env: dict[str, str]) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["signal", "no-such-run", "go", "{}"])
-    assert result.exit_code == 2
-    assert "no run with id 'no-such-run'" in result.output
+    assert result.exit_code == EXIT_CODES["not_found"]
+    assert "no run with id 'no-such-run'" in result.stderr
+    assert result.stdout == ""
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["worker"])  # no --app and no WFE_APP
     assert result.exit_code != 0
@@ -176,3 +177,187 @@ def test_signal_with_an_idempotency_key_is_queued_once(env: dict[str, str]) -> N
         "delivered": False,
         "already_completed": True,
     }
+
+
+# -- issue 15: scriptable output, exit codes, config errors, every operation from the shell ----
+
+
+def test_version_prints_the_installed_version(env: dict[str, str]) -> None:
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.startswith("wfe ") and result.stdout.strip() != "wfe"
+
+
+APP_MODULE = """
+from engine_port import Registry, StageContext, Workflow, NonRetryableError
+from pydantic import BaseModel
+
+
+class In(BaseModel):
+    fail: bool = False
+
+
+flaky = Workflow("cli-flaky", input=In)
+
+
+@flaky.stage
+async def first(ctx: StageContext[In]) -> str:
+    return "one"
+
+
+@flaky.stage(after=[first])
+async def second(ctx: StageContext[In]) -> str:
+    if ctx.input.fail:
+        raise NonRetryableError("told to fail")
+    return "two"
+"""
+
+
+async def _start_and_finish(workflow: str, payloads: list[dict[str, object]]) -> list[str]:
+    """Start runs of the app in tmp_path and drive them to an end with an in-process worker."""
+    from engine_port import create_engine
+    from engine_port._app import load_registry
+    from engine_port._config import load_settings
+
+    registry = load_registry("cliapp")
+    ids = []
+    async with create_engine(load_settings(), registry) as engine, engine.worker():
+        for p in payloads:
+            ids.append((await engine.start(workflow, p)).id)
+        for run_id in ids:
+            await engine.wait(run_id, timeout=30)
+    return ids
+
+
+def test_runs_json_plain_rows_filters_and_redrive_from_the_shell(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    import asyncio
+    import json
+
+    (tmp_path / "cliapp.py").write_text(APP_MODULE)
+    ok, bad = asyncio.run(_start_and_finish("cli-flaky", [{}, {"fail": True}]))
+    runner = CliRunner()
+
+    # JSON lines, one per run; --status filters
+    listing = runner.invoke(app, ["runs", "--json"])
+    assert listing.exit_code == 0, listing.output
+    rows = [json.loads(line) for line in listing.stdout.splitlines()]
+    assert {r["id"] for r in rows} == {ok, bad}
+    failed = runner.invoke(app, ["runs", "--json", "--status", "failed"])
+    assert [json.loads(line)["id"] for line in failed.stdout.splitlines()] == [bad]
+    wrong = runner.invoke(app, ["runs", "--status", "broken"])
+    assert wrong.exit_code == 2 and "not a run status" in wrong.output
+
+    # piped (not a terminal): a header and untruncated tab-separated rows
+    plain = runner.invoke(app, ["runs", "--workflow", "cli-flaky"], terminal_width=40)
+    lines = plain.stdout.splitlines()
+    assert lines[0].split("\t")[:4] == ["run", "workflow", "version", "status"]
+    assert {line.split("\t")[0] for line in lines[1:]} == {ok, bad}  # full ids
+
+    # show --json is one document
+    shown = json.loads(runner.invoke(app, ["show", bad, "--json"]).stdout)
+    assert shown["status"] == "failed" and shown["error"]["message"] == "told to fail"
+
+    # a redrive from the shell; a second redrive of an active run is a wrong-state error
+    redriven = runner.invoke(app, ["redrive", bad, "--json", "--app", "cliapp"])
+    assert redriven.exit_code == 0, redriven.output
+    assert json.loads(redriven.stdout)["status"] in ("pending", "running")
+    again = runner.invoke(app, ["redrive", bad])
+    assert again.exit_code == EXIT_CODES["wrong_state"], again.output
+    assert "error:" in again.stderr and again.stdout == ""
+
+    # cancel a completed run: wrong state
+    cancelled = runner.invoke(app, ["cancel", ok])
+    assert cancelled.exit_code == EXIT_CODES["wrong_state"]
+
+
+def test_purge_drain_and_dlq_from_the_shell(env: dict[str, str], tmp_path: Path) -> None:
+    import asyncio
+    import json
+
+    (tmp_path / "cliapp.py").write_text(APP_MODULE)
+    asyncio.run(_start_and_finish("cli-flaky", [{}]))
+    runner = CliRunner()
+    kept = runner.invoke(app, ["purge", "--older-than", "1h", "--json"])
+    assert kept.exit_code == 0, kept.output
+    assert json.loads(kept.stdout) == {"purged": 0}
+    gone = runner.invoke(app, ["purge", "--older-than", "0s", "--json"])
+    assert json.loads(gone.stdout) == {"purged": 1}
+    assert runner.invoke(app, ["runs", "--json"]).stdout == ""
+    bad = runner.invoke(app, ["purge", "--older-than", "soon"])
+    assert bad.exit_code == 2 and "not a duration" in bad.output
+
+    drained = runner.invoke(app, ["drain", "cli-flaky", "--target", "temporal"])
+    assert drained.exit_code == 0, drained.output
+
+    async def start() -> None:
+        from engine_port import create_engine
+        from engine_port._app import load_registry
+        from engine_port._config import load_settings
+
+        async with create_engine(load_settings(), load_registry("cliapp")) as engine:
+            await engine.start("cli-flaky", {})
+
+    from engine_port.errors import WorkflowDrainedError
+
+    with pytest.raises(WorkflowDrainedError):
+        asyncio.run(start())
+    assert runner.invoke(app, ["drain", "cli-flaky", "--lift"]).exit_code == 0
+    asyncio.run(start())  # taken again
+
+    replayed = runner.invoke(app, ["dlq", "replay", "--json"])
+    assert replayed.exit_code == 0 and json.loads(replayed.stdout) == {"requeued": 0}
+
+
+def test_app_is_imported_from_the_current_directory_as_module_or_workflow(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    from engine_port._app import load_registry
+    from engine_port.errors import ConfigurationError
+
+    (tmp_path / "cliapp2.py").write_text(APP_MODULE)
+    assert sorted(load_registry("cliapp2").served()) == [("cli-flaky", _flaky_version())]
+    assert [w for w, _ in load_registry("cliapp2:flaky").served()] == ["cli-flaky"]
+    with pytest.raises(ConfigurationError, match="no attribute 'nope'"):
+        load_registry("cliapp2:nope")
+    with pytest.raises(ConfigurationError, match="cannot import 'missing_mod'"):
+        load_registry("missing_mod:registry")
+    result = CliRunner().invoke(app, ["worker", "--app", "cliapp2:In"])
+    assert result.exit_code == EXIT_CODES["bad_config"]
+    assert "is not a Registry, a Workflow" in result.stderr
+
+
+def _flaky_version() -> str:
+    """The version the app module's workflow gets (its graph fingerprint)."""
+    import importlib
+
+    return importlib.import_module("cliapp2").flaky.graph().version
+
+
+def test_config_errors_are_one_line_naming_the_source(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = CliRunner()
+    monkeypatch.setenv("WFE_DRIVER", "natve")
+    result = runner.invoke(app, ["runs"])
+    assert result.exit_code == EXIT_CODES["bad_config"]
+    message = result.stderr.strip()
+    assert "environment variable WFE_DRIVER" in message and "'native' or 'temporal'" in message
+    assert "Traceback" not in result.output and "pydantic" not in message
+    monkeypatch.delenv("WFE_DRIVER")
+
+    (tmp_path / "wfe.toml").write_text('databse_url = "sqlite:///x.db"\n')
+    result = runner.invoke(app, ["runs"])
+    assert result.exit_code == EXIT_CODES["bad_config"]
+    assert "unknown setting 'databse_url' in wfe.toml; did you mean 'database_url'?" in (
+        result.stderr
+    )
+
+    (tmp_path / "wfe.toml").write_text('[wfe]\ndriver = "native"\n')
+    result = runner.invoke(app, ["runs"])
+    assert "has a [wfe] table" in result.stderr
+
+    (tmp_path / "wfe.toml").write_text("driver = \n")
+    result = runner.invoke(app, ["runs"])
+    assert result.exit_code == EXIT_CODES["bad_config"] and "not valid TOML" in result.stderr
