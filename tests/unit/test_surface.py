@@ -74,6 +74,7 @@ PUBLIC = [
 
 ERRORS = [
     "CommandInProgressError",
+    "ConfigurationError",
     "DefinitionError",
     "DefinitionVersionConflictError",
     "DriverUnavailableError",
