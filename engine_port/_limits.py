@@ -95,8 +95,10 @@ def check_text(
 ) -> str:
     """``value`` must be a non-empty string of at most ``limit`` characters that every backend
     can store (no NUL, no lone surrogate). Returns it."""
-    if not isinstance(value, str) or not value:
-        raise error(field, f"{field} must be a non-empty string, not {_kind(value)}")
+    if not isinstance(value, str):
+        raise error(field, f"{field} must be a string, not {_kind(value)}")
+    if not value:
+        raise error(field, f"{field} is empty; give a non-empty string")
     if len(value) > limit:
         raise error(field, f"{field} is {len(value)} characters; the limit is {limit}; {remedy}")
     bad = _BAD_CHAR.search(value)
@@ -129,7 +131,7 @@ def check_idempotency_key(key: Any) -> str | None:
         return None
     return check_text(
         key,
-        "idempotency key",
+        "idempotency_key",
         MAX_IDEMPOTENCY_KEY_LENGTH,
         remedy="hash a longer key (e.g. sha256 hex), or pass None for no key",
     )
@@ -141,7 +143,7 @@ def check_signal_key(key: Any) -> str | None:
         return None
     return check_text(
         key,
-        "signal idempotency key",
+        "signal idempotency_key",
         MAX_SIGNAL_KEY_LENGTH,
         remedy="hash a longer key (e.g. sha256 hex), or pass None for no key",
     )

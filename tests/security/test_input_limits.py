@@ -197,13 +197,13 @@ PUBLIC_CASES: list[tuple[str, Call, str, str]] = [
     (
         "start long key",
         lambda e, r: e.start("waiter", {}, idempotency_key="k" * 301),
-        "idempotency key",
+        "idempotency_key",
         "301 characters; the limit is 300",
     ),
     (
         "start NUL key",
         lambda e, r: e.start("waiter", {}, idempotency_key="k\x00"),
-        "idempotency key",
+        "idempotency_key",
         "NUL character",
     ),
     (
@@ -237,7 +237,7 @@ PUBLIC_CASES: list[tuple[str, Call, str, str]] = [
     (
         "signal long key",
         lambda e, r: e.signal(r, "go", 1, idempotency_key="k" * 301),
-        "signal idempotency key",
+        "signal idempotency_key",
         "limit is 300",
     ),
     (
