@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._serde import JSON, to_json_value
-from .errors import EngineError, InvalidInputError
+from .errors import DefinitionError, EngineError, InvalidInputError
 
 if TYPE_CHECKING:
     from ._graph import Workflow
@@ -56,6 +56,7 @@ __all__ = [
     "check_version",
     "check_workflow_id",
     "check_workflow_ids",
+    "definition_error",
     "safe_error_message",
 ]
 
@@ -83,6 +84,12 @@ Raise = Callable[[str, str], EngineError]
 
 def _invalid(field: str, detail: str) -> EngineError:
     return InvalidInputError(None, detail, (field,))
+
+
+def definition_error(field: str, detail: str) -> EngineError:
+    """The ``error=`` for checks made when a workflow is declared or a hook registered: a
+    definition over the limits is a :class:`DefinitionError` like any malformed graph."""
+    return DefinitionError(detail)
 
 
 def check_text(
