@@ -4,6 +4,7 @@ stored errors never carry SQL text or parameters (issue 11, item 3)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from pydantic import BaseModel
 from driver_native import NativeEngine, process_available_jobs
 from engine_port import (
     EngineSettings,
+    FolderBlobStore,
     InMemoryLedger,
     MemoryBlobStore,
     MemorySink,
@@ -408,3 +410,32 @@ def test_definitions_over_the_limits_are_refused_when_declared() -> None:
         wf.hook_point("h\x00")
     with pytest.raises(DefinitionError, match="hook handler name is 201 characters"):
         Registry().register_hook("h", lambda ctx, p: None, name="x" * 201)
+
+
+@pytest.mark.temporal
+@pytest.mark.parametrize(("wf_id", "step_runs", "error", "words"), INSIDE_CASES[:5])
+async def test_on_temporal_a_stage_using_an_unstorable_name_fails_once_without_retry(
+    temporal_server: Any, tmp_path: Path, wf_id: str, step_runs: int, error: str, words: str
+) -> None:
+    from driver_temporal import create_temporal_engine
+
+    settings = EngineSettings(
+        driver="temporal",
+        temporal_address=temporal_server.address,
+        task_queue=f"limits-{uuid.uuid4().hex[:10]}",
+        blob_url=f"file://{tmp_path / 'b'}",
+    )
+    engine = create_temporal_engine(
+        settings,
+        Registry(_workflows()),
+        blob_store=FolderBlobStore(tmp_path / "b"),
+        heartbeat_timeout=3.0,
+    )
+    async with engine, engine.worker():
+        run = await engine.start(wf_id, {})
+        info = await engine.wait(run.id, timeout=60)
+    assert info.status == "failed"
+    assert info.error is not None and info.error.type == error
+    assert words in info.error.message
+    assert [s.attempt for s in info.stages] == [1]
+    assert calls.get("step", 0) == step_runs
