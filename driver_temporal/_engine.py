@@ -82,7 +82,16 @@ from engine_port import (
     open_blob_store,
     run_output,
 )
-from engine_port._engine import check_signal_key
+from engine_port._limits import (
+    check_export_target,
+    check_run_call,
+    check_signal_call,
+    check_start_call,
+    check_start_input,
+    check_version,
+    check_workflow_id,
+    check_workflow_ids,
+)
 from engine_port._serde import input_fingerprint
 from engine_port.errors import (
     DriverUnavailableError,
@@ -103,7 +112,6 @@ from ._helpers import (
     _WFT_STARTED,
     _failure_message,
     _failure_type,
-    _json,
     _now,
     _pairs,
     _quote,
@@ -336,12 +344,9 @@ class TemporalEngine(WorkflowEngine):
         version: str | None = None,
     ) -> RunInfo:
         wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
+        check_start_call(wf_id, idempotency_key, version)
         wf = self.registry.get(wf_id, version)  # WorkflowNotFoundError
-        data = wf.validate_input(input).model_dump(mode="json")  # InvalidInputError
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key
-        ):
-            raise EngineError("idempotency_key must be a non-empty string")
+        data = check_start_input(wf, input)  # InvalidInputError
         graph = wf.graph()
         fp = input_fingerprint(wf.id, data)
         client = self._conn
@@ -480,6 +485,7 @@ class TemporalEngine(WorkflowEngine):
         return memo, desc.status
 
     async def get_run(self, run_id: str) -> RunInfo:
+        check_run_call(run_id)
         memo, status = await self._describe(run_id)
         return await self._info_from_memo(memo, status)
 
@@ -490,6 +496,8 @@ class TemporalEngine(WorkflowEngine):
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
     ) -> list[RunInfo]:
+        if workflow_id is not None:
+            check_workflow_id(workflow_id)
         if status is None:
             wanted: Sequence[str] = _ALL
         elif isinstance(status, str):
@@ -512,6 +520,7 @@ class TemporalEngine(WorkflowEngine):
         return out
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        check_run_call(run_id)
         await self._describe(run_id)
         handle = self._conn.get_workflow_handle(run_id)
         try:
@@ -528,9 +537,7 @@ class TemporalEngine(WorkflowEngine):
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
-        if not isinstance(name, str) or not name:
-            raise EngineError("a signal needs a non-empty string name")
-        check_signal_key(idempotency_key)
+        data = check_signal_call(run_id, name, payload, idempotency_key)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if info.terminal:
@@ -541,7 +548,7 @@ class TemporalEngine(WorkflowEngine):
                 "(on its target) or was aborted"
             )
         delivery = uuid.uuid4().hex
-        value = await self.claim.dump(_json(payload), spill_key(run_id, "signals", delivery))
+        value = await self.claim.dump(data, spill_key(run_id, "signals", delivery))
         body = {
             "name": name,
             "payload": value,
@@ -599,6 +606,7 @@ class TemporalEngine(WorkflowEngine):
         return SignalResult(run_id=run_id, name=name, delivered=waiting)
 
     async def cancel(self, run_id: str) -> RunInfo:
+        check_run_call(run_id)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if info.status in (RunStatus.CANCELLED, RunStatus.COMPENSATING):
@@ -616,6 +624,9 @@ class TemporalEngine(WorkflowEngine):
     async def redrive(
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
+        check_run_call(run_id)
+        if version is not None:
+            check_version(version)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if (not info.terminal and version is None) or info.status == RunStatus.MIGRATED:
@@ -744,18 +755,26 @@ class TemporalEngine(WorkflowEngine):
 
     # -- migration (driver_temporal/_moving.py) --------------------------------------------------
     async def drain(self, workflow_ids: Sequence[str], target: str | None) -> None:
+        check_workflow_ids(workflow_ids)
+        if target is not None:
+            check_export_target(target)
         await _moving.drain(self, workflow_ids, target)
 
     async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
+        check_run_call(run_id)
         return await _moving.export_run(self, run_id, wait=wait)
 
     async def complete_export(self, run_id: str, target: str) -> RunInfo:
+        check_run_call(run_id)
+        check_export_target(target)
         return await _moving.complete_export(self, run_id, target)
 
     async def abort_export(self, run_id: str) -> None:
+        check_run_call(run_id)
         await _moving.abort_export(self, run_id)
 
     async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
+        check_run_call(snapshot.run_id)
         return await _moving.import_run(self, snapshot)
 
     async def _helper(self, workflow_id: str, version: str) -> None:

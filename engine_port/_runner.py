@@ -20,6 +20,7 @@ from ._clock import Clock, SystemClock
 from ._context import BusinessEvent, StageContext, Steps, Suspend
 from ._graph import Stage, Workflow
 from ._ledger import StepLedger
+from ._limits import check_json, safe_error_message
 from ._models import ErrorInfo
 from ._registry import Registry
 from ._serde import JSON, to_json_value, validate_as
@@ -74,7 +75,13 @@ class Failed:
 
 Outcome = Completed | Suspended | Failed
 
-_NEVER_RETRY = (SerializationError, StepError, DefinitionError)
+# InvalidInputError: a name or value over a backend's limits never fits on a retry either
+_NEVER_RETRY = (SerializationError, StepError, DefinitionError, InvalidInputError)
+
+
+def _error_info(exc: BaseException, stage: str) -> ErrorInfo:
+    """The stored record of ``exc``: never a database error's SQL text or parameters."""
+    return ErrorInfo(type=type(exc).__name__, message=safe_error_message(exc), stage=stage)
 
 
 class StageRunner:
@@ -159,9 +166,10 @@ class StageRunner:
             return self._failed(stage, exc)
         try:
             output = to_json_value(result, f"output of stage {stage.id!r}")
+            check_json(output, f"output of stage {stage.id!r}")
             if stage.output_type not in (Any, None):
                 validate_as(stage.output_type, output)
-        except SerializationError as exc:
+        except (SerializationError, InvalidInputError) as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
         except Exception as exc:
             err = SerializationError(
@@ -172,7 +180,7 @@ class StageRunner:
 
     def _failed(self, stage: Stage, exc: BaseException) -> Failed:
         retryable = stage.retry.is_retryable(exc) and not isinstance(exc, _NEVER_RETRY)
-        return Failed(ErrorInfo.of(exc, stage.id), retryable=retryable)
+        return Failed(_error_info(exc, stage.id), retryable=retryable)
 
     async def compensate(self, req: StageRequest, output: JSON, ledger: StepLedger) -> Outcome:
         """Run the stage's compensation once with its recorded output. Returns Completed(None)

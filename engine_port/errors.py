@@ -70,14 +70,21 @@ class WorkflowNotFoundError(EngineError):
 
 
 class InvalidInputError(EngineError):
-    """A workflow input failed validation against the workflow's input model."""
+    """A workflow input failed validation against the workflow's input model, or a value
+    given to the engine (an id, name, key or JSON payload) is over a backend's limits.
 
-    def __init__(self, workflow_id: str, detail: str, fields: tuple[str, ...] = ()) -> None:
-        names = ", ".join(fields) if fields else "the input"
-        super().__init__(
-            f"input for workflow {workflow_id!r} is invalid ({names}): {detail}; "
-            "fix the input so it matches the workflow's input model"
-        )
+    With ``workflow_id=None`` the ``detail`` is the whole message (it names the field, the
+    limit and what to do); ``fields`` names the offending fields either way."""
+
+    def __init__(self, workflow_id: str | None, detail: str, fields: tuple[str, ...] = ()) -> None:
+        if workflow_id is None:
+            super().__init__(detail)
+        else:
+            names = ", ".join(fields) if fields else "the input"
+            super().__init__(
+                f"input for workflow {workflow_id!r} is invalid ({names}): {detail}; "
+                "fix the input so it matches the workflow's input model"
+            )
         self.workflow_id = workflow_id
         self.fields = fields
 
