@@ -107,7 +107,12 @@ class Kernel:
         self.claim = claim
         self.clock = clock
         self.sink = sink
-        self.runner = StageRunner(registry, clock)
+        self.runner = StageRunner(
+            registry,
+            clock,
+            default_timeout=settings.default_stage_timeout,
+            sync_threads=settings.sync_stage_threads,
+        )
         self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
             CreateRun: self._create_run,
             ClaimPending: self._claim,

@@ -151,7 +151,12 @@ class TemporalEngine(WorkflowEngine):
             blob_store if blob_store is not None else open_blob_store(settings.blob_url)
         )
         self.claim = ClaimCheck(self.blob_store, settings.spill_threshold_bytes)
-        self.runner = StageRunner(registry, clock)
+        self.runner = StageRunner(
+            registry,
+            clock,
+            default_timeout=settings.default_stage_timeout,
+            sync_threads=settings.sync_stage_threads,
+        )
         self.heartbeat_timeout = heartbeat_timeout
         self.connect_timeout = connect_timeout
         self.signal_timeout = signal_timeout
@@ -211,6 +216,7 @@ class TemporalEngine(WorkflowEngine):
                 await worker.shutdown()
             with suppress(BaseException):
                 await task
+        self.runner.close()
         self._client = None
 
     def _scope(self) -> str:
