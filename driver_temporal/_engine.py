@@ -375,6 +375,7 @@ class TemporalEngine(WorkflowEngine):
             "created_at": created,
             "heartbeat_timeout_s": self.heartbeat_timeout,
             "dead_letter_after": self.settings.dead_letter_after,
+            "default_stage_timeout_s": self.settings.default_stage_timeout,
         }
         initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
         initial["created_at"] = created
@@ -678,6 +679,7 @@ class TemporalEngine(WorkflowEngine):
             "created_at": state.get("created_at"),
             "heartbeat_timeout_s": self.heartbeat_timeout,
             "dead_letter_after": self.settings.dead_letter_after,
+            "default_stage_timeout_s": self.settings.default_stage_timeout,
             "redrive": redrive,
             "redrive_from": from_,
             "redrive_history": history,

@@ -141,7 +141,7 @@ async def test_a_wedged_sync_pool_still_runs_async_stages_and_times_sync_ones_ou
         release.set()
 
 
-async def test_a_default_stage_timeout_applies_to_stages_without_their_own(tmp_path: Path) -> None:
+async def _default_timeout_applies(settings: EngineSettings) -> None:
     release = threading.Event()
     wf = Workflow(f"deft-{uuid.uuid4().hex[:6]}", input=Num)
 
@@ -150,11 +150,6 @@ async def test_a_default_stage_timeout_applies_to_stages_without_their_own(tmp_p
         release.wait()
         return 0
 
-    settings = EngineSettings(
-        database_url=f"sqlite:///{tmp_path / 'wfe.db'}",
-        blob_url=f"file://{tmp_path / 'blobs'}",
-        default_stage_timeout=1.0,
-    )
     engine = create_engine(settings, Registry([wf]))
     try:
         async with engine, engine.worker():
@@ -164,6 +159,31 @@ async def test_a_default_stage_timeout_applies_to_stages_without_their_own(tmp_p
             assert "default_stage_timeout" in info.error.message
     finally:
         release.set()
+
+
+async def test_a_default_stage_timeout_applies_to_stages_without_their_own(tmp_path: Path) -> None:
+    await _default_timeout_applies(
+        EngineSettings(
+            database_url=f"sqlite:///{tmp_path / 'wfe.db'}",
+            blob_url=f"file://{tmp_path / 'blobs'}",
+            default_stage_timeout=1.0,
+        )
+    )
+
+
+@pytest.mark.temporal
+async def test_temporal_applies_the_default_stage_timeout_too(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    await _default_timeout_applies(
+        EngineSettings(
+            driver="temporal",
+            temporal_address=temporal_server.address,
+            task_queue=f"dst-{uuid.uuid4().hex[:8]}",
+            blob_url=f"file://{tmp_path / 'blobs'}",
+            default_stage_timeout=1.0,
+        )
+    )
 
 
 def test_a_worker_with_a_stuck_sync_stage_exits_on_sigterm(tmp_path: Path) -> None:
