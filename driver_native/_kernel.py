@@ -30,6 +30,7 @@ from engine_port import (
     StageRunner,
     VersionInfo,
 )
+from engine_port._blobstores import delete_prefixes
 from engine_port._clock import Clock
 from engine_port._serde import fingerprint, input_fingerprint, to_json_value
 from engine_port.errors import (
@@ -89,6 +90,10 @@ def _revive(command: Command, stored: Any) -> Any:
     if isinstance(command, ListVersions):
         return [VersionInfo.model_validate(v) for v in stored]
     return stored
+
+
+PURGE_BATCH = 500
+"""Runs deleted per purge transaction: short transactions, bounded parameter lists."""
 
 
 class Kernel:
@@ -292,11 +297,15 @@ class Kernel:
         return await self.db.tx(_runs.list_versions, self.registry.served(), latest)
 
     async def _purge(self, cmd: PurgeRuns) -> int:
-        ids = await self.db.tx(_runs.purge_runs, self.now() - cmd.older_than_seconds)
-        for rid in ids:
-            for key in await self.claim.store.list(f"runs/{rid}/"):
-                await self.claim.store.delete(key)
-        return len(ids)
+        """Delete finished runs in batches (one short transaction each), then each batch's
+        own blob prefix: linear in the runs purged, never a walk of the whole store."""
+        cutoff, n = self.now() - cmd.older_than_seconds, 0
+        while True:
+            ids = await self.db.tx(_runs.purge_runs, cutoff, PURGE_BATCH)
+            await delete_prefixes(self.claim.store, [f"runs/{rid}/" for rid in ids])
+            n += len(ids)
+            if len(ids) < PURGE_BATCH:
+                return n
 
     async def _reap_stuck(self, cmd: ReapStuckRuns) -> int:
         def graphs(conn: Connection, run: Any) -> GraphModel | None:

@@ -396,12 +396,13 @@ def list_versions(
     ]
 
 
-def purge_runs(conn: Connection, finished_before: float) -> list[str]:
+def purge_runs(conn: Connection, finished_before: float, limit: int) -> list[str]:
+    """Delete up to ``limit`` terminal runs finished before the cutoff, with their rows."""
     ids = list(
         conn.execute(
-            sa.select(runs.c.id).where(
-                runs.c.status.in_(list(TERMINAL)), runs.c.finished_at < finished_before
-            )
+            sa.select(runs.c.id)
+            .where(runs.c.status.in_(list(TERMINAL)), runs.c.finished_at < finished_before)
+            .limit(limit)
         ).scalars()
     )
     if ids:
