@@ -267,7 +267,13 @@ class Kernel:
     async def _signal(self, cmd: SignalStep) -> SignalResult:
         payload = to_json_value(cmd.payload, f"payload of signal {cmd.signal!r}")
         return await self.db.tx(
-            _runs.signal_run, cmd.run_id, cmd.signal, payload, self.now(), cmd.idempotency_key
+            _runs.signal_run,
+            cmd.run_id,
+            cmd.signal,
+            payload,
+            self.now(),
+            cmd.idempotency_key,
+            self.settings.max_pending_signals,
         )
 
     async def _cancel(self, cmd: CancelRun) -> bool:

@@ -23,6 +23,7 @@ __all__ = [
     "RunNotFoundError",
     "RunTimeoutError",
     "SerializationError",
+    "SignalQueueFullError",
     "SpilledPayloadUnavailableError",
     "StageTimeoutError",
     "StepError",
@@ -117,6 +118,20 @@ class RunNotActiveError(EngineError):
         )
         self.run_id = run_id
         self.status = status
+
+
+class SignalQueueFullError(EngineError):
+    """A run already holds ``max_pending_signals`` signals it has not consumed yet."""
+
+    def __init__(self, run_id: str, name: str, limit: int) -> None:
+        super().__init__(
+            f"cannot signal {name!r} to run {run_id!r}: it already holds {limit} signals it has "
+            "not consumed (max_pending_signals); retry once the workflow has consumed some, "
+            "check that it waits for the signals you send, or raise max_pending_signals"
+        )
+        self.run_id = run_id
+        self.name = name
+        self.limit = limit
 
 
 class IdempotencyConflictError(EngineError):

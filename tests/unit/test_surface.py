@@ -86,6 +86,7 @@ ERRORS = [
     "RunNotFoundError",
     "RunTimeoutError",
     "SerializationError",
+    "SignalQueueFullError",
     "SpilledPayloadUnavailableError",
     "StageTimeoutError",
     "StepError",
