@@ -32,6 +32,7 @@ from engine_port import (
 )
 from engine_port._blobstores import delete_prefixes
 from engine_port._clock import Clock
+from engine_port._payload_limit import check_payload_size
 from engine_port._serde import fingerprint, input_fingerprint, to_json_value
 from engine_port.errors import (
     CommandInProgressError,
@@ -117,6 +118,7 @@ class Kernel:
             clock,
             default_timeout=settings.default_stage_timeout,
             sync_threads=settings.sync_stage_threads,
+            max_payload_bytes=settings.max_payload_bytes,
         )
         self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
             CreateRun: self._create_run,
@@ -216,6 +218,7 @@ class Kernel:
         wf = self.registry.get(cmd.workflow_id, cmd.version)
         graph = wf.graph()
         value = wf.validate_input(cmd.input).model_dump(mode="json")
+        check_payload_size(value, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         fp = input_fingerprint(wf.id, value)
         run_id = cmd.run_id or uuid.uuid4().hex
         # a key of its own: a CreateRun naming an existing run id must not overwrite its input
@@ -266,6 +269,8 @@ class Kernel:
 
     async def _signal(self, cmd: SignalStep) -> SignalResult:
         payload = to_json_value(cmd.payload, f"payload of signal {cmd.signal!r}")
+        limit = self.settings.max_payload_bytes
+        check_payload_size(payload, f"payload of signal {cmd.signal!r}", limit)
         return await self.db.tx(
             _runs.signal_run,
             cmd.run_id,

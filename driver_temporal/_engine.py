@@ -83,6 +83,7 @@ from engine_port import (
     run_output,
 )
 from engine_port._engine import check_signal_key
+from engine_port._payload_limit import check_payload_size
 from engine_port._serde import input_fingerprint
 from engine_port.errors import (
     DriverUnavailableError,
@@ -156,6 +157,7 @@ class TemporalEngine(WorkflowEngine):
             clock,
             default_timeout=settings.default_stage_timeout,
             sync_threads=settings.sync_stage_threads,
+            max_payload_bytes=settings.max_payload_bytes,
         )
         self.heartbeat_timeout = heartbeat_timeout
         self.connect_timeout = connect_timeout
@@ -344,6 +346,7 @@ class TemporalEngine(WorkflowEngine):
         wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
         wf = self.registry.get(wf_id, version)  # WorkflowNotFoundError
         data = wf.validate_input(input).model_dump(mode="json")  # InvalidInputError
+        check_payload_size(data, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str) or not idempotency_key
         ):
@@ -537,6 +540,8 @@ class TemporalEngine(WorkflowEngine):
         if not isinstance(name, str) or not name:
             raise EngineError("a signal needs a non-empty string name")
         check_signal_key(idempotency_key)
+        data = _json(payload)
+        check_payload_size(data, f"payload of signal {name!r}", self.settings.max_payload_bytes)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if info.terminal:
@@ -547,7 +552,7 @@ class TemporalEngine(WorkflowEngine):
                 "(on its target) or was aborted"
             )
         delivery = uuid.uuid4().hex
-        value = await self.claim.dump(_json(payload), spill_key(run_id, "signals", delivery))
+        value = await self.claim.dump(data, spill_key(run_id, "signals", delivery))
         body = {
             "name": name,
             "payload": value,

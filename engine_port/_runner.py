@@ -21,12 +21,14 @@ from ._context import BusinessEvent, StageContext, Steps, Suspend
 from ._graph import Stage, Workflow
 from ._ledger import StepLedger
 from ._models import ErrorInfo
+from ._payload_limit import DEFAULT_MAX_PAYLOAD_BYTES, SizeCheckedLedger, check_payload_size
 from ._registry import Registry
 from ._serde import JSON, to_json_value, validate_as
 from ._sync_executor import SyncStageExecutor
 from .errors import (
     DefinitionError,
     InvalidInputError,
+    PayloadTooLargeError,
     SerializationError,
     StageTimeoutError,
     StepError,
@@ -78,7 +80,7 @@ class Failed:
 
 Outcome = Completed | Suspended | Failed
 
-_NEVER_RETRY = (SerializationError, StepError, DefinitionError)
+_NEVER_RETRY = (SerializationError, StepError, DefinitionError, PayloadTooLargeError)
 
 
 class StageRunner:
@@ -92,11 +94,13 @@ class StageRunner:
         *,
         default_timeout: float | None = None,
         sync_threads: int = DEFAULT_SYNC_STAGE_THREADS,
+        max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self.registry = registry
         self.clock: Clock = clock or SystemClock()
         self.cancel_grace = cancel_grace
         self.default_timeout = default_timeout
+        self.max_payload_bytes = max_payload_bytes
         # sync bodies run here, never in the loop's default executor (blob I/O uses that one);
         # no thread starts before the first sync body, and close() stops the idle ones
         self.sync_threads = sync_threads
@@ -122,7 +126,7 @@ class StageRunner:
             stage_id=req.stage_id,
             attempt=req.attempt,
             workflow=wf,
-            step=Steps(ledger, self.clock),
+            step=Steps(SizeCheckedLedger(ledger, self.max_payload_bytes), self.clock),
             registry=self.registry,
             outputs=req.outputs,
             cancel_event=req.cancel_event,
@@ -209,9 +213,10 @@ class StageRunner:
             return self._failed(stage, exc)
         try:
             output = to_json_value(result, f"output of stage {stage.id!r}")
+            check_payload_size(output, f"output of stage {stage.id!r}", self.max_payload_bytes)
             if stage.output_type not in (Any, None):
                 validate_as(stage.output_type, output)
-        except SerializationError as exc:
+        except (SerializationError, PayloadTooLargeError) as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
         except Exception as exc:
             err = SerializationError(

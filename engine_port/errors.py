@@ -18,6 +18,7 @@ __all__ = [
     "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
+    "PayloadTooLargeError",
     "RunExistsError",
     "RunNotActiveError",
     "RunNotFoundError",
@@ -81,6 +82,22 @@ class InvalidInputError(EngineError):
         )
         self.workflow_id = workflow_id
         self.fields = fields
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """A value (run input, signal payload, step result, stage output) over max_payload_bytes."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        EngineError.__init__(
+            self,
+            f"{what} is {size:,} bytes as JSON, over the limit of {limit:,} bytes "
+            "(max_payload_bytes); keep large data in your own store and pass a reference to "
+            "it, or raise max_payload_bytes",
+        )
+        self.workflow_id = ""
+        self.fields = (what,)
+        self.size = size
+        self.limit = limit
 
 
 class InvalidRedriveError(EngineError):

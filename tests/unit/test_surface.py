@@ -81,6 +81,7 @@ ERRORS = [
     "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
+    "PayloadTooLargeError",
     "RunExistsError",
     "RunNotActiveError",
     "RunNotFoundError",
