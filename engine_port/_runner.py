@@ -84,7 +84,8 @@ _NEVER_RETRY = (SerializationError, StepError, DefinitionError, PayloadTooLargeE
 
 
 class StageRunner:
-    """Runs stage bodies and compensations; holds no state between calls."""
+    """Runs stage bodies and compensations. Holds no run state between calls; it owns the
+    pool of threads sync bodies run in (:meth:`close` it with its engine)."""
 
     def __init__(
         self,
