@@ -92,6 +92,7 @@ from engine_port.errors import (
     MigrationError,
     RunNotActiveError,
     RunNotFoundError,
+    SignalQueueFullError,
     WaitTimeoutError,
     WorkflowDrainedError,
 )
@@ -379,6 +380,7 @@ class TemporalEngine(WorkflowEngine):
             "heartbeat_timeout_s": self.heartbeat_timeout,
             "dead_letter_after": self.settings.dead_letter_after,
             "default_stage_timeout_s": self.settings.default_stage_timeout,
+            "max_pending_signals": self.settings.max_pending_signals,
         }
         initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
         initial["created_at"] = created
@@ -576,6 +578,10 @@ class TemporalEngine(WorkflowEngine):
         except WorkflowUpdateFailedError as exc:
             if _failure_type(exc) == "MigrationError":
                 raise MigrationError(_failure_message(exc)) from None
+            if _failure_type(exc) == "SignalQueueFullError":  # the workflow's bound
+                raise SignalQueueFullError(
+                    run_id, name, self.settings.max_pending_signals
+                ) from None
             current = await self.get_run(run_id)
             raise RunNotActiveError(run_id, current.status, "signal") from None
         except RPCError:
@@ -685,6 +691,7 @@ class TemporalEngine(WorkflowEngine):
             "heartbeat_timeout_s": self.heartbeat_timeout,
             "dead_letter_after": self.settings.dead_letter_after,
             "default_stage_timeout_s": self.settings.default_stage_timeout,
+            "max_pending_signals": self.settings.max_pending_signals,
             "redrive": redrive,
             "redrive_from": from_,
             "redrive_history": history,
