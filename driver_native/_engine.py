@@ -115,6 +115,7 @@ class NativeEngine(WorkflowEngine):
         for host in list(self._hosts):
             await host.stop()
         if self._kernel is not None:
+            self._kernel.runner.close()
             self._kernel.db.dispose()
             self._kernel = None
 

@@ -31,7 +31,9 @@ from engine_port import (
     VersionInfo,
     run_prefix,
 )
+from engine_port._blobstores import delete_prefixes
 from engine_port._clock import Clock
+from engine_port._payload_limit import check_payload_size
 from engine_port._serde import fingerprint, input_fingerprint, to_json_value
 from engine_port.errors import (
     CommandInProgressError,
@@ -92,6 +94,10 @@ def _revive(command: Command, stored: Any) -> Any:
     return stored
 
 
+PURGE_BATCH = 500
+"""Runs deleted per purge transaction: short transactions, bounded parameter lists."""
+
+
 class Kernel:
     def __init__(
         self,
@@ -108,7 +114,13 @@ class Kernel:
         self.claim = claim
         self.clock = clock
         self.sink = sink
-        self.runner = StageRunner(registry, clock)
+        self.runner = StageRunner(
+            registry,
+            clock,
+            default_timeout=settings.default_stage_timeout,
+            sync_threads=settings.sync_stage_threads,
+            max_payload_bytes=settings.max_payload_bytes,
+        )
         self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
             CreateRun: self._create_run,
             ClaimPending: self._claim,
@@ -207,6 +219,7 @@ class Kernel:
         wf = self.registry.get(cmd.workflow_id, cmd.version)
         graph = wf.graph()
         value = wf.validate_input(cmd.input).model_dump(mode="json")
+        check_payload_size(value, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         fp = input_fingerprint(wf.id, value)
         run_id = cmd.run_id or uuid.uuid4().hex
         # a key of its own: a CreateRun naming an existing run id must not overwrite its input
@@ -257,13 +270,21 @@ class Kernel:
 
     async def _signal(self, cmd: SignalStep) -> SignalResult:
         payload = to_json_value(cmd.payload, f"payload of signal {cmd.signal!r}")
+        limit = self.settings.max_payload_bytes
+        check_payload_size(payload, f"payload of signal {cmd.signal!r}", limit)
         stored = await self.claim.dump(
             payload, f"{run_prefix(cmd.run_id)}signals/{uuid.uuid4().hex[:16]}"
         )
         key = self.claim.key_of(stored)
         try:
             result = await self.db.tx(
-                _runs.signal_run, cmd.run_id, cmd.signal, stored, self.now(), cmd.idempotency_key
+                _runs.signal_run,
+                cmd.run_id,
+                cmd.signal,
+                stored,
+                self.now(),
+                cmd.idempotency_key,
+                self.settings.max_pending_signals,
             )
         except BaseException:
             if key is not None:
@@ -300,11 +321,15 @@ class Kernel:
         return await self.db.tx(_runs.list_versions, self.registry.served(), latest)
 
     async def _purge(self, cmd: PurgeRuns) -> int:
-        ids = await self.db.tx(_runs.purge_runs, self.now() - cmd.older_than_seconds)
-        for rid in ids:
-            for key in await self.claim.store.list(f"runs/{rid}/"):
-                await self.claim.store.delete(key)
-        return len(ids)
+        """Delete finished runs in batches (one short transaction each), then each batch's
+        own blob prefix: linear in the runs purged, never a walk of the whole store."""
+        cutoff, n = self.now() - cmd.older_than_seconds, 0
+        while True:
+            ids = await self.db.tx(_runs.purge_runs, cutoff, PURGE_BATCH)
+            await delete_prefixes(self.claim.store, [f"runs/{rid}/" for rid in ids])
+            n += len(ids)
+            if len(ids) < PURGE_BATCH:
+                return n
 
     async def _reap_stuck(self, cmd: ReapStuckRuns) -> int:
         def graphs(conn: Connection, run: Any) -> GraphModel | None:

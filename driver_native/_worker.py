@@ -118,6 +118,7 @@ class WorkerHost:
             "running": len(self._active),
             "uptime_s": round(time.monotonic() - self._started_at, 3),
             **dict(self._counts),
+            **self.kernel.runner.sync_executor.stats(),
         }
 
     # -- the loop --------------------------------------------------------------------------

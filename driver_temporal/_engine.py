@@ -92,6 +92,7 @@ from engine_port._limits import (
     check_workflow_id,
     check_workflow_ids,
 )
+from engine_port._payload_limit import check_payload_size
 from engine_port._serde import input_fingerprint
 from engine_port.errors import (
     DriverUnavailableError,
@@ -100,6 +101,7 @@ from engine_port.errors import (
     MigrationError,
     RunNotActiveError,
     RunNotFoundError,
+    SignalQueueFullError,
     WaitTimeoutError,
     WorkflowDrainedError,
 )
@@ -159,7 +161,13 @@ class TemporalEngine(WorkflowEngine):
             blob_store if blob_store is not None else open_blob_store(settings.blob_url)
         )
         self.claim = ClaimCheck(self.blob_store, settings.spill_threshold_bytes)
-        self.runner = StageRunner(registry, clock)
+        self.runner = StageRunner(
+            registry,
+            clock,
+            default_timeout=settings.default_stage_timeout,
+            sync_threads=settings.sync_stage_threads,
+            max_payload_bytes=settings.max_payload_bytes,
+        )
         self.heartbeat_timeout = heartbeat_timeout
         self.connect_timeout = connect_timeout
         self.signal_timeout = signal_timeout
@@ -219,6 +227,7 @@ class TemporalEngine(WorkflowEngine):
                 await worker.shutdown()
             with suppress(BaseException):
                 await task
+        self.runner.close()
         self._client = None
 
     def _scope(self) -> str:
@@ -347,6 +356,7 @@ class TemporalEngine(WorkflowEngine):
         check_start_call(wf_id, idempotency_key, version)
         wf = self.registry.get(wf_id, version)  # WorkflowNotFoundError
         data = check_start_input(wf, input)  # InvalidInputError
+        check_payload_size(data, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         graph = wf.graph()
         fp = input_fingerprint(wf.id, data)
         client = self._conn
@@ -374,6 +384,8 @@ class TemporalEngine(WorkflowEngine):
             "created_at": created,
             "heartbeat_timeout_s": self.heartbeat_timeout,
             "dead_letter_after": self.settings.dead_letter_after,
+            "default_stage_timeout_s": self.settings.default_stage_timeout,
+            "max_pending_signals": self.settings.max_pending_signals,
         }
         initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
         initial["created_at"] = created
@@ -538,6 +550,7 @@ class TemporalEngine(WorkflowEngine):
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
         data = check_signal_call(run_id, name, payload, idempotency_key)
+        check_payload_size(data, f"payload of signal {name!r}", self.settings.max_payload_bytes)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if info.terminal:
@@ -572,6 +585,10 @@ class TemporalEngine(WorkflowEngine):
         except WorkflowUpdateFailedError as exc:
             if _failure_type(exc) == "MigrationError":
                 raise MigrationError(_failure_message(exc)) from None
+            if _failure_type(exc) == "SignalQueueFullError":  # the workflow's bound
+                raise SignalQueueFullError(
+                    run_id, name, self.settings.max_pending_signals
+                ) from None
             current = await self.get_run(run_id)
             raise RunNotActiveError(run_id, current.status, "signal") from None
         except RPCError:
@@ -684,6 +701,8 @@ class TemporalEngine(WorkflowEngine):
             "created_at": state.get("created_at"),
             "heartbeat_timeout_s": self.heartbeat_timeout,
             "dead_letter_after": self.settings.dead_letter_after,
+            "default_stage_timeout_s": self.settings.default_stage_timeout,
+            "max_pending_signals": self.settings.max_pending_signals,
             "redrive": redrive,
             "redrive_from": from_,
             "redrive_history": history,

@@ -297,6 +297,8 @@ async def import_run(engine: TemporalEngine, snapshot: RunSnapshot) -> RunInfo:
         "created_at": created,
         "heartbeat_timeout_s": engine.heartbeat_timeout,
         "dead_letter_after": engine.settings.dead_letter_after,
+        "default_stage_timeout_s": engine.settings.default_stage_timeout,
+        "max_pending_signals": engine.settings.max_pending_signals,
         "redrive": snapshot.redrive_count,
         "redrive_history": list(snapshot.redrive_history),
         "event_seq": snapshot.event_seq,

@@ -513,9 +513,12 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             "signal_queues": {} if compensation else self._lease_signals(sid),
             "output": st["output"] if compensation else None,
         }
+        # the StageRunner's effective timeout (the stage's own, else the starter's
+        # default_stage_timeout) plus a grace; one day when neither is set (Temporal needs one)
         timeout = timedelta(days=1)
-        if spec.timeout_s:
-            timeout = timedelta(seconds=spec.timeout_s + _GRACE)
+        timeout_s = spec.timeout_s or self._start.get("default_stage_timeout_s")
+        if timeout_s:
+            timeout = timedelta(seconds=timeout_s + _GRACE)
         what = "compensation" if compensation else "attempt"
         call: dict[str, Any] | None = None
         if not compensation:

@@ -3,12 +3,43 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from ._blobs import BlobStore, FolderBlobStore, MemoryBlobStore
-from .errors import DriverUnavailableError, EngineError
+from ._blobs import BlobStore, FolderBlobStore, MemoryBlobStore, check_key
+from .errors import DriverUnavailableError, EngineError, UnsafeBlobKeyError
 
-__all__ = ["open_blob_store"]
+__all__ = ["delete_prefixes", "open_blob_store"]
+
+
+def _remove_folders(root: Path, prefixes: Sequence[str]) -> None:
+    for prefix in prefixes:
+        path = (root / prefix).resolve()
+        if path == root or not path.is_relative_to(root):
+            raise UnsafeBlobKeyError(prefix)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(path)
+
+
+async def delete_prefixes(store: BlobStore, prefixes: Sequence[str]) -> None:
+    """Delete every blob under each of ``prefixes`` (folder-like keys such as ``runs/<id>/``).
+
+    Work is proportional to what is deleted, never to the store's size: a folder store removes
+    each prefix's directory in one worker thread (the event loop never walks the tree); other
+    stores list by prefix (S3 and the database filter server-side) and delete what they list.
+    """
+    for prefix in prefixes:
+        check_key(prefix.rstrip("/"))
+    if isinstance(store, FolderBlobStore):
+        await asyncio.to_thread(_remove_folders, store.root, list(prefixes))
+        return
+    for prefix in prefixes:
+        for key in await store.list(prefix):
+            await store.delete(key)
 
 
 def open_blob_store(url: str) -> BlobStore:

@@ -38,6 +38,16 @@ class EngineSettings(BaseSettings):
     command_key_stale_seconds: float = Field(default=600.0, gt=0)
     # routing for a mixed (migration) period: workflow id -> driver
     routes: dict[str, Literal["native", "temporal"]] = Field(default_factory=dict)
+    # bounded work (issue 11 items 5-6; see README "Limits")
+    # threads for sync (non-async) stage bodies, per engine; blob I/O never shares them
+    sync_stage_threads: int = Field(default=16, ge=1)
+    # seconds an attempt of a stage without its own timeout= may run (None: no limit); one
+    # day, the start-to-close the Temporal driver always used for such stages
+    default_stage_timeout: float | None = Field(default=86400.0, gt=0)
+    # signals buffered (sent, not yet consumed) per run; the next one raises SignalQueueFullError
+    max_pending_signals: int = Field(default=1000, ge=1)
+    # largest JSON value (run input, signal payload, step result, stage output) accepted
+    max_payload_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
 
     @classmethod
     def settings_customise_sources(

@@ -18,11 +18,13 @@ __all__ = [
     "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
+    "PayloadTooLargeError",
     "RunExistsError",
     "RunNotActiveError",
     "RunNotFoundError",
     "RunTimeoutError",
     "SerializationError",
+    "SignalQueueFullError",
     "SpilledPayloadUnavailableError",
     "StageTimeoutError",
     "StepError",
@@ -89,6 +91,22 @@ class InvalidInputError(EngineError):
         self.fields = fields
 
 
+class PayloadTooLargeError(InvalidInputError):
+    """A value (run input, signal payload, step result, stage output) over max_payload_bytes."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        EngineError.__init__(
+            self,
+            f"{what} is {size:,} bytes as JSON, over the limit of {limit:,} bytes "
+            "(max_payload_bytes); keep large data in your own store and pass a reference to "
+            "it, or raise max_payload_bytes",
+        )
+        self.workflow_id = ""
+        self.fields = (what,)
+        self.size = size
+        self.limit = limit
+
+
 class InvalidRedriveError(EngineError):
     """A redrive named an unknown stage, or there is nothing to redrive."""
 
@@ -124,6 +142,20 @@ class RunNotActiveError(EngineError):
         )
         self.run_id = run_id
         self.status = status
+
+
+class SignalQueueFullError(EngineError):
+    """A run already holds ``max_pending_signals`` signals it has not consumed yet."""
+
+    def __init__(self, run_id: str, name: str, limit: int) -> None:
+        super().__init__(
+            f"cannot signal {name!r} to run {run_id!r}: it already holds {limit} signals it has "
+            "not consumed (max_pending_signals); retry once the workflow has consumed some, "
+            "check that it waits for the signals you send, or raise max_pending_signals"
+        )
+        self.run_id = run_id
+        self.name = name
+        self.limit = limit
 
 
 class IdempotencyConflictError(EngineError):
