@@ -89,11 +89,11 @@ class NativeEngine(WorkflowEngine):
     async def connect(self) -> None:
         if self._kernel is not None:
             return
-        db = Database(self.settings.database_url)
+        db = Database(self.settings.database_url.reveal())
         await asyncio.get_running_loop().run_in_executor(None, db.upgrade)
         store = self.blob_store
         if store is None:
-            if self.settings.blob_url.startswith("db://"):
+            if self.settings.blob_url.reveal().startswith("db://"):
                 from ._dbblobs import DatabaseBlobStore
 
                 store = DatabaseBlobStore(db)

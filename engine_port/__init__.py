@@ -37,6 +37,7 @@ from ._models import (
 from ._registry import Registry
 from ._routing import RoutingEngine
 from ._runner import Completed, Failed, Outcome, StageRequest, StageRunner, Suspended
+from ._secrets import SecretUrl, redact_url
 from ._settings import EngineSettings
 from .errors import EngineError, NonRetryableError
 
@@ -72,6 +73,7 @@ __all__ = [
     "RunMove",
     "RunSnapshot",
     "RunStatus",
+    "SecretUrl",
     "SignalResult",
     "Stage",
     "StageContext",
@@ -97,5 +99,6 @@ __all__ = [
     "migrate_runs",
     "open_blob_store",
     "open_event_sink",
+    "redact_url",
     "run_output",
 ]

@@ -12,6 +12,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ._secrets import SecretUrl
+
 __all__ = ["EngineSettings"]
 
 
@@ -21,8 +23,9 @@ class EngineSettings(BaseSettings):
     )
 
     driver: Literal["native", "temporal"] = "native"
-    database_url: str = "sqlite:///.wfe/wfe.db"
-    blob_url: str = "file://.wfe/blobs"
+    # URLs may carry credentials: shown redacted everywhere, .reveal() gives the real value
+    database_url: SecretUrl = SecretUrl("sqlite:///.wfe/wfe.db")
+    blob_url: SecretUrl = SecretUrl("file://.wfe/blobs")
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
     task_queue: str = "wfe"

@@ -42,6 +42,7 @@ PUBLIC = [
     "RunMove",
     "RunSnapshot",
     "RunStatus",
+    "SecretUrl",
     "SignalResult",
     "Stage",
     "StageContext",
@@ -67,11 +68,13 @@ PUBLIC = [
     "migrate_runs",
     "open_blob_store",
     "open_event_sink",
+    "redact_url",
     "run_output",
 ]
 
 ERRORS = [
     "CommandInProgressError",
+    "ConfigurationError",
     "DefinitionError",
     "DefinitionVersionConflictError",
     "DriverUnavailableError",
