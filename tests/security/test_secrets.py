@@ -109,6 +109,19 @@ def test_wfe_demo_prints_the_database_url_without_its_password(
     no_secret_in(result.output)
 
 
+@pytest.mark.postgres
+def test_wfe_conformance_connects_with_a_password_it_never_prints(
+    pg_session: PostgresSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    url = sa.make_url(pg_session.new_schema()).set(password=DB_PASSWORD)
+    monkeypatch.setenv("WFE_DATABASE_URL", url.render_as_string(hide_password=False))
+    monkeypatch.setenv("WFE_BLOB_URL", f"file://{tmp_path / 'blobs'}")
+    result = CliRunner().invoke(app, ["conformance", "-k", "s1_linear"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "test_s1_linear" in result.output and "passed" in result.output
+    no_secret_in(result.output)
+
+
 def test_wfe_demo_on_an_unreachable_database_prints_no_password(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
