@@ -319,7 +319,7 @@ class NativeEngine(WorkflowEngine):
             self._hosts.remove(host)
 
     async def flush_events(self) -> FlushResult:
-        result: FlushResult = await self.kernel.dispatch(FlushOutbox())
+        result: FlushResult = await self.kernel.dispatch(FlushOutbox(force=True))
         return result
 
     async def replay_dlq(self) -> int:

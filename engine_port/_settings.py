@@ -37,8 +37,15 @@ class EngineSettings(BaseSettings):
     worker_concurrency: int = Field(default=32, ge=1)
     lease_seconds: float = Field(default=30.0, gt=0)
     poll_interval_seconds: float = Field(default=0.05, gt=0)
-    dead_letter_after: int = Field(default=5, ge=1)
     command_key_stale_seconds: float = Field(default=600.0, gt=0)
+    # event delivery: a failing sink is retried per event with exponential backoff (initial,
+    # doubling, capped at max); an event is dead-lettered after dead_letter_after attempts
+    # spanning at least outbox_dead_letter_min_seconds (the defaults ride out a sink outage of
+    # a few minutes)
+    dead_letter_after: int = Field(default=10, ge=1)
+    outbox_dead_letter_min_seconds: float = Field(default=300.0, ge=0)
+    outbox_retry_initial_seconds: float = Field(default=0.5, ge=0)
+    outbox_retry_max_seconds: float = Field(default=30.0, ge=0)
     # routing for a mixed (migration) period: workflow id -> driver
     routes: dict[str, Literal["native", "temporal"]] = Field(default_factory=dict)
 
