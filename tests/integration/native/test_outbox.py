@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from driver_native import FlushOutbox, process_available_jobs
-from engine_port import Event, MemorySink
+from engine_port import Event, FakeClock, MemorySink
 
 from . import workflows as w
 from .conftest import MakeEngine, count_rows
@@ -229,3 +229,70 @@ async def test_schema_v5_adds_the_retry_columns_to_an_existing_outbox(
     engine = await make_engine(w.linear, event_sink=sink)
     assert (await engine.kernel.dispatch(FlushOutbox())).delivered == 1
     assert [e.id for e in sink.events] == ["e1"]
+
+
+class ClockedSink(MemorySink):
+    """Down until ``clock`` passes ``up_at``; records the clock at every failed delivery."""
+
+    def __init__(self, clock: FakeClock, up_at: float | None) -> None:
+        super().__init__()
+        self.clock, self.up_at, self.failed_at = clock, up_at, []
+        self.t0 = clock.now().timestamp()
+
+    def elapsed(self) -> float:
+        return self.clock.now().timestamp() - self.t0
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        self.failing = self.up_at is None or self.elapsed() < self.up_at
+        if self.failing:
+            self.failed_at.append(self.elapsed())
+        await super().publish(events)
+
+
+async def flush_like_a_worker(
+    engine: Any, clock: FakeClock, until: Callable[[], bool], limit_s: float
+) -> None:
+    """FlushOutbox every 0.25 s of fake time (a worker flushes every 0.05 s) until ``until``."""
+    start = clock.now().timestamp()
+    while not until():
+        assert clock.now().timestamp() - start < limit_s, "gave up"
+        await engine.kernel.dispatch(FlushOutbox())
+        clock.advance(0.25)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_default_settings_ride_out_a_one_minute_outage(make_engine: MakeEngine) -> None:
+    clock = FakeClock()
+    sink = ClockedSink(clock, up_at=60.0)
+    engine = await make_engine(w.linear, event_sink=sink, clock=clock)  # default settings
+    run = await engine.start("it-linear", {"n": 1})
+    await process_available_jobs(engine.kernel, 20)
+    await flush_like_a_worker(engine, clock, lambda: len(sink.for_run(run.id)) == 10, 400)
+    assert await count_rows(engine, "wfe_outbox", status="dead") == 0
+    assert [e.seq for e in sink.events] == list(range(1, 11))
+    # retried with backoff (0.5 s doubling up to 30 s), not 1,200 times in the minute
+    assert 6 <= len(sink.failed_at) <= 9
+    assert sink.elapsed() < 60 + 30 + 1  # delivered within one capped backoff of recovery
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_default_settings_dead_letter_after_ten_attempts_and_five_minutes(
+    make_engine: MakeEngine,
+) -> None:
+    clock = FakeClock()
+    sink = ClockedSink(clock, up_at=None)
+    engine = await make_engine(w.linear, event_sink=sink, clock=clock)
+    await engine.start("it-linear", {"n": 1})
+    await process_available_jobs(engine.kernel, 20)
+
+    async def dead() -> int:
+        return await count_rows(engine, "wfe_outbox", status="dead")
+
+    start = clock.now().timestamp()
+    while not await dead():
+        assert clock.now().timestamp() - start < 400, "never dead-lettered"
+        await engine.kernel.dispatch(FlushOutbox())
+        clock.advance(1.0)  # coarser than a worker; the backoff is capped at 30 s anyway
+    assert await dead() == 10
+    assert len(sink.failed_at) >= 10
+    assert sink.failed_at[-1] - sink.failed_at[0] >= 300
