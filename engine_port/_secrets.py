@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
@@ -64,11 +63,10 @@ def _secret_spans(url: str) -> list[tuple[int, int]]:
             colon = url.find(":", rest, at)
             if colon >= 0:
                 spans.append((colon + 1, at))
-    parts = urlsplit(url) if scheme_end >= 0 else None
     q = url.find("?")
     if q >= 0:
         spans += _query_spans(url, q + 1)
-    if m and parts is not None:
+    if m:
         # the query as SQLAlchemy reads it: after the database part, past the password
         q2 = url.find("?", m.end())
         if q2 >= 0 and q2 != q:
