@@ -19,6 +19,7 @@ from sqlalchemy import Connection, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
+from engine_port._secrets import redact_text, redact_url
 from engine_port.errors import DriverUnavailableError
 
 from . import _schema
@@ -43,7 +44,7 @@ class Database:
         self.is_postgres = parsed.get_backend_name() == "postgresql"
         if not (self.is_sqlite or self.is_postgres):
             raise DriverUnavailableError(
-                f"database_url {url!r} is not supported; use sqlite:///PATH or "
+                f"database_url {redact_url(url)!r} is not supported; use sqlite:///PATH or "
                 "postgresql+psycopg://USER@HOST:PORT/DB"
             )
         if self.is_sqlite:
@@ -83,7 +84,8 @@ class Database:
         except OperationalError as exc:
             if _is_connect_error(exc):
                 raise DriverUnavailableError(
-                    f"cannot reach the database at {self.safe_url}: {exc.orig}; check that "
+                    f"cannot reach the database at {redact_url(self.url)}: "
+                    f"{redact_text(str(exc.orig), self.url)}; check that "
                     "the server runs and database_url is right"
                 ) from None
             raise

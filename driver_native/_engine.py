@@ -98,11 +98,11 @@ class NativeEngine(WorkflowEngine):
     async def connect(self) -> None:
         if self._kernel is not None:
             return
-        db = Database(self.settings.database_url)
+        db = Database(self.settings.database_url.reveal())
         await asyncio.get_running_loop().run_in_executor(None, db.upgrade)
         store = self.blob_store
         if store is None:
-            if self.settings.blob_url.startswith("db://"):
+            if self.settings.blob_url.reveal().startswith("db://"):
                 from ._dbblobs import DatabaseBlobStore
 
                 store = DatabaseBlobStore(db)
@@ -349,7 +349,7 @@ class NativeEngine(WorkflowEngine):
             self._hosts.remove(host)
 
     async def flush_events(self) -> FlushResult:
-        result: FlushResult = await self.kernel.dispatch(FlushOutbox())
+        result: FlushResult = await self.kernel.dispatch(FlushOutbox(force=True))
         return result
 
     async def replay_dlq(self) -> int:

@@ -519,27 +519,32 @@ class Kernel:
     async def _flush(self, cmd: FlushOutbox) -> FlushResult:
         if self.sink is None:
             return FlushResult()  # no sink here: events wait in the outbox for a host with one
-        pending = await self.db.tx(_outbox.pending_events, cmd.limit)
+        now = self.now()
+        pending, waiting = await self.db.tx(
+            _outbox.pending_events, cmd.limit, None if cmd.force else now
+        )
         if not pending:
-            return FlushResult()
-        by_run: dict[str, list[tuple[int, int, Any]]] = {}
+            return FlushResult(degraded=waiting > 0)
+        by_run: dict[str, list[_outbox.Pending]] = {}
         for item in pending:
-            by_run.setdefault(item[2].run_id, []).append(item)
+            by_run.setdefault(item.event.run_id, []).append(item)
         delivered: list[int] = []
-        failed: list[int] = []
-        error: str | None = None
+        failed: list[tuple[list[_outbox.Pending], str]] = []
         for items in by_run.values():
             try:
-                await self.sink.publish([e for _, _, e in items])
-                delivered += [i for i, _, _ in items]
+                await self.sink.publish([p.event for p in items])
+                delivered += [p.row_id for p in items]
             except Exception as exc:  # the sink is the user's; never let it block runs
-                failed += [i for i, _, _ in items]
-                error = f"{type(exc).__name__}: {exc}"
-        dead = await self.db.tx(
-            _outbox.mark_flushed, delivered, failed, error, self.settings.dead_letter_after
-        )
+                failed.append((items, f"{type(exc).__name__}: {exc}"))
+        rule = _outbox.RetryRule.from_settings(self.settings)
+        dead = await self.db.tx(_outbox.mark_flushed, delivered, failed, rule, self.now())
+        _outbox.log_dead(dead, rule)
+        n_failed = sum(len(items) for items, _ in failed)
         return FlushResult(
-            delivered=len(delivered), failed=len(failed), dead=dead, degraded=bool(failed)
+            delivered=len(delivered),
+            failed=n_failed,
+            dead=len(dead),
+            degraded=bool(failed) or waiting > 0,
         )
 
     async def _replay_dlq(self, _cmd: ReplayDlq) -> int:

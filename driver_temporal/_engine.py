@@ -124,6 +124,7 @@ from ._search import SA_VERSION, check_search_attributes
 from ._wire import (
     deployment_for,
     new_run_id,
+    outbox_rule,
     run_id_for_key,
     spill_key,
     state_key,
@@ -383,9 +384,9 @@ class TemporalEngine(WorkflowEngine):
             "fingerprint": fp,
             "created_at": created,
             "heartbeat_timeout_s": self.heartbeat_timeout,
-            "dead_letter_after": self.settings.dead_letter_after,
             "default_stage_timeout_s": self.settings.default_stage_timeout,
             "max_pending_signals": self.settings.max_pending_signals,
+            **outbox_rule(self.settings),
         }
         initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
         initial["created_at"] = created
@@ -700,9 +701,9 @@ class TemporalEngine(WorkflowEngine):
             "fingerprint": state.get("fingerprint"),
             "created_at": state.get("created_at"),
             "heartbeat_timeout_s": self.heartbeat_timeout,
-            "dead_letter_after": self.settings.dead_letter_after,
             "default_stage_timeout_s": self.settings.default_stage_timeout,
             "max_pending_signals": self.settings.max_pending_signals,
+            **outbox_rule(self.settings),
             "redrive": redrive,
             "redrive_from": from_,
             "redrive_history": history,

@@ -39,6 +39,7 @@ from ._models import (
 from ._registry import Registry
 from ._routing import RoutingEngine
 from ._runner import Completed, Failed, Outcome, StageRequest, StageRunner, Suspended
+from ._secrets import SecretUrl, redact_url
 from ._settings import EngineSettings
 from .errors import EngineError, NonRetryableError
 
@@ -74,6 +75,7 @@ __all__ = [
     "RunMove",
     "RunSnapshot",
     "RunStatus",
+    "SecretUrl",
     "SignalResult",
     "Stage",
     "StageContext",
@@ -100,6 +102,7 @@ __all__ = [
     "migrate_runs",
     "open_blob_store",
     "open_event_sink",
+    "redact_url",
     "run_output",
     "run_prefix",
 ]

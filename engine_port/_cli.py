@@ -90,7 +90,7 @@ def db_upgrade(database_url: Annotated[str | None, typer.Option()] = None) -> No
     """Create or upgrade the native driver's schema."""
     settings = _settings(database_url=database_url)
     native = importlib.import_module("driver_native")
-    db = native.Database(settings.database_url)
+    db = native.Database(settings.database_url.reveal())
     try:
         applied = db.upgrade()
         console.print(f"schema at version {db.schema_version()} (applied: {applied or 'none'})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "CommandInProgressError",
+    "ConfigurationError",
     "DefinitionError",
     "DefinitionVersionConflictError",
     "DriverUnavailableError",
@@ -238,3 +239,8 @@ class WorkflowDrainedError(EngineError):
 
 class MigrationError(EngineError):
     """A run could not be exported or imported."""
+
+
+class ConfigurationError(EngineError):
+    """A setting is missing or unusable (a blob_url without credentials, an unknown scheme);
+    the message names the setting and how to fix it, with any secret in it redacted."""

@@ -42,6 +42,7 @@ PUBLIC = [
     "RunMove",
     "RunSnapshot",
     "RunStatus",
+    "SecretUrl",
     "SignalResult",
     "Stage",
     "StageContext",
@@ -68,12 +69,14 @@ PUBLIC = [
     "migrate_runs",
     "open_blob_store",
     "open_event_sink",
+    "redact_url",
     "run_output",
     "run_prefix",
 ]
 
 ERRORS = [
     "CommandInProgressError",
+    "ConfigurationError",
     "DefinitionError",
     "DefinitionVersionConflictError",
     "DriverUnavailableError",
