@@ -537,7 +537,7 @@ class TemporalEngine(WorkflowEngine):
         await self._describe(run_id)
         handle = self._conn.get_workflow_handle(run_id)
         try:
-            await asyncio.wait_for(_settle(handle), timeout)
+            await asyncio.wait_for(self._ended(handle, run_id), timeout)
         except TimeoutError:
             info = await self.get_run(run_id)
             raise WaitTimeoutError(
@@ -545,6 +545,24 @@ class TemporalEngine(WorkflowEngine):
                 "that a worker serving its workflow version is running (engine.worker())"
             ) from None
         return await self.get_run(run_id)
+
+    async def _ended(self, handle: Any, run_id: str) -> None:
+        """Until the run is terminal: its execution closed, or its status already terminal
+        while the workflow still delivers its last events (a sink outage keeps it open, as
+        the native outbox keeps retrying after the run ended)."""
+        closed = asyncio.ensure_future(_settle(handle))
+        try:
+            delay = 0.1
+            while not closed.done():
+                await asyncio.wait({closed}, timeout=delay)
+                if closed.done():
+                    return
+                memo, status = await self._describe(run_id)
+                if (await self._info_from_memo(memo, status)).terminal:
+                    return
+                delay = min(delay * 2, 2.0)
+        finally:
+            closed.cancel()
 
     # -- signals and cancel ---------------------------------------------------------------------
     async def signal(

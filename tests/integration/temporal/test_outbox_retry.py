@@ -78,3 +78,27 @@ async def test_an_outage_shorter_than_the_minimum_span_dead_letters_nothing(
         "stage.completed",
         "run.completed",
     ]
+
+
+async def test_wait_reports_the_end_of_a_run_while_its_events_still_retry(
+    make_engine: EngineFactory,
+) -> None:
+    """As on the native driver, a sink outage never delays ``wait()``: the run's status is
+    final as soon as it ends, while its workflow keeps retrying the sink (up to 5 s here)."""
+    wf = Workflow("sink-down-wait", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        return 1
+
+    sink = OutageSink(3600.0)
+    engine = make_engine(Registry([wf]), sink=sink, **{**SHORT, "dead_letter_after": 1000})
+    async with engine, engine.worker():
+        run = await engine.start("sink-down-wait", {})
+        began = time.monotonic()
+        info = await engine.wait(run.id, timeout=60)
+        waited = time.monotonic() - began
+        assert info.status == "completed" and info.output == 1
+        # the execution is still open (retrying its events): wait() did not wait for it
+        desc = await engine._conn.get_workflow_handle(run.id).describe()
+        assert desc.close_time is None, f"the workflow closed after {waited:.1f}s"
