@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from engine_port import (
+    Abandoned,
     ClaimCheck,
     Completed,
     EngineSettings,
@@ -31,6 +33,7 @@ from engine_port import (
     VersionInfo,
 )
 from engine_port._clock import Clock
+from engine_port._faults import describe_fault, is_storage_fault
 from engine_port._serde import fingerprint, input_fingerprint, to_json_value
 from engine_port.errors import (
     CommandInProgressError,
@@ -61,10 +64,16 @@ from ._commands import (
 )
 from ._db import Database
 from ._ledger import SqlStepLedger
-from ._schema import command_keys, runs, steps
+from ._schema import command_keys, runs, stages, steps
 from ._sql import select_where
 
 __all__ = ["Kernel"]
+
+log = logging.getLogger("wfe.kernel")
+
+
+class _CompensationAbandoned(Exception):
+    """A compensation attempt hit a storage fault: its job is given back like a crashed one."""
 
 
 def _held(key: str, token: float) -> tuple[Any, ...]:
@@ -345,13 +354,61 @@ class Kernel:
             cmd.cancelled,
             handoff,
         )
-        if key is not None and result != "completed":
+        if key is not None and result != "completed" and not await self._stored_output(job, key):
+            # (a re-run of the transaction after a lost acknowledgement reports "discarded"
+            # although its first try committed this very output: that blob stays)
             await self.claim.store.delete(key)
         return result
 
+    async def _stored_output(self, job: Any, key: str) -> bool:
+        def q(conn: Connection) -> Any:
+            return conn.execute(
+                sa.select(stages.c.output).where(
+                    stages.c.run_id == job.run_id, stages.c.stage_id == job.stage_id
+                )
+            ).scalar()
+
+        return self.claim.key_of(await self.db.read(q)) == key
+
     async def _execute(self, cmd: ExecuteJob) -> str:
-        if cmd.job.kind == "compensate":
-            return await self._compensate(cmd)
+        """Run one job. A fault of the engine's storage (DESIGN §5) while the attempt starts,
+        runs or is recorded abandons it as a crash would, except that the lease is given back
+        at once: the job is due again after a backoff, with its attempt number kept."""
+        try:
+            if cmd.job.kind == "compensate":
+                return await self._compensate(cmd)
+            return await self._execute_stage(cmd)
+        except Exception as exc:
+            if not is_storage_fault(exc):
+                raise
+            await self._abandon(cmd.job, cmd.worker_id, exc)
+            return "abandoned"
+
+    async def _abandon(self, job: Any, worker: str, exc: BaseException) -> None:
+        log.warning(
+            "job %s of run %s: the engine's storage failed (%s); the attempt is abandoned and "
+            "runs again in %gs without using up a retry",
+            job.id,
+            job.run_id,
+            describe_fault(exc),
+            _progress.ABANDON_BACKOFF_S,
+        )
+        try:
+            await self.db.tx(
+                _progress.abandon_job, job, worker, self.now() + _progress.ABANDON_BACKOFF_S
+            )
+        except Exception as again:
+            if not is_storage_fault(again):
+                raise
+            log.warning(
+                "job %s of run %s: could not give its lease back (%s); it is taken over when "
+                "the lease expires",
+                job.id,
+                job.run_id,
+                describe_fault(again),
+            )
+
+    async def _execute_stage(self, cmd: ExecuteJob) -> str:
         job, worker = cmd.job, cmd.worker_id
         begin = cmd.begun
         if begin is None:
@@ -455,6 +512,8 @@ class Kernel:
             ledger = SqlStepLedger(self.db, self.claim, run_id, ledger_id, rows)
             req = StageRequest(run_id, wf, stage_id, attempt, run_input, outputs)
             outcome = await self.runner.compensate(req, output, ledger)
+            if isinstance(outcome, Abandoned):
+                raise _CompensationAbandoned(outcome.reason)
             if isinstance(outcome, Completed):
                 await self.db.tx(_progress.record_compensation, run_id, stage_id, None, self.now())
                 return

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from ._clock import Clock, SystemClock
 from ._context import BusinessEvent, StageContext, Steps, Suspend
+from ._faults import GuardedLedger, InfrastructureFault
 from ._graph import Stage, Workflow
 from ._ledger import StepLedger
 from ._models import ErrorInfo
@@ -31,7 +32,15 @@ from .errors import (
     StepError,
 )
 
-__all__ = ["Completed", "Failed", "Outcome", "StageRequest", "StageRunner", "Suspended"]
+__all__ = [
+    "Abandoned",
+    "Completed",
+    "Failed",
+    "Outcome",
+    "StageRequest",
+    "StageRunner",
+    "Suspended",
+]
 
 log = logging.getLogger("wfe.runner")
 
@@ -72,7 +81,17 @@ class Failed:
     retryable: bool
 
 
-Outcome = Completed | Suspended | Failed
+@dataclass(frozen=True)
+class Abandoned:
+    """The engine's own storage failed while the attempt ran (DESIGN §5): the driver treats
+    the attempt as crashed: no ``stage.failed``, the attempt number is kept, and it runs again
+    after a backoff, replaying its journaled steps. ``reason`` names the fault (never SQL text
+    or parameters): for logs only."""
+
+    reason: str
+
+
+Outcome = Completed | Suspended | Failed | Abandoned
 
 _NEVER_RETRY = (SerializationError, StepError, DefinitionError)
 
@@ -135,18 +154,30 @@ class StageRunner:
 
     async def run(self, req: StageRequest, ledger: StepLedger) -> Outcome:
         """Execute (or replay) one attempt of a stage. Cancellation propagates as
-        ``asyncio.CancelledError``."""
+        ``asyncio.CancelledError``. A fault of the ledger (the engine's storage) returns
+        :class:`Abandoned`, never :class:`Failed`."""
         stage = req.workflow.get_stage(req.stage_id)
+        guarded = GuardedLedger(ledger)
         try:
-            ctx = self._context(req, ledger)
+            ctx = self._context(req, guarded)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
+        outcome = await self._attempt(req, stage, ctx)
+        if guarded.fault is not None and not isinstance(outcome, Abandoned):
+            # even if the body caught the fault (a bare except) and went on: the step it was
+            # journaling is not journaled, so what the attempt returned cannot be trusted
+            return self._abandoned(stage, guarded.fault)
+        return outcome
+
+    async def _attempt(self, req: StageRequest, stage: Stage, ctx: StageContext[Any]) -> Outcome:
         timeout = None if stage.timeout is None else stage.timeout.total_seconds()
         try:
             async with asyncio.timeout(timeout) as scope:
                 result = await self._invoke(stage, stage.fn, ctx)
         except Suspend as s:
             return Suspended(s.reason, s.until, s.waiting_for)
+        except InfrastructureFault as fault:
+            return self._abandoned(stage, fault)
         except TimeoutError as exc:
             if timeout is not None and scope.expired():
                 err: BaseException = StageTimeoutError(
@@ -170,23 +201,44 @@ class StageRunner:
             return Failed(ErrorInfo.of(err, stage.id), retryable=False)
         return Completed(output, tuple(ctx.events))
 
+    def _abandoned(self, stage: Stage, fault: InfrastructureFault) -> Abandoned:
+        log.warning(
+            "stage %r: attempt abandoned, the engine's storage failed (%s); it runs again "
+            "after a backoff without using up a retry",
+            stage.id,
+            fault,
+        )
+        return Abandoned(str(fault))
+
     def _failed(self, stage: Stage, exc: BaseException) -> Failed:
         retryable = stage.retry.is_retryable(exc) and not isinstance(exc, _NEVER_RETRY)
         return Failed(ErrorInfo.of(exc, stage.id), retryable=retryable)
 
     async def compensate(self, req: StageRequest, output: JSON, ledger: StepLedger) -> Outcome:
-        """Run the stage's compensation once with its recorded output. Returns Completed(None)
-        or Failed; the driver applies the stage's retry policy."""
+        """Run the stage's compensation once with its recorded output. Returns Completed(None),
+        Failed (the driver applies the stage's retry policy) or Abandoned (run it again after
+        a backoff, not counted as a try)."""
         stage = req.workflow.get_stage(req.stage_id)
         if stage.compensation_fn is None:
             return Completed(None)
+        guarded = GuardedLedger(ledger)
         try:
-            ctx = self._context(req, ledger)
+            ctx = self._context(req, guarded)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
+        outcome = await self._compensation(req, stage, ctx, output)
+        if guarded.fault is not None and not isinstance(outcome, Abandoned):
+            return self._abandoned(stage, guarded.fault)
+        return outcome
+
+    async def _compensation(
+        self, req: StageRequest, stage: Stage, ctx: StageContext[Any], output: JSON
+    ) -> Outcome:
         try:
             value = validate_as(stage.output_type, output)
             await self._invoke(stage, stage.compensation_fn, ctx, value)
+        except InfrastructureFault as fault:
+            return self._abandoned(stage, fault)
         except Suspend:
             err = StepError(
                 f"compensation of stage {stage.id!r} tried to sleep or wait; compensations run "
