@@ -221,6 +221,7 @@ class Kernel:
         stored = await self.claim.dump(value, f"runs/{run_id}/input-{uuid.uuid4().hex[:12]}")
         try:
             for attempt in range(3):
+                now = self.now()
                 try:
                     result: tuple[str, bool] = await self.db.tx(
                         _runs.create_run,
@@ -229,14 +230,20 @@ class Kernel:
                         stored,
                         fp,
                         cmd.idempotency_key,
-                        self.now(),
+                        now,
                     )
                 except IntegrityError:
+                    if await self._created_here(run_id, fp, now):
+                        # the database layer re-ran our transaction after the connection
+                        # dropped: its first try had committed, only the ack was lost
+                        return run_id, True
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
                         raise RunExistsError(cmd.run_id) from None
                     if cmd.idempotency_key is None or attempt == 2:
                         raise  # a concurrent duplicate won the race: read it on the next try
                 else:
+                    if not result[1] and result[0] == run_id:
+                        return run_id, True  # (an idempotency key's re-run found our run)
                     if not result[1]:
                         await self._drop_orphan_input(run_id, stored)
                     return result
@@ -244,6 +251,16 @@ class Kernel:
             await self._drop_orphan_input(run_id, stored)
             raise
         raise AssertionError("unreachable")
+
+    async def _created_here(self, run_id: str, fp: str, now: float) -> bool:
+        """Whether run ``run_id`` is the one this very call inserted (same input, same
+        creation time): a duplicate-key error then means our earlier try committed."""
+        row = await self.db.read(
+            lambda c: c.execute(
+                sa.select(runs.c.input_fingerprint, runs.c.created_at).where(runs.c.id == run_id)
+            ).first()
+        )
+        return row is not None and row.input_fingerprint == fp and row.created_at == now
 
     async def _run_exists(self, run_id: str) -> bool:
         row = await self.db.read(

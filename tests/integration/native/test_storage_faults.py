@@ -446,3 +446,30 @@ async def test_an_unreachable_sqlite_file_is_not_retried(tmp_path: Path) -> None
     )
     with pytest.raises(DriverUnavailableError, match="unable to open database"):
         await engine.connect()
+
+
+@pytest.mark.parametrize("how", ["plain", "idempotency_key"])
+async def test_a_start_committed_but_not_acknowledged_returns_its_run(
+    make_engine: MakeEngine, how: str
+) -> None:
+    """The connection drops after the run's COMMIT: the re-run of the transaction must not
+    report a duplicate (RunExistsError, a raw IntegrityError) nor create a second run."""
+    wf = _two_steps()
+    engine = await make_engine(wf)
+    db = engine.kernel.db
+    real_once = db._tx_once
+    lost: list[bool] = []
+    dialect = db.engine.dialect.name
+
+    def once(fn: Any, *args: Any, **kw: Any) -> Any:
+        result = real_once(fn, *args, **kw)
+        if not lost and getattr(fn, "__name__", "") == "create_run":
+            lost.append(True)
+            raise _dropped(dialect)
+        return result
+
+    db._tx_once = once  # type: ignore[method-assign]
+    key = "k" if how == "idempotency_key" else None
+    handle = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
+    assert lost == [True]
+    assert [r.id for r in await engine.list_runs()] == [handle.id]
