@@ -3,16 +3,25 @@
 SQLite runs in WAL mode with one writer at a time (BEGIN IMMEDIATE, busy_timeout, a single
 executor thread per process); PostgreSQL uses psycopg 3 and a pool.
 
-Transient errors (a dropped or terminated connection, a server restarting, SQLite's "database
-is locked" after its busy timeout) are retried: the whole transaction function runs again on a
-fresh connection, with exponential backoff, for up to ``retry_seconds``; after that the call
-raises :class:`DriverUnavailableError`. A transaction function is one unit that either
-committed or did not, and none has effects outside the database, so running it again is safe
-with one exception, a commit whose acknowledgement was lost with the connection: the function
-then runs against its own committed result. The functions of the kernel are written so that a
-re-run sees that (a stage outcome finds its lease already given up and reports "discarded",
-a journaled step or a taken signal is found journaled, ``begin_attempt`` resumes the attempt it
-began); the few that are not are listed in driver_native/README (or the project README).
+Transient errors (a dropped or terminated connection, a server restarting, a serialisation
+failure, SQLite's "database is locked" after its busy timeout) are retried: the whole
+transaction function runs again on a fresh connection, with exponential backoff, for up to
+``retry_seconds``; after that the call raises :class:`DriverUnavailableError`. Configuration
+errors (no such database, user or host) are raised at once. A transaction function is one unit
+that either committed or did not, and none has effects outside the database (the kernel's
+blob writes happen before or after its transactions), so running it again is safe, with one
+case to design for: a commit whose acknowledgement was lost with the connection, after which
+the function runs again against its own committed result. What a re-run then sees:
+
+- a stage outcome: its lease is already given up, so it reports ``discarded`` (the kernel keeps
+  the output blob that the first try stored); ``begin_attempt`` resumes the attempt it began;
+- a step write is an upsert; a signal take finds its step journaled and returns that payload;
+- a start finds its own run (same id, input and creation time) and returns it; a command
+  idempotency key finds itself taken at the same instant and goes on;
+- not made safe: a ``signal`` without ``idempotency_key`` is queued a second time (senders
+  that need exactly once pass a key); jobs leased by a lost ``ClaimPending`` (or handed off by
+  a lost outcome) wait for their lease to expire, then run with their attempt kept; a sink
+  failure counts twice towards dead-lettering; a ``redrive`` reports the run as not terminal.
 """
 
 from __future__ import annotations
@@ -91,8 +100,18 @@ class Database:
                 raise DriverUnavailableError(
                     "PostgreSQL needs psycopg; install it with: pip install 'wfe[postgres]'"
                 ) from None
+            # no pool_pre_ping: it costs a round trip per checkout (measured: a one-statement
+            # transaction 1.8 -> 2.7 ms, reads 0.78 -> 1.35 ms on the 2-core dev box). A dead
+            # pooled connection fails its first statement instead; SQLAlchemy flags that
+            # (connection_invalidated), drops the pool's older connections, and the retry
+            # below runs the transaction again on a fresh one. pool_recycle retires
+            # connections before a server or proxy idle timeout can cut them.
             self.engine = sa.create_engine(
-                self.url, pool_size=pool_size, max_overflow=2, pool_pre_ping=False
+                self.url,
+                pool_size=pool_size,
+                max_overflow=2,
+                pool_pre_ping=False,
+                pool_recycle=600,
             )
             workers = pool_size
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wfe-db")

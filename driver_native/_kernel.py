@@ -147,7 +147,9 @@ class Kernel:
         if idempotency_key is None:
             return await handler(command)
         fp = fingerprint(to_json_value(repr(command), "command"))
-        state, stored = await self.db.tx(self._key_begin, idempotency_key, command.name, fp)
+        state, stored = await self.db.tx(
+            self._key_begin, idempotency_key, command.name, fp, self.now()
+        )
         if state == "done":
             return _revive(command, stored)
         token = stored  # when this call took the key: a stale holder must not touch it later
@@ -162,14 +164,19 @@ class Kernel:
         return result
 
     # -- command idempotency keys --------------------------------------------------------------
-    def _key_begin(self, conn: Connection, key: str, name: str, fp: str) -> tuple[str, Any]:
-        now = self.now()
+    def _key_begin(
+        self, conn: Connection, key: str, name: str, fp: str, now: float
+    ) -> tuple[str, Any]:
         row = conn.execute(sa.select(command_keys).where(command_keys.c.key == key)).first()
         if row is not None:
             if row.fingerprint != fp or row.command != name:
                 raise IdempotencyConflictError(key, row.command)
             if row.status == "done":
                 return "done", row.result
+            if row.created_at == now:
+                # this very call took the key: a re-run of this transaction after its commit's
+                # acknowledgement was lost with the connection
+                return "new", now
             if now - row.created_at < self.settings.command_key_stale_seconds:
                 raise CommandInProgressError(
                     f"command {name} with key {key!r} is still in progress; retry later"

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError
 
-from driver_native import ClaimPending, ExecuteJob, _progress, _schema
+from driver_native import CancelRun, ClaimPending, ExecuteJob, _progress, _schema
 from driver_native._engine import NativeEngine
 from driver_native._ledger import _consume
 from driver_native._sql import upsert
@@ -473,3 +473,29 @@ async def test_a_start_committed_but_not_acknowledged_returns_its_run(
     handle = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
     assert lost == [True]
     assert [r.id for r in await engine.list_runs()] == [handle.id]
+
+
+async def test_a_command_key_taken_but_not_acknowledged_is_still_ours(
+    make_engine: MakeEngine,
+) -> None:
+    """A command with an idempotency key whose key-taking commit lost its acknowledgement:
+    the re-run recognises its own key instead of reporting the command in progress."""
+    wf = _two_steps()
+    engine = await make_engine(wf)
+    run = await engine.start(wf.id, {})
+    db = engine.kernel.db
+    real_once = db._tx_once
+    lost: list[bool] = []
+    dialect = db.engine.dialect.name
+
+    def once(fn: Any, *args: Any, **kw: Any) -> Any:
+        result = real_once(fn, *args, **kw)
+        if not lost and getattr(fn, "__name__", "") == "_key_begin":
+            lost.append(True)
+            raise _dropped(dialect)
+        return result
+
+    db._tx_once = once  # type: ignore[method-assign]
+    assert await engine.kernel.dispatch(CancelRun(run.id), idempotency_key="cancel-1") is True
+    assert lost == [True]
+    assert (await engine.get_run(run.id)).status in ("compensating", "cancelled")
