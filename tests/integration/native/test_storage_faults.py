@@ -25,7 +25,15 @@ from driver_native import CancelRun, ClaimPending, ExecuteJob, _progress, _schem
 from driver_native._engine import NativeEngine
 from driver_native._ledger import _consume
 from driver_native._sql import upsert
-from engine_port import EngineSettings, Registry, Retry, StageContext, Workflow, create_engine
+from engine_port import (
+    EngineSettings,
+    NonRetryableError,
+    Registry,
+    Retry,
+    StageContext,
+    Workflow,
+    create_engine,
+)
 from engine_port._ledger import StepRecord
 from engine_port.errors import DriverUnavailableError
 from tests.support.databases import PostgresSession
@@ -499,3 +507,43 @@ async def test_a_command_key_taken_but_not_acknowledged_is_still_ours(
     assert await engine.kernel.dispatch(CancelRun(run.id), idempotency_key="cancel-1") is True
     assert lost == [True]
     assert (await engine.get_run(run.id)).status in ("compensating", "cancelled")
+
+
+async def test_a_compensation_journaling_fault_does_not_record_a_compensation_error(
+    make_engine: MakeEngine,
+) -> None:
+    wf = Workflow("faults-saga", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> str:
+        return "reserved"
+
+    @a.compensation
+    async def release(ctx: StageContext[In], output: str) -> None:
+        def undo() -> str:
+            RAN["undo"] += 1
+            return "released"
+
+        await ctx.step.run("undo", undo)
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[In]) -> str:
+        raise NonRetryableError("out of stock")
+
+    engine = await make_engine(wf)
+
+    def pick(fn: Any, args: tuple[Any, ...]) -> bool:
+        return fn is upsert and args[0] is _schema.steps and args[1]["stage_id"] == "a#compensation"
+
+    failed = _inject(engine, _once(pick), DriverUnavailableError("cannot reach the database"))
+    run = await engine.start(wf.id, {})
+    results = await _run_jobs(engine)
+    assert results[-1] == "abandoned" and failed == ["upsert"]
+    await _make_due(engine, run.id)
+    assert await _run_jobs(engine) == ["compensated"]
+    info = await engine.get_run(run.id)
+    assert info.status == "failed" and info.error is not None
+    assert info.error.type == "NonRetryableError"
+    assert info.stage("a").status == "compensated"
+    assert info.stage("a").compensation_error is None
+    assert RAN["undo"] == 2  # its first result was never journaled
