@@ -403,7 +403,7 @@ class Kernel:
                 return await self._compensate(cmd)
             return await self._execute_stage(cmd)
         except Exception as exc:
-            if not is_storage_fault(exc):
+            if not (isinstance(exc, _CompensationAbandoned) or is_storage_fault(exc)):
                 raise
             await self._abandon(cmd.job, cmd.worker_id, exc)
             return "abandoned"

@@ -23,13 +23,23 @@ class InfrastructureFault(BaseException):
         self.what = what
 
 
+_DBAPI_FAULTS = frozenset({"OperationalError", "InterfaceError"})
+
+
 def is_storage_fault(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by the engine's storage, is a fault of the storage rather than
-    something the user caused: every exception that is not an :class:`EngineError`, and an
-    unreachable backend (:class:`DriverUnavailableError`)."""
+    """Whether ``exc``, raised by the engine's storage, says the storage is unreachable or
+    failing (retrying later may work) rather than something permanent: an unreachable backend
+    (:class:`DriverUnavailableError`), an OS or network error, or a DB-API (PEP 249)
+    ``OperationalError`` / ``InterfaceError``. Data and programming errors (a value a column
+    rejects, a bug) are not: retrying them would loop, so they fail the attempt like any
+    error, and so do the user-caused :class:`EngineError` types."""
     if isinstance(exc, DriverUnavailableError):
         return True
-    return isinstance(exc, Exception) and not isinstance(exc, EngineError)
+    if isinstance(exc, EngineError):
+        return False
+    if isinstance(exc, OSError):
+        return True
+    return any(cls.__name__ in _DBAPI_FAULTS for cls in type(exc).__mro__)
 
 
 def describe_fault(exc: BaseException) -> str:

@@ -163,3 +163,21 @@ async def test_a_compensation_journaling_fault_is_abandoned_too() -> None:
     req = StageRequest(run_id="r1", workflow=wf, stage_id="s", attempt=1, input={})
     outcome = await runner.compensate(req, "done", FailingLedger(OSError("dropped")))
     assert isinstance(outcome, Abandoned)
+
+
+@pytest.mark.parametrize(
+    "exc", [ValueError("value too long for type character varying(200)"), KeyError("x")]
+)
+async def test_a_permanent_error_of_the_ledger_fails_the_attempt(exc: Exception) -> None:
+    """A data or programming error (nothing a later try could fix) is not abandoned, which
+    would re-run the stage for ever: it fails the attempt and uses up a retry."""
+    outcome = await _run(_workflow("plain"), FailingLedger(exc))
+    assert isinstance(outcome, Failed)
+
+
+async def test_a_dbapi_operational_error_is_a_storage_fault() -> None:
+    class OperationalError(Exception):  # the PEP 249 name every database driver uses
+        pass
+
+    outcome = await _run(_workflow("plain"), FailingLedger(OperationalError("server gone")))
+    assert isinstance(outcome, Abandoned)

@@ -291,7 +291,7 @@ async def test_a_body_that_swallows_the_fault_is_abandoned_all_the_same(
 ) -> None:
     wf = _swallowing()
     engine = await make_engine(wf)
-    _inject(engine, _once(_journals("one")), RuntimeError("blob store went away"))
+    _inject(engine, _once(_journals("one")), ConnectionResetError("blob store went away"))
     run = await engine.start(wf.id, {})
     assert await _run_jobs(engine) == ["abandoned"]
     await _make_due(engine, run.id)
