@@ -27,7 +27,7 @@ the function runs again against its own committed result. What a re-run then see
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextvars
 import logging
 import time
 from collections.abc import Callable
@@ -44,7 +44,7 @@ from engine_port.errors import DriverUnavailableError
 
 from . import _schema
 
-__all__ = ["Database"]
+__all__ = ["Database", "commit_was_unknown"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -56,6 +56,32 @@ RETRY_SECONDS = 10.0
 DriverUnavailableError (long enough for a PostgreSQL failover or restart)."""
 _FIRST_DELAY = 0.05
 _MAX_DELAY = 2.0
+
+
+_COMMIT_UNKNOWN: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "wfe_commit_unknown", default=False
+)
+
+
+def commit_was_unknown() -> bool:
+    """Inside a transaction function: True when this run of it is a retry after an earlier try
+    failed while committing, so that try may have committed (its acknowledgement was lost with
+    the connection). A function whose re-run would not be safe checks for its own earlier
+    write only then (no extra query on the normal path)."""
+    return _COMMIT_UNKNOWN.get()
+
+
+class _Try:
+    """The state of one retried transaction across its tries."""
+
+    __slots__ = ("commit_unknown", "committing")
+
+    def __init__(self) -> None:
+        self.commit_unknown = False  # an earlier try failed while committing
+        self.committing = False  # this try's function returned: it is committing
+
+    def failed(self) -> None:
+        self.commit_unknown = self.commit_unknown or self.committing
 
 
 def _normalise_url(url: str) -> str:
@@ -137,33 +163,52 @@ class Database:
         log.debug("transient database error, retrying in %.2fs: %s", delay, _first_line(exc))
         return delay
 
-    def _retrying_sync(self, call: Callable[[], T]) -> T:
-        started, delay = time.monotonic(), _FIRST_DELAY
+    def _retrying_sync(self, call: Callable[[_Try], T]) -> T:
+        started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try()
         while True:
             try:
-                return call()
+                return call(attempt)
             except DBAPIError as exc:
                 wait = self._retry_or_raise(exc, started, delay)
+            attempt.failed()
             time.sleep(wait)
             delay = min(delay * 2, _MAX_DELAY)
 
-    async def _retrying(self, call: Callable[[], T]) -> T:
+    async def _retrying(self, call: Callable[[_Try], T]) -> T:
         loop = asyncio.get_running_loop()
-        started, delay = time.monotonic(), _FIRST_DELAY
+        started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try()
         while True:
             try:
-                return await loop.run_in_executor(self._executor, call)
+                return await loop.run_in_executor(self._executor, call, attempt)
             except DBAPIError as exc:
                 wait = self._retry_or_raise(exc, started, delay)
+            attempt.failed()
             await asyncio.sleep(wait)
             delay = min(delay * 2, _MAX_DELAY)
 
-    def _tx_once(self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs) -> T:
-        with self.engine.begin() as conn:
-            return fn(conn, *a, **k)
+    def _tx_once(
+        self,
+        attempt: _Try,
+        fn: Callable[Concatenate[Connection, P], T],
+        *a: P.args,
+        **k: P.kwargs,
+    ) -> T:
+        attempt.committing = False
+        token = _COMMIT_UNKNOWN.set(attempt.commit_unknown)
+        try:
+            with self.engine.begin() as conn:
+                result = fn(conn, *a, **k)
+                attempt.committing = True  # leaving the block commits
+            return result
+        finally:
+            _COMMIT_UNKNOWN.reset(token)
 
     def _read_once(
-        self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
+        self,
+        _attempt: _Try,
+        fn: Callable[Concatenate[Connection, P], T],
+        *a: P.args,
+        **k: P.kwargs,
     ) -> T:
         with self.engine.connect() as raw:
             conn = raw.execution_options(isolation_level="AUTOCOMMIT")
@@ -172,24 +217,24 @@ class Database:
     def tx_sync(self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs) -> T:
         """Run ``fn(conn, ...)`` in one transaction, on the calling thread (retried on
         transient connection errors, see the module docstring)."""
-        return self._retrying_sync(functools.partial(self._tx_once, fn, *a, **k))
+        return self._retrying_sync(lambda attempt: self._tx_once(attempt, fn, *a, **k))
 
     def read_sync(
         self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
     ) -> T:
         """Run read-only ``fn(conn, ...)`` in autocommit: one round trip per query, no
         BEGIN/COMMIT, and on SQLite no write lock."""
-        return self._retrying_sync(functools.partial(self._read_once, fn, *a, **k))
+        return self._retrying_sync(lambda attempt: self._read_once(attempt, fn, *a, **k))
 
     async def read(
         self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
     ) -> T:
-        return await self._retrying(functools.partial(self._read_once, fn, *a, **k))
+        return await self._retrying(lambda attempt: self._read_once(attempt, fn, *a, **k))
 
     async def tx(self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs) -> T:
         """Run ``fn(conn, ...)`` in one transaction on the database thread pool (retried on
         transient connection errors, see the module docstring)."""
-        return await self._retrying(functools.partial(self._tx_once, fn, *a, **k))
+        return await self._retrying(lambda attempt: self._tx_once(attempt, fn, *a, **k))
 
     @property
     def safe_url(self) -> str:

@@ -62,7 +62,7 @@ from ._commands import (
     SignalStep,
     Transition,
 )
-from ._db import Database
+from ._db import Database, commit_was_unknown
 from ._ledger import SqlStepLedger
 from ._schema import command_keys, runs, stages, steps
 from ._sql import select_where
@@ -74,6 +74,27 @@ log = logging.getLogger("wfe.kernel")
 
 class _CompensationAbandoned(Exception):
     """A compensation attempt hit a storage fault: its job is given back like a crashed one."""
+
+
+def _create_run_once(
+    conn: Connection,
+    graph: GraphModel,
+    run_id: str,
+    stored: Any,
+    fp: str,
+    key: str | None,
+    now: float,
+) -> tuple[str, bool]:
+    """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
+    the run this very call inserted (same id, input and creation time) is returned as created
+    instead of failing on its duplicate id."""
+    if commit_was_unknown():
+        row = conn.execute(
+            sa.select(runs.c.input_fingerprint, runs.c.created_at).where(runs.c.id == run_id)
+        ).first()
+        if row is not None and row.input_fingerprint == fp and row.created_at == now:
+            return run_id, True
+    return _runs.create_run(conn, graph, run_id, stored, fp, key, now)
 
 
 def _held(key: str, token: float) -> tuple[Any, ...]:
@@ -173,7 +194,7 @@ class Kernel:
                 raise IdempotencyConflictError(key, row.command)
             if row.status == "done":
                 return "done", row.result
-            if row.created_at == now:
+            if row.created_at == now and commit_was_unknown():
                 # this very call took the key: a re-run of this transaction after its commit's
                 # acknowledgement was lost with the connection
                 return "new", now
@@ -231,7 +252,7 @@ class Kernel:
                 now = self.now()
                 try:
                     result: tuple[str, bool] = await self.db.tx(
-                        _runs.create_run,
+                        _create_run_once,
                         graph,
                         run_id,
                         stored,
@@ -240,17 +261,13 @@ class Kernel:
                         now,
                     )
                 except IntegrityError:
-                    if await self._created_here(run_id, fp, now):
-                        # the database layer re-ran our transaction after the connection
-                        # dropped: its first try had committed, only the ack was lost
-                        return run_id, True
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
                         raise RunExistsError(cmd.run_id) from None
                     if cmd.idempotency_key is None or attempt == 2:
                         raise  # a concurrent duplicate won the race: read it on the next try
                 else:
-                    if not result[1] and result[0] == run_id:
-                        return run_id, True  # (an idempotency key's re-run found our run)
+                    if not result[1] and result[0] == run_id and cmd.run_id is None:
+                        return run_id, True  # (a re-run found the run our lost commit made)
                     if not result[1]:
                         await self._drop_orphan_input(run_id, stored)
                     return result
@@ -258,16 +275,6 @@ class Kernel:
             await self._drop_orphan_input(run_id, stored)
             raise
         raise AssertionError("unreachable")
-
-    async def _created_here(self, run_id: str, fp: str, now: float) -> bool:
-        """Whether run ``run_id`` is the one this very call inserted (same input, same
-        creation time): a duplicate-key error then means our earlier try committed."""
-        row = await self.db.read(
-            lambda c: c.execute(
-                sa.select(runs.c.input_fingerprint, runs.c.created_at).where(runs.c.id == run_id)
-            ).first()
-        )
-        return row is not None and row.input_fingerprint == fp and row.created_at == now
 
     async def _run_exists(self, run_id: str) -> bool:
         row = await self.db.read(
