@@ -7,6 +7,8 @@ abandoned as a crash would be; it never consumes one of the stage's retries.
 
 from __future__ import annotations
 
+import asyncio
+
 from ._ledger import StepLedger, StepRecord
 from .errors import DriverUnavailableError, EngineError
 
@@ -57,6 +59,7 @@ class GuardedLedger:
     def __init__(self, ledger: StepLedger) -> None:
         self._ledger = ledger
         self.fault: InfrastructureFault | None = None
+        self.interrupted = False  # a ledger call was cancelled (by a stage timeout) midway
 
     def _fault(self, what: str, exc: BaseException) -> InfrastructureFault:
         fault = InfrastructureFault(what, exc)
@@ -71,6 +74,9 @@ class GuardedLedger:
             if not is_storage_fault(exc):
                 raise
             raise self._fault(f"reading step {name!r} from the ledger", exc) from exc
+        except asyncio.CancelledError:
+            self.interrupted = True
+            raise
 
     async def put(self, record: StepRecord) -> None:
         try:
@@ -79,6 +85,9 @@ class GuardedLedger:
             if not is_storage_fault(exc):
                 raise
             raise self._fault(f"journaling step {record.name!r}", exc) from exc
+        except asyncio.CancelledError:
+            self.interrupted = True
+            raise
 
     async def consume_signal(self, record: StepRecord) -> StepRecord | None:
         try:
@@ -87,3 +96,6 @@ class GuardedLedger:
             if not is_storage_fault(exc):
                 raise
             raise self._fault(f"taking signal {record.signal!r}", exc) from exc
+        except asyncio.CancelledError:
+            self.interrupted = True
+            raise

@@ -162,14 +162,16 @@ class StageRunner:
             ctx = self._context(req, guarded)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
-        outcome = await self._attempt(req, stage, ctx)
+        outcome = await self._attempt(req, stage, ctx, guarded)
         if guarded.fault is not None and not isinstance(outcome, Abandoned):
             # even if the body caught the fault (a bare except) and went on: the step it was
             # journaling is not journaled, so what the attempt returned cannot be trusted
             return self._abandoned(stage, guarded.fault)
         return outcome
 
-    async def _attempt(self, req: StageRequest, stage: Stage, ctx: StageContext[Any]) -> Outcome:
+    async def _attempt(
+        self, req: StageRequest, stage: Stage, ctx: StageContext[Any], guarded: GuardedLedger
+    ) -> Outcome:
         timeout = None if stage.timeout is None else stage.timeout.total_seconds()
         try:
             async with asyncio.timeout(timeout) as scope:
@@ -179,6 +181,13 @@ class StageRunner:
         except InfrastructureFault as fault:
             return self._abandoned(stage, fault)
         except TimeoutError as exc:
+            if timeout is not None and scope.expired() and guarded.interrupted:
+                # the time ran out while the engine's storage was journaling (a slow or
+                # reconnecting database): not the stage's fault
+                slow = InfrastructureFault(
+                    "a ledger call", TimeoutError(f"the stage timeout of {timeout:g}s expired")
+                )
+                return self._abandoned(stage, slow)
             if timeout is not None and scope.expired():
                 err: BaseException = StageTimeoutError(
                     f"stage {stage.id!r} attempt {req.attempt} ran longer than its timeout of "

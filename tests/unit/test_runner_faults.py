@@ -181,3 +181,41 @@ async def test_a_dbapi_operational_error_is_a_storage_fault() -> None:
 
     outcome = await _run(_workflow("plain"), FailingLedger(OperationalError("server gone")))
     assert isinstance(outcome, Abandoned)
+
+
+async def test_a_stage_timeout_during_a_slow_ledger_write_abandons_the_attempt() -> None:
+    """The stage's time ran out while the engine's storage was journaling (a database
+    reconnecting): the attempt is abandoned, not failed with StageTimeoutError."""
+    import asyncio
+    from datetime import timedelta
+
+    class SlowLedger(InMemoryLedger):
+        async def put(self, record: StepRecord) -> None:
+            await asyncio.sleep(30)  # cancelled by the stage timeout
+
+    wf = Workflow("faults-slow", input=In)
+
+    @wf.stage(timeout=timedelta(seconds=0.05), retry=Retry(max_attempts=1))
+    async def s(ctx: StageContext[In]) -> str:
+        return str(await ctx.step.run("one", lambda: "one"))
+
+    outcome = await _run(wf, SlowLedger())
+    assert isinstance(outcome, Abandoned)
+
+
+async def test_a_stage_timeout_in_the_stage_code_still_fails_it() -> None:
+    import asyncio
+    from datetime import timedelta
+
+    wf = Workflow("faults-slow-body", input=In)
+
+    @wf.stage(timeout=timedelta(seconds=0.05), retry=Retry(max_attempts=1))
+    async def s(ctx: StageContext[In]) -> str:
+        async def slow() -> str:
+            await asyncio.sleep(30)
+            return "late"
+
+        return str(await ctx.step.run("one", slow))
+
+    outcome = await _run(wf, InMemoryLedger())
+    assert isinstance(outcome, Failed) and outcome.error.type == "StageTimeoutError"
