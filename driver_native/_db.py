@@ -11,7 +11,9 @@ errors (no such database, user or host) are raised at once. A transaction functi
 that either committed or did not, and none has effects outside the database (the kernel's
 blob writes happen before or after its transactions), so running it again is safe, with one
 case to design for: a commit whose acknowledgement was lost with the connection, after which
-the function runs again against its own committed result. What a re-run then sees:
+the function runs again against its own committed result. The database layer knows when an
+earlier try failed while committing and says so to the re-run (:func:`commit_was_unknown`),
+so the checks below cost nothing on the normal path. What a re-run then sees:
 
 - a stage outcome: its lease is already given up, so it reports ``discarded`` (the kernel keeps
   the output blob that the first try stored); ``begin_attempt`` resumes the attempt it began;
