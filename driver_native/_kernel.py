@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from engine_port import (
+    Abandoned,
     ClaimCheck,
     Completed,
     EngineSettings,
@@ -33,6 +35,7 @@ from engine_port import (
 )
 from engine_port._blobstores import delete_prefixes
 from engine_port._clock import Clock
+from engine_port._faults import describe_fault, is_storage_fault
 from engine_port._payload_limit import check_payload_size
 from engine_port._serde import fingerprint, input_fingerprint, to_json_value
 from engine_port.errors import (
@@ -62,12 +65,39 @@ from ._commands import (
     SignalStep,
     Transition,
 )
-from ._db import Database
+from ._db import Database, commit_was_unknown
 from ._ledger import SqlStepLedger
-from ._schema import command_keys, runs, steps
+from ._schema import command_keys, runs, stages, steps
 from ._sql import select_where
 
 __all__ = ["Kernel"]
+
+log = logging.getLogger("wfe.kernel")
+
+
+class _CompensationAbandoned(Exception):
+    """A compensation attempt hit a storage fault: its job is given back like a crashed one."""
+
+
+def _create_run_once(
+    conn: Connection,
+    graph: GraphModel,
+    run_id: str,
+    stored: Any,
+    fp: str,
+    key: str | None,
+    now: float,
+) -> tuple[str, bool]:
+    """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
+    the run this very call inserted (same id, input and creation time) is returned as created
+    instead of failing on its duplicate id."""
+    if commit_was_unknown():
+        row = conn.execute(
+            sa.select(runs.c.input_fingerprint, runs.c.created_at).where(runs.c.id == run_id)
+        ).first()
+        if row is not None and row.input_fingerprint == fp and row.created_at == now:
+            return run_id, True
+    return _runs.create_run(conn, graph, run_id, stored, fp, key, now)
 
 
 def _held(key: str, token: float) -> tuple[Any, ...]:
@@ -151,7 +181,9 @@ class Kernel:
         if idempotency_key is None:
             return await handler(command)
         fp = fingerprint(to_json_value(repr(command), "command"))
-        state, stored = await self.db.tx(self._key_begin, idempotency_key, command.name, fp)
+        state, stored = await self.db.tx(
+            self._key_begin, idempotency_key, command.name, fp, self.now()
+        )
         if state == "done":
             return _revive(command, stored)
         token = stored  # when this call took the key: a stale holder must not touch it later
@@ -166,14 +198,19 @@ class Kernel:
         return result
 
     # -- command idempotency keys --------------------------------------------------------------
-    def _key_begin(self, conn: Connection, key: str, name: str, fp: str) -> tuple[str, Any]:
-        now = self.now()
+    def _key_begin(
+        self, conn: Connection, key: str, name: str, fp: str, now: float
+    ) -> tuple[str, Any]:
         row = conn.execute(sa.select(command_keys).where(command_keys.c.key == key)).first()
         if row is not None:
             if row.fingerprint != fp or row.command != name:
                 raise IdempotencyConflictError(key, row.command)
             if row.status == "done":
                 return "done", row.result
+            if row.created_at == now and commit_was_unknown():
+                # this very call took the key: a re-run of this transaction after its commit's
+                # acknowledgement was lost with the connection
+                return "new", now
             if now - row.created_at < self.settings.command_key_stale_seconds:
                 raise CommandInProgressError(
                     f"command {name} with key {key!r} is still in progress; retry later"
@@ -226,15 +263,16 @@ class Kernel:
         stored = await self.claim.dump(value, f"runs/{run_id}/input-{uuid.uuid4().hex[:12]}")
         try:
             for attempt in range(3):
+                now = self.now()
                 try:
                     result: tuple[str, bool] = await self.db.tx(
-                        _runs.create_run,
+                        _create_run_once,
                         graph,
                         run_id,
                         stored,
                         fp,
                         cmd.idempotency_key,
-                        self.now(),
+                        now,
                     )
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
@@ -242,6 +280,8 @@ class Kernel:
                     if cmd.idempotency_key is None or attempt == 2:
                         raise  # a concurrent duplicate won the race: read it on the next try
                 else:
+                    if not result[1] and result[0] == run_id and cmd.run_id is None:
+                        return run_id, True  # (a re-run found the run our lost commit made)
                     if not result[1]:
                         await self._drop_orphan_input(run_id, stored)
                     return result
@@ -383,13 +423,61 @@ class Kernel:
             cmd.cancelled,
             handoff,
         )
-        if key is not None and result != "completed":
+        if key is not None and result != "completed" and not await self._stored_output(job, key):
+            # (a re-run of the transaction after a lost acknowledgement reports "discarded"
+            # although its first try committed this very output: that blob stays)
             await self.claim.store.delete(key)
         return result
 
+    async def _stored_output(self, job: Any, key: str) -> bool:
+        def q(conn: Connection) -> Any:
+            return conn.execute(
+                sa.select(stages.c.output).where(
+                    stages.c.run_id == job.run_id, stages.c.stage_id == job.stage_id
+                )
+            ).scalar()
+
+        return self.claim.key_of(await self.db.read(q)) == key
+
     async def _execute(self, cmd: ExecuteJob) -> str:
-        if cmd.job.kind == "compensate":
-            return await self._compensate(cmd)
+        """Run one job. A fault of the engine's storage (DESIGN §5) while the attempt starts,
+        runs or is recorded abandons it as a crash would, except that the lease is given back
+        at once: the job is due again after a backoff, with its attempt number kept."""
+        try:
+            if cmd.job.kind == "compensate":
+                return await self._compensate(cmd)
+            return await self._execute_stage(cmd)
+        except Exception as exc:
+            if not (isinstance(exc, _CompensationAbandoned) or is_storage_fault(exc)):
+                raise
+            await self._abandon(cmd.job, cmd.worker_id, exc)
+            return "abandoned"
+
+    async def _abandon(self, job: Any, worker: str, exc: BaseException) -> None:
+        log.warning(
+            "job %s of run %s: the engine's storage failed (%s); the attempt is abandoned and "
+            "runs again in %gs without using up a retry",
+            job.id,
+            job.run_id,
+            describe_fault(exc),
+            _progress.ABANDON_BACKOFF_S,
+        )
+        try:
+            await self.db.tx(
+                _progress.abandon_job, job, worker, self.now() + _progress.ABANDON_BACKOFF_S
+            )
+        except Exception as again:
+            if not is_storage_fault(again):
+                raise
+            log.warning(
+                "job %s of run %s: could not give its lease back (%s); it is taken over when "
+                "the lease expires",
+                job.id,
+                job.run_id,
+                describe_fault(again),
+            )
+
+    async def _execute_stage(self, cmd: ExecuteJob) -> str:
         job, worker = cmd.job, cmd.worker_id
         begin = cmd.begun
         if begin is None:
@@ -502,6 +590,8 @@ class Kernel:
             ledger = SqlStepLedger(self.db, self.claim, run_id, ledger_id, rows)
             req = StageRequest(run_id, wf, stage_id, attempt, run_input, outputs)
             outcome = await self.runner.compensate(req, output, ledger)
+            if isinstance(outcome, Abandoned):
+                raise _CompensationAbandoned(outcome.reason)
             if isinstance(outcome, Completed):
                 await self.db.tx(_progress.record_compensation, run_id, stage_id, None, self.now())
                 return

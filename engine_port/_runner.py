@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from ._clock import Clock, SystemClock
 from ._context import BusinessEvent, StageContext, Steps, Suspend
+from ._faults import GuardedLedger, InfrastructureFault
 from ._graph import Stage, Workflow
 from ._ledger import StepLedger
 from ._limits import check_json, safe_error_message
@@ -34,7 +35,15 @@ from .errors import (
     StepError,
 )
 
-__all__ = ["Completed", "Failed", "Outcome", "StageRequest", "StageRunner", "Suspended"]
+__all__ = [
+    "Abandoned",
+    "Completed",
+    "Failed",
+    "Outcome",
+    "StageRequest",
+    "StageRunner",
+    "Suspended",
+]
 
 log = logging.getLogger("wfe.runner")
 
@@ -78,7 +87,17 @@ class Failed:
     retryable: bool
 
 
-Outcome = Completed | Suspended | Failed
+@dataclass(frozen=True)
+class Abandoned:
+    """The engine's own storage failed while the attempt ran (DESIGN §5): the driver treats
+    the attempt as crashed: no ``stage.failed``, the attempt number is kept, and it runs again
+    after a backoff, replaying its journaled steps. ``reason`` names the fault (never SQL text
+    or parameters): for logs only."""
+
+    reason: str
+
+
+Outcome = Completed | Suspended | Failed | Abandoned
 
 # InvalidInputError (PayloadTooLargeError too): a name or value over a backend's limits never
 # fits on a retry either
@@ -192,19 +211,40 @@ class StageRunner:
 
     async def run(self, req: StageRequest, ledger: StepLedger) -> Outcome:
         """Execute (or replay) one attempt of a stage. Cancellation propagates as
-        ``asyncio.CancelledError``."""
+        ``asyncio.CancelledError``. A fault of the ledger (the engine's storage) returns
+        :class:`Abandoned`, never :class:`Failed`."""
         stage = req.workflow.get_stage(req.stage_id)
+        guarded = GuardedLedger(ledger)
         try:
-            ctx = self._context(req, ledger)
+            ctx = self._context(req, guarded)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
+        outcome = await self._attempt(req, stage, ctx, guarded)
+        if guarded.fault is not None and not isinstance(outcome, Abandoned):
+            # even if the body caught the fault (a bare except) and went on: the step it was
+            # journaling is not journaled, so what the attempt returned cannot be trusted
+            return self._abandoned(stage, guarded.fault)
+        return outcome
+
+    async def _attempt(
+        self, req: StageRequest, stage: Stage, ctx: StageContext[Any], guarded: GuardedLedger
+    ) -> Outcome:
         timeout = self.timeout_of(stage)
         try:
             async with asyncio.timeout(timeout) as scope:
                 result = await self._invoke(req, stage, stage.fn, ctx)
         except Suspend as s:
             return Suspended(s.reason, s.until, s.waiting_for)
+        except InfrastructureFault as fault:
+            return self._abandoned(stage, fault)
         except TimeoutError as exc:
+            if timeout is not None and scope.expired() and guarded.interrupted:
+                # the time ran out while the engine's storage was journaling (a slow or
+                # reconnecting database): not the stage's fault
+                slow = InfrastructureFault(
+                    "a ledger call", TimeoutError(f"the stage timeout of {timeout:g}s expired")
+                )
+                return self._abandoned(stage, slow)
             if timeout is not None and scope.expired():
                 if stage.timeout is None:
                     what = f"the default stage timeout of {timeout:g}s (default_stage_timeout)"
@@ -234,23 +274,44 @@ class StageRunner:
             return Failed(ErrorInfo.of(err, stage.id), retryable=False)
         return Completed(output, tuple(ctx.events))
 
+    def _abandoned(self, stage: Stage, fault: InfrastructureFault) -> Abandoned:
+        log.warning(
+            "stage %r: attempt abandoned, the engine's storage failed (%s); it runs again "
+            "after a backoff without using up a retry",
+            stage.id,
+            fault,
+        )
+        return Abandoned(str(fault))
+
     def _failed(self, stage: Stage, exc: BaseException) -> Failed:
         retryable = stage.retry.is_retryable(exc) and not isinstance(exc, _NEVER_RETRY)
         return Failed(_error_info(exc, stage.id), retryable=retryable)
 
     async def compensate(self, req: StageRequest, output: JSON, ledger: StepLedger) -> Outcome:
-        """Run the stage's compensation once with its recorded output. Returns Completed(None)
-        or Failed; the driver applies the stage's retry policy."""
+        """Run the stage's compensation once with its recorded output. Returns Completed(None),
+        Failed (the driver applies the stage's retry policy) or Abandoned (run it again after
+        a backoff, not counted as a try)."""
         stage = req.workflow.get_stage(req.stage_id)
         if stage.compensation_fn is None:
             return Completed(None)
+        guarded = GuardedLedger(ledger)
         try:
-            ctx = self._context(req, ledger)
+            ctx = self._context(req, guarded)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
+        outcome = await self._compensation(req, stage, ctx, output)
+        if guarded.fault is not None and not isinstance(outcome, Abandoned):
+            return self._abandoned(stage, guarded.fault)
+        return outcome
+
+    async def _compensation(
+        self, req: StageRequest, stage: Stage, ctx: StageContext[Any], output: JSON
+    ) -> Outcome:
         try:
             value = validate_as(stage.output_type, output)
             await self._invoke(req, stage, stage.compensation_fn, ctx, value)
+        except InfrastructureFault as fault:
+            return self._abandoned(stage, fault)
         except Suspend:
             err = StepError(
                 f"compensation of stage {stage.id!r} tried to sleep or wait; compensations run "

@@ -11,6 +11,7 @@ import engine_port
 from engine_port import errors
 
 PUBLIC = [
+    "Abandoned",
     "BlobStore",
     "ClaimCheck",
     "Clock",
