@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +15,27 @@ from rich.table import Table
 
 __all__ = ["run"]
 
+# The settings reach the generated module through a fixture of an in-process plugin, never
+# through the file: their URLs may carry passwords and keys (and dump redacted).
 _TEST_MODULE = """
 import pytest
 from conformance import AllContracts, SettingsHarness
-from engine_port import EngineSettings
-
-SETTINGS = EngineSettings.model_validate_json({settings!r})
 
 
 class TestConfiguredEngine(AllContracts):
     @pytest.fixture
-    def harness(self):
-        return SettingsHarness(SETTINGS, name={name!r})
+    def harness(self, wfe_configured_settings):
+        return SettingsHarness(wfe_configured_settings, name={name!r})
 """
+
+
+class _SettingsPlugin:
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+
+    @pytest.fixture
+    def wfe_configured_settings(self) -> Any:
+        return self.settings
 
 
 class _Collector:
@@ -46,12 +55,9 @@ class _Collector:
 
 def run(settings: Any, keyword: str | None, console: Console) -> int:
     with tempfile.TemporaryDirectory(prefix="wfe-conformance-") as tmp:
-        module = Path(tmp) / "test_wfe_conformance.py"
-        module.write_text(
-            textwrap.dedent(
-                _TEST_MODULE.format(settings=settings.model_dump_json(), name=settings.driver)
-            )
-        )
+        # a fresh module name per run: a second run in one process must not meet the first
+        module = Path(tmp) / f"test_wfe_conformance_{uuid.uuid4().hex[:12]}.py"
+        module.write_text(textwrap.dedent(_TEST_MODULE.format(name=settings.driver)))
         collector = _Collector()
         args = [
             str(module),
@@ -71,7 +77,7 @@ def run(settings: Any, keyword: str | None, console: Console) -> int:
         ]
         if keyword:
             args += ["-k", keyword]
-        code = pytest.main(args, plugins=[collector])
+        code = pytest.main(args, plugins=[collector, _SettingsPlugin(settings)])
     table = Table("scenario", "result", "seconds", "detail", title=f"driver {settings.driver}")
     colours = {"passed": "green", "failed": "red", "skipped": "yellow"}
     for name, outcome, seconds, detail in collector.rows:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine_port import Event, MemorySink, Registry, WorkflowEngine
+from engine_port import Event, MemorySink, Registry, SecretUrl, WorkflowEngine
 
 __all__ = [
     "Capabilities",
@@ -151,8 +151,11 @@ class SettingsHarness(Harness):
 
     def worker_env(self) -> dict[str, str]:
         env = {}
-        for field_name, value in self.settings.model_dump().items():
+        for field_name in type(self.settings).model_fields:
+            value = getattr(self.settings, field_name)
             if value is None or isinstance(value, dict):
                 continue
+            if isinstance(value, SecretUrl):
+                value = value.reveal()  # the worker connects with it
             env[f"WFE_{field_name.upper()}"] = str(value)
         return env

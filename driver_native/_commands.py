@@ -122,6 +122,7 @@ class ReapStaleLeases(Command):
 class FlushOutbox(Command):
     name: ClassVar[str] = "outbox.flush"
     limit: int = 500
+    force: bool = False  # also try events whose retry is not due yet (flush_events())
 
 
 @dataclass(frozen=True)

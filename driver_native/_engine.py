@@ -31,7 +31,16 @@ from engine_port import (
     open_blob_store,
 )
 from engine_port._clock import Clock
-from engine_port._engine import check_signal_key
+from engine_port._limits import (
+    check_export_target,
+    check_run_call,
+    check_signal_call,
+    check_start_call,
+    check_start_input,
+    check_version,
+    check_workflow_id,
+    check_workflow_ids,
+)
 from engine_port._models import TERMINAL_RUN_STATUSES
 from engine_port.errors import (
     EngineError,
@@ -89,11 +98,11 @@ class NativeEngine(WorkflowEngine):
     async def connect(self) -> None:
         if self._kernel is not None:
             return
-        db = Database(self.settings.database_url)
+        db = Database(self.settings.database_url.reveal())
         await asyncio.get_running_loop().run_in_executor(None, db.upgrade)
         store = self.blob_store
         if store is None:
-            if self.settings.blob_url.startswith("db://"):
+            if self.settings.blob_url.reveal().startswith("db://"):
                 from ._dbblobs import DatabaseBlobStore
 
                 store = DatabaseBlobStore(db)
@@ -106,6 +115,7 @@ class NativeEngine(WorkflowEngine):
         for host in list(self._hosts):
             await host.stop()
         if self._kernel is not None:
+            self._kernel.runner.close()
             self._kernel.db.dispose()
             self._kernel = None
 
@@ -134,8 +144,10 @@ class NativeEngine(WorkflowEngine):
         version: str | None = None,
     ) -> RunInfo:
         wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
+        check_start_call(wf_id, idempotency_key, version)
         if isinstance(workflow, Workflow) and version is None:
             version = workflow.version
+        check_start_input(self.registry.get(wf_id, version), input)
         created_at = self.clock.now()
         run_id, created = await self.kernel.dispatch(
             CreateRun(wf_id, input, idempotency_key, version)
@@ -158,6 +170,7 @@ class NativeEngine(WorkflowEngine):
         )
 
     async def get_run(self, run_id: str) -> RunInfo:
+        check_run_call(run_id)
         k = self.kernel
         run, stage_rows, graph = await k.db.read(_runs.read_run, run_id)
         order = (
@@ -219,6 +232,8 @@ class NativeEngine(WorkflowEngine):
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
     ) -> list[RunInfo]:
+        if workflow_id is not None:
+            check_workflow_id(workflow_id)
         statuses = [status] if isinstance(status, str) else list(status or [])
         ids = await self.kernel.db.read(_runs.list_run_rows, workflow_id, statuses, limit)
         return [await self.get_run(i) for i in ids]
@@ -226,6 +241,7 @@ class NativeEngine(WorkflowEngine):
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         """Wait for a terminal status: woken at once by this process's workers, and polling
         for runs that workers in other processes execute."""
+        check_run_call(run_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         event = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(event)
@@ -254,7 +270,7 @@ class NativeEngine(WorkflowEngine):
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
-        check_signal_key(idempotency_key)
+        check_signal_call(run_id, name, payload, idempotency_key)
         result: SignalResult = await self.kernel.dispatch(
             SignalStep(run_id, name, payload, idempotency_key)
         )
@@ -262,6 +278,7 @@ class NativeEngine(WorkflowEngine):
         return result
 
     async def cancel(self, run_id: str) -> RunInfo:
+        check_run_call(run_id)
         await self.kernel.dispatch(CancelRun(run_id))
         self._wake()
         return await self.get_run(run_id)
@@ -269,6 +286,9 @@ class NativeEngine(WorkflowEngine):
     async def redrive(
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
+        check_run_call(run_id)
+        if version is not None:
+            check_version(version)
         await self.kernel.dispatch(RedriveRun(run_id, from_, version))
         self._wake()
         return await self.get_run(run_id)
@@ -278,6 +298,7 @@ class NativeEngine(WorkflowEngine):
         return result
 
     async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
+        check_run_call(run_id)
         deadline = time.monotonic() + wait
         while True:
             snapshot = await self.kernel.db.tx(_migration.freeze_and_snapshot, run_id)
@@ -291,17 +312,24 @@ class NativeEngine(WorkflowEngine):
             await asyncio.sleep(0.05)
 
     async def complete_export(self, run_id: str, target: str) -> RunInfo:
+        check_run_call(run_id)
+        check_export_target(target)
         await self.kernel.db.tx(_migration.complete_export, run_id, target, self.kernel.now())
         return await self.get_run(run_id)
 
     async def drain(self, workflow_ids: Sequence[str], target: str | None) -> None:
+        check_workflow_ids(workflow_ids)
+        if target is not None:
+            check_export_target(target)
         await self.kernel.db.tx(_runs.set_drain, list(workflow_ids), target, self.kernel.now())
 
     async def abort_export(self, run_id: str) -> None:
+        check_run_call(run_id)
         await self.kernel.db.tx(_migration.abort_export, run_id)
         self._wake()
 
     async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
+        check_run_call(snapshot.run_id)
         if snapshot.graph is not None:
             graph = GraphModel.model_validate(snapshot.graph)
         else:
@@ -321,7 +349,7 @@ class NativeEngine(WorkflowEngine):
             self._hosts.remove(host)
 
     async def flush_events(self) -> FlushResult:
-        result: FlushResult = await self.kernel.dispatch(FlushOutbox())
+        result: FlushResult = await self.kernel.dispatch(FlushOutbox(force=True))
         return result
 
     async def replay_dlq(self) -> int:
@@ -331,6 +359,7 @@ class NativeEngine(WorkflowEngine):
     # -- native extras ---------------------------------------------------------------------
     async def events(self, run_id: str) -> list[Event]:
         """Every event the run wrote to its outbox, in sequence order (delivered or not)."""
+        check_run_call(run_id)
         return await self.kernel.db.read(_outbox.load_events, run_id)
 
     async def purge(self, older_than_seconds: float) -> int:

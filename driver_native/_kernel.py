@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from engine_port import (
+    Abandoned,
     ClaimCheck,
     Completed,
     EngineSettings,
@@ -31,7 +33,10 @@ from engine_port import (
     VersionInfo,
     run_prefix,
 )
+from engine_port._blobstores import delete_prefixes
 from engine_port._clock import Clock
+from engine_port._faults import describe_fault, is_storage_fault
+from engine_port._payload_limit import check_payload_size
 from engine_port._serde import fingerprint, input_fingerprint, to_json_value
 from engine_port.errors import (
     CommandInProgressError,
@@ -60,12 +65,39 @@ from ._commands import (
     SignalStep,
     Transition,
 )
-from ._db import Database
+from ._db import Database, commit_was_unknown
 from ._ledger import SqlStepLedger
-from ._schema import command_keys, runs, steps
+from ._schema import command_keys, runs, stages, steps
 from ._sql import select_where
 
 __all__ = ["Kernel"]
+
+log = logging.getLogger("wfe.kernel")
+
+
+class _CompensationAbandoned(Exception):
+    """A compensation attempt hit a storage fault: its job is given back like a crashed one."""
+
+
+def _create_run_once(
+    conn: Connection,
+    graph: GraphModel,
+    run_id: str,
+    stored: Any,
+    fp: str,
+    key: str | None,
+    now: float,
+) -> tuple[str, bool]:
+    """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
+    the run this very call inserted (same id, input and creation time) is returned as created
+    instead of failing on its duplicate id."""
+    if commit_was_unknown():
+        row = conn.execute(
+            sa.select(runs.c.input_fingerprint, runs.c.created_at).where(runs.c.id == run_id)
+        ).first()
+        if row is not None and row.input_fingerprint == fp and row.created_at == now:
+            return run_id, True
+    return _runs.create_run(conn, graph, run_id, stored, fp, key, now)
 
 
 def _held(key: str, token: float) -> tuple[Any, ...]:
@@ -92,6 +124,10 @@ def _revive(command: Command, stored: Any) -> Any:
     return stored
 
 
+PURGE_BATCH = 500
+"""Runs deleted per purge transaction: short transactions, bounded parameter lists."""
+
+
 class Kernel:
     def __init__(
         self,
@@ -108,7 +144,13 @@ class Kernel:
         self.claim = claim
         self.clock = clock
         self.sink = sink
-        self.runner = StageRunner(registry, clock)
+        self.runner = StageRunner(
+            registry,
+            clock,
+            default_timeout=settings.default_stage_timeout,
+            sync_threads=settings.sync_stage_threads,
+            max_payload_bytes=settings.max_payload_bytes,
+        )
         self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
             CreateRun: self._create_run,
             ClaimPending: self._claim,
@@ -139,7 +181,9 @@ class Kernel:
         if idempotency_key is None:
             return await handler(command)
         fp = fingerprint(to_json_value(repr(command), "command"))
-        state, stored = await self.db.tx(self._key_begin, idempotency_key, command.name, fp)
+        state, stored = await self.db.tx(
+            self._key_begin, idempotency_key, command.name, fp, self.now()
+        )
         if state == "done":
             return _revive(command, stored)
         token = stored  # when this call took the key: a stale holder must not touch it later
@@ -154,14 +198,19 @@ class Kernel:
         return result
 
     # -- command idempotency keys --------------------------------------------------------------
-    def _key_begin(self, conn: Connection, key: str, name: str, fp: str) -> tuple[str, Any]:
-        now = self.now()
+    def _key_begin(
+        self, conn: Connection, key: str, name: str, fp: str, now: float
+    ) -> tuple[str, Any]:
         row = conn.execute(sa.select(command_keys).where(command_keys.c.key == key)).first()
         if row is not None:
             if row.fingerprint != fp or row.command != name:
                 raise IdempotencyConflictError(key, row.command)
             if row.status == "done":
                 return "done", row.result
+            if row.created_at == now and commit_was_unknown():
+                # this very call took the key: a re-run of this transaction after its commit's
+                # acknowledgement was lost with the connection
+                return "new", now
             if now - row.created_at < self.settings.command_key_stale_seconds:
                 raise CommandInProgressError(
                     f"command {name} with key {key!r} is still in progress; retry later"
@@ -207,21 +256,23 @@ class Kernel:
         wf = self.registry.get(cmd.workflow_id, cmd.version)
         graph = wf.graph()
         value = wf.validate_input(cmd.input).model_dump(mode="json")
+        check_payload_size(value, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         fp = input_fingerprint(wf.id, value)
         run_id = cmd.run_id or uuid.uuid4().hex
         # a key of its own: a CreateRun naming an existing run id must not overwrite its input
         stored = await self.claim.dump(value, f"runs/{run_id}/input-{uuid.uuid4().hex[:12]}")
         try:
             for attempt in range(3):
+                now = self.now()
                 try:
                     result: tuple[str, bool] = await self.db.tx(
-                        _runs.create_run,
+                        _create_run_once,
                         graph,
                         run_id,
                         stored,
                         fp,
                         cmd.idempotency_key,
-                        self.now(),
+                        now,
                     )
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
@@ -229,6 +280,8 @@ class Kernel:
                     if cmd.idempotency_key is None or attempt == 2:
                         raise  # a concurrent duplicate won the race: read it on the next try
                 else:
+                    if not result[1] and result[0] == run_id and cmd.run_id is None:
+                        return run_id, True  # (a re-run found the run our lost commit made)
                     if not result[1]:
                         await self._drop_orphan_input(run_id, stored)
                     return result
@@ -257,13 +310,21 @@ class Kernel:
 
     async def _signal(self, cmd: SignalStep) -> SignalResult:
         payload = to_json_value(cmd.payload, f"payload of signal {cmd.signal!r}")
+        limit = self.settings.max_payload_bytes
+        check_payload_size(payload, f"payload of signal {cmd.signal!r}", limit)
         stored = await self.claim.dump(
             payload, f"{run_prefix(cmd.run_id)}signals/{uuid.uuid4().hex[:16]}"
         )
         key = self.claim.key_of(stored)
         try:
             result = await self.db.tx(
-                _runs.signal_run, cmd.run_id, cmd.signal, stored, self.now(), cmd.idempotency_key
+                _runs.signal_run,
+                cmd.run_id,
+                cmd.signal,
+                stored,
+                self.now(),
+                cmd.idempotency_key,
+                self.settings.max_pending_signals,
             )
         except BaseException:
             if key is not None:
@@ -300,11 +361,15 @@ class Kernel:
         return await self.db.tx(_runs.list_versions, self.registry.served(), latest)
 
     async def _purge(self, cmd: PurgeRuns) -> int:
-        ids = await self.db.tx(_runs.purge_runs, self.now() - cmd.older_than_seconds)
-        for rid in ids:
-            for key in await self.claim.store.list(f"runs/{rid}/"):
-                await self.claim.store.delete(key)
-        return len(ids)
+        """Delete finished runs in batches (one short transaction each), then each batch's
+        own blob prefix: linear in the runs purged, never a walk of the whole store."""
+        cutoff, n = self.now() - cmd.older_than_seconds, 0
+        while True:
+            ids = await self.db.tx(_runs.purge_runs, cutoff, PURGE_BATCH)
+            await delete_prefixes(self.claim.store, [f"runs/{rid}/" for rid in ids])
+            n += len(ids)
+            if len(ids) < PURGE_BATCH:
+                return n
 
     async def _reap_stuck(self, cmd: ReapStuckRuns) -> int:
         def graphs(conn: Connection, run: Any) -> GraphModel | None:
@@ -358,13 +423,61 @@ class Kernel:
             cmd.cancelled,
             handoff,
         )
-        if key is not None and result != "completed":
+        if key is not None and result != "completed" and not await self._stored_output(job, key):
+            # (a re-run of the transaction after a lost acknowledgement reports "discarded"
+            # although its first try committed this very output: that blob stays)
             await self.claim.store.delete(key)
         return result
 
+    async def _stored_output(self, job: Any, key: str) -> bool:
+        def q(conn: Connection) -> Any:
+            return conn.execute(
+                sa.select(stages.c.output).where(
+                    stages.c.run_id == job.run_id, stages.c.stage_id == job.stage_id
+                )
+            ).scalar()
+
+        return self.claim.key_of(await self.db.read(q)) == key
+
     async def _execute(self, cmd: ExecuteJob) -> str:
-        if cmd.job.kind == "compensate":
-            return await self._compensate(cmd)
+        """Run one job. A fault of the engine's storage (DESIGN §5) while the attempt starts,
+        runs or is recorded abandons it as a crash would, except that the lease is given back
+        at once: the job is due again after a backoff, with its attempt number kept."""
+        try:
+            if cmd.job.kind == "compensate":
+                return await self._compensate(cmd)
+            return await self._execute_stage(cmd)
+        except Exception as exc:
+            if not (isinstance(exc, _CompensationAbandoned) or is_storage_fault(exc)):
+                raise
+            await self._abandon(cmd.job, cmd.worker_id, exc)
+            return "abandoned"
+
+    async def _abandon(self, job: Any, worker: str, exc: BaseException) -> None:
+        log.warning(
+            "job %s of run %s: the engine's storage failed (%s); the attempt is abandoned and "
+            "runs again in %gs without using up a retry",
+            job.id,
+            job.run_id,
+            describe_fault(exc),
+            _progress.ABANDON_BACKOFF_S,
+        )
+        try:
+            await self.db.tx(
+                _progress.abandon_job, job, worker, self.now() + _progress.ABANDON_BACKOFF_S
+            )
+        except Exception as again:
+            if not is_storage_fault(again):
+                raise
+            log.warning(
+                "job %s of run %s: could not give its lease back (%s); it is taken over when "
+                "the lease expires",
+                job.id,
+                job.run_id,
+                describe_fault(again),
+            )
+
+    async def _execute_stage(self, cmd: ExecuteJob) -> str:
         job, worker = cmd.job, cmd.worker_id
         begin = cmd.begun
         if begin is None:
@@ -477,6 +590,8 @@ class Kernel:
             ledger = SqlStepLedger(self.db, self.claim, run_id, ledger_id, rows)
             req = StageRequest(run_id, wf, stage_id, attempt, run_input, outputs)
             outcome = await self.runner.compensate(req, output, ledger)
+            if isinstance(outcome, Abandoned):
+                raise _CompensationAbandoned(outcome.reason)
             if isinstance(outcome, Completed):
                 await self.db.tx(_progress.record_compensation, run_id, stage_id, None, self.now())
                 return
@@ -494,27 +609,32 @@ class Kernel:
     async def _flush(self, cmd: FlushOutbox) -> FlushResult:
         if self.sink is None:
             return FlushResult()  # no sink here: events wait in the outbox for a host with one
-        pending = await self.db.tx(_outbox.pending_events, cmd.limit)
+        now = self.now()
+        pending, waiting = await self.db.tx(
+            _outbox.pending_events, cmd.limit, None if cmd.force else now
+        )
         if not pending:
-            return FlushResult()
-        by_run: dict[str, list[tuple[int, int, Any]]] = {}
+            return FlushResult(degraded=waiting > 0)
+        by_run: dict[str, list[_outbox.Pending]] = {}
         for item in pending:
-            by_run.setdefault(item[2].run_id, []).append(item)
+            by_run.setdefault(item.event.run_id, []).append(item)
         delivered: list[int] = []
-        failed: list[int] = []
-        error: str | None = None
+        failed: list[tuple[list[_outbox.Pending], str]] = []
         for items in by_run.values():
             try:
-                await self.sink.publish([e for _, _, e in items])
-                delivered += [i for i, _, _ in items]
+                await self.sink.publish([p.event for p in items])
+                delivered += [p.row_id for p in items]
             except Exception as exc:  # the sink is the user's; never let it block runs
-                failed += [i for i, _, _ in items]
-                error = f"{type(exc).__name__}: {exc}"
-        dead = await self.db.tx(
-            _outbox.mark_flushed, delivered, failed, error, self.settings.dead_letter_after
-        )
+                failed.append((items, f"{type(exc).__name__}: {exc}"))
+        rule = _outbox.RetryRule.from_settings(self.settings)
+        dead = await self.db.tx(_outbox.mark_flushed, delivered, failed, rule, self.now())
+        _outbox.log_dead(dead, rule)
+        n_failed = sum(len(items) for items, _ in failed)
         return FlushResult(
-            delivered=len(delivered), failed=len(failed), dead=dead, degraded=bool(failed)
+            delivered=len(delivered),
+            failed=n_failed,
+            dead=len(dead),
+            degraded=bool(failed) or waiting > 0,
         )
 
     async def _replay_dlq(self, _cmd: ReplayDlq) -> int:

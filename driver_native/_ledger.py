@@ -13,7 +13,7 @@ from sqlalchemy import Connection
 
 from engine_port import ClaimCheck, StepRecord
 
-from ._db import Database
+from ._db import Database, commit_was_unknown
 from ._schema import signals, steps
 from ._sql import upsert
 
@@ -57,7 +57,22 @@ def _row(run_id: str, stage_id: str, rec: StepRecord, result: Any) -> dict[str, 
 def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> Any:
     """Take the oldest unconsumed signal named ``rec.signal`` and journal ``rec`` with its
     payload, in one transaction. Parallel stages of one run may race for the same row: the
-    loser's guarded update matches nothing and it takes the next one."""
+    loser's guarded update matches nothing and it takes the next one.
+
+    A re-run after a commit whose acknowledgement was lost returns the payload it journaled
+    then: it must not take a second signal, nor report none and let the wait overwrite the
+    step."""
+    if commit_was_unknown():
+        done = conn.execute(
+            sa.select(steps.c.result).where(
+                steps.c.run_id == run_id,
+                steps.c.stage_id == stage_id,
+                steps.c.name == rec.name,
+                steps.c.completed.is_(True),
+            )
+        ).first()
+        if done is not None:
+            return done.result
     while True:
         row = conn.execute(
             sa.select(signals.c.id, signals.c.payload)

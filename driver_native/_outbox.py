@@ -1,19 +1,92 @@
 """The transactional outbox: events are rows written in the same transaction as the state
-change they describe, then delivered to the EventSink in per-run order."""
+change they describe, then delivered to the EventSink in per-run order.
+
+A failing sink is retried per event with exponential backoff (``next_attempt_at``); while a
+run's oldest undelivered event waits for its retry, the run's later events wait behind it.
+An event is dead-lettered only after ``dead_letter_after`` attempts that span at least
+``outbox_dead_letter_min_seconds`` since its first failure (so a sink outage shorter than that
+loses nothing), with a WARNING on the ``wfe.outbox`` logger.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from engine_port import Event, EventDraft
+from engine_port import EngineSettings, Event, EventDraft
 
 from ._schema import outbox, runs
 
-__all__ = ["append_events", "load_events", "mark_flushed", "pending_events", "replay_dead"]
+__all__ = [
+    "OutboxCounts",
+    "RetryRule",
+    "append_events",
+    "count_outbox",
+    "load_events",
+    "log_dead",
+    "mark_flushed",
+    "pending_events",
+    "replay_dead",
+]
+
+log = logging.getLogger("wfe.outbox")
+
+
+@dataclass(frozen=True)
+class RetryRule:
+    """When a failed delivery is retried, and when an event is given up (dead-lettered)."""
+
+    dead_after: int = 10
+    min_seconds: float = 300.0
+    initial_seconds: float = 0.5
+    max_seconds: float = 30.0
+
+    @classmethod
+    def from_settings(cls, s: EngineSettings) -> RetryRule:
+        return cls(
+            s.dead_letter_after,
+            s.outbox_dead_letter_min_seconds,
+            s.outbox_retry_initial_seconds,
+            s.outbox_retry_max_seconds,
+        )
+
+    def delay(self, attempts: int) -> float:
+        """Seconds to wait after the ``attempts``-th failed attempt (1, 2, ...)."""
+        return float(min(self.max_seconds, self.initial_seconds * 2 ** max(0, attempts - 1)))
+
+    def dead(self, attempts: int, first_failed_at: float, now: float) -> bool:
+        return attempts >= self.dead_after and now - first_failed_at >= self.min_seconds
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An undelivered outbox row, as the flush reads it."""
+
+    row_id: int
+    attempts: int
+    first_failed_at: float | None
+    event: Event
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    event_id: str
+    run_id: str
+    seq: int
+    attempts: int
+    error: str
+
+
+@dataclass(frozen=True)
+class OutboxCounts:
+    pending: int = 0  # never failed yet
+    retrying: int = 0  # failed at least once, waiting for (or in) a retry
+    dead: int = 0  # dead-lettered: replay_dlq() re-queues them
 
 
 def append_events(
@@ -47,6 +120,8 @@ def append_events(
                 "created_at": now,
                 "status": "pending",
                 "attempts": 0,
+                "first_failed_at": None,
+                "next_attempt_at": None,
             }
             for i, d in enumerate(drafts)
         ],
@@ -69,45 +144,119 @@ def _event(row: Any) -> Event:
     )
 
 
-def pending_events(conn: Connection, limit: int) -> list[tuple[int, int, Event]]:
-    """(outbox row id, attempts, event) of undelivered events, in write order."""
-    rows = conn.execute(
-        sa.select(outbox).where(outbox.c.status == "pending").order_by(outbox.c.id).limit(limit)
-    ).all()
-    return [(r.id, r.attempts, _event(r)) for r in rows]
+def pending_events(conn: Connection, limit: int, due_at: float | None) -> tuple[list[Pending], int]:
+    """Undelivered events to try now, in write order, and how many wait for a later retry.
+
+    With ``due_at`` (the current time) an event is tried only when no undelivered event of its
+    run, itself included, waits for a retry later than that (per-run order); ``None`` tries
+    every undelivered event (an explicit ``flush_events()``)."""
+    query = sa.select(outbox).where(outbox.c.status == "pending")
+    waiting = 0
+    if due_at is not None:
+        held = outbox.alias("held")
+        query = query.where(
+            ~sa.exists().where(
+                held.c.run_id == outbox.c.run_id,
+                held.c.seq <= outbox.c.seq,
+                held.c.status == "pending",
+                held.c.next_attempt_at > due_at,
+            )
+        )
+        waiting = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(outbox)
+            .where(outbox.c.status == "pending", outbox.c.next_attempt_at > due_at)
+        ).scalar_one()
+    rows = conn.execute(query.order_by(outbox.c.id).limit(limit)).all()
+    return [Pending(r.id, r.attempts, r.first_failed_at, _event(r)) for r in rows], waiting
 
 
 def mark_flushed(
     conn: Connection,
     delivered: Iterable[int],
-    failed: Iterable[int],
-    error: str | None,
-    dead_after: int,
-) -> int:
-    """Mark rows delivered, or count a failed attempt (dead-lettering after ``dead_after``);
-    returns how many rows went to the dead-letter state."""
+    failed: Sequence[tuple[Sequence[Pending], str]],
+    rule: RetryRule,
+    now: float,
+) -> list[DeadLetter]:
+    """Mark rows delivered; for each failed run batch (its rows, the sink's error) count an
+    attempt, schedule the retry and dead-letter the rows past ``rule``. Returns the dead ones."""
     ids = list(delivered)
     if ids:
         conn.execute(sa.update(outbox).where(outbox.c.id.in_(ids)).values(status="delivered"))
-    failed_ids = list(failed)
-    if not failed_ids:
-        return 0
-    conn.execute(
-        sa.update(outbox)
-        .where(outbox.c.id.in_(failed_ids))
-        .values(attempts=outbox.c.attempts + 1, last_error=error)
-    )
-    res = conn.execute(
-        sa.update(outbox)
-        .where(outbox.c.id.in_(failed_ids), outbox.c.attempts >= dead_after)
-        .values(status="dead")
-    )
-    return res.rowcount or 0
+    updates: list[dict[str, Any]] = []
+    dead: list[DeadLetter] = []
+    for rows, error in failed:
+        # the batch is retried together, when its oldest event is due
+        retry_at = now + rule.delay(max(p.attempts for p in rows) + 1)
+        for p in rows:
+            attempts = p.attempts + 1
+            first = p.first_failed_at if p.first_failed_at is not None else now
+            gone = rule.dead(attempts, first, now)
+            updates.append(
+                {
+                    "row_id": p.row_id,
+                    "new_status": "dead" if gone else "pending",
+                    "new_attempts": attempts,
+                    "new_error": error,
+                    "new_first": first,
+                    "new_next": None if gone else retry_at,
+                }
+            )
+            if gone:
+                e = p.event
+                dead.append(DeadLetter(e.id, e.run_id, e.seq, attempts, error))
+    if updates:
+        conn.execute(
+            sa.update(outbox)
+            .where(outbox.c.id == sa.bindparam("row_id"))
+            .values(
+                status=sa.bindparam("new_status"),
+                attempts=sa.bindparam("new_attempts"),
+                last_error=sa.bindparam("new_error"),
+                first_failed_at=sa.bindparam("new_first"),
+                next_attempt_at=sa.bindparam("new_next"),
+            ),
+            updates,
+        )
+    return dead
+
+
+def log_dead(dead: Sequence[DeadLetter], rule: RetryRule) -> None:
+    for d in dead:
+        log.warning(
+            "outbox: event %s (seq %d) of run %s dead-lettered after %d failed deliveries "
+            "over at least %gs; last sink error: %s. Fix the sink, then replay_dlq() "
+            "re-queues it",
+            d.event_id,
+            d.seq,
+            d.run_id,
+            d.attempts,
+            rule.min_seconds,
+            d.error,
+            extra={"event_id": d.event_id, "run_id": d.run_id, "sink_error": d.error},
+        )
+
+
+def count_outbox(conn: Connection) -> OutboxCounts:
+    """Undelivered events never tried or not failed yet, failing and retrying, dead."""
+    retrying = sa.case((outbox.c.attempts > 0, True), else_=False).label("retrying")
+    rows = conn.execute(
+        sa.select(outbox.c.status, retrying, sa.func.count())
+        .where(outbox.c.status.in_(("pending", "dead")))
+        .group_by(outbox.c.status, retrying)
+    ).all()
+    counts = {"pending": 0, "retrying": 0, "dead": 0}
+    for status, is_retrying, n in rows:
+        key = "dead" if status == "dead" else ("retrying" if is_retrying else "pending")
+        counts[key] += int(n)
+    return OutboxCounts(**counts)
 
 
 def replay_dead(conn: Connection) -> int:
     res = conn.execute(
-        sa.update(outbox).where(outbox.c.status == "dead").values(status="pending", attempts=0)
+        sa.update(outbox)
+        .where(outbox.c.status == "dead")
+        .values(status="pending", attempts=0, first_failed_at=None, next_attempt_at=None)
     )
     return res.rowcount or 0
 

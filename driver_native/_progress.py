@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from engine_port import (
+    Abandoned,
     Completed,
     ErrorInfo,
     EventDraft,
@@ -31,9 +32,11 @@ from ._schema import jobs, runs, signals, staged_events, stages, steps
 from ._sql import db_clock, delete_where, select_where, try_run, update_where
 
 __all__ = [
+    "ABANDON_BACKOFF_S",
     "Begin",
     "CompensationPlan",
     "Handoff",
+    "abandon_job",
     "apply_outcome",
     "begin_attempt",
     "begin_compensation",
@@ -44,6 +47,9 @@ __all__ = [
 ]
 
 ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
+
+ABANDON_BACKOFF_S = 1.0
+"""How long an attempt abandoned on a storage fault waits before it runs again."""
 
 
 @dataclass(frozen=True)
@@ -410,6 +416,24 @@ def begin_attempt(
     return begin, drafts
 
 
+def abandon_job(conn: Connection, job: Any, worker: str, available_at: float) -> bool:
+    """Give back ``worker``'s lease on ``job`` at once, the job due again at ``available_at``
+    with its attempt kept (an attempt abandoned on a storage fault). False if the lease is no
+    longer ``worker``'s (the outcome was recorded after all, or another worker took over)."""
+    res = conn.execute(
+        sa.update(jobs)
+        .where(
+            jobs.c.id == job.id,
+            jobs.c.run_id == job.run_id,
+            jobs.c.kind == job.kind,
+            jobs.c.lease_owner == worker,
+            jobs.c.status == "leased",
+        )
+        .values(status="ready", available_at=available_at, lease_owner=None, lease_expires_at=None)
+    )
+    return bool(res.rowcount)
+
+
 def _cancel_stage(conn: Connection, run: Any, stage: Any, now: float) -> list[EventDraft]:
     if stage is None or stage.status not in (
         StageStatus.RUNNING,
@@ -470,6 +494,9 @@ def apply_outcome(
     handoff: Handoff | None = None,
 ) -> str:
     """Record one stage attempt's outcome; returns what happened (for host stats)."""
+    if handoff is not None:
+        handoff.jobs.clear()  # a re-run of this transaction (after a lost connection) hands
+        # off only what its own try enqueued
     run = try_run(conn, job.run_id)
     stage = None if run is None else _owned_stage(conn, job, worker)
     if run is None or stage is None:
@@ -516,6 +543,12 @@ def apply_outcome(
         # the run moved on (finished, or handed its next stages to this worker): its status
         # is already right, so skip recomputing it
         refresh = not progressed
+    elif isinstance(outcome, Abandoned):
+        # the engine's storage failed during the attempt (DESIGN §5): as after a crash, the
+        # stage stays running with its attempt number, no event, and the job is due again
+        # after a backoff (not at lease expiry)
+        result = "abandoned"
+        abandon_job(conn, job, worker, now + ABANDON_BACKOFF_S)
     elif isinstance(outcome, Suspended):
         result = "suspended"
         n = stage.suspensions + 1

@@ -27,6 +27,7 @@ from engine_port.errors import (
     RunNotActiveError,
     RunNotFoundError,
     RunTimeoutError,
+    SignalQueueFullError,
     WorkflowDrainedError,
 )
 
@@ -179,9 +180,11 @@ def signal_run(
     payload: Any,
     now: float,
     idempotency_key: str | None = None,
+    max_pending: int | None = None,
 ) -> SignalResult:
     """Queue a signal behind the run's earlier ones of its name (the run row is locked, so
-    ids follow arrival order); a repeat of ``idempotency_key`` is not queued again."""
+    ids follow arrival order); a repeat of ``idempotency_key`` is not queued again. A run
+    holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError)."""
     run = lock_run(conn, run_id)
     if run.status not in ACTIVE or run.cancel_requested:
         raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
@@ -194,6 +197,14 @@ def signal_run(
         ).first()
         if seen is not None:
             return SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
+    if max_pending is not None:
+        pending = conn.execute(
+            sa.select(sa.func.count()).where(
+                signals.c.run_id == run_id, signals.c.consumed.is_(False)
+            )
+        ).scalar_one()
+        if pending >= max_pending:
+            raise SignalQueueFullError(run_id, name, max_pending)
     waiting_for = f"signal:{name}"
     waiting = conn.execute(
         sa.select(sa.func.count()).where(
@@ -396,12 +407,13 @@ def list_versions(
     ]
 
 
-def purge_runs(conn: Connection, finished_before: float) -> list[str]:
+def purge_runs(conn: Connection, finished_before: float, limit: int) -> list[str]:
+    """Delete up to ``limit`` terminal runs finished before the cutoff, with their rows."""
     ids = list(
         conn.execute(
-            sa.select(runs.c.id).where(
-                runs.c.status.in_(list(TERMINAL)), runs.c.finished_at < finished_before
-            )
+            sa.select(runs.c.id)
+            .where(runs.c.status.in_(list(TERMINAL)), runs.c.finished_at < finished_before)
+            .limit(limit)
         ).scalars()
     )
     if ids:

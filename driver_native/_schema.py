@@ -183,6 +183,9 @@ outbox = Table(
     Column("status", String(20), nullable=False),  # pending | delivered | dead
     Column("attempts", Integer, nullable=False, default=0),
     Column("last_error", Text),
+    # a failing sink: the first failure, and when the next attempt is due (per-event backoff)
+    Column("first_failed_at", Double),
+    Column("next_attempt_at", Double),
     Index("ix_wfe_outbox_status", "status", "id"),
     Index("ix_wfe_outbox_run", "run_id", "seq"),
 )
@@ -255,11 +258,22 @@ def _v4(conn: Connection) -> None:
     old.drop(conn)
 
 
+def _v5(conn: Connection) -> None:
+    """v5 added outbox.first_failed_at and outbox.next_attempt_at: a failing sink is retried
+    per event with backoff, and dead-lettered only after attempts spanning a minimum time."""
+    have = {c["name"] for c in inspect(conn).get_columns("wfe_outbox")}
+    if "first_failed_at" not in have:
+        conn.execute(sa.text("ALTER TABLE wfe_outbox ADD COLUMN first_failed_at DOUBLE PRECISION"))
+    if "next_attempt_at" not in have:
+        conn.execute(sa.text("ALTER TABLE wfe_outbox ADD COLUMN next_attempt_at DOUBLE PRECISION"))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
     (3, "runs.frozen for migrations between drivers", _v3),
     (4, "signals queue in arrival order, with idempotency keys", _v4),
+    (5, "outbox retries with backoff: first_failed_at, next_attempt_at", _v5),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -26,7 +26,9 @@ Outcome dicts (JSON-serialisable, camelCase for queue payloads)::
 
 ``outcome`` is what the kernel did: ``completed``, ``suspended``, ``retrying``, ``failed``,
 ``cancelled``, ``compensated`` (a compensation job ran), ``deferred`` (compensation waits for
-running stages), ``skipped`` (nothing left to do), ``discarded`` (the lease was lost), or, for
+running stages), ``skipped`` (nothing left to do), ``discarded`` (the lease was lost),
+``abandoned`` (the engine's storage failed: the job is due again after a short backoff with
+its attempt kept, see ``retryDelayMs``), or, for
 ``{"job_id": ...}`` messages, ``busy`` (leased elsewhere), ``not_due`` or ``gone``.
 ``willRetry`` is true when the stage failed and another attempt is scheduled; ``retryDelayMs``
 is how long until the job is due again (retry backoff, a sleep's wake-up, a not-yet-due job;
@@ -167,7 +169,7 @@ def _outcome(
     if (
         after is not None
         and after.status in ("ready", "waiting")
-        and result in ("retrying", "suspended", "deferred", "not_due")
+        and result in ("retrying", "suspended", "deferred", "not_due", "abandoned")
     ):
         delay = _delay_ms(after.available_at, now)
     return {
@@ -201,8 +203,9 @@ async def handle_job(
     that is leased elsewhere, not due yet or already finished is reported as ``busy``,
     ``not_due`` or ``gone`` without running anything) or a job row returned by
     ``kernel.dispatch(ClaimPending(...))`` (executed under the lease it already holds).
-    Errors of the engine itself (database unreachable) propagate, so the FaaS platform retries
-    the invocation; the job's lease then expires and it is taken over.
+    A fault of the engine's storage during the attempt gives the lease back at once
+    (``abandoned``); errors of the engine itself outside it (database unreachable before the
+    job is leased) propagate, so the FaaS platform retries the invocation.
     """
     if isinstance(message, Mapping):
         raw = message.get("job_id", message.get("jobId"))

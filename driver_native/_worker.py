@@ -25,6 +25,7 @@ from ._commands import (
     ReleaseJobs,
 )
 from ._kernel import Kernel
+from ._outbox import OutboxCounts, count_outbox
 
 __all__ = ["WorkerHost"]
 
@@ -65,6 +66,7 @@ class WorkerHost:
         self._counts: Counter[str] = Counter()
         self._started_at = 0.0
         self.last_flush: Any = None
+        self._outbox = OutboxCounts()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -113,11 +115,19 @@ class WorkerHost:
             await self.stop()
 
     def stats(self) -> dict[str, Any]:
+        """What this worker did (counters), plus the outbox as last seen (refreshed every
+        ``maintenance_interval``): ``outbox_pending`` (not failed yet), ``outbox_retrying``
+        (the sink failed; waiting for a retry with backoff), ``outbox_dead`` (dead-lettered,
+        waiting for ``replay_dlq()``); ``dead_lettered`` counts the events this worker gave up."""
         return {
             "worker_id": self.worker_id,
             "running": len(self._active),
             "uptime_s": round(time.monotonic() - self._started_at, 3),
+            "outbox_pending": self._outbox.pending,
+            "outbox_retrying": self._outbox.retrying,
+            "outbox_dead": self._outbox.dead,
             **dict(self._counts),
+            **self.kernel.runner.sync_executor.stats(),
         }
 
     # -- the loop --------------------------------------------------------------------------
@@ -139,7 +149,8 @@ class WorkerHost:
                     self._counts["claimed"] += claimed
                 now = time.monotonic()
                 if now >= next_flush:
-                    self.last_flush = await self.kernel.dispatch(FlushOutbox())
+                    self.last_flush = flushed = await self.kernel.dispatch(FlushOutbox())
+                    self._counts["dead_lettered"] += flushed.dead
                     next_flush = now + self.flush_interval
                 if now >= next_maintenance:
                     await self._maintenance()
@@ -156,6 +167,7 @@ class WorkerHost:
                     await asyncio.wait_for(self._wake.wait(), self.poll_interval)
 
     async def _maintenance(self) -> None:
+        self._outbox = await self.kernel.db.read(count_outbox)
         self._counts["reaped_leases"] += await self.kernel.dispatch(ReapStaleLeases())
         self._counts["reaped_runs"] += await self.kernel.dispatch(ReapStuckRuns())
         if self.retention_seconds is not None:

@@ -41,6 +41,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from engine_port import (
+    Abandoned,
     ClaimCheck,
     Completed,
     Event,
@@ -262,6 +263,14 @@ class DriverActivities:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
+        if isinstance(outcome, Abandoned):
+            # the engine's storage (the step journal, the blob store) failed: the activity's
+            # own retry policy runs this try again, keeping the stage attempt; steps this try
+            # journaled replay from the journal (DESIGN §5)
+            raise ApplicationError(
+                f"stage {req.stage_id!r} attempt {req.attempt}: {outcome.reason}",
+                type="InfrastructureFault",
+            )
         result: dict[str, Any] = {
             "steps": list(journal.values()),
             "consumed": pre_consumed + list(ledger.consumed),

@@ -82,7 +82,17 @@ from engine_port import (
     open_blob_store,
     run_output,
 )
-from engine_port._engine import check_signal_key
+from engine_port._limits import (
+    check_export_target,
+    check_run_call,
+    check_signal_call,
+    check_start_call,
+    check_start_input,
+    check_version,
+    check_workflow_id,
+    check_workflow_ids,
+)
+from engine_port._payload_limit import check_payload_size
 from engine_port._serde import input_fingerprint
 from engine_port.errors import (
     DriverUnavailableError,
@@ -91,6 +101,7 @@ from engine_port.errors import (
     MigrationError,
     RunNotActiveError,
     RunNotFoundError,
+    SignalQueueFullError,
     WaitTimeoutError,
     WorkflowDrainedError,
 )
@@ -103,7 +114,6 @@ from ._helpers import (
     _WFT_STARTED,
     _failure_message,
     _failure_type,
-    _json,
     _now,
     _pairs,
     _quote,
@@ -114,6 +124,7 @@ from ._search import SA_VERSION, check_search_attributes
 from ._wire import (
     deployment_for,
     new_run_id,
+    outbox_rule,
     run_id_for_key,
     spill_key,
     state_key,
@@ -151,7 +162,13 @@ class TemporalEngine(WorkflowEngine):
             blob_store if blob_store is not None else open_blob_store(settings.blob_url)
         )
         self.claim = ClaimCheck(self.blob_store, settings.spill_threshold_bytes)
-        self.runner = StageRunner(registry, clock)
+        self.runner = StageRunner(
+            registry,
+            clock,
+            default_timeout=settings.default_stage_timeout,
+            sync_threads=settings.sync_stage_threads,
+            max_payload_bytes=settings.max_payload_bytes,
+        )
         self.heartbeat_timeout = heartbeat_timeout
         self.connect_timeout = connect_timeout
         self.signal_timeout = signal_timeout
@@ -211,6 +228,7 @@ class TemporalEngine(WorkflowEngine):
                 await worker.shutdown()
             with suppress(BaseException):
                 await task
+        self.runner.close()
         self._client = None
 
     def _scope(self) -> str:
@@ -336,12 +354,10 @@ class TemporalEngine(WorkflowEngine):
         version: str | None = None,
     ) -> RunInfo:
         wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
+        check_start_call(wf_id, idempotency_key, version)
         wf = self.registry.get(wf_id, version)  # WorkflowNotFoundError
-        data = wf.validate_input(input).model_dump(mode="json")  # InvalidInputError
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key
-        ):
-            raise EngineError("idempotency_key must be a non-empty string")
+        data = check_start_input(wf, input)  # InvalidInputError
+        check_payload_size(data, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         graph = wf.graph()
         fp = input_fingerprint(wf.id, data)
         client = self._conn
@@ -368,7 +384,9 @@ class TemporalEngine(WorkflowEngine):
             "fingerprint": fp,
             "created_at": created,
             "heartbeat_timeout_s": self.heartbeat_timeout,
-            "dead_letter_after": self.settings.dead_letter_after,
+            "default_stage_timeout_s": self.settings.default_stage_timeout,
+            "max_pending_signals": self.settings.max_pending_signals,
+            **outbox_rule(self.settings),
         }
         initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
         initial["created_at"] = created
@@ -480,6 +498,7 @@ class TemporalEngine(WorkflowEngine):
         return memo, desc.status
 
     async def get_run(self, run_id: str) -> RunInfo:
+        check_run_call(run_id)
         memo, status = await self._describe(run_id)
         return await self._info_from_memo(memo, status)
 
@@ -490,6 +509,8 @@ class TemporalEngine(WorkflowEngine):
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
     ) -> list[RunInfo]:
+        if workflow_id is not None:
+            check_workflow_id(workflow_id)
         if status is None:
             wanted: Sequence[str] = _ALL
         elif isinstance(status, str):
@@ -512,10 +533,11 @@ class TemporalEngine(WorkflowEngine):
         return out
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        check_run_call(run_id)
         await self._describe(run_id)
         handle = self._conn.get_workflow_handle(run_id)
         try:
-            await asyncio.wait_for(_settle(handle), timeout)
+            await asyncio.wait_for(self._ended(handle, run_id), timeout)
         except TimeoutError:
             info = await self.get_run(run_id)
             raise WaitTimeoutError(
@@ -524,13 +546,30 @@ class TemporalEngine(WorkflowEngine):
             ) from None
         return await self.get_run(run_id)
 
+    async def _ended(self, handle: Any, run_id: str) -> None:
+        """Until the run is terminal: its execution closed, or its status already terminal
+        while the workflow still delivers its last events (a sink outage keeps it open, as
+        the native outbox keeps retrying after the run ended)."""
+        closed = asyncio.ensure_future(_settle(handle))
+        try:
+            delay = 0.1
+            while not closed.done():
+                await asyncio.wait({closed}, timeout=delay)
+                if closed.done():
+                    return
+                memo, status = await self._describe(run_id)
+                if (await self._info_from_memo(memo, status)).terminal:
+                    return
+                delay = min(delay * 2, 2.0)
+        finally:
+            closed.cancel()
+
     # -- signals and cancel ---------------------------------------------------------------------
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
-        if not isinstance(name, str) or not name:
-            raise EngineError("a signal needs a non-empty string name")
-        check_signal_key(idempotency_key)
+        data = check_signal_call(run_id, name, payload, idempotency_key)
+        check_payload_size(data, f"payload of signal {name!r}", self.settings.max_payload_bytes)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if info.terminal:
@@ -541,7 +580,7 @@ class TemporalEngine(WorkflowEngine):
                 "(on its target) or was aborted"
             )
         delivery = uuid.uuid4().hex
-        value = await self.claim.dump(_json(payload), spill_key(run_id, "signals", delivery))
+        value = await self.claim.dump(data, spill_key(run_id, "signals", delivery))
         body = {
             "name": name,
             "payload": value,
@@ -565,6 +604,10 @@ class TemporalEngine(WorkflowEngine):
         except WorkflowUpdateFailedError as exc:
             if _failure_type(exc) == "MigrationError":
                 raise MigrationError(_failure_message(exc)) from None
+            if _failure_type(exc) == "SignalQueueFullError":  # the workflow's bound
+                raise SignalQueueFullError(
+                    run_id, name, self.settings.max_pending_signals
+                ) from None
             current = await self.get_run(run_id)
             raise RunNotActiveError(run_id, current.status, "signal") from None
         except RPCError:
@@ -599,6 +642,7 @@ class TemporalEngine(WorkflowEngine):
         return SignalResult(run_id=run_id, name=name, delivered=waiting)
 
     async def cancel(self, run_id: str) -> RunInfo:
+        check_run_call(run_id)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if info.status in (RunStatus.CANCELLED, RunStatus.COMPENSATING):
@@ -616,6 +660,9 @@ class TemporalEngine(WorkflowEngine):
     async def redrive(
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
+        check_run_call(run_id)
+        if version is not None:
+            check_version(version)
         memo, status = await self._describe(run_id)
         info = await self._info_from_memo(memo, status)
         if (not info.terminal and version is None) or info.status == RunStatus.MIGRATED:
@@ -672,7 +719,9 @@ class TemporalEngine(WorkflowEngine):
             "fingerprint": state.get("fingerprint"),
             "created_at": state.get("created_at"),
             "heartbeat_timeout_s": self.heartbeat_timeout,
-            "dead_letter_after": self.settings.dead_letter_after,
+            "default_stage_timeout_s": self.settings.default_stage_timeout,
+            "max_pending_signals": self.settings.max_pending_signals,
+            **outbox_rule(self.settings),
             "redrive": redrive,
             "redrive_from": from_,
             "redrive_history": history,
@@ -744,18 +793,26 @@ class TemporalEngine(WorkflowEngine):
 
     # -- migration (driver_temporal/_moving.py) --------------------------------------------------
     async def drain(self, workflow_ids: Sequence[str], target: str | None) -> None:
+        check_workflow_ids(workflow_ids)
+        if target is not None:
+            check_export_target(target)
         await _moving.drain(self, workflow_ids, target)
 
     async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
+        check_run_call(run_id)
         return await _moving.export_run(self, run_id, wait=wait)
 
     async def complete_export(self, run_id: str, target: str) -> RunInfo:
+        check_run_call(run_id)
+        check_export_target(target)
         return await _moving.complete_export(self, run_id, target)
 
     async def abort_export(self, run_id: str) -> None:
+        check_run_call(run_id)
         await _moving.abort_export(self, run_id)
 
     async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
+        check_run_call(snapshot.run_id)
         return await _moving.import_run(self, snapshot)
 
     async def _helper(self, workflow_id: str, version: str) -> None:

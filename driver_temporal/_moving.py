@@ -50,6 +50,7 @@ from ._helpers import (
     _sha,
 )
 from ._wire import (
+    outbox_rule,
     run_id_for_key,
 )
 from ._workflow import GraphWorkflow, workflow_runner
@@ -296,7 +297,9 @@ async def import_run(engine: TemporalEngine, snapshot: RunSnapshot) -> RunInfo:
         "fingerprint": snapshot.input_fingerprint,
         "created_at": created,
         "heartbeat_timeout_s": engine.heartbeat_timeout,
-        "dead_letter_after": engine.settings.dead_letter_after,
+        "default_stage_timeout_s": engine.settings.default_stage_timeout,
+        "max_pending_signals": engine.settings.max_pending_signals,
+        **outbox_rule(engine.settings),
         "redrive": snapshot.redrive_count,
         "redrive_history": list(snapshot.redrive_history),
         "event_seq": snapshot.event_seq,

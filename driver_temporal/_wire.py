@@ -13,9 +13,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from engine_port import StepRecord
+from engine_port import EngineSettings, StepRecord
 
 __all__ = [
+    "OLD_OUTBOX_RULE",
     "deployment_for",
     "dlq_key",
     "fingerprint",
@@ -25,6 +26,7 @@ __all__ = [
     "new_run_id",
     "outbox_key",
     "outbox_prefix",
+    "outbox_rule",
     "parse_time",
     "record_from_json",
     "record_to_json",
@@ -133,3 +135,24 @@ def record_from_json(data: dict[str, Any]) -> StepRecord:
         deadline=parse_time(data.get("deadline")),
         signal=data.get("signal"),
     )
+
+
+# What a run started by an older version of this driver did (no such keys in its start
+# arguments): replaying its history must make the same decisions.
+OLD_OUTBOX_RULE = {
+    "dead_letter_after": 5,
+    "dead_letter_min_seconds": 0.0,
+    "outbox_retry_initial_seconds": 0.2,
+    "outbox_retry_max_seconds": 5.0,
+}
+
+
+def outbox_rule(settings: EngineSettings) -> dict[str, Any]:
+    """The sink retry rule a run's workflow applies (the native outbox's rule): retry with
+    backoff, dead-letter after ``dead_letter_after`` attempts spanning at least the minimum."""
+    return {
+        "dead_letter_after": settings.dead_letter_after,
+        "dead_letter_min_seconds": settings.outbox_dead_letter_min_seconds,
+        "outbox_retry_initial_seconds": settings.outbox_retry_initial_seconds,
+        "outbox_retry_max_seconds": settings.outbox_retry_max_seconds,
+    }

@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from ._freezing import Migrated, MigrationHandlers
     from ._search import SA_STAGE, SA_STATUS
     from ._signals import SIGNAL_UPDATE, SignalHandlers
-    from ._wire import parse_time
+    from ._wire import OLD_OUTBOX_RULE, parse_time
 
 __all__ = [
     "RUN_INFO_QUERY",
@@ -237,7 +237,11 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._lc = Lifecycle(self._run_id, self._redrive)
         self._seq: int = start.get("event_seq", 0)
         self._hb = timedelta(seconds=start.get("heartbeat_timeout_s", 10.0))
-        self._dead_after: int = start.get("dead_letter_after", 5)
+        rule = {k: start.get(k, v) for k, v in OLD_OUTBOX_RULE.items()}
+        self._dead_after: int = rule["dead_letter_after"]
+        self._dead_min_s: float = rule["dead_letter_min_seconds"]
+        self._retry_initial_s: float = rule["outbox_retry_initial_seconds"]
+        self._retry_max_s: float = rule["outbox_retry_max_seconds"]
         self._status = "pending"
         self._deadline: str | None = start.get("deadline")
         if self._graph.timeout_s and self._deadline is None:
@@ -513,9 +517,12 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             "signal_queues": {} if compensation else self._lease_signals(sid),
             "output": st["output"] if compensation else None,
         }
+        # the StageRunner's effective timeout (the stage's own, else the starter's
+        # default_stage_timeout) plus a grace; one day when neither is set (Temporal needs one)
         timeout = timedelta(days=1)
-        if spec.timeout_s:
-            timeout = timedelta(seconds=spec.timeout_s + _GRACE)
+        timeout_s = spec.timeout_s or self._start.get("default_stage_timeout_s")
+        if timeout_s:
+            timeout = timedelta(seconds=timeout_s + _GRACE)
         what = "compensation" if compensation else "attempt"
         call: dict[str, Any] | None = None
         if not compensation:
@@ -713,7 +720,11 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._outbox.append(event.model_dump(mode="json"))
 
     async def _publisher(self) -> None:
+        """Deliver the outbox in order; a failing sink is retried with backoff, and a batch is
+        dead-lettered after ``dead_letter_after`` failures spanning at least the minimum time
+        since its first failure (the native outbox's rule)."""
         failures = 0
+        first_failure = workflow.now()
         while True:
             await workflow.wait_condition(lambda: bool(self._outbox) or self._closing)
             if not self._outbox:
@@ -736,7 +747,10 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 failures = 0
                 continue
             failures += 1
-            if failures >= self._dead_after:
+            if failures == 1:
+                first_failure = workflow.now()
+            spanned = (workflow.now() - first_failure).total_seconds()
+            if failures >= self._dead_after and spanned >= self._dead_min_s:
                 try:
                     await workflow.execute_local_activity(
                         "wfe.dead_letter",
@@ -749,7 +763,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                     continue
                 except ActivityError:
                     pass
-            await workflow.sleep(min(0.2 * 2 ** (failures - 1), 5.0), summary="event sink retry")
+            delay = min(self._retry_initial_s * 2 ** (failures - 1), self._retry_max_s)
+            await workflow.sleep(delay, summary="event sink retry")
 
     # -- inspection -------------------------------------------------------------------------
     def _run_status(self) -> str:

@@ -38,12 +38,14 @@ from ._models import (
 )
 from ._registry import Registry
 from ._routing import RoutingEngine
-from ._runner import Completed, Failed, Outcome, StageRequest, StageRunner, Suspended
+from ._runner import Abandoned, Completed, Failed, Outcome, StageRequest, StageRunner, Suspended
+from ._secrets import SecretUrl, redact_url
 from ._settings import EngineSettings
 from .errors import EngineError, NonRetryableError
 
 __all__ = [
     "DEFAULT_SPILL_THRESHOLD",
+    "Abandoned",
     "BlobStore",
     "ClaimCheck",
     "Clock",
@@ -74,6 +76,7 @@ __all__ = [
     "RunMove",
     "RunSnapshot",
     "RunStatus",
+    "SecretUrl",
     "SignalResult",
     "Stage",
     "StageContext",
@@ -100,6 +103,7 @@ __all__ = [
     "migrate_runs",
     "open_blob_store",
     "open_event_sink",
+    "redact_url",
     "run_output",
     "run_prefix",
 ]

@@ -1,17 +1,94 @@
 """Open a BlobStore from a URL: ``file://<folder>``, ``memory://``, or
-``s3://<bucket>?endpoint=<host:port>&access_key=..&secret_key=..&secure=false``."""
+``s3://<bucket>?endpoint=<host:port>&access_key=..&secret_key=..&secure=false``.
+
+S3 credentials come from the URL (``access_key``/``secret_key`` in the query, or
+``s3://ACCESS:SECRET@bucket``), else from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (and
+``AWS_SESSION_TOKEN``) in the environment; without any, only ``anonymous=true`` opens the store.
+"""
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlparse
+import asyncio
+import contextlib
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlparse
 
-from ._blobs import BlobStore, FolderBlobStore, MemoryBlobStore
-from .errors import DriverUnavailableError, EngineError
+from ._blobs import BlobStore, FolderBlobStore, MemoryBlobStore, check_key
+from ._secrets import SecretUrl, redact_url
+from .errors import ConfigurationError, DriverUnavailableError, UnsafeBlobKeyError
 
-__all__ = ["open_blob_store"]
+__all__ = ["delete_prefixes", "open_blob_store"]
 
 
-def open_blob_store(url: str) -> BlobStore:
+def _remove_folders(root: Path, prefixes: Sequence[str]) -> None:
+    for prefix in prefixes:
+        path = (root / prefix).resolve()
+        if path == root or not path.is_relative_to(root):
+            raise UnsafeBlobKeyError(prefix)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(path)
+
+
+async def delete_prefixes(store: BlobStore, prefixes: Sequence[str]) -> None:
+    """Delete every blob under each of ``prefixes`` (folder-like keys such as ``runs/<id>/``).
+
+    Work is proportional to what is deleted, never to the store's size: a folder store removes
+    each prefix's directory in one worker thread (the event loop never walks the tree); other
+    stores list by prefix (S3 and the database filter server-side) and delete what they list.
+    """
+    for prefix in prefixes:
+        check_key(prefix.rstrip("/"))
+    if isinstance(store, FolderBlobStore):
+        await asyncio.to_thread(_remove_folders, store.root, list(prefixes))
+        return
+    for prefix in prefixes:
+        for key in await store.list(prefix):
+            await store.delete(key)
+
+
+_TRUE = ("1", "true", "yes")
+
+
+def _s3_credentials(
+    url: str, userinfo: str, q: Mapping[str, str], env: Mapping[str, str]
+) -> tuple[str | None, str | None, str | None]:
+    """(access key, secret key, session token), or three Nones for anonymous access."""
+    user, colon, password = userinfo.partition(":")
+    access = q.get("access_key") or (unquote(user) if colon else None)
+    secret = q.get("secret_key") or (unquote(password) if colon else None)
+    token = q.get("session_token")
+    if access is None and secret is None:
+        access = env.get("AWS_ACCESS_KEY_ID") or None
+        secret = env.get("AWS_SECRET_ACCESS_KEY") or None
+        token = token or env.get("AWS_SESSION_TOKEN") or None
+    anonymous = q.get("anonymous", "false").lower() in _TRUE
+    if access and secret:
+        if anonymous:
+            raise ConfigurationError(
+                f"blob_url {redact_url(url)!r} asks for anonymous access and gives keys; "
+                "drop anonymous=true, or the keys"
+            )
+        return access, secret, token
+    if anonymous and not (access or secret):
+        return None, None, None
+    if access or secret:
+        raise ConfigurationError(
+            f"blob_url {redact_url(url)!r} has only one of access_key and secret_key; "
+            "give both (or neither, with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY set)"
+        )
+    raise ConfigurationError(
+        f"blob_url {redact_url(url)!r} has no S3 credentials; add access_key=..&secret_key=.. "
+        "to it (or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or add anonymous=true "
+        "for a public bucket"
+    )
+
+
+def open_blob_store(url: str | SecretUrl, *, env: Mapping[str, str] | None = None) -> BlobStore:
+    """The BlobStore ``url`` names (``env`` defaults to ``os.environ``, for S3 keys)."""
+    url = url.reveal() if isinstance(url, SecretUrl) else url
     parsed = urlparse(url)
     if parsed.scheme == "file":
         path = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
@@ -26,17 +103,25 @@ def open_blob_store(url: str) -> BlobStore:
                 "s3:// blob storage needs the minio client; install it with: pip install 'wfe[s3]'"
             ) from None
         q = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
-        if not parsed.netloc:
-            raise EngineError(f"blob_url {url!r} names no bucket; use s3://BUCKET?endpoint=HOST")
+        userinfo, _, bucket = parsed.netloc.rpartition("@")
+        if not bucket:
+            raise ConfigurationError(
+                f"blob_url {redact_url(url)!r} names no bucket; use s3://BUCKET?endpoint=HOST"
+            )
+        access, secret, token = _s3_credentials(
+            url, userinfo, q, os.environ if env is None else env
+        )
         return S3BlobStore(
-            bucket=parsed.netloc,
+            bucket=bucket,
             endpoint=q.get("endpoint", "127.0.0.1:9000"),
-            access_key=q.get("access_key", "minioadmin"),
-            secret_key=q.get("secret_key", "minioadmin"),
-            secure=q.get("secure", "false").lower() in ("1", "true", "yes"),
+            access_key=access,
+            secret_key=secret,
+            session_token=token,
+            secure=q.get("secure", "false").lower() in _TRUE,
             region=q.get("region"),
             prefix=parsed.path.strip("/"),
         )
-    raise EngineError(
-        f"blob_url {url!r} has an unknown scheme; use file://FOLDER, memory:// or s3://BUCKET"
+    raise ConfigurationError(
+        f"blob_url {redact_url(url)!r} has an unknown scheme; use file://FOLDER, memory:// or "
+        "s3://BUCKET"
     )

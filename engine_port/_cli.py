@@ -261,7 +261,7 @@ def db_upgrade(
     settings = _settings(database_url=database_url)
     native = importlib.import_module("driver_native")
     with _reported():
-        db = native.Database(settings.database_url)
+        db = native.Database(settings.database_url.reveal())
         try:
             applied = db.upgrade()
             version = db.schema_version()

@@ -12,6 +12,12 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from ._graph import Stage, _return_type
 from ._ledger import StepLedger, StepRecord
+from ._limits import (
+    check_event_type,
+    check_json,
+    check_signal_name,
+    check_step_name,
+)
 from ._serde import JSON, to_json_value, validate_as
 from .errors import StepError, StepTimeoutError
 
@@ -86,18 +92,25 @@ class Steps:
     async def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` once; later replays return its journaled result."""
         self._claim(name)
+        check_step_name(name)  # before fn runs: a name no backend can journal fails at once
+        return await self._run(name, fn, *args, **kwargs)
+
+    async def _run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``run`` without the user step-name limit (hook steps compose longer keys)."""
         out_type = _return_type(fn)
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
             return validate_as(out_type, rec.result)
         result = await _call(fn, *args, **kwargs)
         value = to_json_value(result, f"result of step {name!r}")
+        check_json(value, f"result of step {name!r}")  # before it is journaled
         await self._ledger.put(StepRecord(name=name, kind="run", completed=True, result=value))
         return validate_as(out_type, value)
 
     async def sleep(self, name: str, duration: timedelta | float) -> None:
         """A durable sleep: the stage suspends and resumes once ``duration`` has passed."""
         self._claim(name)
+        check_step_name(name)
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
         rec = await self._ledger.get(name)
         now = self._clock.now()
@@ -131,6 +144,7 @@ class Steps:
         """
         if not isinstance(name, str) or not name:
             raise StepError("a signal wait needs a non-empty string name")
+        check_signal_name(name)
         k = self._signal_waits.get(name, 0) + 1
         self._signal_waits[name] = k
         key = name if k == 1 else f"{name}#{k}"
@@ -172,6 +186,7 @@ class Steps:
         """Poll ``check()`` every ``interval`` until it returns something other than None or
         False; that value is journaled and returned."""
         self._claim(name)
+        check_step_name(name)
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
             if _timed_out(rec):
@@ -185,6 +200,7 @@ class Steps:
         value = await _call(check)
         if value is not None and value is not False:
             result = to_json_value(value, f"result of wait_for step {name!r}")
+            check_json(result, f"result of wait_for step {name!r}")
             await self._ledger.put(rec.done(result))
             return result
         now = self._clock.now()
@@ -311,7 +327,9 @@ class StageContext(Generic[InT]):
         """Stage a business event; it is released only when the run completes."""
         if not isinstance(type, str) or not type:
             raise StepError("ctx.emit needs a non-empty event type")
+        check_event_type(type)
         value = to_json_value(data if data is not None else {}, f"data of event {type!r}")
+        check_json(value, f"data of event {type!r}")
         if not isinstance(value, dict):
             value = {"value": value}
         self.events.append(BusinessEvent(type, value))
@@ -329,7 +347,8 @@ class StageContext(Generic[InT]):
         results = []
         for h in self.registry.hook_handlers(name):
             step_name = f"hook:{name}:{n}:{h.name}"
-            results.append(await self.step.run(step_name, h.fn, self, payload))
+            self.step._claim(step_name)
+            results.append(await self.step._run(step_name, h.fn, self, payload))
         return results
 
     def hook_sync(self, name: str, payload: Any = None) -> list[Any]:

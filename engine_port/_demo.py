@@ -111,7 +111,7 @@ async def run_demo(settings: EngineSettings, console: Console) -> None:
     sink = MemorySink()
     registry = build_demo()
     async with create_engine(settings, registry, event_sink=sink) as engine, engine.worker():
-        console.print(f"engine: {settings.driver} on {settings.database_url}")
+        console.print(f"engine: {settings.driver} on {settings.database_url.redacted()}")
         ok = await engine.start("demo-order", {"order_id": "A-1", "total": 100.0})
         bad = await engine.start(
             "demo-order", {"order_id": "B-2", "total": 5.0, "fail_shipping": True}

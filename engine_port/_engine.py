@@ -11,24 +11,9 @@ from typing import Any, Self
 from ._graph import Workflow
 from ._models import FlushResult, RunInfo, RunSnapshot, RunStatus, SignalResult, VersionInfo
 from ._registry import Registry
-from .errors import EngineError, UnsupportedFeatureError
+from .errors import UnsupportedFeatureError
 
-__all__ = ["MAX_SIGNAL_KEY_LENGTH", "WorkflowEngine", "check_signal_key"]
-
-MAX_SIGNAL_KEY_LENGTH = 300
-
-
-def check_signal_key(key: str | None) -> None:
-    """Drivers call this first in ``signal``: a signal idempotency key, when given, is a
-    non-empty string of at most 300 characters."""
-    if key is None:
-        return
-    if not isinstance(key, str) or not key or len(key) > MAX_SIGNAL_KEY_LENGTH:
-        raise EngineError(
-            f"a signal idempotency_key must be a non-empty string of at most "
-            f"{MAX_SIGNAL_KEY_LENGTH} characters (got {str(key)[:40]!r}...); pass None for no "
-            "key, or hash a longer one"
-        )
+__all__ = ["WorkflowEngine"]
 
 
 class WorkflowEngine(abc.ABC):

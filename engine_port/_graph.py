@@ -15,6 +15,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from ._limits import (
+    check_hook_name,
+    check_stage_id,
+    check_version,
+    check_workflow_id,
+    definition_error,
+)
 from ._models import StageStatus
 from .errors import DefinitionError, InvalidRedriveError, NonRetryableError
 
@@ -303,16 +310,19 @@ class Workflow(Generic[InT]):
             raise DefinitionError(
                 f"workflow id {id!r} is invalid; use letters, digits, '_' and '-' only"
             )
+        check_workflow_id(id, error=definition_error)
         if not (isinstance(input, type) and issubclass(input, BaseModel)):
             raise DefinitionError(f"workflow {id!r}: input= must be a pydantic BaseModel subclass")
         if version is not None and (not isinstance(version, str) or not version):
             raise DefinitionError(f"workflow {id!r}: version must be a non-empty string")
+        if version is not None:
+            check_version(version, error=definition_error)
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
             raise DefinitionError(f"workflow {id!r}: timeout must be a positive timedelta")
         self.id = id
         self.input = input
         self.version_ = version
-        self.hooks = tuple(hooks)
+        self.hooks = tuple(check_hook_name(h, error=definition_error) for h in hooks)
         self.timeout = timeout
         self._stages = {}
         self._graph: GraphModel | None = None
@@ -367,6 +377,7 @@ class Workflow(Generic[InT]):
                     f"stage id {stage_id!r} in workflow {self.id!r} is invalid; use letters, "
                     "digits, '_' and '-'"
                 )
+            check_stage_id(stage_id, error=definition_error)
             if stage_id in self._stages:
                 raise DefinitionError(
                     f"workflow {self.id!r} already has a stage {stage_id!r}; give each stage a "
@@ -412,6 +423,7 @@ class Workflow(Generic[InT]):
 
     def hook_point(self, name: str) -> None:
         """Declare a hook point that ``ctx.hook(name, payload)`` may call."""
+        check_hook_name(name, error=definition_error)
         if name not in self.hooks:
             self.hooks = (*self.hooks, name)
             self._graph = None

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._graph import GraphModel, Workflow
+from ._limits import check_hook_name, definition_error
 from .errors import DefinitionError, DefinitionVersionConflictError, WorkflowNotFoundError
 
 __all__ = ["HookHandler", "Registry"]
@@ -50,6 +51,8 @@ class Registry:
     ) -> HookHandler:
         """Register ``fn(ctx, payload)`` for hook point ``hook``; handlers run in this order."""
         handler_name = name or getattr(fn, "__qualname__", None) or repr(fn)
+        check_hook_name(hook, error=definition_error)
+        check_hook_name(handler_name, "hook handler name", error=definition_error)
         handlers = self._hooks.setdefault(hook, [])
         if any(h.name == handler_name for h in handlers):
             raise DefinitionError(

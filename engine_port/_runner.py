@@ -18,11 +18,15 @@ from typing import Any, Literal
 
 from ._clock import Clock, SystemClock
 from ._context import BusinessEvent, StageContext, Steps, Suspend
+from ._faults import GuardedLedger, InfrastructureFault
 from ._graph import Stage, Workflow
 from ._ledger import StepLedger
+from ._limits import check_json, safe_error_message
 from ._models import ErrorInfo
+from ._payload_limit import DEFAULT_MAX_PAYLOAD_BYTES, SizeCheckedLedger, check_payload_size
 from ._registry import Registry
 from ._serde import JSON, to_json_value, validate_as
+from ._sync_executor import SyncStageExecutor
 from .errors import (
     DefinitionError,
     InvalidInputError,
@@ -31,9 +35,20 @@ from .errors import (
     StepError,
 )
 
-__all__ = ["Completed", "Failed", "Outcome", "StageRequest", "StageRunner", "Suspended"]
+__all__ = [
+    "Abandoned",
+    "Completed",
+    "Failed",
+    "Outcome",
+    "StageRequest",
+    "StageRunner",
+    "Suspended",
+]
 
 log = logging.getLogger("wfe.runner")
+
+DEFAULT_SYNC_STAGE_THREADS = 16
+"""Threads for sync (non-async) stage bodies per engine (``sync_stage_threads``)."""
 
 CANCEL_GRACE_S = 5.0
 """How long a cancelled stage body (or compensation) may take to stop before the engine stops
@@ -72,20 +87,63 @@ class Failed:
     retryable: bool
 
 
-Outcome = Completed | Suspended | Failed
+@dataclass(frozen=True)
+class Abandoned:
+    """The engine's own storage failed while the attempt ran (DESIGN §5): the driver treats
+    the attempt as crashed: no ``stage.failed``, the attempt number is kept, and it runs again
+    after a backoff, replaying its journaled steps. ``reason`` names the fault (never SQL text
+    or parameters): for logs only."""
 
-_NEVER_RETRY = (SerializationError, StepError, DefinitionError)
+    reason: str
+
+
+Outcome = Completed | Suspended | Failed | Abandoned
+
+# InvalidInputError (PayloadTooLargeError too): a name or value over a backend's limits never
+# fits on a retry either
+_NEVER_RETRY = (SerializationError, StepError, DefinitionError, InvalidInputError)
+
+
+def _error_info(exc: BaseException, stage: str) -> ErrorInfo:
+    """The stored record of ``exc``: never a database error's SQL text or parameters."""
+    return ErrorInfo(type=type(exc).__name__, message=safe_error_message(exc), stage=stage)
 
 
 class StageRunner:
-    """Runs stage bodies and compensations; holds no state between calls."""
+    """Runs stage bodies and compensations. Holds no run state between calls; it owns the
+    pool of threads sync bodies run in (:meth:`close` it with its engine)."""
 
     def __init__(
-        self, registry: Registry, clock: Clock | None = None, cancel_grace: float = CANCEL_GRACE_S
+        self,
+        registry: Registry,
+        clock: Clock | None = None,
+        cancel_grace: float = CANCEL_GRACE_S,
+        *,
+        default_timeout: float | None = None,
+        sync_threads: int = DEFAULT_SYNC_STAGE_THREADS,
+        max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self.registry = registry
         self.clock: Clock = clock or SystemClock()
         self.cancel_grace = cancel_grace
+        self.default_timeout = default_timeout
+        self.max_payload_bytes = max_payload_bytes
+        # sync bodies run here, never in the loop's default executor (blob I/O uses that one);
+        # no thread starts before the first sync body, and close() stops the idle ones
+        self.sync_threads = sync_threads
+        self.sync_executor = SyncStageExecutor(sync_threads)
+
+    def close(self) -> None:
+        """Stop the idle sync stage threads; never waits for a body that does not return. The
+        runner stays usable: a later sync body starts a fresh pool."""
+        old, self.sync_executor = self.sync_executor, SyncStageExecutor(self.sync_threads)
+        old.shutdown()
+
+    def timeout_of(self, stage: Stage) -> float | None:
+        """The effective per-attempt timeout in seconds: the stage's own, else the default."""
+        if stage.timeout is not None:
+            return stage.timeout.total_seconds()
+        return self.default_timeout
 
     def _context(self, req: StageRequest, ledger: StepLedger) -> StageContext[Any]:
         wf = req.workflow
@@ -95,19 +153,37 @@ class StageRunner:
             stage_id=req.stage_id,
             attempt=req.attempt,
             workflow=wf,
-            step=Steps(ledger, self.clock),
+            step=Steps(SizeCheckedLedger(ledger, self.max_payload_bytes), self.clock),
             registry=self.registry,
             outputs=req.outputs,
             cancel_event=req.cancel_event,
             _loop=asyncio.get_running_loop(),
         )
 
-    async def _invoke(self, stage: Stage, fn: Any, *args: Any) -> Any:
+    async def _invoke(self, req: StageRequest, stage: Stage, fn: Any, *args: Any) -> Any:
         if inspect.iscoroutinefunction(fn):
             return await self._bounded(stage, fn(*args))
         ctx = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(None, functools.partial(ctx.run, fn, *args))
+        executor = self.sync_executor
+        future = executor.submit(functools.partial(ctx.run, fn, *args))
+        try:
+            result = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # a timeout or a cancel: a queued body is dropped; a running one cannot be stopped
+            if executor.abandon(future):
+                stats = executor.stats()
+                log.warning(
+                    "sync stage %r of run %s attempt %d did not return after its timeout or "
+                    "cancellation; its thread is abandoned (%d abandoned now, %d so far). Sync "
+                    "bodies cannot be interrupted: make them return, or write the stage as "
+                    "`async def`",
+                    stage.id,
+                    req.run_id,
+                    req.attempt,
+                    stats["sync_abandoned_running"],
+                    stats["sync_abandoned_total"],
+                )
+            raise
         if inspect.isawaitable(result):  # a callable object or wrapper returning a coroutine
             return await result
         return result
@@ -135,23 +211,49 @@ class StageRunner:
 
     async def run(self, req: StageRequest, ledger: StepLedger) -> Outcome:
         """Execute (or replay) one attempt of a stage. Cancellation propagates as
-        ``asyncio.CancelledError``."""
+        ``asyncio.CancelledError``. A fault of the ledger (the engine's storage) returns
+        :class:`Abandoned`, never :class:`Failed`."""
         stage = req.workflow.get_stage(req.stage_id)
+        guarded = GuardedLedger(ledger)
         try:
-            ctx = self._context(req, ledger)
+            ctx = self._context(req, guarded)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
-        timeout = None if stage.timeout is None else stage.timeout.total_seconds()
+        outcome = await self._attempt(req, stage, ctx, guarded)
+        if guarded.fault is not None and not isinstance(outcome, Abandoned):
+            # even if the body caught the fault (a bare except) and went on: the step it was
+            # journaling is not journaled, so what the attempt returned cannot be trusted
+            return self._abandoned(stage, guarded.fault)
+        return outcome
+
+    async def _attempt(
+        self, req: StageRequest, stage: Stage, ctx: StageContext[Any], guarded: GuardedLedger
+    ) -> Outcome:
+        timeout = self.timeout_of(stage)
         try:
             async with asyncio.timeout(timeout) as scope:
-                result = await self._invoke(stage, stage.fn, ctx)
+                result = await self._invoke(req, stage, stage.fn, ctx)
         except Suspend as s:
             return Suspended(s.reason, s.until, s.waiting_for)
+        except InfrastructureFault as fault:
+            return self._abandoned(stage, fault)
         except TimeoutError as exc:
+            if timeout is not None and scope.expired() and guarded.interrupted:
+                # the time ran out while the engine's storage was journaling (a slow or
+                # reconnecting database): not the stage's fault
+                slow = InfrastructureFault(
+                    "a ledger call", TimeoutError(f"the stage timeout of {timeout:g}s expired")
+                )
+                return self._abandoned(stage, slow)
             if timeout is not None and scope.expired():
+                if stage.timeout is None:
+                    what = f"the default stage timeout of {timeout:g}s (default_stage_timeout)"
+                    todo = "give the stage its own timeout= or raise default_stage_timeout"
+                else:
+                    what, todo = f"its timeout of {timeout:g}s", "raise the stage timeout="
                 err: BaseException = StageTimeoutError(
-                    f"stage {stage.id!r} attempt {req.attempt} ran longer than its timeout of "
-                    f"{timeout:g}s; raise the stage timeout= or make the stage faster"
+                    f"stage {stage.id!r} attempt {req.attempt} ran longer than {what}; "
+                    f"{todo}, or make the stage faster"
                 )
                 return Failed(ErrorInfo.of(err, stage.id), retryable=True)
             return self._failed(stage, exc)
@@ -159,9 +261,11 @@ class StageRunner:
             return self._failed(stage, exc)
         try:
             output = to_json_value(result, f"output of stage {stage.id!r}")
+            check_json(output, f"output of stage {stage.id!r}")
+            check_payload_size(output, f"output of stage {stage.id!r}", self.max_payload_bytes)
             if stage.output_type not in (Any, None):
                 validate_as(stage.output_type, output)
-        except SerializationError as exc:
+        except (SerializationError, InvalidInputError) as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
         except Exception as exc:
             err = SerializationError(
@@ -170,23 +274,44 @@ class StageRunner:
             return Failed(ErrorInfo.of(err, stage.id), retryable=False)
         return Completed(output, tuple(ctx.events))
 
+    def _abandoned(self, stage: Stage, fault: InfrastructureFault) -> Abandoned:
+        log.warning(
+            "stage %r: attempt abandoned, the engine's storage failed (%s); it runs again "
+            "after a backoff without using up a retry",
+            stage.id,
+            fault,
+        )
+        return Abandoned(str(fault))
+
     def _failed(self, stage: Stage, exc: BaseException) -> Failed:
         retryable = stage.retry.is_retryable(exc) and not isinstance(exc, _NEVER_RETRY)
-        return Failed(ErrorInfo.of(exc, stage.id), retryable=retryable)
+        return Failed(_error_info(exc, stage.id), retryable=retryable)
 
     async def compensate(self, req: StageRequest, output: JSON, ledger: StepLedger) -> Outcome:
-        """Run the stage's compensation once with its recorded output. Returns Completed(None)
-        or Failed; the driver applies the stage's retry policy."""
+        """Run the stage's compensation once with its recorded output. Returns Completed(None),
+        Failed (the driver applies the stage's retry policy) or Abandoned (run it again after
+        a backoff, not counted as a try)."""
         stage = req.workflow.get_stage(req.stage_id)
         if stage.compensation_fn is None:
             return Completed(None)
+        guarded = GuardedLedger(ledger)
         try:
-            ctx = self._context(req, ledger)
+            ctx = self._context(req, guarded)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
+        outcome = await self._compensation(req, stage, ctx, output)
+        if guarded.fault is not None and not isinstance(outcome, Abandoned):
+            return self._abandoned(stage, guarded.fault)
+        return outcome
+
+    async def _compensation(
+        self, req: StageRequest, stage: Stage, ctx: StageContext[Any], output: JSON
+    ) -> Outcome:
         try:
             value = validate_as(stage.output_type, output)
-            await self._invoke(stage, stage.compensation_fn, ctx, value)
+            await self._invoke(req, stage, stage.compensation_fn, ctx, value)
+        except InfrastructureFault as fault:
+            return self._abandoned(stage, fault)
         except Suspend:
             err = StepError(
                 f"compensation of stage {stage.id!r} tried to sleep or wait; compensations run "

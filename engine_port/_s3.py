@@ -38,7 +38,8 @@ _AUTH_CODES = frozenset(
 
 
 class S3BlobStore:
-    """Blobs as objects ``[prefix/]key`` in one S3/MinIO bucket (created on first use)."""
+    """Blobs as objects ``[prefix/]key`` in one S3/MinIO bucket (created on first use).
+    Without ``access_key`` and ``secret_key`` the requests are anonymous (a public bucket)."""
 
     def __init__(
         self,
@@ -47,6 +48,7 @@ class S3BlobStore:
         endpoint: str = "127.0.0.1:9000",
         access_key: str | None = None,
         secret_key: str | None = None,
+        session_token: str | None = None,
         secure: bool = False,
         region: str | None = None,
         prefix: str = "",
@@ -87,6 +89,7 @@ class S3BlobStore:
             endpoint,
             access_key=access_key,
             secret_key=secret_key,
+            session_token=session_token,
             secure=secure,
             region=region,
             http_client=http_client,

@@ -12,6 +12,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ._secrets import SecretUrl
+
 __all__ = ["EngineSettings"]
 
 
@@ -21,8 +23,9 @@ class EngineSettings(BaseSettings):
     )
 
     driver: Literal["native", "temporal"] = "native"
-    database_url: str = "sqlite:///.wfe/wfe.db"
-    blob_url: str = "file://.wfe/blobs"
+    # URLs may carry credentials: shown redacted everywhere, .reveal() gives the real value
+    database_url: SecretUrl = SecretUrl("sqlite:///.wfe/wfe.db")
+    blob_url: SecretUrl = SecretUrl("file://.wfe/blobs")
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
     task_queue: str = "wfe"
@@ -34,10 +37,27 @@ class EngineSettings(BaseSettings):
     worker_concurrency: int = Field(default=32, ge=1)
     lease_seconds: float = Field(default=30.0, gt=0)
     poll_interval_seconds: float = Field(default=0.05, gt=0)
-    dead_letter_after: int = Field(default=5, ge=1)
     command_key_stale_seconds: float = Field(default=600.0, gt=0)
+    # event delivery: a failing sink is retried per event with exponential backoff (initial,
+    # doubling, capped at max); an event is dead-lettered after dead_letter_after attempts
+    # spanning at least outbox_dead_letter_min_seconds (the defaults ride out a sink outage of
+    # a few minutes)
+    dead_letter_after: int = Field(default=10, ge=1)
+    outbox_dead_letter_min_seconds: float = Field(default=300.0, ge=0)
+    outbox_retry_initial_seconds: float = Field(default=0.5, ge=0)
+    outbox_retry_max_seconds: float = Field(default=30.0, ge=0)
     # routing for a mixed (migration) period: workflow id -> driver
     routes: dict[str, Literal["native", "temporal"]] = Field(default_factory=dict)
+    # bounded work (issue 11 items 5-6; see README "Limits")
+    # threads for sync (non-async) stage bodies, per engine; blob I/O never shares them
+    sync_stage_threads: int = Field(default=16, ge=1)
+    # seconds an attempt of a stage without its own timeout= may run (None: no limit); one
+    # day, the start-to-close the Temporal driver always used for such stages
+    default_stage_timeout: float | None = Field(default=86400.0, gt=0)
+    # signals buffered (sent, not yet consumed) per run; the next one raises SignalQueueFullError
+    max_pending_signals: int = Field(default=1000, ge=1)
+    # largest JSON value (run input, signal payload, step result, stage output) accepted
+    max_payload_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
 
     @classmethod
     def settings_customise_sources(

@@ -19,11 +19,13 @@ __all__ = [
     "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
+    "PayloadTooLargeError",
     "RunExistsError",
     "RunNotActiveError",
     "RunNotFoundError",
     "RunTimeoutError",
     "SerializationError",
+    "SignalQueueFullError",
     "SpilledPayloadUnavailableError",
     "StageTimeoutError",
     "StepError",
@@ -71,16 +73,39 @@ class WorkflowNotFoundError(EngineError):
 
 
 class InvalidInputError(EngineError):
-    """A workflow input failed validation against the workflow's input model."""
+    """A workflow input failed validation against the workflow's input model, or a value
+    given to the engine (an id, name, key or JSON payload) is over a backend's limits.
 
-    def __init__(self, workflow_id: str, detail: str, fields: tuple[str, ...] = ()) -> None:
-        names = ", ".join(fields) if fields else "the input"
-        super().__init__(
-            f"input for workflow {workflow_id!r} is invalid ({names}): {detail}; "
-            "fix the input so it matches the workflow's input model"
-        )
+    With ``workflow_id=None`` the ``detail`` is the whole message (it names the field, the
+    limit and what to do); ``fields`` names the offending fields either way."""
+
+    def __init__(self, workflow_id: str | None, detail: str, fields: tuple[str, ...] = ()) -> None:
+        if workflow_id is None:
+            super().__init__(detail)
+        else:
+            names = ", ".join(fields) if fields else "the input"
+            super().__init__(
+                f"input for workflow {workflow_id!r} is invalid ({names}): {detail}; "
+                "fix the input so it matches the workflow's input model"
+            )
         self.workflow_id = workflow_id
         self.fields = fields
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """A value (run input, signal payload, step result, stage output) over max_payload_bytes."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        EngineError.__init__(
+            self,
+            f"{what} is {size:,} bytes as JSON, over the limit of {limit:,} bytes "
+            "(max_payload_bytes); keep large data in your own store and pass a reference to "
+            "it, or raise max_payload_bytes",
+        )
+        self.workflow_id = ""
+        self.fields = (what,)
+        self.size = size
+        self.limit = limit
 
 
 class InvalidRedriveError(EngineError):
@@ -118,6 +143,20 @@ class RunNotActiveError(EngineError):
         )
         self.run_id = run_id
         self.status = status
+
+
+class SignalQueueFullError(EngineError):
+    """A run already holds ``max_pending_signals`` signals it has not consumed yet."""
+
+    def __init__(self, run_id: str, name: str, limit: int) -> None:
+        super().__init__(
+            f"cannot signal {name!r} to run {run_id!r}: it already holds {limit} signals it has "
+            "not consumed (max_pending_signals); retry once the workflow has consumed some, "
+            "check that it waits for the signals you send, or raise max_pending_signals"
+        )
+        self.run_id = run_id
+        self.name = name
+        self.limit = limit
 
 
 class IdempotencyConflictError(EngineError):

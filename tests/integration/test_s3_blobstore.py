@@ -155,7 +155,7 @@ async def test_traversal_keys_are_rejected_before_any_request(key: str) -> None:
 
 def test_invalid_bucket_name_is_a_clear_engine_error() -> None:
     with pytest.raises(EngineError, match="bucket name 'b' is invalid"):
-        open_blob_store("s3://b?endpoint=127.0.0.1:1")
+        open_blob_store("s3://b?endpoint=127.0.0.1:1&anonymous=true")
 
 
 def test_unsafe_store_prefix_is_rejected() -> None:

@@ -31,8 +31,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 def test_defaults() -> None:
     s = EngineSettings()
     assert s.driver == "native"
-    assert s.database_url == "sqlite:///.wfe/wfe.db"
-    assert s.blob_url == "file://.wfe/blobs"
+    assert s.database_url.reveal() == "sqlite:///.wfe/wfe.db"
+    assert s.blob_url.reveal() == "file://.wfe/blobs"
     assert s.spill_threshold_bytes == 64 * 1024
     assert s.temporal_address == "127.0.0.1:7233"
     assert s.temporal_namespace == "default"
@@ -51,8 +51,8 @@ def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WFE_ROUTES", '{"order-processing": "temporal"}')
     s = EngineSettings()
     assert s.driver == "temporal"
-    assert s.database_url == "postgresql+psycopg://u:p@db/wfe"
-    assert s.blob_url == "s3://bucket?endpoint=minio:9000"
+    assert s.database_url.reveal() == "postgresql+psycopg://u:p@db/wfe"
+    assert s.blob_url.reveal() == "s3://bucket?endpoint=minio:9000"
     assert s.spill_threshold_bytes == 1024
     assert s.task_queue == "orders"
     assert s.app == "myapp.workflows:registry"
@@ -74,10 +74,10 @@ def test_wfe_toml_in_the_working_directory_is_read(clean_env: Path) -> None:
     )
     s = EngineSettings()
     assert s.driver == "temporal"
-    assert s.database_url == "sqlite:///from-toml.db"
+    assert s.database_url.reveal() == "sqlite:///from-toml.db"
     assert s.spill_threshold_bytes == 2048
     assert s.routes == {"billing": "native"}
-    assert s.blob_url == "file://.wfe/blobs"  # untouched default
+    assert s.blob_url.reveal() == "file://.wfe/blobs"  # untouched default
 
 
 def test_environment_wins_over_wfe_toml_and_arguments_win_over_both(
@@ -113,6 +113,17 @@ def test_unknown_setting_in_wfe_toml_is_rejected(clean_env: Path) -> None:
 def test_negative_threshold_is_rejected() -> None:
     with pytest.raises(ValidationError, match="spill_threshold_bytes"):
         EngineSettings(spill_threshold_bytes=-1)
+
+
+def test_urls_are_given_as_plain_strings_and_read_back_with_reveal(clean_env: Path) -> None:
+    url = "postgresql+psycopg://wfe:hunter2@db/wfe"
+    s = EngineSettings(database_url=url, blob_url="file:///tmp/b")
+    assert s.database_url.reveal() == url
+    assert EngineSettings(database_url=s.database_url).database_url.reveal() == url
+    assert str(s.database_url) == "postgresql+psycopg://wfe:***@db/wfe"
+    assert s.database_url == EngineSettings(database_url=url).database_url
+    (clean_env / "wfe.toml").write_text(f'database_url = "{url}"\n')
+    assert EngineSettings().database_url.reveal() == url
 
 
 def test_settings_are_frozen() -> None:

@@ -11,6 +11,7 @@ import engine_port
 from engine_port import errors
 
 PUBLIC = [
+    "Abandoned",
     "BlobStore",
     "ClaimCheck",
     "Clock",
@@ -42,6 +43,7 @@ PUBLIC = [
     "RunMove",
     "RunSnapshot",
     "RunStatus",
+    "SecretUrl",
     "SignalResult",
     "Stage",
     "StageContext",
@@ -68,6 +70,7 @@ PUBLIC = [
     "migrate_runs",
     "open_blob_store",
     "open_event_sink",
+    "redact_url",
     "run_output",
     "run_prefix",
 ]
@@ -84,11 +87,13 @@ ERRORS = [
     "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
+    "PayloadTooLargeError",
     "RunExistsError",
     "RunNotActiveError",
     "RunNotFoundError",
     "RunTimeoutError",
     "SerializationError",
+    "SignalQueueFullError",
     "SpilledPayloadUnavailableError",
     "StageTimeoutError",
     "StepError",

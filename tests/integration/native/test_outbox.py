@@ -1,13 +1,67 @@
-"""The transactional outbox: a failing sink degrades the flush without blocking runs; events
-dead-letter after N failures; replay_dlq re-queues them for delivery in per-run order."""
+"""The transactional outbox: a failing sink degrades the flush without blocking runs; it is
+retried per event with backoff, and an event dead-letters only after N attempts spanning a
+minimum time (logged, counted in stats()); replay_dlq re-queues them in per-run order."""
 
 from __future__ import annotations
 
-from driver_native import process_available_jobs
-from engine_port import MemorySink
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from driver_native import FlushOutbox, process_available_jobs
+from engine_port import Event, FakeClock, MemorySink
 
 from . import workflows as w
 from .conftest import MakeEngine, count_rows
+
+# short settings: retries 50 ms apart doubling up to 200 ms; dead after 2 attempts spanning 1 s
+SHORT = {
+    "dead_letter_after": 2,
+    "outbox_dead_letter_min_seconds": 1.0,
+    "outbox_retry_initial_seconds": 0.05,
+    "outbox_retry_max_seconds": 0.2,
+}
+
+
+class OutageSink(MemorySink):
+    """Down for ``outage`` seconds from its first delivery attempt (``None``: until
+    ``up = True``); records when it failed, per run."""
+
+    def __init__(self, outage: float | None) -> None:
+        super().__init__()
+        self.outage = outage
+        self.up = False
+        self.down_since: float | None = None
+        self.failures: dict[str, list[float]] = {}
+
+    def down(self) -> bool:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+        if self.outage is None:
+            return not self.up
+        return time.monotonic() - self.down_since < self.outage
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        self.failing = self.down()
+        if self.failing and events:
+            self.failures.setdefault(events[0].run_id, []).append(time.time())
+        await super().publish(events)
+
+
+async def poll(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
 
 
 async def test_failing_sink_degrades_but_never_blocks_runs(make_engine: MakeEngine) -> None:
@@ -31,7 +85,9 @@ async def test_failing_sink_degrades_but_never_blocks_runs(make_engine: MakeEngi
 
 async def test_dead_letter_and_replay_in_per_run_order(make_engine: MakeEngine) -> None:
     sink = MemorySink()
-    engine = await make_engine(w.linear, event_sink=sink, dead_letter_after=3)
+    engine = await make_engine(
+        w.linear, event_sink=sink, dead_letter_after=3, outbox_dead_letter_min_seconds=0
+    )
     runs = [await engine.start("it-linear", {"n": i}) for i in range(2)]
     outcomes = await process_available_jobs(engine.kernel, 20)
     assert [o["outcome"] for o in outcomes] == ["completed"] * 6
@@ -55,3 +111,188 @@ async def test_dead_letter_and_replay_in_per_run_order(make_engine: MakeEngine) 
         assert delivered == list(range(1, 11))  # delivered once each, in sequence order
         assert [e.type for e in sink.for_run(run.id)][-2:] == ["it.done", "run.completed"]
     assert await count_rows(engine, "wfe_outbox", status="delivered") == total
+
+
+async def test_an_outage_shorter_than_the_minimum_span_loses_nothing_and_keeps_order(
+    make_engine: MakeEngine,
+) -> None:
+    # The sink is down for 0.6 s: far more than dead_letter_after=2 attempts happen (the old
+    # rule dead-lettered after 5 flushes, 0.25 s), but they span less than the 1 s minimum.
+    sink = OutageSink(0.6)
+    engine = await make_engine(w.linear, event_sink=sink, **SHORT)
+    async with engine.worker(flush_interval=0.01):
+        runs = [await engine.start("it-linear", {"n": i}) for i in range(3)]
+        for run in runs:
+            assert (await engine.wait(run.id, timeout=20)).status == "completed"
+
+        def all_delivered() -> bool:
+            return all(len(sink.for_run(r.id)) == 10 for r in runs)
+
+        await poll(all_delivered, "every event delivered")
+    assert await count_rows(engine, "wfe_outbox", status="dead") == 0
+    assert max(len(f) for f in sink.failures.values()) > SHORT["dead_letter_after"]
+    for run in runs:
+        # delivered once each (a failed batch delivers nothing), in sequence order
+        assert [e.seq for e in sink.events if e.run_id == run.id] == list(range(1, 11))
+
+
+async def test_a_sink_that_keeps_failing_dead_letters_after_the_span_logs_and_counts(
+    make_engine: MakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="wfe.outbox")
+    sink = OutageSink(None)
+    engine = await make_engine(w.linear, event_sink=sink, **SHORT)
+    run = await engine.start("it-linear", {"n": 1})
+    async with engine.worker(flush_interval=0.01, maintenance_interval=0.05) as host:
+        assert (await engine.wait(run.id, timeout=20)).status == "completed"
+        retrying = await poll(
+            lambda: host.stats()["outbox_retrying"] > 0 and host.stats(), "events retrying"
+        )
+        assert retrying["outbox_dead"] == 0
+        await poll(lambda: host.stats()["outbox_dead"] == 10, "10 dead letters in stats()")
+        stats = host.stats()
+    assert stats["dead_lettered"] == 10
+    assert (stats["outbox_pending"], stats["outbox_retrying"]) == (0, 0)
+    assert await count_rows(engine, "wfe_outbox", status="dead") == 10
+    records = [r for r in caplog.records if r.name == "wfe.outbox"]
+    assert len(records) == 10 and all(r.levelno == logging.WARNING for r in records)
+    events = await engine.events(run.id)
+    for record, event in zip(records, events, strict=True):
+        message = record.getMessage()
+        assert event.id in message and run.id in message
+        assert "ConnectionError: event sink unavailable" in message
+    # given up only once the attempts spanned the minimum time since the first failure
+    first_failure = sink.failures[run.id][0]
+    assert records[0].created - first_failure >= SHORT["outbox_dead_letter_min_seconds"]
+    assert len(sink.failures[run.id]) >= SHORT["dead_letter_after"]
+
+    # replay_dlq re-queues them; a sink that works again gets them, in order
+    sink.up = True
+    assert await engine.replay_dlq() == 10
+    async with engine.worker(flush_interval=0.01):
+        await poll(lambda: len(sink.for_run(run.id)) == 10, "replayed events delivered")
+    assert [e.seq for e in sink.events if e.run_id == run.id] == list(range(1, 11))
+    assert await count_rows(engine, "wfe_outbox", status="delivered") == 10
+
+
+async def test_a_failed_event_is_retried_after_its_backoff_not_at_every_flush(
+    make_engine: MakeEngine,
+) -> None:
+    sink = OutageSink(None)
+    engine = await make_engine(
+        w.linear,
+        event_sink=sink,
+        dead_letter_after=100,
+        outbox_retry_initial_seconds=3600,
+        outbox_retry_max_seconds=3600,
+    )
+    run = await engine.start("it-linear", {"n": 1})
+    await process_available_jobs(engine.kernel, 20)
+
+    first = await engine.kernel.dispatch(FlushOutbox())
+    assert first.failed == 10 and first.degraded
+    again = await engine.kernel.dispatch(FlushOutbox())  # the retry is an hour away
+    assert (again.failed, again.delivered, again.degraded) == (0, 0, True)
+    assert len(sink.failures[run.id]) == 1
+    sink.up = True
+    # an explicit flush_events() tries now, backoff or not
+    assert (await engine.flush_events()).delivered == 10
+
+
+async def test_schema_v5_adds_the_retry_columns_to_an_existing_outbox(
+    database_url: str, make_engine: MakeEngine
+) -> None:
+    import sqlalchemy as sa
+
+    from driver_native import Database, _schema
+
+    db = Database(database_url)
+    try:
+        db.tx_sync(lambda c: _schema.upgrade(c, target=4))
+
+        def as_v4(conn: sa.Connection) -> None:  # the outbox as v4 made it, with one event
+            conn.execute(sa.text("ALTER TABLE wfe_outbox DROP COLUMN first_failed_at"))
+            conn.execute(sa.text("ALTER TABLE wfe_outbox DROP COLUMN next_attempt_at"))
+            conn.execute(
+                sa.text(
+                    "INSERT INTO wfe_outbox (event_id, run_id, workflow_id, seq, type, data, "
+                    "business, created_at, status, attempts) VALUES ('e1', 'r1', 'wf', 1, "
+                    "'run.created', '{}', false, 0, 'pending', 4)"
+                )
+            )
+
+        db.tx_sync(as_v4)
+        assert db.upgrade() == [5]
+    finally:
+        db.dispose()
+    sink = MemorySink()
+    engine = await make_engine(w.linear, event_sink=sink)
+    assert (await engine.kernel.dispatch(FlushOutbox())).delivered == 1
+    assert [e.id for e in sink.events] == ["e1"]
+
+
+class ClockedSink(MemorySink):
+    """Down until ``clock`` passes ``up_at``; records the clock at every failed delivery."""
+
+    def __init__(self, clock: FakeClock, up_at: float | None) -> None:
+        super().__init__()
+        self.clock, self.up_at, self.failed_at = clock, up_at, []
+        self.t0 = clock.now().timestamp()
+
+    def elapsed(self) -> float:
+        return self.clock.now().timestamp() - self.t0
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        self.failing = self.up_at is None or self.elapsed() < self.up_at
+        if self.failing:
+            self.failed_at.append(self.elapsed())
+        await super().publish(events)
+
+
+async def flush_like_a_worker(
+    engine: Any, clock: FakeClock, until: Callable[[], bool], limit_s: float
+) -> None:
+    """FlushOutbox every 0.25 s of fake time (a worker flushes every 0.05 s) until ``until``."""
+    start = clock.now().timestamp()
+    while not until():
+        assert clock.now().timestamp() - start < limit_s, "gave up"
+        await engine.kernel.dispatch(FlushOutbox())
+        clock.advance(0.25)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_default_settings_ride_out_a_one_minute_outage(make_engine: MakeEngine) -> None:
+    clock = FakeClock()
+    sink = ClockedSink(clock, up_at=60.0)
+    engine = await make_engine(w.linear, event_sink=sink, clock=clock)  # default settings
+    run = await engine.start("it-linear", {"n": 1})
+    await process_available_jobs(engine.kernel, 20)
+    await flush_like_a_worker(engine, clock, lambda: len(sink.for_run(run.id)) == 10, 400)
+    assert await count_rows(engine, "wfe_outbox", status="dead") == 0
+    assert [e.seq for e in sink.events] == list(range(1, 11))
+    # retried with backoff (0.5 s doubling up to 30 s), not 1,200 times in the minute
+    assert 6 <= len(sink.failed_at) <= 9
+    assert sink.elapsed() < 60 + 30 + 1  # delivered within one capped backoff of recovery
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_default_settings_dead_letter_after_ten_attempts_and_five_minutes(
+    make_engine: MakeEngine,
+) -> None:
+    clock = FakeClock()
+    sink = ClockedSink(clock, up_at=None)
+    engine = await make_engine(w.linear, event_sink=sink, clock=clock)
+    await engine.start("it-linear", {"n": 1})
+    await process_available_jobs(engine.kernel, 20)
+
+    async def dead() -> int:
+        return await count_rows(engine, "wfe_outbox", status="dead")
+
+    start = clock.now().timestamp()
+    while not await dead():
+        assert clock.now().timestamp() - start < 400, "never dead-lettered"
+        await engine.kernel.dispatch(FlushOutbox())
+        clock.advance(1.0)  # coarser than a worker; the backoff is capped at 30 s anyway
+    assert await dead() == 10
+    assert len(sink.failed_at) >= 10
+    assert sink.failed_at[-1] - sink.failed_at[0] >= 300

@@ -114,7 +114,7 @@ async def _main() -> None:
         settings,
         build_registry(),
         event_sink=FileSink(count_dir() / "events.jsonl"),
-        blob_store=FolderBlobStore(settings.blob_url.removeprefix("file://")),
+        blob_store=FolderBlobStore(settings.blob_url.reveal().removeprefix("file://")),
         heartbeat_timeout=2.0,
     )
     await run_worker_forever(engine, sticky_queue_timeout=2.0)

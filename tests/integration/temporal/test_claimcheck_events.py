@@ -96,7 +96,13 @@ async def test_failing_sink_degrades_dead_letters_and_replays(make_engine: Engin
 
     sink = MemorySink()
     sink.failing = True
-    engine = make_engine(Registry([wf]), sink=sink, dead_letter_after=2)
+    engine = make_engine(
+        Registry([wf]),
+        sink=sink,
+        dead_letter_after=2,
+        outbox_dead_letter_min_seconds=0,
+        outbox_retry_initial_seconds=0.05,
+    )
     async with engine, engine.worker():
         run = await engine.start("sinkless", {})
         info = await engine.wait(run.id, timeout=60)

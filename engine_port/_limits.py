@@ -1,0 +1,329 @@
+"""The limits of every backend, checked once, here, before user code runs or anything is written.
+
+The native schema's columns are bounded (``driver_native/_schema.py``: run ids 64 characters,
+workflow and stage ids 200, versions 100, idempotency keys 300, ...), PostgreSQL cannot store a
+NUL character in text or JSON, and no backend takes NaN/Infinity, lone UTF-16 surrogates or
+unbounded nesting in JSON. SQLite accepts all of these, so without a check in the port the same
+value would work on one database and fail on another -- after user code ran. Temporal's own
+limits (1,000-byte ids and names) are looser than these, so one set of limits serves every
+driver.
+
+Every check raises :class:`~engine_port.errors.InvalidInputError` naming the field and the
+limit, and never echoes the offending value (it may be a secret).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ._serde import JSON, to_json_value
+from .errors import DefinitionError, EngineError, InvalidInputError
+
+if TYPE_CHECKING:
+    from ._graph import Workflow
+
+__all__ = [
+    "MAX_EVENT_TYPE_LENGTH",
+    "MAX_HOOK_NAME_LENGTH",
+    "MAX_IDEMPOTENCY_KEY_LENGTH",
+    "MAX_JSON_DEPTH",
+    "MAX_RUN_ID_LENGTH",
+    "MAX_SIGNAL_KEY_LENGTH",
+    "MAX_SIGNAL_NAME_LENGTH",
+    "MAX_STAGE_ID_LENGTH",
+    "MAX_STEP_NAME_LENGTH",
+    "MAX_TARGET_LENGTH",
+    "MAX_VERSION_LENGTH",
+    "MAX_WORKFLOW_ID_LENGTH",
+    "check_event_type",
+    "check_export_target",
+    "check_hook_name",
+    "check_idempotency_key",
+    "check_json",
+    "check_run_call",
+    "check_run_id",
+    "check_signal_call",
+    "check_signal_key",
+    "check_signal_name",
+    "check_stage_id",
+    "check_start_call",
+    "check_start_input",
+    "check_step_name",
+    "check_text",
+    "check_version",
+    "check_workflow_id",
+    "check_workflow_ids",
+    "definition_error",
+    "safe_error_message",
+]
+
+# The native schema's column widths (the strictest backend); see driver_native/_schema.py.
+MAX_RUN_ID_LENGTH = 64  # wfe_runs.id
+MAX_WORKFLOW_ID_LENGTH = 200  # wfe_runs.workflow_id, wfe_definitions.workflow_id
+MAX_STAGE_ID_LENGTH = 200  # wfe_stages.stage_id
+MAX_VERSION_LENGTH = 100  # wfe_runs.version ("workflow@version" fits wfe_jobs.wfv, 310)
+MAX_IDEMPOTENCY_KEY_LENGTH = 300  # wfe_runs.idempotency_key
+MAX_SIGNAL_KEY_LENGTH = 300  # wfe_signal_queue.idempotency_key
+# Names are journaled as step keys (wfe_steps.name, 500) and shown as "signal:<name>",
+# "sleep:<name>", "poll:<name>" in waiting_for (300); hook steps are keyed
+# "hook:<hook>:<n>:<handler>". 200 leaves room for every prefix.
+MAX_SIGNAL_NAME_LENGTH = 200
+MAX_STEP_NAME_LENGTH = 200
+MAX_EVENT_TYPE_LENGTH = 200  # wfe_outbox.type, wfe_staged_events.type (300)
+MAX_HOOK_NAME_LENGTH = 200  # hook points and hook handler names
+MAX_TARGET_LENGTH = 100  # wfe_drains.target (a driver name)
+MAX_JSON_DEPTH = 64  # nested objects/arrays in one JSON value
+
+_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+Raise = Callable[[str, str], EngineError]
+
+
+def _invalid(field: str, detail: str) -> EngineError:
+    return InvalidInputError(None, detail, (field,))
+
+
+def definition_error(field: str, detail: str) -> EngineError:
+    """The ``error=`` for checks made when a workflow is declared or a hook registered: a
+    definition over the limits is a :class:`DefinitionError` like any malformed graph."""
+    return DefinitionError(detail)
+
+
+def check_text(
+    value: Any,
+    field: str,
+    limit: int,
+    *,
+    remedy: str = "use a shorter one",
+    error: Raise = _invalid,
+) -> str:
+    """``value`` must be a non-empty string of at most ``limit`` characters that every backend
+    can store (no NUL, no lone surrogate). Returns it."""
+    if not isinstance(value, str):
+        raise error(field, f"{field} must be a string, not {_kind(value)}")
+    if not value:
+        raise error(field, f"{field} is empty; give a non-empty string")
+    if len(value) > limit:
+        raise error(field, f"{field} is {len(value)} characters; the limit is {limit}; {remedy}")
+    bad = _BAD_CHAR.search(value)
+    if bad is not None:
+        raise error(field, f"{field} {_bad_char(bad.group())}; remove it")
+    return value
+
+
+def check_run_id(run_id: Any) -> str:
+    return check_text(
+        run_id, "run id", MAX_RUN_ID_LENGTH, remedy="pass the id of a run (RunInfo.id)"
+    )
+
+
+def check_workflow_id(workflow_id: Any, *, error: Raise = _invalid) -> str:
+    return check_text(workflow_id, "workflow id", MAX_WORKFLOW_ID_LENGTH, error=error)
+
+
+def check_stage_id(stage_id: Any, *, error: Raise = _invalid) -> str:
+    return check_text(stage_id, "stage id", MAX_STAGE_ID_LENGTH, error=error)
+
+
+def check_version(version: Any, *, error: Raise = _invalid) -> str:
+    return check_text(version, "version", MAX_VERSION_LENGTH, error=error)
+
+
+def check_idempotency_key(key: Any) -> str | None:
+    """A start's idempotency key: None, or a string of at most 300 characters."""
+    if key is None:
+        return None
+    return check_text(
+        key,
+        "idempotency_key",
+        MAX_IDEMPOTENCY_KEY_LENGTH,
+        remedy="hash a longer key (e.g. sha256 hex), or pass None for no key",
+    )
+
+
+def check_signal_key(key: Any) -> str | None:
+    """A signal's idempotency key: None, or a string of at most 300 characters."""
+    if key is None:
+        return None
+    return check_text(
+        key,
+        "signal idempotency_key",
+        MAX_SIGNAL_KEY_LENGTH,
+        remedy="hash a longer key (e.g. sha256 hex), or pass None for no key",
+    )
+
+
+def check_signal_name(name: Any) -> str:
+    return check_text(name, "signal name", MAX_SIGNAL_NAME_LENGTH)
+
+
+def check_step_name(name: Any) -> str:
+    return check_text(name, "step name", MAX_STEP_NAME_LENGTH)
+
+
+def check_event_type(type_: Any) -> str:
+    return check_text(type_, "event type", MAX_EVENT_TYPE_LENGTH)
+
+
+def check_hook_name(name: Any, field: str = "hook name", *, error: Raise = _invalid) -> str:
+    return check_text(name, field, MAX_HOOK_NAME_LENGTH, error=error)
+
+
+def check_export_target(target: Any) -> str:
+    return check_text(target, "target driver", MAX_TARGET_LENGTH)
+
+
+def check_workflow_ids(workflow_ids: Iterable[Any]) -> list[str]:
+    return [check_workflow_id(w) for w in workflow_ids]
+
+
+def check_json(value: Any, field: str, *, error: Raise = _invalid) -> Any:
+    """Plain JSON data (as :func:`engine_port._serde.to_json_value` returns) that every backend
+    can store: no NUL character or lone surrogate in any string or key, no NaN/Infinity,
+    string keys only, at most :data:`MAX_JSON_DEPTH` levels of nesting. Returns ``value``."""
+    stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
+    while stack:
+        v, path, depth = stack.pop()
+        if isinstance(v, str):
+            bad = _BAD_CHAR.search(v)
+            if bad is not None:
+                raise error(field, f"{_at(field, path)} {_bad_char(bad.group())}; remove it")
+        elif isinstance(v, bool) or v is None or isinstance(v, int):
+            continue
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise error(
+                    field,
+                    f"{_at(field, path)} is {v!r}, which JSON cannot carry; use a finite "
+                    "number or None",
+                )
+        elif isinstance(v, dict | list | tuple):
+            if depth >= MAX_JSON_DEPTH:
+                raise error(
+                    field,
+                    f"{field} is nested more than {MAX_JSON_DEPTH} levels deep; the limit is "
+                    f"{MAX_JSON_DEPTH}; flatten it",
+                )
+            if isinstance(v, dict):
+                for k, item in v.items():
+                    if not isinstance(k, str):
+                        raise error(
+                            field, f"{_at(field, path)} has a {_kind(k)} key; use string keys"
+                        )
+                    key_path = f"{path}.{_short(k)}"
+                    bad = _BAD_CHAR.search(k)
+                    if bad is not None:
+                        raise error(
+                            field,
+                            f"a key of {_at(field, path)} {_bad_char(bad.group())}; remove it",
+                        )
+                    stack.append((item, key_path, depth + 1))
+            else:
+                for i, item in enumerate(v):
+                    stack.append((item, f"{path}[{i}]", depth + 1))
+        else:
+            raise error(field, f"{_at(field, path)} is a {_kind(v)}, which is not JSON data")
+    return value
+
+
+def _bad_char(ch: str) -> str:
+    if ch == "\x00":
+        return "contains a NUL character (\\x00), which PostgreSQL cannot store"
+    return (
+        f"contains a lone surrogate (\\u{ord(ch):04x}), which is not valid Unicode and cannot "
+        "be stored as UTF-8"
+    )
+
+
+def _at(field: str, path: str) -> str:
+    return field if path == "$" else f"{field} at {path}"
+
+
+def _short(key: str) -> str:
+    shown = key if len(key) <= 40 else key[:40] + "..."
+    return _BAD_CHAR.sub("?", shown)
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+# -- the public calls: every driver calls these first ------------------------------------------
+
+
+def check_start_call(workflow_id: Any, idempotency_key: Any, version: Any) -> None:
+    """The arguments of ``engine.start`` (the input is checked by :func:`check_start_input`
+    once it has been validated into the workflow's input model)."""
+    check_workflow_id(workflow_id)
+    check_idempotency_key(idempotency_key)
+    if version is not None:
+        check_version(version)
+
+
+def check_start_input(workflow: Workflow[Any], input: Any) -> JSON:
+    """The run input as stored: validated into the workflow's input model, dumped to JSON
+    and checked against the limits. Raises InvalidInputError."""
+    value = workflow.validate_input(input).model_dump(mode="json")
+    return check_json(value, "input")
+
+
+def check_run_call(run_id: Any) -> str:
+    """The run id of ``get_run``, ``wait``, ``cancel``, ``redrive``, ``export_run``..."""
+    return check_run_id(run_id)
+
+
+def check_signal_call(run_id: Any, name: Any, payload: Any, idempotency_key: Any) -> JSON:
+    """The arguments of ``engine.signal``; returns the payload as JSON data."""
+    check_run_id(run_id)
+    check_signal_name(name)
+    check_signal_key(idempotency_key)
+    return check_json(to_json_value(payload, f"payload of signal {name!r}"), "signal payload")
+
+
+# -- error records --------------------------------------------------------------------------
+
+_DB_MODULES = ("sqlalchemy", "psycopg", "sqlite3", "asyncpg", "pg8000", "psycopg2")
+_SQL_MARKERS = ("[SQL:", "[parameters:", "(Background on this error at:")
+
+
+def _is_db_error(exc: BaseException) -> bool:
+    return any((c.__module__ or "").split(".")[0] in _DB_MODULES for c in type(exc).__mro__[:-2])
+
+
+def safe_error_message(exc: BaseException) -> str:
+    """The message to store for ``exc``: ``str(exc)``, except that a database error's SQL
+    text, parameters and row details are left out (they may carry user data: a step result,
+    a card number). A SQLAlchemy error is described by its driver error's first line."""
+    if _is_db_error(exc):
+        orig = getattr(exc, "orig", None)
+        if isinstance(orig, BaseException):
+            first = _first_line(str(orig))
+            return f"({type(orig).__module__}.{type(orig).__name__}) {first}".strip()
+        return _strip_sql(_first_line(str(exc)))
+    return _strip_sql(str(exc))
+
+
+# PostgreSQL quotes the rejected value at the end of some messages ('invalid input syntax for
+# type integer: "4111..."'): a database error's quoted tail is left out too.
+_QUOTED_TAIL = re.compile(r':\s*".*"\s*$')
+
+
+def _first_line(message: str) -> str:
+    first = (message.strip().splitlines() or [""])[0]
+    return _QUOTED_TAIL.sub(": (value left out)", first)
+
+
+def _strip_sql(message: str) -> str:
+    cut = min((i for m in _SQL_MARKERS if (i := message.find(m)) >= 0), default=-1)
+    if cut < 0:
+        return message
+    # a database error's text inside another message: keep its first lines, not its details
+    kept = [
+        _QUOTED_TAIL.sub(": (value left out)", line)
+        for line in message[:cut].rstrip().splitlines()
+        if not line.lstrip().startswith(("DETAIL:", "HINT:", "CONTEXT:"))
+    ]
+    return "\n".join(kept) + " [SQL and parameters left out]"
