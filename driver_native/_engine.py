@@ -102,7 +102,12 @@ class NativeEngine(WorkflowEngine):
         await asyncio.get_running_loop().run_in_executor(None, db.upgrade)
         store = self.blob_store
         if store is None:
-            if self.settings.blob_url.reveal().startswith("db://"):
+            blob_url = self.settings.blob_url.reveal()
+            if db.is_postgres and "blob_url" not in self.settings.model_fields_set:
+                # a relative folder would differ per host: without a blob_url of its own,
+                # PostgreSQL keeps the blobs too, so every worker and the CLI can read them
+                blob_url = "db://"
+            if blob_url.startswith("db://"):
                 from ._dbblobs import DatabaseBlobStore
 
                 store = DatabaseBlobStore(db)

@@ -70,3 +70,27 @@ async def test_engine_spills_into_the_database(make_engine: MakeEngine) -> None:
     assert any("/output-" in k for k in keys)
     assert any("/steps/" in k for k in keys)
     assert await count_rows(engine, "wfe_blobs") == len(keys)
+
+
+@pytest.mark.postgres
+async def test_postgres_without_a_blob_url_keeps_blobs_in_the_database(
+    pg_session: object, tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative blob folder would differ per host; with PostgreSQL and no blob_url of its
+    own, claim-checked values go to the database (issue 15), and no folder is created."""
+    from pathlib import Path
+
+    from engine_port import EngineSettings, Registry, create_engine
+
+    assert isinstance(tmp_path, Path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WFE_BLOB_URL", raising=False)
+    url = pg_session.new_schema()  # type: ignore[attr-defined]
+    settings = EngineSettings(database_url=url)
+    assert "blob_url" not in settings.model_fields_set
+    async with create_engine(settings, Registry([w.big])) as engine, engine.worker():
+        run = await engine.start(w.big.id, {"n": 1})
+        info = await engine.wait(run.id, timeout=30)
+        assert info.status == "completed"
+        assert await count_rows(engine, "wfe_blobs") >= 1  # type: ignore[arg-type]
+    assert not (tmp_path / ".wfe").exists()
