@@ -202,6 +202,22 @@ class WorkerHost:
             )
             result = await self.kernel.dispatch(command)
             self._counts[str(result)] += 1
+            if result == "cancelled":
+                wf = str(job.wfv).split("@", 1)[0]
+                log.info(
+                    "run %s %s/%s attempt %d: stage cancelled (the run was cancelled or stopped)",
+                    job.run_id,
+                    wf,
+                    job.stage_id,
+                    job.attempt,
+                    extra={
+                        "wfe_run_id": job.run_id,
+                        "wfe_workflow": wf,
+                        "wfe_stage": job.stage_id,
+                        "wfe_attempt": job.attempt,
+                        "wfe_worker": self.worker_id,
+                    },
+                )
         except asyncio.CancelledError:
             raise
         except Exception:

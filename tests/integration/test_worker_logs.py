@@ -65,7 +65,14 @@ def build() -> Registry:
     async def lookup(ctx: StageContext[In]) -> int:
         return {"a": 1}["missing_key"]  # the user's bug: line named in the traceback
 
-    return Registry([flow, saga])
+    hang = Workflow("logs-hang", input=In)
+
+    @hang.stage
+    async def forever(ctx: StageContext[In]) -> None:
+        ctx.log.info("hanging")
+        await asyncio.Event().wait()
+
+    return Registry([flow, saga, hang])
 
 
 def _records(caplog: pytest.LogCaptureFixture, run_id: str) -> list[logging.LogRecord]:
@@ -163,6 +170,32 @@ async def test_a_failed_stage_records_the_traceback_of_the_users_raise(tmp_path:
     failed = [e for e in events if e.type == "stage.failed"]
     # events keep their shape: the traceback is in the run's record, not in every event
     assert failed and failed[0].data["error"] == {"type": "KeyError", "message": "'missing_key'"}
+
+
+async def test_cancelling_a_running_stage_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="wfe")
+    settings = EngineSettings(
+        database_url=f"sqlite:///{tmp_path / 'wfe.db'}", blob_url=f"file://{tmp_path / 'b'}"
+    )
+    async with create_engine(settings, build()) as engine, engine.worker():
+        run = await engine.start("logs-hang", {})
+        deadline = time.monotonic() + 30
+        while not [r for r in _records(caplog, run.id) if r.name == "wfe.stage.user"]:
+            assert time.monotonic() < deadline
+            await _tick()
+        await engine.cancel(run.id)
+        assert (await engine.wait(run.id, timeout=30)).status == "cancelled"
+    cancelled = [
+        (r.name, _fields(r))
+        for r in _records(caplog, run.id)
+        if r.getMessage().split(": ", 1)[1].startswith("stage cancelled")
+    ]
+    assert cancelled == [
+        ("wfe.stage", ("logs-hang", "forever", 1)),
+        ("wfe.worker", ("logs-hang", "forever", 1)),
+    ]
 
 
 def test_wfe_worker_log_format_json_prints_one_object_per_line(tmp_path: Path) -> None:
