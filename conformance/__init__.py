@@ -20,6 +20,7 @@ from ._harness import (
 )
 from ._migrate import MigrationContract
 from ._parallel import ParallelFailureContract
+from ._parallel_signals import ParallelSignalContract
 from ._saga import CancelContract, CompensationContract, RedriveContract
 from ._signals import SignalContract, TimeoutContract
 from ._trace import check_golden, normalise, run_summary
@@ -40,6 +41,7 @@ __all__ = [
     "IdempotencyContract",
     "MigrationContract",
     "ParallelFailureContract",
+    "ParallelSignalContract",
     "RedriveContract",
     "RetryContract",
     "SettingsHarness",
@@ -65,6 +67,7 @@ class AllContracts(
     CompensationContract,
     CancelContract,
     ParallelFailureContract,
+    ParallelSignalContract,
     RedriveContract,
     SignalContract,
     TimeoutContract,

@@ -18,13 +18,15 @@ holds, so no step completed before the crash ever runs again (only the step that
 when the worker died, whose record was never written, runs again). A signal the lost try
 consumed stays consumed: the retry reports it to the workflow.
 
-Signals sent while a stage body runs: the activity's task carries the signals buffered when it
-was scheduled. A wait whose name has none left there asks the run (the ``wfe.take_signal``
-update, see ``_signals``) for the oldest one buffered since, before the body suspends, so a
-signal sent before the wait is reached is consumed by it without a ``stage.suspended``, as on the
-native driver. The run keeps what it handed out with the stage attempt until the attempt's
-result arrives (a retried try asking for the same step gets the same signal). A ``local=True``
-stage does not ask (it runs inside the run's own workflow task): its wait suspends and resumes.
+Signals: a stage attempt's task carries only the signals its run lent it (the one a resumed
+wait is for; every free one for a ``local=True`` attempt). A wait whose name has none left there
+asks the run (the ``wfe.take_signal`` update, see ``_signals``) for the oldest free one before
+the body suspends, so a signal buffered before the wait is reached (before the stage started or
+while its body ran) is consumed by it without a ``stage.suspended``, as on the native driver,
+and the stages of a parallel group take signals concurrently, each exactly once. The run keeps
+what it handed out with the stage attempt until the attempt's result arrives (a retried try
+asking for the same step gets the same signal). A ``local=True`` stage does not ask (it runs
+inside the run's own workflow task): a wait with nothing lent suspends and resumes.
 """
 
 from __future__ import annotations
@@ -325,12 +327,13 @@ class DriverActivities:
     async def _take_signal(
         self, info: activity.Info, task: dict[str, Any], given: int, key: str, name: str
     ) -> tuple[bool, Any]:
-        """Ask the run for the oldest buffered signal ``name`` behind the ``given`` ones this
-        attempt received at its start (all taken already). The run records the take with
+        """Ask the run for the oldest free buffered signal ``name`` (this attempt took all the
+        ``given`` ones of its task already). The run records the take with
         this attempt (``SignalHandlers.on_take_signal``): a retry of a lost try asking for the
         same step gets the same signal, and one whose wait never completed goes back to the
         queue when the attempt's result arrives. No answer (nothing buffered, the run frozen,
-        another attempt holding the queue, no reply in time) means: suspend."""
+        no reply in time) means: suspend. ``given`` only counts on a run started before
+        shared takes, which left the signals it handed out in its queue."""
         assert info.workflow_id is not None
         handle = activity.client().get_workflow_handle(
             info.workflow_id, run_id=info.workflow_run_id
