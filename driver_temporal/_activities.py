@@ -39,8 +39,10 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from engine_port import (
     ClaimCheck,
@@ -83,6 +85,10 @@ FREEZE_CANCELLED_QUERY = "wfe.freeze_cancelled"
 TAKE_SIGNAL_UPDATE = "wfe.take_signal"
 READ_JOURNAL_ACTIVITY = "wfe.read_journal"
 T = TypeVar("T")
+# RPC outcomes of a take that say nothing about the run (a busy server or worker): ask again
+_TRANSIENT = frozenset(
+    {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED}
+)
 
 
 @dataclass
@@ -163,6 +169,7 @@ class DriverActivities:
         stats: EventStats,
         heartbeat_every: float,
         take_timeout: float = 10.0,
+        take_tries: int = 3,
     ) -> None:
         self.registry = registry
         self.claim = claim
@@ -170,7 +177,8 @@ class DriverActivities:
         self.sink = sink
         self.stats = stats
         self.heartbeat_every = heartbeat_every
-        self.take_timeout = take_timeout  # seconds a wait asks its run for a signal
+        self.take_timeout = take_timeout  # seconds a wait asks its run for a signal, per try
+        self.take_tries = take_tries  # tries when the ask gets no answer (timeout, busy)
 
     def bookkeeping(self) -> list[Any]:
         """The small activities every worker that runs workflow tasks registers (they run as
@@ -331,9 +339,12 @@ class DriverActivities:
         ``given`` ones of its task already). The run records the take with
         this attempt (``SignalHandlers.on_take_signal``): a retry of a lost try asking for the
         same step gets the same signal, and one whose wait never completed goes back to the
-        queue when the attempt's result arrives. No answer (nothing buffered, the run frozen,
-        no reply in time) means: suspend. ``given`` only counts on a run started before
-        shared takes, which left the signals it handed out in its queue."""
+        queue when the attempt's result arrives. A rejection (nothing buffered, the run
+        frozen) means: suspend. An ask that got no answer (timed out, the server busy) is
+        repeated with the same update id, so a first ask the run did receive is answered
+        once; only after ``take_tries`` such asks does the wait suspend (it then resumes the
+        usual way). ``given`` only counts on a run started before shared takes, which left
+        the signals it handed out in its queue."""
         assert info.workflow_id is not None
         handle = activity.client().get_workflow_handle(
             info.workflow_id, run_id=info.workflow_run_id
@@ -345,17 +356,30 @@ class DriverActivities:
             "name": name,
             "given": given,
         }
-        try:
-            res: dict[str, Any] = await handle.execute_update(
-                TAKE_SIGNAL_UPDATE,
-                body,
-                result_type=dict,
-                rpc_timeout=timedelta(seconds=self.take_timeout),
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # rejected (nothing to take) or no answer: the wait suspends
-            return False, None
+        update_id = f"wfe-take-{task['stage_id']}-{task['token']}-{key}"
+        res: dict[str, Any] = {}
+        for tried in range(1, self.take_tries + 1):
+            try:
+                res = await handle.execute_update(
+                    TAKE_SIGNAL_UPDATE,
+                    body,
+                    id=update_id,
+                    result_type=dict,
+                    rpc_timeout=timedelta(seconds=self.take_timeout),
+                )
+                break
+            except asyncio.CancelledError:
+                raise
+            except WorkflowUpdateFailedError:  # rejected: nothing to take, the wait suspends
+                return False, None
+            except (WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as exc:
+                if isinstance(exc, RPCError) and exc.status not in _TRANSIENT:
+                    return False, None
+                if tried == self.take_tries:
+                    return False, None
+                await asyncio.sleep(0.2 * tried)
+            except Exception:  # anything else: the wait suspends and resumes the usual way
+                return False, None
         if not res.get("taken"):
             return False, None
         return True, await self.claim.load(res.get("payload"))
