@@ -249,14 +249,21 @@ class SignalHandlers:
         nothing, the oldest queued one); the rest of what it was lent is free again."""
         lent = self._lent.pop(sid, [])
         for name in consumed:
-            sig = next((s for s in lent if s["name"] == name), None)
-            if sig is None:
+            # the task listed what it lent in queue order, so the body took the first of them
+            i = next(
+                (
+                    j
+                    for j, s in enumerate(self._signals)
+                    if s["name"] == name and any(s is x for x in lent)
+                ),
+                None,
+            )
+            if i is None:
                 i = self._nth(name, 0)
-                if i is not None:
-                    del self._signals[i]
-                continue
+                if i is None:
+                    continue
+            sig = self._signals.pop(i)
             lent = [s for s in lent if s is not sig]
-            self._signals = [s for s in self._signals if s is not sig]
 
     def _unlend(self, sid: str) -> None:
         """The stage ended without running the attempt it reserved for: free the signal."""
