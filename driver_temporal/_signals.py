@@ -66,6 +66,7 @@ class SignalHandlers:
     ``__init__`` sets ``_signals``, ``_signal_keys`` and ``_deliveries``)."""
 
     _run_id: str
+    _start: dict[str, Any]
     _final: bool
     _frozen: bool
     _migrated_to: str | None
@@ -115,6 +116,18 @@ class SignalHandlers:
             raise migration_error(
                 f"run {self._run_id!r} is frozen for migration; signal it once the move "
                 "completed (on its target) or was aborted"
+            )
+        bound = self._start.get("max_pending_signals")
+        repeat = body.get("delivery") in self._deliveries or (
+            body.get("idempotency_key") is not None
+            and body.get("idempotency_key") in self._signal_keys
+        )
+        if bound is not None and not repeat and len(self._signals) >= int(bound):
+            # refused by the validator: nothing enters the history (SignalQueueFullError)
+            raise ApplicationError(
+                f"run {self._run_id!r} holds {len(self._signals)} unconsumed signals",
+                type="SignalQueueFullError",
+                non_retryable=True,
             )
 
     def _deliver(
