@@ -21,6 +21,7 @@ from ._harness import (
 from ._hostile import HostileDataContract
 from ._migrate import MigrationContract
 from ._parallel import ParallelFailureContract
+from ._parallel_signals import ParallelSignalContract
 from ._saga import CancelContract, CompensationContract, RedriveContract
 from ._signals import SignalContract, TimeoutContract
 from ._trace import check_golden, normalise, run_summary
@@ -42,6 +43,7 @@ __all__ = [
     "IdempotencyContract",
     "MigrationContract",
     "ParallelFailureContract",
+    "ParallelSignalContract",
     "RedriveContract",
     "RetryContract",
     "SettingsHarness",
@@ -67,6 +69,7 @@ class AllContracts(
     CompensationContract,
     CancelContract,
     ParallelFailureContract,
+    ParallelSignalContract,
     RedriveContract,
     SignalContract,
     TimeoutContract,

@@ -29,13 +29,10 @@ __all__ = [
 
 # Behaviours DESIGN §5 specifies that a driver does not implement yet (fixes under way). While a
 # name is in this set the generator never draws a case that hits it, so CI can be green; remove
-# a name once its fix lands (``WFE_FUZZ_GAPS=none`` draws everything).
-#   signal_holder: a stage of a parallel group suspended on a signal wait cannot resume while a
-#     sibling attempt that was handed the buffered signals at its start is still running
-#     (Temporal's single-taker rule for buffered signals; the run waits for that sibling, or
-#     hangs if the sibling waits on it). While it is a gap, signal waits are drawn only in
-#     single-stage groups (a parallel group's waits time out instead).
-KNOWN_GAPS: frozenset[str] = frozenset({"signal_holder"})
+# a name once its fix lands (``WFE_FUZZ_GAPS=none`` draws everything). None is open now;
+# closed: ``signal_during_stage``, ``failure_stops_siblings``, ``signal_holder`` (see
+# conformance/README.md "Known gaps").
+KNOWN_GAPS: frozenset[str] = frozenset()
 
 Outcome = Literal["ok", "error", "fatal"]  # return / raise ScriptedError / NonRetryableError
 
@@ -252,47 +249,11 @@ def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:
         except ModelError:
             case = _drop_holds(case)
             continue
-        if "signal_holder" in gaps and _holder_risk(case):
-            case = _no_buffered_signals(case)
-            continue
         if "failure_stops_siblings" in gaps and exp.status == "failed" and exp.stopped:
             case = _settle_group(case, exp.failed_stage)
             continue
         return case
     return _drop_holds(replace(case, cancel=None))
-
-
-def _holder_risk(case: Case) -> bool:
-    """A stage of a parallel group waits for a signal (see KNOWN_GAPS)."""
-    return any(
-        isinstance(op, Wait) and op.mode != "timeout"
-        for group in groups_of(case)
-        if len(group) > 1
-        for sid in group
-        for op in case.stage(sid).ops
-    )
-
-
-def _no_buffered_signals(case: Case) -> Case:
-    """Signal waits only in single-stage groups: a parallel group's waits time out instead."""
-    parallel = {sid for group in groups_of(case) if len(group) > 1 for sid in group}
-    return replace(
-        case,
-        stages=tuple(
-            replace(
-                s,
-                ops=tuple(
-                    Wait(op.name, "timeout", 400, True)
-                    if isinstance(op, Wait) and op.mode != "timeout" and s.id in parallel
-                    else op
-                    for op in s.ops
-                ),
-            )
-            if s.id in parallel
-            else s
-            for s in case.stages
-        ),
-    )
 
 
 def _settle_group(case: Case, failed: str | None) -> Case:

@@ -95,8 +95,15 @@ def _normalise_url(url: str) -> str:
 
 class Database:
     def __init__(
-        self, url: str, *, pool_size: int = 8, retry_seconds: float = RETRY_SECONDS
+        self,
+        url: str,
+        *,
+        pool_size: int = 8,
+        retry_seconds: float = RETRY_SECONDS,
+        create: bool = True,
     ) -> None:
+        """``create=False`` (read-only tools): a missing SQLite file (or its folder) is an
+        error instead of being created."""
         self.url = _normalise_url(url)
         self.retry_seconds = retry_seconds
         parsed = make_url(self.url)
@@ -113,6 +120,12 @@ class Database:
                 raise DriverUnavailableError(
                     "the native driver needs a SQLite file (sqlite:///PATH), not an in-memory "
                     "database, so that workers and the CLI share it"
+                )
+            if not create and not Path(db).is_file():
+                raise DriverUnavailableError(
+                    f"there is no wfe database at {redact_url(url)!r} yet; create it with "
+                    "'wfe db upgrade' (a worker or create_engine() also creates it), or point "
+                    "database_url (WFE_DATABASE_URL, wfe.toml) at the one you use"
                 )
             Path(db).parent.mkdir(parents=True, exist_ok=True)
             self.engine: Engine = sa.create_engine(
@@ -255,6 +268,10 @@ class Database:
 
     def schema_version(self) -> int:
         return self.tx_sync(_schema.schema_version)
+
+    def schema_status(self) -> tuple[int, int]:
+        """(the database's schema version, the version this code needs); reads only."""
+        return self.read_sync(_schema.schema_version), _schema.LATEST_SCHEMA_VERSION
 
     def dispose(self) -> None:
         self._executor.shutdown(wait=True)

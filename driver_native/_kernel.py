@@ -407,12 +407,13 @@ class Kernel:
         outcome = cmd.outcome
         key = None
         if isinstance(outcome, Completed):
-            # a key of its own per outcome: a late, discarded outcome must never overwrite
-            # the output that another worker's completed attempt stored
-            key = f"runs/{job.run_id}/stages/{job.stage_id}/output-{uuid.uuid4().hex[:12]}"
-            outcome = Completed(
-                await self.claim.dump(outcome.output, key, force=True), outcome.events
-            )
+            # small outputs stay inline in the stage row (DESIGN §5); a spilled one gets a key
+            # of its own per outcome: a late, discarded outcome must never overwrite the
+            # output that another worker's completed attempt stored
+            spill = f"runs/{job.run_id}/stages/{job.stage_id}/output-{uuid.uuid4().hex[:12]}"
+            stored = await self.claim.dump(outcome.output, spill)
+            key = self.claim.key_of(stored)
+            outcome = Completed(stored, outcome.events)
         result: str = await self.db.tx(
             _progress.apply_outcome,
             job,

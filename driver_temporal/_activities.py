@@ -18,13 +18,15 @@ holds, so no step completed before the crash ever runs again (only the step that
 when the worker died, whose record was never written, runs again). A signal the lost try
 consumed stays consumed: the retry reports it to the workflow.
 
-Signals sent while a stage body runs: the activity's task carries the signals buffered when it
-was scheduled. A wait whose name has none left there asks the run (the ``wfe.take_signal``
-update, see ``_signals``) for the oldest one buffered since, before the body suspends, so a
-signal sent before the wait is reached is consumed by it without a ``stage.suspended``, as on the
-native driver. The run keeps what it handed out with the stage attempt until the attempt's
-result arrives (a retried try asking for the same step gets the same signal). A ``local=True``
-stage does not ask (it runs inside the run's own workflow task): its wait suspends and resumes.
+Signals: a stage attempt's task carries only the signals its run lent it (the one a resumed
+wait is for; every free one for a ``local=True`` attempt). A wait whose name has none left there
+asks the run (the ``wfe.take_signal`` update, see ``_signals``) for the oldest free one before
+the body suspends, so a signal buffered before the wait is reached (before the stage started or
+while its body ran) is consumed by it without a ``stage.suspended``, as on the native driver,
+and the stages of a parallel group take signals concurrently, each exactly once. The run keeps
+what it handed out with the stage attempt until the attempt's result arrives (a retried try
+asking for the same step gets the same signal). A ``local=True`` stage does not ask (it runs
+inside the run's own workflow task): a wait with nothing lent suspends and resumes.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from engine_port import (
     Abandoned,
@@ -81,6 +85,10 @@ FREEZE_CANCELLED_QUERY = "wfe.freeze_cancelled"
 TAKE_SIGNAL_UPDATE = "wfe.take_signal"
 READ_JOURNAL_ACTIVITY = "wfe.read_journal"
 T = TypeVar("T")
+# RPC outcomes of a take that say nothing about the run (a busy server or worker): ask again
+_TRANSIENT = frozenset(
+    {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED}
+)
 
 
 @dataclass
@@ -161,6 +169,7 @@ class DriverActivities:
         stats: EventStats,
         heartbeat_every: float,
         take_timeout: float = 10.0,
+        take_tries: int = 3,
     ) -> None:
         self.registry = registry
         self.claim = claim
@@ -168,7 +177,8 @@ class DriverActivities:
         self.sink = sink
         self.stats = stats
         self.heartbeat_every = heartbeat_every
-        self.take_timeout = take_timeout  # seconds a wait asks its run for a signal
+        self.take_timeout = take_timeout  # seconds a wait asks its run for a signal, per try
+        self.take_tries = take_tries  # tries when the ask gets no answer (timeout, busy)
 
     def bookkeeping(self) -> list[Any]:
         """The small activities every worker that runs workflow tasks registers (they run as
@@ -337,12 +347,16 @@ class DriverActivities:
     async def _take_signal(
         self, info: activity.Info, task: dict[str, Any], given: int, key: str, name: str
     ) -> tuple[bool, Any]:
-        """Ask the run for the oldest buffered signal ``name`` behind the ``given`` ones this
-        attempt received at its start (all taken already). The run records the take with
+        """Ask the run for the oldest free buffered signal ``name`` (this attempt took all the
+        ``given`` ones of its task already). The run records the take with
         this attempt (``SignalHandlers.on_take_signal``): a retry of a lost try asking for the
         same step gets the same signal, and one whose wait never completed goes back to the
-        queue when the attempt's result arrives. No answer (nothing buffered, the run frozen,
-        another attempt holding the queue, no reply in time) means: suspend."""
+        queue when the attempt's result arrives. A rejection (nothing buffered, the run
+        frozen) means: suspend. An ask that got no answer (timed out, the server busy) is
+        repeated with the same update id, so a first ask the run did receive is answered
+        once; only after ``take_tries`` such asks does the wait suspend (it then resumes the
+        usual way). ``given`` only counts on a run started before shared takes, which left
+        the signals it handed out in its queue."""
         assert info.workflow_id is not None
         handle = activity.client().get_workflow_handle(
             info.workflow_id, run_id=info.workflow_run_id
@@ -354,17 +368,30 @@ class DriverActivities:
             "name": name,
             "given": given,
         }
-        try:
-            res: dict[str, Any] = await handle.execute_update(
-                TAKE_SIGNAL_UPDATE,
-                body,
-                result_type=dict,
-                rpc_timeout=timedelta(seconds=self.take_timeout),
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # rejected (nothing to take) or no answer: the wait suspends
-            return False, None
+        update_id = f"wfe-take-{task['stage_id']}-{task['token']}-{key}"
+        res: dict[str, Any] = {}
+        for tried in range(1, self.take_tries + 1):
+            try:
+                res = await handle.execute_update(
+                    TAKE_SIGNAL_UPDATE,
+                    body,
+                    id=update_id,
+                    result_type=dict,
+                    rpc_timeout=timedelta(seconds=self.take_timeout),
+                )
+                break
+            except asyncio.CancelledError:
+                raise
+            except WorkflowUpdateFailedError:  # rejected: nothing to take, the wait suspends
+                return False, None
+            except (WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as exc:
+                if isinstance(exc, RPCError) and exc.status not in _TRANSIENT:
+                    return False, None
+                if tried == self.take_tries:
+                    return False, None
+                await asyncio.sleep(0.2 * tried)
+            except Exception:  # anything else: the wait suspends and resumes the usual way
+                return False, None
         if not res.get("taken"):
             return False, None
         return True, await self.claim.load(res.get("payload"), run_id=task["run_id"])

@@ -1,24 +1,35 @@
 """The signal queue of the interpreter workflow (a base of ``_workflow.GraphWorkflow``).
 
 Signals of one name queue per run in arrival order, as Temporal signals do: the workflow keeps
-every buffered signal (``{name, payload, idempotency_key}``, oldest first) and hands a stage
-attempt the queue per name; the attempt's ``wait_for_signal`` steps take from the front and the
-activity reports each one taken (``consumed``: a name per signal), which the workflow then
-drops from its queue. A signal's idempotency key, once seen, is kept for the life of the run, so
-a repeat is not queued again (``already_completed``). The engine sends signals as the
-``wfe.signal`` update (so it can report the outcome) or, when no worker answers, as a plain
-Temporal signal wrapped with its delivery id; a raw Temporal signal from an operator
-(``temporal workflow signal --name go --input '{...}'``) queues its input as the payload.
+every buffered signal (``{name, payload, idempotency_key}``, oldest first). A signal's
+idempotency key, once seen, is kept for the life of the run, so a repeat is not queued again
+(``already_completed``). The engine sends signals as the ``wfe.signal`` update (so it can report
+the outcome) or, when no worker answers, as a plain Temporal signal wrapped with its delivery
+id; a raw Temporal signal from an operator (``temporal workflow signal --name go --input
+'{...}'``) queues its input as the payload.
 
-A signal that arrives while a stage attempt runs is not in the queues its activity was given;
-when the body reaches a wait for it, the activity asks for it with the ``wfe.take_signal`` update
-(``on_take_signal``): the run takes the oldest one of the name behind those the attempt was
-given and holds it with that attempt (``_held``, per step key, so a retry of a lost try asking
-for the same step gets the same one). When the attempt's result arrives, a held signal whose
-wait completed is consumed; any other goes back to the front of its name's queue
-(``_release_taken``), so none is lost. A frozen run, a stale try and a stage that does not hold
-the queue while another one does get nothing (their wait suspends); an update with nothing to
-take is rejected by its validator, so it leaves no trace in the run's history.
+Any number of stage attempts (the stages of a parallel group) take from the queue at the same
+time, each signal exactly once, oldest first per name:
+
+- a running attempt's wait asks for the oldest free signal of its name with the
+  ``wfe.take_signal`` update (``on_take_signal``): the run pops it and holds it with that attempt
+  (``_held``, per step key, so a retry of a lost try asking for the same step gets the same
+  one). An update with nothing to take is rejected by its validator, so it leaves no trace in
+  the run's history; the wait then suspends.
+- a suspended wait resumes only for a free signal of its name, which is lent to it at once
+  (``_reserve``: two waiters never resume for one signal) and handed to the resumed attempt in
+  its task. A ``local=True`` attempt, which cannot ask (it runs inside the run's workflow
+  task), is lent every free signal when it starts. A lent signal stays in the queue (a frozen
+  run's snapshot carries it) but no one else takes it.
+
+When the attempt's result arrives, what its body consumed (``consumed``: a name per lent
+signal) leaves the queue, and a held signal whose wait completed stays consumed; any other
+lent signal is free again and any other held one goes back to the front of its name's queue
+(``_release_taken``), so none is lost. A frozen run and a stale try get nothing.
+
+Runs started before this rule (their history lacks the ``wfe-shared-signal-takes`` patch
+marker) keep the old single-taker rule so they replay unchanged: the first attempt in flight
+is handed the whole queue (``_lease_signals``) and is the only taker until it reports.
 """
 
 from __future__ import annotations
@@ -55,6 +66,7 @@ class SignalHandlers:
     ``__init__`` sets ``_signals``, ``_signal_keys`` and ``_deliveries``)."""
 
     _run_id: str
+    _start: dict[str, Any]
     _final: bool
     _frozen: bool
     _migrated_to: str | None
@@ -64,7 +76,13 @@ class SignalHandlers:
     _calls: dict[str, dict[str, Any]]
     # the signals each stage attempt in flight took with ``wfe.take_signal``, per step key
     _held: dict[str, dict[str, dict[str, Any]]]
-    # the stage whose attempt in flight was given the buffered signals (``_lease_signals``)
+    # the signals lent to each stage attempt (reserved by its resumed wait, or handed to a
+    # local attempt): still in ``_signals``, by identity, hidden from other takers
+    _lent: dict[str, list[dict[str, Any]]]
+    # runs started before shared takes (no ``wfe-shared-signal-takes`` patch marker) keep the
+    # old single-taker rule so their histories replay: ``_signal_holder`` is the stage whose
+    # attempt in flight was handed the whole queue
+    _holder_rule: bool = False
     _signal_holder: str | None = None
 
     @workflow.signal(dynamic=True)
@@ -99,6 +117,18 @@ class SignalHandlers:
                 f"run {self._run_id!r} is frozen for migration; signal it once the move "
                 "completed (on its target) or was aborted"
             )
+        bound = self._start.get("max_pending_signals")
+        repeat = body.get("delivery") in self._deliveries or (
+            body.get("idempotency_key") is not None
+            and body.get("idempotency_key") in self._signal_keys
+        )
+        if bound is not None and not repeat and len(self._signals) >= int(bound):
+            # refused by the validator: nothing enters the history (SignalQueueFullError)
+            raise ApplicationError(
+                f"run {self._run_id!r} holds {len(self._signals)} unconsumed signals",
+                type="SignalQueueFullError",
+                non_retryable=True,
+            )
 
     def _deliver(
         self, name: str, payload: Any, delivery: str | None, key: str | None
@@ -129,14 +159,14 @@ class SignalHandlers:
 
     @workflow.update(name=TAKE_SIGNAL_UPDATE)
     def on_take_signal(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A stage attempt's wait asks for the oldest signal ``name`` behind the ``given``
-        ones its activity received at its start (see the module docstring)."""
+        """A stage attempt's wait asks for the oldest free signal ``name`` (see the module
+        docstring; ``given`` only counts on a run started before shared takes)."""
         if not self._may_take(body):
             return {"taken": False}
         held = self._held.setdefault(body["stage"], {})
         sig = held.get(body["key"])
         if sig is None:
-            i = self._nth(body["name"], int(body.get("given") or 0))
+            i = self._nth(body["name"], self._skip(body))
             if i is None:
                 return {"taken": False}
             sig = held[body["key"]] = self._signals.pop(i)
@@ -156,14 +186,23 @@ class SignalHandlers:
             return False  # a frozen run hands out nothing: its snapshot keeps the queue
         if body.get("key") in self._held.get(str(sid), {}):
             return True
-        if self._signal_holder not in (None, sid):
-            return False  # another attempt may be taking from its copy of the queue
-        return self._nth(str(body.get("name")), int(body.get("given") or 0)) is not None
+        if self._holder_rule and self._signal_holder not in (None, sid):
+            return False  # (runs started before shared takes) another attempt holds the queue
+        return self._nth(str(body.get("name")), self._skip(body)) is not None
+
+    def _skip(self, body: dict[str, Any]) -> int:
+        # a run with the holder rule leaves the signals it handed out in the queue: a take
+        # skips the ``given`` ones; otherwise lent signals are skipped by ``_nth`` itself
+        return int(body.get("given") or 0) if self._holder_rule else 0
+
+    def _is_lent(self, sig: dict[str, Any]) -> bool:
+        return any(s is sig for lent in self._lent.values() for s in lent)
 
     def _nth(self, name: str, skip: int) -> int | None:
-        """The index in the queue of the signal ``name`` after the first ``skip`` of it."""
+        """The index in the queue of the free (not lent) signal ``name`` after the first
+        ``skip`` of them."""
         for i, sig in enumerate(self._signals):
-            if sig["name"] == name:
+            if sig["name"] == name and not self._is_lent(sig):
                 if skip == 0:
                     return i
                 skip -= 1
@@ -185,34 +224,77 @@ class SignalHandlers:
             self._signals.insert(i, sig)
 
     def _queued(self, name: str) -> int:
-        return sum(1 for sig in self._signals if sig["name"] == name)
+        """How many signals ``name`` are free to take (buffered, not lent to an attempt)."""
+        return sum(1 for sig in self._signals if sig["name"] == name and not self._is_lent(sig))
 
-    def _signal_queues(self) -> dict[str, list[Any]]:
-        """The buffered payloads per name, oldest first (what a stage attempt may take)."""
+    def _signal_ready(self, name: str) -> bool:
+        if self._holder_rule and self._signal_holder is not None:
+            return False
+        return self._queued(name) > 0
+
+    def _reserve(self, sid: str, name: str) -> bool:
+        """A suspended wait of ``sid`` for ``name`` resumes: lend it the oldest free signal of
+        the name, at once, so two waiters never resume for one signal."""
+        i = self._nth(name, 0)
+        if i is None:
+            return False
+        self._lent.setdefault(sid, []).append(self._signals[i])
+        return True
+
+    def _lend(self, sid: str, local: bool) -> dict[str, list[Any]]:
+        """The signals a stage attempt about to run is handed in its task (per name, oldest
+        first): the one its resumed wait reserved, and for a ``local`` attempt (which cannot
+        ask its run: it runs inside the run's workflow task) every free one. A lent signal
+        stays in the queue, hidden from other takers, until the attempt reports."""
+        if self._holder_rule:
+            return self._lease_signals(sid)
+        lent = self._lent.setdefault(sid, [])
+        if local:
+            lent.extend(s for s in self._signals if not self._is_lent(s))
+        queues: dict[str, list[Any]] = {}
+        for sig in self._signals:
+            if any(s is sig for s in lent):
+                queues.setdefault(sig["name"], []).append(sig["payload"])
+        if not lent:
+            del self._lent[sid]
+        return queues
+
+    def _settle_lent(self, sid: str, consumed: Sequence[str]) -> None:
+        """The attempt of ``sid`` reported: per name it ``consumed`` from its task, the oldest
+        signal lent to it leaves the queue (on a run with the holder rule, which lends
+        nothing, the oldest queued one); the rest of what it was lent is free again."""
+        lent = self._lent.pop(sid, [])
+        for name in consumed:
+            # the task listed what it lent in queue order, so the body took the first of them
+            i = next(
+                (
+                    j
+                    for j, s in enumerate(self._signals)
+                    if s["name"] == name and any(s is x for x in lent)
+                ),
+                None,
+            )
+            if i is None:
+                i = self._nth(name, 0)
+                if i is None:
+                    continue
+            sig = self._signals.pop(i)
+            lent = [s for s in lent if s is not sig]
+
+    def _unlend(self, sid: str) -> None:
+        """The stage ended without running the attempt it reserved for: free the signal."""
+        self._lent.pop(sid, None)
+
+    def _lease_signals(self, sid: str) -> dict[str, list[Any]]:
+        """(Runs started before shared takes only.) The whole queue for the first attempt in
+        flight, which becomes its only taker until it reports; the others get none."""
+        if not self._signals or self._signal_holder not in (None, sid):
+            return {}
+        self._signal_holder = sid
         queues: dict[str, list[Any]] = {}
         for sig in self._signals:
             queues.setdefault(sig["name"], []).append(sig["payload"])
         return queues
-
-    def _lease_signals(self, sid: str) -> dict[str, list[Any]]:
-        """The buffered signals for a stage attempt about to run. Only one attempt in flight
-        at a time may take from the queue (parallel stages of a group each get a snapshot, so
-        two could otherwise take the same signal): the others get none, and a wait of theirs
-        suspends until the holder has returned (``_signal_ready``)."""
-        if not self._signals or self._signal_holder not in (None, sid):
-            return {}
-        self._signal_holder = sid
-        return self._signal_queues()
-
-    def _signal_ready(self, name: str) -> bool:
-        return self._signal_holder is None and self._queued(name) > 0
-
-    def _take_signal(self, name: str) -> None:
-        """A stage attempt consumed the oldest buffered signal of ``name``."""
-        for i, sig in enumerate(self._signals):
-            if sig["name"] == name:
-                del self._signals[i]
-                return
 
     def _carry_signals(self, start: dict[str, Any]) -> None:
         """Signals carried over in the start input (an import, a redrive) arrived before any

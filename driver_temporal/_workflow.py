@@ -23,8 +23,8 @@ the activity up: the server drops a scheduled activity at once (the workflow see
 while a started one only hears of the cancel and the workflow waits for its outcome.
 
 Migration (freeze, snapshot, export completion) lives in ``_freezing.MigrationHandlers``, a base
-of ``GraphWorkflow``; the signal queue (handlers, idempotency keys, which stage attempt may take
-from it) in ``_signals.SignalHandlers``, another base.
+of ``GraphWorkflow``; the signal queue (handlers, idempotency keys, what each stage attempt took
+or was lent) in ``_signals.SignalHandlers``, another base.
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ _INFRA_RETRY = RetryPolicy(
 )
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
 _LOCAL_PATCH = "wfe-local-stages"
+# runs started with this marker take every signal through ``wfe.take_signal`` (or a lent one),
+# concurrently; a run started before keeps the single-taker rule (``SignalHandlers``)
+_SHARED_TAKES_PATCH = "wfe-shared-signal-takes"
 
 
 def workflow_runner() -> WorkflowRunner:
@@ -126,6 +129,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._signal_keys: set[str] = set()
         self._deliveries: dict[str, dict[str, Any]] = {}
         self._held: dict[str, dict[str, dict[str, Any]]] = {}
+        self._lent: dict[str, list[dict[str, Any]]] = {}
+        self._holder_rule = False
         self._outbox: list[dict[str, Any]] = []
         self._closing = False
         self._final = False
@@ -159,6 +164,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> dict[str, Any]:
         start: dict[str, Any] = workflow.payload_converter().from_payload(args[0].payload, dict)
+        # asked once, first thing: a run whose history lacks the marker replays the old rule
+        self._holder_rule = not workflow.patched(_SHARED_TAKES_PATCH)
         self._setup(start)
         publisher = asyncio.create_task(self._publisher())
         syncer = asyncio.create_task(self._syncer())
@@ -332,6 +339,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             return stopped
         except Exception as exc:  # Migrated, or a bug: raised by _run_group once all settled
             return exc
+        finally:
+            self._unlend(sid)  # a signal its resumed wait reserved but no attempt ran for
         return None
 
     def _stop(self, tasks: dict[str, asyncio.Task[BaseException | None]], reason: str) -> None:
@@ -376,7 +385,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 if reason not in ("sleep", "signal", "poll"):
                     reason = "sleep" if st["wake_at"] else "signal"
                 await self._wait(
-                    {"reason": reason, "waiting_for": waiting_for}, parse_time(st["wake_at"])
+                    sid, {"reason": reason, "waiting_for": waiting_for}, parse_time(st["wake_at"])
                 )
         next_attempt = max(1, st["attempt"])
         if st["status"] == "pending" and st["attempt"] > 0:
@@ -425,7 +434,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                     )
                 )
                 self._sync()
-                await self._wait(res, until)
+                await self._wait(sid, res, until)
                 fresh = False
                 continue
             error = res["error"]
@@ -469,11 +478,31 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         # a Temporal timer needs a positive duration
         return max(self._graph.stage(sid).retry.delay_s(attempt), 0.001)
 
-    async def _wait(self, res: dict[str, Any], until: Any) -> None:
-        remaining = None
-        if until is not None:
-            remaining = max(0.0, (until - workflow.now()).total_seconds()) + 0.02
-        if res["reason"] == "signal":
+    def _remaining(self, until: Any) -> float | None:
+        if until is None:
+            return None
+        return max(0.0, float((until - workflow.now()).total_seconds())) + 0.02
+
+    async def _wait(self, sid: str, res: dict[str, Any], until: Any) -> None:
+        """Wait until the suspended attempt of ``sid`` may resume: its signal is free (lent
+        to it at once, see ``_reserve``), its timer or deadline is due."""
+        if res["reason"] == "signal" and not self._holder_rule:
+            name = res["waiting_for"].split(":", 1)[1]
+            while not self._reserve(sid, name):
+                try:
+                    await workflow.wait_condition(
+                        lambda: self._signal_ready(name) or self._migrated_to is not None,
+                        timeout=self._remaining(until),
+                        timeout_summary=f"timeout of {res['waiting_for']}",
+                    )
+                except TimeoutError:
+                    self._reserve(sid, name)  # one that arrived with the deadline still counts
+                    return
+                if self._migrated_to is not None:
+                    raise Migrated()
+            return
+        remaining = self._remaining(until)
+        if res["reason"] == "signal":  # a run with the holder rule (see ``SignalHandlers``)
             name = res["waiting_for"].split(":", 1)[1]
             if self._signal_ready(name):
                 return
@@ -504,6 +533,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         st = self._stages[sid]
         spec = self._graph.stage(sid)
         steps = st["comp_steps"] if compensation else st["steps"]
+        # the patch marker keeps runs started before local stages existed replaying
+        in_process = bool(spec.local) and workflow.patched(_LOCAL_PATCH)
         task = {
             "run_id": self._run_id,
             "workflow_id": self._wf_id,
@@ -514,7 +545,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             "input": self._start["input"],
             "outputs": {a: self._stages[a]["output"] for a in self._ancestors(sid)},
             "steps": list(steps.values()),
-            "signal_queues": {} if compensation else self._lease_signals(sid),
+            "signal_queues": {} if compensation else self._lend(sid, in_process),
             "output": st["output"] if compensation else None,
         }
         # the StageRunner's effective timeout (the stage's own, else the starter's
@@ -531,8 +562,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         summary = f"{sid} {what} {attempt}"
         res: dict[str, Any] | None = None
         try:
-            # the patch marker keeps runs started before local stages existed replaying
-            if spec.local and workflow.patched(_LOCAL_PATCH):
+            if in_process:
                 local = workflow.start_local_activity(
                     name,
                     task,
@@ -594,14 +624,14 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 self._inflight -= 1
                 if self._signal_holder == sid:
                     self._signal_holder = None
-                if res is None:  # no result (the run stops): what it took goes back
+                if res is None:  # no result (the run stops): what it took or was lent goes back
                     self._release_taken(sid, {})
+                    self._unlend(sid)
         assert res is not None
         for rec in res.get("steps") or ():
             steps[rec["name"]] = rec
-        for name in res.get("consumed") or ():
-            self._take_signal(name)
         if not compensation:
+            self._settle_lent(sid, res.get("consumed") or ())
             self._release_taken(sid, steps)
         return res
 

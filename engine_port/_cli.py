@@ -106,7 +106,7 @@ def exit_code(exc: EngineError) -> int:
 
 
 def _fail(exc: EngineError) -> NoReturn:
-    errors.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    errors.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(exit_code(exc))
 
 
@@ -140,6 +140,26 @@ def _registry(app_: str | None, settings: EngineSettings, required: bool) -> Reg
         return None
     with _reported():
         return load_registry(name)
+
+
+def _initialised(settings: EngineSettings) -> None:
+    """Commands that read or act on existing runs never create a database, a folder or a
+    table: on the native driver they first check that the schema is there and current."""
+    if settings.driver != "native" or settings.routes:
+        return
+    native = importlib.import_module("driver_native")
+    with _reported():
+        db = native.Database(settings.database_url.reveal(), create=False)
+        try:
+            version, latest = db.schema_status()
+        finally:
+            db.dispose()
+        if version < latest:
+            what = "has no wfe tables" if version == 0 else f"is at schema version {version}"
+            raise DriverUnavailableError(
+                f"the database at {settings.database_url} {what} (this wfe needs {latest}); "
+                "run 'wfe db upgrade' first"
+            )
 
 
 def _run(coro: Any) -> Any:
@@ -327,6 +347,7 @@ def runs_cmd(
     statuses = _status_list(status)
     cutoff = datetime.now(UTC) - timedelta(seconds=_seconds(since, "--since")) if since else None
     settings = _settings(driver)
+    _initialised(settings)
     registry = _registry(app_, settings, required=False)
 
     async def show() -> list[RunInfo]:
@@ -367,6 +388,7 @@ def runs_cmd(
 def show_cmd(run_id: str, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
     """Show one run (its stages, output and error) as JSON."""
     settings = _settings(driver)
+    _initialised(settings)
 
     async def show() -> RunInfo:
         async with create_engine(settings, None) as engine:
@@ -399,6 +421,7 @@ def signal_cmd(
         )
         raise typer.Exit(EXIT_CODES["bad_input"]) from None
     settings = _settings(driver)
+    _initialised(settings)
 
     async def send() -> BaseModel:
         async with create_engine(settings, None) as engine:
@@ -411,6 +434,7 @@ def signal_cmd(
 def cancel_cmd(run_id: str, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
     """Cancel a run (its completed stages are compensated)."""
     settings = _settings(driver)
+    _initialised(settings)
 
     async def cancel() -> RunInfo:
         async with create_engine(settings, None) as engine:
@@ -439,6 +463,7 @@ def redrive_cmd(
     """Re-run a failed or cancelled run under the same id (completed upstream outputs are
     reused); a worker serving its version then runs it."""
     settings = _settings(driver)
+    _initialised(settings)
     registry = _registry(app_, settings, required=version is not None)
 
     async def redrive() -> RunInfo:
@@ -456,6 +481,7 @@ def redrive_cmd(
 def versions_cmd(app_: AppOpt = None, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
     """Workflow versions: active runs per version, served here, drained."""
     settings = _settings(driver)
+    _initialised(settings)
     registry = _registry(app_, settings, required=False)
 
     async def versions() -> list[Any]:
@@ -477,6 +503,7 @@ def versions_cmd(app_: AppOpt = None, driver: DriverOpt = None, as_json: JsonOpt
 def dlq_replay(driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
     """Queue every dead-lettered event for delivery again."""
     settings = _settings(driver)
+    _initialised(settings)
 
     async def replay() -> int:
         async with create_engine(settings, None) as engine:
@@ -500,6 +527,7 @@ def purge_cmd(
     """Delete finished runs (their rows, events and blobs) older than a duration."""
     seconds = _seconds(older_than, "--older-than")
     settings = _settings(driver)
+    _initialised(settings)
 
     async def purge() -> int:
         async with create_engine(settings, None) as engine:

@@ -50,6 +50,7 @@ def test_db_upgrade_and_runs_listing(env: dict[str, str]) -> None:
 
 def test_bad_input_is_a_clear_error_not_a_traceback(env: dict[str, str]) -> None:
     runner = CliRunner()
+    assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
     result = runner.invoke(app, ["signal", "no-such-run", "go", "{}"])
     assert result.exit_code == EXIT_CODES["not_found"]
     assert "no run with id 'no-such-run'" in result.stderr
@@ -343,6 +344,7 @@ def test_config_errors_are_one_line_naming_the_source(
     result = runner.invoke(app, ["runs"])
     assert result.exit_code == EXIT_CODES["bad_config"]
     message = result.stderr.strip()
+    assert "\n" not in message  # one line, however long
     assert "environment variable WFE_DRIVER" in message and "'native' or 'temporal'" in message
     assert "Traceback" not in result.output and "pydantic" not in message
     monkeypatch.delenv("WFE_DRIVER")
@@ -361,3 +363,29 @@ def test_config_errors_are_one_line_naming_the_source(
     (tmp_path / "wfe.toml").write_text("driver = \n")
     result = runner.invoke(app, ["runs"])
     assert result.exit_code == EXIT_CODES["bad_config"] and "not valid TOML" in result.stderr
+
+
+def test_read_commands_never_create_a_database_folder_or_table(
+    env: dict[str, str], tmp_path: Path, pg_session: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlalchemy as sa
+
+    runner = CliRunner()
+    monkeypatch.setenv("WFE_DATABASE_URL", f"sqlite:///{tmp_path / 'state' / 'wfe.db'}")
+    for args in (["runs"], ["show", "r1"], ["versions"], ["cancel", "r1"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == EXIT_CODES["unavailable"], (args, result.output)
+        assert "'wfe db upgrade'" in result.stderr
+    assert not (tmp_path / "state").exists()
+
+    url = pg_session.new_schema()  # type: ignore[attr-defined]
+    monkeypatch.setenv("WFE_DATABASE_URL", url)
+    result = runner.invoke(app, ["runs"])
+    assert result.exit_code == EXIT_CODES["unavailable"]
+    assert "has no wfe tables" in result.stderr and "run 'wfe db upgrade' first" in result.stderr
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        assert sa.inspect(conn).get_table_names() == []
+    engine.dispose()
+    assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
+    assert runner.invoke(app, ["runs"]).exit_code == 0

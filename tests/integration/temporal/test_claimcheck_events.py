@@ -107,6 +107,8 @@ async def test_failing_sink_degrades_dead_letters_and_replays(make_engine: Engin
         run = await engine.start("sinkless", {})
         info = await engine.wait(run.id, timeout=60)
         assert info.status == "completed"  # a failing sink never blocks runs
+        # the run's workflow closes once it has dead-lettered its events
+        await asyncio.wait_for(engine._conn.get_workflow_handle(run.id).result(), 60)
         flushed = await engine.flush_events()
         assert flushed.degraded and flushed.dead == 5 and flushed.delivered == 0
         assert sink.events == []

@@ -1,0 +1,36 @@
+"""Recorded histories of a parallel group with signals replay on the current workflow code.
+
+``holder_rule_*.json`` were recorded on the code before shared signal takes (commit b537c01),
+where the first attempt of the group was handed the buffered signals as their only taker: in
+``buffered`` the sibling waiting for a buffered signal suspended once and resumed after that
+attempt returned, in ``resume`` the sibling stayed suspended after its signal came. A worker
+with the current code must replay such runs unchanged (their history lacks the
+``wfe-shared-signal-takes`` patch marker, so they keep the old rule) instead of failing their
+workflow tasks with a non-determinism error. ``shared_takes_buffered.json`` is the buffered
+scenario on the current code (no suspension). Recorded with ``histories/record_signals.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+from driver_temporal._workflow import GraphWorkflow, workflow_runner
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["holder_rule_buffered", "holder_rule_resume", "holder_rule_timeout", "shared_takes_buffered"],
+)
+async def test_recorded_history_replays(name: str) -> None:
+    data = json.loads((HISTORIES / f"{name}.json").read_text())
+    history = WorkflowHistory.from_json(data["workflow_id"], data["history"])
+    replayer = Replayer(workflows=[GraphWorkflow], workflow_runner=workflow_runner())
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, f"{name} no longer replays: {result.replay_failure!r}"
