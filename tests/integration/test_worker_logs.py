@@ -55,6 +55,7 @@ def build() -> Registry:
 
     @saga.stage
     async def reserve(ctx: StageContext[In]) -> int:
+        ctx.log.info("reserving")
         return 7
 
     @reserve.compensation
@@ -139,7 +140,8 @@ async def test_worker_logs_each_attempt_retry_suspension_resume_and_compensation
     assert comp[-2:] == ["compensation started", "compensation completed"]
     warned = [r for r in saga_recs if r.name == "wfe.stage.user"]
     assert [(_fields(r), r.levelno) for r in warned] == [
-        (("logs-saga", "reserve", 1), logging.WARNING)
+        (("logs-saga", "reserve", 1), logging.INFO),
+        (("logs-saga", "reserve", 1), logging.WARNING),
     ]
 
 
@@ -246,6 +248,23 @@ def test_wfe_worker_log_format_json_prints_one_object_per_line(tmp_path: Path) -
             "lookup",
         ]
         assert any(d["level"] == "ERROR" and d["wfe_stage"] == "lookup" for d in mine)
+        user = [d for d in mine if d["logger"] == "wfe.stage.user"]  # ctx.log, INFO by default
+        assert user[0]["level"] == "INFO" and user[0]["message"].endswith("reserving")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_bad_log_level_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from engine_port._cli import EXIT_CODES, app
+
+    monkeypatch.setenv("WFE_LOG_LEVEL", "LOUD")
+    result = CliRunner().invoke(app, ["worker", "--app", "tests.integration.test_worker_logs"])
+    assert result.exit_code == EXIT_CODES["bad_config"]
+    assert "unknown log level 'LOUD'" in result.stderr and "WFE_LOG_LEVEL" in result.stderr
+    monkeypatch.delenv("WFE_LOG_LEVEL")
+    result = CliRunner().invoke(app, ["worker", "--log-format", "xml"])
+    assert result.exit_code == EXIT_CODES["bad_config"]
+    assert "use --log-format text or json" in result.stderr
