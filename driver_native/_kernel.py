@@ -497,6 +497,7 @@ class Kernel:
                 k: await self.claim.load(v, run_id=begin.run_id) for k, v in begin.outputs.items()
             },
             cancel_event=cancel,
+            resumed=bool(begin.steps),
         )
         ledger = SqlStepLedger(self.db, self.claim, begin.run_id, begin.stage_id, begin.steps)
         task = asyncio.create_task(self.runner.run(request, ledger))

@@ -168,7 +168,16 @@ class WorkerHost:
 
     async def _maintenance(self) -> None:
         self._outbox = await self.kernel.db.read(count_outbox)
-        self._counts["reaped_leases"] += await self.kernel.dispatch(ReapStaleLeases())
+        reaped = await self.kernel.dispatch(ReapStaleLeases())
+        if reaped:
+            log.warning(
+                "worker %s: took over %d job(s) whose worker stopped renewing its lease (it "
+                "died or hung); they run again, replaying their journaled steps",
+                self.worker_id,
+                reaped,
+                extra={"wfe_worker": self.worker_id, "wfe_jobs": reaped},
+            )
+        self._counts["reaped_leases"] += reaped
         self._counts["reaped_runs"] += await self.kernel.dispatch(ReapStuckRuns())
         if self.retention_seconds is not None:
             self._counts["purged"] += await self.kernel.dispatch(PurgeRuns(self.retention_seconds))
@@ -193,6 +202,22 @@ class WorkerHost:
             )
             result = await self.kernel.dispatch(command)
             self._counts[str(result)] += 1
+            if result == "cancelled":
+                wf = str(job.wfv).split("@", 1)[0]
+                log.info(
+                    "run %s %s/%s attempt %d: stage cancelled (the run was cancelled or stopped)",
+                    job.run_id,
+                    wf,
+                    job.stage_id,
+                    job.attempt,
+                    extra={
+                        "wfe_run_id": job.run_id,
+                        "wfe_workflow": wf,
+                        "wfe_stage": job.stage_id,
+                        "wfe_attempt": job.attempt,
+                        "wfe_worker": self.worker_id,
+                    },
+                )
         except asyncio.CancelledError:
             raise
         except Exception:

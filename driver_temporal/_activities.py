@@ -205,6 +205,7 @@ class DriverActivities:
                 k: await self.claim.load(v, run_id=task["run_id"])
                 for k, v in task["outputs"].items()
             },
+            resumed=bool(task["steps"]),
         )
         journal: dict[str, dict[str, Any]] = {}
         records = {r["name"]: r for r in task["steps"]}

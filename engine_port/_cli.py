@@ -28,6 +28,7 @@ from rich.table import Table
 from ._app import load_registry
 from ._config import load_settings
 from ._factory import create_engine
+from ._log_format import configure_logging
 from ._models import RunInfo, RunStatus
 from ._registry import Registry
 from ._settings import EngineSettings
@@ -250,9 +251,30 @@ def demo(
     _run(run_demo(_settings(database_url=database_url), console))
 
 
+LogLevelOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-level",
+        envvar="WFE_LOG_LEVEL",
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (or WFE_LOG_LEVEL)",
+    ),
+]
+LogFormatOpt = Annotated[
+    str, typer.Option("--log-format", help="text, or json: one JSON object per line")
+]
+
+
 @app.command()
-def worker(app_: AppOpt = None, driver: DriverOpt = None) -> None:
-    """Run a worker for the app's registry until SIGINT/SIGTERM (graceful shutdown)."""
+def worker(
+    app_: AppOpt = None,
+    driver: DriverOpt = None,
+    log_level: LogLevelOpt = "INFO",
+    log_format: LogFormatOpt = "text",
+) -> None:
+    """Run a worker for the app's registry until SIGINT/SIGTERM (graceful shutdown). It logs
+    each stage attempt, suspension, failure and compensation to stderr."""
+    with _reported():
+        configure_logging(log_level, log_format)
     settings = _settings(driver)
     registry = _registry(app_, settings, required=True)
     assert registry is not None

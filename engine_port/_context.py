@@ -292,8 +292,11 @@ class StageContext(Generic[InT]):
     outputs: Mapping[str, JSON] = field(default_factory=dict)
     cancel_event: asyncio.Event | None = None
     log: logging.LoggerAdapter[logging.Logger] = field(
-        default_factory=lambda: logging.LoggerAdapter(logging.getLogger("wfe.stage"), {})
+        default_factory=lambda: logging.LoggerAdapter(logging.getLogger("wfe.stage.user"), {})
     )
+    """A logger bound to this run, stage and attempt (logger ``wfe.stage.user``): messages
+    carry the ids in their text and as ``extra`` fields (``wfe_run_id``, ``wfe_workflow``,
+    ``wfe_stage``, ``wfe_attempt``)."""
     events: list[BusinessEvent] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
     _hook_calls: dict[str, int] = field(default_factory=dict)

@@ -56,12 +56,17 @@ class StageStatus(StrEnum):
 
 
 class ErrorInfo(BaseModel):
-    """A recorded error: exception type name, message and the stage it came from."""
+    """A recorded error: exception type name, message and the stage it came from.
+
+    ``traceback`` is the formatted traceback of an exception raised by user code (a stage
+    body or a compensation), from the user's function down to the ``raise``, bounded in size
+    (the innermost frames are kept); None for errors the engine raised itself."""
 
     model_config = ConfigDict(frozen=True)
     type: str
     message: str
     stage: str | None = None
+    traceback: str | None = None
 
     @classmethod
     def of(cls, exc: BaseException, stage: str | None = None) -> ErrorInfo:

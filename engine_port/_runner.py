@@ -26,7 +26,9 @@ from ._models import ErrorInfo
 from ._payload_limit import DEFAULT_MAX_PAYLOAD_BYTES, SizeCheckedLedger, check_payload_size
 from ._registry import Registry
 from ._serde import JSON, to_json_value, validate_as
+from ._stage_log import StageLog
 from ._sync_executor import SyncStageExecutor
+from ._tracebacks import format_user_traceback
 from .errors import (
     DefinitionError,
     InvalidInputError,
@@ -57,7 +59,8 @@ waiting for it, so a body that ignores cancellation cannot hang a worker's shutd
 
 @dataclass(frozen=True)
 class StageRequest:
-    """One stage attempt to execute."""
+    """One stage attempt to execute. ``resumed``: the stage has journaled steps from an
+    earlier execution of this attempt (it suspended, or its worker died): for logs only."""
 
     run_id: str
     workflow: Workflow[Any]
@@ -66,6 +69,7 @@ class StageRequest:
     input: JSON
     outputs: Mapping[str, JSON] = field(default_factory=dict)
     cancel_event: asyncio.Event | None = None
+    resumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,66 @@ Outcome = Completed | Suspended | Failed | Abandoned
 _NEVER_RETRY = (SerializationError, StepError, DefinitionError, InvalidInputError)
 
 
-def _error_info(exc: BaseException, stage: str) -> ErrorInfo:
-    """The stored record of ``exc``: never a database error's SQL text or parameters."""
-    return ErrorInfo(type=type(exc).__name__, message=safe_error_message(exc), stage=stage)
+def _error_info(exc: BaseException, stage: str, fn: Any = None) -> ErrorInfo:
+    """The stored record of ``exc`` raised by the user's ``fn``, with its traceback from
+    ``fn`` down: never a database error's SQL text or parameters."""
+    return ErrorInfo(
+        type=type(exc).__name__,
+        message=safe_error_message(exc),
+        stage=stage,
+        traceback=format_user_traceback(exc, fn),
+    )
+
+
+def _log_outcome(slog: StageLog, stage: Stage, attempt: int, outcome: Outcome, what: str) -> None:
+    """One record per outcome: INFO for completed and suspended, WARNING for a failure that
+    is retried and an abandoned attempt, ERROR (with the traceback) for a failure for good."""
+    if isinstance(outcome, Completed):
+        slog(logging.INFO, f"{what} completed")
+    elif isinstance(outcome, Suspended):
+        until = "" if outcome.until is None else f" until {outcome.until.isoformat()}"
+        slog(
+            logging.INFO,
+            f"{what} suspended, waiting for {outcome.waiting_for}{until}",
+            wfe_waiting_for=outcome.waiting_for,
+            wfe_until=None if outcome.until is None else outcome.until.isoformat(),
+        )
+    elif isinstance(outcome, Abandoned):
+        slog(
+            logging.WARNING,
+            f"{what} abandoned: the engine's storage failed (%s); it runs again after a "
+            "backoff without using up a retry",
+            outcome.reason,
+        )
+    else:
+        err = outcome.error
+        retry = stage.retry
+        if outcome.retryable and attempt < retry.max_attempts:
+            delay = retry.delay_after(attempt).total_seconds()
+            slog(
+                logging.WARNING,
+                f"{what} failed with %s: %s; retrying in %gs (attempt %d of %d)",
+                err.type,
+                err.message,
+                delay,
+                attempt + 1,
+                retry.max_attempts,
+                wfe_error_type=err.type,
+                wfe_retry_in=delay,
+            )
+            return
+        why = "not retryable" if not outcome.retryable else "no attempts left"
+        tb = f"\n{err.traceback}" if err.traceback else ""
+        slog(
+            logging.ERROR,
+            f"{what} failed for good (%s) with %s: %s%s",
+            why,
+            err.type,
+            err.message,
+            tb,
+            wfe_error_type=err.type,
+            wfe_retry_in=None,
+        )
 
 
 class StageRunner:
@@ -145,7 +206,7 @@ class StageRunner:
             return stage.timeout.total_seconds()
         return self.default_timeout
 
-    def _context(self, req: StageRequest, ledger: StepLedger) -> StageContext[Any]:
+    def _context(self, req: StageRequest, ledger: StepLedger, slog: StageLog) -> StageContext[Any]:
         wf = req.workflow
         return StageContext(
             input=wf.validate_input(req.input),
@@ -158,6 +219,7 @@ class StageRunner:
             outputs=req.outputs,
             cancel_event=req.cancel_event,
             _loop=asyncio.get_running_loop(),
+            log=slog.user_logger(),
         )
 
     async def _invoke(self, req: StageRequest, stage: Stage, fn: Any, *args: Any) -> Any:
@@ -214,9 +276,22 @@ class StageRunner:
         ``asyncio.CancelledError``. A fault of the ledger (the engine's storage) returns
         :class:`Abandoned`, never :class:`Failed`."""
         stage = req.workflow.get_stage(req.stage_id)
+        slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
+        slog(logging.INFO, "stage resumed" if req.resumed else "stage started")
+        try:
+            outcome = await self._run(req, stage, ledger, slog)
+        except asyncio.CancelledError:
+            slog(logging.INFO, "stage cancelled")
+            raise
+        _log_outcome(slog, stage, req.attempt, outcome, "stage")
+        return outcome
+
+    async def _run(
+        self, req: StageRequest, stage: Stage, ledger: StepLedger, slog: StageLog
+    ) -> Outcome:
         guarded = GuardedLedger(ledger)
         try:
-            ctx = self._context(req, guarded)
+            ctx = self._context(req, guarded, slog)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
         outcome = await self._attempt(req, stage, ctx, guarded)
@@ -256,9 +331,9 @@ class StageRunner:
                     f"{todo}, or make the stage faster"
                 )
                 return Failed(ErrorInfo.of(err, stage.id), retryable=True)
-            return self._failed(stage, exc)
+            return self._failed(stage, exc, stage.fn)
         except Exception as exc:
-            return self._failed(stage, exc)
+            return self._failed(stage, exc, stage.fn)
         try:
             output = to_json_value(result, f"output of stage {stage.id!r}")
             check_json(output, f"output of stage {stage.id!r}")
@@ -275,17 +350,11 @@ class StageRunner:
         return Completed(output, tuple(ctx.events))
 
     def _abandoned(self, stage: Stage, fault: InfrastructureFault) -> Abandoned:
-        log.warning(
-            "stage %r: attempt abandoned, the engine's storage failed (%s); it runs again "
-            "after a backoff without using up a retry",
-            stage.id,
-            fault,
-        )
-        return Abandoned(str(fault))
+        return Abandoned(str(fault))  # logged with the outcome
 
-    def _failed(self, stage: Stage, exc: BaseException) -> Failed:
+    def _failed(self, stage: Stage, exc: BaseException, fn: Any) -> Failed:
         retryable = stage.retry.is_retryable(exc) and not isinstance(exc, _NEVER_RETRY)
-        return Failed(_error_info(exc, stage.id), retryable=retryable)
+        return Failed(_error_info(exc, stage.id, fn), retryable=retryable)
 
     async def compensate(self, req: StageRequest, output: JSON, ledger: StepLedger) -> Outcome:
         """Run the stage's compensation once with its recorded output. Returns Completed(None),
@@ -294,9 +363,22 @@ class StageRunner:
         stage = req.workflow.get_stage(req.stage_id)
         if stage.compensation_fn is None:
             return Completed(None)
+        slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
+        slog(logging.INFO, "compensation started")
+        try:
+            outcome = await self._compensate(req, stage, output, ledger, slog)
+        except asyncio.CancelledError:
+            slog(logging.INFO, "compensation cancelled")
+            raise
+        _log_outcome(slog, stage, req.attempt, outcome, "compensation")
+        return outcome
+
+    async def _compensate(
+        self, req: StageRequest, stage: Stage, output: JSON, ledger: StepLedger, slog: StageLog
+    ) -> Outcome:
         guarded = GuardedLedger(ledger)
         try:
-            ctx = self._context(req, guarded)
+            ctx = self._context(req, guarded, slog)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
         outcome = await self._compensation(req, stage, ctx, output)
@@ -319,5 +401,5 @@ class StageRunner:
             )
             return Failed(ErrorInfo.of(err, stage.id), retryable=False)
         except Exception as exc:
-            return self._failed(stage, exc)
+            return self._failed(stage, exc, stage.compensation_fn)
         return Completed(None)
