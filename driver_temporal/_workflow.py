@@ -210,7 +210,14 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             self._cancel_active()
         await _to_the_end(self._wind_up(outcome, error, publisher, syncer))
         if outcome == "failed" and error is not None:
-            raise ApplicationError(error["message"], type=error["type"], non_retryable=True)
+            # the details carry the stage and the user's traceback to the Web UI's failure
+            details = {k: error[k] for k in ("stage", "traceback") if error.get(k)}
+            raise ApplicationError(
+                error["message"],
+                *([details] if details else []),
+                type=error["type"],
+                non_retryable=True,
+            )
         if outcome == "cancelled":
             raise asyncio.CancelledError()
         return self._info

@@ -46,6 +46,15 @@ async def test_stage_records_and_traceback_match_the_native_driver(
     async with engine, engine.worker():
         run = await engine.start("logs-t", {})
         info = await engine.wait(run.id, timeout=60)
+        # the Web UI shows the run's failure with the stage and the user's traceback
+        from temporalio.client import WorkflowFailureError
+
+        with pytest.raises(WorkflowFailureError) as failed:
+            await engine._conn.get_workflow_handle(run.id).result()
+        cause = failed.value.cause
+        assert getattr(cause, "type", None) == "KeyError"
+        shown = cause.details[0]  # type: ignore[attr-defined]
+        assert shown["stage"] == "lookup" and "in lookup" in shown["traceback"]
 
     assert info.status == "failed" and info.error is not None
     tb = info.error.traceback
