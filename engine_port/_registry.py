@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +70,8 @@ class Registry:
     def get(self, workflow_id: str, version: str | None = None) -> Workflow[Any]:
         versions = self._workflows.get(workflow_id)
         if not versions:
-            raise WorkflowNotFoundError(workflow_id)
+            close = difflib.get_close_matches(str(workflow_id), list(self._workflows), n=1)
+            raise WorkflowNotFoundError(workflow_id, did_you_mean=close[0] if close else None)
         if version is None or version == "latest":
             return next(reversed(versions.values()))
         try:

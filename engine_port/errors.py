@@ -63,10 +63,14 @@ class DefinitionVersionConflictError(DefinitionError):
 class WorkflowNotFoundError(EngineError):
     """The registry has no workflow (or no such version of it)."""
 
-    def __init__(self, workflow_id: str, version: str | None = None) -> None:
+    def __init__(
+        self, workflow_id: str, version: str | None = None, *, did_you_mean: str | None = None
+    ) -> None:
         what = f"{workflow_id!r}" if version is None else f"{workflow_id!r} version {version!r}"
+        hint = f"did you mean {did_you_mean!r}? If not, " if did_you_mean else ""
         super().__init__(
-            f"no workflow {what} is registered; add it to the Registry passed to create_engine()"
+            f"no workflow {what} is registered; {hint}add it to the Registry passed to "
+            "create_engine()"
         )
         self.workflow_id = workflow_id
         self.version = version

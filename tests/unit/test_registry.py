@@ -168,3 +168,22 @@ def test_registries_are_independent() -> None:
 def test_errors_are_engine_errors() -> None:
     with pytest.raises(EngineError):
         Registry().get("x")
+
+
+def test_an_unknown_workflow_id_suggests_the_closest_registered_one() -> None:
+    wf = Workflow("order-processing", input=_Suggest)
+
+    @wf.stage
+    async def a(ctx: StageContext[_Suggest]) -> int:
+        return 1
+
+    registry = Registry([wf])
+    with pytest.raises(WorkflowNotFoundError, match="did you mean 'order-processing'"):
+        registry.get("order-procesing")
+    with pytest.raises(WorkflowNotFoundError) as nothing_close:
+        registry.get("zzz")
+    assert "did you mean" not in str(nothing_close.value)
+
+
+class _Suggest(BaseModel):
+    pass
