@@ -228,3 +228,68 @@ async def test_wrong_credentials_are_driver_unavailable(s3_server: str) -> None:
     assert isinstance(translated, DriverUnavailableError)
     assert s3_server in str(translated)
     assert "access_key" in str(translated)
+
+
+# -- engine level: both drivers spill to S3 over HTTP (issue 15) -----------------------------
+
+
+def _big_workflow(wf_id: str) -> Any:
+    from pydantic import BaseModel
+
+    from engine_port import StageContext, Workflow
+
+    class In(BaseModel):
+        n: int
+
+    wf = Workflow(wf_id, input=In)
+
+    @wf.stage
+    async def make(ctx: StageContext[In]) -> dict[str, str]:
+        step = await ctx.step.run("blob", lambda: "s" * (100 * 1024))
+        return {"big": "b" * (ctx.input.n * 1024), "step": step[:3]}
+
+    @wf.stage(after=[make])
+    async def size(ctx: StageContext[In]) -> int:
+        return len(ctx.output_of(make)["big"])
+
+    return wf
+
+
+async def _run_on(settings: Any, wf: Any) -> tuple[Any, list[str]]:
+    from engine_port import EngineSettings, Registry, create_engine
+
+    assert isinstance(settings, EngineSettings)
+    async with create_engine(settings, Registry([wf])) as engine, engine.worker():
+        run = await engine.start(wf.id, {"n": 200})
+        info = await engine.wait(run.id, timeout=60)
+    keys = await open_blob_store(settings.blob_url).list(f"runs/{run.id}/")
+    return info, keys
+
+
+async def test_native_engine_spills_to_s3(s3_server: str, tmp_path: Any) -> None:
+    from engine_port import EngineSettings
+
+    settings = EngineSettings(
+        database_url=f"sqlite:///{tmp_path / 'wfe.db'}",
+        blob_url=s3_url(s3_server, fresh_bucket(), "tenant"),
+    )
+    info, keys = await _run_on(settings, _big_workflow("s3-native"))
+    assert info.status == "completed" and info.output == 200 * 1024
+    assert info.stage("make").output["big"] == "b" * (200 * 1024)
+    assert any("/steps/" in k for k in keys) and any("/stages/" in k for k in keys), keys
+
+
+@pytest.mark.temporal
+async def test_temporal_engine_spills_to_s3(s3_server: str, temporal_server: Any) -> None:
+    from engine_port import EngineSettings
+
+    settings = EngineSettings(
+        driver="temporal",
+        temporal_address=temporal_server.address,
+        task_queue=f"s3-{uuid.uuid4().hex[:8]}",
+        blob_url=s3_url(s3_server, fresh_bucket()),
+    )
+    info, keys = await _run_on(settings, _big_workflow("s3-temporal"))
+    assert info.status == "completed" and info.output == 200 * 1024
+    assert info.stage("make").output["big"] == "b" * (200 * 1024)
+    assert len(keys) >= 2, keys  # the step result and the stage output, under the run's prefix
