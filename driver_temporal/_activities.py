@@ -394,7 +394,7 @@ class DriverActivities:
                 return False, None
         if not res.get("taken"):
             return False, None
-        return True, await self.claim.load(res.get("payload"), run_id=task["run_id"])
+        return True, await self.claim.load(res.get("payload"), run_id=info.workflow_id)
 
     async def _load_record(self, data: dict[str, Any], run_id: str) -> StepRecord:
         rec = record_from_json(data)
