@@ -29,7 +29,7 @@ class _Handle:
 
 
 class _Claim:
-    async def load(self, value: Any) -> Any:
+    async def load(self, value: Any, *, run_id: str) -> Any:
         return value
 
 
