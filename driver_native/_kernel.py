@@ -144,13 +144,7 @@ class Kernel:
         self.claim = claim
         self.clock = clock
         self.sink = sink
-        self.runner = StageRunner(
-            registry,
-            clock,
-            default_timeout=settings.default_stage_timeout,
-            sync_threads=settings.sync_stage_threads,
-            max_payload_bytes=settings.max_payload_bytes,
-        )
+        self.runner = StageRunner.for_settings(registry, clock, settings)
         self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
             CreateRun: self._create_run,
             ClaimPending: self._claim,

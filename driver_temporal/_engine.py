@@ -162,13 +162,7 @@ class TemporalEngine(WorkflowEngine):
             blob_store if blob_store is not None else open_blob_store(settings.blob_url)
         )
         self.claim = ClaimCheck(self.blob_store, settings.spill_threshold_bytes)
-        self.runner = StageRunner(
-            registry,
-            clock,
-            default_timeout=settings.default_stage_timeout,
-            sync_threads=settings.sync_stage_threads,
-            max_payload_bytes=settings.max_payload_bytes,
-        )
+        self.runner = StageRunner.for_settings(registry, clock, settings)
         self.heartbeat_timeout = heartbeat_timeout
         self.connect_timeout = connect_timeout
         self.signal_timeout = signal_timeout

@@ -26,6 +26,7 @@ from ._models import ErrorInfo
 from ._payload_limit import DEFAULT_MAX_PAYLOAD_BYTES, SizeCheckedLedger, check_payload_size
 from ._registry import Registry
 from ._serde import JSON, to_json_value, validate_as
+from ._settings import EngineSettings
 from ._stage_log import StageLog
 from ._sync_executor import SyncStageExecutor
 from ._tracebacks import format_user_traceback
@@ -193,6 +194,20 @@ class StageRunner:
         # no thread starts before the first sync body, and close() stops the idle ones
         self.sync_threads = sync_threads
         self.sync_executor = SyncStageExecutor(sync_threads)
+
+    @classmethod
+    def for_settings(
+        cls, registry: Registry, clock: Clock | None, settings: EngineSettings
+    ) -> StageRunner:
+        """The runner a driver uses: every setting that shapes an attempt (default stage
+        timeout, sync stage threads, payload limit) applied the same way on every driver."""
+        return cls(
+            registry,
+            clock,
+            default_timeout=settings.default_stage_timeout,
+            sync_threads=settings.sync_stage_threads,
+            max_payload_bytes=settings.max_payload_bytes,
+        )
 
     def close(self) -> None:
         """Stop the idle sync stage threads; never waits for a body that does not return. The
