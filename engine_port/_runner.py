@@ -11,7 +11,7 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -294,22 +294,31 @@ class StageRunner:
         slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
         slog(logging.INFO, "stage resumed" if req.resumed else "stage started")
         try:
-            outcome = await self._run(req, stage, ledger, slog)
+            outcome = await self._guarded(
+                req, stage, ledger, slog, lambda ctx, g: self._attempt(req, stage, ctx, g)
+            )
         except asyncio.CancelledError:
             slog(logging.INFO, "stage cancelled")
             raise
         _log_outcome(slog, stage, req.attempt, outcome, "stage")
         return outcome
 
-    async def _run(
-        self, req: StageRequest, stage: Stage, ledger: StepLedger, slog: StageLog
+    async def _guarded(
+        self,
+        req: StageRequest,
+        stage: Stage,
+        ledger: StepLedger,
+        slog: StageLog,
+        body: Callable[[StageContext[Any], GuardedLedger], Awaitable[Outcome]],
     ) -> Outcome:
+        """Run ``body`` (an attempt or a compensation) against ``ledger`` guarded for faults of
+        the engine's storage: such a fault abandons it (DESIGN §5), never fails it."""
         guarded = GuardedLedger(ledger)
         try:
             ctx = self._context(req, guarded, slog)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
-        outcome = await self._attempt(req, stage, ctx, guarded)
+        outcome = await body(ctx, guarded)
         if guarded.fault is not None and not isinstance(outcome, Abandoned):
             # even if the body caught the fault (a bare except) and went on: the step it was
             # journaling is not journaled, so what the attempt returned cannot be trusted
@@ -381,24 +390,17 @@ class StageRunner:
         slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
         slog(logging.INFO, "compensation started")
         try:
-            outcome = await self._compensate(req, stage, output, ledger, slog)
+            outcome = await self._guarded(
+                req,
+                stage,
+                ledger,
+                slog,
+                lambda ctx, _g: self._compensation(req, stage, ctx, output),
+            )
         except asyncio.CancelledError:
             slog(logging.INFO, "compensation cancelled")
             raise
         _log_outcome(slog, stage, req.attempt, outcome, "compensation")
-        return outcome
-
-    async def _compensate(
-        self, req: StageRequest, stage: Stage, output: JSON, ledger: StepLedger, slog: StageLog
-    ) -> Outcome:
-        guarded = GuardedLedger(ledger)
-        try:
-            ctx = self._context(req, guarded, slog)
-        except InvalidInputError as exc:
-            return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
-        outcome = await self._compensation(req, stage, ctx, output)
-        if guarded.fault is not None and not isinstance(outcome, Abandoned):
-            return self._abandoned(stage, guarded.fault)
         return outcome
 
     async def _compensation(
