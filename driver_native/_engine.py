@@ -30,8 +30,9 @@ from engine_port import (
     WorkflowEngine,
     open_blob_store,
 )
-from engine_port._clock import Clock
-from engine_port._limits import (
+from engine_port.driver import (
+    TERMINAL_RUN_STATUSES,
+    Clock,
     check_export_target,
     check_run_call,
     check_signal_call,
@@ -41,7 +42,6 @@ from engine_port._limits import (
     check_workflow_id,
     check_workflow_ids,
 )
-from engine_port._models import TERMINAL_RUN_STATUSES
 from engine_port.errors import (
     EngineError,
     MigrationError,
