@@ -8,6 +8,7 @@ it loads the entry point the settings name, when an engine is built.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 from collections.abc import Callable, Mapping
@@ -69,8 +70,10 @@ def installed_drivers() -> Mapping[str, DriverEntry]:
 
 
 def unknown_driver_message(name: str, installed: Mapping[str, DriverEntry]) -> str:
+    close = difflib.get_close_matches(name, list(installed), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
     return (
-        f"unknown driver {name!r}; installed drivers: {', '.join(sorted(installed))} "
+        f"unknown driver {name!r}; {hint}installed drivers: {', '.join(sorted(installed))} "
         f"(a package adds one with a {ENTRY_POINT_GROUP!r} entry point)"
     )
 
