@@ -367,6 +367,12 @@ class NativeEngine(WorkflowEngine):
         check_run_call(run_id)
         return await self.kernel.db.read(_outbox.load_events, run_id)
 
+    async def outbox_counts(self) -> _outbox.OutboxCounts:
+        """Undelivered events in the outbox: ``pending`` (not failed yet), ``retrying`` (the
+        sink failed; waiting for a retry) and ``dead`` (dead letters; ``replay_dlq()``)."""
+        counts: _outbox.OutboxCounts = await self.kernel.db.read(_outbox.count_outbox)
+        return counts
+
     async def purge(self, older_than_seconds: float) -> int:
         n: int = await self.kernel.dispatch(PurgeRuns(older_than_seconds))
         return n
