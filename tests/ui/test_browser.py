@@ -16,10 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("playwright")
-uvicorn = pytest.importorskip("uvicorn")
-
+import uvicorn
 from playwright.async_api import Page, async_playwright, expect
 
 from engine_port import EngineSettings, RunStatus, create_engine

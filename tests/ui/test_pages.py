@@ -8,10 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("starlette")
-pytest.importorskip("httpx")
-
 from starlette.testclient import TestClient
 
 from engine_port import EngineSettings, create_engine
