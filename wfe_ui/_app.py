@@ -112,6 +112,12 @@ def _when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _when_ms(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
 def _status_code(exc: EngineError) -> int:
     for kind, code in _STATUS_CODES:
         if isinstance(exc, kind):
@@ -141,6 +147,7 @@ def create_app(
     )
     env.filters["when"] = _when
     env.filters["path"] = _quote
+    env.filters["when_ms"] = _when_ms
     env.globals.update(
         allow_actions=allow_actions,
         csrf=csrf,
