@@ -176,8 +176,13 @@ class NativeEngine(WorkflowEngine):
 
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
+        run, stage_rows, graph = await self.kernel.db.read(_runs.read_run, run_id)
+        return await self._info(run, stage_rows, graph)
+
+    async def _info(self, run: Any, stage_rows: list[Any], graph: GraphModel | None) -> RunInfo:
+        """A RunInfo from a run's row, its stage rows and its definition (spilled values are
+        read from the blob store)."""
         k = self.kernel
-        run, stage_rows, graph = await k.db.read(_runs.read_run, run_id)
         order = (
             {sid: i for i, sid in enumerate(s for g in graph.groups for s in g)} if graph else {}
         )
@@ -240,8 +245,8 @@ class NativeEngine(WorkflowEngine):
         if workflow_id is not None:
             check_workflow_id(workflow_id)
         statuses = [status] if isinstance(status, str) else list(status or [])
-        ids = await self.kernel.db.read(_runs.list_run_rows, workflow_id, statuses, limit)
-        return [await self.get_run(i) for i in ids]
+        found = await self.kernel.db.read(_runs.read_runs, workflow_id, statuses, limit)
+        return [await self._info(run, rows, graph) for run, rows, graph in found]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         """Wait for a terminal status: woken at once by this process's workers, and polling

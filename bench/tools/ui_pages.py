@@ -26,6 +26,7 @@ from engine_port import EngineSettings, Registry, StageContext, Workflow, create
 from tests.support.databases import PostgresSession
 from wfe_ui import create_app
 
+
 class In(BaseModel):
     i: int
 
