@@ -33,8 +33,6 @@ from engine_port.errors import (
     DriverUnavailableError,
     EngineError,
     InvalidInputError,
-    InvalidRedriveError,
-    RunNotActiveError,
     RunNotFoundError,
     UnsupportedFeatureError,
     WorkflowNotFoundError,
@@ -66,13 +64,11 @@ _DONE = {
     "flushed": "Pending events delivered to the sink.",
 }
 _STATUS_CODES: tuple[tuple[type[EngineError], int], ...] = (
-    ((RunNotFoundError, 404)),
-    ((WorkflowNotFoundError, 404)),
-    ((InvalidInputError, 400)),
-    ((RunNotActiveError, 409)),
-    ((InvalidRedriveError, 409)),
-    ((UnsupportedFeatureError, 501)),
-    ((DriverUnavailableError, 503)),
+    (RunNotFoundError, 404),
+    (WorkflowNotFoundError, 404),
+    (InvalidInputError, 400),
+    (UnsupportedFeatureError, 501),
+    (DriverUnavailableError, 503),
 )
 _HEADERS = [
     (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; form-action 'self'"),
@@ -122,7 +118,7 @@ def _status_code(exc: EngineError) -> int:
     for kind, code in _STATUS_CODES:
         if isinstance(exc, kind):
             return code
-    return 500
+    return 409  # an engine error is one a user can cause: the request does not fit the state
 
 
 def create_app(
@@ -333,7 +329,7 @@ def create_app(
             done = await action()
         except EngineError as exc:
             code = _status_code(exc)
-            if code in (404, 500, 503):
+            if code in (404, 503):
                 raise
             return await _run_page(request, run_id, 0, None, str(exc), code)
         return back(run_id, done)

@@ -3,7 +3,7 @@
 Makes N pending runs (default 20,000) of a 3-stage workflow in a fresh PostgreSQL database on
 the server at WFE_TEST_POSTGRES_URL (default 127.0.0.1:5432), then times, median of 5, each page
 of ``wfe ui`` (through Starlette's TestClient, in process) and the bare port call behind it,
-and prints both and their ratio. The runs list can only ask the port for the newest ``limit``
+and prints both and their ratio (and what a TestClient round trip costs by itself). The runs list can only ask the port for the newest ``limit``
 runs (no cursor, no index on creation time): see the README's *Web view* section.
 """
 
@@ -105,6 +105,8 @@ def main() -> None:
                 "/runs?q=PREFIX": median_ms(lambda: client.get(f"/runs?q={run_id[:6]}")),
                 "/runs/ID": median_ms(lambda: client.get(f"/runs/{run_id}")),
             }
+            harness = median_ms(lambda: client.get("/static/style.css"))
+        print(f"TestClient round trip of a static file (harness cost): {harness:.1f} ms")
         print(f"{'page':<18}{'page ms':>10}{'port ms':>10}{'ratio':>8}")
         for name, ms in pages.items():
             print(f"{name:<18}{ms:>10.1f}{port[name]:>10.1f}{ms / port[name]:>8.2f}")

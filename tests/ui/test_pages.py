@@ -196,5 +196,10 @@ def test_signal_cancel_redrive_and_replay(tmp_path: Path) -> None:
         assert refused.status_code == 409 and 'id="problem"' in refused.text
         redriven = client.post(f"/runs/{runs.failed}/redrive", data={"from": "ship", "csrf": token})
         assert "Run redriven" in redriven.text
+        unknown = client.post(
+            f"/runs/{runs.completed}/redrive", data={"from": "no-such-stage", "csrf": token}
+        )
+        assert unknown.status_code in (400, 409) and 'id="problem"' in unknown.text
+        assert "no-such-stage" in unknown.text
         replay = client.post("/outbox/replay", data={"csrf": token})
         assert "dead-lettered event(s) queued" in replay.text
