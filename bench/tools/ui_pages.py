@@ -3,8 +3,9 @@
 Makes N pending runs (default 20,000) of a 3-stage workflow in a fresh PostgreSQL database on
 the server at WFE_TEST_POSTGRES_URL (default 127.0.0.1:5432), then times, median of 5, each page
 of ``wfe ui`` (through Starlette's TestClient, in process) and the bare port call behind it,
-and prints both and their ratio (and what a TestClient round trip costs by itself). The runs list can only ask the port for the newest ``limit``
-runs (no cursor, no index on creation time): see the README's *Web view* section.
+and prints both and their ratio (and what a TestClient round trip costs by itself). The runs
+list can only ask the port for the newest ``limit`` runs (no cursor, no index on creation
+time): see the README's *Web view* section.
 """
 
 from __future__ import annotations
