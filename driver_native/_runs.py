@@ -368,12 +368,22 @@ def read_run(conn: Connection, run_id: str) -> tuple[Any, list[Any], GraphModel 
 
 
 def read_runs(
-    conn: Connection, workflow_id: str | None, status: Sequence[str] | None, limit: int
+    conn: Connection,
+    workflow_id: str | None,
+    status: Sequence[str] | None,
+    limit: int,
+    before: tuple[float, str] | None = None,
 ) -> list[tuple[Any, list[Any], GraphModel | None]]:
-    """The newest ``limit`` runs (of one workflow, in some statuses) as :func:`read_run` gives
-    one: a query for the runs, one per 500 of them for their stages, one per definition, in
-    one transaction (not a transaction per run, as listing by id and reading each did)."""
-    q = sa.select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+    """The newest ``limit`` runs (of one workflow, in some statuses; created before the run
+    ``before`` = (created_at, id) in this order) as :func:`read_run` gives one: a query for
+    the runs, one per 500 of them for their stages, one per definition, in one transaction
+    (not a transaction per run, as listing by id and reading each did)."""
+    q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+    if before is not None:
+        at, run_id = before
+        q = q.where(
+            sa.or_(runs.c.created_at < at, sa.and_(runs.c.created_at == at, runs.c.id < run_id))
+        )
     if workflow_id is not None:
         q = q.where(runs.c.workflow_id == workflow_id)
     if status:

@@ -178,11 +178,21 @@ def create_app(
         if flt.q is not None and len(flt.q) <= 64:
             with suppress(RunNotFoundError, InvalidInputError):
                 candidates.append(await engine.get_run(flt.q))
-        listed = await engine.list_runs(
-            workflow_id=flt.workflow,
-            status=list(flt.statuses) or None,
-            limit=SCAN_LIMIT if narrowed else flt.limit,
-        )
+        paged = getattr(engine, "list_runs_page", None)
+        cursor: str | None = None
+        if paged is not None and not narrowed:
+            listed, cursor = await paged(
+                workflow_id=flt.workflow,
+                status=list(flt.statuses) or None,
+                limit=flt.limit,
+                after=flt.after,
+            )
+        else:
+            listed = await engine.list_runs(
+                workflow_id=flt.workflow,
+                status=list(flt.statuses) or None,
+                limit=SCAN_LIMIT if narrowed else flt.limit,
+            )
         cutoff = datetime.now(UTC) - flt.since_delta if flt.since_delta else None
 
         def wanted(r: RunInfo) -> bool:
@@ -204,6 +214,8 @@ def create_app(
             narrowed=narrowed,
             scanned=len(listed),
             scan_limit=SCAN_LIMIT,
+            cursor=cursor,
+            paged=paged is not None and not narrowed,
             more=len(found) > flt.limit or (not narrowed and len(listed) >= flt.limit),
             refresh=flt.refresh,
             title="Runs",

@@ -79,6 +79,7 @@ class RunFilter:
     q: str | None = None
     limit: int = 50
     refresh: int = 10
+    after: str | None = None  # page cursor given by the previous page (drivers that page)
 
     def query(self, **override: Any) -> dict[str, Any]:
         """The filter as query parameters (for links that keep it)."""
@@ -90,6 +91,7 @@ class RunFilter:
             "q": self.q,
             "limit": self.limit,
             "refresh": self.refresh,
+            "after": self.after,
         }
         values.update(override)
         return {k: v for k, v in values.items() if v not in (None, "", [])}
@@ -132,7 +134,19 @@ def parse_run_filter(params: Any) -> RunFilter:
         q=one("q", 300),
         limit=_int_choice(params.get("limit"), "limit", LIMITS, 50),
         refresh=refresh_seconds(params.get("refresh"), 10),
+        after=_cursor(params.get("after")),
     )
+
+
+_CURSOR = re.compile(r"^[0-9.e+-]{1,30}~[^\x00-\x1f\x7f]{1,64}$")
+
+
+def _cursor(raw: str | None) -> str | None:
+    if raw is None or raw == "":
+        return None
+    if not _CURSOR.match(raw):
+        raise BadRequestError("after must be the page cursor an 'Older runs' link gave")
+    return raw
 
 
 def parse_payload(raw: str) -> Any:

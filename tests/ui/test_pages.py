@@ -203,3 +203,29 @@ def test_signal_cancel_redrive_and_replay(tmp_path: Path) -> None:
         assert "no-such-stage" in unknown.text
         replay = client.post("/outbox/replay", data={"csrf": token})
         assert "dead-lettered event(s) queued" in replay.text
+
+
+def test_runs_list_pages_by_cursor(tmp_path: Path) -> None:
+    settings = EngineSettings(
+        database_url=f"sqlite:///{tmp_path / 'wfe.db'}", blob_url=f"file://{tmp_path / 'b'}"
+    )
+
+    async def start_many() -> list[str]:
+        async with create_engine(settings, build_demo()) as engine:
+            return [
+                (await engine.start("demo-order", {"order_id": f"P-{i}", "total": 1.0})).id
+                for i in range(25)
+            ]
+
+    made = asyncio.run(start_many())
+    with client_for(settings, allow_actions=False) as client:
+        first = client.get("/runs", params={"limit": "20"}).text
+        older = re.search(r'href="(/runs\?[^"]+)" id="older"', first)
+        assert older, "no link to the older runs"
+        second = client.get(older.group(1).replace("&amp;", "&")).text
+        assert 'id="older"' not in second and 'id="newest"' in second
+        ids = [re.findall(r'class="run-link">([0-9a-f]+)<', page) for page in (first, second)]
+        assert len(ids[0]) == 20 and len(ids[1]) == 5
+        assert ids[0] + ids[1] == list(reversed(made))  # newest first, each run once
+        bad = client.get("/runs", params={"after": "yesterday"})
+        assert bad.status_code == 400 and "page cursor" in bad.text

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from engine_port import EngineSettings, RunStatus, create_engine
 from engine_port._demo import build_demo
+from engine_port.errors import InvalidInputError
 from tests.ui.runs import drive_demo
 
 
@@ -27,3 +30,26 @@ async def test_list_runs_is_get_run_for_each_newest_first(
         assert [r.id for r in failed] == [runs.failed]
         assert [r.id for r in await engine.list_runs(limit=1)] == [runs.waiting]
         assert await engine.list_runs(workflow_id="other") == []
+
+
+async def test_list_runs_page_walks_every_run_once_by_cursor(
+    database_url: str, tmp_path: Path
+) -> None:
+    settings = EngineSettings(database_url=database_url, blob_url=f"file://{tmp_path / 'b'}")
+    async with create_engine(settings, build_demo()) as engine:
+        made = [
+            (await engine.start("demo-order", {"order_id": f"P-{i}", "total": 1.0})).id
+            for i in range(7)
+        ]
+        seen: list[str] = []
+        cursor = None
+        pages = 0
+        while True:
+            page, cursor = await engine.list_runs_page(limit=3, after=cursor)
+            seen += [r.id for r in page]
+            pages += 1
+            if cursor is None:
+                break
+        assert seen == list(reversed(made)) and pages == 3
+        with pytest.raises(InvalidInputError, match="page cursor"):
+            await engine.list_runs_page(after="not-a-cursor")
