@@ -229,3 +229,29 @@ def test_runs_list_pages_by_cursor(tmp_path: Path) -> None:
         assert ids[0] + ids[1] == list(reversed(made))  # newest first, each run once
         bad = client.get("/runs", params={"after": "yesterday"})
         assert bad.status_code == 400 and "page cursor" in bad.text
+
+
+def test_hostile_values_are_escaped_and_groups_unknown_without_the_app(tmp_path: Path) -> None:
+    settings = EngineSettings(
+        database_url=f"sqlite:///{tmp_path / 'wfe.db'}", blob_url=f"file://{tmp_path / 'b'}"
+    )
+    hostile = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+
+    async def start() -> str:
+        async with create_engine(settings, build_demo()) as engine:
+            run = await engine.start(
+                "demo-order", {"order_id": hostile, "total": 1.0}, idempotency_key=hostile
+            )
+            return run.id
+
+    run_id = asyncio.run(start())
+    # no registry: the view still shows the run, one stage per column, and says why
+    with TestClient(create_app(create_engine(settings, None))) as client:
+        listing = client.get("/runs").text
+        page = client.get(f"/runs/{run_id}").text
+    for html in (listing, page):
+        assert "<script>alert" not in html and "<img src=x" not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "Execution groups unknown" in page
+    xs = re.findall(r'<rect x="(\d+)"', page)
+    assert len(xs) == 6 and len(set(xs)) == 6
