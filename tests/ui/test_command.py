@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import httpx2
 import pytest
 
 import wfe_ui
+from engine_port import EngineSettings, create_engine
 
 
 def free_port() -> int:
@@ -34,8 +36,8 @@ def test_wfe_ui_serves_read_only_on_loopback(tmp_path: Path) -> None:
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
     }
     wfe = [sys.executable, "-m", "engine_port"]
-    upgrade = subprocess.run([*wfe, "db", "upgrade"], env=env, capture_output=True, check=False)
-    assert upgrade.returncode == 0, upgrade.stderr
+    settings = EngineSettings(database_url=env["WFE_DATABASE_URL"], blob_url=env["WFE_BLOB_URL"])
+    asyncio.run(create_engine(settings, None).connect())  # creates the schema, as db upgrade
     port = free_port()
     proc = subprocess.Popen(
         [*wfe, "ui", "--port", str(port), "--app", "engine_port._demo:build_demo"],
