@@ -669,3 +669,44 @@ def migrate_cmd(
 
 def main() -> None:
     app()
+
+
+@app.command("ui")
+def ui_cmd(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="port to listen on")] = 8765,
+    host: Annotated[
+        str, typer.Option(help="address to bind (only this machine by default)")
+    ] = "127.0.0.1",
+    allow_actions: Annotated[
+        bool,
+        typer.Option("--allow-actions", help="show the signal, cancel, redrive and replay buttons"),
+    ] = False,
+    app_: AppOpt = None,
+    driver: DriverOpt = None,
+) -> None:
+    """Serve a web view of the runs (graph, timeline, events, versions, outbox); read-only
+    unless --allow-actions. Needs the 'ui' extra: pip install 'wfe[ui]'."""
+    try:
+        ui = importlib.import_module("wfe_ui")
+        uvicorn = importlib.import_module("uvicorn")
+    except ImportError as exc:
+        _fail(ConfigurationError(f"wfe ui needs the 'ui' extra ({exc}): pip install 'wfe[ui]'"))
+    settings = _settings(driver)
+    _initialised(settings)
+    registry = _registry(app_, settings, required=False)
+    with _reported():
+        engine = create_engine(settings, registry)
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    web = ui.create_app(
+        engine,
+        registry=registry,
+        allow_actions=allow_actions,
+        allowed_hosts=["127.0.0.1", "localhost", "[::1]", "::1"] if loopback else None,
+    )
+    shown = f"[{host}]" if ":" in host else host
+    errors.print(
+        f"wfe ui on http://{shown}:{port}/ (driver {settings.driver}, "
+        f"{'actions allowed' if allow_actions else 'read-only'}); Ctrl-C stops it",
+        highlight=False,
+    )
+    uvicorn.run(web, host=host, port=port, log_level="warning")
