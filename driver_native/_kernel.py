@@ -376,7 +376,9 @@ class Kernel:
 
     # -- jobs ------------------------------------------------------------------------------
     async def _claim(self, cmd: ClaimPending) -> list[Any]:
-        served = cmd.served if cmd.served is not None else self.served()
+        served: frozenset[str] | None = cmd.served if cmd.served is not None else self.served()
+        if cmd.served is None and self.settings.serves == "all":
+            served = None  # the serves="all" setting: no version filter
         return await self.db.tx(
             _jobs.claim, cmd.worker_id, served, cmd.limit, self.settings.lease_threshold, self.now()
         )

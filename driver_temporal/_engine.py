@@ -836,6 +836,12 @@ class TemporalEngine(WorkflowEngine):
             sink_error=error,
         )
 
+    async def purge(self, older_than: timedelta | float) -> int:
+        from ._purge import purge_runs
+
+        span = older_than if isinstance(older_than, timedelta) else timedelta(seconds=older_than)
+        return await purge_runs(self, span)
+
     async def replay_dlq(self) -> int:
         """Deliver dead-lettered events (kept under ``dlq/`` in the BlobStore) to the sink, in
         per-run order; delivered ones leave the DLQ. Returns how many were delivered."""

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from ._engine import WorkflowEngine
@@ -188,6 +189,9 @@ class RoutingEngine(WorkflowEngine):
             raise UnsupportedFeatureError("pass worker options to each driver's engine")
         async with contextlib.AsyncExitStack() as stack:
             yield [await stack.enter_async_context(e.worker()) for e in self.engines.values()]
+
+    async def purge(self, older_than: timedelta | float) -> int:
+        return sum([await e.purge(older_than) for e in self.engines.values()])
 
     async def flush_events(self) -> FlushResult:
         results = [await e.flush_events() for e in self.engines.values()]
