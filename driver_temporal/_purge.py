@@ -9,7 +9,9 @@ migrated) before the cutoff, its workflow executions and then those blobs -- the
 the native driver's ``run.purge`` deletes. Work is linear in the runs purged.
 
 A run id whose latest execution is open again (a redrive started since) is skipped: its blobs
-are still in use.
+are still in use. Temporal deletes executions asynchronously (the dev server takes up to ~30 s):
+until it has, the run is still listed and ``get_run`` of it raises
+SpilledPayloadUnavailableError (its data is gone) or RunNotFoundError.
 """
 
 from __future__ import annotations
