@@ -16,7 +16,10 @@ SpilledPayloadUnavailableError (its data is gone) or RunNotFoundError.
 
 from __future__ import annotations
 
-from contextlib import suppress
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +35,11 @@ from ._wire import _safe
 if TYPE_CHECKING:
     from ._engine import TemporalEngine
 
-__all__ = ["purge_runs", "run_blob_prefixes"]
+__all__ = ["purge_runs", "retention", "run_blob_prefixes"]
+
+log = logging.getLogger("wfe.worker")
+RETENTION_EVERY_S = 60.0
+"""How often a worker applies the ``retention`` setting (sooner when retention is shorter)."""
 
 
 _FINISHED = ("completed", "failed", "cancelled", "migrated")
@@ -70,6 +77,34 @@ async def purge_runs(engine: TemporalEngine, older_than: timedelta) -> int:
         await delete_prefixes(engine.blob_store, prefixes)
         purged += 1
     return purged
+
+
+@asynccontextmanager
+async def retention(engine: TemporalEngine) -> AsyncIterator[None]:
+    """While a worker runs: purge the runs older than the ``retention`` setting every minute
+    (nothing when it is unset)."""
+    keep = engine.settings.retention
+    if keep is None:
+        yield
+        return
+
+    async def loop() -> None:
+        while True:
+            try:
+                n = await purge_runs(engine, timedelta(seconds=keep))
+                if n:
+                    log.info("retention: purged %d run(s) finished over %gs ago", n, keep)
+            except Exception:
+                log.warning("retention: purge failed; trying again later", exc_info=True)
+            await asyncio.sleep(min(RETENTION_EVERY_S, keep))
+
+    task = asyncio.create_task(loop(), name="wfe-retention")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
 
 
 async def _reopened(engine: TemporalEngine, run_id: str) -> bool:

@@ -3,6 +3,8 @@ active runs keep everything (issue 16)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -53,3 +55,23 @@ async def test_purge_deletes_finished_runs_and_their_blobs(
         # the suspended run is untouched and still finishes
         await engine.signal(active.id, "go")
         assert (await engine.wait(active.id, timeout=60)).status == "completed"
+
+
+async def test_the_worker_applies_the_retention_setting(
+    make_engine: EngineFactory, blob_dir: Path
+) -> None:
+    wf = Workflow("retained", input=In)
+
+    @wf.stage
+    async def big(ctx: StageContext[In]) -> str:
+        return ctx.input.pad * 2
+
+    store = FolderBlobStore(blob_dir)
+    engine = make_engine(Registry([wf]), spill_threshold_bytes=1024, retention=0.5)
+    async with engine, engine.worker():
+        run = await engine.start(wf.id, {"pad": "x" * 4096})
+        assert (await engine.wait(run.id, timeout=60)).status == "completed"
+        deadline = time.monotonic() + 30
+        while await store.list(f"runs/{run.id}/"):  # the worker's retention purges it
+            assert time.monotonic() < deadline, "the worker never applied retention"
+            await asyncio.sleep(0.1)
