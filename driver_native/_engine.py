@@ -7,7 +7,7 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine_port import (
@@ -413,9 +413,21 @@ class NativeEngine(WorkflowEngine):
         last = found[limit - 1][0] if len(found) > limit else None
         return page, None if last is None else f"{last.created_at!r}~{last.id}"
 
-    async def purge(self, older_than_seconds: float) -> int:
-        n: int = await self.kernel.dispatch(PurgeRuns(older_than_seconds))
+    async def purge(
+        self,
+        older_than: timedelta | float | None = None,
+        *,
+        older_than_seconds: float | None = None,
+    ) -> int:
+        seconds = older_than_seconds if older_than is None else _seconds_of(older_than)
+        if seconds is None:
+            raise TypeError("purge() needs older_than")
+        n: int = await self.kernel.dispatch(PurgeRuns(seconds))
         return n
+
+
+def _seconds_of(value: timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
 def create_native_engine(

@@ -266,18 +266,51 @@ LogFormatOpt = Annotated[
 ]
 
 
+# host settings (issue 16): unset options keep EngineSettings (WFE_*, wfe.toml, defaults)
+_HostTime = Annotated[str | None, typer.Option(help="a duration: 30s, 5m, 1h (README Hosts)")]
+_HostCount = Annotated[int | None, typer.Option(min=1, help="a bound per tick (README Hosts)")]
+
+
+def _host_settings(times: dict[str, str | None], counts: dict[str, Any]) -> dict[str, Any]:
+    out = {k: _seconds(v, "--" + k.replace("_", "-")) for k, v in times.items() if v}
+    return out | {k: v for k, v in counts.items() if v is not None}
+
+
 @app.command()
 def worker(
     app_: AppOpt = None,
     driver: DriverOpt = None,
     log_level: LogLevelOpt = "INFO",
     log_format: LogFormatOpt = "text",
+    retention: _HostTime = None,
+    stale_lease_threshold: _HostTime = None,
+    job_absolute_timeout: _HostTime = None,
+    job_heartbeat_interval: _HostTime = None,
+    max_claims_per_tick: _HostCount = None,
+    max_suspended_checks_per_tick: _HostCount = None,
+    max_outbox_flush_per_tick: _HostCount = None,
+    serves: Annotated[str | None, typer.Option(help='"all": claim every version')] = None,
 ) -> None:
     """Run a worker for the app's registry until SIGINT/SIGTERM (graceful shutdown). It logs
-    each stage attempt, suspension, failure and compensation to stderr."""
+    each stage attempt, suspension, failure and compensation to stderr. ``--retention 30d``
+    purges finished runs older than that as it goes."""
     with _reported():
         configure_logging(log_level, log_format)
-    settings = _settings(driver)
+    host = _host_settings(
+        {
+            "retention": retention,
+            "stale_lease_threshold": stale_lease_threshold,
+            "job_absolute_timeout": job_absolute_timeout,
+            "job_heartbeat_interval": job_heartbeat_interval,
+        },
+        {
+            "max_claims_per_tick": max_claims_per_tick,
+            "max_suspended_checks_per_tick": max_suspended_checks_per_tick,
+            "max_outbox_flush_per_tick": max_outbox_flush_per_tick,
+            "serves": serves,
+        },
+    )
+    settings = _settings(driver, **host)
     registry = _registry(app_, settings, required=True)
     assert registry is not None
 
@@ -533,13 +566,7 @@ def purge_cmd(
 
     async def purge() -> int:
         async with create_engine(settings, None) as engine:
-            method = getattr(engine, "purge", None)
-            if method is None:
-                raise UnsupportedFeatureError(
-                    f"the {settings.driver} driver cannot purge runs; on Temporal set the "
-                    "namespace's retention period instead"
-                )
-            return int(await method(seconds))
+            return await engine.purge(seconds)
 
     count = _run(purge())
     if as_json:
