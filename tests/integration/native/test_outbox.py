@@ -52,6 +52,23 @@ class OutageSink(MemorySink):
         await super().publish(events)
 
 
+class FlakySink(OutageSink):
+    """Fails every batch until each run in it has failed ``attempts`` times: an outage measured
+    in attempts, so a loaded machine cannot stretch or shrink it."""
+
+    def __init__(self, attempts: int) -> None:
+        super().__init__(None)
+        self.fail_times = attempts
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        runs = {e.run_id for e in events}
+        self.failing = any(len(self.failures.get(r, ())) < self.fail_times for r in runs)
+        if self.failing:
+            for r in runs:
+                self.failures.setdefault(r, []).append(time.time())
+        await MemorySink.publish(self, events)
+
+
 async def poll(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -118,10 +135,13 @@ async def test_dead_letter_and_replay_in_per_run_order(make_engine: MakeEngine) 
 async def test_an_outage_shorter_than_the_minimum_span_loses_nothing_and_keeps_order(
     make_engine: MakeEngine,
 ) -> None:
-    # The sink is down for 0.6 s: far more than dead_letter_after=2 attempts happen (the old
-    # rule dead-lettered after 5 flushes, 0.25 s), but they span less than the 1 s minimum.
-    sink = OutageSink(0.6)
-    engine = await make_engine(w.linear, event_sink=sink, **SHORT)
+    # Each run's events fail 4 times: more than dead_letter_after=2 attempts (the old rule
+    # dead-lettered after 5 flushes, 0.25 s), but spanning less than the minimum (5 s here, so
+    # that a loaded machine's slow retries cannot reach it; the test ends when the sink is back).
+    sink = FlakySink(4)
+    engine = await make_engine(
+        w.linear, event_sink=sink, **{**SHORT, "outbox_dead_letter_min_seconds": 5.0}
+    )
     async with engine.worker(flush_interval=0.01):
         runs = [await engine.start("it-linear", {"n": i}) for i in range(3)]
         for run in runs:
