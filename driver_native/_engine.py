@@ -30,6 +30,7 @@ from engine_port import (
     WorkflowEngine,
     open_blob_store,
 )
+from engine_port import _telemetry as telemetry
 from engine_port._clock import Clock
 from engine_port._limits import (
     check_export_target,
@@ -154,9 +155,17 @@ class NativeEngine(WorkflowEngine):
             version = workflow.version
         check_start_input(self.registry.get(wf_id, version), input)
         created_at = self.clock.now()
-        run_id, created = await self.kernel.dispatch(
-            CreateRun(wf_id, input, idempotency_key, version)
-        )
+        with telemetry.start_spans(wf_id, version) as spans:
+            run_id, created = await self.kernel.dispatch(
+                CreateRun(
+                    wf_id,
+                    input,
+                    idempotency_key,
+                    version,
+                    trace_context=telemetry.current_traceparent(),
+                )
+            )
+            telemetry.set_run(spans, run_id, self.registry.get(wf_id, version).version)
         self._wake()
         if not created:  # an idempotent repeat: report the run as it is now
             return await self.get_run(run_id)
@@ -276,9 +285,10 @@ class NativeEngine(WorkflowEngine):
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
         check_signal_call(run_id, name, payload, idempotency_key)
-        result: SignalResult = await self.kernel.dispatch(
-            SignalStep(run_id, name, payload, idempotency_key)
-        )
+        with telemetry.signal_span(run_id, name):
+            result: SignalResult = await self.kernel.dispatch(
+                SignalStep(run_id, name, payload, idempotency_key)
+            )
         self._wake()
         return result
 

@@ -82,6 +82,7 @@ from engine_port import (
     open_blob_store,
     run_output,
 )
+from engine_port import _telemetry as telemetry
 from engine_port._limits import (
     check_export_target,
     check_run_call,
@@ -348,6 +349,22 @@ class TemporalEngine(WorkflowEngine):
         version: str | None = None,
     ) -> RunInfo:
         wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
+        with telemetry.start_spans(str(wf_id), version) as spans:
+            info = await self._start(
+                workflow, input, idempotency_key=idempotency_key, version=version
+            )
+            telemetry.set_run(spans, info.id, info.version)
+        return info
+
+    async def _start(
+        self,
+        workflow: str | Workflow[Any],
+        input: Any,
+        *,
+        idempotency_key: str | None = None,
+        version: str | None = None,
+    ) -> RunInfo:
+        wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
         check_start_call(wf_id, idempotency_key, version)
         wf = self.registry.get(wf_id, version)  # WorkflowNotFoundError
         data = check_start_input(wf, input)  # InvalidInputError
@@ -380,6 +397,7 @@ class TemporalEngine(WorkflowEngine):
             "heartbeat_timeout_s": self.heartbeat_timeout,
             "default_stage_timeout_s": self.settings.default_stage_timeout,
             "max_pending_signals": self.settings.max_pending_signals,
+            "trace_context": telemetry.current_traceparent(),
             **outbox_rule(self.settings),
         }
         initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
@@ -560,6 +578,12 @@ class TemporalEngine(WorkflowEngine):
 
     # -- signals and cancel ---------------------------------------------------------------------
     async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
+    ) -> SignalResult:
+        with telemetry.signal_span(run_id, name):
+            return await self._signal(run_id, name, payload, idempotency_key=idempotency_key)
+
+    async def _signal(
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
         data = check_signal_call(run_id, name, payload, idempotency_key)

@@ -29,6 +29,7 @@ from ._serde import JSON, to_json_value, validate_as
 from ._settings import EngineSettings
 from ._stage_log import StageLog
 from ._sync_executor import SyncStageExecutor
+from ._telemetry import SpanHandle, attributes, span
 from ._tracebacks import format_user_traceback
 from .errors import (
     DefinitionError,
@@ -71,6 +72,9 @@ class StageRequest:
     outputs: Mapping[str, JSON] = field(default_factory=dict)
     cancel_event: asyncio.Event | None = None
     resumed: bool = False
+    trace_context: str | None = None
+    """The W3C ``traceparent`` stored with the run (its ``wfe.run`` span): the attempt's span
+    is its child."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,23 @@ def _log_outcome(slog: StageLog, stage: Stage, attempt: int, outcome: Outcome, w
             wfe_error_type=err.type,
             wfe_retry_in=None,
         )
+
+
+def _span_attrs(req: StageRequest) -> dict[str, Any]:
+    return attributes(
+        req.run_id, req.workflow.id, req.workflow.version, stage=req.stage_id, attempt=req.attempt
+    )
+
+
+def _span_outcome(sp: SpanHandle, outcome: Outcome) -> None:
+    """``wfe.outcome`` on an attempt's (or compensation's) span; a failure sets status ERROR."""
+    kind = type(outcome).__name__.lower()
+    sp.set("wfe.outcome", kind)
+    if isinstance(outcome, Suspended):
+        sp.set("wfe.waiting_for", outcome.waiting_for)
+    elif isinstance(outcome, Failed):
+        sp.set("wfe.retryable", outcome.retryable)
+        sp.fail(outcome.error.type, outcome.error.message)
 
 
 class StageRunner:
@@ -293,13 +314,16 @@ class StageRunner:
         stage = req.workflow.get_stage(req.stage_id)
         slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
         slog(logging.INFO, "stage resumed" if req.resumed else "stage started")
-        try:
-            outcome = await self._guarded(
-                req, stage, ledger, slog, lambda ctx, g: self._attempt(req, stage, ctx, g)
-            )
-        except asyncio.CancelledError:
-            slog(logging.INFO, "stage cancelled")
-            raise
+        with span("wfe.stage", _span_attrs(req), parent=req.trace_context, stage=True) as sp:
+            try:
+                outcome = await self._guarded(
+                    req, stage, ledger, slog, lambda ctx, g: self._attempt(req, stage, ctx, g)
+                )
+            except asyncio.CancelledError:
+                slog(logging.INFO, "stage cancelled")
+                sp.set("wfe.outcome", "cancelled")
+                raise
+            _span_outcome(sp, outcome)
         _log_outcome(slog, stage, req.attempt, outcome, "stage")
         return outcome
 
@@ -389,17 +413,21 @@ class StageRunner:
             return Completed(None)
         slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
         slog(logging.INFO, "compensation started")
-        try:
-            outcome = await self._guarded(
-                req,
-                stage,
-                ledger,
-                slog,
-                lambda ctx, _g: self._compensation(req, stage, ctx, output),
-            )
-        except asyncio.CancelledError:
-            slog(logging.INFO, "compensation cancelled")
-            raise
+        attrs = _span_attrs(req)
+        with span("wfe.compensation", attrs, parent=req.trace_context, stage=True) as sp:
+            try:
+                outcome = await self._guarded(
+                    req,
+                    stage,
+                    ledger,
+                    slog,
+                    lambda ctx, _g: self._compensation(req, stage, ctx, output),
+                )
+            except asyncio.CancelledError:
+                slog(logging.INFO, "compensation cancelled")
+                sp.set("wfe.outcome", "cancelled")
+                raise
+            _span_outcome(sp, outcome)
         _log_outcome(slog, stage, req.attempt, outcome, "compensation")
         return outcome
 
