@@ -62,6 +62,7 @@ from ._commands import (
     SignalStep,
 )
 from ._db import Database
+from ._gauges import read_gauges
 from ._kernel import Kernel
 from ._worker import WorkerHost
 
@@ -380,6 +381,10 @@ class NativeEngine(WorkflowEngine):
     async def purge(self, older_than_seconds: float) -> int:
         n: int = await self.kernel.dispatch(PurgeRuns(older_than_seconds))
         return n
+
+    async def gauges(self) -> dict[str, Any]:
+        """Runs per (workflow, status) and the queue lag, for a worker's ``/metrics``."""
+        return await self.kernel.db.read(read_gauges, self.kernel.now())
 
 
 def create_native_engine(

@@ -11,10 +11,11 @@ import contextvars
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._clock import Clock, SystemClock
 from ._context import BusinessEvent, StageContext, Steps, Suspend
@@ -48,6 +49,9 @@ __all__ = [
     "StageRunner",
     "Suspended",
 ]
+
+if TYPE_CHECKING:
+    from ._metrics import EngineMetrics
 
 log = logging.getLogger("wfe.runner")
 
@@ -215,6 +219,8 @@ class StageRunner:
         # no thread starts before the first sync body, and close() stops the idle ones
         self.sync_threads = sync_threads
         self.sync_executor = SyncStageExecutor(sync_threads)
+        self.metrics: EngineMetrics | None = None
+        """Set by a worker that serves metrics (``wfe worker --metrics-port``)."""
 
     @classmethod
     def for_settings(
@@ -314,6 +320,7 @@ class StageRunner:
         stage = req.workflow.get_stage(req.stage_id)
         slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
         slog(logging.INFO, "stage resumed" if req.resumed else "stage started")
+        began = time.monotonic()
         with span("wfe.stage", _span_attrs(req), parent=req.trace_context, stage=True) as sp:
             try:
                 outcome = await self._guarded(
@@ -322,8 +329,10 @@ class StageRunner:
             except asyncio.CancelledError:
                 slog(logging.INFO, "stage cancelled")
                 sp.set("wfe.outcome", "cancelled")
+                self._measure(req, stage, None, began)
                 raise
             _span_outcome(sp, outcome)
+        self._measure(req, stage, outcome, began)
         _log_outcome(slog, stage, req.attempt, outcome, "stage")
         return outcome
 
@@ -397,6 +406,19 @@ class StageRunner:
             return Failed(ErrorInfo.of(err, stage.id), retryable=False)
         return Completed(output, tuple(ctx.events))
 
+    def _measure(
+        self,
+        req: StageRequest,
+        stage: Stage,
+        outcome: Outcome | None,
+        began: float,
+        *,
+        compensation: bool = False,
+    ) -> None:
+        if self.metrics is not None:
+            seconds = time.monotonic() - began
+            self.metrics.stage_outcome(req, stage, outcome, seconds, compensation=compensation)
+
     def _abandoned(self, stage: Stage, fault: InfrastructureFault) -> Abandoned:
         return Abandoned(str(fault))  # logged with the outcome
 
@@ -426,8 +448,10 @@ class StageRunner:
             except asyncio.CancelledError:
                 slog(logging.INFO, "compensation cancelled")
                 sp.set("wfe.outcome", "cancelled")
+                self._measure(req, stage, None, 0.0, compensation=True)
                 raise
             _span_outcome(sp, outcome)
+        self._measure(req, stage, outcome, 0.0, compensation=True)
         _log_outcome(slog, stage, req.attempt, outcome, "compensation")
         return outcome
 
