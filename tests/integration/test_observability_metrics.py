@@ -10,20 +10,26 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from engine_port import (
+    EngineMetrics,
     EngineSettings,
+    FolderBlobStore,
     NonRetryableError,
     Registry,
     Retry,
     StageContext,
     Workflow,
+    attach_metrics,
     create_engine,
+    serve_metrics,
 )
 
 pytest.importorskip("prometheus_client")
@@ -110,8 +116,6 @@ def test_wfe_worker_serves_metrics(tmp_path: Path) -> None:
 
         assert asyncio.run(drive()) == ["completed", "completed", "failed"]
 
-        flaky = {"workflow": "metered", "stage": "flaky"}
-        check = {"workflow": "metered", "stage": "check"}
         deadline = time.monotonic() + 30
         while True:  # the database gauges are refreshed every second
             m = scrape(url)
@@ -120,13 +124,7 @@ def test_wfe_worker_serves_metrics(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "wfe_runs never showed the failed run"
             time.sleep(0.2)
         assert value(m, "wfe_runs", workflow="metered", status="completed") == 2
-        assert value(m, "wfe_stage_attempts_total", **flaky) == 6  # each run: fail, retry
-        assert value(m, "wfe_stage_failures_total", **flaky, error_type="RuntimeError") == 3
-        assert value(m, "wfe_stage_retries_total", **flaky) == 3
-        assert value(m, "wfe_stage_failures_total", **check, error_type="NonRetryableError") == 1
-        assert value(m, "wfe_stage_retries_total", **check) == 0
-        assert value(m, "wfe_stage_duration_seconds_count", **flaky, outcome="completed") == 3
-        assert value(m, "wfe_stage_duration_seconds_count", **flaky, outcome="failed") == 3
+        check_stage_counters(m)
         assert value(m, "wfe_jobs_claimed_total") >= 3  # at least each run's first stage
         assert value(m, "wfe_lease_takeovers_total") == 0
         assert value(m, "wfe_sink_degraded") == 0
@@ -138,3 +136,39 @@ def test_wfe_worker_serves_metrics(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def check_stage_counters(m: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> None:
+    flaky = {"workflow": "metered", "stage": "flaky"}
+    check = {"workflow": "metered", "stage": "check"}
+    assert value(m, "wfe_stage_attempts_total", **flaky) == 6  # each run: fail, retry
+    assert value(m, "wfe_stage_failures_total", **flaky, error_type="RuntimeError") == 3
+    assert value(m, "wfe_stage_retries_total", **flaky) == 3
+    assert value(m, "wfe_stage_failures_total", **check, error_type="NonRetryableError") == 1
+    assert value(m, "wfe_stage_retries_total", **check) == 0
+    assert value(m, "wfe_stage_duration_seconds_count", **flaky, outcome="completed") == 3
+    assert value(m, "wfe_stage_duration_seconds_count", **flaky, outcome="failed") == 3
+
+
+@pytest.mark.temporal
+async def test_temporal_worker_serves_the_same_stage_metrics(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    from driver_temporal import create_temporal_engine
+
+    settings = EngineSettings(
+        driver="temporal",
+        temporal_address=temporal_server.address,
+        task_queue=f"metrics-{uuid.uuid4().hex[:10]}",
+        blob_url=f"file://{tmp_path / 'b'}",
+    )
+    engine = create_temporal_engine(settings, build(), blob_store=FolderBlobStore(tmp_path / "b"))
+    metrics = EngineMetrics()
+    async with engine, engine.worker() as worker:
+        attach_metrics(engine, metrics)
+        async with serve_metrics(metrics, engine, worker, 0, addr="127.0.0.1") as port:
+            runs = [await engine.start("metered", {"fail": i == 2}) for i in range(3)]
+            done = [await engine.wait(r.id, timeout=60) for r in runs]
+            assert [d.status for d in done] == ["completed", "completed", "failed"]
+            m = await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}/metrics")
+    check_stage_counters(m)
