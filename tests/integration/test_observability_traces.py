@@ -1,12 +1,17 @@
 """OpenTelemetry spans: the same span tree (names, parent links, wfe.* attributes) for the same
-run on the native driver (SQLite) and on Temporal, under the span of the start() caller."""
+run on the native driver (SQLite) and on Temporal, under the span of the start() caller; and
+the stage spans of a `wfe worker` process join the trace of the process that started the run."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,7 @@ pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 
@@ -177,3 +182,94 @@ async def test_temporal_span_tree(
     spans = exporter.get_finished_spans()
     assert span_tree(spans, trace_id) == EXPECTED
     check_attributes(spans, trace_id, run_id)
+
+
+class JsonLinesExporter(SpanExporter):
+    """Appends each finished span to a file as one JSON line (the worker process's spans)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with open(self.path, "a", encoding="utf-8") as f:
+            for s in spans:
+                assert s.context is not None
+                doc = {
+                    "name": s.name,
+                    "trace_id": s.context.trace_id,
+                    "span_id": s.context.span_id,
+                    "parent_id": None if s.parent is None else s.parent.span_id,
+                    "attributes": dict(s.attributes or {}),
+                }
+                f.write(json.dumps(doc) + "\n")
+        return SpanExportResult.SUCCESS
+
+
+def worker_app() -> Registry:
+    """The ``--app`` of the worker process: the SDK exporting to $WFE_TEST_SPANS."""
+    provider = TracerProvider()
+    provider.add_span_processor(
+        SimpleSpanProcessor(JsonLinesExporter(os.environ["WFE_TEST_SPANS"]))
+    )
+    trace.set_tracer_provider(provider)
+    return Registry([traced_workflow()])
+
+
+def test_stage_spans_of_a_worker_process_join_the_callers_trace(
+    tmp_path: Path, exporter: InMemorySpanExporter
+) -> None:
+    spans_file = tmp_path / "worker-spans.jsonl"
+    env = {
+        **os.environ,
+        "WFE_DATABASE_URL": f"sqlite:///{tmp_path / 'wfe.db'}",
+        "WFE_BLOB_URL": f"file://{tmp_path / 'blobs'}",
+        "WFE_TEST_SPANS": str(spans_file),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    app = "tests.integration.test_observability_traces:worker_app"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine_port", "worker", "--app", app],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    try:
+
+        async def start() -> tuple[str, int]:
+            settings = EngineSettings(
+                database_url=env["WFE_DATABASE_URL"], blob_url=env["WFE_BLOB_URL"]
+            )
+            async with create_engine(settings, Registry([traced_workflow()])) as engine:
+                with trace.get_tracer("test").start_as_current_span("caller") as caller:
+                    run = await engine.start("traced", {})
+                    await engine.signal(run.id, "go", "now")  # queued until b waits
+                info = await engine.wait(run.id, timeout=60)
+            assert info.status == "failed"
+            return run.id, caller.get_span_context().trace_id
+
+        run_id, trace_id = asyncio.run(start())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    here = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.context is not None and s.context.trace_id == trace_id and s.name == "wfe.run"
+    ]
+    assert len(here) == 1 and here[0].context is not None
+    run_span_id = here[0].context.span_id
+    there = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    stages = [d for d in there if d["name"] in ("wfe.stage", "wfe.compensation")]
+    assert {(d["name"], d["attributes"]["wfe.stage"]) for d in stages} == {
+        ("wfe.stage", "a"),
+        ("wfe.stage", "b"),
+        ("wfe.stage", "c"),
+        ("wfe.compensation", "a"),
+    }
+    for d in stages:  # children of this process's wfe.run span, in the caller's trace
+        assert (d["trace_id"], d["parent_id"]) == (trace_id, run_span_id), d
+        assert d["attributes"]["wfe.run_id"] == run_id
+    steps = [d for d in there if d["name"] == "wfe.step"]
+    assert {d["attributes"]["wfe.step"] for d in steps} == {"charge", "refund"}
+    assert all(d["trace_id"] == trace_id for d in steps)
