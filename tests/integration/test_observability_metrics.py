@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -172,3 +173,28 @@ async def test_temporal_worker_serves_the_same_stage_metrics(
             assert [d.status for d in done] == ["completed", "completed", "failed"]
             m = await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}/metrics")
     check_stage_counters(m)
+
+
+def test_a_busy_metrics_port_is_a_configuration_error(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "WFE_DATABASE_URL": f"sqlite:///{tmp_path / 'wfe.db'}",
+        "WFE_BLOB_URL": f"file://{tmp_path / 'blobs'}",
+        "PYTHONPATH": str(HERE.parents[2]),
+    }
+    app = "tests.integration.test_observability_metrics:build"
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        done = subprocess.run(
+            [sys.executable, "-m", "engine_port", "worker", "--app", app, "--metrics-port", port],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=60,
+        )
+    assert done.returncode == 6, done.stderr  # bad configuration
+    assert "choose a free --metrics-port" in done.stderr
