@@ -30,9 +30,9 @@ from engine_port import (
     WorkflowEngine,
     open_blob_store,
 )
-from engine_port import _telemetry as telemetry
-from engine_port._clock import Clock
-from engine_port._limits import (
+from engine_port.driver import (
+    TERMINAL_RUN_STATUSES,
+    Clock,
     check_export_target,
     check_run_call,
     check_signal_call,
@@ -41,8 +41,8 @@ from engine_port._limits import (
     check_version,
     check_workflow_id,
     check_workflow_ids,
+    telemetry,
 )
-from engine_port._models import TERMINAL_RUN_STATUSES
 from engine_port.errors import (
     EngineError,
     MigrationError,
@@ -142,6 +142,7 @@ class NativeEngine(WorkflowEngine):
             event.set()
 
     # -- the port --------------------------------------------------------------------------
+    @telemetry.traced_start
     async def start(
         self,
         workflow: str | Workflow[Any],
@@ -156,17 +157,10 @@ class NativeEngine(WorkflowEngine):
             version = workflow.version
         check_start_input(self.registry.get(wf_id, version), input)
         created_at = self.clock.now()
-        with telemetry.start_spans(wf_id, version) as spans:
-            run_id, created = await self.kernel.dispatch(
-                CreateRun(
-                    wf_id,
-                    input,
-                    idempotency_key,
-                    version,
-                    trace_context=telemetry.current_traceparent(),
-                )
-            )
-            telemetry.set_run(spans, run_id, self.registry.get(wf_id, version).version)
+        traceparent = telemetry.current_traceparent()  # of wfe.run: stored with the run
+        run_id, created = await self.kernel.dispatch(
+            CreateRun(wf_id, input, idempotency_key, version, trace_context=traceparent)
+        )
         self._wake()
         if not created:  # an idempotent repeat: report the run as it is now
             return await self.get_run(run_id)
@@ -282,14 +276,14 @@ class NativeEngine(WorkflowEngine):
             if not waiting:
                 self._waiters.pop(run_id, None)
 
+    @telemetry.traced_signal
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
         check_signal_call(run_id, name, payload, idempotency_key)
-        with telemetry.signal_span(run_id, name):
-            result: SignalResult = await self.kernel.dispatch(
-                SignalStep(run_id, name, payload, idempotency_key)
-            )
+        result: SignalResult = await self.kernel.dispatch(
+            SignalStep(run_id, name, payload, idempotency_key)
+        )
         self._wake()
         return result
 

@@ -19,7 +19,7 @@ from engine_port import (
     StageStatus,
     VersionInfo,
 )
-from engine_port._models import TERMINAL_RUN_STATUSES
+from engine_port.driver import TERMINAL_RUN_STATUSES
 from engine_port.errors import (
     IdempotencyConflictError,
     InvalidRedriveError,

@@ -82,9 +82,9 @@ from engine_port import (
     open_blob_store,
     run_output,
 )
-from engine_port import _telemetry as telemetry
-from engine_port._limits import (
+from engine_port.driver import (
     check_export_target,
+    check_payload_size,
     check_run_call,
     check_signal_call,
     check_start_call,
@@ -92,9 +92,9 @@ from engine_port._limits import (
     check_version,
     check_workflow_id,
     check_workflow_ids,
+    input_fingerprint,
+    telemetry,
 )
-from engine_port._payload_limit import check_payload_size
-from engine_port._serde import input_fingerprint
 from engine_port.errors import (
     DriverUnavailableError,
     EngineError,
@@ -340,23 +340,8 @@ class TemporalEngine(WorkflowEngine):
                 await asyncio.sleep(0.2)
 
     # -- start --------------------------------------------------------------------------------
+    @telemetry.traced_start
     async def start(
-        self,
-        workflow: str | Workflow[Any],
-        input: Any,
-        *,
-        idempotency_key: str | None = None,
-        version: str | None = None,
-    ) -> RunInfo:
-        wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
-        with telemetry.start_spans(str(wf_id), version) as spans:
-            info = await self._start(
-                workflow, input, idempotency_key=idempotency_key, version=version
-            )
-            telemetry.set_run(spans, info.id, info.version)
-        return info
-
-    async def _start(
         self,
         workflow: str | Workflow[Any],
         input: Any,
@@ -577,13 +562,8 @@ class TemporalEngine(WorkflowEngine):
             closed.cancel()
 
     # -- signals and cancel ---------------------------------------------------------------------
+    @telemetry.traced_signal
     async def signal(
-        self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
-    ) -> SignalResult:
-        with telemetry.signal_span(run_id, name):
-            return await self._signal(run_id, name, payload, idempotency_key=idempotency_key)
-
-    async def _signal(
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
         data = check_signal_call(run_id, name, payload, idempotency_key)

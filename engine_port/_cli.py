@@ -123,7 +123,9 @@ AppOpt = Annotated[
     str | None,
     typer.Option("--app", help="module:registry, module:workflow or module (or WFE_APP)"),
 ]
-DriverOpt = Annotated[str | None, typer.Option("--driver", help="native or temporal")]
+DriverOpt = Annotated[
+    str | None, typer.Option("--driver", help="an installed driver: native, temporal, memory, ...")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (JSON lines for listings)")]
 
 
@@ -633,8 +635,8 @@ def dev_temporal(
 
 @app.command("migrate")
 def migrate_cmd(
-    from_: Annotated[str, typer.Option("--from", help="source driver: native or temporal")],
-    to: Annotated[str, typer.Option("--to", help="target driver: native or temporal")],
+    from_: Annotated[str, typer.Option("--from", help="source driver (an installed name)")],
+    to: Annotated[str, typer.Option("--to", help="target driver (an installed name)")],
     workflow: Annotated[list[str] | None, typer.Option("--workflow", help="repeatable")] = None,
     version: Annotated[str | None, typer.Option()] = None,
     run: Annotated[list[str] | None, typer.Option("--run", help="run ids, repeatable")] = None,

@@ -24,9 +24,9 @@ import contextlib
 import contextvars
 import functools
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar, cast
 
 __all__ = [
     "SPAN_NAMES",
@@ -38,6 +38,8 @@ __all__ = [
     "span",
     "start_spans",
     "step_span",
+    "traced_signal",
+    "traced_start",
 ]
 
 SPAN_NAMES = ("wfe.start", "wfe.run", "wfe.stage", "wfe.compensation", "wfe.step", "wfe.signal")
@@ -163,6 +165,35 @@ def signal_span(run_id: str, name: str) -> Iterator[SpanHandle]:
     """``wfe.signal`` around a driver's ``signal()``."""
     with span("wfe.signal", {"wfe.run_id": run_id, "wfe.signal": name}) as sp:
         yield sp
+
+
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
+
+
+def traced_start(fn: _F) -> _F:
+    """Decorate a driver's ``start()``: it runs inside ``wfe.start`` > ``wfe.run`` (store
+    :func:`current_traceparent` with the run), whose ids are set from the RunInfo it returns."""
+
+    @functools.wraps(fn)
+    async def start(self: Any, workflow: Any, input: Any, *args: Any, **kw: Any) -> Any:
+        wf_id = getattr(workflow, "id", workflow)
+        with start_spans(str(wf_id), kw.get("version")) as spans:
+            info = await fn(self, workflow, input, *args, **kw)
+            set_run(spans, info.id, info.version)
+        return info
+
+    return cast(_F, start)
+
+
+def traced_signal(fn: _F) -> _F:
+    """Decorate a driver's ``signal(run_id, name, ...)``: it runs inside ``wfe.signal``."""
+
+    @functools.wraps(fn)
+    async def signal(self: Any, run_id: Any, name: Any, *args: Any, **kw: Any) -> Any:
+        with signal_span(str(run_id), str(name)):
+            return await fn(self, run_id, name, *args, **kw)
+
+    return cast(_F, signal)
 
 
 def set_run(handles: tuple[SpanHandle, SpanHandle], run_id: str, version: str) -> None:
