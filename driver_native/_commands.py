@@ -42,6 +42,7 @@ class CreateRun(Command):
     idempotency_key: str | None = None
     version: str | None = None
     run_id: str | None = None
+    trace_context: str | None = None  # the W3C traceparent of the run's wfe.run span
 
 
 @dataclass(frozen=True)

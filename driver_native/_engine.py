@@ -42,6 +42,7 @@ from engine_port.driver import (
     check_version,
     check_workflow_id,
     check_workflow_ids,
+    telemetry,
 )
 from engine_port.errors import (
     EngineError,
@@ -63,6 +64,7 @@ from ._commands import (
     SignalStep,
 )
 from ._db import Database
+from ._gauges import read_gauges
 from ._kernel import Kernel
 from ._worker import WorkerHost
 
@@ -155,6 +157,7 @@ class NativeEngine(WorkflowEngine):
             event.set()
 
     # -- the port --------------------------------------------------------------------------
+    @telemetry.traced_start
     async def start(
         self,
         workflow: str | Workflow[Any],
@@ -169,8 +172,9 @@ class NativeEngine(WorkflowEngine):
             version = workflow.version
         check_start_input(self.registry.get(wf_id, version), input)
         created_at = self.clock.now()
+        traceparent = telemetry.current_traceparent()  # of wfe.run: stored with the run
         run_id, created = await self.kernel.dispatch(
-            CreateRun(wf_id, input, idempotency_key, version)
+            CreateRun(wf_id, input, idempotency_key, version, trace_context=traceparent)
         )
         self._wake()
         if not created:  # an idempotent repeat: report the run as it is now
@@ -292,6 +296,7 @@ class NativeEngine(WorkflowEngine):
             if not waiting:
                 self._waiters.pop(run_id, None)
 
+    @telemetry.traced_signal
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
@@ -424,6 +429,10 @@ class NativeEngine(WorkflowEngine):
             raise TypeError("purge() needs older_than")
         n: int = await self.kernel.dispatch(PurgeRuns(seconds))
         return n
+
+    async def gauges(self) -> dict[str, Any]:
+        """Runs per (workflow, status) and the queue lag, for a worker's ``/metrics``."""
+        return await self.kernel.db.read(read_gauges, self.kernel.now())
 
 
 def _seconds_of(value: timedelta | float) -> float:

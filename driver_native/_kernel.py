@@ -92,6 +92,7 @@ def _create_run_once(
     fp: str,
     key: str | None,
     now: float,
+    trace_context: str | None = None,
 ) -> tuple[str, bool]:
     """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
     the run this very call inserted (same id, input and creation time) is returned as created
@@ -102,7 +103,7 @@ def _create_run_once(
         ).first()
         if row is not None and row.input_fingerprint == fp and row.created_at == now:
             return run_id, True
-    return _runs.create_run(conn, graph, run_id, stored, fp, key, now)
+    return _runs.create_run(conn, graph, run_id, stored, fp, key, now, trace_context)
 
 
 def _held(key: str, token: float) -> tuple[Any, ...]:
@@ -272,6 +273,7 @@ class Kernel:
                         fp,
                         cmd.idempotency_key,
                         now,
+                        cmd.trace_context,
                     )
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
@@ -499,6 +501,7 @@ class Kernel:
             },
             cancel_event=cancel,
             resumed=bool(begin.steps),
+            trace_context=begin.trace_context,
         )
         ledger = SqlStepLedger(self.db, self.claim, begin.run_id, begin.stage_id, begin.steps)
         task = asyncio.create_task(self.runner.run(request, ledger))
@@ -566,6 +569,7 @@ class Kernel:
                     run_input,
                     outputs,
                     await self.claim.load(stored, run_id=plan.run_id),
+                    plan.trace_context,
                 )
             await self.db.tx(_progress.finish_compensation, job, worker, self.now())
         finally:
@@ -582,6 +586,7 @@ class Kernel:
         run_input: Any,
         outputs: dict[str, Any],
         output: Any,
+        trace_context: str | None = None,
     ) -> None:
         stage = wf.get_stage(stage_id)
         ledger_id = f"{stage_id}#compensation"
@@ -591,7 +596,9 @@ class Kernel:
                 lambda c: list(select_where(c, steps, run_id=run_id, stage_id=ledger_id).all())
             )
             ledger = SqlStepLedger(self.db, self.claim, run_id, ledger_id, rows)
-            req = StageRequest(run_id, wf, stage_id, attempt, run_input, outputs)
+            req = StageRequest(
+                run_id, wf, stage_id, attempt, run_input, outputs, trace_context=trace_context
+            )
             outcome = await self.runner.compensate(req, output, ledger)
             if isinstance(outcome, Abandoned):
                 raise _CompensationAbandoned(outcome.reason)

@@ -64,6 +64,7 @@ class Begin:
     input: Any
     outputs: dict[str, Any]  # stage id -> stored output (maybe a spill reference)
     steps: list[Any] = field(default_factory=list)
+    trace_context: str | None = None
 
 
 @dataclass
@@ -85,6 +86,7 @@ class CompensationPlan:
     input: Any
     todo: list[tuple[str, Any]]  # (stage id, stored output) in reverse completion order
     outputs: dict[str, Any]
+    trace_context: str | None = None
 
 
 def _lc(run: Any) -> Lifecycle:
@@ -299,6 +301,7 @@ def _begin_handed(
             input=run.input,
             outputs=outputs,
             steps=[r for r in step_rows if r.stage_id == job.stage_id],
+            trace_context=run.trace_context,
         )
         handoff.jobs.append((job, begin))
     return [lc.stage_started(sid, 1) for sid in ids]
@@ -412,6 +415,7 @@ def begin_attempt(
         input=run.input,
         outputs={sid: r.output for sid, r in state.items() if r.has_output},
         steps=step_rows,
+        trace_context=run.trace_context,
     )
     return begin, drafts
 
@@ -712,6 +716,7 @@ def begin_compensation_job(
         input=run.input,
         todo=[(r.stage_id, r.output) for r in rows if r.stage_id in compensable],
         outputs=_outputs(conn, run.id),
+        trace_context=run.trace_context,
     )
 
 

@@ -102,6 +102,7 @@ def create_run(
     fingerprint: str,
     key: str | None,
     now: float,
+    trace_context: str | None = None,
 ) -> tuple[str, bool]:
     """Insert the run, its stages, run.created and the first group's jobs. With an
     idempotency key already used, return that run (or raise on a different input)."""
@@ -140,6 +141,7 @@ def create_run(
         deadline=None if graph.timeout_s is None else now + graph.timeout_s,
         created_at=now,
         updated_at=now,
+        trace_context=trace_context,
     )
     conn.execute(runs.insert().values(**values))
     conn.execute(

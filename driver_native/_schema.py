@@ -68,6 +68,7 @@ runs = Table(
     Column("deadline", Double),
     Column("migrated_to", String(300)),
     Column("frozen", Boolean, nullable=False, default=False, server_default=sa.false()),
+    Column("trace_context", String(200)),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     Column("finished_at", Double),
@@ -268,12 +269,20 @@ def _v5(conn: Connection) -> None:
         conn.execute(sa.text("ALTER TABLE wfe_outbox ADD COLUMN next_attempt_at DOUBLE PRECISION"))
 
 
+def _v6(conn: Connection) -> None:
+    """v6 added runs.trace_context: the W3C traceparent of the run's ``wfe.run`` span, the
+    parent of its stage spans in any process (OpenTelemetry)."""
+    if "trace_context" not in {c["name"] for c in inspect(conn).get_columns("wfe_runs")}:
+        conn.execute(sa.text("ALTER TABLE wfe_runs ADD COLUMN trace_context VARCHAR(200)"))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
     (3, "runs.frozen for migrations between drivers", _v3),
     (4, "signals queue in arrival order, with idempotency keys", _v4),
     (5, "outbox retries with backoff: first_failed_at, next_attempt_at", _v5),
+    (6, "runs.trace_context for OpenTelemetry", _v6),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

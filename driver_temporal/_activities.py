@@ -207,6 +207,7 @@ class DriverActivities:
                 for k, v in task["outputs"].items()
             },
             resumed=bool(task["steps"]),
+            trace_context=task.get("trace_context"),
         )
         journal: dict[str, dict[str, Any]] = {}
         records = {r["name"]: r for r in task["steps"]}

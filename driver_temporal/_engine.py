@@ -93,6 +93,7 @@ from engine_port.driver import (
     check_workflow_id,
     check_workflow_ids,
     input_fingerprint,
+    telemetry,
 )
 from engine_port.errors import (
     DriverUnavailableError,
@@ -339,6 +340,7 @@ class TemporalEngine(WorkflowEngine):
                 await asyncio.sleep(0.2)
 
     # -- start --------------------------------------------------------------------------------
+    @telemetry.traced_start
     async def start(
         self,
         workflow: str | Workflow[Any],
@@ -380,6 +382,7 @@ class TemporalEngine(WorkflowEngine):
             "heartbeat_timeout_s": self.heartbeat_timeout,
             "default_stage_timeout_s": self.settings.default_stage_timeout,
             "max_pending_signals": self.settings.max_pending_signals,
+            "trace_context": telemetry.current_traceparent(),
             **outbox_rule(self.settings),
         }
         initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
@@ -559,6 +562,7 @@ class TemporalEngine(WorkflowEngine):
             closed.cancel()
 
     # -- signals and cancel ---------------------------------------------------------------------
+    @telemetry.traced_signal
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:

@@ -554,6 +554,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             "steps": list(steps.values()),
             "signal_queues": {} if compensation else self._lend(sid, in_process),
             "output": st["output"] if compensation else None,
+            "trace_context": self._start.get("trace_context"),
         }
         # the StageRunner's effective timeout (the stage's own, else the starter's
         # default_stage_timeout) plus a grace; one day when neither is set (Temporal needs one)

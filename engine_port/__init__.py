@@ -23,6 +23,7 @@ from ._factory import create_engine
 from ._graph import GraphModel, Retry, Stage, StageSpec, Workflow
 from ._ledger import InMemoryLedger, StepLedger, StepRecord
 from ._lifecycle import EventDraft, Lifecycle, run_output
+from ._metrics import EngineMetrics, attach_metrics, serve_metrics
 from ._migration import MigrationReport, RunMove, copy_blobs, migrate_run, migrate_runs
 from ._models import (
     ErrorInfo,
@@ -51,6 +52,7 @@ __all__ = [
     "Clock",
     "Completed",
     "EngineError",
+    "EngineMetrics",
     "EngineSettings",
     "ErrorInfo",
     "Event",
@@ -94,6 +96,7 @@ __all__ = [
     "VersionInfo",
     "Workflow",
     "WorkflowEngine",
+    "attach_metrics",
     "box_inline",
     "copy_blobs",
     "create_engine",
@@ -106,4 +109,5 @@ __all__ = [
     "redact_url",
     "run_output",
     "run_prefix",
+    "serve_metrics",
 ]

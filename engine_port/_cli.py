@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, NoReturn
 
@@ -290,6 +291,15 @@ def worker(
     max_suspended_checks_per_tick: _HostCount = None,
     max_outbox_flush_per_tick: _HostCount = None,
     serves: Annotated[str | None, typer.Option(help='"all": claim every version')] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="WFE_METRICS_PORT",
+            min=0,
+            help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (needs wfe[metrics])",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker for the app's registry until SIGINT/SIGTERM (graceful shutdown). It logs
     each stage attempt, suspension, failure and compensation to stderr. ``--retention 30d``
@@ -319,7 +329,13 @@ def worker(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with create_engine(settings, registry) as engine, engine.worker():
+        async with contextlib.AsyncExitStack() as stack:
+            engine = await stack.enter_async_context(create_engine(settings, registry))
+            worker = await stack.enter_async_context(engine.worker())
+            if metrics_port is not None:
+                served = _metrics_served(engine, worker, metrics_port)
+                port = await stack.enter_async_context(served)
+                console.print(f"metrics on http://0.0.0.0:{port}/metrics", highlight=False)
             console.print(
                 f"worker up: driver={settings.driver}, workflows={sorted(registry.served())}",
                 highlight=False,
@@ -328,6 +344,15 @@ def worker(
         console.print("worker stopped")
 
     _run(serve())
+
+
+def _metrics_served(engine: Any, host: Any, port: int) -> AbstractAsyncContextManager[int]:
+    """``wfe worker --metrics-port``: the worker's metrics on /metrics (issue 14)."""
+    from ._metrics import EngineMetrics, attach_metrics, serve_metrics
+
+    metrics = EngineMetrics()
+    attach_metrics(engine, metrics)
+    return serve_metrics(metrics, engine, host, port)
 
 
 @db_app.command("upgrade")

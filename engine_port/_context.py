@@ -19,6 +19,7 @@ from ._limits import (
     check_step_name,
 )
 from ._serde import JSON, to_json_value, validate_as
+from ._telemetry import step_span
 from .errors import StepError, StepTimeoutError
 
 if TYPE_CHECKING:
@@ -101,7 +102,8 @@ class Steps:
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
             return validate_as(out_type, rec.result)
-        result = await _call(fn, *args, **kwargs)
+        with step_span(name):
+            result = await _call(fn, *args, **kwargs)
         value = to_json_value(result, f"result of step {name!r}")
         check_json(value, f"result of step {name!r}")  # before it is journaled
         await self._ledger.put(StepRecord(name=name, kind="run", completed=True, result=value))

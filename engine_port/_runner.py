@@ -11,10 +11,11 @@ import contextvars
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._clock import Clock, SystemClock
 from ._context import BusinessEvent, StageContext, Steps, Suspend
@@ -29,6 +30,7 @@ from ._serde import JSON, to_json_value, validate_as
 from ._settings import EngineSettings
 from ._stage_log import StageLog
 from ._sync_executor import SyncStageExecutor
+from ._telemetry import SpanHandle, attributes, span
 from ._tracebacks import format_user_traceback
 from .errors import (
     DefinitionError,
@@ -47,6 +49,9 @@ __all__ = [
     "StageRunner",
     "Suspended",
 ]
+
+if TYPE_CHECKING:
+    from ._metrics import EngineMetrics
 
 log = logging.getLogger("wfe.runner")
 
@@ -71,6 +76,9 @@ class StageRequest:
     outputs: Mapping[str, JSON] = field(default_factory=dict)
     cancel_event: asyncio.Event | None = None
     resumed: bool = False
+    trace_context: str | None = None
+    """The W3C ``traceparent`` stored with the run (its ``wfe.run`` span): the attempt's span
+    is its child."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,23 @@ def _log_outcome(slog: StageLog, stage: Stage, attempt: int, outcome: Outcome, w
         )
 
 
+def _span_attrs(req: StageRequest) -> dict[str, Any]:
+    return attributes(
+        req.run_id, req.workflow.id, req.workflow.version, stage=req.stage_id, attempt=req.attempt
+    )
+
+
+def _span_outcome(sp: SpanHandle, outcome: Outcome) -> None:
+    """``wfe.outcome`` on an attempt's (or compensation's) span; a failure sets status ERROR."""
+    kind = type(outcome).__name__.lower()
+    sp.set("wfe.outcome", kind)
+    if isinstance(outcome, Suspended):
+        sp.set("wfe.waiting_for", outcome.waiting_for)
+    elif isinstance(outcome, Failed):
+        sp.set("wfe.retryable", outcome.retryable)
+        sp.fail(outcome.error.type, outcome.error.message)
+
+
 class StageRunner:
     """Runs stage bodies and compensations. Holds no run state between calls; it owns the
     pool of threads sync bodies run in (:meth:`close` it with its engine)."""
@@ -196,6 +221,8 @@ class StageRunner:
         # no thread starts before the first sync body, and close() stops the idle ones
         self.sync_threads = sync_threads
         self.sync_executor = SyncStageExecutor(sync_threads)
+        self.metrics: EngineMetrics | None = None
+        """Set by a worker that serves metrics (``wfe worker --metrics-port``)."""
 
     @classmethod
     def for_settings(
@@ -299,13 +326,19 @@ class StageRunner:
         stage = req.workflow.get_stage(req.stage_id)
         slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
         slog(logging.INFO, "stage resumed" if req.resumed else "stage started")
-        try:
-            outcome = await self._guarded(
-                req, stage, ledger, slog, lambda ctx, g: self._attempt(req, stage, ctx, g)
-            )
-        except asyncio.CancelledError:
-            slog(logging.INFO, "stage cancelled")
-            raise
+        began = time.monotonic()
+        with span("wfe.stage", _span_attrs(req), parent=req.trace_context, stage=True) as sp:
+            try:
+                outcome = await self._guarded(
+                    req, stage, ledger, slog, lambda ctx, g: self._attempt(req, stage, ctx, g)
+                )
+            except asyncio.CancelledError:
+                slog(logging.INFO, "stage cancelled")
+                sp.set("wfe.outcome", "cancelled")
+                self._measure(req, stage, None, began)
+                raise
+            _span_outcome(sp, outcome)
+        self._measure(req, stage, outcome, began)
         _log_outcome(slog, stage, req.attempt, outcome, "stage")
         return outcome
 
@@ -379,6 +412,19 @@ class StageRunner:
             return Failed(ErrorInfo.of(err, stage.id), retryable=False)
         return Completed(output, tuple(ctx.events))
 
+    def _measure(
+        self,
+        req: StageRequest,
+        stage: Stage,
+        outcome: Outcome | None,
+        began: float,
+        *,
+        compensation: bool = False,
+    ) -> None:
+        if self.metrics is not None:
+            seconds = time.monotonic() - began
+            self.metrics.stage_outcome(req, stage, outcome, seconds, compensation=compensation)
+
     def _abandoned(self, stage: Stage, fault: InfrastructureFault) -> Abandoned:
         return Abandoned(str(fault))  # logged with the outcome
 
@@ -395,17 +441,23 @@ class StageRunner:
             return Completed(None)
         slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
         slog(logging.INFO, "compensation started")
-        try:
-            outcome = await self._guarded(
-                req,
-                stage,
-                ledger,
-                slog,
-                lambda ctx, _g: self._compensation(req, stage, ctx, output),
-            )
-        except asyncio.CancelledError:
-            slog(logging.INFO, "compensation cancelled")
-            raise
+        attrs = _span_attrs(req)
+        with span("wfe.compensation", attrs, parent=req.trace_context, stage=True) as sp:
+            try:
+                outcome = await self._guarded(
+                    req,
+                    stage,
+                    ledger,
+                    slog,
+                    lambda ctx, _g: self._compensation(req, stage, ctx, output),
+                )
+            except asyncio.CancelledError:
+                slog(logging.INFO, "compensation cancelled")
+                sp.set("wfe.outcome", "cancelled")
+                self._measure(req, stage, None, 0.0, compensation=True)
+                raise
+            _span_outcome(sp, outcome)
+        self._measure(req, stage, outcome, 0.0, compensation=True)
         _log_outcome(slog, stage, req.attempt, outcome, "compensation")
         return outcome
 

@@ -19,6 +19,10 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
 - the shared rules, one copy every driver calls: the status sets, ``RetryModel.delay_s``
   (``Retry.delay_after``), ``redrive_plan``, ``sink_retry_delay``, ``version_key``, and the
   argument checks ``check_*`` (typed errors, one message per problem);
+- ``telemetry``: the OpenTelemetry hooks: decorate ``start()`` with ``traced_start`` and
+  ``signal()`` with ``traced_signal``, store ``current_traceparent()`` (taken in ``start()``)
+  with the run and give it back as ``StageRequest.trace_context``; the StageRunner makes the
+  stage, compensation and step spans;
 - storage, serialisation and secrets helpers (``ClaimCheck``, ``check_key``,
   ``delete_prefixes``, ``fingerprint``, ``redact_url``, ...), the snapshot models, and the
   ports a factory receives (``EngineSettings``, ``Registry``, ``EventSink``, ``BlobStore``,
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from . import _telemetry as telemetry
 from ._blobs import BlobStore, ClaimCheck, check_key
 from ._blobstores import delete_prefixes, open_blob_store
 from ._clock import Clock, SystemClock
@@ -115,6 +120,7 @@ __all__ = [
     "redrive_plan",
     "safe_error_message",
     "sink_retry_delay",
+    "telemetry",
     "to_json_value",
     "version_key",
 ]

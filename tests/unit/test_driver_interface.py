@@ -63,6 +63,7 @@ INTERFACE = [
     "safe_error_message",
     "sink_retry_delay",
     "to_json_value",
+    "telemetry",
     "version_key",
 ]
 

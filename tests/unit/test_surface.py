@@ -18,6 +18,7 @@ PUBLIC = [
     "Completed",
     "DEFAULT_SPILL_THRESHOLD",
     "EngineError",
+    "EngineMetrics",
     "EngineSettings",
     "ErrorInfo",
     "Event",
@@ -61,6 +62,7 @@ PUBLIC = [
     "VersionInfo",
     "Workflow",
     "WorkflowEngine",
+    "attach_metrics",
     "box_inline",
     "copy_blobs",
     "create_engine",
@@ -73,6 +75,7 @@ PUBLIC = [
     "redact_url",
     "run_output",
     "run_prefix",
+    "serve_metrics",
 ]
 
 ERRORS = [
