@@ -42,6 +42,9 @@ class CreateRun(Command):
     idempotency_key: str | None = None
     version: str | None = None
     run_id: str | None = None
+    # a local worker to hand the first stages to in the creating transaction (leased to it and
+    # marked running there; the host runs them without a trip through the queue)
+    handoff: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -57,11 +57,13 @@ from ._commands import (
     ListVersions,
     PurgeRuns,
     RedriveRun,
+    ReleaseJobs,
     ReplayDlq,
     SignalStep,
 )
 from ._db import Database
 from ._kernel import Kernel
+from ._progress import Handoff
 from ._worker import WorkerHost
 
 __all__ = ["NativeEngine", "create_native_engine"]
@@ -115,6 +117,7 @@ class NativeEngine(WorkflowEngine):
                 store = open_blob_store(self.settings.blob_url)
         claim = ClaimCheck(store, self.settings.spill_threshold_bytes)
         self._kernel = Kernel(db, self.registry, self.settings, claim, self.clock, self.event_sink)
+        self._kernel.on_run_finished = self._job_done
 
     async def close(self) -> None:
         for host in list(self._hosts):
@@ -135,9 +138,17 @@ class NativeEngine(WorkflowEngine):
             host.wake()
 
     def _job_done(self, run_id: str) -> None:
-        """A local worker finished a job of ``run_id``: wake whoever waits for that run."""
+        """A transition in this process ended ``run_id``: wake whoever waits for that run."""
         for event in self._waiters.get(run_id, ()):
             event.set()
+
+    def _local_host(self, wfv: str) -> WorkerHost | None:
+        """A worker of this process that serves ``wfv`` and has a free slot: a run started
+        here is handed to it directly."""
+        for host in self._hosts:
+            if host.free_slots() > 0 and host.serves(wfv):
+                return host
+        return None
 
     # -- the port --------------------------------------------------------------------------
     async def start(
@@ -154,13 +165,22 @@ class NativeEngine(WorkflowEngine):
             version = workflow.version
         check_start_input(self.registry.get(wf_id, version), input)
         created_at = self.clock.now()
+        wf = self.registry.get(wf_id, version)
+        host, handoff = self._local_host(f"{wf.id}@{wf.version}"), None
+        if host is not None:
+            handoff = Handoff(host.worker_id, self.kernel.settings.lease_seconds, host.free_slots())
         run_id, created = await self.kernel.dispatch(
-            CreateRun(wf_id, input, idempotency_key, version)
+            CreateRun(wf_id, input, idempotency_key, version, handoff=handoff)
         )
-        self._wake()
+        if host is not None and handoff is not None and handoff.jobs:
+            if not host.adopt(handoff.jobs):  # it began to stop meanwhile: back to the queue
+                ids = tuple(job.id for job, _ in handoff.jobs)
+                await self.kernel.dispatch(ReleaseJobs(ids, host.worker_id))
+                self._wake()
+        else:
+            self._wake()
         if not created:  # an idempotent repeat: report the run as it is now
             return await self.get_run(run_id)
-        wf = self.registry.get(wf_id, version)
         graph = wf.graph()
         return RunInfo(  # just written by this call: no need to read it back
             id=run_id,
@@ -253,6 +273,10 @@ class NativeEngine(WorkflowEngine):
         delay = 0.01
         try:
             while True:
+                if event.is_set():  # a local transition ended the run: read it once
+                    info = await self.get_run(run_id)
+                    if info.status in TERMINAL_RUN_STATUSES:
+                        return info
                 event.clear()
                 status = await self.kernel.db.read(_runs.run_status, run_id)
                 if RunStatus(status) in TERMINAL_RUN_STATUSES:
@@ -345,7 +369,7 @@ class NativeEngine(WorkflowEngine):
 
     @contextlib.asynccontextmanager
     async def worker(self, **options: Any) -> AsyncIterator[WorkerHost]:
-        host = WorkerHost(self.kernel, on_job_done=self._job_done, **options)
+        host = WorkerHost(self.kernel, **options)
         self._hosts.append(host)
         try:
             async with host:

@@ -87,6 +87,7 @@ def _create_run_once(
     fp: str,
     key: str | None,
     now: float,
+    handoff: _progress.Handoff | None = None,
 ) -> tuple[str, bool]:
     """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
     the run this very call inserted (same id, input and creation time) is returned as created
@@ -96,8 +97,8 @@ def _create_run_once(
             sa.select(runs.c.input_fingerprint, runs.c.created_at).where(runs.c.id == run_id)
         ).first()
         if row is not None and row.input_fingerprint == fp and row.created_at == now:
-            return run_id, True
-    return _runs.create_run(conn, graph, run_id, stored, fp, key, now)
+            return run_id, True  # (its handed-off jobs run when their lease expires)
+    return _runs.create_run(conn, graph, run_id, stored, fp, key, now, handoff)
 
 
 def _held(key: str, token: float) -> tuple[Any, ...]:
@@ -145,6 +146,9 @@ class Kernel:
         self.clock = clock
         self.sink = sink
         self.runner = StageRunner.for_settings(registry, clock, settings)
+        # called with a run id when a transition made in this process completed the run
+        # (the engine wakes its ``wait()`` callers without a poll)
+        self.on_run_finished: Callable[[str], None] | None = None
         self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
             CreateRun: self._create_run,
             ClaimPending: self._claim,
@@ -267,6 +271,7 @@ class Kernel:
                         fp,
                         cmd.idempotency_key,
                         now,
+                        cmd.handoff,
                     )
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
@@ -424,6 +429,10 @@ class Kernel:
             await self.claim.store.delete(key)
         return result
 
+    def _run_finished(self, run_id: str) -> None:
+        if self.on_run_finished is not None:
+            self.on_run_finished(run_id)
+
     async def _stored_output(self, job: Any, key: str) -> bool:
         def q(conn: Connection) -> Any:
             return conn.execute(
@@ -507,12 +516,13 @@ class Kernel:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
-        handoff = None
-        if cmd.handoff > 0 and cmd.on_handoff is not None:
-            handoff = _progress.Handoff(worker, self.settings.lease_seconds, cmd.handoff)
+        limit = cmd.handoff if cmd.on_handoff is not None else 0
+        handoff = _progress.Handoff(worker, self.settings.lease_seconds, limit)
         result = await self._transition(Transition(job, worker, outcome), handoff)
-        if handoff is not None and handoff.jobs and cmd.on_handoff is not None:
-            cmd.on_handoff(handoff.jobs)
+        if handoff.finished:
+            self._run_finished(job.run_id)
+        if (handoff.jobs or handoff.quiet) and cmd.on_handoff is not None:
+            cmd.on_handoff(handoff.jobs)  # (an empty list: nothing was left for the queue)
         return result
 
     async def _beat(
@@ -561,6 +571,7 @@ class Kernel:
                     await self.claim.load(stored, run_id=plan.run_id),
                 )
             await self.db.tx(_progress.finish_compensation, job, worker, self.now())
+            self._run_finished(plan.run_id)
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -75,6 +75,10 @@ class Handoff:
     lease: float
     limit: int
     jobs: list[tuple[Any, Begin]] = field(default_factory=list)  # already marked running
+    # the transition left nothing for the queue: it finished the run, or every job it
+    # enqueued is in ``jobs`` (the host need not look for work)
+    quiet: bool = False
+    finished: bool = False  # the transition ended the run (completed)
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,8 @@ def schedule(
     group = run.current_group
     values: dict[str, Any] = run_values if run_values is not None else {}
     drafts: list[EventDraft] = []
+    if handoff is not None:
+        handoff.quiet = handoff.finished = False
     while group < len(graph.groups):
         open_stages = [
             sid for sid in graph.groups[group] if state[sid].status != StageStatus.COMPLETED
@@ -253,12 +259,19 @@ def schedule(
                 if take and handoff is not None:
                     handed = [j for j in inserted if j.stage_id in take]
                     drafts = _begin_handed(conn, run, handed, handoff, state, now)
+                    if run.status == RunStatus.PENDING:  # handed from its creation
+                        drafts.insert(0, _lc(run).run_started())
+                        values["status"] = RunStatus.RUNNING
+            if handoff is not None:
+                handoff.quiet = len(take) == len(new)
             if group != run.current_group:
                 values["current_group"] = group
             break
         group += 1
     else:
         drafts = _finish_completed(conn, run, graph, state, now, values)
+        if handoff is not None:
+            handoff.quiet = handoff.finished = True
     if run_values is None and values:
         _touch(conn, run.id, now, **values)
     return drafts

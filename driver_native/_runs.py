@@ -32,7 +32,7 @@ from engine_port.errors import (
 )
 
 from ._outbox import append_events
-from ._progress import ACTIVE, begin_compensation, refresh_status, schedule
+from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
 from ._schema import (
     definitions,
     drains,
@@ -102,9 +102,13 @@ def create_run(
     fingerprint: str,
     key: str | None,
     now: float,
+    handoff: Handoff | None = None,
 ) -> tuple[str, bool]:
     """Insert the run, its stages, run.created and the first group's jobs. With an
-    idempotency key already used, return that run (or raise on a different input)."""
+    idempotency key already used, return that run (or raise on a different input). With
+    ``handoff``, the first stages are leased to that worker and begun in this transaction."""
+    if handoff is not None:
+        handoff.jobs.clear()  # (a re-run of this transaction hands off only its own jobs)
     drain = conn.execute(
         sa.select(drains.c.target).where(drains.c.workflow_id == graph.workflow_id)
     ).first()
@@ -160,7 +164,7 @@ def create_run(
     run = SimpleNamespace(**values)
     run_values: dict[str, Any] = {}
     drafts = [Lifecycle(run_id).run_created(graph.version)]
-    drafts += schedule(conn, run, graph, now, run_values=run_values)
+    drafts += schedule(conn, run, graph, now, handoff, run_values=run_values)
     append_events(conn, run, drafts, now, **run_values)
     return run_id, True
 
