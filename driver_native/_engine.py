@@ -142,6 +142,11 @@ class NativeEngine(WorkflowEngine):
         for event in self._waiters.get(run_id, ()):
             event.set()
 
+    def _known_graph(self, workflow_id: str, version: str) -> GraphModel | None:
+        if self.registry.has(workflow_id, version):
+            return self.registry.graph(workflow_id, version)
+        return None
+
     def _local_host(self, wfv: str) -> WorkerHost | None:
         """A worker of this process that serves ``wfv`` and has a free slot: a run started
         here is handed to it directly."""
@@ -197,7 +202,7 @@ class NativeEngine(WorkflowEngine):
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
         k = self.kernel
-        run, stage_rows, graph = await k.db.read(_runs.read_run, run_id)
+        run, stage_rows, graph = await k.db.read(_runs.read_run, run_id, self._known_graph)
         order = (
             {sid: i for i, sid in enumerate(s for g in graph.groups for s in g)} if graph else {}
         )

@@ -382,6 +382,8 @@ class Kernel:
     # -- jobs ------------------------------------------------------------------------------
     async def _claim(self, cmd: ClaimPending) -> list[Any]:
         served = cmd.served if cmd.served is not None else self.served()
+        if not await self.db.read(_jobs.any_due, served, self.now()):
+            return []  # idle: no write transaction (on SQLite no write lock) for nothing
         return await self.db.tx(
             _jobs.claim, cmd.worker_id, served, cmd.limit, self.settings.lease_seconds, self.now()
         )

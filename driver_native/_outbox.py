@@ -10,6 +10,7 @@ loses nothing), with a WARNING on the ``wfe.outbox`` logger.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from sqlalchemy import Connection
 from engine_port import EngineSettings, Event, EventDraft
 
 from ._schema import outbox, runs
+from ._sql import update_where
 
 __all__ = [
     "OutboxCounts",
@@ -96,17 +98,14 @@ def append_events(
     (``run_values`` are set on the run in the same statement)."""
     if not drafts:
         if run_values:
-            conn.execute(sa.update(runs).where(runs.c.id == run.id).values(**run_values))
+            update_where(conn, runs, {"id": run.id}, run_values)
         return
-    seq = conn.execute(
-        sa.update(runs)
-        .where(runs.c.id == run.id)
-        .values(event_seq=runs.c.event_seq + len(drafts), **run_values)
-        .returning(runs.c.event_seq)
-    ).scalar_one()
+    params = {"k_id": run.id, "n_events": len(drafts)}
+    params.update({f"v_{k}": v for k, v in run_values.items()})
+    seq = conn.execute(_seq_update(tuple(run_values)), params).scalar_one()
     first = seq - len(drafts) + 1
     conn.execute(
-        outbox.insert(),
+        _outbox_insert(),
         [
             {
                 "event_id": d.id,
@@ -126,6 +125,25 @@ def append_events(
             for i, d in enumerate(drafts)
         ],
     )
+
+
+@functools.cache
+def _seq_update(keys: tuple[str, ...]) -> Any:
+    """Take the run's next event sequence numbers (and set ``keys``): built once per shape."""
+    return (
+        sa.update(runs)
+        .where(runs.c.id == sa.bindparam("k_id"))
+        .values(
+            event_seq=runs.c.event_seq + sa.bindparam("n_events", type_=sa.Integer),
+            **{k: sa.bindparam(f"v_{k}") for k in keys},
+        )
+        .returning(runs.c.event_seq)
+    )
+
+
+@functools.cache
+def _outbox_insert() -> Any:
+    return outbox.insert()
 
 
 def _event(row: Any) -> Event:
