@@ -149,6 +149,7 @@ class Kernel:
         # called with a run id when a transition made in this process completed the run
         # (the engine wakes its ``wait()`` callers without a poll)
         self.on_run_finished: Callable[[str], None] | None = None
+        self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
             CreateRun: self._create_run,
             ClaimPending: self._claim,
@@ -620,7 +621,12 @@ class Kernel:
             return FlushResult()  # no sink here: events wait in the outbox for a host with one
         now = self.now()
         pending, waiting = await self.db.tx(
-            _outbox.pending_events, cmd.limit, None if cmd.force else now
+            _outbox.pending_events,
+            cmd.limit,
+            None if cmd.force else now,
+            self.flusher_id,
+            now,
+            self.settings.lease_seconds,
         )
         if not pending:
             return FlushResult(degraded=waiting > 0)

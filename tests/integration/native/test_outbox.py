@@ -296,3 +296,37 @@ async def test_default_settings_dead_letter_after_ten_attempts_and_five_minutes(
     assert await dead() == 10
     assert len(sink.failed_at) >= 10
     assert sink.failed_at[-1] - sink.failed_at[0] >= 300
+
+
+class SlowSink(MemorySink):
+    """Takes a moment per batch (a real sink's network hop), which is when a second flusher
+    would pick up the same rows if the flush did not claim them."""
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        await asyncio.sleep(0.01)
+        await super().publish(events)
+
+
+async def test_two_workers_flushing_one_outbox_deliver_each_event_once(
+    make_engine: MakeEngine,
+) -> None:
+    sinks = [SlowSink(), SlowSink()]
+    first = await make_engine(w.linear, event_sink=sinks[0])
+    second = await make_engine(w.linear, event_sink=sinks[1])
+    runs = 30
+    async with first.worker(flush_interval=0.0), second.worker(flush_interval=0.0):
+        started = [await first.start(w.linear, {"n": i}) for i in range(runs)]
+        for run in started:
+            assert (await first.wait(run.id, timeout=60)).status == "completed"
+        deadline = time.monotonic() + 30
+        while sum(len(s.events) for s in sinks) < runs * 10 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    delivered = [e.id for s in sinks for e in s.events]
+    assert len(delivered) == runs * 10  # created, started, 3 x (started, completed), it.done, completed
+    assert len(set(delivered)) == len(delivered), "an event was published twice"
+    assert all(s.events for s in sinks)  # both workers flushed
+    for sink in sinks:  # per-run order holds within each sink
+        seqs: dict[str, list[int]] = {}
+        for e in sink.events:
+            seqs.setdefault(e.run_id, []).append(e.seq)
+        assert all(s == sorted(s) for s in seqs.values())
