@@ -163,8 +163,12 @@ class WorkerHost:
                 await asyncio.sleep(self.poll_interval)
             if not claimed and not self._stopping:
                 self._wake.clear()
+                pause = self.poll_interval
+                last = self.last_flush
+                if last is not None and (last.delivered or last.failed or last.degraded):
+                    pause = min(pause, self.flush_interval)  # the outbox has work: keep at it
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                    await asyncio.wait_for(self._wake.wait(), pause)
 
     async def _maintenance(self) -> None:
         self._outbox = await self.kernel.db.read(count_outbox)
