@@ -69,6 +69,11 @@ from ._worker import WorkerHost
 __all__ = ["NativeEngine", "create_native_engine"]
 
 
+_LOCAL_POLL_S = 0.5
+"""How often wait() reads the status of a run that a local worker executes (its completion
+wakes wait() at once; the read covers a run that moved elsewhere, e.g. after a shutdown)."""
+
+
 def _dt(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
@@ -95,6 +100,9 @@ class NativeEngine(WorkflowEngine):
         self._kernel: Kernel | None = None
         self._hosts: list[WorkerHost] = []
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        # runs handed to a worker of this process at start: wait() learns of their end from
+        # that worker and polls the database only as a slow safety net
+        self._local_runs: set[str] = set()
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -139,6 +147,7 @@ class NativeEngine(WorkflowEngine):
 
     def _job_done(self, run_id: str) -> None:
         """A transition in this process ended ``run_id``: wake whoever waits for that run."""
+        self._local_runs.discard(run_id)
         for event in self._waiters.get(run_id, ()):
             event.set()
 
@@ -178,7 +187,9 @@ class NativeEngine(WorkflowEngine):
             CreateRun(wf_id, input, idempotency_key, version, handoff=handoff)
         )
         if host is not None and handoff is not None and handoff.jobs:
-            if not host.adopt(handoff.jobs):  # it began to stop meanwhile: back to the queue
+            if host.adopt(handoff.jobs):
+                self._local_runs.add(run_id)
+            else:  # it began to stop meanwhile: back to the queue
                 ids = tuple(job.id for job, _ in handoff.jobs)
                 await self.kernel.dispatch(ReleaseJobs(ids, host.worker_id))
                 self._wake()
@@ -285,12 +296,15 @@ class NativeEngine(WorkflowEngine):
                 event.clear()
                 status = await self.kernel.db.read(_runs.run_status, run_id)
                 if RunStatus(status) in TERMINAL_RUN_STATUSES:
+                    self._local_runs.discard(run_id)
                     return await self.get_run(run_id)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise WaitTimeoutError(
                         f"run {run_id!r} is still {status} after {timeout}s; is a worker "
                         "running for its workflow version? (engine.worker() or `wfe worker`)"
                     )
+                if run_id in self._local_runs and self._hosts:
+                    delay = max(delay, _LOCAL_POLL_S)  # its end wakes us; the poll is a net
                 pause = delay if deadline is None else min(delay, deadline - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), max(pause, 0.0))
@@ -315,7 +329,10 @@ class NativeEngine(WorkflowEngine):
         check_run_call(run_id)
         await self.kernel.dispatch(CancelRun(run_id))
         self._wake()
-        return await self.get_run(run_id)
+        info = await self.get_run(run_id)
+        if info.status in TERMINAL_RUN_STATUSES:
+            self._job_done(run_id)  # ended here and now: wake this process's wait() calls
+        return info
 
     async def redrive(
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
@@ -324,6 +341,7 @@ class NativeEngine(WorkflowEngine):
         if version is not None:
             check_version(version)
         await self.kernel.dispatch(RedriveRun(run_id, from_, version))
+        self._local_runs.discard(run_id)  # it runs wherever a worker claims it now
         self._wake()
         return await self.get_run(run_id)
 
