@@ -5,7 +5,10 @@ machine, one run; then one table of ratios, ``latest.json`` and ``latest.png``."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,13 +33,26 @@ def run_system(name: str, quick: bool, timeout: float, console: Console) -> dict
         out = Path(d) / "result.json"
         cmd = [sys.executable, "-m", "bench._systems", name, "quick" if quick else "full", str(out)]
         why: str | None = None
+        # its own process group: a timeout ends the system's worker processes too (they were
+        # left running, loading the machine for the systems measured after it)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+            stdout, stderr = proc.communicate(timeout=timeout)
             if proc.returncode != 0 or not out.exists():
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+                tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
                 why = f"exited {proc.returncode}: {tail[0][:300]}"
         except subprocess.TimeoutExpired:
             why = f"timed out after {timeout:g}s"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
         result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     if why is not None:
         for wl in WORKLOADS:
@@ -65,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.report:
         doc = json.loads((args.out / "latest.json").read_text())
+        doc["goals"] = check_goals(doc["results"])  # (the goals of this version of the code)
         print_tables(doc, Console(width=200))
         print(markdown(doc))
         return 0

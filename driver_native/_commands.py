@@ -43,6 +43,9 @@ class CreateRun(Command):
     version: str | None = None
     run_id: str | None = None
     trace_context: str | None = None  # the W3C traceparent of the run's wfe.run span
+    # a local worker to hand the first stages to in the creating transaction (leased to it and
+    # marked running there; the host runs them without a trip through the queue)
+    handoff: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from engine_port.driver import (
     check_workflow_id,
     check_workflow_ids,
     telemetry,
+    version_key,
 )
 from engine_port.errors import (
     EngineError,
@@ -60,15 +61,22 @@ from ._commands import (
     ListVersions,
     PurgeRuns,
     RedriveRun,
+    ReleaseJobs,
     ReplayDlq,
     SignalStep,
 )
 from ._db import Database
 from ._gauges import read_gauges
 from ._kernel import Kernel
+from ._progress import Handoff
 from ._worker import WorkerHost
 
 __all__ = ["NativeEngine", "create_native_engine"]
+
+
+_LOCAL_POLL_S = 0.5
+"""How often wait() reads the status of a run that a local worker executes (its completion
+wakes wait() at once; the read covers a run that moved elsewhere, e.g. after a shutdown)."""
 
 
 def _dt(ts: float | None) -> datetime | None:
@@ -110,6 +118,9 @@ class NativeEngine(WorkflowEngine):
         self._kernel: Kernel | None = None
         self._hosts: list[WorkerHost] = []
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        # runs handed to a worker of this process at start: wait() learns of their end from
+        # that worker and polls the database only as a slow safety net
+        self._local_runs: set[str] = set()
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -132,6 +143,7 @@ class NativeEngine(WorkflowEngine):
                 store = open_blob_store(self.settings.blob_url)
         claim = ClaimCheck(store, self.settings.spill_threshold_bytes)
         self._kernel = Kernel(db, self.registry, self.settings, claim, self.clock, self.event_sink)
+        self._kernel.on_run_finished = self._job_done
 
     async def close(self) -> None:
         for host in list(self._hosts):
@@ -152,9 +164,23 @@ class NativeEngine(WorkflowEngine):
             host.wake()
 
     def _job_done(self, run_id: str) -> None:
-        """A local worker finished a job of ``run_id``: wake whoever waits for that run."""
+        """A transition in this process ended ``run_id``: wake whoever waits for that run."""
+        self._local_runs.discard(run_id)
         for event in self._waiters.get(run_id, ()):
             event.set()
+
+    def _known_graph(self, workflow_id: str, version: str) -> GraphModel | None:
+        if self.registry.has(workflow_id, version):
+            return self.registry.graph(workflow_id, version)
+        return None
+
+    def _local_host(self, wfv: str) -> WorkerHost | None:
+        """A worker of this process that serves ``wfv`` and has a free slot: a run started
+        here is handed to it directly."""
+        for host in self._hosts:
+            if host.free_slots() > 0 and host.serves(wfv):
+                return host
+        return None
 
     # -- the port --------------------------------------------------------------------------
     @telemetry.traced_start
@@ -172,14 +198,33 @@ class NativeEngine(WorkflowEngine):
             version = workflow.version
         check_start_input(self.registry.get(wf_id, version), input)
         created_at = self.clock.now()
-        traceparent = telemetry.current_traceparent()  # of wfe.run: stored with the run
+        wf = self.registry.get(wf_id, version)
+        host, handoff = self._local_host(version_key(wf.id, wf.version)), None
+        if host is not None:
+            handoff = Handoff(
+                host.worker_id, self.kernel.settings.lease_threshold, host.free_slots()
+            )
         run_id, created = await self.kernel.dispatch(
-            CreateRun(wf_id, input, idempotency_key, version, trace_context=traceparent)
+            CreateRun(
+                wf_id,
+                input,
+                idempotency_key,
+                version,
+                trace_context=telemetry.current_traceparent(),  # of wfe.run: stored with the run
+                handoff=handoff,
+            )
         )
-        self._wake()
+        if host is not None and handoff is not None and handoff.jobs:
+            if host.adopt(handoff.jobs):
+                self._local_runs.add(run_id)
+            else:  # it began to stop meanwhile: back to the queue
+                ids = tuple(job.id for job, _ in handoff.jobs)
+                await self.kernel.dispatch(ReleaseJobs(ids, host.worker_id))
+                self._wake()
+        else:
+            self._wake()
         if not created:  # an idempotent repeat: report the run as it is now
             return await self.get_run(run_id)
-        wf = self.registry.get(wf_id, version)
         graph = wf.graph()
         return RunInfo(  # just written by this call: no need to read it back
             id=run_id,
@@ -195,7 +240,9 @@ class NativeEngine(WorkflowEngine):
 
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
-        run, stage_rows, graph = await self.kernel.db.read(_runs.read_run, run_id)
+        run, stage_rows, graph = await self.kernel.db.read(
+            _runs.read_run, run_id, self._known_graph
+        )
         return await self._info(run, stage_rows, graph)
 
     async def _info(self, run: Any, stage_rows: list[Any], graph: GraphModel | None) -> RunInfo:
@@ -277,15 +324,22 @@ class NativeEngine(WorkflowEngine):
         delay = 0.01
         try:
             while True:
+                if event.is_set():  # a local transition ended the run: read it once
+                    info = await self.get_run(run_id)
+                    if info.status in TERMINAL_RUN_STATUSES:
+                        return info
                 event.clear()
                 status = await self.kernel.db.read(_runs.run_status, run_id)
                 if RunStatus(status) in TERMINAL_RUN_STATUSES:
+                    self._local_runs.discard(run_id)
                     return await self.get_run(run_id)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise WaitTimeoutError(
                         f"run {run_id!r} is still {status} after {timeout}s; is a worker "
                         "running for its workflow version? (engine.worker() or `wfe worker`)"
                     )
+                if run_id in self._local_runs and self._hosts:
+                    delay = max(delay, _LOCAL_POLL_S)  # its end wakes us; the poll is a net
                 pause = delay if deadline is None else min(delay, deadline - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), max(pause, 0.0))
@@ -311,7 +365,10 @@ class NativeEngine(WorkflowEngine):
         check_run_call(run_id)
         await self.kernel.dispatch(CancelRun(run_id))
         self._wake()
-        return await self.get_run(run_id)
+        info = await self.get_run(run_id)
+        if info.status in TERMINAL_RUN_STATUSES:
+            self._job_done(run_id)  # ended here and now: wake this process's wait() calls
+        return info
 
     async def redrive(
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
@@ -320,6 +377,7 @@ class NativeEngine(WorkflowEngine):
         if version is not None:
             check_version(version)
         await self.kernel.dispatch(RedriveRun(run_id, from_, version))
+        self._local_runs.discard(run_id)  # it runs wherever a worker claims it now
         self._wake()
         return await self.get_run(run_id)
 
@@ -370,7 +428,7 @@ class NativeEngine(WorkflowEngine):
 
     @contextlib.asynccontextmanager
     async def worker(self, **options: Any) -> AsyncIterator[WorkerHost]:
-        host = WorkerHost(self.kernel, on_job_done=self._job_done, **options)
+        host = WorkerHost(self.kernel, **options)
         self._hosts.append(host)
         try:
             async with host:

@@ -3,6 +3,7 @@ suspended stages. On PostgreSQL a claim is one UPDATE over FOR UPDATE SKIP LOCKE
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from typing import Any
 
@@ -14,7 +15,7 @@ from engine_port import RunStatus
 from ._schema import jobs, runs
 from ._sql import db_clock, lease_until
 
-__all__ = ["claim", "heartbeat", "poll_suspended", "reap_stale", "release"]
+__all__ = ["any_due", "claim", "heartbeat", "poll_suspended", "reap_stale", "release"]
 
 
 def claim(
@@ -26,23 +27,60 @@ def claim(
     now: float,
 ) -> list[Any]:
     """Lease up to ``limit`` due jobs whose "workflow@version" this host serves."""
+    params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker, "lease": lease}
+    if served is not None:
+        params["served"] = list(served)
+    stmt = _claim_stmt(conn.dialect.name == "postgresql", served is not None)
+    return list(conn.execute(stmt, params).all())
+
+
+def _due(served: bool) -> list[Any]:
     cond = [
         jobs.c.status.in_(("ready", "waiting")),
         jobs.c.available_at.is_not(None),
-        jobs.c.available_at <= now,
+        jobs.c.available_at <= sa.bindparam("now", type_=sa.Float),
     ]
-    if served is not None:
-        cond.append(jobs.c.wfv.in_(list(served)))
-    inner = sa.select(jobs.c.id).where(*cond).order_by(jobs.c.available_at).limit(limit)
-    if conn.dialect.name == "postgresql":
+    if served:
+        cond.append(jobs.c.wfv.in_(sa.bindparam("served", expanding=True)))
+    return cond
+
+
+@functools.cache
+def _claim_stmt(postgres: bool, served: bool) -> Any:
+    """Built once per shape (the served list is an expanding parameter)."""
+    inner = (
+        sa.select(jobs.c.id)
+        .where(*_due(served))
+        .order_by(jobs.c.available_at)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )
+    clock: Any = sa.bindparam("now", type_=sa.Float)
+    if postgres:
         inner = inner.with_for_update(skip_locked=True)
-    stmt = (
+        clock = sa.func.extract("epoch", sa.func.clock_timestamp())
+    return (
         sa.update(jobs)
         .where(jobs.c.id.in_(inner.scalar_subquery()))
-        .values(status="leased", lease_owner=worker, lease_expires_at=lease_until(conn, lease, now))
+        .values(
+            status="leased",
+            lease_owner=sa.bindparam("worker"),
+            lease_expires_at=clock + sa.bindparam("lease", type_=sa.Float),
+        )
         .returning(*jobs.c)
     )
-    return list(conn.execute(stmt).all())
+
+
+@functools.cache
+def _any_due_stmt(served: bool) -> Any:
+    return sa.select(jobs.c.id).where(*_due(served)).limit(1)
+
+
+def any_due(conn: Connection, served: Collection[str] | None, now: float) -> bool:
+    """Whether a claim would find a job (an autocommit read: no write lock while idle)."""
+    params: dict[str, Any] = {"now": now}
+    if served is not None:
+        params["served"] = list(served)
+    return conn.execute(_any_due_stmt(served is not None), params).first() is not None
 
 
 def heartbeat(

@@ -93,6 +93,7 @@ def _create_run_once(
     key: str | None,
     now: float,
     trace_context: str | None = None,
+    handoff: _progress.Handoff | None = None,
 ) -> tuple[str, bool]:
     """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
     the run this very call inserted (same id, input and creation time) is returned as created
@@ -102,8 +103,8 @@ def _create_run_once(
             sa.select(runs.c.input_fingerprint, runs.c.created_at).where(runs.c.id == run_id)
         ).first()
         if row is not None and row.input_fingerprint == fp and row.created_at == now:
-            return run_id, True
-    return _runs.create_run(conn, graph, run_id, stored, fp, key, now, trace_context)
+            return run_id, True  # (its handed-off jobs run when their lease expires)
+    return _runs.create_run(conn, graph, run_id, stored, fp, key, now, trace_context, handoff)
 
 
 def _held(key: str, token: float) -> tuple[Any, ...]:
@@ -151,6 +152,10 @@ class Kernel:
         self.clock = clock
         self.sink = sink
         self.runner = StageRunner.for_settings(registry, clock, settings)
+        # called with a run id when a transition made in this process completed the run
+        # (the engine wakes its ``wait()`` callers without a poll)
+        self.on_run_finished: Callable[[str], None] | None = None
+        self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
             CreateRun: self._create_run,
             ClaimPending: self._claim,
@@ -274,6 +279,7 @@ class Kernel:
                         cmd.idempotency_key,
                         now,
                         cmd.trace_context,
+                        cmd.handoff,
                     )
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
@@ -386,6 +392,8 @@ class Kernel:
         served: frozenset[str] | None = cmd.served if cmd.served is not None else self.served()
         if cmd.served is None and self.settings.serves == "all":
             served = None  # the serves="all" setting: no version filter
+        if not await self.db.read(_jobs.any_due, served, self.now()):
+            return []  # idle: no write transaction (on SQLite no write lock) for nothing
         return await self.db.tx(
             _jobs.claim, cmd.worker_id, served, cmd.limit, self.settings.lease_threshold, self.now()
         )
@@ -432,6 +440,10 @@ class Kernel:
             # although its first try committed this very output: that blob stays)
             await self.claim.store.delete(key)
         return result
+
+    def _run_finished(self, run_id: str) -> None:
+        if self.on_run_finished is not None:
+            self.on_run_finished(run_id)
 
     async def _stored_output(self, job: Any, key: str) -> bool:
         def q(conn: Connection) -> Any:
@@ -517,12 +529,13 @@ class Kernel:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
-        handoff = None
-        if cmd.handoff > 0 and cmd.on_handoff is not None:
-            handoff = _progress.Handoff(worker, self.settings.lease_threshold, cmd.handoff)
+        limit = cmd.handoff if cmd.on_handoff is not None else 0
+        handoff = _progress.Handoff(worker, self.settings.lease_threshold, limit)
         result = await self._transition(Transition(job, worker, outcome), handoff)
-        if handoff is not None and handoff.jobs and cmd.on_handoff is not None:
-            cmd.on_handoff(handoff.jobs)
+        if handoff.finished:
+            self._run_finished(job.run_id)
+        if (handoff.jobs or handoff.quiet) and cmd.on_handoff is not None:
+            cmd.on_handoff(handoff.jobs)  # (an empty list: nothing was left for the queue)
         return result
 
     async def _beat(
@@ -572,6 +585,7 @@ class Kernel:
                     plan.trace_context,
                 )
             await self.db.tx(_progress.finish_compensation, job, worker, self.now())
+            self._run_finished(plan.run_id)
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -621,7 +635,12 @@ class Kernel:
             return FlushResult()  # no sink here: events wait in the outbox for a host with one
         now = self.now()
         pending, waiting = await self.db.tx(
-            _outbox.pending_events, cmd.limit, None if cmd.force else now
+            _outbox.pending_events,
+            cmd.limit,
+            None if cmd.force else now,
+            self.flusher_id,
+            now,
+            self.settings.lease_seconds,
         )
         if not pending:
             return FlushResult(sink_status="degraded" if waiting else "healthy")

@@ -10,6 +10,7 @@ loses nothing), with a WARNING on the ``wfe.outbox`` logger.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from sqlalchemy import Connection
 from engine_port import EngineSettings, Event, EventDraft
 
 from ._schema import outbox, runs
+from ._sql import update_where
 
 __all__ = [
     "OutboxCounts",
@@ -96,17 +98,14 @@ def append_events(
     (``run_values`` are set on the run in the same statement)."""
     if not drafts:
         if run_values:
-            conn.execute(sa.update(runs).where(runs.c.id == run.id).values(**run_values))
+            update_where(conn, runs, {"id": run.id}, run_values)
         return
-    seq = conn.execute(
-        sa.update(runs)
-        .where(runs.c.id == run.id)
-        .values(event_seq=runs.c.event_seq + len(drafts), **run_values)
-        .returning(runs.c.event_seq)
-    ).scalar_one()
+    params = {"k_id": run.id, "n_events": len(drafts)}
+    params.update({f"v_{k}": v for k, v in run_values.items()})
+    seq = conn.execute(_seq_update(tuple(run_values)), params).scalar_one()
     first = seq - len(drafts) + 1
     conn.execute(
-        outbox.insert(),
+        _outbox_insert(),
         [
             {
                 "event_id": d.id,
@@ -128,6 +127,25 @@ def append_events(
     )
 
 
+@functools.cache
+def _seq_update(keys: tuple[str, ...]) -> Any:
+    """Take the run's next event sequence numbers (and set ``keys``): built once per shape."""
+    return (
+        sa.update(runs)
+        .where(runs.c.id == sa.bindparam("k_id"))
+        .values(
+            event_seq=runs.c.event_seq + sa.bindparam("n_events", type_=sa.Integer),
+            **{k: sa.bindparam(f"v_{k}") for k in keys},
+        )
+        .returning(runs.c.event_seq)
+    )
+
+
+@functools.cache
+def _outbox_insert() -> Any:
+    return outbox.insert()
+
+
 def _event(row: Any) -> Event:
     from datetime import UTC, datetime
 
@@ -144,30 +162,56 @@ def _event(row: Any) -> Event:
     )
 
 
-def pending_events(conn: Connection, limit: int, due_at: float | None) -> tuple[list[Pending], int]:
-    """Undelivered events to try now, in write order, and how many wait for a later retry.
+_FLUSH_LOCK = 724402
+"""PostgreSQL advisory lock id: one flush claims rows at a time (the others skip a round)."""
 
-    With ``due_at`` (the current time) an event is tried only when no undelivered event of its
-    run, itself included, waits for a retry later than that (per-run order); ``None`` tries
-    every undelivered event (an explicit ``flush_events()``)."""
-    query = sa.select(outbox).where(outbox.c.status == "pending")
+
+def pending_events(
+    conn: Connection,
+    limit: int,
+    due_at: float | None,
+    flusher: str = "",
+    now: float = 0.0,
+    claim_seconds: float = 30.0,
+) -> tuple[list[Pending], int]:
+    """Claim undelivered events to try now, in write order, for ``flusher`` (until
+    ``now + claim_seconds``), and count how many wait for a later retry.
+
+    An event is skipped while any undelivered event of its run, itself included, is claimed
+    by a flush (so two workers never publish the same event, and a run's events stay in
+    order across workers) or, with ``due_at`` (the current time), waits for a retry later
+    than that (per-run order); ``None`` tries every unclaimed event (``flush_events()``)."""
+    if conn.dialect.name == "postgresql":
+        got = conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(_FLUSH_LOCK))).scalar()
+        if not got:
+            return [], 0  # another flush is claiming right now: its rows are not ours
+    held = outbox.alias("held")
+    blocked = held.c.claimed_until > now
+    if due_at is not None:
+        blocked = sa.or_(blocked, held.c.next_attempt_at > due_at)
+    query = sa.select(outbox).where(
+        outbox.c.status == "pending",
+        ~sa.exists().where(
+            held.c.run_id == outbox.c.run_id,
+            held.c.seq <= outbox.c.seq,
+            held.c.status == "pending",
+            blocked,
+        ),
+    )
     waiting = 0
     if due_at is not None:
-        held = outbox.alias("held")
-        query = query.where(
-            ~sa.exists().where(
-                held.c.run_id == outbox.c.run_id,
-                held.c.seq <= outbox.c.seq,
-                held.c.status == "pending",
-                held.c.next_attempt_at > due_at,
-            )
-        )
         waiting = conn.execute(
             sa.select(sa.func.count())
             .select_from(outbox)
             .where(outbox.c.status == "pending", outbox.c.next_attempt_at > due_at)
         ).scalar_one()
     rows = conn.execute(query.order_by(outbox.c.id).limit(limit)).all()
+    if rows:
+        conn.execute(
+            sa.update(outbox)
+            .where(outbox.c.id.in_([r.id for r in rows]))
+            .values(claimed_by=flusher, claimed_until=now + claim_seconds)
+        )
     return [Pending(r.id, r.attempts, r.first_failed_at, _event(r)) for r in rows], waiting
 
 
@@ -182,7 +226,11 @@ def mark_flushed(
     attempt, schedule the retry and dead-letter the rows past ``rule``. Returns the dead ones."""
     ids = list(delivered)
     if ids:
-        conn.execute(sa.update(outbox).where(outbox.c.id.in_(ids)).values(status="delivered"))
+        conn.execute(
+            sa.update(outbox)
+            .where(outbox.c.id.in_(ids))
+            .values(status="delivered", claimed_by=None, claimed_until=None)
+        )
     updates: list[dict[str, Any]] = []
     dead: list[DeadLetter] = []
     for rows, error in failed:
@@ -215,6 +263,8 @@ def mark_flushed(
                 last_error=sa.bindparam("new_error"),
                 first_failed_at=sa.bindparam("new_first"),
                 next_attempt_at=sa.bindparam("new_next"),
+                claimed_by=None,
+                claimed_until=None,
             ),
             updates,
         )

@@ -76,6 +76,10 @@ class Handoff:
     lease: float
     limit: int
     jobs: list[tuple[Any, Begin]] = field(default_factory=list)  # already marked running
+    # the transition left nothing for the queue: it finished the run, or every job it
+    # enqueued is in ``jobs`` (the host need not look for work)
+    quiet: bool = False
+    finished: bool = False  # the transition ended the run (completed)
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,8 @@ def schedule(
     group = run.current_group
     values: dict[str, Any] = run_values if run_values is not None else {}
     drafts: list[EventDraft] = []
+    if handoff is not None:
+        handoff.quiet = handoff.finished = False
     while group < len(graph.groups):
         open_stages = [
             sid for sid in graph.groups[group] if state[sid].status != StageStatus.COMPLETED
@@ -251,16 +257,23 @@ def schedule(
                 for s in new
             ]
             if rows:
-                inserted = conn.execute(jobs.insert().returning(*jobs.c), rows).all()
+                inserted = conn.execute(_jobs_insert(), rows).all()
                 if take and handoff is not None:
                     handed = [j for j in inserted if j.stage_id in take]
                     drafts = _begin_handed(conn, run, handed, handoff, state, now)
+                    if run.status == RunStatus.PENDING:  # handed from its creation
+                        drafts.insert(0, _lc(run).run_started())
+                        values["status"] = RunStatus.RUNNING
+            if handoff is not None:
+                handoff.quiet = len(take) == len(new)
             if group != run.current_group:
                 values["current_group"] = group
             break
         group += 1
     else:
         drafts = _finish_completed(conn, run, graph, state, now, values)
+        if handoff is not None:
+            handoff.quiet = handoff.finished = True
     if run_values is None and values:
         _touch(conn, run.id, now, **values)
     return drafts
@@ -278,11 +291,9 @@ def _begin_handed(
     ``stage.started`` goes out in the same transaction as the completion that freed them)."""
     lc = _lc(run)
     ids = sorted(j.stage_id for j in handed)
-    conn.execute(
-        sa.update(stages)
-        .where(stages.c.run_id == run.id, stages.c.stage_id.in_(ids))
-        .values(**_attempt_started(1, now))
-    )
+    started = _attempt_started(1, now)
+    params = {"k_run_id": run.id, "k_ids": ids} | {f"v_{k}": v for k, v in started.items()}
+    conn.execute(_start_stages(tuple(started)), params)
     outputs = {sid: r.output for sid, r in state.items() if r.has_output}
     step_rows: list[Any] = []
     if any(state[sid].has_steps for sid in ids):  # a ledger kept by a redrive
@@ -307,6 +318,23 @@ def _begin_handed(
     return [lc.stage_started(sid, 1) for sid in ids]
 
 
+@functools.cache
+def _jobs_insert() -> Any:
+    return jobs.insert().returning(*jobs.c)
+
+
+@functools.cache
+def _start_stages(keys: tuple[str, ...]) -> Any:
+    return (
+        sa.update(stages)
+        .where(
+            stages.c.run_id == sa.bindparam("k_run_id"),
+            stages.c.stage_id.in_(sa.bindparam("k_ids", expanding=True)),
+        )
+        .values({k: sa.bindparam(f"v_{k}") for k in keys})
+    )
+
+
 def _attempt_started(attempt: int, now: float) -> dict[str, Any]:
     """A stage row's values when an attempt starts (begun by a worker, or handed to one)."""
     return {
@@ -328,6 +356,23 @@ def _lease_deadline(conn: Connection, lease: float, now: float) -> float:
     return float(clock) + lease
 
 
+@functools.cache
+def _staged_query() -> Any:
+    """A run's staged business events in release order (stage completion, then emit order)."""
+    return (
+        sa.select(staged_events, stages.c.completed_order)
+        .join(
+            stages,
+            sa.and_(
+                stages.c.run_id == staged_events.c.run_id,
+                stages.c.stage_id == staged_events.c.stage_id,
+            ),
+        )
+        .where(staged_events.c.run_id == sa.bindparam("run_id"))
+        .order_by(stages.c.completed_order, staged_events.c.idx)
+    )
+
+
 def _finish_completed(
     conn: Connection,
     run: Any,
@@ -338,22 +383,11 @@ def _finish_completed(
 ) -> list[EventDraft]:
     lc = _lc(run)
     outputs = {sid: r.output for sid, r in state.items() if r.has_output}
-    rows = conn.execute(
-        sa.select(staged_events, stages.c.completed_order)
-        .join(
-            stages,
-            sa.and_(
-                stages.c.run_id == staged_events.c.run_id,
-                stages.c.stage_id == staged_events.c.stage_id,
-            ),
-        )
-        .where(staged_events.c.run_id == run.id)
-        .order_by(stages.c.completed_order, staged_events.c.idx)
-    ).all()
+    rows = conn.execute(_staged_query(), {"run_id": run.id}).all()
     drafts = [lc.business(r.stage_id, r.idx, r.type, r.data) for r in rows]
     drafts.append(lc.run_completed())
     if rows:
-        conn.execute(sa.delete(staged_events).where(staged_events.c.run_id == run.id))
+        delete_where(conn, staged_events, run_id=run.id)
     values.update(
         status=RunStatus.COMPLETED,
         output=run_output(graph.sinks(), outputs),

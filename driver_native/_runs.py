@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import functools
+from collections.abc import Callable, Collection, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,7 +33,7 @@ from engine_port.errors import (
 )
 
 from ._outbox import append_events
-from ._progress import ACTIVE, begin_compensation, refresh_status, schedule
+from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
 from ._schema import (
     definitions,
     drains,
@@ -45,7 +46,7 @@ from ._schema import (
     stages,
     steps,
 )
-from ._sql import lock_run, try_run
+from ._sql import lock_run, select_where, try_run
 
 __all__ = [
     "cancel_run",
@@ -103,9 +104,13 @@ def create_run(
     key: str | None,
     now: float,
     trace_context: str | None = None,
+    handoff: Handoff | None = None,
 ) -> tuple[str, bool]:
     """Insert the run, its stages, run.created and the first group's jobs. With an
-    idempotency key already used, return that run (or raise on a different input)."""
+    idempotency key already used, return that run (or raise on a different input). With
+    ``handoff``, the first stages are leased to that worker and begun in this transaction."""
+    if handoff is not None:
+        handoff.jobs.clear()  # (a re-run of this transaction hands off only its own jobs)
     drain = conn.execute(
         sa.select(drains.c.target).where(drains.c.workflow_id == graph.workflow_id)
     ).first()
@@ -162,7 +167,7 @@ def create_run(
     run = SimpleNamespace(**values)
     run_values: dict[str, Any] = {}
     drafts = [Lifecycle(run_id).run_created(graph.version)]
-    drafts += schedule(conn, run, graph, now, run_values=run_values)
+    drafts += schedule(conn, run, graph, now, handoff, run_values=run_values)
     append_events(conn, run, drafts, now, **run_values)
     return run_id, True
 
@@ -354,19 +359,33 @@ def redrive_run(
     append_events(conn, run, drafts, now)
 
 
+@functools.cache
+def _status_query() -> Any:
+    return sa.select(runs.c.status).where(runs.c.id == sa.bindparam("run_id"))
+
+
 def run_status(conn: Connection, run_id: str) -> str:
-    status = conn.execute(sa.select(runs.c.status).where(runs.c.id == run_id)).scalar()
+    status = conn.execute(_status_query(), {"run_id": run_id}).scalar()
     if status is None:
         raise RunNotFoundError(run_id)
     return str(status)
 
 
-def read_run(conn: Connection, run_id: str) -> tuple[Any, list[Any], GraphModel | None]:
+def read_run(
+    conn: Connection,
+    run_id: str,
+    known: Callable[[str, str], GraphModel | None] | None = None,
+) -> tuple[Any, list[Any], GraphModel | None]:
+    """The run row, its stage rows and its graph (``known(workflow, version)`` first: the
+    registry's, without reading and validating the stored definition)."""
     run = try_run(conn, run_id, lock=False)
     if run is None:
         raise RunNotFoundError(run_id)
-    rows = conn.execute(sa.select(stages).where(stages.c.run_id == run_id)).all()
-    return run, list(rows), load_graph(conn, run.workflow_id, run.version)
+    rows = select_where(conn, stages, run_id=run_id).all()
+    graph = None if known is None else known(run.workflow_id, run.version)
+    if graph is None:
+        graph = load_graph(conn, run.workflow_id, run.version)
+    return run, list(rows), graph
 
 
 def read_runs(

@@ -187,6 +187,10 @@ outbox = Table(
     # a failing sink: the first failure, and when the next attempt is due (per-event backoff)
     Column("first_failed_at", Double),
     Column("next_attempt_at", Double),
+    # a flush publishing the row right now: who, and until when its claim holds (a flusher
+    # that died is replaced once the claim lapses)
+    Column("claimed_by", String(200)),
+    Column("claimed_until", Double),
     Index("ix_wfe_outbox_status", "status", "id"),
     Index("ix_wfe_outbox_run", "run_id", "seq"),
 )
@@ -276,6 +280,16 @@ def _v6(conn: Connection) -> None:
         conn.execute(sa.text("ALTER TABLE wfe_runs ADD COLUMN trace_context VARCHAR(200)"))
 
 
+def _v7(conn: Connection) -> None:
+    """v7 added outbox.claimed_by and outbox.claimed_until: a flush claims the rows it
+    publishes, so two workers never deliver the same events."""
+    have = {c["name"] for c in inspect(conn).get_columns("wfe_outbox")}
+    if "claimed_by" not in have:
+        conn.execute(sa.text("ALTER TABLE wfe_outbox ADD COLUMN claimed_by VARCHAR(200)"))
+    if "claimed_until" not in have:
+        conn.execute(sa.text("ALTER TABLE wfe_outbox ADD COLUMN claimed_until DOUBLE PRECISION"))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -283,6 +297,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (4, "signals queue in arrival order, with idempotency keys", _v4),
     (5, "outbox retries with backoff: first_failed_at, next_attempt_at", _v5),
     (6, "runs.trace_context for OpenTelemetry", _v6),
+    (7, "outbox flush claims: claimed_by, claimed_until", _v7),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -171,8 +171,12 @@ class WorkerHost:
                 await asyncio.sleep(self.poll_interval)
             if not claimed and not self._stopping:
                 self._wake.clear()
+                pause = self.poll_interval
+                last = self.last_flush
+                if last is not None and (last.delivered or last.failed or last.degraded):
+                    pause = min(pause, self.flush_interval)  # the outbox has work: keep at it
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                    await asyncio.wait_for(self._wake.wait(), pause)
 
     async def _maintenance(self) -> None:
         self._outbox = await self.kernel.db.read(count_outbox)
@@ -197,15 +201,36 @@ class WorkerHost:
             self._counts["handed_off"] += 1
             self._active[job.id] = (job, asyncio.create_task(self._run_job(job, begun)))
 
+    def free_slots(self) -> int:
+        """How many more jobs this worker takes now (0 while it stops)."""
+        return 0 if self._stopping else max(0, self.concurrency - len(self._active))
+
+    def serves(self, wfv: str) -> bool:
+        served = self.served if self.served is not None else self.kernel.served()
+        return wfv in served
+
+    def adopt(self, handed: list[tuple[Any, Any]]) -> bool:
+        """Run stages handed to this worker by a transaction made elsewhere in this process
+        (a start): False, and nothing adopted, when the worker is stopping."""
+        if self._stopping:
+            return False
+        self._adopt(handed)
+        return True
+
     async def _run_job(self, job: Any, begun: Any = None) -> None:
-        handed_before = self._counts["handed_off"]
+        adopted: list[bool] = []
+
+        def on_handoff(handed: list[tuple[Any, Any]]) -> None:
+            adopted.append(True)
+            self._adopt(handed)
+
         try:
             free = max(0, self.concurrency - len(self._active) + 1)
             command = ExecuteJob(
                 job,
                 self.worker_id,
                 handoff=0 if self._stopping else free,
-                on_handoff=self._adopt,
+                on_handoff=on_handoff,
                 begun=begun,
             )
             result = await self.kernel.dispatch(command)
@@ -239,7 +264,8 @@ class WorkerHost:
         finally:
             full = len(self._active) >= self.concurrency
             self._active.pop(job.id, None)
-            if full or self._counts["handed_off"] == handed_before:
-                self._wake.set()  # a slot freed, or nothing was handed on: look for work
+            if full or not adopted:
+                # a slot freed, or the outcome left work for the queue: look for it
+                self._wake.set()
             if self.on_job_done is not None:
                 self.on_job_done(job.run_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import inspect
 import math
@@ -268,13 +270,22 @@ def _return_type(fn: Handler) -> Any:
     return ret
 
 
+@functools.lru_cache(maxsize=1024)
+def _cached_schema(tp: Any) -> dict[str, Any]:
+    return TypeAdapter(tp).json_schema()
+
+
 def _schema_of(tp: Any, what: str) -> dict[str, Any]:
     if tp is Any:
         return {}
     if tp is None:
         return {"type": "null"}
     try:
-        return TypeAdapter(tp).json_schema()
+        try:
+            cached = _cached_schema(tp)  # stages of one type share one schema (big graphs)
+        except TypeError:  # an unhashable annotation
+            cached = TypeAdapter(tp).json_schema()
+        return copy.deepcopy(cached)
     except Exception as exc:
         raise DefinitionError(
             f"{what} has a return type pydantic cannot describe as JSON ({exc}); return a pydantic "
@@ -449,18 +460,26 @@ class Workflow(Generic[InT]):
                     raise DefinitionError(
                         f"stage {s.id!r} of workflow {self.id!r} depends on unknown stage {d!r}"
                     )
+        # Kahn's algorithm: linear in stages + edges (a 3,000-stage chain in milliseconds)
+        waiting = {sid: len(set(s.after)) for sid, s in self._stages.items()}
+        dependants: dict[str, list[str]] = {sid: [] for sid in self._stages}
+        for s in self._stages.values():
+            for d in set(s.after):
+                dependants[d].append(s.id)
         level: dict[str, int] = {}
-        remaining = dict(self._stages)
-        while remaining:
-            ready = [s for s in remaining.values() if all(d in level for d in s.after)]
-            if not ready:
-                cyc = ", ".join(sorted(remaining))
-                raise DefinitionError(
-                    f"workflow {self.id!r} has a dependency cycle among stages: {cyc}"
-                )
-            for s in ready:
-                level[s.id] = 1 + max((level[d] for d in s.after), default=-1)
-                del remaining[s.id]
+        ready = [sid for sid, n in waiting.items() if n == 0]
+        while ready:
+            sid = ready.pop()
+            level[sid] = 1 + max((level[d] for d in self._stages[sid].after), default=-1)
+            for nxt in dependants[sid]:
+                waiting[nxt] -= 1
+                if waiting[nxt] == 0:
+                    ready.append(nxt)
+        if len(level) < len(self._stages):
+            cyc = ", ".join(sorted(sid for sid in self._stages if sid not in level))
+            raise DefinitionError(
+                f"workflow {self.id!r} has a dependency cycle among stages: {cyc}"
+            )
         layers: list[list[str]] = [[] for _ in range(max(level.values()) + 1)]
         for sid, lv in level.items():
             layers[lv].append(sid)

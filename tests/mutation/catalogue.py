@@ -460,7 +460,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "N23-pinned-version-ignored",
         "native",
         "driver_native/_jobs.py",
-        "        cond.append(jobs.c.wfv.in_(list(served)))",
+        '        cond.append(jobs.c.wfv.in_(sa.bindparam("served", expanding=True)))',
         "        pass",
         "a worker runs jobs of (workflow, version) pairs it does not serve",
         "version or s13",

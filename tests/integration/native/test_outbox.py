@@ -16,7 +16,7 @@ from driver_native import FlushOutbox, process_available_jobs
 from engine_port import Event, FakeClock, MemorySink
 
 from . import workflows as w
-from .conftest import MakeEngine, count_rows
+from .conftest import MakeEngine, count_rows, eventually
 
 # short settings: retries 50 ms apart doubling up to 200 ms; dead after 2 attempts spanning 1 s
 SHORT = {
@@ -221,7 +221,7 @@ async def test_a_failed_event_is_retried_after_its_backoff_not_at_every_flush(
     assert (await engine.flush_events()).delivered == 10
 
 
-async def test_schema_v5_adds_the_retry_columns_to_an_existing_outbox(
+async def test_schema_v5_v6_add_the_retry_and_claim_columns_to_an_existing_outbox(
     database_url: str, make_engine: MakeEngine
 ) -> None:
     import sqlalchemy as sa
@@ -235,6 +235,8 @@ async def test_schema_v5_adds_the_retry_columns_to_an_existing_outbox(
         def as_v4(conn: sa.Connection) -> None:  # the outbox as v4 made it, with one event
             conn.execute(sa.text("ALTER TABLE wfe_outbox DROP COLUMN first_failed_at"))
             conn.execute(sa.text("ALTER TABLE wfe_outbox DROP COLUMN next_attempt_at"))
+            conn.execute(sa.text("ALTER TABLE wfe_outbox DROP COLUMN claimed_by"))
+            conn.execute(sa.text("ALTER TABLE wfe_outbox DROP COLUMN claimed_until"))
             conn.execute(
                 sa.text(
                     "INSERT INTO wfe_outbox (event_id, run_id, workflow_id, seq, type, data, "
@@ -318,3 +320,41 @@ async def test_default_settings_dead_letter_after_ten_attempts_and_five_minutes(
     assert await dead() == 10
     assert len(sink.failed_at) >= 10
     assert sink.failed_at[-1] - sink.failed_at[0] >= 300
+
+
+class SlowSink(MemorySink):
+    """Takes a moment per batch (a real sink's network hop), which is when a second flusher
+    would pick up the same rows if the flush did not claim them."""
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        await asyncio.sleep(0.01)
+        await super().publish(events)
+
+
+async def test_two_workers_flushing_one_outbox_deliver_each_event_once(
+    make_engine: MakeEngine,
+) -> None:
+    sinks = [SlowSink(), SlowSink()]
+    first = await make_engine(w.linear, event_sink=sinks[0])
+    second = await make_engine(w.linear, event_sink=sinks[1])
+    runs = 30
+    async with first.worker(flush_interval=0.0), second.worker(flush_interval=0.0):
+        started = [await first.start(w.linear, {"n": i}) for i in range(runs)]
+        for run in started:
+            assert (await first.wait(run.id, timeout=60)).status == "completed"
+        # per run: created, started, 3 x (stage started, completed), it.done, completed
+        total = runs * 10
+
+        async def all_out() -> bool:
+            return sum(len(s.events) for s in sinks) >= total
+
+        await eventually(all_out, timeout=30)
+    delivered = [e.id for s in sinks for e in s.events]
+    assert len(delivered) == total
+    assert len(set(delivered)) == len(delivered), "an event was published twice"
+    assert all(s.events for s in sinks)  # both workers flushed
+    for sink in sinks:  # per-run order holds within each sink
+        seqs: dict[str, list[int]] = {}
+        for e in sink.events:
+            seqs.setdefault(e.run_id, []).append(e.seq)
+        assert all(s == sorted(s) for s in seqs.values())

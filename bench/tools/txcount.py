@@ -1,0 +1,104 @@
+"""``python -m bench.tools.txcount [sqlite|postgres] [--runs N]``: transactions, statements
+and latency per 3-stage no-op run of the native driver (in-process worker), counted with a
+wrapper around ``Database`` transaction entry points and SQLAlchemy's
+``before_cursor_execute`` event. Prints the per-run averages and the busiest transaction
+functions."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import event
+
+from driver_native._db import Database
+from engine_port import EngineSettings, create_engine
+
+from .. import _workflows as W
+from .._common import fresh_postgres_db
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.tx: Counter[str] = Counter()
+        self.reads: Counter[str] = Counter()
+        self.statements = 0
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+def _install(counts: Counts) -> None:
+    orig_once, orig_read = Database._tx_once, Database._read_once
+
+    def tx_once(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
+        counts.tx[getattr(fn, "__qualname__", repr(fn))] += 1
+        return orig_once(self, attempt, fn, *a, **k)
+
+    def read_once(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
+        counts.reads[getattr(fn, "__qualname__", repr(fn))] += 1
+        return orig_read(self, attempt, fn, *a, **k)
+
+    Database._tx_once = tx_once  # type: ignore[method-assign]
+    Database._read_once = read_once  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _url(backend: str) -> Iterator[str]:
+    if backend == "postgres":
+        with fresh_postgres_db() as url:
+            yield url.replace("postgresql://", "postgresql+psycopg://", 1)
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            yield f"sqlite:///{d}/wfe.db"
+
+
+async def main(backend: str, runs: int) -> None:
+    counts = Counts()
+    _install(counts)
+    with _url(backend) as url, tempfile.TemporaryDirectory() as blobs:
+        settings = EngineSettings(database_url=url, blob_url=f"file://{blobs}")
+        async with create_engine(settings, W.registry()) as engine:
+            db = engine.kernel.db  # type: ignore[attr-defined]
+
+            def stmt(*_a: Any) -> None:
+                counts.statements += 1
+
+            event.listen(db.engine, "before_cursor_execute", stmt)
+            async with engine.worker():
+                for _ in range(5):
+                    await engine.wait((await engine.start("bench-seq3", {})).id, timeout=60)
+                await asyncio.sleep(0.3)
+                counts.reset()
+                samples = []
+                cpu0 = time.process_time()
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    run = await engine.start("bench-seq3", {})
+                    await engine.wait(run.id, timeout=60)
+                    samples.append(time.perf_counter() - t0)
+                cpu = (time.process_time() - cpu0) / runs
+                tx, reads, statements = Counter(counts.tx), Counter(counts.reads), counts.statements
+    print(f"{backend}: {runs} runs of bench-seq3, in-process worker")
+    print(f"  p50 latency      {statistics.median(samples) * 1000:.2f} ms")
+    print(f"  CPU/run          {cpu * 1000:.2f} ms (this process, all threads)")
+    print(f"  transactions/run {sum(tx.values()) / runs:.2f}")
+    print(f"  autocommit reads/run {sum(reads.values()) / runs:.2f}")
+    print(f"  statements/run   {statements / runs:.1f} (incl. BEGIN on SQLite)")
+    for name, n in (tx + reads).most_common(12):
+        print(f"    {n / runs:6.2f}  {name}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("backend", choices=["sqlite", "postgres"], nargs="?", default="sqlite")
+    ap.add_argument("--runs", type=int, default=100)
+    args = ap.parse_args()
+    asyncio.run(main(args.backend, args.runs))
