@@ -31,6 +31,7 @@ from engine_port import (
     open_blob_store,
 )
 from engine_port._clock import Clock
+from engine_port._history import StepEntry
 from engine_port._limits import (
     check_export_target,
     check_run_call,
@@ -175,6 +176,9 @@ class NativeEngine(WorkflowEngine):
         )
 
     async def get_run(self, run_id: str) -> RunInfo:
+        return await self._read_run(run_id, outputs=True)
+
+    async def _read_run(self, run_id: str, *, outputs: bool) -> RunInfo:
         check_run_call(run_id)
         k = self.kernel
         run, stage_rows, graph = await k.db.read(_runs.read_run, run_id)
@@ -188,7 +192,11 @@ class NativeEngine(WorkflowEngine):
                     id=r.stage_id,
                     status=r.status,
                     attempt=r.attempt,
-                    output=await k.claim.load(r.output, run_id=run.id) if r.has_output else None,
+                    output=(
+                        await k.claim.load(r.output, run_id=run.id)
+                        if r.has_output and outputs
+                        else None
+                    ),
                     error=ErrorInfo.model_validate(r.error) if r.error else None,
                     compensation_error=(
                         ErrorInfo.model_validate(r.compensation_error)
@@ -202,7 +210,7 @@ class NativeEngine(WorkflowEngine):
                 )
             )
         output = None
-        if run.status == RunStatus.COMPLETED and graph is not None:
+        if outputs and run.status == RunStatus.COMPLETED and graph is not None:
             sinks = graph.sinks()
             if len(sinks) == 1:
                 output = await k.claim.load(run.output, run_id=run.id)
@@ -215,7 +223,7 @@ class NativeEngine(WorkflowEngine):
             workflow_id=run.workflow_id,
             version=run.version,
             status=run.status,
-            input=await k.claim.load(run.input, run_id=run.id),
+            input=await k.claim.load(run.input, run_id=run.id) if outputs else None,
             output=output,
             error=ErrorInfo.model_validate(run.error) if run.error else None,
             compensation_errors=[
@@ -236,12 +244,16 @@ class NativeEngine(WorkflowEngine):
         workflow_id: str | None = None,
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
+        id_prefix: str | None = None,
+        outputs: bool = True,
     ) -> list[RunInfo]:
         if workflow_id is not None:
             check_workflow_id(workflow_id)
         statuses = [status] if isinstance(status, str) else list(status or [])
-        ids = await self.kernel.db.read(_runs.list_run_rows, workflow_id, statuses, limit)
-        return [await self.get_run(i) for i in ids]
+        ids = await self.kernel.db.read(
+            _runs.list_run_rows, workflow_id, statuses, limit, id_prefix
+        )
+        return [await self._read_run(i, outputs=outputs) for i in ids]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         """Wait for a terminal status: woken at once by this process's workers, and polling
@@ -366,6 +378,14 @@ class NativeEngine(WorkflowEngine):
         """Every event the run wrote to its outbox, in sequence order (delivered or not)."""
         check_run_call(run_id)
         return await self.kernel.db.read(_outbox.load_events, run_id)
+
+    async def steps(self, run_id: str) -> list[StepEntry]:
+        """The run's journaled steps (without their results), by stage and name."""
+        check_run_call(run_id)
+        return await self.kernel.db.read(_runs.list_steps, run_id)
+
+    async def dead_letters(self, limit: int = 1000) -> list[Event]:
+        return await self.kernel.db.read(_outbox.load_dead, limit)
 
     async def purge(self, older_than_seconds: float) -> int:
         n: int = await self.kernel.dispatch(PurgeRuns(older_than_seconds))

@@ -19,6 +19,7 @@ from engine_port import (
     StageStatus,
     VersionInfo,
 )
+from engine_port._history import StepEntry
 from engine_port._models import TERMINAL_RUN_STATUSES
 from engine_port.errors import (
     IdempotencyConflictError,
@@ -51,6 +52,7 @@ __all__ = [
     "cancel_run",
     "create_run",
     "list_run_rows",
+    "list_steps",
     "list_versions",
     "load_graph",
     "purge_runs",
@@ -368,9 +370,15 @@ def read_run(conn: Connection, run_id: str) -> tuple[Any, list[Any], GraphModel 
 
 
 def list_run_rows(
-    conn: Connection, workflow_id: str | None, status: Sequence[str] | None, limit: int
+    conn: Connection,
+    workflow_id: str | None,
+    status: Sequence[str] | None,
+    limit: int,
+    id_prefix: str | None = None,
 ) -> list[str]:
     q = sa.select(runs.c.id).order_by(runs.c.created_at.desc()).limit(limit)
+    if id_prefix:
+        q = q.where(runs.c.id.startswith(id_prefix, autoescape=True))
     if workflow_id is not None:
         q = q.where(runs.c.workflow_id == workflow_id)
     if status:
@@ -479,3 +487,20 @@ def set_drain(
             drains.insert(),
             [{"workflow_id": w, "target": target, "created_at": now} for w in workflow_ids],
         )
+
+
+def list_steps(conn: Connection, run_id: str) -> list[StepEntry]:
+    """The run's journaled steps (no results), by stage and name."""
+    if try_run(conn, run_id, lock=False) is None:
+        raise RunNotFoundError(run_id)
+    rows = conn.execute(
+        sa.select(steps.c.stage_id, steps.c.name, steps.c.kind, steps.c.completed, steps.c.signal)
+        .where(steps.c.run_id == run_id)
+        .order_by(steps.c.stage_id, steps.c.name)
+    ).all()
+    return [
+        StepEntry(
+            stage=r.stage_id, name=r.name, kind=r.kind, completed=bool(r.completed), signal=r.signal
+        )
+        for r in rows
+    ]

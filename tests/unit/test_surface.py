@@ -76,6 +76,7 @@ PUBLIC = [
 ]
 
 ERRORS = [
+    "AmbiguousRunIdError",
     "CommandInProgressError",
     "ConfigurationError",
     "DefinitionError",
@@ -98,6 +99,7 @@ ERRORS = [
     "StageTimeoutError",
     "StepError",
     "StepTimeoutError",
+    "UnknownSignalError",
     "UnsafeBlobKeyError",
     "UnsupportedFeatureError",
     "VersionNotServedError",
