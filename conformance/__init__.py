@@ -19,6 +19,7 @@ from ._harness import (
     wait_for_events,
 )
 from ._hostile import HostileDataContract
+from ._listing import ListingContract
 from ._migrate import MigrationContract
 from ._parallel import ParallelFailureContract
 from ._parallel_signals import ParallelSignalContract
@@ -41,6 +42,7 @@ __all__ = [
     "HookContract",
     "HostileDataContract",
     "IdempotencyContract",
+    "ListingContract",
     "MigrationContract",
     "ParallelFailureContract",
     "ParallelSignalContract",
@@ -79,5 +81,6 @@ class AllContracts(
     CrashContract,
     BlindSpotContract,
     HostileDataContract,
+    ListingContract,
 ):
     """Every scenario of the contract."""

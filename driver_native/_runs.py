@@ -21,6 +21,7 @@ from engine_port import (
 )
 from engine_port._history import StepEntry
 from engine_port._models import TERMINAL_RUN_STATUSES
+from engine_port._signal_names import check_signal_known
 from engine_port.errors import (
     IdempotencyConflictError,
     InvalidRedriveError,
@@ -191,6 +192,7 @@ def signal_run(
     if run.status not in ACTIVE or run.cancel_requested:
         raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
     _refuse_frozen(run, f"signal {name!r}")
+    check_signal_known(load_graph(conn, run.workflow_id, run.version), run_id, name)
     if idempotency_key is not None:
         seen = conn.execute(
             sa.select(signals.c.id).where(

@@ -95,6 +95,7 @@ from engine_port._limits import (
 )
 from engine_port._payload_limit import check_payload_size
 from engine_port._serde import input_fingerprint
+from engine_port._signal_names import check_signal_known, served_graph
 from engine_port.errors import (
     DriverUnavailableError,
     EngineError,
@@ -579,6 +580,9 @@ class TemporalEngine(WorkflowEngine):
         info = await self._info_from_memo(memo, status)
         if info.terminal:
             raise RunNotActiveError(run_id, info.status, "signal")
+        check_signal_known(
+            served_graph(self.registry, info.workflow_id, info.version), run_id, name
+        )
         if (memo.get("wfe_run") or {}).get("frozen"):
             raise MigrationError(
                 f"run {run_id!r} is frozen for migration; signal it once the move completed "

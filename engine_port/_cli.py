@@ -509,9 +509,11 @@ def signal_cmd(
             help="a repeat of this key in the same run is not queued again",
         ),
     ] = None,
+    app_: AppOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Send a signal to a run (signals of one name queue in arrival order)."""
+    """Send a signal to a run (signals of one name queue in arrival order). A name that no
+    stage of the run's version declares is refused (on Temporal when --app is given)."""
     try:
         value = json.loads(payload)
     except json.JSONDecodeError as exc:
@@ -521,9 +523,10 @@ def signal_cmd(
         raise typer.Exit(EXIT_CODES["bad_input"]) from None
     settings = _settings(driver)
     _initialised(settings)
+    registry = _registry(app_, settings, required=False)
 
     async def send() -> BaseModel:
-        async with create_engine(settings, None) as engine:
+        async with create_engine(settings, registry) as engine:
             return await engine.signal(
                 await _resolve(engine, run_id), name, value, idempotency_key=idempotency_key
             )

@@ -45,7 +45,13 @@ def _registry() -> Registry:
             raise NonRetryableError("the second attempt gives up")
         return "x" * 2000  # spilled: over the test's spill threshold
 
-    return Registry([wf])
+    gate = Workflow("cli-gate", input=In)
+
+    @gate.stage(signals=["approval"])
+    async def wait(ctx: StageContext[In]) -> object:
+        return await ctx.step.wait_for_signal("approval")
+
+    return Registry([wf, gate])
 
 
 class _RefusingSink:
@@ -181,3 +187,19 @@ def test_dlq_list_shows_the_dead_letters_that_replay_requeues(env: dict[str, Any
     assert json.loads(replay.stdout) == {"requeued": len(dead)}
     after = runner.invoke(app, ["dlq", "list", "--json"])
     assert after.exit_code == 0 and after.stdout == ""
+
+
+def test_a_signal_no_stage_declares_is_refused_as_bad_input(env: dict[str, Any]) -> None:
+    async def start() -> str:
+        async with create_engine(EngineSettings(), _registry()) as engine:
+            return (await engine.start("cli-gate", {})).id
+
+    run_id = asyncio.run(start())
+    runner = CliRunner()
+    wrong = runner.invoke(app, ["signal", run_id[:10], "aproval", "{}"])
+    assert wrong.exit_code == EXIT_CODES["bad_input"], wrong.output
+    assert "no stage of its workflow version waits for" in wrong.stderr
+    assert "'approval'" in wrong.stderr
+    right = runner.invoke(app, ["signal", run_id[:10], "approval", "{}", "--json"])
+    assert right.exit_code == 0, right.output
+    assert json.loads(right.stdout)["run_id"] == run_id
