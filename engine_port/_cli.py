@@ -714,10 +714,15 @@ def drain_cmd(
 def conformance_cmd(
     driver: DriverOpt = None,
     keyword: Annotated[str | None, typer.Option("-k", help="pytest -k expression")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Run the conformance suite against the configured engine; print a table per scenario."""
+    """Run the conformance suite against the configured engine in a scratch area of its own
+    (a temporary SQLite file, its own PostgreSQL schema, or its own Temporal task queues,
+    removed afterwards; the configured event sink is not used). Prints a line per scenario
+    (stderr), the failures' assertion messages and a summary line."""
     module = importlib.import_module("conformance._cli")
-    raise typer.Exit(module.run(_settings(driver), keyword, console))
+    code = module.run(_settings(driver), keyword, console, as_json=as_json, progress=errors)
+    raise typer.Exit(code)
 
 
 @dev_app.command("temporal")
