@@ -93,15 +93,38 @@ def _remove_temporal(settings: Any, prefix: str) -> None:
 
 
 async def _remove_executions(settings: Any, prefix: str) -> None:
+    import asyncio
+
     from temporalio.api.common.v1 import WorkflowExecution
     from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
     from temporalio.client import Client
 
     client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
-    async for ex in client.list_workflows(f"TaskQueue STARTS_WITH '{prefix}'"):
-        await client.workflow_service.delete_workflow_execution(
-            DeleteWorkflowExecutionRequest(
-                namespace=settings.temporal_namespace,
-                workflow_execution=WorkflowExecution(workflow_id=ex.id, run_id=ex.run_id),
+    query = f"TaskQueue STARTS_WITH '{prefix}'"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    # the visibility store lags behind: list and delete until it shows none
+    while True:
+        found = [(ex.id, ex.run_id) async for ex in client.list_workflows(query)]
+        if not found:
+            return
+        if loop.time() > deadline:
+            log.warning(
+                "%d conformance runs on task queues %s* are left; delete them with "
+                "'temporal workflow delete --query \"%s\"'",
+                len(found),
+                prefix,
+                query,
             )
-        )
+            return
+        for workflow_id, run_id in found:
+            with contextlib.suppress(Exception):  # already being deleted
+                await client.workflow_service.delete_workflow_execution(
+                    DeleteWorkflowExecutionRequest(
+                        namespace=settings.temporal_namespace,
+                        workflow_execution=WorkflowExecution(
+                            workflow_id=workflow_id, run_id=run_id
+                        ),
+                    )
+                )
+        await asyncio.sleep(0.5)

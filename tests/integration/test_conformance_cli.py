@@ -87,3 +87,29 @@ def test_conformance_on_postgresql_uses_a_schema_of_its_own_and_drops_it(
         ).scalar_one()
     assert not [s for s in schemas if s.startswith("wfe_conformance_")]
     assert tables == 0  # nothing was created in the user's schema
+
+
+@pytest.mark.temporal
+def test_conformance_on_temporal_uses_task_queues_of_its_own_and_deletes_its_runs(
+    user: Path, temporal_server: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from temporalio.client import Client
+
+    address = temporal_server.address  # type: ignore[attr-defined]
+    monkeypatch.setenv("WFE_DRIVER", "temporal")
+    monkeypatch.setenv("WFE_TEMPORAL_ADDRESS", address)
+    monkeypatch.setenv("WFE_TASK_QUEUE", "users-queue")
+    result = CliRunner().invoke(app, ["conformance", "-k", "test_s1_linear"])
+    assert result.exit_code == 0, result.output
+    assert "driver temporal: 1 passed" in result.stdout
+
+    async def left() -> list[str]:
+        client = await Client.connect(address)
+        return [
+            ex.id async for ex in client.list_workflows("TaskQueue STARTS_WITH 'conformance-'")
+        ] + [ex.id async for ex in client.list_workflows("TaskQueue STARTS_WITH 'users-queue'")]
+
+    assert asyncio.run(left()) == []  # the command waits until they are gone
+    assert sorted(p.name for p in user.iterdir()) == []
