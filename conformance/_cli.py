@@ -5,6 +5,7 @@ progress line per scenario, the failing scenarios' assertion messages and a summ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -19,6 +20,7 @@ import pytest
 from rich.console import Console
 from rich.markup import escape
 
+from ._containers import choose_servers, started_containers
 from ._scratch import scratch_settings
 
 __all__ = ["ScenarioResult", "run"]
@@ -119,13 +121,23 @@ def run(
     *,
     as_json: bool = False,
     progress: Console | None = None,
+    containers: bool = False,
 ) -> int:
-    """Run the suite in a scratch area; returns the exit code (0 when every scenario that
-    ran passed)."""
+    """Run the suite in a scratch area (on throwaway containers with ``containers``);
+    returns the exit code (0 when every scenario that ran passed)."""
     started = time.monotonic()
     collector = _Progress(None if as_json else progress or console)
+    with contextlib.ExitStack() as stack:
+        if choose_servers(containers) == "containers":
+            servers = stack.enter_context(started_containers())
+            settings = settings.model_copy(update=servers.settings_update(settings.driver))
+        code = _run_suite(settings, keyword, collector, own_blobs=not containers)
+    return _report(settings, collector, code, time.monotonic() - started, console, as_json)
+
+
+def _run_suite(settings: Any, keyword: str | None, collector: _Progress, own_blobs: bool) -> int:
     with (
-        scratch_settings(settings) as scratch,
+        scratch_settings(settings, own_blobs=own_blobs) as scratch,
         tempfile.TemporaryDirectory(prefix="wfe-conformance-tests-") as tmp,
     ):
         # a fresh module name per run: a second run in one process must not meet the first
@@ -150,9 +162,19 @@ def run(
         ]
         if keyword:
             args += ["-k", keyword]
-        code = int(pytest.main(args, plugins=[collector, _SettingsPlugin(scratch)]))
+        return int(pytest.main(args, plugins=[collector, _SettingsPlugin(scratch)]))
+
+
+def _report(
+    settings: Any,
+    collector: _Progress,
+    code: int,
+    seconds: float,
+    console: Console,
+    as_json: bool,
+) -> int:
     results = collector.results
-    summary = _summary(results, time.monotonic() - started)
+    summary = _summary(results, seconds)
     if collector.collect_errors and code == 0:
         code = 1
     if as_json:

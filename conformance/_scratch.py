@@ -25,16 +25,18 @@ log = logging.getLogger("wfe.conformance")
 
 
 @contextlib.contextmanager
-def scratch_settings(settings: Any) -> Iterator[Any]:
-    """Settings for a scratch area derived from ``settings``; the area is removed on exit."""
+def scratch_settings(settings: Any, *, own_blobs: bool = True) -> Iterator[Any]:
+    """Settings for a scratch area derived from ``settings``; the area is removed on exit.
+    ``own_blobs=False`` keeps the configured blob store (a throwaway container's)."""
     tag = uuid.uuid4().hex[:10]
     with tempfile.TemporaryDirectory(prefix="wfe-conformance-") as tmp:
         update: dict[str, Any] = {
-            "blob_url": _secret(settings, f"file://{Path(tmp) / 'blobs'}"),
             "event_sink": None,
             "routes": {},
             "app": None,
         }
+        if own_blobs:
+            update["blob_url"] = _secret(settings, f"file://{Path(tmp) / 'blobs'}")
         if settings.driver == "temporal":
             update["task_queue"] = f"conformance-{tag}"
             try:

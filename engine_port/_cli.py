@@ -714,6 +714,14 @@ def drain_cmd(
 def conformance_cmd(
     driver: DriverOpt = None,
     keyword: Annotated[str | None, typer.Option("-k", help="pytest -k expression")] = None,
+    containers: Annotated[
+        bool,
+        typer.Option(
+            "--containers",
+            help="run on throwaway PostgreSQL, MinIO and Temporal containers (needs Docker "
+            "and the containers extra)",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the conformance suite against the configured engine in a scratch area of its own
@@ -721,7 +729,11 @@ def conformance_cmd(
     removed afterwards; the configured event sink is not used). Prints a line per scenario
     (stderr), the failures' assertion messages and a summary line."""
     module = importlib.import_module("conformance._cli")
-    code = module.run(_settings(driver), keyword, console, as_json=as_json, progress=errors)
+    settings = _settings(driver)
+    with _reported():
+        code = module.run(
+            settings, keyword, console, as_json=as_json, progress=errors, containers=containers
+        )
     raise typer.Exit(code)
 
 
