@@ -203,3 +203,40 @@ def test_a_signal_no_stage_declares_is_refused_as_bad_input(env: dict[str, Any])
     right = runner.invoke(app, ["signal", run_id[:10], "approval", "{}", "--json"])
     assert right.exit_code == 0, right.output
     assert json.loads(right.stdout)["run_id"] == run_id
+
+
+@pytest.mark.temporal
+def test_prefix_ids_and_declared_signals_on_temporal(
+    env: dict[str, Any], temporal_server: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uuid
+
+    monkeypatch.setenv("WFE_DRIVER", "temporal")
+    monkeypatch.setenv("WFE_TEMPORAL_ADDRESS", temporal_server.address)  # type: ignore[attr-defined]
+    monkeypatch.setenv("WFE_TASK_QUEUE", f"cli-{uuid.uuid4().hex[:8]}")
+    (env["tmp"] / "cliapp.py").write_text(
+        "from tests.integration.test_cli_runs import _registry\nregistry = _registry()\n"
+    )
+
+    async def start() -> str:
+        async with create_engine(EngineSettings(), _registry()) as engine:
+            run_id = (await engine.start("cli-gate", {})).id
+            for _ in range(100):  # the visibility store catches up
+                if await engine.list_runs(id_prefix=run_id[:8], outputs=False):
+                    break
+                await asyncio.sleep(0.1)
+            return run_id
+
+    run_id = asyncio.run(start())
+    runner = CliRunner()
+    shown = runner.invoke(app, ["show", run_id[:8], "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["id"] == run_id
+    wrong = runner.invoke(app, ["signal", run_id[:8], "aproval", "{}", "--app", "cliapp"])
+    assert wrong.exit_code == EXIT_CODES["bad_input"], wrong.output
+    assert "no stage of its workflow version waits for" in wrong.stderr
+    events = runner.invoke(app, ["show", run_id[:8], "--events"])
+    assert events.exit_code == EXIT_CODES["bad_config"]
+    assert "Temporal Web UI" in events.stderr
+    cancel = runner.invoke(app, ["cancel", run_id[:8], "--json"])
+    assert cancel.exit_code == 0, cancel.output
