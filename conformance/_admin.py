@@ -17,7 +17,7 @@ from engine_port.errors import (
     WorkflowNotFoundError,
 )
 
-from ._harness import ExecutionLog, Harness, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, unique_id, wait_for_events
 from ._models import Num, Order
 from ._trace import check_golden, normalise, run_summary
 
@@ -25,6 +25,8 @@ __all__ = ["BadInputContract", "IdempotencyContract", "VersionContract"]
 
 
 class IdempotencyContract:
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_s11_idempotent_start(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
         wf = Workflow(unique_id("s11"), input=Num)
@@ -58,6 +60,8 @@ class IdempotencyContract:
 
 
 class VersionContract:
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_s13_pinned_versions(self, harness: Harness, tmp_path: Path) -> None:
         if not harness.capabilities.pinned_versions:
             pytest.skip("driver lacks capability pinned_versions")
@@ -137,6 +141,8 @@ class VersionContract:
 
 
 class BadInputContract:
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_s16_bad_input(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
         wf = Workflow(unique_id("s16"), input=Order)

@@ -34,7 +34,7 @@ from engine_port import (
 from engine_port.errors import StepTimeoutError
 
 from ._crash import kill_worker_when
-from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
 from ._trace import normalise
 from .apps.takeover import build as build_takeover
@@ -56,6 +56,8 @@ class ArrivalSink(MemorySink):
 
 class BlindSpotContract:
     """Assertions the other scenarios leave out, each killing a planted bug."""
+
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
     async def test_retry_waits_the_configured_delay(self, harness: Harness) -> None:
         """The first retry waits initial_interval (not initial*backoff, not nothing)."""

@@ -12,6 +12,7 @@ import tempfile
 import textwrap
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,7 @@ def run(
     as_json: bool = False,
     progress: Console | None = None,
     containers: bool = False,
+    search_attributes: Sequence[str] = (),
 ) -> int:
     """Run the suite in a scratch area (on throwaway containers with ``containers``);
     returns the exit code (0 when every scenario that ran passed)."""
@@ -129,7 +131,7 @@ def run(
     collector = _Progress(None if as_json else progress or console)
     with contextlib.ExitStack() as stack:
         if choose_servers(containers) == "containers":
-            servers = stack.enter_context(started_containers())
+            servers = stack.enter_context(started_containers(search_attributes=search_attributes))
             settings = settings.model_copy(update=servers.settings_update(settings.driver))
         code = _run_suite(settings, keyword, collector, own_blobs=not containers)
     return _report(settings, collector, code, time.monotonic() - started, console, as_json)

@@ -10,7 +10,7 @@ import contextlib
 import importlib.util
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -109,8 +109,11 @@ def choose_servers(
 
 
 @contextlib.contextmanager
-def started_containers(images: Mapping[str, str] = IMAGES) -> Iterator[ContainerServers]:
-    """Start PostgreSQL, MinIO and a Temporal dev server; stop and remove them on exit."""
+def started_containers(
+    images: Mapping[str, str] = IMAGES, *, search_attributes: Sequence[str] = ()
+) -> Iterator[ContainerServers]:
+    """Start PostgreSQL, MinIO and a Temporal dev server (registering ``search_attributes``,
+    the Temporal driver's); stop and remove them on exit."""
     from testcontainers.core.container import DockerContainer
 
     try:  # testcontainers 4.14+ moved the modules
@@ -127,7 +130,7 @@ def started_containers(images: Mapping[str, str] = IMAGES) -> Iterator[Container
         )
         temporal = (
             DockerContainer(images["temporal"])
-            .with_command(temporal_command())
+            .with_command(temporal_command(search_attributes))
             .with_exposed_ports(7233)
         )
         stack.enter_context(temporal)
@@ -143,13 +146,12 @@ def started_containers(images: Mapping[str, str] = IMAGES) -> Iterator[Container
         )
 
 
-def temporal_command() -> list[str]:
-    """The dev server's arguments in the container: what ``wfe dev temporal`` passes (wfe's
-    search attributes), plus room for the suite's many Worker Deployments."""
-    from driver_temporal import SEARCH_ATTRIBUTES
-
+def temporal_command(search_attributes: Sequence[str]) -> list[str]:
+    """The dev server's arguments in the container: as ``wfe dev temporal`` starts it (with
+    the Temporal driver's search attributes, passed in: the conformance kit imports no
+    driver), plus room for the suite's many Worker Deployments."""
     args = ["server", "start-dev", "--ip", "0.0.0.0", "--port", "7233", "--headless"]
-    for name in SEARCH_ATTRIBUTES:
+    for name in search_attributes:
         args += ["--search-attribute", f"{name}=Keyword"]
     return [
         *args,

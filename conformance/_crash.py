@@ -14,7 +14,7 @@ import pytest
 
 from engine_port import MemorySink, RunStatus
 
-from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._trace import check_golden, normalise
 from .apps.crash import build
 
@@ -61,6 +61,8 @@ async def kill_worker_when(
 
 
 class CrashContract:
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_s17_worker_killed_mid_stage(self, harness: Harness, tmp_path: Path) -> None:
         if not harness.capabilities.crash_recovery:
             pytest.skip("driver lacks capability crash_recovery")

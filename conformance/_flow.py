@@ -21,7 +21,7 @@ from engine_port import (
     Workflow,
 )
 
-from ._harness import ExecutionLog, Harness, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, unique_id, wait_for_events
 from ._models import Num
 from ._trace import check_golden, normalise, run_summary
 
@@ -51,6 +51,8 @@ async def _run(
 
 class FlowContract:
     """S1, S2: linear and parallel graphs, outputs passed between stages."""
+
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
     async def test_s1_linear(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
@@ -165,6 +167,8 @@ class FlowContract:
 class RetryContract:
     """S3: retries with backoff, attempt counts; exhausted retries fail the run."""
 
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_s3_retries_then_success(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
         starts: list[float] = []
@@ -264,6 +268,8 @@ class RetryContract:
 class SleepContract:
     """S6: durable sleep; the step before it is replayed from the ledger."""
 
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_s6_sleep(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
         wf = Workflow(unique_id("s6"), input=Num)
@@ -305,6 +311,8 @@ class SleepContract:
 class HookContract:
     """S15: hooks run registered handlers as durable steps."""
 
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_s15_hooks(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
         wf = Workflow(unique_id("s15"), input=Num, hooks=["order.charged"])
@@ -343,6 +351,8 @@ class HookContract:
 
 class ClaimCheckContract:
     """S14: large values go through the blob store and round-trip unchanged."""
+
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
     async def test_s14_claim_check(self, harness: Harness, tmp_path: Path) -> None:
         if not harness.capabilities.claim_check:

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine_port import Event, MemorySink, Registry, SecretUrl, WorkflowEngine
 
 __all__ = [
+    "CONTRACT_MARKS",
     "Capabilities",
     "ExecutionLog",
     "Harness",
@@ -26,6 +29,11 @@ __all__ = [
     "unique_id",
     "wait_for_events",
 ]
+
+
+# every scenario is an async test: marked, so a driver's suite runs them whether its
+# pytest-asyncio is in strict mode (the default) or auto mode
+CONTRACT_MARKS = [pytest.mark.asyncio]
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,9 @@ class Harness(abc.ABC):
     ) -> AbstractAsyncContextManager[WorkflowEngine]:
         """A connected engine for ``registry`` that publishes to ``sink``. Engines made by
         one harness in one test share their backing store (two registries, one database or
-        cluster), as two deployments of one application would."""
+        cluster), as two deployments of one application would. ``settings`` may hold
+        ``blob_store=`` (a BlobStore the engine must use instead of the configured one) and
+        EngineSettings fields for this engine only (``spill_threshold_bytes``)."""
 
     def worker_env(self) -> dict[str, str]:
         """WFE_* settings for a worker subprocess (``wfe worker``) sharing the store."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine_port import MemoryBlobStore, MemorySink, Registry, RunStatus, StageContext, Workflow
 
-from ._harness import Harness, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, Harness, unique_id, wait_for_events
 
 __all__ = ["HostileDataContract"]
 
@@ -59,6 +59,8 @@ def _echo() -> Workflow[Loose]:
 
 class HostileDataContract:
     """No user JSON is ever read as a spill reference, on any driver."""
+
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
     async def test_user_json_naming_another_runs_blob_is_returned_as_given(
         self, harness: Harness

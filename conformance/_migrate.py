@@ -26,7 +26,7 @@ from engine_port import (
     migrate_run,
 )
 
-from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
 from ._trace import check_golden, normalise
 
@@ -113,6 +113,8 @@ EXPECTED = [
 
 
 class MigrationContract:
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_move_pending_run(
         self, migration_pair: tuple[Harness, Harness], tmp_path: Path
     ) -> None:

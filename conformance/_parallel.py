@@ -37,7 +37,7 @@ from engine_port import (
     Workflow,
 )
 
-from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
 from ._trace import check_golden, normalise, run_summary
 
@@ -159,6 +159,8 @@ def first_stage(log: ExecutionLog, released: dict[str, bool], mode: str) -> Work
 class ParallelFailureContract:
     """A stage failing for good stops its group at once; a cancel during the first stage's
     attempt ends the run cancelled in bounded time."""
+
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
     async def _fail_group(
         self, harness: Harness, tmp_path: Path, sibling: str

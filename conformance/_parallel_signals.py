@@ -23,7 +23,7 @@ from typing import Any
 
 from engine_port import Event, MemorySink, Registry, Retry, RunStatus, StageContext, Workflow
 
-from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
 from ._trace import check_golden, normalise, run_summary
 
@@ -109,6 +109,8 @@ def resume_while_sibling_runs(
 
 class ParallelSignalContract:
     """Stages of one parallel group take buffered and late signals concurrently."""
+
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
     async def test_parallel_waits_share_buffered_signals(
         self, harness: Harness, tmp_path: Path

@@ -21,7 +21,7 @@ from engine_port import (
 )
 from engine_port.errors import RunNotActiveError
 
-from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
 from ._trace import check_golden, normalise, run_summary
 
@@ -73,6 +73,8 @@ def saga(
 
 class CompensationContract:
     """S4, S5: compensation in reverse completion order; business events discarded."""
+
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
     async def test_s4_failure_compensates_in_reverse(
         self, harness: Harness, tmp_path: Path
@@ -166,6 +168,8 @@ class CompensationContract:
 
 class CancelContract:
     """S10: cancel while suspended and while running."""
+
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
     def _waiting(self, log: ExecutionLog) -> Workflow[Num]:
         wf = Workflow(unique_id("s10"), input=Num)
@@ -326,6 +330,8 @@ class CancelContract:
 
 class RedriveContract:
     """S12: redrive from the last failure, from the start and from a stage."""
+
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
     async def test_s12_redrive(self, harness: Harness, tmp_path: Path) -> None:
         if not harness.capabilities.redrive:

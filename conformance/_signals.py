@@ -20,7 +20,7 @@ from engine_port.errors import (
     UnknownSignalError,
 )
 
-from ._harness import ExecutionLog, Harness, eventually, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
 from ._trace import check_golden, normalise
 
@@ -47,6 +47,8 @@ def waiter(
 
 
 class SignalContract:
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_s7_signal_after_wait(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")
         wf = waiter(log)
@@ -407,6 +409,8 @@ class SignalContract:
 
 
 class TimeoutContract:
+    pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
+
     async def test_stage_timeout(self, harness: Harness, tmp_path: Path) -> None:
         if not harness.capabilities.stage_timeout:
             pytest.skip("driver lacks capability stage_timeout")

@@ -42,7 +42,7 @@ from sqlalchemy import Connection, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from engine_port._secrets import redact_text, redact_url
+from engine_port.driver import redact_text, redact_url
 from engine_port.errors import DriverUnavailableError
 
 from . import _schema

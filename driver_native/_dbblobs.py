@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from engine_port._blobs import check_key
+from engine_port.driver import check_key
 from engine_port.errors import SpilledPayloadUnavailableError
 
 from ._db import Database

@@ -30,9 +30,10 @@ from engine_port import (
     WorkflowEngine,
     open_blob_store,
 )
-from engine_port._clock import Clock
-from engine_port._history import StepEntry
-from engine_port._limits import (
+from engine_port.driver import (
+    TERMINAL_RUN_STATUSES,
+    Clock,
+    StepEntry,
     check_export_target,
     check_run_call,
     check_signal_call,
@@ -42,7 +43,6 @@ from engine_port._limits import (
     check_workflow_id,
     check_workflow_ids,
 )
-from engine_port._models import TERMINAL_RUN_STATUSES
 from engine_port.errors import (
     EngineError,
     MigrationError,
@@ -176,10 +176,10 @@ class NativeEngine(WorkflowEngine):
         )
 
     async def get_run(self, run_id: str) -> RunInfo:
+        check_run_call(run_id)
         return await self._read_run(run_id, outputs=True)
 
     async def _read_run(self, run_id: str, *, outputs: bool) -> RunInfo:
-        check_run_call(run_id)
         k = self.kernel
         run, stage_rows, graph = await k.db.read(_runs.read_run, run_id)
         order = (

@@ -33,11 +33,16 @@ from engine_port import (
     VersionInfo,
     run_prefix,
 )
-from engine_port._blobstores import delete_prefixes
-from engine_port._clock import Clock
-from engine_port._faults import describe_fault, is_storage_fault
-from engine_port._payload_limit import check_payload_size
-from engine_port._serde import fingerprint, input_fingerprint, to_json_value
+from engine_port.driver import (
+    Clock,
+    check_payload_size,
+    delete_prefixes,
+    describe_fault,
+    fingerprint,
+    input_fingerprint,
+    is_storage_fault,
+    to_json_value,
+)
 from engine_port.errors import (
     CommandInProgressError,
     IdempotencyConflictError,

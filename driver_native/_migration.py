@@ -17,7 +17,7 @@ from engine_port import (
     RunStatus,
     StageStatus,
 )
-from engine_port._models import SnapshotSignal, SnapshotStage, SnapshotStep
+from engine_port.driver import SnapshotSignal, SnapshotStage, SnapshotStep
 from engine_port.errors import IdempotencyConflictError, MigrationError
 
 from ._outbox import append_events

@@ -19,9 +19,7 @@ from engine_port import (
     StageStatus,
     VersionInfo,
 )
-from engine_port._history import StepEntry
-from engine_port._models import TERMINAL_RUN_STATUSES
-from engine_port._signal_names import check_signal_known
+from engine_port.driver import TERMINAL_RUN_STATUSES, StepEntry, check_signal_known
 from engine_port.errors import (
     IdempotencyConflictError,
     InvalidRedriveError,

@@ -51,7 +51,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from engine_port._models import TERMINAL_RUN_STATUSES
+from engine_port.driver import TERMINAL_RUN_STATUSES
 
 from ._commands import (
     ClaimPending,

@@ -83,19 +83,20 @@ from engine_port import (
     open_blob_store,
     run_output,
 )
-from engine_port._limits import (
+from engine_port.driver import (
     check_export_target,
+    check_payload_size,
     check_run_call,
     check_signal_call,
+    check_signal_known,
     check_start_call,
     check_start_input,
     check_version,
     check_workflow_id,
     check_workflow_ids,
+    input_fingerprint,
+    served_graph,
 )
-from engine_port._payload_limit import check_payload_size
-from engine_port._serde import input_fingerprint
-from engine_port._signal_names import check_signal_known, served_graph
 from engine_port.errors import (
     DriverUnavailableError,
     EngineError,

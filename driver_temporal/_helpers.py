@@ -17,7 +17,7 @@ from temporalio.common import (
 )
 
 from engine_port import RunStatus
-from engine_port._models import ACTIVE_RUN_STATUSES
+from engine_port.driver import ACTIVE_RUN_STATUSES
 
 from ._search import SA_IDEMPOTENCY_KEY, SA_STATUS, SA_VERSION
 

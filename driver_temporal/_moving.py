@@ -30,7 +30,7 @@ from engine_port import (
     RunSnapshot,
     RunStatus,
 )
-from engine_port._graph import GraphModel
+from engine_port.driver import GraphModel
 from engine_port.errors import (
     DriverUnavailableError,
     EngineError,

@@ -129,7 +129,9 @@ AppOpt = Annotated[
     str | None,
     typer.Option("--app", help="module:registry, module:workflow or module (or WFE_APP)"),
 ]
-DriverOpt = Annotated[str | None, typer.Option("--driver", help="native or temporal")]
+DriverOpt = Annotated[
+    str | None, typer.Option("--driver", help="an installed driver: native, temporal, memory, ...")
+]
 RunIdArg = Annotated[str, typer.Argument(help="a run id, or a unique prefix of one")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (JSON lines for listings)")]
 
@@ -730,9 +732,19 @@ def conformance_cmd(
     (stderr), the failures' assertion messages and a summary line."""
     module = importlib.import_module("conformance._cli")
     settings = _settings(driver)
+    try:  # a Temporal container needs the driver's search attributes
+        attributes = list(importlib.import_module("driver_temporal").SEARCH_ATTRIBUTES)
+    except ImportError:
+        attributes = []
     with _reported():
         code = module.run(
-            settings, keyword, console, as_json=as_json, progress=errors, containers=containers
+            settings,
+            keyword,
+            console,
+            as_json=as_json,
+            progress=errors,
+            containers=containers,
+            search_attributes=attributes,
         )
     raise typer.Exit(code)
 
@@ -757,8 +769,8 @@ def dev_temporal(
 
 @app.command("migrate")
 def migrate_cmd(
-    from_: Annotated[str, typer.Option("--from", help="source driver: native or temporal")],
-    to: Annotated[str, typer.Option("--to", help="target driver: native or temporal")],
+    from_: Annotated[str, typer.Option("--from", help="source driver (an installed name)")],
+    to: Annotated[str, typer.Option("--to", help="target driver (an installed name)")],
     workflow: Annotated[list[str] | None, typer.Option("--workflow", help="repeatable")] = None,
     version: Annotated[str | None, typer.Option()] = None,
     run: Annotated[list[str] | None, typer.Option("--run", help="run ids, repeatable")] = None,

@@ -69,4 +69,5 @@ def _describe(err: Any, values: dict[str, Any], toml: dict[str, Any]) -> str:
         return f"unknown setting {field!r} {where}; {hint}valid settings: {', '.join(known)}"
     # never echo the rejected value: URLs may carry passwords
     path = ".".join(loc)
-    return f"{_source(field, values, toml)} is invalid ({path}: {err.get('msg', 'invalid')})"
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")  # a validator's own words
+    return f"{_source(field, values, toml)} is invalid ({path}: {msg})"

@@ -1,42 +1,18 @@
-"""create_engine: pick the driver by configuration (an explicit table, no plugin magic)."""
+"""create_engine: build the driver the settings name (any installed ``wfe.drivers`` entry)."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from ._blobs import BlobStore
 from ._clock import Clock
+from ._drivers import load_driver
 from ._engine import WorkflowEngine
 from ._events import EventSink
 from ._registry import Registry
 from ._settings import EngineSettings
-from .errors import DriverUnavailableError
 
-__all__ = ["DRIVERS", "create_engine"]
-
-# driver name -> (module, factory function, extra that installs its dependencies)
-DRIVERS: Mapping[str, tuple[str, str, str]] = MappingProxyType(
-    {
-        "native": ("driver_native", "create_native_engine", "postgres"),
-        "temporal": ("driver_temporal", "create_temporal_engine", "temporal"),
-    }
-)
-
-
-_OWN_PACKAGES = frozenset({"engine_port", "driver_native", "driver_temporal", "conformance"})
-
-
-def _missing_dependency(exc: ImportError, module_name: str) -> bool:
-    """True when the import failed because a package is not installed (the driver package
-    itself, or a third-party dependency), False for a broken import inside our own code."""
-    if exc.name is None:
-        return False
-    if exc.name == module_name:
-        return True
-    return exc.name.split(".")[0] not in _OWN_PACKAGES
+__all__ = ["create_engine"]
 
 
 def create_engine(
@@ -85,22 +61,7 @@ def _build(
     clock: Clock | None,
     driver_options: dict[str, Any],
 ) -> WorkflowEngine:
-    try:
-        module_name, factory_name, extra = DRIVERS[settings.driver]
-    except KeyError:
-        raise DriverUnavailableError(
-            f"unknown driver {settings.driver!r}; choose one of {sorted(DRIVERS)}"
-        ) from None
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        if not _missing_dependency(exc, module_name):
-            raise  # a bug inside the driver (or the port), not a missing install
-        raise DriverUnavailableError(
-            f"the {settings.driver} driver needs packages that are not installed ({exc.name}); "
-            f"install them with: pip install 'wfe[{extra}]'"
-        ) from None
-    factory = getattr(module, factory_name)
+    factory = load_driver(settings.driver)
     engine: WorkflowEngine = factory(
         settings,
         registry,

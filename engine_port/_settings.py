@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -12,6 +10,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ._drivers import installed_drivers, unknown_driver_message
 from ._secrets import SecretUrl
 
 __all__ = ["EngineSettings"]
@@ -22,7 +21,8 @@ class EngineSettings(BaseSettings):
         env_prefix="WFE_", toml_file="wfe.toml", extra="forbid", frozen=True
     )
 
-    driver: Literal["native", "temporal"] = "native"
+    # any installed driver: a "wfe.drivers" entry point (native, temporal, memory built in)
+    driver: str = "native"
     # URLs may carry credentials: shown redacted everywhere, .reveal() gives the real value
     database_url: SecretUrl = SecretUrl("sqlite:///.wfe/wfe.db")
     blob_url: SecretUrl = SecretUrl("file://.wfe/blobs")
@@ -47,7 +47,7 @@ class EngineSettings(BaseSettings):
     outbox_retry_initial_seconds: float = Field(default=0.5, ge=0)
     outbox_retry_max_seconds: float = Field(default=30.0, ge=0)
     # routing for a mixed (migration) period: workflow id -> driver
-    routes: dict[str, Literal["native", "temporal"]] = Field(default_factory=dict)
+    routes: dict[str, str] = Field(default_factory=dict)
     # bounded work (issue 11 items 5-6; see README "Limits")
     # threads for sync (non-async) stage bodies, per engine; blob I/O never shares them
     sync_stage_threads: int = Field(default=16, ge=1)
@@ -58,6 +58,23 @@ class EngineSettings(BaseSettings):
     max_pending_signals: int = Field(default=1000, ge=1)
     # largest JSON value (run input, signal payload, step result, stage output) accepted
     max_payload_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+
+    @field_validator("driver")
+    @classmethod
+    def _installed_driver(cls, name: str) -> str:
+        installed = installed_drivers()
+        if name not in installed:
+            raise ValueError(unknown_driver_message(name, installed))
+        return name
+
+    @field_validator("routes")
+    @classmethod
+    def _installed_route_drivers(cls, routes: dict[str, str]) -> dict[str, str]:
+        installed = installed_drivers()
+        for name in routes.values():
+            if name not in installed:
+                raise ValueError(unknown_driver_message(name, installed))
+        return routes
 
     @classmethod
     def settings_customise_sources(

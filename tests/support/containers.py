@@ -28,8 +28,10 @@ def start_for_session(config: pytest.Config) -> None:
             return
     except EngineError as exc:
         raise pytest.UsageError(str(exc)) from None
+    from driver_temporal import SEARCH_ATTRIBUTES
+
     stack = contextlib.ExitStack()
-    servers = stack.enter_context(started_containers())
+    servers = stack.enter_context(started_containers(search_attributes=SEARCH_ATTRIBUTES))
     saved = {k: os.environ.get(k) for k in servers.test_env()}
     os.environ.update(servers.test_env())
     stack.callback(_restore, saved)

@@ -73,7 +73,7 @@ def test_container_servers_point_the_settings_and_the_tests_at_them() -> None:
 def test_the_temporal_container_runs_the_dev_server_with_wfes_search_attributes() -> None:
     from driver_temporal import SEARCH_ATTRIBUTES
 
-    cmd = temporal_command()
+    cmd = temporal_command(SEARCH_ATTRIBUTES)
     assert cmd[:2] == ["server", "start-dev"] and "0.0.0.0" in cmd
     for name in SEARCH_ATTRIBUTES:
         assert f"{name}=Keyword" in cmd

@@ -9,9 +9,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-import engine_port._factory as factory
+import engine_port._drivers as drivers_module
 from engine_port import EngineSettings, Registry, create_engine
-from engine_port.errors import DriverUnavailableError
+from engine_port._config import load_settings
+from engine_port.driver import installed_drivers
+from engine_port.errors import ConfigurationError, DriverUnavailableError
+from tests.support.entry_points import write_dist_info
 
 
 @pytest.fixture(autouse=True)
@@ -135,25 +138,65 @@ def test_settings_are_frozen() -> None:
 # -- create_engine ---------------------------------------------------------------------------
 
 
-def use_driver(monkeypatch: pytest.MonkeyPatch, name: str, entry: tuple[str, str, str]) -> None:
-    """Point driver ``name`` at (module, factory, extra) for this test only."""
-    monkeypatch.setattr(factory, "DRIVERS", {**factory.DRIVERS, name: entry})
+def use_driver(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, value: str, dist: str = "acme-wfe"
+) -> None:
+    """Install a package with the ``wfe.drivers`` entry point ``name = value`` for this test."""
+    site = tmp_path / "site"
+    write_dist_info(site, dist, {name: value})
+    monkeypatch.syspath_prepend(str(site))
 
 
-def test_driver_table_is_read_only() -> None:
+def test_installed_drivers_are_read_only_and_list_the_built_ins() -> None:
+    installed = installed_drivers()
+    assert {"native", "temporal", "memory"} <= set(installed)
     with pytest.raises(TypeError):
-        factory.DRIVERS["x"] = ("m", "f", "e")  # type: ignore[index]
+        installed["x"] = installed["native"]  # type: ignore[index]
+
+
+def test_a_package_with_a_wfe_drivers_entry_point_adds_a_driver(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(ValidationError, match=r"unknown driver 'acme'; installed drivers: "):
+        EngineSettings(driver="acme")
+    use_driver(monkeypatch, tmp_path, "acme", "wfe_acme_driver:create")
+    assert installed_drivers()["acme"].value == "wfe_acme_driver:create"
+    assert EngineSettings(driver="acme").driver == "acme"
+    assert EngineSettings(routes={"wf": "acme"}).routes == {"wf": "acme"}
+
+
+def test_an_unknown_driver_is_one_configuration_error_naming_the_installed_ones() -> None:
+    with pytest.raises(ConfigurationError) as exc:
+        load_settings(driver="oracle")
+    message = str(exc.value)
+    assert "\n" not in message
+    assert "unknown driver 'oracle'" in message
+    assert all(name in message for name in ("memory", "native", "temporal"))
+    with pytest.raises(ConfigurationError, match="unknown driver 'oracle'"):
+        load_settings(routes={"wf": "oracle"})
 
 
 def test_create_engine_with_a_driver_that_is_not_installed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    use_driver(
-        monkeypatch, "temporal", ("wfe_no_such_driver_module", "create_temporal_engine", "temporal")
-    )
+    shipped = {
+        **drivers_module._SHIPPED,
+        "temporal": drivers_module._builtin(
+            "temporal", "wfe_no_such_driver_module:create_temporal_engine", "temporal"
+        ),
+    }
+    monkeypatch.setattr(drivers_module, "_SHIPPED", shipped)
     with pytest.raises(DriverUnavailableError, match=r"pip install 'wfe\[temporal\]'") as exc:
         create_engine(EngineSettings(driver="temporal"), Registry())
     assert "wfe_no_such_driver_module" in str(exc.value)
+
+
+def test_a_third_party_driver_whose_package_is_gone_says_what_to_reinstall(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    use_driver(monkeypatch, tmp_path, "acme", "wfe_no_such_driver_module:create")
+    with pytest.raises(DriverUnavailableError, match="reinstall acme-wfe"):
+        create_engine(EngineSettings(driver="acme"), Registry())
 
 
 def test_create_engine_with_a_missing_third_party_dependency(
@@ -163,9 +206,9 @@ def test_create_engine_with_a_missing_third_party_dependency(
     pkg.mkdir()
     (pkg / "__init__.py").write_text("import wfe_missing_third_party_lib\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    use_driver(monkeypatch, "native", ("wfe_fake_driver", "create", "postgres"))
-    with pytest.raises(DriverUnavailableError, match=r"pip install 'wfe\[postgres\]'") as exc:
-        create_engine(EngineSettings(driver="native"), Registry())
+    use_driver(monkeypatch, tmp_path, "fake", "wfe_fake_driver:create")
+    with pytest.raises(DriverUnavailableError, match="reinstall acme-wfe") as exc:
+        create_engine(EngineSettings(driver="fake"), Registry())
     assert "wfe_missing_third_party_lib" in str(exc.value)
 
 
@@ -176,9 +219,9 @@ def test_create_engine_does_not_hide_a_broken_import_inside_the_port(
     pkg.mkdir()
     (pkg / "__init__.py").write_text("from engine_port import NoSuchName\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    use_driver(monkeypatch, "native", ("wfe_buggy_driver", "create", "postgres"))
+    use_driver(monkeypatch, tmp_path, "buggy", "wfe_buggy_driver:create")
     with pytest.raises(ImportError, match="NoSuchName") as exc:
-        create_engine(EngineSettings(driver="native"), Registry())
+        create_engine(EngineSettings(driver="buggy"), Registry())
     assert not isinstance(exc.value, DriverUnavailableError)
 
 
@@ -194,8 +237,8 @@ def test_create_engine_passes_settings_registry_and_ports_to_the_factory(
         "    return 'engine'\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    use_driver(monkeypatch, "native", ("wfe_recording_driver", "create", "postgres"))
-    settings, registry = EngineSettings(), Registry()
+    use_driver(monkeypatch, tmp_path, "recording", "wfe_recording_driver:create")
+    settings, registry = EngineSettings(driver="recording"), Registry()
     engine: Any = create_engine(settings, registry, extra_option=1)
     assert engine == "engine"
     wfe_recording_driver = importlib.import_module("wfe_recording_driver")

@@ -1,0 +1,60 @@
+"""The rules every driver applies, written once: drivers call these, never copy them.
+
+tests/unit/test_shared_rules.py fails when a driver writes one of them out again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from ._graph import GraphModel
+from ._models import RunStatus
+from .errors import InvalidRedriveError
+
+__all__ = [
+    "REDRIVABLE_RUN_STATUSES",
+    "WORKING_RUN_STATUSES",
+    "redrive_plan",
+    "sink_retry_delay",
+    "version_key",
+]
+
+# a run whose stages may still be begun (not compensating, not terminal)
+WORKING_RUN_STATUSES = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED})
+# a run redrive() re-runs (terminal, and not moved to another driver)
+REDRIVABLE_RUN_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+# far below what a timedelta or a float sleep can hold
+_MAX_DELAY_S = 365 * 24 * 3600.0  # as Retry delays
+
+
+def version_key(workflow_id: str, version: str) -> str:
+    """The ``workflow@version`` key a served version and a run's version are matched by."""
+    return f"{workflow_id}@{version}"
+
+
+def sink_retry_delay(failures: int, initial_s: float, max_s: float) -> float:
+    """Seconds before delivering an event again after ``failures`` failed deliveries in a
+    row: ``initial_s`` doubling per failure, capped at ``max_s`` (never overflows)."""
+    try:
+        seconds = initial_s * 2.0 ** max(0, failures - 1)
+    except OverflowError:
+        seconds = math.inf
+    return float(min(seconds, max_s, _MAX_DELAY_S))
+
+
+def redrive_plan(
+    graph: GraphModel, from_: str, statuses: Mapping[str, str], run_id: str
+) -> set[str]:
+    """The stages a redrive from ``from_`` re-runs on ``graph`` (the version the run is
+    redriven on), given the status of each stage the run has. InvalidRedriveError when the
+    run's stages are not ``graph``'s (a redrive onto a version with other stages) or
+    ``from_`` names nothing to redrive; nothing may be changed before this returns."""
+    ids = {s.id for s in graph.stages}
+    if set(statuses) != ids:
+        raise InvalidRedriveError(
+            f"run {run_id!r} cannot move to version {graph.version!r}: its stages differ "
+            f"({sorted(statuses)} vs {sorted(ids)}); redrive it on its own version"
+        )
+    return graph.redrive_set(from_, statuses, run_id)

@@ -1,0 +1,142 @@
+"""The driver interface: what a driver implements and what it may use from the port.
+
+A driver is a package with an entry point in the ``wfe.drivers`` group::
+
+    [project.entry-points."wfe.drivers"]
+    mine = "my_driver:create_engine"
+
+whose target is a :class:`DriverFactory`: called as ``factory(settings, registry, *,
+event_sink=..., blob_store=..., clock=..., **options)``, it returns a :class:`WorkflowEngine`
+subclass (the abstract methods are the contract, DESIGN §5 the behaviour, the conformance
+suite the proof). An option it does not support raises ``UnsupportedFeatureError``.
+
+A driver imports only ``engine_port`` (the public API), ``engine_port.errors`` and this module,
+never ``engine_port._*``; import-linter holds drivers to that (pyproject ``[tool.importlinter]``)
+and tests/unit/test_driver_interface.py freezes the names below. They are:
+
+- what a driver implements: ``WorkflowEngine``, ``DriverFactory``;
+- how drivers are found: ``ENTRY_POINT_GROUP``, ``DriverEntry``, ``installed_drivers``;
+- the shared rules, one copy every driver calls: the status sets, ``RetryModel.delay_s``
+  (``Retry.delay_after``), ``redrive_plan``, ``sink_retry_delay``, ``version_key``, and the
+  argument checks ``check_*`` (typed errors, one message per problem; ``check_signal_known``
+  with ``served_graph`` refuses a signal name no stage of the run's version declares);
+- storage, serialisation and secrets helpers (``ClaimCheck``, ``check_key``,
+  ``delete_prefixes``, ``fingerprint``, ``redact_url``, ...), the snapshot models,
+  ``StepEntry`` (a journaled step as ``wfe show --steps`` lists it), and the
+  ports a factory receives (``EngineSettings``, ``Registry``, ``EventSink``, ``BlobStore``,
+  ``Clock``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ._blobs import BlobStore, ClaimCheck, check_key
+from ._blobstores import delete_prefixes, open_blob_store
+from ._clock import Clock, SystemClock
+from ._drivers import ENTRY_POINT_GROUP, DriverEntry, installed_drivers
+from ._engine import WorkflowEngine
+from ._events import EventSink
+from ._faults import describe_fault, is_storage_fault
+from ._graph import GraphModel, RetryModel, StageSpec
+from ._history import StepEntry
+from ._limits import (
+    check_export_target,
+    check_run_call,
+    check_signal_call,
+    check_start_call,
+    check_start_input,
+    check_version,
+    check_workflow_id,
+    check_workflow_ids,
+    safe_error_message,
+)
+from ._models import (
+    ACTIVE_RUN_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    SnapshotSignal,
+    SnapshotStage,
+    SnapshotStep,
+)
+from ._payload_limit import check_payload_size
+from ._registry import Registry
+from ._rules import (
+    REDRIVABLE_RUN_STATUSES,
+    WORKING_RUN_STATUSES,
+    redrive_plan,
+    sink_retry_delay,
+    version_key,
+)
+from ._secrets import SecretUrl, redact_text, redact_url
+from ._serde import fingerprint, input_fingerprint, to_json_value
+from ._settings import EngineSettings
+from ._signal_names import check_signal_known, served_graph
+from .errors import UnsupportedFeatureError
+
+__all__ = [
+    "ACTIVE_RUN_STATUSES",
+    "ENTRY_POINT_GROUP",
+    "REDRIVABLE_RUN_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "WORKING_RUN_STATUSES",
+    "BlobStore",
+    "ClaimCheck",
+    "Clock",
+    "DriverEntry",
+    "DriverFactory",
+    "EngineSettings",
+    "EventSink",
+    "GraphModel",
+    "Registry",
+    "RetryModel",
+    "SecretUrl",
+    "SnapshotSignal",
+    "SnapshotStage",
+    "SnapshotStep",
+    "StageSpec",
+    "StepEntry",
+    "SystemClock",
+    "UnsupportedFeatureError",
+    "WorkflowEngine",
+    "check_export_target",
+    "check_key",
+    "check_payload_size",
+    "check_run_call",
+    "check_signal_call",
+    "check_signal_known",
+    "check_start_call",
+    "check_start_input",
+    "check_version",
+    "check_workflow_id",
+    "check_workflow_ids",
+    "delete_prefixes",
+    "describe_fault",
+    "fingerprint",
+    "input_fingerprint",
+    "installed_drivers",
+    "is_storage_fault",
+    "open_blob_store",
+    "redact_text",
+    "redact_url",
+    "redrive_plan",
+    "safe_error_message",
+    "served_graph",
+    "sink_retry_delay",
+    "to_json_value",
+    "version_key",
+]
+
+
+class DriverFactory(Protocol):
+    """What a ``wfe.drivers`` entry point names: builds an unconnected engine."""
+
+    def __call__(
+        self,
+        settings: EngineSettings,
+        registry: Registry,
+        *,
+        event_sink: EventSink | None = None,
+        blob_store: BlobStore | None = None,
+        clock: Clock | None = None,
+        **options: Any,
+    ) -> WorkflowEngine: ...

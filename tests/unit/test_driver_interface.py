@@ -1,0 +1,163 @@
+"""Freezes the declared driver interface (engine_port.driver) and holds every driver, the
+conformance kit and the port to it: adding a name here must be a deliberate change."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from engine_port import driver
+from engine_port._drivers import _SHIPPED, ENTRY_POINT_GROUP
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER_PACKAGES = ("driver_native", "driver_temporal", "driver_memory")
+
+INTERFACE = [
+    "ACTIVE_RUN_STATUSES",
+    "BlobStore",
+    "ClaimCheck",
+    "Clock",
+    "DriverEntry",
+    "DriverFactory",
+    "ENTRY_POINT_GROUP",
+    "EngineSettings",
+    "EventSink",
+    "GraphModel",
+    "REDRIVABLE_RUN_STATUSES",
+    "Registry",
+    "RetryModel",
+    "SecretUrl",
+    "SnapshotSignal",
+    "SnapshotStage",
+    "SnapshotStep",
+    "StageSpec",
+    "StepEntry",
+    "SystemClock",
+    "TERMINAL_RUN_STATUSES",
+    "UnsupportedFeatureError",
+    "WORKING_RUN_STATUSES",
+    "WorkflowEngine",
+    "check_export_target",
+    "check_key",
+    "check_payload_size",
+    "check_run_call",
+    "check_signal_call",
+    "check_signal_known",
+    "check_start_call",
+    "check_start_input",
+    "check_version",
+    "check_workflow_id",
+    "check_workflow_ids",
+    "delete_prefixes",
+    "describe_fault",
+    "fingerprint",
+    "input_fingerprint",
+    "installed_drivers",
+    "is_storage_fault",
+    "open_blob_store",
+    "redact_text",
+    "redact_url",
+    "redrive_plan",
+    "safe_error_message",
+    "served_graph",
+    "sink_retry_delay",
+    "to_json_value",
+    "version_key",
+]
+
+# what drivers and the conformance kit may import from the port
+PUBLIC_PORT_MODULES = {"engine_port", "engine_port.errors", "engine_port.driver"}
+
+# the CLI still lives in engine_port and imports these by name until it moves out (issue 17)
+CLI_EXCEPTIONS = {
+    ("engine_port/_cli.py", "driver_native"),
+    ("engine_port/_cli.py", "conformance._cli"),
+    ("engine_port/_cli.py", "driver_temporal"),
+}
+
+
+def _python_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def _imported_modules(path: Path) -> list[str]:
+    """Every module ``path`` imports, at the top or inside a function."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(node.module)
+    return out
+
+
+def test_driver_interface_names_are_frozen() -> None:
+    assert sorted(driver.__all__) == sorted(INTERFACE)
+    assert len(driver.__all__) == len(set(driver.__all__))
+
+
+@pytest.mark.parametrize("name", INTERFACE)
+def test_every_interface_name_is_importable(name: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from engine_port.driver import {name}", namespace)
+    assert namespace[name] is getattr(driver, name)
+
+
+@pytest.mark.parametrize("package", [*DRIVER_PACKAGES, "conformance"])
+def test_drivers_and_conformance_use_only_the_declared_port(package: str) -> None:
+    private = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in _python_files(package)
+        for module in _imported_modules(path)
+        if module.split(".")[0] == "engine_port" and module not in PUBLIC_PORT_MODULES
+    ]
+    assert private == [], "import these through engine_port.driver instead"
+
+
+def test_the_port_imports_no_driver_by_name_outside_the_cli() -> None:
+    """import-linter cannot see importlib.import_module("..."): this finds those calls."""
+    own = {*DRIVER_PACKAGES, "conformance"}
+    found = set()
+    for path in _python_files("engine_port"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).split(".")[0] in own
+            ):
+                found.add((str(path.relative_to(ROOT)), node.args[0].value))
+    assert found == CLI_EXCEPTIONS
+
+
+def test_shipped_drivers_are_the_entry_points_in_pyproject() -> None:
+    """The fallback table (for installs whose metadata predates the group) cannot drift."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["entry-points"][ENTRY_POINT_GROUP]
+    assert declared == {name: entry.value for name, entry in _SHIPPED.items()}
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]
+    packages = set(wheel["targets"]["wheel"]["packages"])
+    assert {entry.module for entry in _SHIPPED.values()} <= packages
+
+
+@pytest.mark.parametrize("name", sorted(_SHIPPED))
+def test_built_in_factories_take_what_create_engine_passes(name: str) -> None:
+    factory = driver.installed_drivers()[name]
+    module, _, attr = factory.value.partition(":")
+    if name == "temporal":
+        pytest.importorskip("temporalio")
+    fn = getattr(__import__(module), attr)
+    params = inspect.signature(fn).parameters
+    expected = inspect.signature(driver.DriverFactory.__call__).parameters
+    assert list(params)[:2] == ["settings", "registry"]
+    for keyword in ("event_sink", "blob_store", "clock"):
+        assert params[keyword].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params[keyword].default is None
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    assert set(expected) - {"self"} == set(params)
