@@ -25,6 +25,7 @@ from ._parallel import ParallelFailureContract
 from ._parallel_signals import ParallelSignalContract
 from ._saga import CancelContract, CompensationContract, RedriveContract
 from ._signals import SignalContract, TimeoutContract
+from ._sink import EventSinkContract
 from ._trace import check_golden, normalise, run_summary
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "ClaimCheckContract",
     "CompensationContract",
     "CrashContract",
+    "EventSinkContract",
     "ExecutionLog",
     "FlowContract",
     "Harness",
@@ -81,6 +83,7 @@ class AllContracts(
     CrashContract,
     BlindSpotContract,
     HostileDataContract,
+    EventSinkContract,
     ListingContract,
 ):
     """Every scenario of the contract."""

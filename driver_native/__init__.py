@@ -21,10 +21,21 @@ from ._commands import (
 )
 from ._db import Database
 from ._engine import NativeEngine, create_native_engine
+from ._host_models import (
+    HandleJobResult,
+    JobMessage,
+    JobMessageError,
+    MaintenanceTickResult,
+    ProcessJobsResult,
+    RunToCompletionResult,
+)
 from ._kernel import Kernel
 from ._serverless import (
     handle_job,
+    job_message,
+    parse_job_message,
     process_available_jobs,
+    resolve_job_message,
     run_maintenance_tick,
     run_to_completion,
 )
@@ -38,23 +49,32 @@ __all__ = [
     "Database",
     "ExecuteJob",
     "FlushOutbox",
+    "HandleJobResult",
     "Heartbeat",
+    "JobMessage",
+    "JobMessageError",
     "Kernel",
     "ListVersions",
+    "MaintenanceTickResult",
     "NativeEngine",
     "PollSuspended",
+    "ProcessJobsResult",
     "PurgeRuns",
     "ReapStaleLeases",
     "ReapStuckRuns",
     "RedriveRun",
     "ReleaseJobs",
     "ReplayDlq",
+    "RunToCompletionResult",
     "SignalStep",
     "Transition",
     "WorkerHost",
     "create_native_engine",
     "handle_job",
+    "job_message",
+    "parse_job_message",
     "process_available_jobs",
+    "resolve_job_message",
     "run_maintenance_tick",
     "run_to_completion",
 ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engine_port import (
@@ -45,6 +46,7 @@ from engine_port.driver import (
 )
 from engine_port.errors import (
     EngineError,
+    InvalidInputError,
     MigrationError,
     UnsupportedFeatureError,
     WaitTimeoutError,
@@ -70,6 +72,19 @@ __all__ = ["NativeEngine", "create_native_engine"]
 
 def _dt(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+def _parse_cursor(cursor: str) -> tuple[float, str]:
+    at, sep, run_id = cursor.partition("~")
+    try:
+        value = float(at)
+    except ValueError:
+        value = math.nan
+    if not sep or not run_id or not math.isfinite(value) or len(cursor) > 100:
+        raise InvalidInputError(
+            None, f"{cursor[:100]!r} is not a page cursor; use the one the previous page gave"
+        )
+    return value, run_id
 
 
 class NativeEngine(WorkflowEngine):
@@ -177,11 +192,15 @@ class NativeEngine(WorkflowEngine):
 
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
-        return await self._read_run(run_id, outputs=True)
+        run, stage_rows, graph = await self.kernel.db.read(_runs.read_run, run_id)
+        return await self._info(run, stage_rows, graph)
 
-    async def _read_run(self, run_id: str, *, outputs: bool) -> RunInfo:
+    async def _info(
+        self, run: Any, stage_rows: list[Any], graph: GraphModel | None, *, outputs: bool = True
+    ) -> RunInfo:
+        """A RunInfo from a run's row, its stage rows and its definition (spilled values are
+        read from the blob store; with ``outputs=False`` no value is read)."""
         k = self.kernel
-        run, stage_rows, graph = await k.db.read(_runs.read_run, run_id)
         order = (
             {sid: i for i, sid in enumerate(s for g in graph.groups for s in g)} if graph else {}
         )
@@ -250,10 +269,10 @@ class NativeEngine(WorkflowEngine):
         if workflow_id is not None:
             check_workflow_id(workflow_id)
         statuses = [status] if isinstance(status, str) else list(status or [])
-        ids = await self.kernel.db.read(
-            _runs.list_run_rows, workflow_id, statuses, limit, id_prefix
+        found = await self.kernel.db.read(
+            _runs.read_runs, workflow_id, statuses, limit, None, id_prefix
         )
-        return [await self._read_run(i, outputs=outputs) for i in ids]
+        return [await self._info(run, rows, graph, outputs=outputs) for run, rows, graph in found]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         """Wait for a terminal status: woken at once by this process's workers, and polling
@@ -379,6 +398,32 @@ class NativeEngine(WorkflowEngine):
         check_run_call(run_id)
         return await self.kernel.db.read(_outbox.load_events, run_id)
 
+    async def outbox_counts(self) -> _outbox.OutboxCounts:
+        """Undelivered events in the outbox: ``pending`` (not failed yet), ``retrying`` (the
+        sink failed; waiting for a retry) and ``dead`` (dead letters; ``replay_dlq()``)."""
+        counts: _outbox.OutboxCounts = await self.kernel.db.read(_outbox.count_outbox)
+        return counts
+
+    async def list_runs_page(
+        self,
+        *,
+        workflow_id: str | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> tuple[list[RunInfo], str | None]:
+        """One page of :meth:`list_runs` (newest first) and the cursor of the next page (None
+        on the last one): keyset pagination on (creation time, run id), never OFFSET, so the
+        page after a cursor costs the same however deep it is."""
+        if workflow_id is not None:
+            check_workflow_id(workflow_id)
+        statuses = [status] if isinstance(status, str) else list(status or [])
+        before = _parse_cursor(after) if after is not None else None
+        found = await self.kernel.db.read(_runs.read_runs, workflow_id, statuses, limit + 1, before)
+        page = [await self._info(run, rows, graph) for run, rows, graph in found[:limit]]
+        last = found[limit - 1][0] if len(found) > limit else None
+        return page, None if last is None else f"{last.created_at!r}~{last.id}"
+
     async def steps(self, run_id: str) -> list[StepEntry]:
         """The run's journaled steps (without their results), by stage and name."""
         check_run_call(run_id)
@@ -387,9 +432,21 @@ class NativeEngine(WorkflowEngine):
     async def dead_letters(self, limit: int = 1000) -> list[Event]:
         return await self.kernel.db.read(_outbox.load_dead, limit)
 
-    async def purge(self, older_than_seconds: float) -> int:
-        n: int = await self.kernel.dispatch(PurgeRuns(older_than_seconds))
+    async def purge(
+        self,
+        older_than: timedelta | float | None = None,
+        *,
+        older_than_seconds: float | None = None,
+    ) -> int:
+        seconds = older_than_seconds if older_than is None else _seconds_of(older_than)
+        if seconds is None:
+            raise TypeError("purge() needs older_than")
+        n: int = await self.kernel.dispatch(PurgeRuns(seconds))
         return n
+
+
+def _seconds_of(value: timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
 def create_native_engine(

@@ -381,14 +381,16 @@ class Kernel:
 
     # -- jobs ------------------------------------------------------------------------------
     async def _claim(self, cmd: ClaimPending) -> list[Any]:
-        served = cmd.served if cmd.served is not None else self.served()
+        served: frozenset[str] | None = cmd.served if cmd.served is not None else self.served()
+        if cmd.served is None and self.settings.serves == "all":
+            served = None  # the serves="all" setting: no version filter
         return await self.db.tx(
-            _jobs.claim, cmd.worker_id, served, cmd.limit, self.settings.lease_seconds, self.now()
+            _jobs.claim, cmd.worker_id, served, cmd.limit, self.settings.lease_threshold, self.now()
         )
 
     async def _heartbeat(self, cmd: Heartbeat) -> tuple[bool, bool]:
         return await self.db.tx(
-            _jobs.heartbeat, cmd.job_id, cmd.worker_id, self.settings.lease_seconds, self.now()
+            _jobs.heartbeat, cmd.job_id, cmd.worker_id, self.settings.lease_threshold, self.now()
         )
 
     async def _release(self, cmd: ReleaseJobs) -> int:
@@ -514,7 +516,7 @@ class Kernel:
                 await beat
         handoff = None
         if cmd.handoff > 0 and cmd.on_handoff is not None:
-            handoff = _progress.Handoff(worker, self.settings.lease_seconds, cmd.handoff)
+            handoff = _progress.Handoff(worker, self.settings.lease_threshold, cmd.handoff)
         result = await self._transition(Transition(job, worker, outcome), handoff)
         if handoff is not None and handoff.jobs and cmd.on_handoff is not None:
             cmd.on_handoff(handoff.jobs)
@@ -528,7 +530,7 @@ class Kernel:
         cancel: asyncio.Event | None,
         stop: asyncio.Event | None,
     ) -> None:
-        interval = min(self.settings.lease_seconds / 3, 0.5)
+        interval = self.settings.heartbeat_interval
         while True:
             await asyncio.sleep(interval)
             try:
@@ -615,7 +617,7 @@ class Kernel:
             _outbox.pending_events, cmd.limit, None if cmd.force else now
         )
         if not pending:
-            return FlushResult(degraded=waiting > 0)
+            return FlushResult(sink_status="degraded" if waiting else "healthy")
         by_run: dict[str, list[_outbox.Pending]] = {}
         for item in pending:
             by_run.setdefault(item.event.run_id, []).append(item)
@@ -631,11 +633,12 @@ class Kernel:
         dead = await self.db.tx(_outbox.mark_flushed, delivered, failed, rule, self.now())
         _outbox.log_dead(dead, rule)
         n_failed = sum(len(items) for items, _ in failed)
-        return FlushResult(
-            delivered=len(delivered),
-            failed=n_failed,
-            dead=len(dead),
-            degraded=bool(failed) or waiting > 0,
+        return FlushResult(  # a dead letter is not retried: not counted in ``failed`` too
+            published=len(delivered),
+            failed=n_failed - len(dead),
+            dead_lettered=len(dead),
+            sink_status="degraded" if failed or waiting else "healthy",
+            sink_error=failed[0][1] if failed else None,
         )
 
     async def _replay_dlq(self, _cmd: ReplayDlq) -> int:

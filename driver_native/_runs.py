@@ -50,12 +50,12 @@ from ._sql import lock_run, try_run
 __all__ = [
     "cancel_run",
     "create_run",
-    "list_run_rows",
     "list_steps",
     "list_versions",
     "load_graph",
     "purge_runs",
     "read_run",
+    "read_runs",
     "reap_stuck",
     "redrive_run",
     "run_status",
@@ -369,21 +369,43 @@ def read_run(conn: Connection, run_id: str) -> tuple[Any, list[Any], GraphModel 
     return run, list(rows), load_graph(conn, run.workflow_id, run.version)
 
 
-def list_run_rows(
+def read_runs(
     conn: Connection,
     workflow_id: str | None,
     status: Sequence[str] | None,
     limit: int,
+    before: tuple[float, str] | None = None,
     id_prefix: str | None = None,
-) -> list[str]:
-    q = sa.select(runs.c.id).order_by(runs.c.created_at.desc()).limit(limit)
+) -> list[tuple[Any, list[Any], GraphModel | None]]:
+    """The newest ``limit`` runs (of one workflow, in some statuses; created before the run
+    ``before`` = (created_at, id) in this order) as :func:`read_run` gives one: a query for
+    the runs, one per 500 of them for their stages, one per definition, in one transaction
+    (not a transaction per run, as listing by id and reading each did)."""
+    q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
     if id_prefix:
         q = q.where(runs.c.id.startswith(id_prefix, autoescape=True))
+    if before is not None:
+        at, run_id = before
+        q = q.where(
+            sa.or_(runs.c.created_at < at, sa.and_(runs.c.created_at == at, runs.c.id < run_id))
+        )
     if workflow_id is not None:
         q = q.where(runs.c.workflow_id == workflow_id)
     if status:
         q = q.where(runs.c.status.in_(list(status)))
-    return list(conn.execute(q).scalars())
+    run_rows = conn.execute(q).all()
+    by_run: dict[str, list[Any]] = {r.id: [] for r in run_rows}
+    ids = list(by_run)
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        for row in conn.execute(sa.select(stages).where(stages.c.run_id.in_(chunk))):
+            by_run[row.run_id].append(row)
+    graphs: dict[tuple[str, str], GraphModel | None] = {}
+    for r in run_rows:
+        key = (r.workflow_id, r.version)
+        if key not in graphs:
+            graphs[key] = load_graph(conn, r.workflow_id, r.version)
+    return [(r, by_run[r.id], graphs[(r.workflow_id, r.version)]) for r in run_rows]
 
 
 def list_versions(

@@ -1,40 +1,30 @@
 """Serverless entry points: drive the native kernel from a FaaS host, one call per invocation.
 
-A function-as-a-service host (AWS Lambda, Cloud Run jobs, Azure Functions, a cron container)
-has no long-lived process to run :class:`WorkerHost` in. Instead each invocation calls one of:
+A function-as-a-service host (AWS Lambda, Cloud Run jobs, Cloudflare-style queue consumers, a
+cron container) has no long-lived process to run :class:`WorkerHost` in. Each invocation calls
+one of these (the seed's serverless host, in Python naming; results are pydantic models whose
+``model_dump(by_alias=True)`` gives the seed's camelCase keys):
 
-- :func:`handle_job` -- execute one job named by a queue message (``{"job_id": 42}``) or one
-  job already claimed with ``ClaimPending``; returns an outcome dict the host can act on (for
-  example re-deliver the message after ``retryDelayMs``).
-- :func:`process_available_jobs` -- claim and run up to ``max_jobs`` due jobs (a timer-triggered
-  function that drains the queue a bit at a time).
-- :func:`run_maintenance_tick` -- the worker's housekeeping, once: reap stale leases, wake due
-  suspended stages, flush the outbox, reap stuck runs (schedule it every few seconds).
-- :func:`run_to_completion` -- drive one run as far as it can go within ``max_jobs`` and
-  ``timeout`` (a request handler that wants the result of a short workflow synchronously).
+- :func:`handle_job` (seed ``handleJob``) -- execute one job named by a queue message
+  (:class:`JobMessage`, see :func:`job_message`) or one job already claimed with
+  ``ClaimPending``; returns a :class:`HandleJobResult` the consumer acks or retries on.
+- :func:`process_available_jobs` (``processAvailableJobs``) -- claim and run up to
+  ``max_jobs`` (default 1) due jobs: ``{processed, succeeded, failed}``.
+- :func:`run_maintenance_tick` (``runMaintenanceTick``) -- one round of housekeeping, bounded
+  by the host settings: wake due suspended stages, release stale leases, flush the outbox,
+  repair stuck runs, apply ``retention``.
+- :func:`run_to_completion` (``runToCompletion``) -- create a run (idempotently) from a
+  :class:`CreateRun` command and drive it as far as it goes in this call, never waiting.
 
 Every entry point is bounded, keeps no state between calls and leaves the database consistent
-when the invocation is frozen or killed: a job whose function died keeps its lease until
-``lease_seconds`` pass, then ``run_maintenance_tick`` (or any worker) reaps it and another
+when the invocation is frozen or killed: a job whose function died keeps its lease until the
+lease threshold passes, then ``run_maintenance_tick`` (or any worker) releases it and another
 invocation takes it over with the same attempt number. Heartbeats run while a stage executes,
 exactly as in the long-running worker.
 
-Outcome dicts (JSON-serialisable, camelCase for queue payloads)::
-
-    {"jobId": 42, "runId": "...", "stage": "b", "outcome": "completed", "willRetry": False,
-     "retryDelayMs": None, "dead": False, "readyJobIds": [43]}
-
-``outcome`` is what the kernel did: ``completed``, ``suspended``, ``retrying``, ``failed``,
-``cancelled``, ``compensated`` (a compensation job ran), ``deferred`` (compensation waits for
-running stages), ``skipped`` (nothing left to do), ``discarded`` (the lease was lost),
-``abandoned`` (the engine's storage failed: the job is due again after a short backoff with
-its attempt kept, see ``retryDelayMs``), or, for
-``{"job_id": ...}`` messages, ``busy`` (leased elsewhere), ``not_due`` or ``gone``.
-``willRetry`` is true when the stage failed and another attempt is scheduled; ``retryDelayMs``
-is how long until the job is due again (retry backoff, a sleep's wake-up, a not-yet-due job;
-``None`` when no time is set: done, failed, waiting for a signal); ``dead`` is true when the
-stage failed for good (the run compensates); ``readyJobIds`` are the run's jobs that are due
-now (a queue-driven host enqueues a message for each).
+The database is the queue: a message only names a job that is already a row. Acknowledging a
+message therefore never loses work -- a due job is found again by ``process_available_jobs``
+or a worker -- and re-delivering one never runs a job twice (it is leased first).
 """
 
 from __future__ import annotations
@@ -43,24 +33,32 @@ import asyncio
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Collection, Mapping
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import ValidationError
 from sqlalchemy import Connection
 
+from engine_port import FlushResult
 from engine_port.driver import TERMINAL_RUN_STATUSES
 
 from ._commands import (
-    ClaimPending,
+    CreateRun,
     ExecuteJob,
     FlushOutbox,
-    PollSuspended,
     PurgeRuns,
     ReapStaleLeases,
     ReapStuckRuns,
+)
+from ._host_models import (
+    HandleJobResult,
+    JobMessage,
+    JobMessageError,
+    MaintenanceTickResult,
+    ProcessJobsResult,
+    RunToCompletionResult,
 )
 from ._kernel import Kernel
 from ._schema import jobs, runs
@@ -68,7 +66,10 @@ from ._sql import lease_until
 
 __all__ = [
     "handle_job",
+    "job_message",
+    "parse_job_message",
     "process_available_jobs",
+    "resolve_job_message",
     "run_maintenance_tick",
     "run_to_completion",
 ]
@@ -76,6 +77,8 @@ __all__ = [
 log = logging.getLogger("wfe.serverless")
 
 _TERMINAL = TERMINAL_RUN_STATUSES
+OUTBOX_FLUSH_TIMEOUT_S = 10.0
+"""Seed ``outboxFlushTimeoutMs``: the bound on the flush after a job."""
 
 
 def _default_worker_id() -> str:
@@ -86,7 +89,7 @@ def _default_worker_id() -> str:
 def _lease(
     conn: Connection,
     worker: str,
-    served: Collection[str],
+    served: Collection[str] | None,
     lease: float,
     now: float,
     *,
@@ -99,8 +102,9 @@ def _lease(
         jobs.c.status.in_(("ready", "waiting")),
         jobs.c.available_at.is_not(None),
         jobs.c.available_at <= now,
-        jobs.c.wfv.in_(list(served)),
     ]
+    if served is not None:
+        cond.append(jobs.c.wfv.in_(list(served)))
     if run_id is not None:
         cond.append(jobs.c.run_id == run_id)
     if job_id is not None:
@@ -154,6 +158,78 @@ def _run_state(conn: Connection, run_id: str) -> tuple[Any, list[Any]]:
     return run, own
 
 
+def _wake_suspended(conn: Connection, now: float, limit: int) -> int:
+    """Up to ``limit`` suspended stages whose wake time has come become ready (the bounded
+    ``stage.pollSuspended`` of one tick; the rest wait for the next tick)."""
+    due = (
+        sa.select(jobs.c.id)
+        .where(jobs.c.status == "waiting", jobs.c.available_at <= now)
+        .order_by(jobs.c.available_at)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        due = due.with_for_update(skip_locked=True)
+    res = conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.id.in_(due.scalar_subquery()), jobs.c.status == "waiting")
+        .values(status="ready")
+    )
+    return res.rowcount or 0
+
+
+# -- messages ----------------------------------------------------------------------------------
+def job_message(job: Any) -> JobMessage:
+    """The queue message for a job row (``ClaimPending`` results, or ``ready_job_ids`` read
+    back): what a producer puts on a push queue for :func:`handle_job`."""
+    wf_id = str(job.wfv).split("@", 1)[0]
+    return JobMessage(
+        job_id=int(job.id),
+        workflow_run_id=str(job.run_id),
+        workflow_id=wf_id,
+        stage_id=str(job.stage_id),
+        attempt=int(job.attempt),
+    )
+
+
+def parse_job_message(message: Any) -> JobMessage:
+    """A :class:`JobMessage` from a dict in either spelling (``jobId`` or ``job_id``), a
+    JSON string or bytes; raises :class:`JobMessageError` for anything else."""
+    if isinstance(message, JobMessage):
+        return message
+    try:
+        if isinstance(message, str | bytes | bytearray):
+            return JobMessage.model_validate_json(message)
+        if isinstance(message, Mapping):
+            return JobMessage.model_validate(dict(message))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()
+        )
+        raise JobMessageError(message, problems) from None
+    raise JobMessageError(message, f"a {type(message).__name__}, not a mapping")
+
+
+async def resolve_job_message(kernel: Kernel, message: Any) -> tuple[JobMessage, Any]:
+    """Parse ``message`` and read the job it names: ``(message, job row or None)``. The row is
+    None when the job no longer exists (done, or its run was purged). Raises
+    :class:`JobMessageError` when the message is malformed or contradicts the row (a stale
+    message whose id now names another job)."""
+    msg = parse_job_message(message)
+    row = await kernel.db.read(_job_row, msg.job_id)
+    if row is None:
+        return msg, None
+    expected = {
+        "workflowRunId": (msg.workflow_run_id, str(row.run_id)),
+        "workflowId": (msg.workflow_id, str(row.wfv).split("@", 1)[0]),
+        "stageId": (msg.stage_id, str(row.stage_id)),
+    }
+    for name, (given, actual) in expected.items():
+        if given is not None and given != actual:
+            problem = f"{name} is {given!r} but job {msg.job_id} has {actual!r}"
+            raise JobMessageError(message, problem, mismatch=True)
+    return msg, row
+
+
 # -- outcomes ----------------------------------------------------------------------------------
 def _delay_ms(available_at: float | None, now: float) -> int | None:
     if available_at is None:
@@ -161,254 +237,345 @@ def _delay_ms(available_at: float | None, now: float) -> int | None:
     return max(0, round((available_at - now) * 1000))
 
 
-def _outcome(
-    job: Any, result: str, after: Any, ready: list[int], now: float, **extra: Any
-) -> dict[str, Any]:
-    will_retry = result == "retrying"
+def _max_attempts(kernel: Kernel, job: Any) -> int | None:
+    wf_id, _, version = str(job.wfv).partition("@")
+    if job.kind != "stage" or not kernel.registry.has(wf_id, version):
+        return None
+    try:
+        return int(
+            kernel.registry.get(wf_id, version).get_stage(str(job.stage_id)).retry.max_attempts
+        )
+    except Exception:  # a stage the definition no longer has
+        return None
+
+
+_SEED_OUTCOME = {
+    "completed": "completed",
+    "compensated": "completed",
+    "skipped": "completed",
+    "suspended": "suspended",
+}
+# failed, but the job is due again: the consumer re-delivers the message after the delay
+_RETRY = {"retrying", "deferred", "abandoned", "busy", "not_due"}
+# already failed and acknowledged, never retry (the seed's ``dead``)
+_DEAD = {"discarded", "cancelled", "gone", "not_served", "malformed", "mismatch"}
+_ERRORS = {
+    "retrying": "the stage failed; another attempt is scheduled",
+    "failed": "the stage failed for good; the run compensates",
+    "deferred": "compensation waits for running stages",
+    "abandoned": "the engine's storage failed during the attempt; it runs again",
+    "busy": "the job is leased by another worker",
+    "not_due": "the job is not due yet",
+    "discarded": "the lease was lost: another worker took the job over",
+    "cancelled": "the run was cancelled",
+    "gone": "the job no longer exists (done, or its run was purged)",
+    "not_served": "this build does not serve the run's workflow version",
+}
+
+
+def _result(
+    kernel: Kernel,
+    job: Any,
+    detail: str,
+    after: Any,
+    ready: list[int],
+    now: float,
+    error: str | None = None,
+) -> HandleJobResult:
     delay = None
-    if (
-        after is not None
-        and after.status in ("ready", "waiting")
-        and result in ("retrying", "suspended", "deferred", "not_due", "abandoned")
-    ):
-        delay = _delay_ms(after.available_at, now)
-    return {
-        "jobId": int(job.id),
-        "runId": str(job.run_id),
-        "stage": str(job.stage_id),
-        "kind": str(job.kind),
-        "outcome": result,
-        "willRetry": will_retry,
-        "retryDelayMs": delay,
-        "dead": result == "failed",
-        "readyJobIds": ready,
-        **extra,
-    }
+    if detail in _RETRY and after is not None and after.status in ("ready", "waiting", "leased"):
+        at = after.lease_expires_at if after.status == "leased" else after.available_at
+        delay = _delay_ms(at, now)
+    elif detail == "suspended" and after is not None and after.status == "waiting":
+        delay = _delay_ms(after.available_at, now)  # when the stage wakes (None: a signal)
+    attempt = None if job is None else int(job.attempt)  # the attempt that ran (or is next)
+    return HandleJobResult(
+        outcome=_SEED_OUTCOME.get(detail, "failed"),
+        error=error or _ERRORS.get(detail),
+        dead=detail in _DEAD,
+        will_retry=detail in _RETRY,
+        attempt=attempt,
+        max_attempts=None if job is None else _max_attempts(kernel, job),
+        retry_delay_ms=delay,
+        detail=detail,
+        job_id=None if job is None else int(job.id),
+        workflow_run_id=None if job is None else str(job.run_id),
+        stage_id=None if job is None else str(job.stage_id),
+        kind=None if job is None else str(job.kind),
+        ready_job_ids=ready,
+    )
 
 
-async def _execute(kernel: Kernel, job: Any, worker_id: str) -> dict[str, Any]:
-    result = str(await kernel.dispatch(ExecuteJob(job, worker_id)))
+async def _execute(kernel: Kernel, job: Any, worker_id: str) -> HandleJobResult:
+    detail = str(await kernel.dispatch(ExecuteJob(job, worker_id)))
     now = kernel.now()
     after, ready = await kernel.db.tx(_after, job, now)
-    return _outcome(job, result, after, ready, now)
+    return _result(kernel, job, detail, after, ready, now)
+
+
+async def _flush(kernel: Kernel, limit: int, timeout: float) -> FlushResult | None:
+    """Publish pending events, bounded by ``timeout``; errors are logged, never raised."""
+    try:
+        result: FlushResult = await asyncio.wait_for(
+            kernel.dispatch(FlushOutbox(limit=limit)), timeout
+        )
+    except Exception:
+        log.warning("serverless: outbox flush failed; the next flush retries", exc_info=True)
+        return None
+    return result
+
+
+def _served(kernel: Kernel) -> frozenset[str] | None:
+    return None if kernel.settings.serves == "all" else kernel.served()
 
 
 # -- entry points ------------------------------------------------------------------------------
 async def handle_job(
-    kernel: Kernel, message: Any, *, worker_id: str | None = None
-) -> dict[str, Any]:
-    """Execute one job and return its outcome dict (see the module docstring).
+    kernel: Kernel,
+    message: Any,
+    *,
+    worker_id: str | None = None,
+    flush_outbox_after_job: bool = True,
+    outbox_flush_timeout: float = OUTBOX_FLUSH_TIMEOUT_S,
+) -> HandleJobResult:
+    """Execute one job and say what the queue consumer does with its message (seed
+    ``handleJob``; see :class:`HandleJobResult` for the ack / retry / dead decision).
 
-    ``message`` is a queue message ``{"job_id": 42}`` (the job is leased here first; a job
-    that is leased elsewhere, not due yet or already finished is reported as ``busy``,
-    ``not_due`` or ``gone`` without running anything) or a job row returned by
+    ``message`` is a job message (:class:`JobMessage`, a dict in the seed's or Python's
+    spelling, or its JSON) -- the job is leased here first -- or a job row returned by
     ``kernel.dispatch(ClaimPending(...))`` (executed under the lease it already holds).
-    A fault of the engine's storage during the attempt gives the lease back at once
-    (``abandoned``); errors of the engine itself outside it (database unreachable before the
-    job is leased) propagate, so the FaaS platform retries the invocation.
+    A malformed message, a job that no longer exists, a message that names another job than
+    the row, a version this build does not serve: ``dead`` (ack, never retry). A job leased
+    elsewhere or not due yet: ``will_retry`` with the delay until its lease ends or it is due.
+    With ``flush_outbox_after_job`` (default) the events the job wrote are published before
+    returning (bounded by ``outbox_flush_timeout`` seconds; a failing sink never fails this
+    call). Errors of the engine itself (database unreachable) propagate, so the platform
+    retries the invocation.
     """
-    if isinstance(message, Mapping):
-        raw = message.get("job_id", message.get("jobId"))
-        if isinstance(raw, bool) or not isinstance(raw, int | str):
-            raise ValueError(f"a job message needs an integer 'job_id', got {message!r}")
-        job_id = int(raw)
-        worker = worker_id or _default_worker_id()
-        now = kernel.now()
-        leased = await kernel.db.tx(
-            _lease, worker, kernel.served(), kernel.settings.lease_seconds, now, job_id=job_id
+    worker = worker_id or _default_worker_id()
+    if hasattr(message, "run_id") and hasattr(message, "lease_owner"):
+        result = await _execute(kernel, message, worker_id or str(message.lease_owner))
+    else:
+        result = await _handle_message(kernel, message, worker)
+    if flush_outbox_after_job and result.detail not in _DEAD | {"busy", "not_due"}:
+        await _flush(kernel, kernel.settings.max_outbox_flush_per_tick, outbox_flush_timeout)
+    return result
+
+
+async def _handle_message(kernel: Kernel, message: Any, worker: str) -> HandleJobResult:
+    now = kernel.now()
+    try:
+        msg, row = await resolve_job_message(kernel, message)
+    except JobMessageError as exc:
+        log.warning("serverless: %s", exc)
+        detail = "mismatch" if exc.mismatch else "malformed"
+        return _result(kernel, None, detail, None, [], now, error=str(exc))
+    if row is None:
+        gone = HandleJobResult(
+            outcome="failed",
+            error=_ERRORS["gone"],
+            dead=True,
+            detail="gone",
+            job_id=msg.job_id,
+            workflow_run_id=msg.workflow_run_id,
+            stage_id=msg.stage_id,
+            attempt=msg.attempt,
         )
-        if not leased:
-            row = await kernel.db.tx(_job_row, job_id)
-            if row is None:
-                return {
-                    "jobId": job_id,
-                    "runId": None,
-                    "stage": None,
-                    "kind": None,
-                    "outcome": "gone",
-                    "willRetry": False,
-                    "retryDelayMs": None,
-                    "dead": False,
-                    "readyJobIds": [],
-                }
-            if row.status == "leased":
-                result = "busy"
-            elif f"{row.wfv}" not in kernel.served():
-                result = "not_served"
-            else:
-                result = "not_due"
-            return _outcome(row, result, row, [], now)
-        return await _execute(kernel, leased[0], worker)
-    if not hasattr(message, "id") or not hasattr(message, "run_id"):
-        raise ValueError(
-            "handle_job takes {'job_id': N} or a job returned by ClaimPending, "
-            f"not {type(message).__name__}"
-        )
-    return await _execute(kernel, message, worker_id or str(message.lease_owner))
+        return gone
+    served = _served(kernel)
+    if served is not None and str(row.wfv) not in served:
+        return _result(kernel, row, "not_served", row, [], now)
+    leased = await kernel.db.tx(
+        _lease, worker, served, kernel.settings.lease_threshold, now, job_id=msg.job_id
+    )
+    if not leased:
+        row = await kernel.db.read(_job_row, msg.job_id)
+        if row is None:
+            return _result(kernel, None, "gone", None, [], now)
+        return _result(kernel, row, "busy" if row.status == "leased" else "not_due", row, [], now)
+    return await _execute(kernel, leased[0], worker)
 
 
 async def process_available_jobs(
-    kernel: Kernel, max_jobs: int, worker_id: str | None = None
-) -> list[dict[str, Any]]:
-    """Claim and execute up to ``max_jobs`` due jobs, one at a time (each claimed just before
-    it runs, so no lease waits while another job executes); returns their outcome dicts.
+    kernel: Kernel,
+    max_jobs: int = 1,
+    *,
+    worker_id: str | None = None,
+    flush_outbox_after_job: bool = True,
+    outbox_flush_timeout: float = OUTBOX_FLUSH_TIMEOUT_S,
+) -> ProcessJobsResult:
+    """Claim and execute up to ``max_jobs`` (default 1, the seed's advice for functions with
+    a strict CPU limit) due jobs, one at a time; stops early when none is due. Returns
+    ``{processed, succeeded, failed}`` (succeeded: completed or suspended) and each result.
 
-    Stops early when no job is due. A job that fails inside the engine is reported with
-    ``outcome="error"``; its lease expires and another invocation takes it over.
+    A job that fails inside the engine counts as failed; its lease expires and another
+    invocation takes it over.
     """
     worker = worker_id or _default_worker_id()
-    outcomes: list[dict[str, Any]] = []
-    while len(outcomes) < max_jobs:
-        claimed = await kernel.dispatch(ClaimPending(worker, limit=1))
+    results: list[HandleJobResult] = []
+    served = _served(kernel)
+    while len(results) < max_jobs:
+        claimed = await kernel.db.tx(
+            _lease, worker, served, kernel.settings.lease_threshold, kernel.now()
+        )
         if not claimed:
             break
         job = claimed[0]
         try:
-            outcomes.append(await _execute(kernel, job, worker))
+            results.append(await _execute(kernel, job, worker))
         except Exception as exc:
             log.exception("serverless: job %s of run %s failed in the engine", job.id, job.run_id)
-            outcomes.append(
-                {
-                    "jobId": int(job.id),
-                    "runId": str(job.run_id),
-                    "stage": str(job.stage_id),
-                    "kind": str(job.kind),
-                    "outcome": "error",
-                    "willRetry": False,
-                    "retryDelayMs": None,
-                    "dead": False,
-                    "readyJobIds": [],
-                    "error": f"{type(exc).__name__}: {exc}",
-                }
-            )
-    return outcomes
+            r = _result(kernel, job, "abandoned", None, [], kernel.now())
+            results.append(r.model_copy(update={"error": f"{type(exc).__name__}: {exc}"}))
+    if flush_outbox_after_job and results:
+        await _flush(kernel, kernel.settings.max_outbox_flush_per_tick, outbox_flush_timeout)
+    ok = sum(r.outcome != "failed" for r in results)
+    return ProcessJobsResult(
+        processed=len(results), succeeded=ok, failed=len(results) - ok, results=results
+    )
 
 
 async def run_maintenance_tick(
     kernel: Kernel,
     *,
     stuck_grace_seconds: float = 60.0,
-    retention_seconds: float | None = None,
-) -> dict[str, Any]:
-    """One round of the worker's housekeeping; returns what it did::
-
-    {"reapedLeases": n, "woken": n, "flush": {"delivered", "failed", "dead", "degraded"},
-     "degraded": bool, "reapedRuns": n, "purged": n}
-    """
-    reaped = int(await kernel.dispatch(ReapStaleLeases()))
-    woken = int(await kernel.dispatch(PollSuspended()))
-    flush = await kernel.dispatch(FlushOutbox())
+    retention: float | None = None,
+) -> MaintenanceTickResult:
+    """One round of housekeeping (seed ``runMaintenanceTick``); schedule it every minute or
+    so. Wakes up to ``max_suspended_checks_per_tick`` due suspended stages, releases the
+    leases of dead workers, flushes up to ``max_outbox_flush_per_tick`` events, repairs stuck
+    runs and, with ``retention`` (seconds; default the ``retention`` setting), purges finished
+    runs older than that. Does not execute jobs: that is ``process_available_jobs``."""
+    s = kernel.settings
+    woken = int(await kernel.db.tx(_wake_suspended, kernel.now(), s.max_suspended_checks_per_tick))
+    released = int(await kernel.dispatch(ReapStaleLeases()))
+    flush = await kernel.dispatch(FlushOutbox(limit=s.max_outbox_flush_per_tick))
     stuck = int(await kernel.dispatch(ReapStuckRuns(stuck_grace_seconds)))
-    purged = 0
-    if retention_seconds is not None:
-        purged = int(await kernel.dispatch(PurgeRuns(retention_seconds)))
-    return {
-        "reapedLeases": reaped,
-        "woken": woken,
-        "flush": flush.model_dump(),
-        "degraded": bool(flush.degraded),
-        "reapedRuns": stuck,
-        "purged": purged,
-    }
+    keep = retention if retention is not None else s.retention
+    purged = int(await kernel.dispatch(PurgeRuns(keep))) if keep is not None else 0
+    result = MaintenanceTickResult(
+        suspended_checked=woken,
+        stale_released=released,
+        events_flushed=flush.published,
+        stuck_reaped=stuck,
+        purged=purged,
+        events_failed=flush.failed,
+        events_dead_lettered=flush.dead_lettered,
+        event_sink_status=flush.sink_status,
+        event_sink_error=flush.sink_error,
+    )
+    level = logging.WARNING if flush.degraded else logging.INFO
+    log.log(level, "serverless: maintenance tick %s", result.model_dump(by_alias=True))
+    return result
 
 
-async def _run_info(kernel: Kernel, run_id: str) -> dict[str, Any]:
+async def _run_info(kernel: Kernel, run_id: str) -> Any:
     from ._engine import NativeEngine
 
     view = NativeEngine(kernel.settings, kernel.registry, clock=kernel.clock)
     view._kernel = kernel  # a read-only view over this kernel; never connected or closed
-    info = await view.get_run(run_id)
-    return info.model_dump(mode="json")
+    return await view.get_run(run_id)
 
 
 async def run_to_completion(
     kernel: Kernel,
-    run_id: str,
+    command: CreateRun,
     *,
-    max_jobs: int = 1000,
-    timeout: float = 30.0,
     worker_id: str | None = None,
-) -> dict[str, Any]:
-    """Drive one run as far as it goes within ``max_jobs`` executed jobs and ``timeout``
-    seconds; returns ``{"status", "jobs", "foreign_jobs", "run"}``.
+    max_jobs: int = 50,
+    max_claim_rounds: int = 5,
+    claims_per_round: int = 1,
+    flush_outbox: bool = True,
+    max_outbox_flush: int | None = None,
+) -> RunToCompletionResult:
+    """Create the run ``command`` describes (idempotently: give it an ``idempotency_key`` and
+    a repeat drives the same run) and drive it as far as it goes in this call (seed
+    ``runToCompletion``). Never waits, never does maintenance, never raises for a run that
+    does not finish:
 
-    ``status`` is the run's terminal status (``completed``, ``failed``, ``cancelled``,
-    ``migrated``); ``suspended`` when the run waits for something that will not happen by
-    itself within the time left (a signal, or a sleep / retry / wait deadline beyond the
-    timeout); ``incomplete`` when the budget ran out first (or this host does not serve the
-    run's version, see ``reason``). ``run`` is the RunInfo as a JSON dict.
+    - ``completed``, ``failed``, ``cancelled``: the run is terminal (``output``, ``reason``);
+    - ``suspended``: a stage parked on a durable sleep or a signal (``suspended_stage_id``);
+      a worker or ``run_maintenance_tick`` + ``process_available_jobs`` resumes it;
+    - ``incomplete`` with a ``reason``: ``max_jobs`` executed, a retry backoff not due yet,
+      the run's job leased elsewhere for ``max_claim_rounds`` rounds, a version not served.
 
-    Only this run's jobs are claimed, through the same leases as any worker. While the run
-    waits for a near wake-up (a short sleep, a retry backoff), the invocation helps with other
-    runs' due jobs instead of idling; those are counted in ``foreign_jobs`` and come out of the
-    same ``max_jobs`` budget. The outbox is flushed before returning.
+    This run's due jobs are leased first (the database queue can be narrowed to one run,
+    unlike the seed's). Only while its next job is held by another worker does a round claim
+    up to ``claims_per_round`` other due jobs and run them (``foreign_jobs_processed``).
     """
     worker = worker_id or _default_worker_id()
-    served = kernel.served()
-    deadline = time.monotonic() + timeout
-    own_jobs = foreign = 0
-    status: str = "incomplete"
+    run_id, created = await kernel.dispatch(command)
+    served = _served(kernel)
+    executed = foreign = rounds = 0
     reason: str | None = None
-    tick = min(0.05, kernel.settings.poll_interval_seconds)
+    suspended_stage: str | None = None
+    outcome = "incomplete"
     while True:
         run, own = await kernel.db.tx(_run_state, run_id)
-        if run is None:
-            from engine_port.errors import RunNotFoundError
-
-            raise RunNotFoundError(run_id)
         if run.status in _TERMINAL:
-            status = str(run.status)
+            outcome = str(run.status) if run.status != "migrated" else "incomplete"
+            reason = "the run was migrated to another driver" if run.status == "migrated" else None
             break
-        if f"{run.workflow_id}@{run.version}" not in served:
+        if served is not None and f"{run.workflow_id}@{run.version}" not in served:
             reason = f"version {run.version!r} of {run.workflow_id!r} is not served here"
             break
-        if own_jobs + foreign >= max_jobs:
+        if executed >= max_jobs:
             reason = f"max_jobs={max_jobs} reached"
             break
         now = kernel.now()
         leased = await kernel.db.tx(
-            _lease, worker, served, kernel.settings.lease_seconds, now, run_id=run_id
+            _lease, worker, served, kernel.settings.lease_threshold, now, run_id=run_id
         )
         if leased:
             await _execute(kernel, leased[0], worker)
-            own_jobs += 1
+            executed += 1
             continue
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            reason = f"timeout={timeout}s reached"
-            break
-        busy = any(j.status == "leased" for j in own)
-        due = [j.available_at for j in own if j.status != "leased" and j.available_at is not None]
-        next_due = min(due) if due else None
-        if not busy and own and (next_due is None or next_due - now > remaining):
-            status = "suspended"  # a signal, or a wake-up beyond the time left
-            break
-        # The run waits for a near wake-up, another worker's lease or stuck-run repair:
-        # run housekeeping, help with one foreign job, or sleep a tick.
-        await kernel.dispatch(ReapStaleLeases())
-        await kernel.dispatch(PollSuspended())
-        await kernel.dispatch(ReapStuckRuns())
-        other = await kernel.dispatch(ClaimPending(worker, limit=1))
-        if other:
-            await _execute(kernel, other[0], worker)
-            if other[0].run_id == run_id:
-                own_jobs += 1
-            else:
-                foreign += 1
+        if any(j.status == "leased" for j in own):
+            if rounds >= max_claim_rounds:
+                reason = f"max_claim_rounds={max_claim_rounds}: the run's job is held elsewhere"
+                break
+            rounds += 1
+            others = await kernel.db.tx(
+                _lease,
+                worker,
+                served,
+                kernel.settings.lease_threshold,
+                now,
+                limit=min(claims_per_round, max_jobs - executed),
+            )
+            for job in others:
+                await _execute(kernel, job, worker)
+                executed += 1
+                foreign += job.run_id != run_id
+            if not others:
+                reason = "the run's job is executing on another worker"
+                break
             continue
-        wait = tick if next_due is None else max(0.0, min(next_due - now, tick))
-        await kernel.clock.sleep(min(wait, max(remaining, 0.0)))
-        await asyncio.sleep(0)
-    try:
-        await kernel.dispatch(FlushOutbox())
-    except Exception:  # the sink is the user's; a failing flush never fails the invocation
-        log.exception("serverless: outbox flush failed")
-    result: dict[str, Any] = {
-        "status": status,
-        "jobs": own_jobs,
-        "foreign_jobs": foreign,
-        "run": await _run_info(kernel, run_id),
-    }
-    if reason is not None:
-        result["reason"] = reason
-    return result
+        waiting = [j for j in own if j.status == "waiting"]
+        if waiting:
+            outcome, suspended_stage = "suspended", str(waiting[0].stage_id)
+            break
+        later = [j for j in own if j.available_at is not None]
+        if later:
+            j = min(later, key=lambda j: j.available_at)
+            reason = f"stage {j.stage_id!r} is due again in {_delay_ms(j.available_at, now)} ms"
+        else:
+            reason = "the run has no job to execute; run_maintenance_tick repairs a stuck run"
+        break
+    if flush_outbox:
+        limit = max_outbox_flush or kernel.settings.max_outbox_flush_per_tick
+        await _flush(kernel, limit, OUTBOX_FLUSH_TIMEOUT_S)
+    info = await _run_info(kernel, run_id)
+    if info.error is not None and reason is None and outcome == "failed":
+        reason = f"{info.error.type}: {info.error.message}"
+    return RunToCompletionResult(
+        workflow_run_id=run_id,
+        status=str(info.status),
+        outcome=outcome,
+        output=info.output,
+        reason=reason,
+        jobs_processed=executed,
+        foreign_jobs_processed=foreign,
+        suspended_stage_id=suspended_stage,
+        created=bool(created),
+    )

@@ -55,7 +55,10 @@ class WorkerHost:
         self.poll_interval = poll_interval or kernel.settings.poll_interval_seconds
         self.maintenance_interval = maintenance_interval
         self.flush_interval = flush_interval
-        self.retention_seconds = retention_seconds
+        # seconds; None: the ``retention`` setting (off unless set)
+        self.retention_seconds = (
+            retention_seconds if retention_seconds is not None else kernel.settings.retention
+        )
         self.shutdown_timeout = shutdown_timeout
         self.served = served
         self.on_job_done = on_job_done
@@ -137,7 +140,9 @@ class WorkerHost:
         while not self._stopping:
             claimed = 0
             try:
-                free = self.concurrency - len(self._active)
+                free = min(
+                    self.concurrency - len(self._active), self.kernel.settings.max_claims_per_tick
+                )
                 if free > 0:
                     jobs = await self.kernel.dispatch(
                         ClaimPending(self.worker_id, limit=free, served=self.served)
@@ -149,9 +154,12 @@ class WorkerHost:
                     self._counts["claimed"] += claimed
                 now = time.monotonic()
                 if now >= next_flush:
-                    self.last_flush = flushed = await self.kernel.dispatch(FlushOutbox())
-                    self._counts["dead_lettered"] += flushed.dead
-                    next_flush = now + self.flush_interval
+                    limit = self.kernel.settings.max_outbox_flush_per_tick
+                    flushed = await self.kernel.dispatch(FlushOutbox(limit=limit))
+                    self.last_flush = flushed
+                    self._counts["dead_lettered"] += flushed.dead_lettered
+                    full = flushed.published + flushed.failed + flushed.dead_lettered >= limit
+                    next_flush = now if full else now + self.flush_interval  # a backlog: go on
                 if now >= next_maintenance:
                     await self._maintenance()
                     next_maintenance = now + self.maintenance_interval

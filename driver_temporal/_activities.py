@@ -98,6 +98,7 @@ class EventStats:
     delivered: int = 0
     failed: int = 0
     dead: int = 0
+    error: str | None = None  # the sink's first error since the last flush_events()
 
     def take(self) -> tuple[int, int, int]:
         out = (self.delivered, self.failed, self.dead)
@@ -439,7 +440,8 @@ class DriverActivities:
         try:
             await self.sink.publish([Event.model_validate(e) for e in batch])
         except Exception as exc:
-            self.stats.failed += 1
+            self.stats.failed += len(batch)  # events, as on the native driver
+            self.stats.error = self.stats.error or f"{type(exc).__name__}: {exc}"
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         self.stats.delivered += len(batch)
         for k in keys:
@@ -464,8 +466,9 @@ class DriverActivities:
             ]
             try:
                 await self.sink.publish(batch)
-            except Exception:
-                self.stats.failed += 1
+            except Exception as exc:
+                self.stats.failed += len(batch)
+                self.stats.error = self.stats.error or f"{type(exc).__name__}: {exc}"
                 continue
             for k in keys:
                 await store.delete(k)
@@ -483,6 +486,8 @@ class DriverActivities:
                 dlq_key(e["run_id"], e["seq"], e["id"]), pydantic_core.to_json(e)
             )
         self.stats.dead += len(events)
+        # disjoint from ``failed``: the attempt that gave these up is not a retry pending
+        self.stats.failed = max(0, self.stats.failed - len(events))
 
     @activity.defn(name=READ_JOURNAL_ACTIVITY)
     async def read_journal(self, run_id: str, stage_id: str, redrive: int) -> list[dict[str, Any]]:

@@ -843,7 +843,20 @@ class TemporalEngine(WorkflowEngine):
         and dead-lettered since the last call (``degraded`` when the sink failed)."""
         await self._activities.deliver_parked()
         delivered, failed, dead = self.stats.take()
-        return FlushResult(delivered=delivered, failed=failed, dead=dead, degraded=failed > 0)
+        error, self.stats.error = self.stats.error, None
+        return FlushResult(
+            published=delivered,
+            failed=failed,
+            dead_lettered=dead,
+            sink_status="degraded" if failed or error else "healthy",
+            sink_error=error,
+        )
+
+    async def purge(self, older_than: timedelta | float) -> int:
+        from ._purge import purge_runs
+
+        span = older_than if isinstance(older_than, timedelta) else timedelta(seconds=older_than)
+        return await purge_runs(self, span)
 
     async def replay_dlq(self) -> int:
         """Deliver dead-lettered events (kept under ``dlq/`` in the BlobStore) to the sink, in

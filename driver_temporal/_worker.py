@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from temporalio.worker import Worker
 
+from ._purge import retention
 from ._workflow import GraphWorkflow, workflow_runner
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ class EngineWorker:
             workers = self._workers()
             for w in workers:
                 await stack.enter_async_context(w)
+            await stack.enter_async_context(retention(eng))  # the retention setting (issue 16)
         except BaseException:
             await stack.aclose()
             raise

@@ -285,18 +285,51 @@ LogFormatOpt = Annotated[
 ]
 
 
+# host settings (issue 16): unset options keep EngineSettings (WFE_*, wfe.toml, defaults)
+_HostTime = Annotated[str | None, typer.Option(help="a duration: 30s, 5m, 1h (README Hosts)")]
+_HostCount = Annotated[int | None, typer.Option(min=1, help="a bound per tick (README Hosts)")]
+
+
+def _host_settings(times: dict[str, str | None], counts: dict[str, Any]) -> dict[str, Any]:
+    out = {k: _seconds(v, "--" + k.replace("_", "-")) for k, v in times.items() if v}
+    return out | {k: v for k, v in counts.items() if v is not None}
+
+
 @app.command()
 def worker(
     app_: AppOpt = None,
     driver: DriverOpt = None,
     log_level: LogLevelOpt = "INFO",
     log_format: LogFormatOpt = "text",
+    retention: _HostTime = None,
+    stale_lease_threshold: _HostTime = None,
+    job_absolute_timeout: _HostTime = None,
+    job_heartbeat_interval: _HostTime = None,
+    max_claims_per_tick: _HostCount = None,
+    max_suspended_checks_per_tick: _HostCount = None,
+    max_outbox_flush_per_tick: _HostCount = None,
+    serves: Annotated[str | None, typer.Option(help='"all": claim every version')] = None,
 ) -> None:
     """Run a worker for the app's registry until SIGINT/SIGTERM (graceful shutdown). It logs
-    each stage attempt, suspension, failure and compensation to stderr."""
+    each stage attempt, suspension, failure and compensation to stderr. ``--retention 30d``
+    purges finished runs older than that as it goes."""
     with _reported():
         configure_logging(log_level, log_format)
-    settings = _settings(driver)
+    host = _host_settings(
+        {
+            "retention": retention,
+            "stale_lease_threshold": stale_lease_threshold,
+            "job_absolute_timeout": job_absolute_timeout,
+            "job_heartbeat_interval": job_heartbeat_interval,
+        },
+        {
+            "max_claims_per_tick": max_claims_per_tick,
+            "max_suspended_checks_per_tick": max_suspended_checks_per_tick,
+            "max_outbox_flush_per_tick": max_outbox_flush_per_tick,
+            "serves": serves,
+        },
+    )
+    settings = _settings(driver, **host)
     registry = _registry(app_, settings, required=True)
     assert registry is not None
 
@@ -664,13 +697,7 @@ def purge_cmd(
 
     async def purge() -> int:
         async with create_engine(settings, None) as engine:
-            method = getattr(engine, "purge", None)
-            if method is None:
-                raise UnsupportedFeatureError(
-                    f"the {settings.driver} driver cannot purge runs; on Temporal set the "
-                    "namespace's retention period instead"
-                )
-            return int(await method(seconds))
+            return await engine.purge(seconds)
 
     count = _run(purge())
     if as_json:
@@ -827,3 +854,44 @@ def migrate_cmd(
 
 def main() -> None:
     app()
+
+
+@app.command("ui")
+def ui_cmd(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="port to listen on")] = 8765,
+    host: Annotated[
+        str, typer.Option(help="address to bind (only this machine by default)")
+    ] = "127.0.0.1",
+    allow_actions: Annotated[
+        bool,
+        typer.Option("--allow-actions", help="show the signal, cancel, redrive and replay buttons"),
+    ] = False,
+    app_: AppOpt = None,
+    driver: DriverOpt = None,
+) -> None:
+    """Serve a web view of the runs (graph, timeline, events, versions, outbox); read-only
+    unless --allow-actions. Needs the 'ui' extra: pip install 'wfe[ui]'."""
+    try:
+        ui = importlib.import_module("wfe_ui")
+        uvicorn = importlib.import_module("uvicorn")
+    except ImportError as exc:
+        _fail(ConfigurationError(f"wfe ui needs the 'ui' extra ({exc}): pip install 'wfe[ui]'"))
+    settings = _settings(driver)
+    _initialised(settings)
+    registry = _registry(app_, settings, required=False)
+    with _reported():
+        engine = create_engine(settings, registry)
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    web = ui.create_app(
+        engine,
+        registry=registry,
+        allow_actions=allow_actions,
+        allowed_hosts=["127.0.0.1", "localhost", "[::1]", "::1"] if loopback else None,
+    )
+    shown = f"[{host}]" if ":" in host else host
+    errors.print(
+        f"wfe ui on http://{shown}:{port}/ (driver {settings.driver}, "
+        f"{'actions allowed' if allow_actions else 'read-only'}); Ctrl-C stops it",
+        highlight=False,
+    )
+    uvicorn.run(web, host=host, port=port, log_level="warning")

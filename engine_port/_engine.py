@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self
 
@@ -140,6 +141,12 @@ class WorkflowEngine(abc.ABC):
     async def replay_dlq(self) -> int:
         """Re-queue dead-lettered events; returns how many."""
         return 0
+
+    async def purge(self, older_than: timedelta | float) -> int:
+        """Delete the runs that finished more than ``older_than`` (a timedelta, or seconds)
+        ago, with everything under them (rows, events, blobs); returns how many. Active runs
+        are never touched. The ``retention`` setting makes hosts do this as they go."""
+        raise UnsupportedFeatureError(f"the {self.driver_name} driver cannot purge runs")
 
     async def dead_letters(self, limit: int = 1000) -> list[Event]:
         """Dead-lettered events (the sink refused them too often), oldest first;

@@ -153,10 +153,49 @@ class VersionInfo(BaseModel):
 
 
 class FlushResult(BaseModel):
-    delivered: int = 0
+    """What one outbox flush did, the same on every driver (the seed's ``outbox.flush``
+    result: ``published, failed, deadLettered, eventSinkStatus, eventSinkError``).
+
+    ``failed`` and ``dead_lettered`` are disjoint: ``failed`` counts events the sink refused
+    that are retried by a later flush; ``dead_lettered`` those that exhausted their retry
+    budget in this flush (they wait for ``replay_dlq()``). ``sink_status`` is ``degraded`` when
+    the sink refused at least one event (or events wait for a retry), with its first error in
+    ``sink_error``."""
+
+    published: int = 0
     failed: int = 0
-    dead: int = 0
-    degraded: bool = False
+    dead_lettered: int = 0
+    sink_status: Literal["healthy", "degraded"] = "healthy"
+    sink_error: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        # the names before issue 16 (delivered, dead, degraded), still accepted
+        if isinstance(data, dict) and {"delivered", "dead", "degraded"} & data.keys():
+            data = dict(data)
+            if "delivered" in data:
+                data.setdefault("published", data.pop("delivered"))
+            if "dead" in data:
+                data.setdefault("dead_lettered", data.pop("dead"))
+            if "degraded" in data:
+                data.setdefault("sink_status", "degraded" if data.pop("degraded") else "healthy")
+        return data
+
+    @property
+    def delivered(self) -> int:
+        """``published`` (the name before issue 16)."""
+        return self.published
+
+    @property
+    def dead(self) -> int:
+        """``dead_lettered`` (the name before issue 16)."""
+        return self.dead_lettered
+
+    @property
+    def degraded(self) -> bool:
+        """``sink_status == "degraded"``."""
+        return self.sink_status == "degraded"
 
 
 class SnapshotStep(BaseModel):

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from ._engine import WorkflowEngine
@@ -198,13 +199,18 @@ class RoutingEngine(WorkflowEngine):
         async with contextlib.AsyncExitStack() as stack:
             yield [await stack.enter_async_context(e.worker()) for e in self.engines.values()]
 
+    async def purge(self, older_than: timedelta | float) -> int:
+        return sum([await e.purge(older_than) for e in self.engines.values()])
+
     async def flush_events(self) -> FlushResult:
         results = [await e.flush_events() for e in self.engines.values()]
+        errors = [r.sink_error for r in results if r.sink_error]
         return FlushResult(
-            delivered=sum(r.delivered for r in results),
+            published=sum(r.published for r in results),
             failed=sum(r.failed for r in results),
-            dead=sum(r.dead for r in results),
-            degraded=any(r.degraded for r in results),
+            dead_lettered=sum(r.dead_lettered for r in results),
+            sink_status="degraded" if any(r.degraded for r in results) else "healthy",
+            sink_error=errors[0] if errors else None,
         )
 
     async def replay_dlq(self) -> int:

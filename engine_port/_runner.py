@@ -184,8 +184,10 @@ class StageRunner:
         default_timeout: float | None = None,
         sync_threads: int = DEFAULT_SYNC_STAGE_THREADS,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
+        absolute_timeout: float | None = None,
     ) -> None:
         self.registry = registry
+        self.absolute_timeout = absolute_timeout
         self.clock: Clock = clock or SystemClock()
         self.cancel_grace = cancel_grace
         self.default_timeout = default_timeout
@@ -207,6 +209,7 @@ class StageRunner:
             default_timeout=settings.default_stage_timeout,
             sync_threads=settings.sync_stage_threads,
             max_payload_bytes=settings.max_payload_bytes,
+            absolute_timeout=settings.job_absolute_timeout or None,
         )
 
     def close(self) -> None:
@@ -216,10 +219,13 @@ class StageRunner:
         old.shutdown()
 
     def timeout_of(self, stage: Stage) -> float | None:
-        """The effective per-attempt timeout in seconds: the stage's own, else the default."""
-        if stage.timeout is not None:
-            return stage.timeout.total_seconds()
-        return self.default_timeout
+        """The effective per-attempt timeout in seconds: the stage's own, else the default,
+        never above the host's ``job_absolute_timeout``."""
+        own = stage.timeout.total_seconds() if stage.timeout is not None else self.default_timeout
+        cap = self.absolute_timeout
+        if cap is None:
+            return own
+        return cap if own is None else min(own, cap)
 
     def _context(self, req: StageRequest, ledger: StepLedger, slog: StageLog) -> StageContext[Any]:
         wf = req.workflow

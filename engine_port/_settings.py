@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Literal, Self
+
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -58,6 +60,45 @@ class EngineSettings(BaseSettings):
     max_pending_signals: int = Field(default=1000, ge=1)
     # largest JSON value (run input, signal payload, step result, stage output) accepted
     max_payload_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    # host settings (issue 16), shared by `wfe worker` and the serverless host; the seed's
+    # camelCase names beside them (README "Hosts" says where the defaults deliberately differ)
+    # staleLeaseThresholdMs: seconds without a heartbeat before a job's lease is reaped and
+    # another worker takes it over; None: lease_seconds (30 s, the seed says 5 min)
+    stale_lease_threshold: float | None = Field(default=None, gt=0)
+    # jobAbsoluteTimeoutMs: cap on one attempt, whatever the stage's own timeout; 0 disables
+    job_absolute_timeout: float = Field(default=3600.0, ge=0)
+    # jobHeartbeatIntervalMs: how often a running job renews its lease; None: a third of the
+    # lease, at most 0.5 s (the seed beats every 60 s against its 5 min lease)
+    job_heartbeat_interval: float | None = Field(default=None, gt=0)
+    max_claims_per_tick: int = Field(default=10, ge=1)  # maxClaimsPerTick
+    max_suspended_checks_per_tick: int = Field(default=10, ge=1)  # maxSuspendedChecksPerTick
+    max_outbox_flush_per_tick: int = Field(default=100, ge=1)  # maxOutboxFlushPerTick
+    # serves: "all" claims every version in the database (a version this build lacks fails
+    # its job as not served); None: the versions in the registry (safe rolling deploys)
+    serves: Literal["all"] | None = None
+    # retention: {olderThanMs}: seconds after which the worker and every maintenance tick
+    # purge finished runs; None: off
+    retention: float | None = Field(default=None, gt=0)
+
+    @property
+    def lease_threshold(self) -> float:
+        """Seconds a job lease lasts without a heartbeat (``stale_lease_threshold``)."""
+        return self.stale_lease_threshold or self.lease_seconds
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between heartbeats of a running job (``job_heartbeat_interval``)."""
+        return self.job_heartbeat_interval or min(self.lease_threshold / 3, 0.5)
+
+    @model_validator(mode="after")
+    def _beat_within_lease(self) -> Self:
+        if self.heartbeat_interval >= self.lease_threshold:
+            raise ValueError(
+                f"job_heartbeat_interval ({self.heartbeat_interval}s) must be shorter than the "
+                f"lease ({self.lease_threshold}s, stale_lease_threshold or lease_seconds), or "
+                "every running job loses its lease between two heartbeats"
+            )
+        return self
 
     @field_validator("driver")
     @classmethod

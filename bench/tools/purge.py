@@ -45,7 +45,7 @@ async def main(n: int) -> None:
             t0 = time.monotonic()
             for _ in range(n):
                 await engine.start(wf.id, {"pad": "x" * (70 * 1024)})
-            while await process_available_jobs(engine.kernel, 200):
+            while (await process_available_jobs(engine.kernel, 200)).processed:
                 pass
             files = await asyncio.to_thread(_count_files, Path(tmp, "blobs"))
             print(f"{n} runs made in {time.monotonic() - t0:.1f}s; {files} blob files")

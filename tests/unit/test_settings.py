@@ -186,6 +186,8 @@ def test_create_engine_with_a_driver_that_is_not_installed(
         ),
     }
     monkeypatch.setattr(drivers_module, "_SHIPPED", shipped)
+    # an installation whose metadata predates the entry points (the installed ones would win)
+    monkeypatch.setattr(drivers_module.importlib.metadata, "entry_points", lambda **_: [])
     with pytest.raises(DriverUnavailableError, match=r"pip install 'wfe\[temporal\]'") as exc:
         create_engine(EngineSettings(driver="temporal"), Registry())
     assert "wfe_no_such_driver_module" in str(exc.value)

@@ -89,15 +89,17 @@ async def test_dead_letter_and_replay_in_per_run_order(make_engine: MakeEngine) 
         w.linear, event_sink=sink, dead_letter_after=3, outbox_dead_letter_min_seconds=0
     )
     runs = [await engine.start("it-linear", {"n": i}) for i in range(2)]
-    outcomes = await process_available_jobs(engine.kernel, 20)
-    assert [o["outcome"] for o in outcomes] == ["completed"] * 6
+    done = await process_available_jobs(engine.kernel, 20, flush_outbox_after_job=False)
+    assert (done.processed, done.succeeded) == (6, 6)
     total = await count_rows(engine, "wfe_outbox")
     assert total == 20
     sink.failing = True
     for attempt in (1, 2, 3):
         result = await engine.flush_events()
-        assert result.degraded and result.failed == total
-        assert result.dead == (total if attempt == 3 else 0)
+        # failed (retried later) and dead-lettered (given up) are disjoint
+        assert result.degraded and result.failed == (0 if attempt == 3 else total)
+        assert result.dead_lettered == (total if attempt == 3 else 0)
+        assert result.sink_error == "ConnectionError: event sink unavailable"
     assert await count_rows(engine, "wfe_outbox", status="dead") == total
     assert (await engine.flush_events()).failed == 0  # dead letters are not retried
     sink.failing = False
@@ -187,7 +189,7 @@ async def test_a_failed_event_is_retried_after_its_backoff_not_at_every_flush(
         outbox_retry_max_seconds=3600,
     )
     run = await engine.start("it-linear", {"n": 1})
-    await process_available_jobs(engine.kernel, 20)
+    await process_available_jobs(engine.kernel, 20, flush_outbox_after_job=False)
 
     first = await engine.kernel.dispatch(FlushOutbox())
     assert first.failed == 10 and first.degraded
@@ -266,7 +268,7 @@ async def test_default_settings_ride_out_a_one_minute_outage(make_engine: MakeEn
     sink = ClockedSink(clock, up_at=60.0)
     engine = await make_engine(w.linear, event_sink=sink, clock=clock)  # default settings
     run = await engine.start("it-linear", {"n": 1})
-    await process_available_jobs(engine.kernel, 20)
+    await process_available_jobs(engine.kernel, 20, flush_outbox_after_job=False)
     await flush_like_a_worker(engine, clock, lambda: len(sink.for_run(run.id)) == 10, 400)
     assert await count_rows(engine, "wfe_outbox", status="dead") == 0
     assert [e.seq for e in sink.events] == list(range(1, 11))
@@ -283,7 +285,7 @@ async def test_default_settings_dead_letter_after_ten_attempts_and_five_minutes(
     sink = ClockedSink(clock, up_at=None)
     engine = await make_engine(w.linear, event_sink=sink, clock=clock)
     await engine.start("it-linear", {"n": 1})
-    await process_available_jobs(engine.kernel, 20)
+    await process_available_jobs(engine.kernel, 20, flush_outbox_after_job=False)
 
     async def dead() -> int:
         return await count_rows(engine, "wfe_outbox", status="dead")

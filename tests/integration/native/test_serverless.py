@@ -1,18 +1,25 @@
-"""Serverless entry points: drive runs with no WorkerHost, one bounded call at a time."""
+"""Serverless host: a queue consumer and a cron loop written exactly as the seed's examples,
+on SQLite and PostgreSQL, with no WorkerHost."""
 
 from __future__ import annotations
 
-import asyncio
+import json
+import math
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 
 from driver_native import (
     ClaimPending,
+    CreateRun,
+    HandleJobResult,
+    JobMessage,
+    ReleaseJobs,
     _schema,
     handle_job,
+    job_message,
     process_available_jobs,
     run_maintenance_tick,
     run_to_completion,
@@ -21,147 +28,295 @@ from driver_native._engine import NativeEngine
 from engine_port import MemorySink
 
 from . import workflows as w
-from .conftest import MakeEngine, types
+from .conftest import MakeEngine, eventually, types
+
+SEED_TICK_KEYS = {
+    "claimed",
+    "suspendedChecked",
+    "staleReleased",
+    "eventsFlushed",
+    "stuckReaped",
+    "purged",
+    "eventsFailed",
+    "eventsDeadLettered",
+    "eventSinkStatus",
+    "eventSinkError",
+}
 
 
-async def _job_ids(engine: NativeEngine, run_id: str) -> list[int]:
-    def q(conn: sa.Connection) -> list[int]:
+async def _jobs_of(engine: NativeEngine, run_id: str) -> list[Any]:
+    def q(conn: sa.Connection) -> list[Any]:
         t = _schema.jobs
-        return [
-            int(i) for i in conn.execute(sa.select(t.c.id).where(t.c.run_id == run_id)).scalars()
-        ]
+        return list(conn.execute(sa.select(t).where(t.c.run_id == run_id).order_by(t.c.id)))
 
     return await engine.kernel.db.tx(q)
 
 
-async def test_process_and_maintenance_drive_runs_without_a_worker(
-    make_engine: MakeEngine,
-) -> None:
+@dataclass
+class Msg:
+    """A message of a push queue (Cloudflare Queues / SQS): a body, acked or retried."""
+
+    id: int
+    body: Any
+    visible_at: float = 0.0
+
+
+@dataclass
+class FakeQueue:
+    """At-least-once delivery with ``retry(delay_seconds)`` re-delivery, like the seed's."""
+
+    messages: list[Msg] = field(default_factory=list)
+    acked: list[tuple[Any, HandleJobResult]] = field(default_factory=list)
+    retried: list[tuple[Any, HandleJobResult, int]] = field(default_factory=list)
+    _ids: int = 0
+
+    def send(self, body: Any, delay_seconds: float = 0.0) -> None:
+        self._ids += 1
+        self.messages.append(Msg(self._ids, body, time.monotonic() + delay_seconds))
+
+    def batch(self) -> list[Msg]:
+        now = time.monotonic()
+        due = [m for m in self.messages if m.visible_at <= now]
+        self.messages = [m for m in self.messages if m.visible_at > now]
+        return due
+
+
+async def _consume(engine: NativeEngine, queue: FakeQueue) -> None:
+    """The seed's queue handler, in Python: ack / retry with the returned delay / ack dead."""
+    for msg in queue.batch():
+        result = await handle_job(engine.kernel, msg.body)
+        if result.outcome in ("completed", "suspended"):
+            queue.acked.append((msg.body, result))
+        elif result.will_retry and not result.dead:
+            delay = math.ceil((result.retry_delay_ms or 0) / 1000)
+            queue.retried.append((msg.body, result, delay))
+            queue.send(msg.body, delay_seconds=delay)
+        else:  # terminal, or dead: already failed and acknowledged
+            queue.acked.append((msg.body, result))
+        # the producer side: every job the outcome made due becomes a message
+        for job_id in result.ready_job_ids:
+            queue.send(JobMessage(job_id=job_id).model_dump(by_alias=True))
+
+
+async def test_queue_consumer_acks_retries_and_acks_dead(make_engine: MakeEngine) -> None:
+    sink = MemorySink()
+    engine = await make_engine(w.linear, w.flaky, event_sink=sink)
+    queue = FakeQueue()
+    ok = await engine.start("it-linear", {"n": 1})
+    bad = await engine.start("it-flaky", {"n": 1})
+    for run in (ok, bad):
+        for job in await _jobs_of(engine, run.id):
+            # the seed's message, as JSON with camelCase keys
+            queue.send(job_message(job).model_dump_json(by_alias=True))
+    queue.send({"jobId": "not a number"})  # malformed: acked as dead, never retried
+    queue.send({"job_id": 99_999})  # an orphan: acked as dead
+
+    async def drained() -> bool:
+        await _consume(engine, queue)
+        return not queue.messages
+
+    await eventually(drained, timeout=20, interval=0.05)
+    assert (await engine.get_run(ok.id)).status == "completed"
+    failed = await engine.get_run(bad.id)
+    assert failed.status == "failed" and failed.stage("first").status == "compensated"
+
+    # boom failed once with attempts left: retried after its backoff (1 s), then failed for
+    # good and acked; nothing else was retried
+    ((_, retry, delay),) = queue.retried
+    assert (retry.outcome, retry.will_retry, retry.dead) == ("failed", True, False)
+    assert (retry.stage_id, retry.attempt, retry.max_attempts, delay) == ("boom", 1, 2, 1)
+    assert retry.error is not None
+    results = [r for _, r in queue.acked]
+    final = [r for r in results if r.stage_id == "boom"]
+    assert [(r.outcome, r.will_retry, r.dead, r.attempt) for r in final] == [
+        ("failed", False, False, 2)
+    ]
+    dead = [r for r in results if r.dead]
+    assert sorted(r.detail for r in dead) == ["gone", "malformed"]
+    assert all(r.outcome == "failed" and not r.will_retry for r in dead)
+    assert "jobId" in (dead[0].error or "") + (dead[1].error or "")
+    completed = [r for r in results if r.outcome == "completed"]
+    assert sorted((r.kind, r.stage_id) for r in completed) == [
+        ("compensate", "*"),  # the run's compensation job
+        ("stage", "a"),
+        ("stage", "b"),
+        ("stage", "c"),
+        ("stage", "first"),
+    ]
+    # flushOutboxAfterJob: the last job's events reached the sink with no maintenance tick
+    assert types(sink.for_run(ok.id))[-1] == "run.completed"
+    assert types(sink.for_run(bad.id))[-1] == "run.failed"
+    # the seed's camelCase keys
+    assert set(retry.model_dump(by_alias=True)) >= {
+        "outcome",
+        "error",
+        "dead",
+        "willRetry",
+        "attempt",
+        "maxAttempts",
+        "retryDelayMs",
+    }
+
+
+async def test_handle_job_busy_stale_and_claimed(make_engine: MakeEngine) -> None:
+    engine = await make_engine(w.linear)
+    k = engine.kernel
+    run = await engine.start("it-linear", {"n": 1})
+    (job,) = await _jobs_of(engine, run.id)
+    # a message whose ids contradict the row is dead, and runs nothing
+    stale = await handle_job(k, {"jobId": job.id, "workflowRunId": "someone-else"})
+    assert (stale.dead, stale.detail) == (True, "mismatch") and w.COUNTS["a"] == 0
+    (claimed,) = await k.dispatch(ClaimPending("other-fn", limit=1))
+    busy = await handle_job(k, {"jobId": job.id})
+    # leased elsewhere: re-deliver when that lease ends (never lost, never run twice)
+    assert (busy.outcome, busy.will_retry, busy.dead, busy.detail) == (
+        "failed",
+        True,
+        False,
+        "busy",
+    )
+    assert busy.retry_delay_ms is not None and busy.retry_delay_ms > 0 and not busy.ack
+    assert w.COUNTS["a"] == 0
+    done = await handle_job(k, claimed)  # a claimed job runs under its own lease
+    assert done.outcome == "completed" and done.ack and w.COUNTS["a"] == 1
+    again = await handle_job(k, job_message(claimed))  # a duplicate delivery
+    assert (again.dead, again.detail, again.ack) == (True, "gone", True) and w.COUNTS["a"] == 1
+
+
+async def test_cron_loop_drives_runs_and_reports_the_seed_keys(make_engine: MakeEngine) -> None:
     sink = MemorySink()
     engine = await make_engine(w.linear, w.napper, event_sink=sink)
     k = engine.kernel
-    runs = [await engine.start("it-linear", {"n": i}) for i in range(3)]
-    nap = await engine.start("it-napper", {"n": 1500})
-    outcomes: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        outcomes += await process_available_jobs(k, 4)
-        tick = await run_maintenance_tick(k)
-        assert set(tick) >= {"reapedLeases", "woken", "flush", "degraded", "reapedRuns"}
+    runs = [await engine.start("it-linear", {"n": i}) for i in range(2)]
+    nap = await engine.start("it-napper", {"n": 300})
+    processed = succeeded = 0
+    ticks: list[dict[str, Any]] = []
+
+    async def scheduled() -> bool:  # the seed's cron handler, plus a poll for jobs
+        nonlocal processed, succeeded
+        jobs = await process_available_jobs(k)  # max_jobs defaults to 1
+        assert jobs.processed <= 1
+        processed += jobs.processed
+        succeeded += jobs.succeeded
+        ticks.append((await run_maintenance_tick(k)).model_dump(by_alias=True))
         infos = [await engine.get_run(r.id) for r in [*runs, nap]]
-        if all(i.status == "completed" for i in infos):
-            break
-    assert [i.status for i in infos] == ["completed"] * 4
-    assert [o["outcome"] for o in outcomes].count("completed") == 10
-    suspended = [o for o in outcomes if o["outcome"] == "suspended"]
-    # a loaded machine may spend a few hundred ms between the sleep and the outcome: the nap is
-    # long enough that the reported delay is still in the future
-    assert len(suspended) == 1 and 0 < suspended[0]["retryDelayMs"] <= 1500
-    assert all(not o["willRetry"] and not o["dead"] for o in outcomes)
-    await run_maintenance_tick(k)  # flush what the last jobs wrote
-    for r in runs:
-        assert types(sink.for_run(r.id))[-2:] == ["it.done", "run.completed"]
-    assert types(sink.for_run(nap.id), "nap") == [
-        "stage.started",
-        "stage.suspended",
-        "stage.completed",
-    ]
-    assert w.COUNTS["a"] == w.COUNTS["b"] == w.COUNTS["c"] == 3
+        return all(i.status == "completed" for i in infos)
+
+    await eventually(scheduled, timeout=20, interval=0.05)
+    assert processed == succeeded == 2 * 3 + 2  # the nap's stage ran twice: suspend, resume
+    assert all(set(t) == SEED_TICK_KEYS for t in ticks)
+    assert sum(t["suspendedChecked"] for t in ticks) == 1
+    assert all(t["eventSinkStatus"] == "healthy" and t["claimed"] == 0 for t in ticks)
+    assert sum(t["eventsFlushed"] for t in ticks) + len(ticks) > 0
+    assert types(sink.for_run(nap.id))[-1] == "run.completed"
+    batch = await process_available_jobs(k, max_jobs=5)
+    assert batch.model_dump(by_alias=True, exclude={"results"}) == {
+        "processed": 0,
+        "succeeded": 0,
+        "failed": 0,
+    }
 
 
-async def test_handle_job_messages_and_outcomes(make_engine: MakeEngine) -> None:
-    engine = await make_engine(w.flaky)
-    k = engine.kernel
-    run = await engine.start("it-flaky", {"n": 1})
-    (first_job,) = await _job_ids(engine, run.id)
-    out = await handle_job(k, {"job_id": first_job})
-    assert out["outcome"] == "completed" and out["stage"] == "first" and out["runId"] == run.id
-    (boom_job,) = out["readyJobIds"]
-    # leased elsewhere: reported busy, nothing runs
-    (claimed,) = await k.dispatch(ClaimPending("other-fn", limit=1))
-    busy = await handle_job(k, {"job_id": boom_job})
-    assert busy["outcome"] == "busy"
-    assert w.COUNTS["boom"] == 0
-    out = await handle_job(k, claimed)  # a claimed job runs under its own lease
-    assert out["outcome"] == "retrying" and out["willRetry"] and not out["dead"]
-    assert 0 < out["retryDelayMs"] <= 1000  # the backoff, not yet elapsed on a slow machine
-    early = await handle_job(k, {"job_id": boom_job})
-    assert early["outcome"] == "not_due" and early["retryDelayMs"] > 0
-    assert w.COUNTS["boom"] == 1
-    deadline = time.monotonic() + 5
-    while (out := await handle_job(k, {"job_id": boom_job}))["outcome"] == "not_due":
-        assert time.monotonic() < deadline
-        await asyncio.sleep(out["retryDelayMs"] / 1000)
-    assert out["outcome"] == "failed" and out["dead"] and not out["willRetry"]
-    assert out["retryDelayMs"] is None
-    (comp_job,) = out["readyJobIds"]
-    comp = await handle_job(k, {"job_id": comp_job})
-    assert comp["outcome"] == "compensated" and comp["kind"] == "compensate"
-    info = await engine.get_run(run.id)
-    assert info.status == "failed" and info.stage("first").status == "compensated"
-    gone = await handle_job(k, {"job_id": 987654})
-    assert gone["outcome"] == "gone"
-    with pytest.raises(ValueError):
-        await handle_job(k, {"job": 1})
-
-
-async def test_run_to_completion_statuses(make_engine: MakeEngine) -> None:
-    engine = await make_engine(w.linear, w.waiter, w.flaky, w.napper)
-    k = engine.kernel
+async def test_tick_reports_a_failing_sink_and_disjoint_dead_letters(
+    make_engine: MakeEngine,
+) -> None:
+    sink = MemorySink()
+    sink.failing = True
+    engine = await make_engine(
+        w.linear,
+        event_sink=sink,
+        dead_letter_after=2,
+        outbox_dead_letter_min_seconds=0,
+        outbox_retry_initial_seconds=0,
+        outbox_retry_max_seconds=0,
+    )
     run = await engine.start("it-linear", {"n": 1})
-    res = await run_to_completion(k, run.id, timeout=10)
-    assert (res["status"], res["jobs"], res["foreign_jobs"]) == ("completed", 3, 0)
-    assert res["run"]["output"] == {"result": 5} and res["run"]["status"] == "completed"
-
-    # waits for a signal: suspended at once, not after the timeout
-    waiting = await engine.start("it-waiter", {"n": 1})
-    t0 = time.monotonic()
-    res = await run_to_completion(k, waiting.id, timeout=5)
-    assert res["status"] == "suspended" and res["jobs"] == 2
-    assert time.monotonic() - t0 < 2
-    assert res["run"]["stages"][1]["waiting_for"] == "signal:go"
-    await engine.signal(waiting.id, "go", {"ok": True})
-    res = await run_to_completion(k, waiting.id, timeout=5)
-    assert res["status"] == "completed" and res["run"]["output"] == {"got": {"ok": True}}
-
-    # a sleep beyond the timeout: suspended; a short one: slept through
-    sleeper = await engine.start("it-napper", {"n": 60_000})
-    res = await run_to_completion(k, sleeper.id, timeout=1)
-    assert res["status"] == "suspended"
-    quick = await engine.start("it-napper", {"n": 150})
-    res = await run_to_completion(k, quick.id, timeout=5)
-    assert res["status"] == "completed" and res["jobs"] == 2
-
-    # failure (with retries and compensation) and cancellation
-    failing = await engine.start("it-flaky", {"n": 1})
-    res = await run_to_completion(k, failing.id, timeout=10)
-    assert res["status"] == "failed" and res["run"]["error"]["type"] == "RuntimeError"
-    assert w.COUNTS["boom"] == 2 and w.COUNTS["undo_first"] == 1
-    cancelled = await engine.start("it-waiter", {"n": 2})
-    assert (await run_to_completion(k, cancelled.id, timeout=5))["status"] == "suspended"
-    await engine.cancel(cancelled.id)
-    res = await run_to_completion(k, cancelled.id, timeout=5)
-    assert res["status"] == "cancelled" and res["jobs"] == 1  # the compensation job
-
-    # budget exhausted
-    partial = await engine.start("it-linear", {"n": 1})
-    res = await run_to_completion(k, partial.id, max_jobs=1)
-    assert res["status"] == "incomplete" and res["jobs"] == 1 and "max_jobs" in res["reason"]
+    first = await run_maintenance_tick(engine.kernel)
+    assert first.event_sink_status == "degraded"
+    assert first.event_sink_error is not None and "sink" in first.event_sink_error.lower()
+    assert (first.events_failed, first.events_dead_lettered, first.events_flushed) == (1, 0, 0)
+    second = await run_maintenance_tick(engine.kernel)
+    # the second refusal exhausts the budget: dead-lettered, not counted as failed too
+    assert (second.events_failed, second.events_dead_lettered) == (0, 1)
+    assert second.event_sink_status == "degraded"
+    sink.failing = False
+    assert await engine.replay_dlq() == 1
+    third = await run_maintenance_tick(engine.kernel)
+    assert (third.events_flushed, third.event_sink_status, third.event_sink_error) == (
+        1,
+        "healthy",
+        None,
+    )
+    assert types(sink.for_run(run.id)) == ["run.created"]
 
 
-async def test_run_to_completion_counts_foreign_jobs(make_engine: MakeEngine) -> None:
-    engine = await make_engine(w.linear, w.napper)
+async def test_run_to_completion_creates_and_never_waits(make_engine: MakeEngine) -> None:
+    engine = await make_engine(w.linear, w.waiter, w.flaky)
+    k = engine.kernel
+    command = CreateRun("it-linear", {"n": 1}, idempotency_key="checkout:1")
+    res = await run_to_completion(k, command)
+    assert (res.outcome, res.status, res.output) == ("completed", "completed", {"result": 5})
+    assert (res.jobs_processed, res.foreign_jobs_processed, res.created) == (3, 0, True)
+    again = await run_to_completion(k, command)  # idempotent: the same run, no more work
+    assert again.workflow_run_id == res.workflow_run_id and not again.created
+    assert (again.outcome, again.jobs_processed, again.output) == ("completed", 0, {"result": 5})
+    assert set(res.model_dump(by_alias=True)) >= {
+        "workflowRunId",
+        "status",
+        "outcome",
+        "output",
+        "reason",
+        "jobsProcessed",
+        "foreignJobsProcessed",
+        "suspendedStageId",
+    }
+
+    parked = await run_to_completion(k, CreateRun("it-waiter", {"n": 1}))
+    assert (parked.outcome, parked.suspended_stage_id, parked.jobs_processed) == (
+        "suspended",
+        "wait_go",
+        2,
+    )
+    # a retry backoff is not waited for: incomplete, with the reason
+    retrying = await run_to_completion(k, CreateRun("it-flaky", {"n": 1}))
+    assert retrying.outcome == "incomplete" and "boom" in (retrying.reason or "")
+    assert w.COUNTS["boom"] == 1
+    assert "due again in" in (retrying.reason or "")  # the 1 s backoff was not awaited
+    fatal = await run_to_completion(k, CreateRun("it-flaky", {"n": 2, "note": "fatal"}))
+    assert fatal.outcome == "failed" and "boom is fatal" in (fatal.reason or "")
+    partial = await run_to_completion(k, CreateRun("it-linear", {"n": 2}), max_jobs=1)
+    assert partial.outcome == "incomplete" and "max_jobs" in (partial.reason or "")
+    assert partial.jobs_processed == 1
+
+
+async def test_run_to_completion_helps_while_its_job_is_held(make_engine: MakeEngine) -> None:
+    engine = await make_engine(w.linear)
     k = engine.kernel
     other = await engine.start("it-linear", {"n": 1})
-    mine = await engine.start("it-napper", {"n": 3000})
-    res = await run_to_completion(k, mine.id, timeout=20)
-    # while its own stage slept, the invocation ran the other run's three stages (the nap is
-    # long enough for three jobs on a loaded machine: 400 ms was not, once, on CI)
-    assert (res["status"], res["jobs"], res["foreign_jobs"]) == ("completed", 2, 3)
-    assert (await engine.get_run(other.id)).status == "completed"
-    # only this run's jobs when it has work of its own
-    third = await engine.start("it-linear", {"n": 2})
-    fourth = await engine.start("it-linear", {"n": 3})
-    res = await run_to_completion(k, fourth.id, timeout=10)
-    assert (res["status"], res["jobs"], res["foreign_jobs"]) == ("completed", 3, 0)
-    assert (await engine.get_run(third.id)).status == "pending"
+    mine = CreateRun("it-linear", {"n": 2}, idempotency_key="mine")
+    run_id, _ = await k.dispatch(mine)
+    # another worker holds this run's first job: the call runs foreign jobs for a few rounds
+    # (never waits for the lease) and reports incomplete
+    held = await k.dispatch(ClaimPending("elsewhere", limit=5))
+    assert run_id in {j.run_id for j in held}
+    for j in held:
+        if j.run_id != run_id:
+            await k.dispatch(ReleaseJobs((int(j.id),), "elsewhere"))
+    res = await run_to_completion(k, mine, max_claim_rounds=2)
+    assert res.outcome == "incomplete" and "max_claim_rounds" in (res.reason or "")
+    assert res.foreign_jobs_processed == 2 and res.jobs_processed == 2
+    assert (await engine.get_run(other.id)).stage("b").status == "completed"
+
+
+async def test_tick_applies_retention(make_engine: MakeEngine) -> None:
+    engine = await make_engine(w.linear, retention=0.2)
+    res = await run_to_completion(engine.kernel, CreateRun("it-linear", {"n": 1}))
+    assert res.outcome == "completed"
+
+    async def purged() -> bool:
+        return (await run_maintenance_tick(engine.kernel)).purged == 1
+
+    await eventually(purged, timeout=5, interval=0.05)
+    assert await engine.list_runs() == []
+    payload = json.dumps((await run_maintenance_tick(engine.kernel)).model_dump(by_alias=True))
+    assert '"purged": 0' in payload

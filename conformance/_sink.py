@@ -1,0 +1,75 @@
+"""Scenario: a failing event sink and the flush result (issue 16: one model on every driver)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_port import FlushResult, MemorySink, Registry, StageContext, Workflow
+
+from ._harness import Harness, eventually, unique_id, wait_for_events
+from ._models import Num
+
+__all__ = ["EventSinkContract"]
+
+# a refused event is retried at once and dead-lettered after its second refusal, so a run's
+# events go through both states while the sink is down
+SINK_SETTINGS: dict[str, Any] = {
+    "dead_letter_after": 2,
+    "outbox_dead_letter_min_seconds": 0.0,
+    "outbox_retry_initial_seconds": 0.0,
+    "outbox_retry_max_seconds": 0.0,
+}
+
+
+def _check(result: FlushResult) -> None:
+    assert min(result.published, result.failed, result.dead_lettered) >= 0, result
+    if result.failed or result.dead_lettered:
+        assert result.sink_status == "degraded", result
+        assert result.sink_error and "event sink unavailable" in result.sink_error, result
+    if result.sink_status == "healthy":
+        assert result.sink_error is None, result
+
+
+class EventSinkContract:
+    async def test_s17_failing_sink_degrades_and_dead_letters_then_replays(
+        self, harness: Harness
+    ) -> None:
+        wf = Workflow(unique_id("s17"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> int:
+            return ctx.input.n + 1
+
+        sink = MemorySink()
+        sink.failing = True
+        seen: list[FlushResult] = []
+        async with harness.engine(Registry([wf]), sink, **SINK_SETTINGS) as engine:
+            async with engine.worker():
+                run = await engine.start(wf.id, {"n": 1})
+                assert (await engine.wait(run.id, timeout=30)).status == "completed"
+
+                async def refused() -> bool:
+                    # the flush result says the sink is degraded, with the sink's error; a
+                    # dead letter is never counted as failed too (checked per result)
+                    result = await engine.flush_events()
+                    _check(result)
+                    seen.append(result)
+                    return any(r.failed or r.dead_lettered for r in seen)
+
+                await eventually(refused, timeout=30, what="a flush that reports the refusal")
+
+                sink.failing = False
+                assert sink.for_run(run.id) == []
+
+                async def recovered() -> bool:
+                    # refused events come back: retried ones by a flush, dead letters by replay
+                    _check(await engine.flush_events())
+                    await engine.replay_dlq()
+                    return any(e.type == "run.completed" for e in sink.for_run(run.id))
+
+                await eventually(recovered, timeout=30, what="delivery after the sink recovers")
+                events = await wait_for_events(sink, run.id, "run.completed", timeout=30)
+            assert [e.seq for e in events] == sorted({e.seq for e in events})
+            final = await engine.flush_events()
+            _check(final)
+            assert final.sink_status == "healthy" and final.sink_error is None

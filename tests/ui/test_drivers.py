@@ -1,0 +1,85 @@
+"""The same pages and actions on native-PostgreSQL and on the Temporal driver (the browser
+test covers native-SQLite): the web view only uses the port, so a run reads the same."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from engine_port import EngineSettings, create_engine
+from engine_port._demo import build_demo
+from tests.support.databases import PostgresSession
+from tests.ui.runs import DemoRuns, drive_demo, wait_status
+from wfe_ui import create_app
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("temporal", marks=pytest.mark.temporal),
+    ]
+)
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> EngineSettings:
+    if request.param == "postgres":
+        session: PostgresSession = request.getfixturevalue("pg_session")
+        return EngineSettings(database_url=session.new_schema())
+    server: Any = request.getfixturevalue("temporal_server")
+    return EngineSettings(
+        driver="temporal",
+        temporal_address=server.address,
+        task_queue=f"ui-{uuid.uuid4().hex[:10]}",
+        blob_url=f"file://{tmp_path / 'blobs'}",
+    )
+
+
+def check_pages(settings: EngineSettings, runs: DemoRuns) -> None:
+    """Every page, then signal and cancel, through a view with its own engine (as `wfe ui`
+    in another process would be), while the test's worker runs the runs."""
+    app = create_app(create_engine(settings, build_demo()), allow_actions=True)
+    with TestClient(app) as client:
+        listing = client.get("/runs").text
+        for run_id in (runs.completed, runs.failed, runs.waiting):
+            assert run_id in listing
+        assert runs.waiting in client.get("/runs", params={"q": "order-C-3"}).text
+        failed = client.get(f"/runs/{runs.failed}").text
+        assert 'data-stage="ship" data-status="failed"' in failed
+        assert 'data-stage="reserve" data-status="compensated"' in failed
+        assert "the carrier rejected the parcel" in failed
+        waiting = client.get(f"/runs/{runs.waiting}").text
+        assert re.search(r"<strong>signal</strong> <span class=\"mono\">approval</span>", waiting)
+        assert "demo-order" in client.get("/versions").text
+        assert client.get("/outbox").status_code == 200
+        token = re.search(r'name="csrf" value="([^"]+)"', waiting)
+        assert token
+        sent = client.post(
+            f"/runs/{runs.waiting}/signal",
+            data={"name": "approval", "payload": "{}", "csrf": token.group(1)},
+        )
+        assert "Signal delivered to the step waiting for it." in sent.text
+
+
+async def test_the_view_on_postgres_and_temporal(settings: EngineSettings) -> None:
+    async with create_engine(settings, build_demo()) as engine, engine.worker():
+        runs = await drive_demo(engine)
+        await asyncio.to_thread(check_pages, settings, runs)
+        done = await engine.wait(runs.waiting, timeout=30)
+        assert done.status == "completed"
+        extra = await engine.start("demo-order", {"order_id": "D-4", "total": 1.0})
+        await wait_status(engine, extra.id, "suspended")
+
+        def cancel() -> str:
+            app = create_app(create_engine(settings, build_demo()), allow_actions=True)
+            with TestClient(app) as client:
+                page = client.get(f"/runs/{extra.id}").text
+                token = re.search(r'name="csrf" value="([^"]+)"', page)
+                assert token
+                return client.post(f"/runs/{extra.id}/cancel", data={"csrf": token.group(1)}).text
+
+        assert "Run cancelled" in await asyncio.to_thread(cancel)
+        assert (await engine.wait(extra.id, timeout=30)).status == "cancelled"

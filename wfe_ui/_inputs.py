@@ -1,0 +1,159 @@
+"""Validation of every value a request brings: path parts, query filters and form fields.
+
+Anything outside these rules is refused with :class:`BadRequestError` (HTTP 400) before the
+engine is asked; the engine checks its own limits again."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from engine_port import RunStatus
+from engine_port.errors import InvalidInputError
+
+__all__ = [
+    "LIMITS",
+    "REFRESH_SECONDS",
+    "BadRequestError",
+    "RunFilter",
+    "check_name",
+    "check_run_id",
+    "parse_payload",
+    "parse_run_filter",
+]
+
+LIMITS = (20, 50, 100, 200)
+REFRESH_SECONDS = (0, 2, 5, 10, 30)
+_TEXT = re.compile(r"^[^\x00-\x1f\x7f]+$")
+_DURATION = re.compile(r"^(\d{1,6})([smhd])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class BadRequestError(InvalidInputError):
+    """A request value the web view refuses (answered with HTTP 400 and this message)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(None, detail)
+
+
+def _text(value: str, field: str, limit: int) -> str:
+    if len(value) > limit or not _TEXT.match(value):
+        raise BadRequestError(
+            f"{field} must be 1 to {limit} printable characters (no control characters)"
+        )
+    return value
+
+
+def check_run_id(value: str) -> str:
+    return _text(value, "the run id", 64)
+
+
+def check_name(value: str, field: str, limit: int = 200) -> str:
+    return _text(value, field, limit)
+
+
+def _int_choice(raw: str | None, field: str, choices: tuple[int, ...], default: int) -> int:
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or int(raw) not in choices:
+        raise BadRequestError(f"{field} must be one of {', '.join(map(str, choices))}")
+    return int(raw)
+
+
+def refresh_seconds(raw: str | None, default: int) -> int:
+    return _int_choice(raw, "refresh", REFRESH_SECONDS, default)
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """The runs list's filters, all optional."""
+
+    workflow: str | None = None
+    statuses: tuple[RunStatus, ...] = ()
+    version: str | None = None
+    since: str | None = None
+    since_seconds: int | None = None
+    q: str | None = None
+    limit: int = 50
+    refresh: int = 10
+    after: str | None = None  # page cursor given by the previous page (drivers that page)
+
+    def query(self, **override: Any) -> dict[str, Any]:
+        """The filter as query parameters (for links that keep it)."""
+        values: dict[str, Any] = {
+            "workflow": self.workflow,
+            "status": [s.value for s in self.statuses],
+            "version": self.version,
+            "since": self.since,
+            "q": self.q,
+            "limit": self.limit,
+            "refresh": self.refresh,
+            "after": self.after,
+        }
+        values.update(override)
+        return {k: v for k, v in values.items() if v not in (None, "", [])}
+
+    @property
+    def since_delta(self) -> timedelta | None:
+        return None if self.since_seconds is None else timedelta(seconds=self.since_seconds)
+
+
+def parse_run_filter(params: Any) -> RunFilter:
+    """Read the runs list's query parameters (a Starlette ``QueryParams``)."""
+
+    def one(name: str, limit: int) -> str | None:
+        raw = params.get(name)
+        if raw is None or raw.strip() == "":
+            return None
+        return _text(raw.strip(), name, limit)
+
+    valid = [s.value for s in RunStatus]
+    statuses = []
+    for raw in params.getlist("status"):
+        if raw == "":
+            continue
+        if raw not in valid:
+            raise BadRequestError(f"status must be one of {', '.join(valid)}")
+        statuses.append(RunStatus(raw))
+    since = one("since", 10)
+    since_seconds = None
+    if since is not None:
+        m = _DURATION.match(since)
+        if m is None:
+            raise BadRequestError("since must be a number and a unit: 30m, 12h, 7d")
+        since_seconds = int(m.group(1)) * _UNIT[m.group(2)]
+    return RunFilter(
+        workflow=one("workflow", 200),
+        statuses=tuple(dict.fromkeys(statuses)),
+        version=one("version", 100),
+        since=since,
+        since_seconds=since_seconds,
+        q=one("q", 300),
+        limit=_int_choice(params.get("limit"), "limit", LIMITS, 50),
+        refresh=refresh_seconds(params.get("refresh"), 10),
+        after=_cursor(params.get("after")),
+    )
+
+
+_CURSOR = re.compile(r"^[0-9.e+-]{1,30}~[^\x00-\x1f\x7f]{1,64}$")
+
+
+def _cursor(raw: str | None) -> str | None:
+    if raw is None or raw == "":
+        return None
+    if not _CURSOR.match(raw):
+        raise BadRequestError("after must be the page cursor an 'Older runs' link gave")
+    return raw
+
+
+def parse_payload(raw: str) -> Any:
+    """A signal payload typed in a form: JSON, empty meaning null."""
+    if raw.strip() == "":
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BadRequestError(f'the payload is not JSON ({exc}); e.g. {{"ok": true}}') from None
