@@ -19,6 +19,7 @@ from ._harness import (
     wait_for_events,
 )
 from ._hostile import HostileDataContract
+from ._listing import ListingContract
 from ._migrate import MigrationContract
 from ._parallel import ParallelFailureContract
 from ._parallel_signals import ParallelSignalContract
@@ -43,6 +44,7 @@ __all__ = [
     "HookContract",
     "HostileDataContract",
     "IdempotencyContract",
+    "ListingContract",
     "MigrationContract",
     "ParallelFailureContract",
     "ParallelSignalContract",
@@ -82,5 +84,6 @@ class AllContracts(
     BlindSpotContract,
     HostileDataContract,
     EventSinkContract,
+    ListingContract,
 ):
     """Every scenario of the contract."""

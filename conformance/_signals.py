@@ -17,6 +17,7 @@ from engine_port.errors import (
     RunNotActiveError,
     RunNotFoundError,
     StepTimeoutError,
+    UnknownSignalError,
 )
 
 from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
@@ -313,6 +314,41 @@ class SignalContract:
                 await engine.get_run("no-such-run")
             with pytest.raises(RunNotFoundError):
                 await engine.cancel("no-such-run")
+
+    async def test_signal_name_no_stage_waits_for(self, harness: Harness) -> None:
+        """A version whose stages declare their signals refuses any other name, before
+        anything is queued; one that declares none takes every name (buffered)."""
+        wf = Workflow(unique_id("sig-declared"), input=Num)
+
+        @wf.stage(signals=["go"], retry=Retry(max_attempts=1))
+        async def w(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("go")
+
+        open_wf = Workflow(unique_id("sig-open"), input=Num)
+
+        @open_wf.stage(retry=Retry(max_attempts=1))
+        async def v(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("go")
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf, open_wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await wait_for_events(sink, run.id, "stage.suspended")
+            with pytest.raises(UnknownSignalError) as refused:
+                await engine.signal(run.id, "og", {"n": 1})
+            assert refused.value.known == ["go"] and refused.value.name == "og"
+            assert "'go'" in str(refused.value)
+            assert (await engine.get_run(run.id)).status == RunStatus.SUSPENDED
+            await engine.signal(run.id, "go", {"n": 2})
+            info = await engine.wait(run.id, timeout=60)
+            assert info.output == {"n": 2}  # the refused payload was never queued
+
+            other = await engine.start(open_wf.id, {})
+            await wait_for_events(sink, other.id, "stage.suspended")
+            extra = await engine.signal(other.id, "anything", {"n": 3})
+            assert extra.delivered is False
+            await engine.signal(other.id, "go", {"n": 4})
+            assert (await engine.wait(other.id, timeout=60)).output == {"n": 4}
 
     async def test_s9_wait_timeout(self, harness: Harness, tmp_path: Path) -> None:
         log = ExecutionLog(tmp_path / "log")

@@ -34,6 +34,7 @@ from engine_port import (
 from engine_port.driver import (
     TERMINAL_RUN_STATUSES,
     Clock,
+    StepEntry,
     check_export_target,
     check_run_call,
     check_signal_call,
@@ -245,9 +246,11 @@ class NativeEngine(WorkflowEngine):
         )
         return await self._info(run, stage_rows, graph)
 
-    async def _info(self, run: Any, stage_rows: list[Any], graph: GraphModel | None) -> RunInfo:
+    async def _info(
+        self, run: Any, stage_rows: list[Any], graph: GraphModel | None, *, outputs: bool = True
+    ) -> RunInfo:
         """A RunInfo from a run's row, its stage rows and its definition (spilled values are
-        read from the blob store)."""
+        read from the blob store; with ``outputs=False`` no value is read)."""
         k = self.kernel
         order = (
             {sid: i for i, sid in enumerate(s for g in graph.groups for s in g)} if graph else {}
@@ -259,7 +262,11 @@ class NativeEngine(WorkflowEngine):
                     id=r.stage_id,
                     status=r.status,
                     attempt=r.attempt,
-                    output=await k.claim.load(r.output, run_id=run.id) if r.has_output else None,
+                    output=(
+                        await k.claim.load(r.output, run_id=run.id)
+                        if r.has_output and outputs
+                        else None
+                    ),
                     error=ErrorInfo.model_validate(r.error) if r.error else None,
                     compensation_error=(
                         ErrorInfo.model_validate(r.compensation_error)
@@ -273,7 +280,7 @@ class NativeEngine(WorkflowEngine):
                 )
             )
         output = None
-        if run.status == RunStatus.COMPLETED and graph is not None:
+        if outputs and run.status == RunStatus.COMPLETED and graph is not None:
             sinks = graph.sinks()
             if len(sinks) == 1:
                 output = await k.claim.load(run.output, run_id=run.id)
@@ -286,7 +293,7 @@ class NativeEngine(WorkflowEngine):
             workflow_id=run.workflow_id,
             version=run.version,
             status=run.status,
-            input=await k.claim.load(run.input, run_id=run.id),
+            input=await k.claim.load(run.input, run_id=run.id) if outputs else None,
             output=output,
             error=ErrorInfo.model_validate(run.error) if run.error else None,
             compensation_errors=[
@@ -307,12 +314,16 @@ class NativeEngine(WorkflowEngine):
         workflow_id: str | None = None,
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
+        id_prefix: str | None = None,
+        outputs: bool = True,
     ) -> list[RunInfo]:
         if workflow_id is not None:
             check_workflow_id(workflow_id)
         statuses = [status] if isinstance(status, str) else list(status or [])
-        found = await self.kernel.db.read(_runs.read_runs, workflow_id, statuses, limit)
-        return [await self._info(run, rows, graph) for run, rows, graph in found]
+        found = await self.kernel.db.read(
+            _runs.read_runs, workflow_id, statuses, limit, None, id_prefix
+        )
+        return [await self._info(run, rows, graph, outputs=outputs) for run, rows, graph in found]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         """Wait for a terminal status: woken at once by this process's workers, and polling
@@ -475,6 +486,14 @@ class NativeEngine(WorkflowEngine):
         page = [await self._info(run, rows, graph) for run, rows, graph in found[:limit]]
         last = found[limit - 1][0] if len(found) > limit else None
         return page, None if last is None else f"{last.created_at!r}~{last.id}"
+
+    async def steps(self, run_id: str) -> list[StepEntry]:
+        """The run's journaled steps (without their results), by stage and name."""
+        check_run_call(run_id)
+        return await self.kernel.db.read(_runs.list_steps, run_id)
+
+    async def dead_letters(self, limit: int = 1000) -> list[Event]:
+        return await self.kernel.db.read(_outbox.load_dead, limit)
 
     async def purge(
         self,

@@ -29,6 +29,7 @@ __all__ = [
     "RetryRule",
     "append_events",
     "count_outbox",
+    "load_dead",
     "load_events",
     "log_dead",
     "mark_flushed",
@@ -314,5 +315,13 @@ def replay_dead(conn: Connection) -> int:
 def load_events(conn: Connection, run_id: str) -> list[Event]:
     rows = conn.execute(
         sa.select(outbox).where(outbox.c.run_id == run_id).order_by(outbox.c.seq)
+    ).all()
+    return [_event(r) for r in rows]
+
+
+def load_dead(conn: Connection, limit: int) -> list[Event]:
+    """Dead-lettered events, oldest first."""
+    rows = conn.execute(
+        sa.select(outbox).where(outbox.c.status == "dead").order_by(outbox.c.id).limit(limit)
     ).all()
     return [_event(r) for r in rows]

@@ -20,7 +20,7 @@ from engine_port import (
     StageStatus,
     VersionInfo,
 )
-from engine_port.driver import TERMINAL_RUN_STATUSES
+from engine_port.driver import TERMINAL_RUN_STATUSES, StepEntry, check_signal_known
 from engine_port.errors import (
     IdempotencyConflictError,
     InvalidRedriveError,
@@ -51,6 +51,7 @@ from ._sql import lock_run, select_where, try_run
 __all__ = [
     "cancel_run",
     "create_run",
+    "list_steps",
     "list_versions",
     "load_graph",
     "purge_runs",
@@ -196,6 +197,7 @@ def signal_run(
     if run.status not in ACTIVE or run.cancel_requested:
         raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
     _refuse_frozen(run, f"signal {name!r}")
+    check_signal_known(load_graph(conn, run.workflow_id, run.version), run_id, name)
     if idempotency_key is not None:
         seen = conn.execute(
             sa.select(signals.c.id).where(
@@ -394,12 +396,15 @@ def read_runs(
     status: Sequence[str] | None,
     limit: int,
     before: tuple[float, str] | None = None,
+    id_prefix: str | None = None,
 ) -> list[tuple[Any, list[Any], GraphModel | None]]:
     """The newest ``limit`` runs (of one workflow, in some statuses; created before the run
     ``before`` = (created_at, id) in this order) as :func:`read_run` gives one: a query for
     the runs, one per 500 of them for their stages, one per definition, in one transaction
     (not a transaction per run, as listing by id and reading each did)."""
     q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+    if id_prefix:
+        q = q.where(runs.c.id.startswith(id_prefix, autoescape=True))
     if before is not None:
         at, run_id = before
         q = q.where(
@@ -525,3 +530,20 @@ def set_drain(
             drains.insert(),
             [{"workflow_id": w, "target": target, "created_at": now} for w in workflow_ids],
         )
+
+
+def list_steps(conn: Connection, run_id: str) -> list[StepEntry]:
+    """The run's journaled steps (no results), by stage and name."""
+    if try_run(conn, run_id, lock=False) is None:
+        raise RunNotFoundError(run_id)
+    rows = conn.execute(
+        sa.select(steps.c.stage_id, steps.c.name, steps.c.kind, steps.c.completed, steps.c.signal)
+        .where(steps.c.run_id == run_id)
+        .order_by(steps.c.stage_id, steps.c.name)
+    ).all()
+    return [
+        StepEntry(
+            stage=r.stage_id, name=r.name, kind=r.kind, completed=bool(r.completed), signal=r.signal
+        )
+        for r in rows
+    ]

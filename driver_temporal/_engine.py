@@ -68,6 +68,7 @@ from engine_port import (
     ClaimCheck,
     Clock,
     EngineSettings,
+    Event,
     EventSink,
     FlushResult,
     Registry,
@@ -87,12 +88,14 @@ from engine_port.driver import (
     check_payload_size,
     check_run_call,
     check_signal_call,
+    check_signal_known,
     check_start_call,
     check_start_input,
     check_version,
     check_workflow_id,
     check_workflow_ids,
     input_fingerprint,
+    served_graph,
     telemetry,
 )
 from engine_port.errors import (
@@ -427,12 +430,16 @@ class TemporalEngine(WorkflowEngine):
         }
 
     # -- reading ------------------------------------------------------------------------------
-    async def _resolve(self, info: dict[str, Any]) -> RunInfo:
+    async def _resolve(self, info: dict[str, Any], *, values: bool = True) -> RunInfo:
         info = dict(info)
         sinks = info.pop("sinks", None) or []
         info.pop("event_seq", None)
         info.pop("run_started", None)
         run_id = str(info.get("id"))
+        if not values:  # a listing: no value is read (nor any blob)
+            info["input"] = None
+            info["stages"] = [{**s, "output": None} for s in info.get("stages") or []]
+            return RunInfo.model_validate(info)
         info["input"] = await self.claim.load(info.get("input"), run_id=run_id)
         stages = []
         outputs: dict[str, Any] = {}
@@ -447,7 +454,9 @@ class TemporalEngine(WorkflowEngine):
             info["output"] = run_output(sinks, outputs)
         return RunInfo.model_validate(info)
 
-    async def _info_from_memo(self, memo: Any, status: WorkflowExecutionStatus | None) -> RunInfo:
+    async def _info_from_memo(
+        self, memo: Any, status: WorkflowExecutionStatus | None, *, values: bool = True
+    ) -> RunInfo:
         info = dict(memo.get("wfe_run") or {})
         if not info:
             raise EngineError("this Temporal workflow was not started by wfe")
@@ -463,7 +472,7 @@ class TemporalEngine(WorkflowEngine):
                 else "EngineError",
                 "message": f"the Temporal execution ended as {status.name if status else '?'}",
             }
-        return await self._resolve(info)
+        return await self._resolve(info, values=values)
 
     async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]:
         handle = self._conn.get_workflow_handle(run_id)
@@ -505,6 +514,8 @@ class TemporalEngine(WorkflowEngine):
         workflow_id: str | None = None,
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
+        id_prefix: str | None = None,
+        outputs: bool = True,
     ) -> list[RunInfo]:
         if workflow_id is not None:
             check_workflow_id(workflow_id)
@@ -520,11 +531,13 @@ class TemporalEngine(WorkflowEngine):
         ]
         if workflow_id is not None:
             clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
+        if id_prefix:
+            clauses.append(f"WorkflowId STARTS_WITH '{_quote(id_prefix)}'")
         out: list[RunInfo] = []
         async for ex in self._conn.list_workflows(" AND ".join(clauses), limit=limit):
             memo = await ex.memo()
             if "wfe_run" in memo:
-                out.append(await self._info_from_memo(memo, ex.status))
+                out.append(await self._info_from_memo(memo, ex.status, values=outputs))
             if len(out) >= limit:
                 break
         return out
@@ -572,6 +585,9 @@ class TemporalEngine(WorkflowEngine):
         info = await self._info_from_memo(memo, status)
         if info.terminal:
             raise RunNotActiveError(run_id, info.status, "signal")
+        check_signal_known(
+            served_graph(self.registry, info.workflow_id, info.version), run_id, name
+        )
         if (memo.get("wfe_run") or {}).get("frozen"):
             raise MigrationError(
                 f"run {run_id!r} is frozen for migration; signal it once the move completed "
@@ -873,6 +889,14 @@ class TemporalEngine(WorkflowEngine):
                 await self.blob_store.delete(k)
             n += len(events)
         return n
+
+    async def dead_letters(self, limit: int = 1000) -> list[Event]:
+        """Dead-lettered events (kept under ``dlq/`` in the BlobStore), per run in order."""
+        keys = sorted(await self.blob_store.list("dlq/"))[:limit]
+        return [
+            Event.model_validate(pydantic_core.from_json(await self.blob_store.get(k)))
+            for k in keys
+        ]
 
 
 def create_temporal_engine(

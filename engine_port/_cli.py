@@ -28,12 +28,15 @@ from rich.table import Table
 
 from ._app import load_registry
 from ._config import load_settings
+from ._engine import WorkflowEngine
 from ._factory import create_engine
+from ._history import attempt_history
 from ._log_format import configure_logging
-from ._models import RunInfo, RunStatus
+from ._models import Event, RunInfo, RunStatus
 from ._registry import Registry
 from ._settings import EngineSettings
 from .errors import (
+    AmbiguousRunIdError,
     CommandInProgressError,
     ConfigurationError,
     DefinitionError,
@@ -46,6 +49,7 @@ from .errors import (
     RunNotActiveError,
     RunNotFoundError,
     SerializationError,
+    UnknownSignalError,
     UnsupportedFeatureError,
     VersionNotServedError,
     WorkflowDrainedError,
@@ -94,7 +98,10 @@ _KINDS: tuple[tuple[tuple[type[EngineError], ...], str], ...] = (
     ),
     ((DriverUnavailableError,), "unavailable"),
     ((ConfigurationError, DefinitionError, UnsupportedFeatureError), "bad_config"),
-    ((InvalidInputError, SerializationError), "bad_input"),
+    (
+        (InvalidInputError, SerializationError, AmbiguousRunIdError, UnknownSignalError),
+        "bad_input",
+    ),
 )
 
 
@@ -126,6 +133,7 @@ AppOpt = Annotated[
 DriverOpt = Annotated[
     str | None, typer.Option("--driver", help="an installed driver: native, temporal, memory, ...")
 ]
+RunIdArg = Annotated[str, typer.Argument(help="a run id, or a unique prefix of one")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (JSON lines for listings)")]
 
 
@@ -163,6 +171,17 @@ def _initialised(settings: EngineSettings) -> None:
                 f"the database at {settings.database_url} {what} (this wfe needs {latest}); "
                 "run 'wfe db upgrade' first"
             )
+
+
+async def _resolve(engine: WorkflowEngine, run_id: str) -> str:
+    """The full id of the run ``run_id`` names: the id itself, or the one run whose id starts
+    with it (listed without reading any value)."""
+    found = [r.id for r in await engine.list_runs(id_prefix=run_id, limit=11, outputs=False)]
+    if run_id in found or not found:
+        return run_id  # exact, or unknown: the command's own call raises RunNotFoundError
+    if len(found) > 1:
+        raise AmbiguousRunIdError(run_id, found)
+    return found[0]
 
 
 def _run(coro: Any) -> Any:
@@ -412,7 +431,9 @@ def runs_cmd(
 
     async def show() -> list[RunInfo]:
         async with create_engine(settings, registry) as engine:
-            runs = await engine.list_runs(workflow_id=workflow, status=statuses, limit=limit)
+            runs = await engine.list_runs(
+                workflow_id=workflow, status=statuses, limit=limit, outputs=False
+            )
         return [
             r
             for r in runs
@@ -445,21 +466,99 @@ def runs_cmd(
 
 
 @app.command("show")
-def show_cmd(run_id: str, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
-    """Show one run (its stages, output and error) as JSON."""
+def show_cmd(
+    run_id: RunIdArg,
+    events: Annotated[
+        bool, typer.Option("--events", help="also the attempt history and the run's events")
+    ] = False,
+    steps: Annotated[bool, typer.Option("--steps", help="also the journaled steps")] = False,
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one run (its stages, output and error) as JSON; with --events its attempts
+    (start, end, outcome, error with traceback) and events, with --steps its journaled steps."""
     settings = _settings(driver)
     _initialised(settings)
 
-    async def show() -> RunInfo:
+    async def show() -> dict[str, Any]:
         async with create_engine(settings, None) as engine:
-            return await engine.get_run(run_id)
+            info = await engine.get_run(await _resolve(engine, run_id))
+            out: dict[str, Any] = {"run": info}
+            if events:
+                found = await _extra(engine, "events", info.id)
+                out["attempts"] = attempt_history(found, info)
+                out["events"] = found
+            if steps:
+                out["steps"] = await _extra(engine, "steps", info.id)
+            return out
 
-    _show_json(_run(show()), as_json)
+    result = _run(show())
+    if not (events or steps):
+        _show_json(result["run"], as_json)
+        return
+    if as_json or not console.is_terminal:
+        _json_line({k: _plain(v) for k, v in result.items()})
+        return
+    _show_json(result["run"], False)
+    if events:
+        _rows(
+            ("stage", "attempt", "started", "ended", "outcome", "error"),
+            [
+                (
+                    a.stage,
+                    str(a.attempt),
+                    _when(a.started_at),
+                    _when(a.ended_at),
+                    a.outcome,
+                    f"{a.error.type}: {a.error.message}" if a.error else "",
+                )
+                for a in result["attempts"]
+            ],
+            title="attempts",
+        )
+        for a in result["attempts"]:
+            if a.error is not None and a.error.traceback:
+                console.print(f"[bold]{a.stage} attempt {a.attempt}[/bold]", highlight=False)
+                console.print(escape(a.error.traceback), highlight=False)
+        _rows(
+            ("seq", "at", "type", "stage", "data"),
+            [
+                (str(e.seq), _when(e.at), e.type, e.stage or "", json.dumps(e.data))
+                for e in result["events"]
+            ],
+            title="events",
+        )
+    if steps:
+        _rows(
+            ("stage", "step", "kind", "completed"),
+            [(x.stage, x.name, x.kind, str(x.completed).lower()) for x in result["steps"]],
+            title="steps",
+        )
+
+
+async def _extra(engine: WorkflowEngine, name: str, run_id: str) -> Any:
+    """A driver's reading beyond the port (the native driver keeps events and steps in its
+    database; Temporal keeps them in the workflow's history)."""
+    method = getattr(engine, name, None)
+    if method is None:
+        raise UnsupportedFeatureError(
+            f"the {engine.driver_name} driver does not keep the run's {name}; read them in the "
+            "workflow's history (Temporal Web UI, or 'temporal workflow show --workflow-id ID')"
+        )
+    return await method(run_id)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 @app.command("signal")
 def signal_cmd(
-    run_id: str,
+    run_id: RunIdArg,
     name: str,
     payload: Annotated[str, typer.Argument(help="the payload as JSON")] = "null",
     driver: DriverOpt = None,
@@ -470,9 +569,11 @@ def signal_cmd(
             help="a repeat of this key in the same run is not queued again",
         ),
     ] = None,
+    app_: AppOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Send a signal to a run (signals of one name queue in arrival order)."""
+    """Send a signal to a run (signals of one name queue in arrival order). A name that no
+    stage of the run's version declares is refused (on Temporal when --app is given)."""
     try:
         value = json.loads(payload)
     except json.JSONDecodeError as exc:
@@ -482,23 +583,26 @@ def signal_cmd(
         raise typer.Exit(EXIT_CODES["bad_input"]) from None
     settings = _settings(driver)
     _initialised(settings)
+    registry = _registry(app_, settings, required=False)
 
     async def send() -> BaseModel:
-        async with create_engine(settings, None) as engine:
-            return await engine.signal(run_id, name, value, idempotency_key=idempotency_key)
+        async with create_engine(settings, registry) as engine:
+            return await engine.signal(
+                await _resolve(engine, run_id), name, value, idempotency_key=idempotency_key
+            )
 
     _show_json(_run(send()), as_json)
 
 
 @app.command("cancel")
-def cancel_cmd(run_id: str, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
+def cancel_cmd(run_id: RunIdArg, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
     """Cancel a run (its completed stages are compensated)."""
     settings = _settings(driver)
     _initialised(settings)
 
     async def cancel() -> RunInfo:
         async with create_engine(settings, None) as engine:
-            return await engine.cancel(run_id)
+            return await engine.cancel(await _resolve(engine, run_id))
 
     info = _run(cancel())
     if as_json:
@@ -509,7 +613,7 @@ def cancel_cmd(run_id: str, driver: DriverOpt = None, as_json: JsonOpt = False) 
 
 @app.command("redrive")
 def redrive_cmd(
-    run_id: str,
+    run_id: RunIdArg,
     from_: Annotated[
         str, typer.Option("--from", help="last_failure, start, or a stage id")
     ] = "last_failure",
@@ -528,7 +632,7 @@ def redrive_cmd(
 
     async def redrive() -> RunInfo:
         async with create_engine(settings, registry) as engine:
-            return await engine.redrive(run_id, from_, version=version)
+            return await engine.redrive(await _resolve(engine, run_id), from_, version=version)
 
     info = _run(redrive())
     if as_json:
@@ -557,6 +661,33 @@ def versions_cmd(app_: AppOpt = None, driver: DriverOpt = None, as_json: JsonOpt
         tuple(found[0].model_dump(mode="json")) if found else ("workflow_id", "version"),
         [tuple(str(x) for x in v.model_dump(mode="json").values()) for v in found],
     )
+
+
+@dlq_app.command("list")
+def dlq_list(
+    limit: Annotated[int, typer.Option(min=1, help="at most this many events")] = 1000,
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Dead-lettered events, oldest first ('wfe dlq replay' queues them again)."""
+    settings = _settings(driver)
+    _initialised(settings)
+
+    async def dead() -> list[Event]:
+        async with create_engine(settings, None) as engine:
+            return await engine.dead_letters(limit)
+
+    found = _run(dead())
+    if as_json:
+        for e in found:
+            _json_line(e)
+        return
+    _rows(
+        ("event", "run", "seq", "type", "stage", "at"),
+        [(e.id, e.run_id, str(e.seq), e.type, e.stage or "", _when(e.at)) for e in found],
+    )
+    if console.is_terminal:
+        console.print(f"{len(found)} dead-lettered event(s)")
 
 
 @dlq_app.command("replay")
@@ -637,10 +768,37 @@ def drain_cmd(
 def conformance_cmd(
     driver: DriverOpt = None,
     keyword: Annotated[str | None, typer.Option("-k", help="pytest -k expression")] = None,
+    containers: Annotated[
+        bool,
+        typer.Option(
+            "--containers",
+            help="run on throwaway PostgreSQL, MinIO and Temporal containers (needs Docker "
+            "and the containers extra)",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Run the conformance suite against the configured engine; print a table per scenario."""
+    """Run the conformance suite against the configured engine in a scratch area of its own
+    (a temporary SQLite file, its own PostgreSQL schema, or its own Temporal task queues,
+    removed afterwards; the configured event sink is not used). Prints a line per scenario
+    (stderr), the failures' assertion messages and a summary line."""
     module = importlib.import_module("conformance._cli")
-    raise typer.Exit(module.run(_settings(driver), keyword, console))
+    settings = _settings(driver)
+    try:  # a Temporal container needs the driver's search attributes
+        attributes = list(importlib.import_module("driver_temporal").SEARCH_ATTRIBUTES)
+    except ImportError:
+        attributes = []
+    with _reported():
+        code = module.run(
+            settings,
+            keyword,
+            console,
+            as_json=as_json,
+            progress=errors,
+            containers=containers,
+            search_attributes=attributes,
+        )
+    raise typer.Exit(code)
 
 
 @dev_app.command("temporal")

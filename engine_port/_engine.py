@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from ._graph import Workflow
-from ._models import FlushResult, RunInfo, RunSnapshot, RunStatus, SignalResult, VersionInfo
+from ._models import Event, FlushResult, RunInfo, RunSnapshot, RunStatus, SignalResult, VersionInfo
 from ._registry import Registry
 from .errors import UnsupportedFeatureError
 
@@ -65,7 +65,13 @@ class WorkflowEngine(abc.ABC):
         workflow_id: str | None = None,
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
-    ) -> list[RunInfo]: ...
+        id_prefix: str | None = None,
+        outputs: bool = True,
+    ) -> list[RunInfo]:
+        """Runs, newest first. ``id_prefix`` keeps the runs whose id starts with it;
+        ``outputs=False`` lists without reading values (``input``, ``output`` and the stages'
+        outputs are None), so a listing never reads the blob store and never fails on a
+        missing blob."""
 
     @abc.abstractmethod
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
@@ -141,3 +147,8 @@ class WorkflowEngine(abc.ABC):
         ago, with everything under them (rows, events, blobs); returns how many. Active runs
         are never touched. The ``retention`` setting makes hosts do this as they go."""
         raise UnsupportedFeatureError(f"the {self.driver_name} driver cannot purge runs")
+
+    async def dead_letters(self, limit: int = 1000) -> list[Event]:
+        """Dead-lettered events (the sink refused them too often), oldest first;
+        :meth:`replay_dlq` queues them again."""
+        raise UnsupportedFeatureError(f"the {self.driver_name} driver keeps no dead letters")

@@ -15,10 +15,18 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
 from ._limits import (
     check_hook_name,
+    check_signal_name,
     check_stage_id,
     check_version,
     check_workflow_id,
@@ -138,6 +146,18 @@ class StageSpec(BaseModel):
     compensable: bool = False
     local: bool = False
     output_schema: dict[str, Any]
+    signals: list[str] = []  # the signal names the stage waits for, when declared
+
+    @model_serializer(mode="wrap")
+    def _drop_undeclared(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        # a stage that declares no signals serialises as before: its workflow keeps its
+        # structural version (and stored definitions their JSON)
+        data: dict[str, Any] = handler(self)
+        if not self.signals:
+            data.pop("signals", None)
+        return data
 
 
 class GraphModel(BaseModel):
@@ -225,6 +245,7 @@ class Stage:
     output_type: Any
     workflow_id: str
     compensation_fn: Handler | None = None
+    signals: tuple[str, ...] = ()
 
     @property
     def is_async(self) -> bool:
@@ -350,6 +371,7 @@ class Workflow(Generic[InT]):
         retry: Retry | None = None,
         timeout: timedelta | None = None,
         local: bool = False,
+        signals: Iterable[str] = (),
     ) -> Stage: ...
 
     @overload
@@ -362,6 +384,7 @@ class Workflow(Generic[InT]):
         retry: Retry | None = None,
         timeout: timedelta | None = None,
         local: bool = False,
+        signals: Iterable[str] = (),
     ) -> Callable[[Handler], Stage]: ...
 
     def stage(
@@ -373,8 +396,17 @@ class Workflow(Generic[InT]):
         retry: Retry | None = None,
         timeout: timedelta | None = None,
         local: bool = False,
+        signals: Iterable[str] = (),
     ) -> Any:
-        """Decorator declaring a stage; returns a :class:`Stage`."""
+        """Decorator declaring a stage; returns a :class:`Stage`.
+
+        ``signals`` names the signals the stage waits for (``ctx.step.wait_for_signal``).
+        Once any stage of a workflow declares its signals, ``engine.signal`` refuses a name
+        no stage of the run's version declares (UnknownSignalError); a workflow that declares
+        none accepts every name."""
+        if isinstance(signals, str):
+            signals = [signals]
+        names = tuple(check_signal_name(n, error=definition_error) for n in signals)
 
         if isinstance(after, Stage | str):  # one dependency given without a list
             after = [after]
@@ -423,6 +455,7 @@ class Workflow(Generic[InT]):
                 local=local,
                 output_type=out,
                 workflow_id=self.id,
+                signals=tuple(sorted(set(names))),
             )
             self._stages[stage_id] = stage
             self._graph = None
@@ -496,6 +529,7 @@ class Workflow(Generic[InT]):
                 compensable=s.compensation_fn is not None,
                 local=s.local,
                 output_schema=_schema_of(s.output_type, f"stage {s.id!r}"),
+                signals=list(s.signals),
             )
             for s in sorted(self._stages.values(), key=lambda s: s.id)
         ]

@@ -156,8 +156,8 @@ def check_signal_key(key: Any) -> str | None:
     )
 
 
-def check_signal_name(name: Any) -> str:
-    return check_text(name, "signal name", MAX_SIGNAL_NAME_LENGTH)
+def check_signal_name(name: Any, *, error: Raise = _invalid) -> str:
+    return check_text(name, "signal name", MAX_SIGNAL_NAME_LENGTH, error=error)
 
 
 def check_step_name(name: Any) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from ._engine import WorkflowEngine
 from ._graph import Workflow
 from ._models import (
+    Event,
     FlushResult,
     RunInfo,
     RunSnapshot,
@@ -119,10 +120,18 @@ class RoutingEngine(WorkflowEngine):
         workflow_id: str | None = None,
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
+        id_prefix: str | None = None,
+        outputs: bool = True,
     ) -> list[RunInfo]:
         out: dict[str, RunInfo] = {}
         for engine in self.engines.values():
-            for info in await engine.list_runs(workflow_id=workflow_id, status=status, limit=limit):
+            for info in await engine.list_runs(
+                workflow_id=workflow_id,
+                status=status,
+                limit=limit,
+                id_prefix=id_prefix,
+                outputs=outputs,
+            ):
                 if info.status != RunStatus.MIGRATED or info.id not in out:
                     out[info.id] = info
         return list(out.values())[:limit]
@@ -206,3 +215,6 @@ class RoutingEngine(WorkflowEngine):
 
     async def replay_dlq(self) -> int:
         return sum([await e.replay_dlq() for e in self.engines.values()])
+
+    async def dead_letters(self, limit: int = 1000) -> list[Event]:
+        return [ev for e in self.engines.values() for ev in await e.dead_letters(limit)][:limit]

@@ -18,13 +18,15 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
 - how drivers are found: ``ENTRY_POINT_GROUP``, ``DriverEntry``, ``installed_drivers``;
 - the shared rules, one copy every driver calls: the status sets, ``RetryModel.delay_s``
   (``Retry.delay_after``), ``redrive_plan``, ``sink_retry_delay``, ``version_key``, and the
-  argument checks ``check_*`` (typed errors, one message per problem);
+  argument checks ``check_*`` (typed errors, one message per problem; ``check_signal_known``
+  with ``served_graph`` refuses a signal name no stage of the run's version declares);
 - ``telemetry``: the OpenTelemetry hooks: decorate ``start()`` with ``traced_start`` and
   ``signal()`` with ``traced_signal``, store ``current_traceparent()`` (taken in ``start()``)
   with the run and give it back as ``StageRequest.trace_context``; the StageRunner makes the
   stage, compensation and step spans;
 - storage, serialisation and secrets helpers (``ClaimCheck``, ``check_key``,
-  ``delete_prefixes``, ``fingerprint``, ``redact_url``, ...), the snapshot models, and the
+  ``delete_prefixes``, ``fingerprint``, ``redact_url``, ...), the snapshot models,
+  ``StepEntry`` (a journaled step as ``wfe show --steps`` lists it), and the
   ports a factory receives (``EngineSettings``, ``Registry``, ``EventSink``, ``BlobStore``,
   ``Clock``).
 """
@@ -42,6 +44,7 @@ from ._engine import WorkflowEngine
 from ._events import EventSink
 from ._faults import describe_fault, is_storage_fault
 from ._graph import GraphModel, RetryModel, StageSpec
+from ._history import StepEntry
 from ._limits import (
     check_export_target,
     check_run_call,
@@ -72,6 +75,7 @@ from ._rules import (
 from ._secrets import SecretUrl, redact_text, redact_url
 from ._serde import fingerprint, input_fingerprint, to_json_value
 from ._settings import EngineSettings
+from ._signal_names import check_signal_known, served_graph
 from .errors import UnsupportedFeatureError
 
 __all__ = [
@@ -95,6 +99,7 @@ __all__ = [
     "SnapshotStage",
     "SnapshotStep",
     "StageSpec",
+    "StepEntry",
     "SystemClock",
     "UnsupportedFeatureError",
     "WorkflowEngine",
@@ -103,6 +108,7 @@ __all__ = [
     "check_payload_size",
     "check_run_call",
     "check_signal_call",
+    "check_signal_known",
     "check_start_call",
     "check_start_input",
     "check_version",
@@ -119,6 +125,7 @@ __all__ = [
     "redact_url",
     "redrive_plan",
     "safe_error_message",
+    "served_graph",
     "sink_retry_delay",
     "telemetry",
     "to_json_value",

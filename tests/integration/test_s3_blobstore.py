@@ -37,8 +37,13 @@ __all__ = ["s3_server"]  # the session fixture, re-exported so pytest finds it h
 TRAVERSAL_KEYS = ["../escape", "a/../../b", "/abs/key", "a//b", "./a", "a\\b", ""]
 
 
+# moto takes any credentials; the MinIO container of ``pytest --containers`` has its own
+ACCESS_KEY = os.environ.get("WFE_TEST_S3_ACCESS_KEY", "test")
+SECRET_KEY = os.environ.get("WFE_TEST_S3_SECRET_KEY", "test")
+
+
 def s3_url(endpoint: str, bucket: str, path: str = "", **extra: str) -> str:
-    query = f"endpoint={endpoint}&access_key=test&secret_key=test"
+    query = f"endpoint={endpoint}&access_key={ACCESS_KEY}&secret_key={SECRET_KEY}"
     query += "".join(f"&{k}={v}" for k, v in extra.items())
     return f"s3://{bucket}{'/' + path if path else ''}?{query}"
 
@@ -180,7 +185,7 @@ async def test_claim_check_spills_to_s3_and_loads_back(store: BlobStore) -> None
     # A fresh store on the same bucket resolves the reference too (another worker process).
     assert isinstance(store, S3BlobStore)
     other = S3BlobStore(
-        bucket=store.bucket, endpoint=store.endpoint, access_key="test", secret_key="test"
+        bucket=store.bucket, endpoint=store.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY
     )
     assert await ClaimCheck(other).load(ref, run_id="r1") == large
 

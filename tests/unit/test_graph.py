@@ -550,3 +550,46 @@ def test_redrive_set_per_origin() -> None:
 
 class _RdIn(BaseModel):
     pass
+
+
+def test_declared_signals_are_part_of_the_graph_and_undeclared_ones_leave_it_as_it_was() -> None:
+    def build(signals: list[str] | None) -> Workflow[In]:
+        wf = Workflow("sig-graph", input=In)
+
+        if signals is None:
+
+            @wf.stage
+            async def a(ctx: StageContext[In]) -> int:
+                return 1
+        else:
+
+            @wf.stage(signals=signals)
+            async def a(ctx: StageContext[In]) -> int:
+                return 1
+
+        return wf
+
+    plain, declared = build(None), build(["go", "approval", "go"])
+    assert "signals" not in plain.graph().canonical_json()  # the structural hash is unchanged
+    assert declared.graph().stage("a").signals == ["approval", "go"]
+    assert declared.version != plain.version
+    again = GraphModel.model_validate_json(declared.graph().canonical_json())
+    assert again == declared.graph()
+    with pytest.raises(DefinitionError, match="signal name"):
+        build([""])
+
+
+def test_check_signal_known() -> None:
+    from engine_port._signal_names import check_signal_known
+    from engine_port.errors import UnknownSignalError
+
+    wf = Workflow("sig-known", input=In)
+
+    @wf.stage(signals="approval")
+    async def a(ctx: StageContext[In]) -> int:
+        return 1
+
+    check_signal_known(wf.graph(), "r1", "approval")
+    check_signal_known(None, "r1", "anything")  # the version is not known here
+    with pytest.raises(UnknownSignalError, match=r"it declares 'approval'"):
+        check_signal_known(wf.graph(), "r1", "aproval")

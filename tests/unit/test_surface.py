@@ -79,6 +79,7 @@ PUBLIC = [
 ]
 
 ERRORS = [
+    "AmbiguousRunIdError",
     "CommandInProgressError",
     "ConfigurationError",
     "DefinitionError",
@@ -101,6 +102,7 @@ ERRORS = [
     "StageTimeoutError",
     "StepError",
     "StepTimeoutError",
+    "UnknownSignalError",
     "UnsafeBlobKeyError",
     "UnsupportedFeatureError",
     "VersionNotServedError",
