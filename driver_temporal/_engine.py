@@ -130,7 +130,7 @@ from ._wire import (
     state_key,
     task_queue_for,
 )
-from ._workflow import SIGNAL_UPDATE
+from ._workflow import SIGNAL_UPDATE, START_MEMO
 
 __all__ = ["TemporalEngine", "create_temporal_engine"]
 
@@ -307,7 +307,14 @@ class TemporalEngine(WorkflowEngine):
         self._registered.add(key)
 
     async def _start_pinned(self, workflow_id: str, version: str, start: Any, **kw: Any) -> Any:
-        """Start a run on its workflow's task queue, PINNED to its definition version."""
+        """Start a run on its workflow's task queue, PINNED to its definition version. The
+        workflow's input is the run's input (its stored form: inline up to the spill
+        threshold); the rest of the start document (graph, version, settings, ...) is the
+        ``wfe_start`` memo entry, read by the workflow (``GraphWorkflow.run``)."""
+        kw["memo"] = {
+            **kw.get("memo", {}),
+            START_MEMO: {k: v for k, v in start.items() if k != "input"},
+        }
         await self._ensure_version(workflow_id, version)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30.0
@@ -315,7 +322,7 @@ class TemporalEngine(WorkflowEngine):
             try:
                 return await self._conn.start_workflow(
                     workflow_id,
-                    start,
+                    start["input"],
                     task_queue=self.task_queue(workflow_id),
                     versioning_override=PinnedVersioningOverride(
                         self.deployment_version(workflow_id, version)

@@ -1,0 +1,144 @@
+"""What an operator reads in a run's Temporal history (Web UI, ``temporal workflow show``):
+the business values, failures in red. Read through the Temporal API, as the UI does."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+
+from engine_port import Registry, Retry, StageContext, Workflow
+from engine_port._blobs import SPILL_MARKER
+
+from .conftest import EngineFactory
+
+pytestmark = pytest.mark.temporal
+
+
+class Order(BaseModel):
+    item: str
+    qty: int
+
+
+def _data(payload: Payload) -> Any:
+    """A payload as the UI shows it: its data (metadata is not rendered)."""
+    return json.loads(payload.data)
+
+
+async def _history(engine: Any, run_id: str) -> list[HistoryEvent]:
+    history = await engine._conn.get_workflow_handle(run_id).fetch_history()
+    return list(history.events)
+
+
+def _of(events: list[HistoryEvent], kind: int) -> list[HistoryEvent]:
+    return [e for e in events if e.event_type == kind]
+
+
+async def test_input_result_and_stage_values_are_business_values(
+    make_engine: EngineFactory,
+) -> None:
+    wf = Workflow("shop", input=Order)
+
+    @wf.stage
+    async def reserve(ctx: StageContext[Order]) -> dict[str, Any]:
+        return {"reserved": ctx.input.qty}
+
+    @wf.stage(after=[reserve])
+    async def big(ctx: StageContext[Order]) -> str:
+        return "x" * 3000  # over the spill threshold below
+
+    @wf.stage(after=[reserve, big])
+    async def ship(ctx: StageContext[Order]) -> str:
+        return f"shipped {ctx.input.item}"
+
+    engine = make_engine(Registry([wf]), spill_threshold_bytes=1000)
+    async with engine:
+        run = await engine.start("shop", {"item": "book", "qty": 2})
+        async with engine.worker():
+            info = await engine.wait(run.id, timeout=30)
+        assert info.status == "completed", info
+        events = await _history(engine, run.id)
+        desc = await engine._conn.get_workflow_handle(run.id).describe()
+        memo = await desc.memo()
+
+    started = _of(events, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED)[0]
+    attrs = started.workflow_execution_started_event_attributes
+    # the workflow's input is the run's input as the user gave it, no engine document
+    assert [_data(p) for p in attrs.input.payloads] == [{"item": "book", "qty": 2}]
+    # the engine's metadata sits in the memo
+    assert memo["wfe_start"]["workflow_id"] == "shop"
+    assert "groups" in memo["wfe_start"]["graph"]
+    assert memo["wfe_start"]["run_id"] == run.id
+    done = _of(events, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED)[0]
+    result = done.workflow_execution_completed_event_attributes.result.payloads
+    assert [_data(p) for p in result] == ["shipped book"]
+
+    scheduled = {
+        e.activity_task_scheduled_event_attributes.activity_type.name: e
+        for e in _of(events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+    }
+    assert set(scheduled) == {"reserve", "big", "ship"}
+    first = scheduled["reserve"].activity_task_scheduled_event_attributes.input.payloads
+    assert [_data(p) for p in first] == [{"item": "book", "qty": 2}]
+    last = scheduled["ship"].activity_task_scheduled_event_attributes.input.payloads
+    ship_in = [_data(p) for p in last]
+    assert ship_in[0] == {"item": "book", "qty": 2}
+    assert ship_in[1]["reserve"] == {"reserved": 2}
+    ref = ship_in[1]["big"][SPILL_MARKER]  # above the threshold: a reference naming size, key
+    assert ref["size"] > 1000 and ref["key"].startswith(f"runs/{run.id}/")
+
+    results = {}
+    for e in _of(events, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED):
+        sched = next(
+            s
+            for s in events
+            if s.event_id == e.activity_task_completed_event_attributes.scheduled_event_id
+        )
+        name = sched.activity_task_scheduled_event_attributes.activity_type.name
+        results[name] = _data(e.activity_task_completed_event_attributes.result.payloads[0])
+    assert results["reserve"] == {"reserved": 2}
+    assert results["ship"] == "shipped book"
+    assert SPILL_MARKER in results["big"]
+
+
+class Boom(Exception):
+    pass
+
+
+async def test_failed_attempt_is_a_failed_activity(make_engine: EngineFactory) -> None:
+    wf = Workflow("flaky", input=Order)
+    tries = {"n": 0}
+
+    @wf.stage(retry=Retry(max_attempts=2, initial_interval=timedelta(milliseconds=10)))
+    async def charge(ctx: StageContext[Order]) -> str:
+        tries["n"] += 1
+        if tries["n"] == 1:
+            raise Boom("card declined")
+        return "charged"
+
+    engine = make_engine(Registry([wf]))
+    async with engine:
+        run = await engine.start("flaky", {"item": "book", "qty": 1})
+        async with engine.worker():
+            info = await engine.wait(run.id, timeout=30)
+        assert info.status == "completed", info
+        events = await _history(engine, run.id)
+
+    failed = _of(events, EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED)
+    assert len(failed) == 1  # the first attempt shows red...
+    failure = failed[0].activity_task_failed_event_attributes.failure
+    assert failure.message == "card declined"
+    app = failure.application_failure_info
+    assert app.type == "Boom"
+    shown = _data(app.details.payloads[0])
+    assert shown["stage"] == "charge" and shown["attempt"] == 1 and shown["retryable"]
+    assert "card declined" in shown["traceback"]
+    # ...and the workflow retried it as a new activity (the stage's own retry policy)
+    assert len(_of(events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)) == 2
+    assert len(_of(events, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)) == 1
