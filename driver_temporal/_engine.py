@@ -108,12 +108,11 @@ from engine_port.errors import (
 
 from . import _moving
 from ._activities import DriverActivities, EventStats
+from ._carry import carry
 from ._helpers import (
     _ACTIVE,
     _ALL,
     _WFT_STARTED,
-    _failure_message,
-    _failure_type,
     _now,
     _pairs,
     _quote,
@@ -121,6 +120,7 @@ from ._helpers import (
     _state_from_memo,
 )
 from ._search import SA_VERSION, check_search_attributes
+from ._signals import SIGNAL_STATUS_UPDATE
 from ._wire import (
     deployment_for,
     new_run_id,
@@ -130,7 +130,7 @@ from ._wire import (
     state_key,
     task_queue_for,
 )
-from ._workflow import SIGNAL_UPDATE, START_MEMO
+from ._workflow import START_MEMO
 
 __all__ = ["TemporalEngine", "create_temporal_engine"]
 
@@ -582,38 +582,43 @@ class TemporalEngine(WorkflowEngine):
             )
         delivery = uuid.uuid4().hex
         value = await self.claim.dump(data, spill_key(run_id, "signals", delivery))
-        body = {
-            "name": name,
-            "payload": value,
-            "delivery": delivery,
-            "idempotency_key": idempotency_key,
-        }
+        # a real Temporal signal whose input is the payload (its stored form: inline up to
+        # the spill threshold); the delivery id and idempotency key ride in its metadata
+        meta = {"delivery": delivery, "idempotency_key": idempotency_key}
         handle = self._conn.get_workflow_handle(run_id)
-        if info.status == RunStatus.PENDING:
-            # no stage has run yet, so no wait can take it: buffer it on the server
-            return await self._plain_signal(handle, run_id, name, body, info)
         try:
+            await handle.signal(
+                name, carry(value, meta, self._conn.data_converter.payload_converter)
+            )
+        except RPCError:
+            status_now = (await self.get_run(run_id)).status
+            raise RunNotActiveError(run_id, status_now, "signal") from None
+        if info.status == RunStatus.PENDING:
+            # no stage has run yet, so no wait can take it: buffered on the server
+            return self._buffered(run_id, name, info)
+        try:
+            # what the run made of it (an internal update, answered once the signal is in)
             res: dict[str, Any] = await handle.execute_update(
-                SIGNAL_UPDATE,
-                body,
+                SIGNAL_STATUS_UPDATE,
+                delivery,
                 result_type=dict,
                 rpc_timeout=timedelta(seconds=self.signal_timeout),
             )
-        except WorkflowUpdateRPCTimeoutOrCancelledError:
-            # no worker answered in time: buffer it on the server (deduplicated by delivery id)
-            return await self._plain_signal(handle, run_id, name, body, info)
-        except WorkflowUpdateFailedError as exc:
-            if _failure_type(exc) == "MigrationError":
-                raise MigrationError(_failure_message(exc)) from None
-            if _failure_type(exc) == "SignalQueueFullError":  # the workflow's bound
-                raise SignalQueueFullError(
-                    run_id, name, self.settings.max_pending_signals
-                ) from None
+        except (WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError, RPCError):
+            # no worker answered in time (or the run just closed): the signal stays buffered
+            # on the server; report from the run's last published state
+            return self._buffered(run_id, name, info)
+        rejected = res.get("rejected")
+        if rejected == "MigrationError":
+            raise MigrationError(
+                f"run {run_id!r} is frozen for migration; signal it once the move completed "
+                "(on its target) or was aborted"
+            )
+        if rejected == "SignalQueueFullError":  # the workflow's bound
+            raise SignalQueueFullError(run_id, name, self.settings.max_pending_signals)
+        if rejected is not None:
             current = await self.get_run(run_id)
-            raise RunNotActiveError(run_id, current.status, "signal") from None
-        except RPCError:
-            current = await self.get_run(run_id)
-            raise RunNotActiveError(run_id, current.status, "signal") from None
+            raise RunNotActiveError(run_id, current.status, "signal")
         return SignalResult(
             run_id=run_id,
             name=name,
@@ -621,24 +626,12 @@ class TemporalEngine(WorkflowEngine):
             already_completed=bool(res.get("already_completed")),
         )
 
-    async def _plain_signal(
-        self,
-        handle: WorkflowHandle[Any, Any],
-        run_id: str,
-        name: str,
-        body: dict[str, Any],
-        info: RunInfo,
-    ) -> SignalResult:
-        """Buffer the signal on the server, for the workflow to queue when a worker runs it.
+    @staticmethod
+    def _buffered(run_id: str, name: str, info: RunInfo) -> SignalResult:
+        """A signal buffered on the server, for the workflow to queue when a worker runs it.
         No worker answered, so the result is read from the run's last published state: it
-        is delivered when a stage was waiting for the name (and none of the name appeared
-        queued); a repeated idempotency key is still not queued twice (the workflow drops
-        it), but cannot be reported here."""
-        try:
-            await handle.signal(name, body)
-        except RPCError:
-            status_now = (await self.get_run(run_id)).status
-            raise RunNotActiveError(run_id, status_now, "signal") from None
+        is delivered when a stage was waiting for the name; a repeated idempotency key is
+        still not queued twice (the workflow drops it), but cannot be reported here."""
         waiting = any(s.waiting_for == f"signal:{name}" for s in info.stages)
         return SignalResult(run_id=run_id, name=name, delivered=waiting)
 

@@ -160,6 +160,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._attempts: dict[str, Any] = {}
         self._failures = 0
         self._carried = False  # started by this driver: business values in the payloads
+        self._rejected: list[dict[str, Any]] = []  # signals not queued (``SignalHandlers``)
 
     # -- handlers ---------------------------------------------------------------------------
     @workflow.query(name=RUN_INFO_QUERY)
@@ -623,8 +624,9 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                     self._calls[sid] = call
                     self._attempts[sid] = handle
                 res = self._activity_result(await handle)
-        except ActivityError as exc:
-            cause = exc.cause
+        except (ActivityError, ApplicationError) as exc:
+            # (a failed local activity of this driver surfaces as its ApplicationError)
+            cause = exc.cause if isinstance(exc, ActivityError) else exc
             if isinstance(cause, CancelledError):
                 if call is not None and call["withdrawn"]:
                     # the freeze's cancel found it still scheduled; steps an earlier try

@@ -3,6 +3,7 @@ the business values, failures in red. Read through the Temporal API, as the UI d
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 from typing import Any
@@ -12,7 +13,9 @@ from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
+from temporalio.common import RawValue
 
+from driver_temporal._devserver import find_temporal_binary
 from engine_port import Registry, Retry, StageContext, Workflow
 from engine_port._blobs import SPILL_MARKER
 
@@ -142,3 +145,81 @@ async def test_failed_attempt_is_a_failed_activity(make_engine: EngineFactory) -
     # ...and the workflow retried it as a new activity (the stage's own retry policy)
     assert len(_of(events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)) == 2
     assert len(_of(events, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)) == 1
+
+
+def _signaled(events: list[HistoryEvent]) -> list[tuple[str, Any]]:
+    """Each signal in the history: its name and its input as shown (JSON) or its encoding."""
+    out: list[tuple[str, Any]] = []
+    for e in _of(events, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED):
+        attrs = e.workflow_execution_signaled_event_attributes
+        p = attrs.input.payloads[0]
+        shown = _data(p) if p.metadata["encoding"] == b"json/plain" else p.metadata["encoding"]
+        out.append((attrs.signal_name, shown))
+    return out
+
+
+async def test_signals_are_temporal_signals_with_the_users_json(
+    make_engine: EngineFactory, temporal_address: str
+) -> None:
+    wf = Workflow("approve", input=Order)
+
+    @wf.stage
+    async def first(ctx: StageContext[Order]) -> Any:
+        return await ctx.step.wait_for_signal("approval")
+
+    @wf.stage(after=[first])
+    async def second(ctx: StageContext[Order]) -> Any:
+        return {"first": ctx.output_of("first"), "second": await ctx.step.wait_for_signal("again")}
+
+    engine = make_engine(Registry([wf]))
+    async with engine:
+        run = await engine.start("approve", {"item": "book", "qty": 1})
+        handle = engine._conn.get_workflow_handle(run.id)
+        async with engine.worker():
+            await _until(engine, run.id, "signal:approval")
+            # an operator's signal, as the docs show it: the JSON is the payload
+            cli = await asyncio.create_subprocess_exec(
+                find_temporal_binary(),
+                "workflow",
+                "signal",
+                "--address",
+                temporal_address,
+                "--workflow-id",
+                run.id,
+                "--name",
+                "approval",
+                "--input",
+                '{"ok":true}',
+                stdout=asyncio.subprocess.DEVNULL,
+            )
+            assert await asyncio.wait_for(cli.wait(), 30) == 0
+            await _until(engine, run.id, "signal:again")
+            # a payload that is not JSON is rejected and recorded; the run goes on
+            bad = Payload(metadata={"encoding": b"binary/plain"}, data=b"\x00\x01")
+            await handle.signal("again", RawValue(bad))
+            res = await engine.signal(run.id, "again", [1, 2])
+            assert res.delivered and not res.already_completed
+            info = await engine.wait(run.id, timeout=30)
+        assert info.status == "completed", info
+        assert info.output == {"first": {"ok": True}, "second": [1, 2]}
+        events = await _history(engine, run.id)
+        memo = await (await handle.describe()).memo()
+    assert _signaled(events) == [
+        ("approval", {"ok": True}),
+        ("again", b"binary/plain"),
+        ("again", [1, 2]),
+    ]
+    assert memo["wfe_rejected_signals"][0]["name"] == "again"
+    assert "not JSON" in memo["wfe_rejected_signals"][0]["reason"]
+    assert _of(events, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED) == []
+
+
+async def _until(engine: Any, run_id: str, waiting_for: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while loop.time() < deadline:
+        info = await engine.get_run(run_id)
+        if any(s.waiting_for == waiting_for for s in info.stages):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {run_id} never waited for {waiting_for}")
