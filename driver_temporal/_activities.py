@@ -263,9 +263,10 @@ class DriverActivities:
             raw_signals.setdefault(name, [payload])
         given = {name: len(queue) for name, queue in raw_signals.items()}
         pre_consumed: list[str] = []
-        if info.attempt > 1 or info.is_local:
+        if info.attempt > 1 or info.is_local or task.get("reset"):
             # a previous try of this attempt died: steps it journaled replay, never run again
-            # (a local activity re-run after a lost worker starts again at try 1: always look)
+            # (a local activity re-run after a lost worker starts again at try 1: always
+            # look; after an operator's reset the run's ledger forgot steps: look too)
             for r in await log.read():
                 via = r.pop("via", None)
                 if records.get(r["name"]) == r:

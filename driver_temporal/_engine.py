@@ -48,6 +48,7 @@ from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowHandle,
+    WorkflowHistoryEventFilterType,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -451,7 +452,9 @@ class TemporalEngine(WorkflowEngine):
             info["output"] = run_output(sinks, outputs)
         return RunInfo.model_validate(info)
 
-    async def _info_from_memo(self, memo: Any, status: WorkflowExecutionStatus | None) -> RunInfo:
+    async def _info_from_memo(
+        self, memo: Any, status: WorkflowExecutionStatus | None, run_id: str | None = None
+    ) -> RunInfo:
         info = dict(memo.get("wfe_run") or {})
         if not info:
             raise EngineError("this Temporal workflow was not started by wfe")
@@ -459,15 +462,57 @@ class TemporalEngine(WorkflowEngine):
             None,
             WorkflowExecutionStatus.RUNNING,
         ):
-            # terminated or timed out by an operator outside the engine
-            info["status"] = "failed"
-            info["error"] = info.get("error") or {
+            info = await self._ended_outside(info, status, run_id or str(info.get("id")))
+        return await self._resolve(info)
+
+    async def _ended_outside(
+        self, info: dict[str, Any], status: WorkflowExecutionStatus | None, run_id: str
+    ) -> dict[str, Any]:
+        """A run whose execution an operator ended outside the engine (``temporal workflow
+        terminate``, the Web UI, a workflow execution timeout): the workflow could not record
+        it, so it is read from Temporal. The run is ``failed`` with the operator's reason, and
+        its stages in flight are ``cancelled`` (nothing runs or waits any more)."""
+        now = _now().isoformat()
+        if status == WorkflowExecutionStatus.TERMINATED:
+            reason = await self._terminate_reason(run_id)
+            error = {
+                "type": "RunTerminatedError",
+                "message": f"run {run_id!r} was terminated in Temporal"
+                + (f": {reason}" if reason else " (no reason given)")
+                + "; redrive() runs it again from its last completed stage",
+            }
+        else:
+            name = status.name if status else "?"
+            error = {
                 "type": "RunTimeoutError"
                 if status == WorkflowExecutionStatus.TIMED_OUT
                 else "EngineError",
-                "message": f"the Temporal execution ended as {status.name if status else '?'}",
+                "message": f"the Temporal execution of run {run_id!r} ended as {name}",
             }
-        return await self._resolve(info)
+        stages = []
+        for raw in info.get("stages") or []:
+            st = dict(raw)
+            if st.get("status") in ("running", "suspended"):
+                st.update(status="cancelled", waiting_for=None, wake_at=None, finished_at=now)
+            stages.append(st)
+        return {
+            **info,
+            "status": "failed",
+            "error": info.get("error") or error,
+            "stages": stages,
+            "finished_at": info.get("finished_at") or now,
+        }
+
+    async def _terminate_reason(self, run_id: str) -> str | None:
+        """The reason an operator gave when terminating the run's execution."""
+        handle = self._conn.get_workflow_handle(run_id)
+        with suppress(RPCError):
+            async for ev in handle.fetch_history_events(
+                event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT
+            ):
+                if ev.HasField("workflow_execution_terminated_event_attributes"):
+                    return str(ev.workflow_execution_terminated_event_attributes.reason) or None
+        return None
 
     async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]:
         handle = self._conn.get_workflow_handle(run_id)
@@ -501,7 +546,7 @@ class TemporalEngine(WorkflowEngine):
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
-        return await self._info_from_memo(memo, status)
+        return await self._info_from_memo(memo, status, run_id)
 
     async def list_runs(
         self,
@@ -518,10 +563,7 @@ class TemporalEngine(WorkflowEngine):
             wanted = [str(status)]
         else:
             wanted = [str(s) for s in status]
-        clauses = [
-            self._scope(),
-            "WfeStatus IN (" + ", ".join(f"'{s}'" for s in wanted) + ")",
-        ]
+        clauses = [self._scope(), _status_clause(wanted)]
         if workflow_id is not None:
             clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
         out: list[RunInfo] = []
@@ -663,7 +705,13 @@ class TemporalEngine(WorkflowEngine):
             # redrive() re-runs terminal runs only (a stranded active run may be re-pinned
             # with version='latest'); a migrated run lives on its target now
             raise RunNotActiveError(run_id, info.status, "redrive")
-        if info.terminal:
+        if info.terminal and status in (
+            WorkflowExecutionStatus.TERMINATED,
+            WorkflowExecutionStatus.TIMED_OUT,
+        ):
+            # ended outside the engine: no final state was saved; rebuild it from the memo
+            state = _state_from_memo(memo)
+        elif info.terminal:
             state = await self._load_state(run_id)
         else:
             # a stranded active run (no worker serves its version): re-pin it from its memo
@@ -856,6 +904,28 @@ class TemporalEngine(WorkflowEngine):
                 await self.blob_store.delete(k)
             n += len(events)
         return n
+
+
+def _in(values: Sequence[str]) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+def _status_clause(wanted: Sequence[str]) -> str:
+    """The visibility filter for runs of the ``wanted`` statuses. A run whose execution was
+    terminated (or timed out) outside the engine still has the active WfeStatus it last
+    wrote: it is listed as ``failed`` (see ``TemporalEngine._ended_outside``), never as
+    active."""
+    ended = "ExecutionStatus IN ('Terminated', 'TimedOut')"
+    done = [s for s in wanted if s not in _ACTIVE]
+    active = [s for s in wanted if s in _ACTIVE]
+    parts = []
+    if done:
+        parts.append(f"WfeStatus IN {_in(done)}")
+    if active:
+        parts.append(f"(WfeStatus IN {_in(active)} AND ExecutionStatus = 'Running')")
+    if "failed" in wanted:
+        parts.append(f"(WfeStatus IN {_in(_ACTIVE)} AND {ended})")
+    return "(" + " OR ".join(parts) + ")"
 
 
 def create_temporal_engine(

@@ -577,6 +577,11 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             "signal_queues": {} if compensation else self._lend(sid, in_process),
             "output": st["output"] if compensation else None,
         }
+        wfi = workflow.info()
+        if wfi.run_id != wfi.first_execution_run_id:
+            # an operator reset this run (a new execution of the same chain): the stage's
+            # step journal may hold steps the replayed ledger lacks; the activity reads it
+            task["reset"] = True
         # the StageRunner's effective timeout (the stage's own, else the starter's
         # default_stage_timeout) plus a grace; one day when neither is set (Temporal needs one)
         timeout = timedelta(days=1)

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from temporalio.api.common.v1 import Payload
+from temporalio.api.common.v1 import Payload, WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.common import RawValue
 
 from driver_temporal._devserver import find_temporal_binary
@@ -223,3 +225,75 @@ async def _until(engine: Any, run_id: str, waiting_for: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"run {run_id} never waited for {waiting_for}")
+
+
+async def test_terminate_by_an_operator_is_what_the_engine_reports(
+    make_engine: EngineFactory,
+) -> None:
+    wf = Workflow("held", input=Order)
+
+    @wf.stage
+    async def hold(ctx: StageContext[Order]) -> Any:
+        return await ctx.step.wait_for_signal("release")
+
+    engine = make_engine(Registry([wf]))
+    async with engine:
+        run = await engine.start("held", {"item": "book", "qty": 1})
+        async with engine.worker():
+            await _until(engine, run.id, "signal:release")
+        await engine._conn.get_workflow_handle(run.id).terminate(
+            reason="stuck order, ops ticket 42"
+        )
+        info = await engine.get_run(run.id)
+        assert info.status == "failed"
+        assert info.error is not None and "stuck order, ops ticket 42" in info.error.message
+        assert [s.status for s in info.stages] == ["cancelled"]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10  # visibility is eventually consistent
+        failed = await engine.list_runs(workflow_id="held", status="failed")
+        while not failed and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+            failed = await engine.list_runs(workflow_id="held", status="failed")
+        suspended = await engine.list_runs(workflow_id="held", status="suspended")
+    assert [r.id for r in failed] == [run.id]
+    assert suspended == []
+
+
+async def test_reset_by_an_operator_never_reruns_a_journaled_step(
+    make_engine: EngineFactory,
+) -> None:
+    wf = Workflow("pay", input=Order)
+    charges = {"n": 0}
+
+    @wf.stage
+    async def checkout(ctx: StageContext[Order]) -> Any:
+        def charge_card() -> str:
+            charges["n"] += 1
+            return "charged"
+
+        charged = await ctx.step.run("charge-card", charge_card)
+        return {"charged": charged, "ship": await ctx.step.wait_for_signal("ship")}
+
+    engine = make_engine(Registry([wf]))
+    async with engine:
+        run = await engine.start("pay", {"item": "book", "qty": 1})
+        async with engine.worker():
+            await _until(engine, run.id, "signal:ship")
+            events = await _history(engine, run.id)
+            first_task = _of(events, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)[0]
+            # reset to before the stage's activity was scheduled (the Web UI's "Reset")
+            await engine._conn.workflow_service.reset_workflow_execution(
+                ResetWorkflowExecutionRequest(
+                    namespace="default",
+                    workflow_execution=WorkflowExecution(workflow_id=run.id),
+                    reason="operator reset",
+                    workflow_task_finish_event_id=first_task.event_id,
+                    request_id=uuid.uuid4().hex,
+                )
+            )
+            await _until(engine, run.id, "signal:ship")
+            await engine.signal(run.id, "ship", "today")
+            info = await engine.wait(run.id, timeout=30)
+    assert info.status == "completed", info
+    assert info.output == {"charged": "charged", "ship": "today"}
+    assert charges["n"] == 1  # the card was charged once, before the reset
