@@ -107,7 +107,7 @@ from engine_port.errors import (
     WorkflowDrainedError,
 )
 
-from . import _moving
+from . import _moving, _rpc
 from ._activities import DriverActivities, EventStats
 from ._carry import carry
 from ._helpers import (
@@ -628,9 +628,11 @@ class TemporalEngine(WorkflowEngine):
         # the spill threshold); the delivery id and idempotency key ride in its metadata
         meta = {"delivery": delivery, "idempotency_key": idempotency_key}
         handle = self._conn.get_workflow_handle(run_id)
+        converter = self._conn.data_converter.payload_converter
         try:
-            await handle.signal(
-                name, carry(value, meta, self._conn.data_converter.payload_converter)
+            await _rpc.call(
+                f"signalling run {run_id!r}",
+                lambda: handle.signal(name, carry(value, meta, converter)),
             )
         except RPCError:
             status_now = (await self.get_run(run_id)).status
