@@ -110,6 +110,7 @@ from engine_port.errors import (
 from . import _moving, _rpc
 from ._activities import DriverActivities, EventStats
 from ._carry import carry
+from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
     _ALL,
@@ -214,6 +215,7 @@ class TemporalEngine(WorkflowEngine):
                 "WFE_TEMPORAL_NAMESPACE at a running cluster"
             ) from None
         self._client = client
+        release_runtime_at_exit()
 
     async def close(self) -> None:
         helpers, self._helpers = self._helpers, {}
