@@ -713,8 +713,15 @@ class TemporalEngine(WorkflowEngine):
             WorkflowExecutionStatus.TERMINATED,
             WorkflowExecutionStatus.TIMED_OUT,
         ):
-            # ended outside the engine: no final state was saved; rebuild it from the memo
+            # ended outside the engine: no final state was saved; rebuild it from the memo,
+            # with the steps its stages journaled (so a redrive never re-runs one)
             state = _state_from_memo(memo)
+            for sid, st in state["stages"].items():
+                if st.get("status") != "completed":
+                    records = await self._activities.read_journal(
+                        run_id, sid, int(state.get("redrive", 0))
+                    )
+                    st["steps"] = {r["name"]: r for r in records}
         elif info.terminal:
             state = await self._load_state(run_id)
         else:

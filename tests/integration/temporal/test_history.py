@@ -231,9 +231,15 @@ async def test_terminate_by_an_operator_is_what_the_engine_reports(
     make_engine: EngineFactory,
 ) -> None:
     wf = Workflow("held", input=Order)
+    charges = {"n": 0}
 
     @wf.stage
     async def hold(ctx: StageContext[Order]) -> Any:
+        def charge_card() -> str:
+            charges["n"] += 1
+            return "charged"
+
+        await ctx.step.run("charge-card", charge_card)
         return await ctx.step.wait_for_signal("release")
 
     engine = make_engine(Registry([wf]))
@@ -255,8 +261,16 @@ async def test_terminate_by_an_operator_is_what_the_engine_reports(
             await asyncio.sleep(0.1)
             failed = await engine.list_runs(workflow_id="held", status="failed")
         suspended = await engine.list_runs(workflow_id="held", status="suspended")
+        # redrive runs it again; the step journaled before the terminate stays done
+        await engine.redrive(run.id)
+        async with engine.worker():
+            await _until(engine, run.id, "signal:release")
+            await engine.signal(run.id, "release", "now")
+            done = await engine.wait(run.id, timeout=30)
     assert [r.id for r in failed] == [run.id]
     assert suspended == []
+    assert done.status == "completed" and done.output == "now"
+    assert charges["n"] == 1
 
 
 async def test_reset_by_an_operator_never_reruns_a_journaled_step(
