@@ -73,6 +73,7 @@ _INFRA_RETRY = RetryPolicy(
 )
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
 _LOCAL_PATCH = "wfe-local-stages"
+_SYNC_ROUNDS = 8  # condition rounds the memo write waits for an activation to settle
 # runs started with this marker take every signal through ``wfe.take_signal`` (or a lent one),
 # concurrently; a run started before keeps the single-taker rule (``SignalHandlers``)
 _SHARED_TAKES_PATCH = "wfe-shared-signal-takes"
@@ -825,6 +826,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         first_failure = workflow.now()
         while True:
             await workflow.wait_condition(lambda: bool(self._outbox) or self._closing)
+            await self._settled()
             if not self._outbox:
                 return
             batch = list(self._outbox[:200])
@@ -896,9 +898,23 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         the end of the activation (in the same workflow task as the events it emitted)."""
         self._dirty = True
 
+    async def _settled(self) -> None:
+        """Let the rest of this activation run first, so that it writes the memo and
+        publishes events once rather than once per step of it: a stage's completion and the
+        next stage's start happen a few condition rounds apart in the same activation
+        (``_SYNC_ROUNDS`` rounds, no commands, deterministic). Runs of the older shape did not
+        wait, and still do not, so their histories replay."""
+        if not self._carried:
+            return
+        for _ in range(_SYNC_ROUNDS):
+            if self._closing:
+                return
+            await workflow.wait_condition(lambda: True)
+
     async def _syncer(self) -> None:
         while True:
             await workflow.wait_condition(lambda: self._dirty or self._closing)
+            await self._settled()
             if self._dirty:
                 self._dirty = False
                 self._write_info()
