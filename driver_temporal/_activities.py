@@ -222,7 +222,8 @@ class DriverActivities:
         # engine's bookkeeping in the first one's metadata
         values = [conv.from_payload(a.payload) for a in args]
         if compensation:
-            task = {**meta, "output": values[0], "input": values[1], "outputs": {}}
+            upstream = values[2] if len(values) > 2 else {}
+            task = {**meta, "output": values[0], "input": values[1], "outputs": upstream}
         else:
             task = {**meta, "input": values[0], "outputs": values[1] if len(values) > 1 else {}}
         return await self._stage(info, task, compensation, carried=True)

@@ -680,17 +680,19 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         """A stage activity's arguments and result type. A run of this driver passes the
         stage's business values, as a hand-written activity would: an attempt takes the run's
         input (then the outputs of the stages it comes after, when there are any), a
-        compensation the stage's output and the run's input; the rest of ``task`` rides in
-        the first argument's payload metadata (``_carry``). An older run passes ``task``."""
+        compensation the stage's output and the run's input (then the same outputs); the rest
+        of ``task`` rides in the first argument's payload metadata (``_carry``). An older run
+        passes ``task``."""
         if not self._carried:
             return [task], dict
         business = ("input", "outputs", "output")
         meta = {k: v for k, v in task.items() if k not in business}
         conv = workflow.payload_converter()
+        upstream = [task["outputs"]] if task["outputs"] else []
         if compensation:
-            values = [task["output"], task["input"]]
+            values = [task["output"], task["input"], *upstream]
         else:
-            values = [task["input"]] + ([task["outputs"]] if task["outputs"] else [])
+            values = [task["input"], *upstream]
         return [carry(values[0], meta, conv), *values[1:]], RawValue
 
     def _activity_result(self, value: Any) -> dict[str, Any]:

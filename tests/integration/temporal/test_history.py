@@ -367,3 +367,42 @@ async def test_history_stays_close_to_the_hand_written_one(make_engine: EngineFa
     # measured: 65 events against 41 (86 before events and memo writes were coalesced per
     # activation); the goal of issue 13 is 1.5x
     assert ours <= 1.6 * hand, (ours, hand)
+
+
+async def test_a_compensation_gets_the_stage_output_and_upstream_outputs(
+    make_engine: EngineFactory,
+) -> None:
+    wf = Workflow("refund", input=Order)
+    seen: list[Any] = []
+
+    @wf.stage
+    async def price(ctx: StageContext[Order]) -> int:
+        return 7 * ctx.input.qty
+
+    @wf.stage(after=[price])
+    async def charge(ctx: StageContext[Order]) -> str:
+        return f"charge-{ctx.output_of('price')}"
+
+    @charge.compensation
+    async def refund(ctx: StageContext[Order], out: str) -> None:
+        seen.append((out, ctx.output_of("price"), ctx.input.item))
+
+    @wf.stage(after=[charge])
+    async def ship(ctx: StageContext[Order]) -> None:
+        raise ValueError("no courier")
+
+    engine = make_engine(Registry([wf]))
+    async with engine:
+        run = await engine.start("refund", {"item": "book", "qty": 3})
+        async with engine.worker():
+            info = await engine.wait(run.id, timeout=30)
+        events = await _history(engine, run.id)
+    assert info.status == "failed", info
+    assert seen == [("charge-21", 21, "book")]
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        for e in _of(events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+    ]
+    comp = next(a for a in scheduled if a.activity_type.name == "charge.compensate")
+    shown = [_data(p) for p in comp.input.payloads]
+    assert shown == ["charge-21", {"item": "book", "qty": 3}, {"price": 21}]
