@@ -59,6 +59,7 @@ from engine_port import (
 )
 from engine_port.errors import EngineError
 
+from ._carry import carry, meta_of
 from ._journal import StepJournal
 from ._wire import (
     dlq_key,
@@ -158,6 +159,27 @@ class _JournalLedger(InMemoryLedger):
         return done
 
 
+def _failed_attempt(req: StageRequest, outcome: Failed, result: dict[str, Any]) -> ApplicationError:
+    """A failed stage attempt as Temporal shows a failed activity: the user's error type,
+    message and traceback. It is non-retryable for Temporal: the workflow applies the stage's
+    own retry policy (a new activity per attempt, each failure shown); ``retryable`` in the
+    details says whether the stage's policy may retry it."""
+    error = outcome.error
+    shown: dict[str, Any] = {
+        "stage": req.stage_id,
+        "attempt": req.attempt,
+        "retryable": outcome.retryable,
+    }
+    if error.traceback:
+        shown["traceback"] = error.traceback
+    return ApplicationError(
+        error.message,
+        carry(shown, result, activity.payload_converter()),
+        type=error.type,
+        non_retryable=True,
+    )
+
+
 class DriverActivities:
     """Activity implementations bound to one engine (registry, blob store, event sink)."""
 
@@ -188,14 +210,34 @@ class DriverActivities:
 
     # -- stage attempts and compensations -----------------------------------------------------
     @activity.defn(dynamic=True)
-    async def stage(self, args: Sequence[RawValue]) -> dict[str, Any]:
+    async def stage(self, args: Sequence[RawValue]) -> Any:
         info = activity.info()
-        task: dict[str, Any] = activity.payload_converter().from_payload(args[0].payload, dict)
+        conv = activity.payload_converter()
+        meta = meta_of(args[0].payload)
+        compensation = info.activity_type.endswith(COMPENSATE_SUFFIX)
+        task: dict[str, Any]
+        if meta is None:  # scheduled by a run of an older driver: one document, old result
+            task = conv.from_payload(args[0].payload, dict)
+            return await self._stage(info, task, compensation, carried=False)
+        # the business values as arguments (see ``_workflow.GraphWorkflow._call``), the
+        # engine's bookkeeping in the first one's metadata
+        values = [conv.from_payload(a.payload) for a in args]
+        if compensation:
+            upstream = values[2] if len(values) > 2 else {}
+            task = {**meta, "output": values[0], "input": values[1], "outputs": upstream}
+        else:
+            task = {**meta, "input": values[0], "outputs": values[1] if len(values) > 1 else {}}
+        return await self._stage(info, task, compensation, carried=True)
+
+    async def _stage(
+        self, info: activity.Info, task: dict[str, Any], compensation: bool, *, carried: bool
+    ) -> Any:
+        """One stage attempt or compensation; ``carried``: the result is the stage's output
+        (its bookkeeping in the payload's metadata) and a failure raises (see ``_carry``)."""
         try:
             wf = self.registry.get(task["workflow_id"], task["version"])
         except EngineError as exc:
             raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
-        compensation = info.activity_type.endswith(COMPENSATE_SUFFIX)
         req = StageRequest(
             run_id=task["run_id"],
             workflow=wf,
@@ -224,9 +266,10 @@ class DriverActivities:
             raw_signals.setdefault(name, [payload])
         given = {name: len(queue) for name, queue in raw_signals.items()}
         pre_consumed: list[str] = []
-        if info.attempt > 1 or info.is_local:
+        if info.attempt > 1 or info.is_local or task.get("reset"):
             # a previous try of this attempt died: steps it journaled replay, never run again
-            # (a local activity re-run after a lost worker starts again at try 1: always look)
+            # (a local activity re-run after a lost worker starts again at try 1: always
+            # look; after an operator's reset the run's ledger forgot steps: look too)
             for r in await log.read():
                 via = r.pop("via", None)
                 if records.get(r["name"]) == r:
@@ -294,16 +337,19 @@ class DriverActivities:
                 key = spill_key(
                     req.run_id, "outputs", req.stage_id, f"r{task['redrive']}-a{req.attempt}"
                 )
-                output = await self.claim.dump(outcome.output, key, force=True)
-            result.update(
-                kind="completed",
-                output=output,
-                events=[{"type": e.type, "data": e.data} for e in outcome.events],
-            )
+                # inline up to the spill threshold (DESIGN §5), so the UI shows the output
+                output = await self.claim.dump(outcome.output, key, force=not carried)
+            events = [{"type": e.type, "data": e.data} for e in outcome.events]
+            if carried:
+                result.update(kind="completed", events=events)
+                return carry(output, result, activity.payload_converter())
+            result.update(kind="completed", output=output, events=events)
         elif isinstance(outcome, Failed):
             result.update(
                 kind="failed", error=outcome.error.model_dump(), retryable=outcome.retryable
             )
+            if carried:
+                raise _failed_attempt(req, outcome, result)
         else:
             result.update(
                 kind="suspended",
@@ -311,6 +357,9 @@ class DriverActivities:
                 until=None if outcome.until is None else outcome.until.isoformat(),
                 waiting_for=outcome.waiting_for,
             )
+            if carried:
+                shown = {"suspended": outcome.waiting_for, "until": result["until"]}
+                return carry(shown, result, activity.payload_converter())
         return result
 
     async def _unless_frozen(

@@ -48,6 +48,7 @@ from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowHandle,
+    WorkflowHistoryEventFilterType,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -110,14 +111,14 @@ from engine_port.errors import (
     WorkflowDrainedError,
 )
 
-from . import _moving
+from . import _moving, _rpc
 from ._activities import DriverActivities, EventStats
+from ._carry import carry
+from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
     _ALL,
     _WFT_STARTED,
-    _failure_message,
-    _failure_type,
     _now,
     _pairs,
     _quote,
@@ -125,6 +126,7 @@ from ._helpers import (
     _state_from_memo,
 )
 from ._search import SA_VERSION, check_search_attributes
+from ._signals import SIGNAL_STATUS_UPDATE
 from ._wire import (
     deployment_for,
     new_run_id,
@@ -134,7 +136,7 @@ from ._wire import (
     state_key,
     task_queue_for,
 )
-from ._workflow import SIGNAL_UPDATE
+from ._workflow import START_MEMO
 
 __all__ = ["TemporalEngine", "create_temporal_engine"]
 
@@ -217,6 +219,7 @@ class TemporalEngine(WorkflowEngine):
                 "WFE_TEMPORAL_NAMESPACE at a running cluster"
             ) from None
         self._client = client
+        release_runtime_at_exit()
 
     async def close(self) -> None:
         helpers, self._helpers = self._helpers, {}
@@ -311,7 +314,14 @@ class TemporalEngine(WorkflowEngine):
         self._registered.add(key)
 
     async def _start_pinned(self, workflow_id: str, version: str, start: Any, **kw: Any) -> Any:
-        """Start a run on its workflow's task queue, PINNED to its definition version."""
+        """Start a run on its workflow's task queue, PINNED to its definition version. The
+        workflow's input is the run's input (its stored form: inline up to the spill
+        threshold); the rest of the start document (graph, version, settings, ...) is the
+        ``wfe_start`` memo entry, read by the workflow (``GraphWorkflow.run``)."""
+        kw["memo"] = {
+            **kw.get("memo", {}),
+            START_MEMO: {k: v for k, v in start.items() if k != "input"},
+        }
         await self._ensure_version(workflow_id, version)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30.0
@@ -319,7 +329,7 @@ class TemporalEngine(WorkflowEngine):
             try:
                 return await self._conn.start_workflow(
                     workflow_id,
-                    start,
+                    start["input"],
                     task_queue=self.task_queue(workflow_id),
                     versioning_override=PinnedVersioningOverride(
                         self.deployment_version(workflow_id, version)
@@ -455,7 +465,12 @@ class TemporalEngine(WorkflowEngine):
         return RunInfo.model_validate(info)
 
     async def _info_from_memo(
-        self, memo: Any, status: WorkflowExecutionStatus | None, *, values: bool = True
+        self,
+        memo: Any,
+        status: WorkflowExecutionStatus | None,
+        run_id: str | None = None,
+        *,
+        values: bool = True,
     ) -> RunInfo:
         info = dict(memo.get("wfe_run") or {})
         if not info:
@@ -464,15 +479,57 @@ class TemporalEngine(WorkflowEngine):
             None,
             WorkflowExecutionStatus.RUNNING,
         ):
-            # terminated or timed out by an operator outside the engine
-            info["status"] = "failed"
-            info["error"] = info.get("error") or {
+            info = await self._ended_outside(info, status, run_id or str(info.get("id")))
+        return await self._resolve(info, values=values)
+
+    async def _ended_outside(
+        self, info: dict[str, Any], status: WorkflowExecutionStatus | None, run_id: str
+    ) -> dict[str, Any]:
+        """A run whose execution an operator ended outside the engine (``temporal workflow
+        terminate``, the Web UI, a workflow execution timeout): the workflow could not record
+        it, so it is read from Temporal. The run is ``failed`` with the operator's reason, and
+        its stages in flight are ``cancelled`` (nothing runs or waits any more)."""
+        now = _now().isoformat()
+        if status == WorkflowExecutionStatus.TERMINATED:
+            reason = await self._terminate_reason(run_id)
+            error = {
+                "type": "RunTerminatedError",
+                "message": f"run {run_id!r} was terminated in Temporal"
+                + (f": {reason}" if reason else " (no reason given)")
+                + "; redrive() runs it again from its last completed stage",
+            }
+        else:
+            name = status.name if status else "?"
+            error = {
                 "type": "RunTimeoutError"
                 if status == WorkflowExecutionStatus.TIMED_OUT
                 else "EngineError",
-                "message": f"the Temporal execution ended as {status.name if status else '?'}",
+                "message": f"the Temporal execution of run {run_id!r} ended as {name}",
             }
-        return await self._resolve(info, values=values)
+        stages = []
+        for raw in info.get("stages") or []:
+            st = dict(raw)
+            if st.get("status") in ("running", "suspended"):
+                st.update(status="cancelled", waiting_for=None, wake_at=None, finished_at=now)
+            stages.append(st)
+        return {
+            **info,
+            "status": "failed",
+            "error": info.get("error") or error,
+            "stages": stages,
+            "finished_at": info.get("finished_at") or now,
+        }
+
+    async def _terminate_reason(self, run_id: str) -> str | None:
+        """The reason an operator gave when terminating the run's execution."""
+        handle = self._conn.get_workflow_handle(run_id)
+        with suppress(RPCError):
+            async for ev in handle.fetch_history_events(
+                event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT
+            ):
+                if ev.HasField("workflow_execution_terminated_event_attributes"):
+                    return str(ev.workflow_execution_terminated_event_attributes.reason) or None
+        return None
 
     async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]:
         handle = self._conn.get_workflow_handle(run_id)
@@ -506,7 +563,7 @@ class TemporalEngine(WorkflowEngine):
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
-        return await self._info_from_memo(memo, status)
+        return await self._info_from_memo(memo, status, run_id)
 
     async def list_runs(
         self,
@@ -525,10 +582,7 @@ class TemporalEngine(WorkflowEngine):
             wanted = [str(status)]
         else:
             wanted = [str(s) for s in status]
-        clauses = [
-            self._scope(),
-            "WfeStatus IN (" + ", ".join(f"'{s}'" for s in wanted) + ")",
-        ]
+        clauses = [self._scope(), _status_clause(wanted)]
         if workflow_id is not None:
             clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
         if id_prefix:
@@ -595,38 +649,45 @@ class TemporalEngine(WorkflowEngine):
             )
         delivery = uuid.uuid4().hex
         value = await self.claim.dump(data, spill_key(run_id, "signals", delivery))
-        body = {
-            "name": name,
-            "payload": value,
-            "delivery": delivery,
-            "idempotency_key": idempotency_key,
-        }
+        # a real Temporal signal whose input is the payload (its stored form: inline up to
+        # the spill threshold); the delivery id and idempotency key ride in its metadata
+        meta = {"delivery": delivery, "idempotency_key": idempotency_key}
         handle = self._conn.get_workflow_handle(run_id)
-        if info.status == RunStatus.PENDING:
-            # no stage has run yet, so no wait can take it: buffer it on the server
-            return await self._plain_signal(handle, run_id, name, body, info)
+        converter = self._conn.data_converter.payload_converter
         try:
+            await _rpc.call(
+                f"signalling run {run_id!r}",
+                lambda: handle.signal(name, carry(value, meta, converter)),
+            )
+        except RPCError:
+            status_now = (await self.get_run(run_id)).status
+            raise RunNotActiveError(run_id, status_now, "signal") from None
+        if info.status == RunStatus.PENDING:
+            # no stage has run yet, so no wait can take it: buffered on the server
+            return self._buffered(run_id, name, info)
+        try:
+            # what the run made of it (an internal update, answered once the signal is in)
             res: dict[str, Any] = await handle.execute_update(
-                SIGNAL_UPDATE,
-                body,
+                SIGNAL_STATUS_UPDATE,
+                delivery,
                 result_type=dict,
                 rpc_timeout=timedelta(seconds=self.signal_timeout),
             )
-        except WorkflowUpdateRPCTimeoutOrCancelledError:
-            # no worker answered in time: buffer it on the server (deduplicated by delivery id)
-            return await self._plain_signal(handle, run_id, name, body, info)
-        except WorkflowUpdateFailedError as exc:
-            if _failure_type(exc) == "MigrationError":
-                raise MigrationError(_failure_message(exc)) from None
-            if _failure_type(exc) == "SignalQueueFullError":  # the workflow's bound
-                raise SignalQueueFullError(
-                    run_id, name, self.settings.max_pending_signals
-                ) from None
+        except (WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError, RPCError):
+            # no worker answered in time (or the run just closed): the signal stays buffered
+            # on the server; report from the run's last published state
+            return self._buffered(run_id, name, info)
+        rejected = res.get("rejected")
+        if rejected == "MigrationError":
+            raise MigrationError(
+                f"run {run_id!r} is frozen for migration; signal it once the move completed "
+                "(on its target) or was aborted"
+            )
+        if rejected == "SignalQueueFullError":  # the workflow's bound
+            raise SignalQueueFullError(run_id, name, self.settings.max_pending_signals)
+        if rejected is not None:
             current = await self.get_run(run_id)
-            raise RunNotActiveError(run_id, current.status, "signal") from None
-        except RPCError:
-            current = await self.get_run(run_id)
-            raise RunNotActiveError(run_id, current.status, "signal") from None
+            raise RunNotActiveError(run_id, current.status, "signal")
         return SignalResult(
             run_id=run_id,
             name=name,
@@ -634,24 +695,12 @@ class TemporalEngine(WorkflowEngine):
             already_completed=bool(res.get("already_completed")),
         )
 
-    async def _plain_signal(
-        self,
-        handle: WorkflowHandle[Any, Any],
-        run_id: str,
-        name: str,
-        body: dict[str, Any],
-        info: RunInfo,
-    ) -> SignalResult:
-        """Buffer the signal on the server, for the workflow to queue when a worker runs it.
+    @staticmethod
+    def _buffered(run_id: str, name: str, info: RunInfo) -> SignalResult:
+        """A signal buffered on the server, for the workflow to queue when a worker runs it.
         No worker answered, so the result is read from the run's last published state: it
-        is delivered when a stage was waiting for the name (and none of the name appeared
-        queued); a repeated idempotency key is still not queued twice (the workflow drops
-        it), but cannot be reported here."""
-        try:
-            await handle.signal(name, body)
-        except RPCError:
-            status_now = (await self.get_run(run_id)).status
-            raise RunNotActiveError(run_id, status_now, "signal") from None
+        is delivered when a stage was waiting for the name; a repeated idempotency key is
+        still not queued twice (the workflow drops it), but cannot be reported here."""
         waiting = any(s.waiting_for == f"signal:{name}" for s in info.stages)
         return SignalResult(run_id=run_id, name=name, delivered=waiting)
 
@@ -683,7 +732,20 @@ class TemporalEngine(WorkflowEngine):
             # redrive() re-runs terminal runs only (a stranded active run may be re-pinned
             # with version='latest'); a migrated run lives on its target now
             raise RunNotActiveError(run_id, info.status, "redrive")
-        if info.terminal:
+        if info.terminal and status in (
+            WorkflowExecutionStatus.TERMINATED,
+            WorkflowExecutionStatus.TIMED_OUT,
+        ):
+            # ended outside the engine: no final state was saved; rebuild it from the memo,
+            # with the steps its stages journaled (so a redrive never re-runs one)
+            state = _state_from_memo(memo)
+            for sid, st in state["stages"].items():
+                if st.get("status") != "completed":
+                    records = await self._activities.read_journal(
+                        run_id, sid, int(state.get("redrive", 0))
+                    )
+                    st["steps"] = {r["name"]: r for r in records}
+        elif info.terminal:
             state = await self._load_state(run_id)
         else:
             # a stranded active run (no worker serves its version): re-pin it from its memo
@@ -897,6 +959,28 @@ class TemporalEngine(WorkflowEngine):
             Event.model_validate(pydantic_core.from_json(await self.blob_store.get(k)))
             for k in keys
         ]
+
+
+def _in(values: Sequence[str]) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+def _status_clause(wanted: Sequence[str]) -> str:
+    """The visibility filter for runs of the ``wanted`` statuses. A run whose execution was
+    terminated (or timed out) outside the engine still has the active WfeStatus it last
+    wrote: it is listed as ``failed`` (see ``TemporalEngine._ended_outside``), never as
+    active."""
+    ended = "ExecutionStatus IN ('Terminated', 'TimedOut')"
+    done = [s for s in wanted if s not in _ACTIVE]
+    active = [s for s in wanted if s in _ACTIVE]
+    parts = []
+    if done:
+        parts.append(f"WfeStatus IN {_in(done)}")
+    if active:
+        parts.append(f"(WfeStatus IN {_in(active)} AND ExecutionStatus = 'Running')")
+    if "failed" in wanted:
+        parts.append(f"(WfeStatus IN {_in(_ACTIVE)} AND {ended})")
+    return "(" + " OR ".join(parts) + ")"
 
 
 def create_temporal_engine(

@@ -45,11 +45,15 @@ with workflow.unsafe.imports_passed_through():
     from engine_port import box_inline
 
     from ._activities import TAKE_SIGNAL_UPDATE
+    from ._carry import meta_of
     from ._freezing import migration_error
 
-__all__ = ["SIGNAL_UPDATE", "TAKE_SIGNAL_UPDATE", "SignalHandlers"]
+__all__ = ["SIGNAL_STATUS_UPDATE", "SIGNAL_UPDATE", "TAKE_SIGNAL_UPDATE", "SignalHandlers"]
 
-SIGNAL_UPDATE = "wfe.signal"
+SIGNAL_UPDATE = "wfe.signal"  # how older engines sent signals: kept so their runs replay
+SIGNAL_STATUS_UPDATE = "wfe.internal.signal_status"
+# a signal's payload is JSON (or empty): anything else (bytes, protobuf) is rejected
+_JSON_ENCODINGS = frozenset({b"json/plain", b"binary/null"})
 
 
 def _is_wrapped(value: Any) -> bool:
@@ -84,23 +88,74 @@ class SignalHandlers:
     # attempt in flight was handed the whole queue
     _holder_rule: bool = False
     _signal_holder: str | None = None
+    _rejected: list[dict[str, Any]]
 
     @workflow.signal(dynamic=True)
     def on_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        """A signal buffered on the server: one the engine sent when no worker answered its
-        update (wrapped, with its delivery id), or a raw Temporal signal from an operator
-        (``temporal workflow signal --name go --input '{...}'``), whose input is the payload.
-        Either way it just queues."""
+        """A Temporal signal: its input is the payload, as the sender gave it. The engine's
+        own (``TemporalEngine.signal``) carry their delivery id and idempotency key in the
+        payload's metadata (``_carry``); a raw one from an operator (``temporal workflow
+        signal --name go --input '{...}'``) has none. A payload that does not decode (not
+        JSON) is rejected and recorded (``_rejected``) without failing the workflow task.
+        Older engines sent a wrapped body (``_is_wrapped``), still read so runs replay."""
         value: Any = None
-        if args:
-            value = workflow.payload_converter().from_payload(args[0].payload)
-        if _is_wrapped(value):
+        meta = meta_of(args[0].payload) if args else None
+        try:
+            if args:
+                encoding = args[0].payload.metadata.get("encoding", b"")
+                if encoding not in _JSON_ENCODINGS:
+                    raise ValueError(f"encoding {encoding.decode(errors='replace')!r} is not JSON")
+                value = workflow.payload_converter().from_payload(args[0].payload)
+        except Exception as exc:
+            self._reject(name, f"its payload does not decode: {type(exc).__name__}: {exc}")
+            if meta is not None and isinstance(meta.get("delivery"), str):
+                self._deliveries[meta["delivery"]] = {"rejected": "InvalidSignalPayload"}
+            return
+        if meta is not None:
+            delivery, key = meta.get("delivery"), meta.get("idempotency_key")
+            refused = self._refusal(delivery, key)
+            if refused is not None:
+                self._reject(name, refused)
+                if isinstance(delivery, str):
+                    self._deliveries[delivery] = {"rejected": refused}
+                return
+            self._deliver(name, value, delivery, key)  # the stored form the engine made
+        elif _is_wrapped(value):
             self._deliver(
                 name, value.get("payload"), value.get("delivery"), value.get("idempotency_key")
             )
         else:
             # the operator's JSON is user data: boxed, so it is never read as a reference
             self._deliver(name, box_inline(value), None, None)
+
+    def _refusal(self, delivery: Any, key: Any) -> str | None:
+        """Why an engine-sent signal is not queued (the engine's ``signal`` reports it), or
+        None: the run ended or is frozen, or its queue is full."""
+        if self._final or self._migrated_to is not None:
+            return "RunNotActiveError"
+        if self._frozen:
+            return "MigrationError"
+        # (a signal that arrives with the run's first task may be handled before ``run``)
+        bound = getattr(self, "_start", {}).get("max_pending_signals")
+        repeat = delivery in self._deliveries or (key is not None and key in self._signal_keys)
+        if bound is not None and not repeat and len(self._signals) >= int(bound):
+            return "SignalQueueFullError"
+        return None
+
+    def _reject(self, name: str, why: str) -> None:
+        """Record a signal the run did not queue (the run's memo, ``wfe_rejected_signals``,
+        keeps the last ones) and log it; the run goes on."""
+        workflow.logger.warning("signal %r rejected by run %s: %s", name, self._run_id, why)
+        self._rejected = [*self._rejected[-9:], {"name": name, "reason": why}]
+        workflow.upsert_memo({"wfe_rejected_signals": self._rejected})
+
+    @workflow.update(name=SIGNAL_STATUS_UPDATE)
+    async def on_signal_status(self, delivery: str) -> dict[str, Any]:
+        """(Internal, used by ``TemporalEngine.signal``.) What became of the signal the
+        engine sent with this delivery id: delivered, buffered, already completed or why it
+        was rejected. Waits for the signal, which the server hands over first."""
+        await workflow.wait_condition(lambda: delivery in self._deliveries)
+        return self._deliveries[delivery]
 
     @workflow.update(name=SIGNAL_UPDATE)
     def on_signal_update(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from temporalio.api.workflowservice.v1 import (
+    DescribeWorkerDeploymentRequest,
+    SetWorkerDeploymentCurrentVersionRequest,
+)
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from . import _rpc
 from ._purge import retention
 from ._workflow import GraphWorkflow, workflow_runner
 
@@ -93,11 +100,26 @@ class EngineWorker:
             for w in workers:
                 await stack.enter_async_context(w)
             await stack.enter_async_context(retention(eng))  # the retention setting (issue 16)
+            current = asyncio.create_task(self._make_current())
+            stack.push_async_callback(_cancelled, current)
         except BaseException:
             await stack.aclose()
             raise
         self._stack = stack
         return self
+
+    async def _make_current(self) -> None:
+        """Make each served version that is its workflow's latest the current version of its
+        Worker Deployment, once its workers poll (the Web UI's Deployments page then shows it
+        current instead of "No Current Version"). Routing stays by pin (every run is started
+        pinned to its version): this only tells operators which version is live. A version
+        older than the deployment's current one (an old process restarting) leaves it."""
+        eng = self.engine
+        for wf_id, version in sorted(eng.registry.served()):
+            if eng.registry.latest_version(wf_id) != version:
+                continue
+            with contextlib.suppress(Exception):  # informative only: never fail the worker
+                await _set_current(eng, wf_id, version)
 
     def _unhost(self) -> None:
         hosted = self.engine._hosted
@@ -115,6 +137,62 @@ class EngineWorker:
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+
+
+async def _set_current(eng: TemporalEngine, wf_id: str, version: str) -> None:
+    dv = eng.deployment_version(wf_id, version)
+    svc = eng._conn.workflow_service
+    ns = eng.settings.temporal_namespace
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30.0
+    describe = functools.partial(
+        svc.describe_worker_deployment,
+        DescribeWorkerDeploymentRequest(namespace=ns, deployment_name=dv.deployment_name),
+    )
+    while True:
+        try:
+            desc = await _rpc.call("describing a Worker Deployment", describe)
+        except RPCError:
+            # not found until the server saw the first poll of one of its versions
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+            continue
+        info = desc.worker_deployment_info
+        current = info.routing_config.current_deployment_version.build_id
+        if current == version:
+            return
+        created = {
+            v.deployment_version.build_id: v.create_time.ToDatetime()
+            for v in info.version_summaries
+        }
+        newer = current in created and version in created and created[current] > created[version]
+        if current and newer:
+            return  # a newer version is current already
+        req = SetWorkerDeploymentCurrentVersionRequest(
+            namespace=ns,
+            deployment_name=dv.deployment_name,
+            build_id=version,
+            conflict_token=desc.conflict_token,
+            identity="wfe worker",
+        )
+        try:
+            await _rpc.call(
+                "setting the current Worker Deployment version",
+                functools.partial(svc.set_worker_deployment_current_version, req),
+            )
+            return
+        except RPCError:
+            # no pollers seen yet, or a concurrent change (conflict token): look again
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 async def run_worker_forever(engine: TemporalEngine, **options: Any) -> None:

@@ -43,9 +43,10 @@ from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowRunner
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle
+    from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle, run_output
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
+    from ._carry import carried_failure, carry, meta_of
     from ._freezing import Migrated, MigrationHandlers
     from ._search import SA_STAGE, SA_STATUS
     from ._signals import SIGNAL_UPDATE, SignalHandlers
@@ -54,11 +55,15 @@ with workflow.unsafe.imports_passed_through():
 __all__ = [
     "RUN_INFO_QUERY",
     "SIGNAL_UPDATE",
+    "START_MEMO",
     "GraphWorkflow",
     "workflow_runner",
 ]
 
 RUN_INFO_QUERY = "wfe.run_info"
+# the memo key of a run's start document (graph, version, settings, ...): everything but the
+# input, which is the workflow's input (see ``GraphWorkflow.run``)
+START_MEMO = "wfe_start"
 _GRACE = 10.0  # seconds beyond a stage timeout before Temporal declares the attempt lost
 _INFRA_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=500),
@@ -68,6 +73,7 @@ _INFRA_RETRY = RetryPolicy(
 )
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
 _LOCAL_PATCH = "wfe-local-stages"
+_SYNC_ROUNDS = 8  # condition rounds the memo write waits for an activation to settle
 # runs started with this marker take every signal through ``wfe.take_signal`` (or a lent one),
 # concurrently; a run started before keeps the single-taker rule (``SignalHandlers``)
 _SHARED_TAKES_PATCH = "wfe-shared-signal-takes"
@@ -154,6 +160,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._stop_reason: str | None = None
         self._attempts: dict[str, Any] = {}
         self._failures = 0
+        self._carried = False  # started by this driver: business values in the payloads
+        self._rejected: list[dict[str, Any]] = []  # signals not queued (``SignalHandlers``)
 
     # -- handlers ---------------------------------------------------------------------------
     @workflow.query(name=RUN_INFO_QUERY)
@@ -162,8 +170,18 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
 
     # -- main -------------------------------------------------------------------------------
     @workflow.run
-    async def run(self, args: Sequence[RawValue]) -> dict[str, Any]:
-        start: dict[str, Any] = workflow.payload_converter().from_payload(args[0].payload, dict)
+    async def run(self, args: Sequence[RawValue]) -> Any:
+        conv = workflow.payload_converter()
+        meta = workflow.memo_value(START_MEMO, None)
+        # a run started by this driver: input = the run's input as the user gave it (stored
+        # form), the engine's start document in the memo; result = the run's output. A run
+        # started by an older driver has the whole document as input and the RunInfo as result
+        self._carried = isinstance(meta, dict)
+        start: dict[str, Any]
+        if isinstance(meta, dict):
+            start = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
+        else:
+            start = conv.from_payload(args[0].payload, dict)
         # asked once, first thing: a run whose history lacks the marker replays the old rule
         self._holder_rule = not workflow.patched(_SHARED_TAKES_PATCH)
         self._setup(start)
@@ -220,7 +238,12 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             )
         if outcome == "cancelled":
             raise asyncio.CancelledError()
-        return self._info
+        if not self._carried:
+            return self._info
+        if outcome != "completed":
+            return None  # migrated: the run goes on (and ends) on its target
+        outputs = {s["id"]: s["output"] for s in self._stages.values()}
+        return run_output(self._graph.sinks(), outputs)
 
     async def _wind_up(
         self,
@@ -556,6 +579,11 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             "output": st["output"] if compensation else None,
             "trace_context": self._start.get("trace_context"),
         }
+        wfi = workflow.info()
+        if wfi.run_id != wfi.first_execution_run_id:
+            # an operator reset this run (a new execution of the same chain): the stage's
+            # step journal may hold steps the replayed ledger lacks; the activity reads it
+            task["reset"] = True
         # the StageRunner's effective timeout (the stage's own, else the starter's
         # default_stage_timeout) plus a grace; one day when neither is set (Temporal needs one)
         timeout = timedelta(days=1)
@@ -569,12 +597,16 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         name = sid + COMPENSATE_SUFFIX if compensation else sid
         summary = f"{sid} {what} {attempt}"
         res: dict[str, Any] | None = None
+        if not (in_process or compensation):
+            self._tokens += 1
+            task["token"] = self._tokens
+        args, result_type = self._activity_args(task, compensation)
         try:
             if in_process:
                 local = workflow.start_local_activity(
                     name,
-                    task,
-                    result_type=dict,
+                    args=args,
+                    result_type=result_type,
                     start_to_close_timeout=timeout,
                     retry_policy=_INFRA_RETRY,
                     cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
@@ -582,15 +614,12 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 )
                 if not compensation:
                     self._attempts[sid] = local
-                res = await local
+                res = self._activity_result(await local)
             else:
-                if not compensation:
-                    self._tokens += 1
-                    task["token"] = self._tokens
                 handle = workflow.start_activity(
                     name,
-                    task,
-                    result_type=dict,
+                    args=args,
+                    result_type=result_type,
                     start_to_close_timeout=timeout,
                     heartbeat_timeout=self._hb,
                     retry_policy=_INFRA_RETRY,
@@ -601,9 +630,10 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                     call = {"token": self._tokens, "handle": handle, "withdrawn": False}
                     self._calls[sid] = call
                     self._attempts[sid] = handle
-                res = await handle
-        except ActivityError as exc:
-            cause = exc.cause
+                res = self._activity_result(await handle)
+        except (ActivityError, ApplicationError) as exc:
+            # (a failed local activity of this driver surfaces as its ApplicationError)
+            cause = exc.cause if isinstance(exc, ActivityError) else exc
             if isinstance(cause, CancelledError):
                 if call is not None and call["withdrawn"]:
                     # the freeze's cancel found it still scheduled; steps an earlier try
@@ -611,6 +641,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                     res = {"kind": "withdrawn", "steps": await self._journaled(sid)}
                 else:
                     raise asyncio.CancelledError() from None
+            elif isinstance(cause, ApplicationError) and carried_failure(cause) is not None:
+                res = carried_failure(cause)  # a failed attempt, its bookkeeping carried
             else:
                 if isinstance(cause, ApplicationError):
                     etype, retryable = cause.type or "ApplicationError", not cause.non_retryable
@@ -642,6 +674,38 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             self._settle_lent(sid, res.get("consumed") or ())
             self._release_taken(sid, steps)
         return res
+
+    def _activity_args(
+        self, task: dict[str, Any], compensation: bool
+    ) -> tuple[list[Any], type[Any]]:
+        """A stage activity's arguments and result type. A run of this driver passes the
+        stage's business values, as a hand-written activity would: an attempt takes the run's
+        input (then the outputs of the stages it comes after, when there are any), a
+        compensation the stage's output and the run's input (then the same outputs); the rest
+        of ``task`` rides in the first argument's payload metadata (``_carry``). An older run
+        passes ``task``."""
+        if not self._carried:
+            return [task], dict
+        business = ("input", "outputs", "output")
+        meta = {k: v for k, v in task.items() if k not in business}
+        conv = workflow.payload_converter()
+        upstream = [task["outputs"]] if task["outputs"] else []
+        if compensation:
+            values = [task["output"], task["input"], *upstream]
+        else:
+            values = [task["input"], *upstream]
+        return [carry(values[0], meta, conv), *values[1:]], RawValue
+
+    def _activity_result(self, value: Any) -> dict[str, Any]:
+        """What a stage activity reported: the old shape's document, or the output with the
+        bookkeeping in its payload's metadata."""
+        if not isinstance(value, RawValue):
+            result: dict[str, Any] = value
+            return result
+        meta = meta_of(value.payload) or {}
+        if meta.get("kind") == "completed":
+            meta["output"] = workflow.payload_converter().from_payload(value.payload)
+        return meta
 
     async def _journaled(self, sid: str) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = await workflow.execute_local_activity(
@@ -765,6 +829,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         first_failure = workflow.now()
         while True:
             await workflow.wait_condition(lambda: bool(self._outbox) or self._closing)
+            await self._settled()
             if not self._outbox:
                 return
             batch = list(self._outbox[:200])
@@ -836,9 +901,23 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         the end of the activation (in the same workflow task as the events it emitted)."""
         self._dirty = True
 
+    async def _settled(self) -> None:
+        """Let the rest of this activation run first, so that it writes the memo and
+        publishes events once rather than once per step of it: a stage's completion and the
+        next stage's start happen a few condition rounds apart in the same activation
+        (``_SYNC_ROUNDS`` rounds, no commands, deterministic). Runs of the older shape did not
+        wait, and still do not, so their histories replay."""
+        if not self._carried:
+            return
+        for _ in range(_SYNC_ROUNDS):
+            if self._closing:
+                return
+            await workflow.wait_condition(lambda: True)
+
     async def _syncer(self) -> None:
         while True:
             await workflow.wait_condition(lambda: self._dirty or self._closing)
+            await self._settled()
             if self._dirty:
                 self._dirty = False
                 self._write_info()

@@ -1,0 +1,59 @@
+"""Temporal RPC calls as the driver makes them: what Temporal asks to retry is retried with
+backoff here, what remains reaches the caller as a typed ``EngineError``.
+
+A busy server answers ``RESOURCE_EXHAUSTED`` ("too many requests issued to Worker Deployment
+... Please try again later") or ``UNAVAILABLE``; both mean "try again", so ``call`` tries
+again with capped exponential backoff and jitter until its deadline, then raises
+``DriverUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from temporalio.service import RPCError, RPCStatusCode
+
+from engine_port.errors import DriverUnavailableError
+
+__all__ = ["RETRYABLE", "call", "retryable"]
+
+T = TypeVar("T")
+
+RETRYABLE = frozenset({RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE})
+
+
+def retryable(exc: BaseException) -> bool:
+    """Temporal said: try again later."""
+    return isinstance(exc, RPCError) and exc.status in RETRYABLE
+
+
+async def call(
+    what: str,
+    fn: Callable[[], Awaitable[T]],
+    *,
+    deadline_s: float = 30.0,
+    initial_s: float = 0.05,
+    max_s: float = 2.0,
+) -> T:
+    """``await fn()``, retried while Temporal answers a retryable status; ``what`` names the
+    call in the error raised when the server kept refusing for ``deadline_s`` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    delay = initial_s
+    while True:
+        try:
+            return await fn()
+        except RPCError as exc:
+            if exc.status not in RETRYABLE:
+                raise
+            if loop.time() + delay > end:
+                raise DriverUnavailableError(
+                    f"Temporal kept refusing {what} for {deadline_s:g}s "
+                    f"({exc.status.name if exc.status else '?'}: {exc.message}); the server is "
+                    "overloaded: retry later or give it more capacity"
+                ) from None
+        await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        delay = min(delay * 2, max_s)
