@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from engine_port import RunStatus
+from engine_port.driver import WORKING_RUN_STATUSES
 
 from ._schema import jobs, runs
 from ._sql import db_clock, lease_until
@@ -100,11 +100,7 @@ def heartbeat(
     run = conn.execute(
         sa.select(runs.c.status, runs.c.cancel_requested).where(runs.c.id == res.run_id)
     ).first()
-    stop = (
-        run is None
-        or bool(run.cancel_requested)
-        or run.status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
-    )
+    stop = run is None or bool(run.cancel_requested) or run.status not in WORKING_RUN_STATUSES
     return True, stop
 
 

@@ -42,6 +42,7 @@ from engine_port.driver import (
     input_fingerprint,
     is_storage_fault,
     to_json_value,
+    version_key,
 )
 from engine_port.errors import (
     CommandInProgressError,
@@ -254,7 +255,7 @@ class Kernel:
         raise WorkflowNotFoundError(workflow_id, version)
 
     def served(self) -> frozenset[str]:
-        return frozenset(f"{w}@{v}" for w, v in self.registry.served())
+        return frozenset(version_key(w, v) for w, v in self.registry.served())
 
     # -- run commands ----------------------------------------------------------------------
     async def _create_run(self, cmd: CreateRun) -> tuple[str, bool]:

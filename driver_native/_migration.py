@@ -17,7 +17,7 @@ from engine_port import (
     RunStatus,
     StageStatus,
 )
-from engine_port.driver import SnapshotSignal, SnapshotStage, SnapshotStep
+from engine_port.driver import SnapshotSignal, SnapshotStage, SnapshotStep, version_key
 from engine_port.errors import IdempotencyConflictError, MigrationError
 
 from ._outbox import append_events
@@ -299,7 +299,7 @@ def _resume_job(snap: RunSnapshot, st: SnapshotStage, now: float) -> dict[str, A
         "run_id": snap.run_id,
         "stage_id": st.id,
         "kind": "stage",
-        "wfv": f"{snap.workflow_id}@{snap.version}",
+        "wfv": version_key(snap.workflow_id, snap.version),
         "created_at": now,
     }
     if st.status == StageStatus.SUSPENDED:

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from engine_port import EngineSettings, Event, EventDraft
+from engine_port.driver import sink_retry_delay
 
 from ._schema import outbox, runs
 from ._sql import update_where
@@ -60,7 +61,7 @@ class RetryRule:
 
     def delay(self, attempts: int) -> float:
         """Seconds to wait after the ``attempts``-th failed attempt (1, 2, ...)."""
-        return float(min(self.max_seconds, self.initial_seconds * 2 ** max(0, attempts - 1)))
+        return sink_retry_delay(attempts, self.initial_seconds, self.max_seconds)
 
     def dead(self, attempts: int, first_failed_at: float, now: float) -> bool:
         return attempts >= self.dead_after and now - first_failed_at >= self.min_seconds

@@ -26,6 +26,7 @@ from engine_port import (
     Suspended,
     run_output,
 )
+from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._outbox import append_events
 from ._schema import jobs, runs, signals, staged_events, stages, steps
@@ -46,7 +47,7 @@ __all__ = [
     "schedule",
 ]
 
-ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
+ACTIVE = WORKING_RUN_STATUSES
 
 ABANDON_BACKOFF_S = 1.0
 """How long an attempt abandoned on a storage fault waits before it runs again."""
@@ -246,7 +247,7 @@ def schedule(
                     "run_id": run.id,
                     "stage_id": s,
                     "kind": "stage",
-                    "wfv": f"{run.workflow_id}@{run.version}",
+                    "wfv": version_key(run.workflow_id, run.version),
                     "status": "leased" if s in take else "ready",
                     "lease_owner": handoff.worker if handoff and s in take else None,
                     "lease_expires_at": lease_until if s in take else None,
@@ -702,7 +703,7 @@ def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraf
                 run_id=run.id,
                 stage_id="*",
                 kind="compensate",
-                wfv=f"{run.workflow_id}@{run.version}",
+                wfv=version_key(run.workflow_id, run.version),
                 status="ready",
                 available_at=now,
                 attempt=1,

@@ -20,10 +20,15 @@ from engine_port import (
     StageStatus,
     VersionInfo,
 )
-from engine_port.driver import TERMINAL_RUN_STATUSES, StepEntry, check_signal_known
+from engine_port.driver import (
+    REDRIVABLE_RUN_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    StepEntry,
+    check_signal_known,
+    redrive_plan,
+)
 from engine_port.errors import (
     IdempotencyConflictError,
-    InvalidRedriveError,
     MigrationError,
     RunNotActiveError,
     RunNotFoundError,
@@ -280,19 +285,13 @@ def redrive_run(
 ) -> None:
     """Re-run a terminal run under the same id; ``graph`` is the version it runs on now."""
     run = lock_run(conn, run_id)
-    if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPLETED):
+    if run.status not in REDRIVABLE_RUN_STATUSES:
         raise RunNotActiveError(run_id, run.status, "redrive")
     rows = {
         r.stage_id: r
         for r in conn.execute(sa.select(stages).where(stages.c.run_id == run_id)).all()
     }
-    ids = {s.id for s in graph.stages}
-    if set(rows) != ids:
-        raise InvalidRedriveError(
-            f"run {run_id!r} cannot move to version {graph.version!r}: its stages differ "
-            f"({sorted(rows)} vs {sorted(ids)}); redrive it on its own version"
-        )
-    rerun = graph.redrive_set(from_, {sid: r.status for sid, r in rows.items()}, run_id)
+    rerun = redrive_plan(graph, from_, {sid: r.status for sid, r in rows.items()}, run_id)
     for sid in sorted(rerun):
         r = rows[sid]
         if r.attempt > 0:
@@ -322,7 +321,7 @@ def redrive_run(
             finished_at=None,
         )
     )
-    keep = sorted(ids - rerun)
+    keep = sorted(set(rows) - rerun)  # (redrive_plan checked that these are the stage ids)
     if keep:
         conn.execute(
             sa.update(stages)

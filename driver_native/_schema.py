@@ -74,6 +74,7 @@ runs = Table(
     Column("finished_at", Double),
     Index("ix_wfe_runs_status", "status"),
     Index("ix_wfe_runs_wf", "workflow_id", "version", "status"),
+    Index("ix_wfe_runs_created", "created_at", "id"),  # list_runs: newest first, keyset pages
 )
 
 stages = Table(
@@ -290,6 +291,12 @@ def _v7(conn: Connection) -> None:
         conn.execute(sa.text("ALTER TABLE wfe_outbox ADD COLUMN claimed_until DOUBLE PRECISION"))
 
 
+def _v8(conn: Connection) -> None:
+    """v8 added an index on runs (created_at, id): listing the newest runs and each keyset page
+    after a cursor reads the index instead of sorting every run."""
+    next(i for i in runs.indexes if i.name == "ix_wfe_runs_created").create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -298,6 +305,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (5, "outbox retries with backoff: first_failed_at, next_attempt_at", _v5),
     (6, "runs.trace_context for OpenTelemetry", _v6),
     (7, "outbox flush claims: claimed_by, claimed_until", _v7),
+    (8, "runs index on (created_at, id) for listing pages", _v8),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

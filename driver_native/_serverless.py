@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection
 
 from engine_port import FlushResult
-from engine_port.driver import TERMINAL_RUN_STATUSES
+from engine_port.driver import TERMINAL_RUN_STATUSES, version_key
 
 from ._commands import (
     CreateRun,
@@ -516,7 +516,7 @@ async def run_to_completion(
             outcome = str(run.status) if run.status != "migrated" else "incomplete"
             reason = "the run was migrated to another driver" if run.status == "migrated" else None
             break
-        if served is not None and f"{run.workflow_id}@{run.version}" not in served:
+        if served is not None and version_key(run.workflow_id, run.version) not in served:
             reason = f"version {run.version!r} of {run.workflow_id!r} is not served here"
             break
         if executed >= max_jobs:

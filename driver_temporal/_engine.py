@@ -96,6 +96,7 @@ from engine_port.driver import (
     check_workflow_id,
     check_workflow_ids,
     input_fingerprint,
+    redrive_plan,
     served_graph,
     telemetry,
 )
@@ -759,8 +760,9 @@ class TemporalEngine(WorkflowEngine):
         graph = wf.graph()
         stages: dict[str, dict[str, Any]] = state["stages"]
         order = [sid for g in graph.groups for sid in g]
-        statuses = {sid: stages.get(sid, {}).get("status", "pending") for sid in order}
-        reset = graph.redrive_set(from_, statuses, run_id)  # bad input: raise, change nothing
+        statuses = {sid: str(st.get("status", "pending")) for sid, st in stages.items()}
+        # the stages the run has must be the target version's; bad input: raise, change nothing
+        reset = redrive_plan(graph, from_, statuses, run_id)
         if not info.terminal:
             with suppress(RPCError):
                 await self._conn.get_workflow_handle(run_id).terminate(

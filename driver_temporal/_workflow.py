@@ -44,6 +44,7 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle, run_output
+    from engine_port.driver import sink_retry_delay
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
     from ._carry import carried_failure, carry, meta_of
@@ -866,7 +867,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                     continue
                 except ActivityError:
                     pass
-            delay = min(self._retry_initial_s * 2 ** (failures - 1), self._retry_max_s)
+            delay = sink_retry_delay(failures, self._retry_initial_s, self._retry_max_s)
             await workflow.sleep(delay, summary="event sink retry")
 
     # -- inspection -------------------------------------------------------------------------

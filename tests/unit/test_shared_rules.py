@@ -43,45 +43,7 @@ NAMED_SETS = {
 }
 
 # (file, rule, source of the copy) -> how many times; to switch to the shared function
-KNOWN_COPIES: Counter[tuple[str, str, str]] = Counter(
-    {
-        ("driver_native/_outbox.py", "sink_retry_delay", "2 ** max(0, attempts - 1)"): 1,
-        ("driver_temporal/_workflow.py", "sink_retry_delay", "2 ** (failures - 1)"): 1,
-        ("driver_native/_kernel.py", "version_key", "f'{w}@{v}'"): 1,
-        (
-            "driver_native/_migration.py",
-            "version_key",
-            "f'{snap.workflow_id}@{snap.version}'",
-        ): 1,
-        ("driver_native/_progress.py", "version_key", "f'{run.workflow_id}@{run.version}'"): 2,
-        ("driver_native/_serverless.py", "version_key", "f'{run.workflow_id}@{run.version}'"): 1,
-        (
-            "driver_native/_jobs.py",
-            "WORKING_RUN_STATUSES",
-            "(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)",
-        ): 1,
-        (
-            "driver_native/_progress.py",
-            "WORKING_RUN_STATUSES",
-            "(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)",
-        ): 1,
-        (
-            "driver_native/_runs.py",
-            "REDRIVABLE_RUN_STATUSES",
-            "(RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPLETED)",
-        ): 1,
-        (
-            "driver_native/_runs.py",
-            "redrive_plan",
-            "graph.redrive_set(from_, {sid: r.status for sid, r in rows.items()}, run_id)",
-        ): 1,
-        (
-            "driver_temporal/_engine.py",
-            "redrive_plan",
-            "graph.redrive_set(from_, statuses, run_id)",
-        ): 1,
-    }
-)
+KNOWN_COPIES: Counter[tuple[str, str, str]] = Counter()
 
 # the port's argument checks each engine method must call (engine_port/_limits.py)
 REQUIRED_CHECKS = {
