@@ -13,6 +13,7 @@ from engine_port.errors import (
     DefinitionError,
     IdempotencyConflictError,
     InvalidInputError,
+    InvalidRedriveError,
     SerializationError,
     WorkflowNotFoundError,
 )
@@ -138,6 +139,40 @@ class VersionContract:
                 assert moved.version == "v2"
                 done = await e2.wait(run.id, timeout=60)
         assert done.status == RunStatus.COMPLETED and done.output == "v2"
+
+    async def test_redrive_onto_a_version_with_other_stages_is_refused(
+        self, harness: Harness
+    ) -> None:
+        """A failed run cannot be redriven onto a version whose stages are not its own (the
+        port's redrive_plan): InvalidRedriveError, and the run stays as it was."""
+        if not (harness.capabilities.pinned_versions and harness.capabilities.redrive):
+            pytest.skip("driver lacks capability pinned_versions/redrive")
+        wid = unique_id("s13x")
+        v1 = Workflow(wid, input=Num, version="v1")
+
+        @v1.stage
+        async def a(ctx: StageContext[Num]) -> str:
+            from engine_port import NonRetryableError
+
+            raise NonRetryableError("v1 is broken")
+
+        v2 = Workflow(wid, input=Num, version="v2")
+
+        @v2.stage
+        async def b(ctx: StageContext[Num]) -> str:  # another stage id: not a's run
+            return "v2"
+
+        async with (
+            harness.engine(Registry([v1, v2]), MemorySink()) as engine,
+            engine.worker(),
+        ):
+            run = await engine.start(wid, {}, version="v1")
+            assert (await engine.wait(run.id, timeout=60)).status == RunStatus.FAILED
+            with pytest.raises(InvalidRedriveError, match="stages differ"):
+                await engine.redrive(run.id, version="v2")
+            after = await engine.get_run(run.id)
+        assert (after.status, after.version) == (RunStatus.FAILED, "v1")
+        assert [s.id for s in after.stages] == ["a"]
 
 
 class BadInputContract:
