@@ -90,6 +90,25 @@ def test_the_port_imports_no_driver_conformance_or_application_even_lazily() -> 
     assert found == [], "the port builds drivers through the wfe.drivers entry points only"
 
 
+def test_the_cli_uses_only_the_public_port() -> None:
+    """An application reads the port as a caller does: no engine_port._* module (and not the
+    driver interface either)."""
+    public = {"engine_port", "engine_port.authoring", "engine_port.calling", "engine_port.errors"}
+    private = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in sorted((ROOT / "wfe_cli").rglob("*.py"))
+        for module in imported_modules(path.read_text(encoding="utf-8"))
+        if module.split(".")[0] == "engine_port" and module not in public
+    ]
+    assert private == [], "import these from engine_port (make the name public if it must be)"
+
+
+def test_wfe_cli_public_names_are_frozen() -> None:
+    import wfe_cli
+
+    assert sorted(wfe_cli.__all__) == ["EXIT_CODES", "app", "build_app", "exit_code", "main"]
+
+
 def test_importing_the_port_loads_no_driver_conformance_or_application() -> None:
     code = (
         "import sys, engine_port, engine_port.errors, engine_port.driver\n"

@@ -71,7 +71,13 @@ INTERFACE = [
 ]
 
 # what drivers and the conformance kit may import from the port
-PUBLIC_PORT_MODULES = {"engine_port", "engine_port.errors", "engine_port.driver"}
+PUBLIC_PORT_MODULES = {
+    "engine_port",
+    "engine_port.authoring",
+    "engine_port.calling",
+    "engine_port.errors",
+    "engine_port.driver",
+}
 
 
 def _python_files(package: str) -> list[Path]:
