@@ -88,6 +88,27 @@ class _StageRun:
     emits: list[list[Any]] = field(default_factory=list)
 
 
+def _wait(led: dict[str, Any], op: Wait, state: Any, got: list[Any]) -> tuple[str, Any] | None:
+    """A signal sent before or during the wait completes it at once; otherwise the first
+    invocation suspends, and the replay after the signal (or the timeout) goes on."""
+    if op.mode in ("before", "during"):
+        led[op.name] = "done"
+        got.append(signal_payload(op.name))
+        return None
+    if state is None:
+        led[op.name] = "waiting"
+        return "suspend", ("signal", f"signal:{op.name}")
+    if op.mode == "after":
+        led[op.name] = "done"
+        got.append(signal_payload(op.name))
+        return None
+    led[op.name] = "timedout"
+    if not op.catch:
+        return "fail", ("StepTimeoutError", True)
+    got.append(None)
+    return None
+
+
 class _Sim:
     def __init__(self, case: Case) -> None:
         self.case = case
@@ -111,43 +132,12 @@ class _Sim:
         got: list[Any] = []
         emits: list[list[Any]] = []
         for op in s.ops:
-            state = led.get(op.name) if not isinstance(op, Emit) else None
-            if isinstance(op, RunStep):
-                if state == "done":
-                    got.append(f"{s.id}.{op.name}")
-                    continue
-                key = f"{s.id}.{op.name}"
-                self.step_runs[key] = self.step_runs.get(key, 0) + 1
-                self.hit(f"step:{key}")
-                if self.step_runs[key] <= op.fails:
-                    return "fail", ("FlakyStepError", True)
-                led[op.name] = "done"
-                got.append(key)
-            elif isinstance(op, Sleep):
-                if state is None:
-                    led[op.name] = "sleeping"
-                    return "suspend", ("sleep", f"sleep:{op.name}")
-                led[op.name] = "done"
-            elif isinstance(op, Wait):
-                if op.mode in ("before", "during"):
-                    led[op.name] = "done"
-                    got.append(signal_payload(op.name))
-                elif op.mode == "after":
-                    if state is None:
-                        led[op.name] = "waiting"
-                        return "suspend", ("signal", f"signal:{op.name}")
-                    led[op.name] = "done"
-                    got.append(signal_payload(op.name))
-                else:
-                    if state is None:
-                        led[op.name] = "waiting"
-                        return "suspend", ("signal", f"signal:{op.name}")
-                    led[op.name] = "timedout"
-                    if not op.catch:
-                        return "fail", ("StepTimeoutError", True)
-                    got.append(None)
-            else:
+            if isinstance(op, Emit):
                 emits.append(["business", op.type, s.id, {"n": op.n}])
+                continue
+            ended = self._replay(s, op, got)
+            if ended is not None:
+                return ended
         if s.hold:
             if led.get(s.hold_signal) is None:
                 led[s.hold_signal] = "waiting"
@@ -159,6 +149,31 @@ class _Sim:
         if outcome == "fatal":
             return "fail", ("NonRetryableError", False)
         return "done", (stage_output(s, attempt, got), emits)
+
+    def _replay(
+        self, s: StageCase, op: RunStep | Sleep | Wait, got: list[Any]
+    ) -> tuple[str, Any] | None:
+        """Replay one durable step against the stage's ledger, appending what it returned to
+        ``got``; the invocation's (kind, detail) when the step ends it, else None."""
+        led = self.ledger[s.id]
+        state = led.get(op.name)
+        if isinstance(op, RunStep):
+            key = f"{s.id}.{op.name}"
+            if state != "done":
+                self.step_runs[key] = self.step_runs.get(key, 0) + 1
+                self.hit(f"step:{key}")
+                if self.step_runs[key] <= op.fails:
+                    return "fail", ("FlakyStepError", True)
+                led[op.name] = "done"
+            got.append(key)
+            return None
+        if isinstance(op, Sleep):
+            if state is None:
+                led[op.name] = "sleeping"
+                return "suspend", ("sleep", f"sleep:{op.name}")
+            led[op.name] = "done"
+            return None
+        return _wait(led, op, state, got)
 
     def run_stage(self, s: StageCase, redriven: bool = False) -> _StageRun:
         events: list[list[Any]] = []

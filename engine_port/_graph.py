@@ -50,6 +50,46 @@ def _qualname(tp: type) -> str:
     return f"{tp.__module__}.{tp.__qualname__}"
 
 
+def _check_attempts_and_backoff(max_attempts: object, backoff: object) -> None:
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise DefinitionError(
+            f"Retry.max_attempts must be an int, not {type(max_attempts).__name__}"
+        )
+    if max_attempts < 1:
+        raise DefinitionError("Retry.max_attempts must be at least 1")
+    if isinstance(backoff, bool) or not isinstance(backoff, int | float):
+        raise DefinitionError(f"Retry.backoff must be a number, not {type(backoff).__name__}")
+    if not math.isfinite(backoff) or backoff < 1.0:
+        raise DefinitionError("Retry.backoff must be a finite number >= 1.0")
+
+
+def _check_intervals(initial_interval: object, max_interval: object) -> None:
+    if not isinstance(initial_interval, timedelta):
+        raise DefinitionError(
+            "Retry.initial_interval must be a timedelta (e.g. timedelta(seconds=1))"
+        )
+    if initial_interval < timedelta(0):
+        raise DefinitionError("Retry.initial_interval must not be negative")
+    if max_interval is not None:
+        if not isinstance(max_interval, timedelta):
+            raise DefinitionError("Retry.max_interval must be a timedelta or None")
+        if max_interval < timedelta(0):
+            raise DefinitionError("Retry.max_interval must not be negative")
+
+
+def _exception_classes(non_retryable: object) -> tuple[type[BaseException], ...]:
+    """``Retry.non_retryable`` as a tuple (one class alone is accepted too)."""
+    if isinstance(non_retryable, type):
+        non_retryable = (non_retryable,)
+    if not isinstance(non_retryable, Iterable) or isinstance(non_retryable, str):
+        raise DefinitionError("Retry.non_retryable must be a tuple of exception classes")
+    classes = tuple(non_retryable)
+    for t in classes:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise DefinitionError(f"Retry.non_retryable must hold exception classes, not {t!r}")
+    return classes
+
+
 @dataclass(frozen=True)
 class Retry:
     """Per-stage retry policy (attempt 1 is the first try)."""
@@ -61,39 +101,9 @@ class Retry:
     non_retryable: tuple[type[BaseException], ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
-            raise DefinitionError(
-                f"Retry.max_attempts must be an int, not {type(self.max_attempts).__name__}"
-            )
-        if self.max_attempts < 1:
-            raise DefinitionError("Retry.max_attempts must be at least 1")
-        if isinstance(self.backoff, bool) or not isinstance(self.backoff, int | float):
-            raise DefinitionError(
-                f"Retry.backoff must be a number, not {type(self.backoff).__name__}"
-            )
-        if not math.isfinite(self.backoff) or self.backoff < 1.0:
-            raise DefinitionError("Retry.backoff must be a finite number >= 1.0")
-        if not isinstance(self.initial_interval, timedelta):
-            raise DefinitionError(
-                "Retry.initial_interval must be a timedelta (e.g. timedelta(seconds=1))"
-            )
-        if self.initial_interval < timedelta(0):
-            raise DefinitionError("Retry.initial_interval must not be negative")
-        if self.max_interval is not None:
-            if not isinstance(self.max_interval, timedelta):
-                raise DefinitionError("Retry.max_interval must be a timedelta or None")
-            if self.max_interval < timedelta(0):
-                raise DefinitionError("Retry.max_interval must not be negative")
-        non_retryable = self.non_retryable
-        if isinstance(non_retryable, type):
-            non_retryable = (non_retryable,)
-        if not isinstance(non_retryable, Iterable) or isinstance(non_retryable, str):
-            raise DefinitionError("Retry.non_retryable must be a tuple of exception classes")
-        non_retryable = tuple(non_retryable)
-        for t in non_retryable:
-            if not (isinstance(t, type) and issubclass(t, BaseException)):
-                raise DefinitionError(f"Retry.non_retryable must hold exception classes, not {t!r}")
-        object.__setattr__(self, "non_retryable", non_retryable)
+        _check_attempts_and_backoff(self.max_attempts, self.backoff)
+        _check_intervals(self.initial_interval, self.max_interval)
+        object.__setattr__(self, "non_retryable", _exception_classes(self.non_retryable))
 
     def delay_after(self, attempt: int) -> timedelta:
         """The wait before attempt ``attempt + 1``."""
