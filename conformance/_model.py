@@ -279,49 +279,11 @@ def expect(case: Case) -> Expected:
     held_when_failed = end == "failed" and any(
         case.stage(x).hold and sim.ledger[x].get(case.stage(x).hold_signal) for x in stopped
     )
-    redrive = False
-    if (
-        end == "failed"
-        and case.redrive
-        and not stopped
-        and error
-        in (
-            "ScriptedError",
-            "NonRetryableError",
-        )
-    ):
+    if end == "failed" and case.redrive and not stopped and error in _REDRIVEN_ERRORS:
         assert where is not None
-        trial = copy.deepcopy(sim)
-        t_trace = copy.deepcopy(trace)
-        trial.stop(stopped, t_trace)
-        t_trace.append(["run.failed", error, None])
-        comps = _comp_order(trial)
-        t_trace.append(["run.redriven", "last_failure"])
-        trial.business = []
-        for sid, st in trial.status.items():
-            if st == "compensated":
-                trial.status[sid] = "completed"
-        gi = next(i for i, g in enumerate(groups) if where in g)
-        rest = [[where], *groups[gi + 1 :]]
-        try:
-            t_end, _, _, _ = trial.run_groups(rest, t_trace, redriven=where)
-        except ModelError:
-            t_end = "failed"
-        if t_end == "completed":
-            t_trace.extend(trial.business)
-            t_trace.append(["run.completed"])
-            return Expected(
-                status="completed",
-                stages=dict(sorted(trial.status.items())),
-                error=None,
-                compensation_errors=[],
-                output=_run_output(sinks, trial.outputs),
-                trace=t_trace,
-                counts=dict(sorted(trial.counts.items())),
-                compensations=comps,
-                redrive=True,
-                failed_stage=where,  # the stage redriven (its next attempt succeeds)
-            )
+        redriven = _expect_redriven(sim, trace, groups, sinks, error, where)
+        if redriven is not None:
+            return redriven
     comps = _comp_order(sim) if end != "completed" else []
     if end == "completed":
         trace.extend(sim.business)
@@ -344,11 +306,59 @@ def expect(case: Case) -> Expected:
         trace=trace,
         counts=dict(sorted(sim.counts.items())),
         compensations=comps,
-        redrive=redrive,
+        redrive=False,  # a redrive that completes the run is expected above
         cancel=end == "cancelled",
         held_when_failed=held_when_failed,
         stopped=sorted(stopped),
         failed_stage=where if end == "failed" else None,
+    )
+
+
+_REDRIVEN_ERRORS = ("ScriptedError", "NonRetryableError")
+
+
+def _expect_redriven(
+    sim: _Sim,
+    trace: list[list[Any]],
+    groups: list[list[str]],
+    sinks: list[str],
+    error: str,
+    where: str,
+) -> Expected | None:
+    """The runner redrives a run that failed at ``where`` from its last failure: what every
+    driver observes when the redriven attempt and the groups after it complete, else None
+    (the case is then expected to end failed, without a redrive)."""
+    trial = copy.deepcopy(sim)
+    t_trace = copy.deepcopy(trace)
+    trial.stop([], t_trace)
+    t_trace.append(["run.failed", error, None])
+    comps = _comp_order(trial)
+    t_trace.append(["run.redriven", "last_failure"])
+    trial.business = []
+    for sid, st in trial.status.items():
+        if st == "compensated":
+            trial.status[sid] = "completed"
+    gi = next(i for i, g in enumerate(groups) if where in g)
+    rest = [[where], *groups[gi + 1 :]]
+    try:
+        t_end, _, _, _ = trial.run_groups(rest, t_trace, redriven=where)
+    except ModelError:
+        return None
+    if t_end != "completed":
+        return None
+    t_trace.extend(trial.business)
+    t_trace.append(["run.completed"])
+    return Expected(
+        status="completed",
+        stages=dict(sorted(trial.status.items())),
+        error=None,
+        compensation_errors=[],
+        output=_run_output(sinks, trial.outputs),
+        trace=t_trace,
+        counts=dict(sorted(trial.counts.items())),
+        compensations=comps,
+        redrive=True,
+        failed_stage=where,  # the stage redriven (its next attempt succeeds)
     )
 
 
