@@ -424,31 +424,8 @@ class Workflow(Generic[InT]):
             raise DefinitionError(f"retry= must be a Retry(...), not {type(retry).__name__}")
 
         def register(f: Handler) -> Stage:
-            stage_id = id if id is not None else getattr(f, "__name__", "")
-            if not isinstance(stage_id, str) or not _ID.match(stage_id):
-                raise DefinitionError(
-                    f"stage id {stage_id!r} in workflow {self.id!r} is invalid; use letters, "
-                    "digits, '_' and '-'"
-                )
-            check_stage_id(stage_id, error=definition_error)
-            if stage_id in self._stages:
-                raise DefinitionError(
-                    f"workflow {self.id!r} already has a stage {stage_id!r}; give each stage a "
-                    "unique id (id=...)"
-                )
-            deps: list[str] = []
-            for dep in after:
-                dep_id = dep.id if isinstance(dep, Stage) else dep
-                if isinstance(dep, Stage) and dep.workflow_id != self.id:
-                    raise DefinitionError(
-                        f"stage {stage_id!r} depends on {dep_id!r} of another workflow "
-                        f"({dep.workflow_id!r})"
-                    )
-                if dep_id == stage_id:
-                    raise DefinitionError(f"stage {stage_id!r} cannot depend on itself")
-                if dep_id in deps:
-                    raise DefinitionError(f"stage {stage_id!r} lists {dep_id!r} twice in after=")
-                deps.append(dep_id)
+            stage_id = self._new_stage_id(id if id is not None else getattr(f, "__name__", ""))
+            deps = self._dependencies(stage_id, after)
             if not callable(f):
                 raise DefinitionError(f"stage {stage_id!r} must be a function")
             if timeout is not None and (
@@ -474,6 +451,38 @@ class Workflow(Generic[InT]):
         if fn is not None:
             return register(fn)
         return register
+
+    def _new_stage_id(self, stage_id: object) -> str:
+        """``stage_id`` checked: well-formed, within the limit, not taken in this workflow."""
+        if not isinstance(stage_id, str) or not _ID.match(stage_id):
+            raise DefinitionError(
+                f"stage id {stage_id!r} in workflow {self.id!r} is invalid; use letters, "
+                "digits, '_' and '-'"
+            )
+        check_stage_id(stage_id, error=definition_error)
+        if stage_id in self._stages:
+            raise DefinitionError(
+                f"workflow {self.id!r} already has a stage {stage_id!r}; give each stage a "
+                "unique id (id=...)"
+            )
+        return stage_id
+
+    def _dependencies(self, stage_id: str, after: Sequence[Stage | str]) -> list[str]:
+        """The ids a stage's ``after=`` names: stages of this workflow, each once, not itself."""
+        deps: list[str] = []
+        for dep in after:
+            dep_id = dep.id if isinstance(dep, Stage) else dep
+            if isinstance(dep, Stage) and dep.workflow_id != self.id:
+                raise DefinitionError(
+                    f"stage {stage_id!r} depends on {dep_id!r} of another workflow "
+                    f"({dep.workflow_id!r})"
+                )
+            if dep_id == stage_id:
+                raise DefinitionError(f"stage {stage_id!r} cannot depend on itself")
+            if dep_id in deps:
+                raise DefinitionError(f"stage {stage_id!r} lists {dep_id!r} twice in after=")
+            deps.append(dep_id)
+        return deps
 
     def hook_point(self, name: str) -> None:
         """Declare a hook point that ``ctx.hook(name, payload)`` may call."""
