@@ -506,7 +506,14 @@ async def run_to_completion(
     """
     worker = worker_id or _default_worker_id()
     run_id, created = await kernel.dispatch(command)
-    drive = _Drive(run_id, worker, _served(kernel), max_jobs, max_claim_rounds, claims_per_round)
+    drive = _Drive(
+        run_id=run_id,
+        worker=worker,
+        served=_served(kernel),
+        max_jobs=max_jobs,
+        max_claim_rounds=max_claim_rounds,
+        claims_per_round=claims_per_round,
+    )
     await _drive(kernel, drive)
     if flush_outbox:
         limit = max_outbox_flush or kernel.settings.max_outbox_flush_per_tick
@@ -528,7 +535,7 @@ async def run_to_completion(
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Drive:
     """One ``run_to_completion`` call: its bounds, and how far it got."""
 
