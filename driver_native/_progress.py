@@ -522,7 +522,7 @@ def _complete_stage(
     return _lc(run).stage_completed(stage.stage_id, stage.attempt)
 
 
-def apply_outcome(
+def apply_outcome(  # noqa: PLR0912, PLR0915  helper `wide` is splitting it (big-graph rewrite)
     conn: Connection,
     job: Any,
     worker: str,

