@@ -474,16 +474,37 @@ class NativeEngine(WorkflowEngine):
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
         after: str | None = None,
+        version: str | None = None,
+        created_after: datetime | None = None,
+        id_prefix: str | None = None,
+        idempotency_key: str | None = None,
+        outputs: bool = True,
     ) -> tuple[list[RunInfo], str | None]:
         """One page of :meth:`list_runs` (newest first) and the cursor of the next page (None
         on the last one): keyset pagination on (creation time, run id), never OFFSET, so the
-        page after a cursor costs the same however deep it is."""
+        page after a cursor costs the same however deep it is. Every filter is applied by the
+        database (one ``version``, created at or after ``created_after``, ``id_prefix``, one
+        ``idempotency_key``), so a match older than any number of newer runs is found."""
         if workflow_id is not None:
             check_workflow_id(workflow_id)
         statuses = [status] if isinstance(status, str) else list(status or [])
         before = _parse_cursor(after) if after is not None else None
-        found = await self.kernel.db.read(_runs.read_runs, workflow_id, statuses, limit + 1, before)
-        page = [await self._info(run, rows, graph) for run, rows, graph in found[:limit]]
+        since = None if created_after is None else created_after.timestamp()
+        found = await self.kernel.db.read(
+            _runs.read_runs,
+            workflow_id,
+            statuses,
+            limit + 1,
+            before,
+            id_prefix,
+            version,
+            since,
+            idempotency_key,
+        )
+        page = [
+            await self._info(run, rows, graph, outputs=outputs)
+            for run, rows, graph in found[:limit]
+        ]
         last = found[limit - 1][0] if len(found) > limit else None
         return page, None if last is None else f"{last.created_at!r}~{last.id}"
 

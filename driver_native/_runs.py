@@ -396,14 +396,24 @@ def read_runs(
     limit: int,
     before: tuple[float, str] | None = None,
     id_prefix: str | None = None,
+    version: str | None = None,
+    created_after: float | None = None,
+    idempotency_key: str | None = None,
 ) -> list[tuple[Any, list[Any], GraphModel | None]]:
-    """The newest ``limit`` runs (of one workflow, in some statuses; created before the run
+    """The newest ``limit`` runs (of one workflow, in some statuses, of one version, created
+    at or after ``created_after``, with one idempotency key; created before the run
     ``before`` = (created_at, id) in this order) as :func:`read_run` gives one: a query for
     the runs, one per 500 of them for their stages, one per definition, in one transaction
     (not a transaction per run, as listing by id and reading each did)."""
     q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
     if id_prefix:
         q = q.where(runs.c.id.startswith(id_prefix, autoescape=True))
+    if version is not None:
+        q = q.where(runs.c.version == version)
+    if created_after is not None:
+        q = q.where(runs.c.created_at >= created_after)
+    if idempotency_key is not None:
+        q = q.where(runs.c.idempotency_key == idempotency_key)
     if before is not None:
         at, run_id = before
         q = q.where(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import inspect
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager, suppress
@@ -173,27 +174,48 @@ def create_app(
 
     async def runs(request: Request) -> Response:
         flt = parse_run_filter(request.query_params)
-        narrowed = flt.version is not None or flt.since_seconds is not None or flt.q is not None
-        candidates: list[RunInfo] = []
-        if flt.q is not None and len(flt.q) <= 64:
-            with suppress(RunNotFoundError, InvalidInputError):
-                candidates.append(await engine.get_run(flt.q))
-        paged = getattr(engine, "list_runs_page", None)
-        cursor: str | None = None
-        if paged is not None and not narrowed:
-            listed, cursor = await paged(
-                workflow_id=flt.workflow,
-                status=list(flt.statuses) or None,
-                limit=flt.limit,
-                after=flt.after,
-            )
-        else:
-            listed = await engine.list_runs(
-                workflow_id=flt.workflow,
-                status=list(flt.statuses) or None,
-                limit=SCAN_LIMIT if narrowed else flt.limit,
-            )
         cutoff = datetime.now(UTC) - flt.since_delta if flt.since_delta else None
+        paged = getattr(engine, "list_runs_page", None)
+        filtered = paged is not None and _takes_filters(paged)
+        narrowed = not filtered and (
+            flt.version is not None or flt.since_seconds is not None or flt.q is not None
+        )
+        statuses = list(flt.statuses) or None
+        candidates: list[RunInfo] = []
+        cursor: str | None = None
+        if filtered:
+            # the driver applies every filter itself (in the database on the native driver,
+            # in the visibility query on Temporal): a match behind any number of newer runs
+            # is found, and each page is one query
+            assert paged is not None
+            common: dict[str, Any] = dict(
+                workflow_id=flt.workflow,
+                status=statuses,
+                version=flt.version,
+                created_after=cutoff,
+                outputs=False,
+            )
+            listed, cursor = await paged(
+                **common, id_prefix=flt.q, limit=flt.limit, after=flt.after
+            )
+            if flt.q is not None and flt.after is None:
+                by_key, _ = await paged(**common, idempotency_key=flt.q, limit=1)
+                candidates.extend(by_key)
+        else:
+            if flt.q is not None and len(flt.q) <= 64:
+                with suppress(RunNotFoundError, InvalidInputError):
+                    candidates.append(await engine.get_run(flt.q))
+            if paged is not None and not narrowed:
+                listed, cursor = await paged(
+                    workflow_id=flt.workflow, status=statuses, limit=flt.limit, after=flt.after
+                )
+            else:
+                listed = await engine.list_runs(
+                    workflow_id=flt.workflow,
+                    status=statuses,
+                    limit=SCAN_LIMIT if narrowed else flt.limit,
+                    outputs=False,
+                )
 
         def wanted(r: RunInfo) -> bool:
             return (
@@ -205,7 +227,9 @@ def create_app(
             )
 
         found = [r for r in dict((r.id, r) for r in [*candidates, *listed]).values() if wanted(r)]
-        shown = found[: flt.limit]
+        # a run found by its idempotency key comes on top of a full page (never cut: the
+        # cursor continues after the last run of the page)
+        shown = found if filtered else found[: flt.limit]
         return page(
             request,
             "runs.html",
@@ -448,6 +472,19 @@ def create_app(
         exception_handlers={EngineError: engine_error, HTTPException: http_error},
         lifespan=lifespan,
     )
+
+
+_PAGE_FILTERS = ("version", "created_after", "id_prefix", "idempotency_key", "outputs")
+
+
+def _takes_filters(method: Callable[..., Any]) -> bool:
+    """Whether a driver's ``list_runs_page`` applies every filter of the runs list itself
+    (the native and Temporal drivers do); else the view filters the newest runs it reads."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(name in params for name in _PAGE_FILTERS)
 
 
 def _quote(run_id: str) -> str:
