@@ -259,15 +259,22 @@ def create_app(
         problem: str | None,
         status_code: int,
     ) -> Response:
-        info = await engine.get_run(run_id)
+        # spilled values stay in the blob store until asked for (a link to /value)
+        lazy = getattr(engine, "get_run_lazy", None)
+        spilled: dict[str, int] = {}
+        if lazy is not None:
+            info, spilled = await lazy(run_id)
+        else:
+            info = await engine.get_run(run_id)
         events = await events_of(run_id)
         graph = graph_for(registry, info)
         stages = []
         for s in info.stages:
             text, cut = preview(s.output) if s.output is not None else ("", False)
-            stages.append((s, text, cut))
+            stages.append((s, text, cut, spilled.get(f"stage:{s.id}")))
         input_text, input_cut = preview(info.input)
         output_text, output_cut = preview(info.output)
+        output_spilled = sum(v for k, v in spilled.items() if k.startswith("output:"))
         waits = waiting(info.stages)
         return page(
             request,
@@ -283,6 +290,8 @@ def create_app(
             input_cut=input_cut,
             output_text=output_text,
             output_cut=output_cut,
+            input_spilled=spilled.get("input"),
+            output_spilled=output_spilled or None,
             waits=waits,
             signal_names=sorted({w.name for w in waits if w.kind == "signal"}),
             redrive_from=["last_failure", "start", *(s.id for s in info.stages)],
