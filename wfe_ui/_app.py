@@ -429,8 +429,13 @@ def create_app(
         elif what == "flush":
             flushed = await engine.flush_events()
             result = (
-                f"delivered {flushed.delivered}, failed {flushed.failed}, dead {flushed.dead}"
-                + (" (the sink is failing)" if flushed.degraded else "")
+                f"delivered {flushed.published}, failed {flushed.failed}, "
+                f"dead-lettered {flushed.dead_lettered}"
+                + (
+                    f" (the sink is failing: {flushed.sink_error or 'no error given'})"
+                    if flushed.sink_status == "degraded"
+                    else ""
+                )
             )
         else:
             raise HTTPException(404, "no such outbox action")

@@ -260,7 +260,10 @@ def main() -> None:
         cursor = f"{deep.created_at!r}~{deep.id}"
         hour_ago = datetime.now(UTC) - timedelta(hours=1)
         # (label, the page's query string, the list_runs_page calls behind it)
-        key = {"idempotency_key": old.idempotency_key, "limit": 1}
+
+        def search(q: str) -> list[dict[str, Any]]:  # the two calls of a search
+            return [{"id_prefix": q}, {"idempotency_key": q, "limit": 1}]
+
         cases: list[tuple[str, dict[str, str], list[dict[str, Any]]]] = [
             ("first page (50)", {}, [{}]),
             ("first page (200)", {"limit": "200"}, [{"limit": 200}]),
@@ -276,13 +279,9 @@ def main() -> None:
                 {"workflow": "ui-bench", "status": "suspended", "version": "2"},
                 [{"workflow_id": "ui-bench", "status": ["suspended"], "version": "2"}],
             ),
-            ("q=id prefix (6)", {"q": mid[:6]}, [{"id_prefix": mid[:6]}, {**key, "limit": 1}]),
-            (
-                "q=idempotency key",
-                {"q": old.idempotency_key},
-                [{"id_prefix": old.idempotency_key}, key],
-            ),
-            ("q=run id", {"q": old.id}, [{"id_prefix": old.id}, {**key, "limit": 1}]),
+            ("q=id prefix (6)", {"q": mid[:6]}, search(mid[:6])),
+            ("q=idempotency key", {"q": old.idempotency_key}, search(old.idempotency_key)),
+            ("q=run id", {"q": old.id}, search(old.id)),
         ]
         plans: list[str] = []
         with db.connect() as conn:
