@@ -280,6 +280,7 @@ def create_app(
             request,
             "run.html",
             status_code=status_code,
+            history_url=_temporal_history(engine, info.id),
             run=info,
             active=not info.terminal,
             graph=layout(info, graph),
@@ -486,6 +487,20 @@ def create_app(
         exception_handlers={EngineError: engine_error, HTTPException: http_error},
         lifespan=lifespan,
     )
+
+
+def _temporal_history(engine: WorkflowEngine, run_id: str) -> str | None:
+    """The run in the Temporal Web UI (``temporal_ui_url`` in the settings), for a run of
+    the Temporal driver: its history is the event stream there."""
+    if engine.driver_name != "temporal":
+        return None
+    settings = getattr(engine, "settings", None)
+    base = getattr(settings, "temporal_ui_url", None)
+    if not isinstance(base, str) or not base.startswith(("http://", "https://")):
+        return None
+    namespace = getattr(settings, "temporal_namespace", "default")
+    query = urlencode({"query": f'WorkflowId="{run_id}"'})
+    return f"{base.rstrip('/')}/namespaces/{quote(namespace, safe='')}/workflows?{query}"
 
 
 _PAGE_FILTERS = ("version", "created_after", "id_prefix", "idempotency_key", "outputs")

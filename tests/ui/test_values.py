@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import uuid
 from pathlib import Path
+from typing import Any
 
+import pytest
 from pydantic import BaseModel
 from starlette.testclient import TestClient
 
@@ -34,12 +37,27 @@ def registry() -> Registry:
     return Registry([wf])
 
 
-def test_the_run_page_reads_no_spilled_value_and_links_to_each(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", pytest.param("temporal", marks=pytest.mark.temporal)])
+def driver(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if request.param == "sqlite":
+        return {}
+    server: Any = request.getfixturevalue("temporal_server")
+    return {
+        "driver": "temporal",
+        "temporal_address": server.address,
+        "task_queue": f"uiv-{uuid.uuid4().hex[:10]}",
+    }
+
+
+def test_the_run_page_reads_no_spilled_value_and_links_to_each(
+    tmp_path: Path, driver: dict[str, Any]
+) -> None:
     blobs = tmp_path / "blobs"
     settings = EngineSettings(
         database_url=f"sqlite:///{tmp_path / 'wfe.db'}",
         blob_url=f"file://{blobs}",
         spill_threshold_bytes=100,
+        **driver,
     )
 
     async def run_one() -> str:
