@@ -128,7 +128,10 @@ class NativeEngine(WorkflowEngine):
     async def connect(self) -> None:
         if self._kernel is not None:
             return
-        db = Database(self.settings.database_url.reveal())
+        db = Database(
+            self.settings.database_url.reveal(),
+            retry_seconds=self.settings.database_retry_seconds,
+        )
         await asyncio.get_running_loop().run_in_executor(None, db.upgrade)
         store = self.blob_store
         if store is None:
