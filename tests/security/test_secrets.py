@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from driver_native import Database
 from engine_port import EngineSettings, Registry, SecretUrl, create_engine, redact_url
 from engine_port._blobstores import open_blob_store
-from engine_port._cli import app
 from engine_port.errors import ConfigurationError, DriverUnavailableError, EngineError
 from tests.support.databases import PostgresSession
+from wfe_cli import app
 
 DB_PASSWORD = "Hunter2-db-pw"
 ACCESS_KEY = "AKIAEXAMPLEACCESS"

@@ -13,9 +13,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from engine_port import EngineSettings, create_engine
-from engine_port._demo import build_demo
 from tests.support.databases import PostgresSession
 from tests.ui.runs import DemoRuns, drive_demo, wait_status
+from wfe_cli._demo import build_demo
 from wfe_ui import create_app
 
 
