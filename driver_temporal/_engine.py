@@ -126,6 +126,7 @@ from ._helpers import (
     _settle,
     _state_from_memo,
 )
+from ._paging import PagedRuns
 from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_UPDATE
 from ._wire import (
@@ -142,7 +143,7 @@ from ._workflow import START_MEMO
 __all__ = ["TemporalEngine", "create_temporal_engine"]
 
 
-class TemporalEngine(WorkflowEngine):
+class TemporalEngine(PagedRuns, WorkflowEngine):
     """The Temporal driver. Options: ``heartbeat_timeout`` (seconds, how fast a lost worker is
     noticed), ``connect_timeout``, ``signal_timeout`` (how long signal() waits for a worker to
     answer before buffering the signal on the server)."""

@@ -31,6 +31,8 @@ class EngineSettings(BaseSettings):
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
     task_queue: str = "wfe"
+    # the Temporal Web UI (http://127.0.0.1:8233): `wfe ui` links each run to its history there
+    temporal_ui_url: str | None = None
     spill_threshold_bytes: int = Field(default=64 * 1024, ge=0)
     app: str | None = None
     # where hosts deliver events: jsonl:///PATH or package.module:factory
