@@ -133,6 +133,7 @@ from ._wire import (
     new_run_id,
     outbox_rule,
     run_id_for_key,
+    run_marks,
     spill_key,
     state_key,
     task_queue_for,
@@ -398,6 +399,7 @@ class TemporalEngine(WorkflowEngine):
             "max_pending_signals": self.settings.max_pending_signals,
             "trace_context": telemetry.current_traceparent(),
             **outbox_rule(self.settings),
+            **run_marks(),
         }
         initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
         initial["created_at"] = created
@@ -800,6 +802,7 @@ class TemporalEngine(WorkflowEngine):
             "default_stage_timeout_s": self.settings.default_stage_timeout,
             "max_pending_signals": self.settings.max_pending_signals,
             **outbox_rule(self.settings),
+            **run_marks(),
             "redrive": redrive,
             "redrive_from": from_,
             "redrive_history": history,

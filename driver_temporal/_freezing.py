@@ -1,18 +1,19 @@
 """The migration side of ``GraphWorkflow`` (see ``_workflow``): a base class holding its update
 handlers and the snapshot.
 
-Migration (``TemporalEngine.export_run`` and friends): the ``wfe.freeze`` update freezes the run
-at a safe point, after which no stage starts or resumes and signals are refused, and returns the
-run's snapshot: every stage activity in flight is cancelled. One that no worker had picked up is
-withdrawn: its attempt started and nobody runs it, so the snapshot shows the stage ``running``
-with its ledger (steps a lost earlier try journaled are read back into it) and the target
-continues that attempt, as after a lost worker, without a second ``stage.started``. One a
-worker runs asks the run why it was cancelled (``wfe.freeze_cancelled``), learns it was a
+Migration (``TemporalEngine.export_run`` and friends): the ``wfe.internal.freeze`` update freezes
+the run at a safe point, after which no stage starts or resumes and signals are refused, and
+returns the run's snapshot: every stage activity in flight is cancelled. One that no worker had
+picked up is withdrawn: its attempt started and nobody runs it, so the snapshot shows the stage
+``running`` with its ledger (steps a lost earlier try journaled are read back into it) and the
+target continues that attempt, as after a lost worker, without a second ``stage.started``. One
+a worker runs asks the run why it was cancelled (``wfe.internal.freeze_cancelled``), learns it was a
 freeze and goes on, and the freeze waits for its outcome (up to ``wait``);
-``wfe.complete_export`` ends the run ``migrated`` (emitting ``run.migrated`` with the sequence
-number the snapshot reserved) and ``wfe.abort_export`` unfreezes it. A run started with
-``imported`` in its start input resumes from a snapshot: completed stages are kept, a suspended
-stage continues its attempt (same deadlines, no second ``stage.started``), event numbers continue.
+``wfe.internal.complete_export`` ends the run ``migrated`` (emitting ``run.migrated`` with the
+sequence number the snapshot reserved) and ``wfe.internal.abort_export`` unfreezes it. A run
+started with ``imported`` in its start input resumes from a snapshot: completed stages are kept, a
+suspended stage continues its attempt (same deadlines, no second ``stage.started``), event numbers
+continue.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from engine_port import GraphModel
 
-    from ._activities import FREEZE_CANCELLED_QUERY
+    from ._names import (
+        ABORT_EXPORT_UPDATE,
+        COMPLETE_EXPORT_UPDATE,
+        FREEZE_CANCELLED_QUERY,
+        FREEZE_UPDATE,
+        INTERNAL,
+    )
 
 __all__ = [
     "ABORT_EXPORT_UPDATE",
@@ -36,10 +43,6 @@ __all__ = [
     "MigrationHandlers",
     "migration_error",
 ]
-
-FREEZE_UPDATE = "wfe.freeze"
-COMPLETE_EXPORT_UPDATE = "wfe.complete_export"
-ABORT_EXPORT_UPDATE = "wfe.abort_export"
 
 
 class Migrated(Exception):
@@ -96,7 +99,7 @@ class MigrationHandlers:
                 "runs between stages, can migrate (terminal runs stay where they are)"
             )
 
-    @workflow.update(name=FREEZE_UPDATE)
+    @workflow.update(name=FREEZE_UPDATE, description=INTERNAL)
     async def on_freeze(self, body: dict[str, Any]) -> dict[str, Any]:
         if not self._ready:
             await workflow.wait_condition(lambda: self._ready)
@@ -143,12 +146,12 @@ class MigrationHandlers:
                 self._freeze_cancels.add(call["token"])
                 call["handle"].cancel()
 
-    @workflow.query(name=FREEZE_CANCELLED_QUERY)
+    @workflow.query(name=FREEZE_CANCELLED_QUERY, description=INTERNAL)
     def freeze_cancelled(self, token: int) -> bool:
         """Whether the cancel a stage activity received came from a freeze (so it goes on)."""
         return token in self._freeze_cancels
 
-    @workflow.update(name=COMPLETE_EXPORT_UPDATE)
+    @workflow.update(name=COMPLETE_EXPORT_UPDATE, description=INTERNAL)
     def on_complete_export(self, body: dict[str, Any]) -> dict[str, Any]:
         if self._migrated_to is None:
             if not self._frozen:
@@ -158,7 +161,7 @@ class MigrationHandlers:
             self._migrated_to = str(body["target"])
         return {"target": self._migrated_to}
 
-    @workflow.update(name=ABORT_EXPORT_UPDATE)
+    @workflow.update(name=ABORT_EXPORT_UPDATE, description=INTERNAL)
     def on_abort_export(self, body: dict[str, Any]) -> dict[str, Any]:
         if self._migrated_to is None and self._frozen:
             self._frozen = False

@@ -52,6 +52,7 @@ from ._helpers import (
 from ._wire import (
     outbox_rule,
     run_id_for_key,
+    run_marks,
 )
 from ._workflow import GraphWorkflow, workflow_runner
 
@@ -300,6 +301,7 @@ async def import_run(engine: TemporalEngine, snapshot: RunSnapshot) -> RunInfo:
         "default_stage_timeout_s": engine.settings.default_stage_timeout,
         "max_pending_signals": engine.settings.max_pending_signals,
         **outbox_rule(engine.settings),
+        **run_marks(),
         "redrive": snapshot.redrive_count,
         "redrive_history": list(snapshot.redrive_history),
         "event_seq": snapshot.event_seq,

@@ -15,7 +15,10 @@ from typing import Any
 
 from engine_port import EngineSettings, StepRecord
 
+from ._names import NAMES_MARK
+
 __all__ = [
+    "EVENTS_VIA_ACTIVITIES",
     "OLD_OUTBOX_RULE",
     "deployment_for",
     "dlq_key",
@@ -31,11 +34,14 @@ __all__ = [
     "record_from_json",
     "record_to_json",
     "run_id_for_key",
+    "run_marks",
     "spill_key",
     "state_key",
     "task_queue_for",
 ]
 
+# the start document's ``events_via`` of runs whose stage activities carry their events
+EVENTS_VIA_ACTIVITIES = "activities"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 
@@ -145,6 +151,14 @@ OLD_OUTBOX_RULE = {
     "outbox_retry_initial_seconds": 0.2,
     "outbox_retry_max_seconds": 5.0,
 }
+
+
+def run_marks() -> dict[str, str]:
+    """What a run's start document says about the driver that started it, so the workflow
+    treats runs started before a change as they were (their histories replay): its stage
+    activities carry its events (``events_via``, see ``_outbox``); it declares the
+    ``wfe.internal.*`` names only (``names``, see ``_names``)."""
+    return {"events_via": EVENTS_VIA_ACTIVITIES, "names": NAMES_MARK}
 
 
 def outbox_rule(settings: EngineSettings) -> dict[str, Any]:
