@@ -202,6 +202,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
         self._attempts: dict[str, Any] = {}
         self._failures = 0
         self._carried = False  # started by this driver: business values in the payloads
+        self._marked = False  # started with the driver's marks (``run``)
         self._rejected: list[dict[str, Any]] = []  # signals not queued (``SignalHandlers``)
         meta = workflow.memo_value(START_MEMO, None)
         if not (isinstance(meta, dict) and meta.get("names") == NAMES_MARK):
@@ -231,6 +232,11 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
             SIGNAL_UPDATE, self.on_signal_update, validator=self._validate_signal
         )
 
+    def _patched(self, patch: str) -> bool:
+        """``workflow.patched``, except on a run started with the driver's marks, which
+        takes every patch without recording a marker."""
+        return self._marked or workflow.patched(patch)
+
     def _declare_signals(self) -> None:
         """Register a handler per signal name the graph's stages declare, so the Web UI's
         "Send a Signal" (the ``__temporal_workflow_metadata`` query) lists them; each does
@@ -253,8 +259,12 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
             start = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
         else:
             start = conv.from_payload(args[0].payload, dict)
+        # a run started with the driver's marks (``_wire.run_marks``) was started on code that
+        # has every patch below: it asks none (each would add a marker and a search attribute
+        # upsert to its history)
+        self._marked = start.get("names") == NAMES_MARK
         # asked once, first thing: a run whose history lacks the marker replays the old rule
-        self._holder_rule = not workflow.patched(_SHARED_TAKES_PATCH)
+        self._holder_rule = not self._patched(_SHARED_TAKES_PATCH)
         self._setup(start)
         self._declare_signals()
         publisher = asyncio.create_task(self._publisher())
@@ -637,7 +647,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
         spec = self._graph.stage(sid)
         steps = st["comp_steps"] if compensation else st["steps"]
         # the patch marker keeps runs started before local stages existed replaying
-        in_process = bool(spec.local) and workflow.patched(_LOCAL_PATCH)
+        in_process = bool(spec.local) and self._patched(_LOCAL_PATCH)
         task = {
             "run_id": self._run_id,
             "workflow_id": self._wf_id,
