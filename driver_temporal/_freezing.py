@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         FREEZE_UPDATE,
         INTERNAL,
     )
+    from ._start import StartDocument
 
 __all__ = [
     "ABORT_EXPORT_UPDATE",
@@ -60,7 +61,7 @@ class MigrationHandlers:
     _run_id: str
     _wf_id: str
     _version: str
-    _start: dict[str, Any]
+    _start: StartDocument
     _graph: GraphModel
     _stages: dict[str, dict[str, Any]]
     _signals: list[dict[str, Any]]
@@ -221,10 +222,10 @@ class MigrationHandlers:
             "workflow_id": self._wf_id,
             "version": self._version,
             "status": self._run_status(),
-            "input": self._start["input"],
-            "idempotency_key": self._start.get("idempotency_key"),
-            "input_fingerprint": self._start.get("fingerprint"),
-            "graph": self._start["graph"],
+            "input": self._start.input,
+            "idempotency_key": self._start.idempotency_key,
+            "input_fingerprint": self._start.fingerprint,
+            "graph": self._start.graph,
             "current_group": current_group,
             "completed_count": self._order,
             "stages": stages,
@@ -234,6 +235,6 @@ class MigrationHandlers:
             "redrive_count": self._redrive,
             "redrive_history": self._redrive_history,
             "deadline": self._deadline,
-            "created_at": self._start.get("created_at"),
+            "created_at": self._start.created_at,
             "source": "temporal",
         }

@@ -49,11 +49,8 @@ from ._helpers import (
     _settle,
     _sha,
 )
-from ._wire import (
-    outbox_rule,
-    run_id_for_key,
-    run_marks,
-)
+from ._start import StartDocument
+from ._wire import run_id_for_key
 from ._workflow import GraphWorkflow, workflow_runner
 
 if TYPE_CHECKING:
@@ -288,30 +285,27 @@ async def import_run(engine: TemporalEngine, snapshot: RunSnapshot) -> RunInfo:
         }
     created = (snapshot.created_at or _now()).isoformat()
     status_now = "pending" if not run_started else str(snapshot.status)
-    start = {
-        "run_id": run_id,
-        "workflow_id": snapshot.workflow_id,
-        "version": snapshot.version,
-        "graph": graph.model_dump(mode="json"),
-        "input": snapshot.input,
-        "idempotency_key": key,
-        "fingerprint": snapshot.input_fingerprint,
-        "created_at": created,
-        "heartbeat_timeout_s": engine.heartbeat_timeout,
-        "default_stage_timeout_s": engine.settings.default_stage_timeout,
-        "max_pending_signals": engine.settings.max_pending_signals,
-        **outbox_rule(engine.settings),
-        **run_marks(),
-        "redrive": snapshot.redrive_count,
-        "redrive_history": list(snapshot.redrive_history),
-        "event_seq": snapshot.event_seq,
-        "stages": stages,
-        "signals": [sig.model_dump(mode="json") for sig in snapshot.signals],
-        "signal_keys": list(snapshot.signal_keys),
-        "run_started": run_started,
-        "deadline": None if snapshot.deadline is None else snapshot.deadline.isoformat(),
-        "imported": True,
-    }
+    start = StartDocument.for_engine(
+        engine.settings,
+        engine.heartbeat_timeout,
+        run_id=run_id,
+        workflow_id=snapshot.workflow_id,
+        version=snapshot.version,
+        graph=graph.model_dump(mode="json"),
+        input=snapshot.input,
+        idempotency_key=key,
+        fingerprint=snapshot.input_fingerprint,
+        created_at=created,
+        redrive=snapshot.redrive_count,
+        redrive_history=list(snapshot.redrive_history),
+        event_seq=snapshot.event_seq,
+        stages=stages,
+        signals=[sig.model_dump(mode="json") for sig in snapshot.signals],
+        signal_keys=list(snapshot.signal_keys),
+        run_started=run_started,
+        deadline=None if snapshot.deadline is None else snapshot.deadline.isoformat(),
+        imported=True,
+    )
     initial = {
         "id": run_id,
         "workflow_id": snapshot.workflow_id,

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from ._carry import meta_of
     from ._freezing import migration_error
     from ._names import INTERNAL, SIGNAL_STATUS_UPDATE, SIGNAL_UPDATE, TAKE_SIGNAL_UPDATE
+    from ._start import StartDocument
 
 __all__ = ["SIGNAL_STATUS_UPDATE", "SIGNAL_UPDATE", "TAKE_SIGNAL_UPDATE", "SignalHandlers"]
 
@@ -70,7 +71,7 @@ class SignalHandlers:
     ``__init__`` sets ``_signals``, ``_signal_keys`` and ``_deliveries``)."""
 
     _run_id: str
-    _start: dict[str, Any]
+    _start: StartDocument
     _final: bool
     _frozen: bool
     _migrated_to: str | None
@@ -136,7 +137,8 @@ class SignalHandlers:
         if self._frozen:
             return "MigrationError"
         # (a signal that arrives with the run's first task may be handled before ``run``)
-        bound = getattr(self, "_start", {}).get("max_pending_signals")
+        start: StartDocument | None = getattr(self, "_start", None)
+        bound = None if start is None else start.max_pending_signals
         repeat = delivery in self._deliveries or (key is not None and key in self._signal_keys)
         if bound is not None and not repeat and len(self._signals) >= int(bound):
             return "SignalQueueFullError"
@@ -172,7 +174,7 @@ class SignalHandlers:
                 f"run {self._run_id!r} is frozen for migration; signal it once the move "
                 "completed (on its target) or was aborted"
             )
-        bound = self._start.get("max_pending_signals")
+        bound = self._start.max_pending_signals
         repeat = body.get("delivery") in self._deliveries or (
             body.get("idempotency_key") is not None
             and body.get("idempotency_key") in self._signal_keys
@@ -351,10 +353,10 @@ class SignalHandlers:
             queues.setdefault(sig["name"], []).append(sig["payload"])
         return queues
 
-    def _carry_signals(self, start: dict[str, Any]) -> None:
+    def _carry_signals(self, start: StartDocument) -> None:
         """Signals carried over in the start input (an import, a redrive) arrived before any
         this run received; a key among them drops a later duplicate."""
-        carried = start.get("signals") or []
+        carried = start.signals
         if isinstance(carried, dict):  # the form before signals queued: one per name
             carried = [{"name": n, "payload": p} for n, p in carried.items()]
         earlier = [
@@ -365,7 +367,7 @@ class SignalHandlers:
             }
             for sig in carried
         ]
-        keys = set(start.get("signal_keys") or [])
+        keys = set(start.signal_keys)
         keys |= {sig["idempotency_key"] for sig in earlier if sig["idempotency_key"]}
         self._signals = earlier + [
             sig for sig in self._signals if sig["idempotency_key"] not in keys

@@ -13,9 +13,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from engine_port import EngineSettings, StepRecord
-
-from ._names import NAMES_MARK
+from engine_port import StepRecord
 
 __all__ = [
     "EVENTS_VIA_ACTIVITIES",
@@ -29,12 +27,10 @@ __all__ = [
     "new_run_id",
     "outbox_key",
     "outbox_prefix",
-    "outbox_rule",
     "parse_time",
     "record_from_json",
     "record_to_json",
     "run_id_for_key",
-    "run_marks",
     "spill_key",
     "state_key",
     "task_queue_for",
@@ -151,22 +147,3 @@ OLD_OUTBOX_RULE = {
     "outbox_retry_initial_seconds": 0.2,
     "outbox_retry_max_seconds": 5.0,
 }
-
-
-def run_marks() -> dict[str, str]:
-    """What a run's start document says about the driver that started it, so the workflow
-    treats runs started before a change as they were (their histories replay): its stage
-    activities carry its events (``events_via``, see ``_outbox``); it declares the
-    ``wfe.internal.*`` names only (``names``, see ``_names``)."""
-    return {"events_via": EVENTS_VIA_ACTIVITIES, "names": NAMES_MARK}
-
-
-def outbox_rule(settings: EngineSettings) -> dict[str, Any]:
-    """The sink retry rule a run's workflow applies (the native outbox's rule): retry with
-    backoff, dead-letter after ``dead_letter_after`` attempts spanning at least the minimum."""
-    return {
-        "dead_letter_after": settings.dead_letter_after,
-        "dead_letter_min_seconds": settings.outbox_dead_letter_min_seconds,
-        "outbox_retry_initial_seconds": settings.outbox_retry_initial_seconds,
-        "outbox_retry_max_seconds": settings.outbox_retry_max_seconds,
-    }

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
     from ._carry import carried_failure, carry, meta_of
     from ._freezing import Migrated, MigrationHandlers
+    from ._inspection import RunInspection
     from ._names import (
         ABORT_EXPORT_UPDATE,
         COMPLETE_EXPORT_UPDATE,
@@ -62,9 +63,9 @@ with workflow.unsafe.imports_passed_through():
         TAKE_SIGNAL_UPDATE,
     )
     from ._outbox import EventOutbox
-    from ._search import SA_STAGE, SA_STATUS
     from ._signals import SignalHandlers
-    from ._wire import EVENTS_VIA_ACTIVITIES, OLD_OUTBOX_RULE, parse_time
+    from ._start import StartDocument
+    from ._wire import parse_time
 
 __all__ = [
     "RUN_INFO_QUERY",
@@ -86,7 +87,6 @@ _INFRA_RETRY = RetryPolicy(
 )
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
 _LOCAL_PATCH = "wfe-local-stages"
-_SYNC_ROUNDS = 8  # condition rounds the memo write waits for an activation to settle
 # runs started with this marker take every signal through ``wfe.internal.take_signal`` (or a
 # lent one), concurrently; a run started before keeps the single-taker rule (``SignalHandlers``)
 _SHARED_TAKES_PATCH = "wfe-shared-signal-takes"
@@ -165,7 +165,7 @@ def _named_signal(
 
 
 @workflow.defn(dynamic=True)
-class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
+class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbox):
     """Interprets a GraphModel passed in the start input (see ``_engine.TemporalEngine``)."""
 
     def __init__(self) -> None:
@@ -254,27 +254,28 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
         # form), the engine's start document in the memo; result = the run's output. A run
         # started by an older driver has the whole document as input and the RunInfo as result
         self._carried = isinstance(meta, dict)
-        start: dict[str, Any]
+        raw: dict[str, Any]
         if isinstance(meta, dict):
-            start = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
+            raw = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
         else:
-            start = conv.from_payload(args[0].payload, dict)
-        # a run started with the driver's marks (``_wire.run_marks``) was started on code that
-        # has every patch below: it asks none (each would add a marker and a search attribute
-        # upsert to its history)
-        self._marked = start.get("names") == NAMES_MARK
+            raw = conv.from_payload(args[0].payload, dict)
+        start = StartDocument.model_validate(raw)
+        # a run started with the driver's marks (``StartDocument.marked``) was started on code
+        # that has every patch below: it asks none (each would add a marker and a search
+        # attribute upsert to its history)
+        self._marked = start.marked
         # asked once, first thing: a run whose history lacks the marker replays the old rule
         self._holder_rule = not self._patched(_SHARED_TAKES_PATCH)
         self._setup(start)
         self._declare_signals()
         publisher = asyncio.create_task(self._publisher())
         syncer = asyncio.create_task(self._syncer())
-        if start.get("imported"):
+        if start.imported:
             pass  # moved here from another engine, which emitted its earlier events
         elif self._redrive == 0:
             self._emit(self._lc.run_created(self._version))
         else:
-            self._emit(self._lc.run_redriven(start.get("redrive_from") or "start", self._version))
+            self._emit(self._lc.run_redriven(start.redrive_from or "start", self._version))
         self._ready = True
         self._sync()
         outcome = "completed"
@@ -343,34 +344,33 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
         await publisher
         await syncer
 
-    def _setup(self, start: dict[str, Any]) -> None:
+    def _setup(self, start: StartDocument) -> None:
         self._start = start
-        self._run_id = start["run_id"]
-        self._wf_id: str = start["workflow_id"]
-        self._version: str = start["version"]
-        self._graph = GraphModel.model_validate(start["graph"])
-        self._redrive: int = start.get("redrive", 0)
+        self._run_id = start.run_id
+        self._wf_id: str = start.workflow_id
+        self._version: str = start.version
+        self._graph = GraphModel.model_validate(start.graph)
+        self._redrive: int = start.redrive
         # attempts superseded by redrives (here or on the engine a run moved from), kept for
         # the snapshot: {"redrive": n, "stage": id, "record": the stage record it replaced}
-        self._redrive_history: list[dict[str, Any]] = list(start.get("redrive_history") or [])
+        self._redrive_history: list[dict[str, Any]] = list(start.redrive_history)
         self._lc = Lifecycle(self._run_id, self._redrive)
-        self._seq: int = start.get("event_seq", 0)
-        self._hb = timedelta(seconds=start.get("heartbeat_timeout_s", 10.0))
-        rule = {k: start.get(k, v) for k, v in OLD_OUTBOX_RULE.items()}
-        self._dead_after: int = rule["dead_letter_after"]
-        self._dead_min_s: float = rule["dead_letter_min_seconds"]
-        self._retry_initial_s: float = rule["outbox_retry_initial_seconds"]
-        self._retry_max_s: float = rule["outbox_retry_max_seconds"]
-        self._via_activities = start.get("events_via") == EVENTS_VIA_ACTIVITIES
+        self._seq: int = start.event_seq
+        self._hb = timedelta(seconds=start.heartbeat_timeout_s)
+        self._dead_after: int = start.dead_letter_after
+        self._dead_min_s: float = start.dead_letter_min_seconds
+        self._retry_initial_s: float = start.outbox_retry_initial_seconds
+        self._retry_max_s: float = start.outbox_retry_max_seconds
+        self._via_activities = start.events_via_activities
         self._status = "pending"
-        self._deadline: str | None = start.get("deadline")
+        self._deadline: str | None = start.deadline
         if self._graph.timeout_s and self._deadline is None:
             self._deadline = _iso(workflow.now() + timedelta(seconds=self._graph.timeout_s))
         self._error: dict[str, Any] | None = None
         self._comp_errors: list[dict[str, Any]] = []
         self._finished_at: str | None = None
-        self._run_started = bool(start.get("run_started", False))
-        prior: dict[str, dict[str, Any]] = start.get("stages") or {}
+        self._run_started = start.run_started
+        prior: dict[str, dict[str, Any]] = start.stages
         self._stages: dict[str, dict[str, Any]] = {}
         for sid in self._order_ids():
             st = prior.get(sid) or {}
@@ -655,12 +655,12 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
             "stage_id": sid,
             "attempt": attempt,
             "redrive": self._redrive,
-            "input": self._start["input"],
+            "input": self._start.input,
             "outputs": {a: self._stages[a]["output"] for a in self._ancestors(sid)},
             "steps": list(steps.values()),
             "signal_queues": {} if compensation else self._lend(sid, in_process),
             "output": st["output"] if compensation else None,
-            "trace_context": self._start.get("trace_context"),
+            "trace_context": self._start.trace_context,
         }
         wfi = workflow.info()
         if wfi.run_id != wfi.first_execution_run_id:
@@ -670,7 +670,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
         # the StageRunner's effective timeout (the stage's own, else the starter's
         # default_stage_timeout) plus a grace; one day when neither is set (Temporal needs one)
         timeout = timedelta(days=1)
-        timeout_s = spec.timeout_s or self._start.get("default_stage_timeout_s")
+        timeout_s = spec.timeout_s or self._start.default_stage_timeout_s
         if timeout_s:
             timeout = timedelta(seconds=timeout_s + _GRACE)
         what = "compensation" if compensation else "attempt"
@@ -894,10 +894,10 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
             "run_id": self._run_id,
             "workflow_id": self._wf_id,
             "version": self._version,
-            "input": self._start["input"],
-            "idempotency_key": self._start.get("idempotency_key"),
-            "fingerprint": self._start.get("fingerprint"),
-            "created_at": self._start.get("created_at"),
+            "input": self._start.input,
+            "idempotency_key": self._start.idempotency_key,
+            "fingerprint": self._start.fingerprint,
+            "created_at": self._start.created_at,
             "redrive": self._redrive,
             "redrive_history": self._redrive_history,
             "event_seq": self._seq,
@@ -907,108 +907,3 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers, EventOutbox):
             "signal_keys": sorted(self._signal_keys),
             "run_started": self._run_started,
         }
-
-    # -- inspection -------------------------------------------------------------------------
-    def _run_status(self) -> str:
-        if self._final or self._status == "compensating":
-            return self._status
-        if not self._run_started:
-            return "pending"
-        statuses = {s["status"] for s in self._stages.values()}
-        if "running" in statuses:
-            return "running"
-        if "suspended" in statuses:
-            return "suspended"
-        return "running"
-
-    def _details(self, status: str) -> str:
-        waits = [
-            f"stage {s['id']} waits for {s['waiting_for']}"
-            + (f" until {s['wake_at']}" if s["wake_at"] else "")
-            for s in self._stages.values()
-            if s["status"] == "suspended"
-        ]
-        running = [s["id"] for s in self._stages.values() if s["status"] == "running"]
-        parts = [f"status: {status}"]
-        if running:
-            parts.append("running: " + ", ".join(running))
-        parts.extend(waits)
-        return "; ".join(parts)
-
-    def _sync(self) -> None:
-        """Mark the run's memo and search attributes stale: ``_syncer`` writes them once at
-        the end of the activation (in the same workflow task as the events it emitted)."""
-        self._dirty = True
-
-    async def _settled(self) -> None:
-        """Let the rest of this activation run first, so that it writes the memo and
-        publishes events once rather than once per step of it: a stage's completion and the
-        next stage's start happen a few condition rounds apart in the same activation
-        (``_SYNC_ROUNDS`` rounds, no commands, deterministic). Runs of the older shape did not
-        wait, and still do not, so their histories replay."""
-        if not self._carried:
-            return
-        for _ in range(_SYNC_ROUNDS):
-            if self._closing:
-                return
-            await workflow.wait_condition(lambda: True)
-
-    async def _syncer(self) -> None:
-        while True:
-            await workflow.wait_condition(lambda: self._dirty or self._closing)
-            await self._settled()
-            if self._dirty:
-                self._dirty = False
-                self._write_info()
-            if self._closing:
-                return
-
-    def _write_info(self) -> None:
-        status = self._run_status()
-        current = ",".join(
-            s["id"] for s in self._stages.values() if s["status"] in ("running", "suspended")
-        )
-        if self._sa != (status, current):
-            self._sa = (status, current)
-            workflow.upsert_search_attributes(
-                [SA_STATUS.value_set(status), SA_STAGE.value_set(current)]
-            )
-        workflow.set_current_details(self._details(status))
-        self._info = {
-            "id": self._run_id,
-            "workflow_id": self._wf_id,
-            "version": self._version,
-            "status": status,
-            "input": self._start["input"],
-            "error": self._error,
-            "compensation_errors": self._comp_errors,
-            "stages": [
-                {
-                    k: s[k]
-                    for k in (
-                        "id",
-                        "status",
-                        "attempt",
-                        "output",
-                        "error",
-                        "compensation_error",
-                        "waiting_for",
-                        "wake_at",
-                        "started_at",
-                        "finished_at",
-                    )
-                }
-                for s in self._stages.values()
-            ],
-            "idempotency_key": self._start.get("idempotency_key"),
-            "redrive_count": self._redrive,
-            "created_at": self._start.get("created_at"),
-            "updated_at": _iso(workflow.now()),
-            "finished_at": self._finished_at,
-            "sinks": self._graph.sinks(),
-            "event_seq": self._seq,
-            "run_started": self._run_started,
-            "migrated_to": self._migrated_to,
-            "frozen": self._frozen,
-        }
-        workflow.upsert_memo({"wfe_run": self._info})
