@@ -267,7 +267,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         # asked once, first thing: a run whose history lacks the marker replays the old rule
         self._holder_rule = not self._patched(_SHARED_TAKES_PATCH)
         self._setup(start)
-        self._declare_signals()
+        if self._marked:  # (runs started before took every signal through on_signal)
+            self._declare_signals()
         publisher = asyncio.create_task(self._publisher())
         syncer = asyncio.create_task(self._syncer())
         if start.imported:
