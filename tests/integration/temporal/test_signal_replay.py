@@ -11,8 +11,9 @@ scenario on the current code (no suspension). ``publish_per_task_resume.json`` i
 scenario recorded on commit ec087fd, before stage activities carried the run's events and the
 internal handlers were renamed ``wfe.internal.*``: every workflow task published its events with
 a ``wfe.publish`` local activity, and its stage took a buffered signal with the
-``wfe.take_signal`` update, which the run still answers to. Recorded with
-``histories/record_signals.py``.
+``wfe.take_signal`` update, which the run still answers to. ``events_via_activities_resume``
+is the same scenario on the code that replaced it (stage activities carry the events, no patch
+markers, ``wfe.internal.*`` names). Recorded with ``histories/record_signals.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ HISTORIES = Path(__file__).parent / "histories"
         "holder_rule_timeout",
         "shared_takes_buffered",
         "publish_per_task_resume",
+        "events_via_activities_resume",
     ],
 )
 async def test_recorded_history_replays(name: str) -> None:
