@@ -49,10 +49,8 @@ from ._helpers import (
     _settle,
     _sha,
 )
-from ._wire import (
-    outbox_rule,
-    run_id_for_key,
-)
+from ._start import StartDocument
+from ._wire import run_id_for_key
 from ._workflow import GraphWorkflow, workflow_runner
 
 if TYPE_CHECKING:
@@ -325,31 +323,29 @@ def _start_input(
     stages: dict[str, dict[str, Any]],
     *,
     created: str,
-) -> dict[str, Any]:
+) -> StartDocument:
     """The workflow's start input: the run resumes where the snapshot left it."""
-    return {
-        "run_id": snapshot.run_id,
-        "workflow_id": snapshot.workflow_id,
-        "version": snapshot.version,
-        "graph": graph.model_dump(mode="json"),
-        "input": snapshot.input,
-        "idempotency_key": snapshot.idempotency_key,
-        "fingerprint": snapshot.input_fingerprint,
-        "created_at": created,
-        "heartbeat_timeout_s": engine.heartbeat_timeout,
-        "default_stage_timeout_s": engine.settings.default_stage_timeout,
-        "max_pending_signals": engine.settings.max_pending_signals,
-        **outbox_rule(engine.settings),
-        "redrive": snapshot.redrive_count,
-        "redrive_history": list(snapshot.redrive_history),
-        "event_seq": snapshot.event_seq,
-        "stages": stages,
-        "signals": [sig.model_dump(mode="json") for sig in snapshot.signals],
-        "signal_keys": list(snapshot.signal_keys),
-        "run_started": snapshot.status != RunStatus.PENDING,
-        "deadline": None if snapshot.deadline is None else snapshot.deadline.isoformat(),
-        "imported": True,
-    }
+    return StartDocument.for_engine(
+        engine.settings,
+        engine.heartbeat_timeout,
+        run_id=snapshot.run_id,
+        workflow_id=snapshot.workflow_id,
+        version=snapshot.version,
+        graph=graph.model_dump(mode="json"),
+        input=snapshot.input,
+        idempotency_key=snapshot.idempotency_key,
+        fingerprint=snapshot.input_fingerprint,
+        created_at=created,
+        redrive=snapshot.redrive_count,
+        redrive_history=list(snapshot.redrive_history),
+        event_seq=snapshot.event_seq,
+        stages=stages,
+        signals=[sig.model_dump(mode="json") for sig in snapshot.signals],
+        signal_keys=list(snapshot.signal_keys),
+        run_started=snapshot.status != RunStatus.PENDING,
+        deadline=None if snapshot.deadline is None else snapshot.deadline.isoformat(),
+        imported=True,
+    )
 
 
 def _initial_memo(
