@@ -37,6 +37,7 @@ from engine_port.errors import (
     WorkflowDrainedError,
 )
 
+from ._db import defer
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
 from ._schema import (
@@ -75,7 +76,7 @@ TERMINAL = TERMINAL_RUN_STATUSES
 
 def _insert_ignore(conn: Connection, table: sa.Table, values: dict[str, Any]) -> None:
     ins: Any = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
-    conn.execute(ins.values(**values).on_conflict_do_nothing())
+    defer(conn, ins.values(**values).on_conflict_do_nothing())  # (nobody reads its result)
 
 
 def save_definition(conn: Connection, graph: GraphModel, now: float) -> None:
@@ -154,8 +155,10 @@ def create_run(
         updated_at=now,
         trace_context=trace_context,
     )
-    conn.execute(runs.insert().values(**values))
-    conn.execute(
+    # (on PostgreSQL these inserts go out in one round trip with the next statement)
+    defer(conn, runs.insert().values(**values))
+    defer(
+        conn,
         stages.insert(),
         [
             {

@@ -1,8 +1,9 @@
 """``python -m bench.tools.txcount [sqlite|postgres] [--runs N]``: transactions, statements
 and latency per 3-stage no-op run of the native driver (in-process worker), counted with a
 wrapper around ``Database`` transaction entry points and SQLAlchemy's
-``before_cursor_execute`` event. Prints the per-run averages and the busiest transaction
-functions."""
+``before_cursor_execute`` event, and on PostgreSQL the network round trips (psycopg's
+blocking waits outside a pipeline, plus one per pipeline sync). Prints the per-run averages
+and the busiest transaction functions."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Counts:
         self.tx: Counter[str] = Counter()
         self.reads: Counter[str] = Counter()
         self.statements = 0
+        self.round_trips = 0
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -48,6 +50,40 @@ def _install(counts: Counts) -> None:
 
     Database._tx_once = tx_once  # type: ignore[method-assign]
     Database._read_once = read_once  # type: ignore[method-assign]
+    try:
+        import psycopg
+    except ImportError:
+        return
+    from psycopg.pq import TransactionStatus
+
+    idle = TransactionStatus.IDLE
+    orig_execute, orig_exit = psycopg.Cursor.execute, psycopg.Pipeline.__exit__
+    orig_commit, orig_rollback = psycopg.Connection.commit, psycopg.Connection.rollback
+
+    def execute(self: Any, *a: Any, **k: Any) -> Any:
+        conn = self.connection
+        if conn._pipeline is None:  # (inside a pipeline a statement is only queued)
+            counts.round_trips += 1
+            if not conn.autocommit and conn.info.transaction_status == idle:
+                counts.round_trips += 1  # psycopg's implicit BEGIN, sent on its own
+        return orig_execute(self, *a, **k)
+
+    def pipeline_exit(self: Any, *a: Any) -> Any:
+        counts.round_trips += 1  # the sync: every queued statement's result comes back
+        return orig_exit(self, *a)
+
+    def ending(orig: Any) -> Any:
+        def end(self: Any) -> Any:
+            if self.info.transaction_status != idle:
+                counts.round_trips += 1
+            return orig(self)
+
+        return end
+
+    psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    psycopg.Pipeline.__exit__ = pipeline_exit  # type: ignore[method-assign]
+    psycopg.Connection.commit = ending(orig_commit)  # type: ignore[method-assign]
+    psycopg.Connection.rollback = ending(orig_rollback)  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -86,12 +122,15 @@ async def main(backend: str, runs: int) -> None:
                     samples.append(time.perf_counter() - t0)
                 cpu = (time.process_time() - cpu0) / runs
                 tx, reads, statements = Counter(counts.tx), Counter(counts.reads), counts.statements
+                round_trips = counts.round_trips
     print(f"{backend}: {runs} runs of bench-seq3, in-process worker")
     print(f"  p50 latency      {statistics.median(samples) * 1000:.2f} ms")
     print(f"  CPU/run          {cpu * 1000:.2f} ms (this process, all threads)")
     print(f"  transactions/run {sum(tx.values()) / runs:.2f}")
     print(f"  autocommit reads/run {sum(reads.values()) / runs:.2f}")
     print(f"  statements/run   {statements / runs:.1f} (incl. BEGIN on SQLite)")
+    if backend == "postgres":
+        print(f"  round trips/run  {round_trips / runs:.1f} (BEGIN and COMMIT included)")
     for name, n in (tx + reads).most_common(12):
         print(f"    {n / runs:6.2f}  {name}")
 
