@@ -29,6 +29,7 @@ from engine_port import (
 from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._db import defer
+from ._jobs import notify_due
 from ._outbox import append_events
 from ._schema import jobs, runs, signals, staged_events, stages, steps
 from ._sql import (
@@ -277,6 +278,8 @@ def schedule(
             ]
             if rows:
                 inserted = conn.execute(_jobs_insert(postgres), rows).all()
+                if len(take) < len(rows):
+                    notify_due(conn)  # jobs left for the queue: wake other processes
                 if take and handoff is not None:
                     handed = [j for j in inserted if j.stage_id in take]
                     drafts = _begin_handed(conn, run, handed, handoff, state, now)
@@ -647,6 +650,8 @@ def apply_outcome(
                 ).first()
                 is not None
             )
+        if ready_now:
+            notify_due(conn)
         conn.execute(
             sa.update(jobs)
             .where(jobs.c.id == job.id)
@@ -721,6 +726,7 @@ def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraf
         sa.select(jobs.c.id).where(jobs.c.run_id == run.id, jobs.c.kind == "compensate")
     ).first()
     if exists is None:
+        notify_due(conn)
         conn.execute(
             jobs.insert().values(
                 run_id=run.id,

@@ -38,6 +38,7 @@ from engine_port.errors import (
 )
 
 from ._db import defer
+from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
 from ._schema import (
@@ -245,7 +246,7 @@ def signal_run(
             received_at=now,
         )
     )
-    conn.execute(
+    woken = conn.execute(
         sa.update(jobs)
         .where(
             jobs.c.run_id == run_id,
@@ -254,6 +255,8 @@ def signal_run(
         )
         .values(status="ready", available_at=now)
     )
+    if woken.rowcount:
+        notify_due(conn)  # (the waiting stage's next worker may be in another process)
     refresh_status(conn, run_id, now)
     # delivered: a suspended wait for this name is there to take it, i.e. more waits than
     # signals already queued ahead of it; else it stays buffered for a later wait
