@@ -157,7 +157,7 @@ def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
 
 
 def _touch(conn: Connection, run_id: str, now: float, **values: Any) -> None:
-    update_where(conn, runs, {"id": run_id}, {"updated_at": now, **values})
+    update_later(conn, runs, {"id": run_id}, {"updated_at": now, **values})
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
@@ -165,7 +165,8 @@ def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
 
 
 def _set_stage(conn: Connection, run_id: str, stage_id: str, **values: Any) -> None:
-    update_where(conn, stages, {"run_id": run_id, "stage_id": stage_id}, values)
+    # (nobody reads the row count: on PostgreSQL it goes out with the next statement)
+    update_later(conn, stages, {"run_id": run_id, "stage_id": stage_id}, values)
 
 
 def _outputs(conn: Connection, run_id: str) -> dict[str, Any]:

@@ -105,11 +105,12 @@ def delete_later(conn: Connection, table: Table, **keys: Any) -> None:
 
 
 def upsert(conn: Connection, table: Table, values: dict[str, Any], keys: Sequence[str]) -> None:
-    """INSERT ... ON CONFLICT (keys) DO UPDATE, on SQLite and PostgreSQL."""
+    """INSERT ... ON CONFLICT (keys) DO UPDATE, on SQLite and PostgreSQL (nobody reads its
+    result: on PostgreSQL it goes out with the transaction's next statement or its commit)."""
     ins: Any = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
     stmt = ins.values(**values)
     update = {k: stmt.excluded[k] for k in values if k not in keys}
-    conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update))
+    defer(conn, stmt.on_conflict_do_update(index_elements=list(keys), set_=update))
 
 
 def try_run(conn: Connection, run_id: str, *, lock: bool = True) -> sa.Row[Any] | None:

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from engine_port.driver import redact_text
 
 from ._commands import (
+    SKIPPED,
     ClaimPending,
     ExecuteJob,
     FlushOutbox,
@@ -158,21 +159,32 @@ class WorkerHost:
     async def _loop(self) -> None:
         next_maintenance = 0.0
         next_flush = 0.0
+        woken = False  # the last pause ended because work was announced (not the poll)
         while not self._stopping:
-            claimed = 0
+            claimed, full = 0, False
             try:
                 free = min(
                     self.concurrency - len(self._active), self.kernel.settings.max_claims_per_tick
                 )
                 if free > 0:
                     jobs = await self.kernel.dispatch(
-                        ClaimPending(self.worker_id, limit=free, served=self.served)
+                        ClaimPending(
+                            self.worker_id,
+                            limit=free,
+                            served=self.served,
+                            begin=True,
+                            probe=not woken,
+                        )
                     )
-                    for job in jobs:
-                        task = asyncio.create_task(self._run_job(job))
+                    for job, begun in jobs:
+                        if begun == SKIPPED:
+                            self._counts["skipped"] += 1
+                            continue
+                        task = asyncio.create_task(self._run_job(job, begun))
                         self._active[job.id] = (job, task)
                     claimed = len(jobs)
                     self._counts["claimed"] += claimed
+                    full = claimed >= free
                 now = time.monotonic()
                 if now >= next_flush:
                     limit = self.kernel.settings.max_outbox_flush_per_tick
@@ -198,8 +210,12 @@ class WorkerHost:
                     pause = min(pause, self.flush_interval)  # the outbox has work: keep at it
                 try:
                     await asyncio.wait_for(self._wake.wait(), pause)
+                    woken = True
                 except TimeoutError:
+                    woken = False
                     self._counts["woken_by_poll"] += 1
+            else:
+                woken = full  # a full claim: more may be due (look without probing)
 
     async def _listen(self) -> None:
         """PostgreSQL LISTEN on the due-jobs channel (``_jobs.CHANNEL``): a notification for
