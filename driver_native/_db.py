@@ -328,6 +328,12 @@ def _pending(context: Any) -> list[tuple[str, Any, bool]] | None:
     return tail
 
 
+def _returns(context: Any) -> bool:
+    """The statement has a RETURNING SQLAlchemy will read (e.g. the generated primary key of
+    a single-row insert): it cannot be held back."""
+    return bool(getattr(context.compiled, "effective_returning", None))
+
+
 def _pg_do_execute(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
     return _pg_send(cursor, statement, parameters, context, many=False)
 
@@ -347,7 +353,7 @@ def _pg_send(cursor: Any, statement: str, parameters: Any, context: Any, *, many
     tail = _pending(context)
     if tail is None:
         return False  # autocommit reads, schema work: nothing deferred, no BEGIN to save
-    if context.root_connection.info.get(_DEFER):
+    if context.root_connection.info.get(_DEFER) and not _returns(context):
         tail.append((statement, parameters, many))
         return True
     raw = cursor.connection

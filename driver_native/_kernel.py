@@ -277,6 +277,11 @@ class Kernel:
                 return g
         raise WorkflowNotFoundError(workflow_id, version)
 
+    def _registry_graph(self, workflow_id: str, version: str) -> GraphModel | None:
+        if self.registry.has(workflow_id, version):
+            return self.registry.graph(workflow_id, version)
+        return None
+
     def served(self) -> frozenset[str]:
         return frozenset(version_key(w, v) for w, v in self.registry.served())
 
@@ -356,6 +361,7 @@ class Kernel:
                 self.now(),
                 cmd.idempotency_key,
                 self.settings.max_pending_signals,
+                self._registry_graph,
             )
         except BaseException:
             if key is not None:

@@ -105,3 +105,22 @@ def test_defer_outside_a_transaction_runs_at_once(db: Database) -> None:
     """An autocommit connection has no commit to ride along with: the write is not held."""
     db.read_sync(lambda conn: defer(conn, _key("now")))
     assert db.read_sync(_keys) == [("now", "in_progress")]
+
+
+def test_a_deferred_insert_whose_key_the_database_generates_still_works(db: Database) -> None:
+    """A single-row insert into a table with a generated key reads that key back (RETURNING):
+    it goes out at once, with whatever was deferred before it, instead of being held."""
+    from driver_native._schema import signals
+
+    def work(conn: Connection) -> list[Any]:
+        defer(conn, _key("before"))
+        defer(
+            conn,
+            signals.insert().values(
+                run_id="r", name="go", payload=None, consumed=False, received_at=1.0
+            ),
+        )
+        return list(conn.execute(sa.select(signals.c.name)).scalars())
+
+    assert db.tx_sync(work) == ["go"]
+    assert db.read_sync(_keys) == [("before", "in_progress")]
