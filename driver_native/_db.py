@@ -29,6 +29,7 @@ so the checks below cost nothing on the normal path. What a re-run then sees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -156,10 +157,24 @@ class Database:
                 pool_recycle=600,
             )
             workers = pool_size
+            # the server processes behind this Database's connections: a worker ignores the
+            # NOTIFYs they send (this process wakes its own workers without the round trip)
+            event.listen(self.engine, "connect", self._backend_opened)
+            event.listen(self.engine, "close", self._backend_closed)
             event.listen(self.engine, "do_execute", _pg_do_execute)
             event.listen(self.engine, "do_executemany", _pg_do_executemany)
             event.listen(self.engine, "do_execute_no_params", _pg_do_execute_no_params)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wfe-db")
+
+    own_backends: frozenset[int] = frozenset()
+    """PostgreSQL: the backend process ids of this Database's open connections."""
+
+    def _backend_opened(self, dbapi_conn: Any, _record: Any) -> None:
+        self.own_backends = self.own_backends | {dbapi_conn.info.backend_pid}
+
+    def _backend_closed(self, dbapi_conn: Any, _record: Any) -> None:
+        with contextlib.suppress(Exception):  # (a broken connection may not know it)
+            self.own_backends = self.own_backends - {dbapi_conn.info.backend_pid}
 
     # -- transactions -----------------------------------------------------------------------
     def _unavailable(self, exc: DBAPIError, waited: float | None = None) -> DriverUnavailableError:

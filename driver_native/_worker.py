@@ -238,8 +238,9 @@ class WorkerHost:
                     self.listening.set()
                     self._wake.set()  # what became due while nobody listened
                     delay = 0.5
+                    own = self.kernel.db  # (its NOTIFYs: this process wakes its workers itself)
                     async for note in conn.notifies():
-                        if note.payload == schema:
+                        if note.payload == schema and note.pid not in own.own_backends:
                             self._counts["woken_by_notify"] += 1
                             self._wake.set()
             except asyncio.CancelledError:

@@ -84,3 +84,33 @@ async def test_notifications_of_another_schema_are_ignored(
         # notifications arrive in commit order: the foreign one came first, and was ignored
         assert host.stats()["woken_by_notify"] == 1
         assert (await elsewhere.get_run(foreign.id)).status == RunStatus.PENDING
+
+
+async def test_its_own_engines_notifications_do_not_wake_a_worker_twice(
+    postgres_url: str, make_engine: MakeEngine
+) -> None:
+    """A signal sent through the worker's own engine wakes it directly; the NOTIFY the same
+    transaction sends comes back from one of that engine's connections and is ignored (no
+    second, empty claim)."""
+    engine = await make_engine()
+    async with engine.worker(poll_interval=POLL) as host:
+
+        async def listening() -> bool:
+            return host.listening.is_set()
+
+        await eventually(listening, timeout=30)
+        run = await engine.start("it-waiter", {})
+
+        async def suspended() -> bool:
+            info = await engine.get_run(run.id)
+            return any(s.id == "wait_go" and s.status == "suspended" for s in info.stages)
+
+        await eventually(suspended, timeout=POLL / 4)
+        await engine.signal(run.id, "go", {"ok": True})
+        assert (await engine.wait(run.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
+        # a foreign start, committed after the signal: once it is heard, the signal's NOTIFY
+        # (delivered before it) has been seen too
+        other = await make_engine()
+        foreign = await other.start("it-linear", {"n": 1})
+        assert (await other.wait(foreign.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
+        assert host.stats()["woken_by_notify"] == 1  # the foreign start only
