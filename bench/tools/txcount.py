@@ -1,5 +1,6 @@
-"""``python -m bench.tools.txcount [sqlite|postgres] [--runs N]``: transactions, statements
-and latency per 3-stage no-op run of the native driver (in-process worker), counted with a
+"""``python -m bench.tools.txcount [sqlite|postgres] [--runs N] [--signal]``: transactions,
+statements and latency per 3-stage no-op run of the native driver (in-process worker), or
+with ``--signal`` per ``signal()`` -> completion of a run parked in its wait, counted with a
 wrapper around ``Database`` transaction entry points and SQLAlchemy's
 ``before_cursor_execute`` event, and on PostgreSQL the network round trips (psycopg's
 blocking waits outside a pipeline, plus one per pipeline sync). Prints the per-run averages
@@ -35,6 +36,23 @@ class Counts:
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
+
+    # --signal: only what happens between mark() and unmark() is kept
+    def mark(self) -> None:
+        self._at = (Counter(self.tx), Counter(self.reads), self.statements, self.round_trips)
+
+    def unmark(self) -> None:
+        tx, reads, statements, trips = self._at
+        kept = getattr(self, "_kept", (Counter(), Counter(), 0, 0))
+        self._kept = (
+            kept[0] + (self.tx - tx),
+            kept[1] + (self.reads - reads),
+            kept[2] + self.statements - statements,
+            kept[3] + self.round_trips - trips,
+        )
+
+    def take_marked(self) -> None:
+        self.tx, self.reads, self.statements, self.round_trips = self._kept
 
 
 def _install(counts: Counts) -> None:
@@ -96,7 +114,24 @@ def _url(backend: str) -> Iterator[str]:
             yield f"sqlite:///{d}/wfe.db"
 
 
-async def main(backend: str, runs: int) -> None:
+async def _one_signal(engine: Any, counts: Counts) -> float:
+    """A run parked in its signal wait (not counted), then ``signal()`` -> run complete."""
+    run = await engine.start("bench-signal", {})
+    for _ in range(3000):
+        info = await engine.get_run(run.id)
+        if info.stages and info.stages[0].status == "suspended":
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # (let the worker go idle)
+    counts.mark()
+    t0 = time.perf_counter()
+    await engine.signal(run.id, "go", {"ok": True})
+    await engine.wait(run.id, timeout=60)
+    counts.unmark()
+    return time.perf_counter() - t0
+
+
+async def main(backend: str, runs: int, signal: bool = False) -> None:
     counts = Counts()
     _install(counts)
     with _url(backend) as url, tempfile.TemporaryDirectory() as blobs:
@@ -116,16 +151,23 @@ async def main(backend: str, runs: int) -> None:
                 samples = []
                 cpu0 = time.process_time()
                 for _ in range(runs):
+                    if signal:
+                        samples.append(await _one_signal(engine, counts))
+                        continue
                     t0 = time.perf_counter()
                     run = await engine.start("bench-seq3", {})
                     await engine.wait(run.id, timeout=60)
                     samples.append(time.perf_counter() - t0)
                 cpu = (time.process_time() - cpu0) / runs
+                if signal:
+                    counts.take_marked()
                 tx, reads, statements = Counter(counts.tx), Counter(counts.reads), counts.statements
                 round_trips = counts.round_trips
-    print(f"{backend}: {runs} runs of bench-seq3, in-process worker")
+    what = "signal() -> run complete of bench-signal" if signal else "runs of bench-seq3"
+    print(f"{backend}: {runs} {what}, in-process worker")
     print(f"  p50 latency      {statistics.median(samples) * 1000:.2f} ms")
-    print(f"  CPU/run          {cpu * 1000:.2f} ms (this process, all threads)")
+    if not signal:  # (with --signal it includes starting and parking the run)
+        print(f"  CPU/run          {cpu * 1000:.2f} ms (this process, all threads)")
     print(f"  transactions/run {sum(tx.values()) / runs:.2f}")
     print(f"  autocommit reads/run {sum(reads.values()) / runs:.2f}")
     print(f"  statements/run   {statements / runs:.1f} (incl. BEGIN on SQLite)")
@@ -139,5 +181,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("backend", choices=["sqlite", "postgres"], nargs="?", default="sqlite")
     ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument(
+        "--signal", action="store_true", help="count signal() -> run complete instead of a run"
+    )
     args = ap.parse_args()
-    asyncio.run(main(args.backend, args.runs))
+    asyncio.run(main(args.backend, args.runs, args.signal))
