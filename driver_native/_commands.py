@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
+    "SKIPPED",
     "CancelRun",
     "ClaimPending",
     "Command",
@@ -56,6 +57,18 @@ class ClaimPending(Command):
     worker_id: str
     limit: int = 1
     served: frozenset[str] | None = None  # "workflow@version"; None = the registry's
+    # begin the claimed stage attempts in the claiming transaction: the result is then a list
+    # of ``(job, begun)`` (``begun``: the ``Begin`` to pass to ``ExecuteJob``; None for a
+    # compensation job; ``SKIPPED`` for a stage that is not to run, e.g. of a cancelled run)
+    begin: bool = False
+    # look (an autocommit read) before taking a write transaction; False when the host was
+    # just told that work is due (PostgreSQL only: on SQLite the look spares the write lock)
+    probe: bool = True
+
+
+SKIPPED = "skipped"
+"""``ClaimPending(begin=True)``: a claimed stage that was not begun (its run is stopping, or
+the stage is no longer to run); the claim already settled it, nothing is to execute."""
 
 
 @dataclass(frozen=True)

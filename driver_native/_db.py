@@ -29,6 +29,7 @@ so the checks below cost nothing on the normal path. What a re-run then sees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -47,7 +48,7 @@ from engine_port.errors import DriverUnavailableError
 
 from . import _schema
 
-__all__ = ["Database", "commit_was_unknown"]
+__all__ = ["Database", "commit_was_unknown", "defer"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -156,7 +157,24 @@ class Database:
                 pool_recycle=600,
             )
             workers = pool_size
+            # the server processes behind this Database's connections: a worker ignores the
+            # NOTIFYs they send (this process wakes its own workers without the round trip)
+            event.listen(self.engine, "connect", self._backend_opened)
+            event.listen(self.engine, "close", self._backend_closed)
+            event.listen(self.engine, "do_execute", _pg_do_execute)
+            event.listen(self.engine, "do_executemany", _pg_do_executemany)
+            event.listen(self.engine, "do_execute_no_params", _pg_do_execute_no_params)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wfe-db")
+
+    own_backends: frozenset[int] = frozenset()
+    """PostgreSQL: the backend process ids of this Database's open connections."""
+
+    def _backend_opened(self, dbapi_conn: Any, _record: Any) -> None:
+        self.own_backends = self.own_backends | {dbapi_conn.info.backend_pid}
+
+    def _backend_closed(self, dbapi_conn: Any, _record: Any) -> None:
+        with contextlib.suppress(Exception):  # (a broken connection may not know it)
+            self.own_backends = self.own_backends - {dbapi_conn.info.backend_pid}
 
     # -- transactions -----------------------------------------------------------------------
     def _unavailable(self, exc: DBAPIError, waited: float | None = None) -> DriverUnavailableError:
@@ -212,12 +230,22 @@ class Database:
     ) -> T:
         attempt.committing = False
         token = _COMMIT_UNKNOWN.set(attempt.commit_unknown)
+        info: dict[Any, Any] = {}
         try:
             with self.engine.begin() as conn:
+                if self.is_postgres:
+                    info = conn.info
+                    info[_TX] = []  # a transaction: writes may be deferred (see defer())
                 result = fn(conn, *a, **k)
                 attempt.committing = True  # leaving the block commits
+                if conn.info.get(_TX):
+                    # deferred writes go out with the COMMIT: one round trip (the commit
+                    # SQLAlchemy sends next is then a no-op in psycopg)
+                    conn.exec_driver_sql("COMMIT")
             return result
         finally:
+            info.pop(_TX, None)  # (the pooled connection's info outlives this transaction)
+            info.pop(_DEFER, None)
             _COMMIT_UNKNOWN.reset(token)
 
     def _read_once(
@@ -276,6 +304,95 @@ class Database:
     def dispose(self) -> None:
         self._executor.shutdown(wait=True)
         self.engine.dispose()
+
+
+_TX = "wfe_tail"
+"""``conn.info`` key, set while a PostgreSQL transaction function runs: the writes it deferred
+(SQL and parameters as SQLAlchemy compiled them), not sent yet."""
+_DEFER = "wfe_defer"
+"""``conn.info`` key: the statement being executed now is a deferred write."""
+
+
+def defer(conn: Connection, statement: Any, params: Any = None) -> None:
+    """Execute a write whose result nobody reads (no RETURNING, no row count), possibly later.
+
+    On PostgreSQL, inside :meth:`Database.tx`, the write is held back and sent in one
+    pipeline (psycopg 3 pipeline mode: one network round trip) with the next statement that
+    needs its result, or with the COMMIT. The server still runs every statement in the order
+    the transaction function issued them, so what each statement sees is unchanged; an error
+    of a deferred write surfaces at that next statement or at the commit, inside the same
+    transaction (wrapped by SQLAlchemy as usual). Elsewhere it is ``conn.execute``."""
+    info = conn.info
+    if _TX not in info:
+        conn.execute(statement, params)
+        return
+    info[_DEFER] = True
+    try:
+        conn.execute(statement, params)
+    finally:
+        info[_DEFER] = False
+
+
+def _pending(context: Any) -> list[tuple[str, Any, bool]] | None:
+    """The transaction's deferred writes (None outside a :meth:`Database.tx`)."""
+    try:
+        info = context.root_connection.info
+    except NotImplementedError:  # SQLAlchemy's first-connect probe: no pooled connection
+        return None
+    tail: list[tuple[str, Any, bool]] | None = info.get(_TX)
+    return tail
+
+
+def _returns(context: Any) -> bool:
+    """The statement has a RETURNING SQLAlchemy will read (e.g. the generated primary key of
+    a single-row insert): it cannot be held back."""
+    return bool(getattr(context.compiled, "effective_returning", None))
+
+
+def _pg_do_execute(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+    return _pg_send(cursor, statement, parameters, context, many=False)
+
+
+def _pg_do_executemany(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+    return _pg_send(cursor, statement, parameters, context, many=True)
+
+
+def _pg_do_execute_no_params(cursor: Any, statement: str, context: Any) -> bool:
+    return _pg_send(cursor, statement, None, context, many=False)
+
+
+def _pg_send(cursor: Any, statement: str, parameters: Any, context: Any, *, many: bool) -> bool:
+    """SQLAlchemy's ``do_execute`` hook on PostgreSQL: queue a deferred write, or send the
+    queued writes (and psycopg's implicit BEGIN) in one pipeline with this statement. Returns
+    False to let SQLAlchemy execute the statement itself."""
+    tail = _pending(context)
+    if tail is None:
+        return False  # autocommit reads, schema work: nothing deferred, no BEGIN to save
+    if context.root_connection.info.get(_DEFER) and not _returns(context):
+        tail.append((statement, parameters, many))
+        return True
+    raw = cursor.connection
+    from psycopg.pq import TransactionStatus
+
+    if not tail and raw.info.transaction_status != TransactionStatus.IDLE:
+        return False  # one statement, one round trip either way
+    with raw.pipeline():
+        if tail:
+            queued = raw.cursor()
+            for sql, params, is_many in tail:
+                if is_many:
+                    queued.executemany(sql, params)
+                else:
+                    queued.execute(sql, params)
+            tail.clear()
+        # (with BEGIN, when the transaction has not started yet: psycopg queues it too)
+        if many:
+            cursor.executemany(statement, parameters)
+        elif parameters is None:
+            cursor.execute(statement)
+        else:
+            cursor.execute(statement, parameters)
+    return True
 
 
 def _first_line(exc: DBAPIError) -> str:

@@ -362,6 +362,10 @@ class NativeEngine(WorkflowEngine):
         event = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(event)
         delay = 0.01
+        # a run handed to a worker of this process is still running (its end would have taken
+        # it out of ``_local_runs``): the first status read would find it running, so wait
+        # for that worker's word (or the safety-net poll) first
+        skip_read = run_id in self._local_runs and bool(self._hosts)
         try:
             while True:
                 if event.is_set():  # a local transition ended the run: read it once
@@ -369,6 +373,12 @@ class NativeEngine(WorkflowEngine):
                     if info.status in TERMINAL_RUN_STATUSES:
                         return info
                 event.clear()
+                if skip_read:
+                    skip_read = False
+                    pause = _LOCAL_POLL_S if deadline is None else deadline - time.monotonic()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), max(min(pause, _LOCAL_POLL_S), 0.0))
+                    continue
                 status = await self.kernel.db.read(_runs.run_status, run_id)
                 if RunStatus(status) in TERMINAL_RUN_STATUSES:
                     self._local_runs.discard(run_id)

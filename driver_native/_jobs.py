@@ -1,5 +1,8 @@
 """The job queue in the database: claim with leases, heartbeat, reap stale leases, wake
-suspended stages. On PostgreSQL a claim is one UPDATE over FOR UPDATE SKIP LOCKED."""
+suspended stages. On PostgreSQL a claim is one UPDATE over FOR UPDATE SKIP LOCKED, and a
+transaction that makes a job due now sends a NOTIFY on :data:`CHANNEL` (with the schema as
+payload) so that idle workers of other processes claim it at once instead of at their next
+poll (polling stays, as the safety net; timers that come due are found by the poll)."""
 
 from __future__ import annotations
 
@@ -12,10 +15,36 @@ from sqlalchemy import Connection
 
 from engine_port.driver import WORKING_RUN_STATUSES
 
+from ._db import defer
 from ._schema import jobs, runs
 from ._sql import db_clock, lease_until
 
-__all__ = ["any_due", "claim", "heartbeat", "poll_suspended", "reap_stale", "release"]
+__all__ = [
+    "CHANNEL",
+    "any_due",
+    "claim",
+    "heartbeat",
+    "notify_due",
+    "poll_suspended",
+    "reap_stale",
+    "release",
+]
+
+CHANNEL = "wfe_jobs_due"
+"""The PostgreSQL NOTIFY channel of due jobs; the payload is the schema (``current_schema()``),
+so workers of other schemas sharing the database ignore it."""
+
+
+@functools.cache
+def _notify_stmt() -> Any:
+    return sa.select(sa.func.pg_notify(CHANNEL, sa.func.current_schema()))
+
+
+def notify_due(conn: Connection) -> None:
+    """Tell idle workers of other processes that a job is due now (PostgreSQL; sent when this
+    transaction commits, with its last statements: no round trip of its own)."""
+    if conn.dialect.name == "postgresql":
+        defer(conn, _notify_stmt())
 
 
 def claim(
@@ -113,6 +142,8 @@ def release(conn: Connection, job_ids: Collection[int], worker: str) -> int:
         .where(jobs.c.id.in_(list(job_ids)), jobs.c.lease_owner == worker)
         .values(status="ready", lease_owner=None, lease_expires_at=None)
     )
+    if res.rowcount:
+        notify_due(conn)
     return res.rowcount or 0
 
 
@@ -123,6 +154,8 @@ def reap_stale(conn: Connection, now: float) -> int:
         .where(jobs.c.status == "leased", jobs.c.lease_expires_at < db_clock(conn, now))
         .values(status="ready", lease_owner=None, lease_expires_at=None)
     )
+    if res.rowcount:
+        notify_due(conn)
     return res.rowcount or 0
 
 
@@ -133,4 +166,6 @@ def poll_suspended(conn: Connection, now: float) -> int:
         .where(jobs.c.status == "waiting", jobs.c.available_at <= now)
         .values(status="ready")
     )
+    if res.rowcount:
+        notify_due(conn)
     return res.rowcount or 0

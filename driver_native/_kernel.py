@@ -53,6 +53,7 @@ from engine_port.errors import (
 
 from . import _jobs, _outbox, _progress, _runs
 from ._commands import (
+    SKIPPED,
     CancelRun,
     ClaimPending,
     Command,
@@ -106,6 +107,28 @@ def _create_run_once(
         if row is not None and row.input_fingerprint == fp and row.created_at == now:
             return run_id, True  # (its handed-off jobs run when their lease expires)
     return _runs.create_run(conn, graph, run_id, stored, fp, key, now, trace_context, handoff)
+
+
+def _claim_and_begin(
+    conn: Connection,
+    worker: str,
+    served: frozenset[str] | None,
+    limit: int,
+    lease: float,
+    now: float,
+) -> list[tuple[Any, Any]]:
+    """Claim due jobs and begin their stage attempts in the same transaction (one transaction
+    per claimed job fewer). Runs are locked in run-id order, so that two claimers sharing
+    runs (a fan-out) never wait for each other in a cycle."""
+    claimed = _jobs.claim(conn, worker, served, limit, lease, now)
+    out: list[tuple[Any, Any]] = []
+    for job in sorted(claimed, key=lambda j: (j.run_id, j.id)):
+        if job.kind != "stage":
+            out.append((job, None))
+            continue
+        begun, _ = _progress.begin_attempt(conn, job, worker, now)
+        out.append((job, SKIPPED if begun is None else begun))
+    return out
 
 
 def _held(key: str, token: float) -> tuple[Any, ...]:
@@ -254,6 +277,11 @@ class Kernel:
                 return g
         raise WorkflowNotFoundError(workflow_id, version)
 
+    def _registry_graph(self, workflow_id: str, version: str) -> GraphModel | None:
+        if self.registry.has(workflow_id, version):
+            return self.registry.graph(workflow_id, version)
+        return None
+
     def served(self) -> frozenset[str]:
         return frozenset(version_key(w, v) for w, v in self.registry.served())
 
@@ -333,6 +361,7 @@ class Kernel:
                 self.now(),
                 cmd.idempotency_key,
                 self.settings.max_pending_signals,
+                self._registry_graph,
             )
         except BaseException:
             if key is not None:
@@ -393,8 +422,19 @@ class Kernel:
         served: frozenset[str] | None = cmd.served if cmd.served is not None else self.served()
         if cmd.served is None and self.settings.serves == "all":
             served = None  # the serves="all" setting: no version filter
-        if not await self.db.read(_jobs.any_due, served, self.now()):
+        if (cmd.probe or not self.db.is_postgres) and not await self.db.read(
+            _jobs.any_due, served, self.now()
+        ):
             return []  # idle: no write transaction (on SQLite no write lock) for nothing
+        if cmd.begin:
+            return await self.db.tx(
+                _claim_and_begin,
+                cmd.worker_id,
+                served,
+                cmd.limit,
+                self.settings.lease_threshold,
+                self.now(),
+            )
         return await self.db.tx(
             _jobs.claim, cmd.worker_id, served, cmd.limit, self.settings.lease_threshold, self.now()
         )

@@ -11,6 +11,7 @@ loses nothing), with a WARNING on the ``wfe.outbox`` logger.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -18,12 +19,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql
 
 from engine_port import EngineSettings, Event, EventDraft
 from engine_port.driver import sink_retry_delay
 
+from ._db import defer
 from ._schema import outbox, runs
-from ._sql import update_where
+from ._sql import update_later
 
 __all__ = [
     "OutboxCounts",
@@ -100,13 +103,29 @@ def append_events(
     (``run_values`` are set on the run in the same statement)."""
     if not drafts:
         if run_values:
-            update_where(conn, runs, {"id": run.id}, run_values)
+            update_later(conn, runs, {"id": run.id}, run_values)
         return
     params = {"k_id": run.id, "n_events": len(drafts)}
     params.update({f"v_{k}": v for k, v in run_values.items()})
+    if conn.dialect.name == "postgresql":
+        # one statement whose result nobody reads (the database numbers the events from
+        # the run's counter), so it goes out with the commit: no round trip of its own
+        params.update(
+            e_workflow=run.workflow_id,
+            e_now=now,
+            e_ids=[d.id for d in drafts],
+            e_types=[d.type for d in drafts],
+            e_stages=[d.stage for d in drafts],
+            e_data=[json.dumps(d.data) for d in drafts],
+            e_business=[bool(d.business) for d in drafts],
+        )
+        defer(conn, _pg_append(tuple(run_values)), params)
+        return
     seq = conn.execute(_seq_update(tuple(run_values)), params).scalar_one()
     first = seq - len(drafts) + 1
-    conn.execute(
+    # (nobody reads the insert's result: on PostgreSQL it goes out with the commit)
+    defer(
+        conn,
         _outbox_insert(),
         [
             {
@@ -141,6 +160,47 @@ def _seq_update(keys: tuple[str, ...]) -> Any:
         )
         .returning(runs.c.event_seq)
     )
+
+
+@functools.cache
+def _pg_append(keys: tuple[str, ...]) -> Any:
+    """PostgreSQL: take the run's next sequence numbers (and set ``keys``) and insert the
+    events numbered from them, in one statement (a data-modifying CTE; the events come as
+    arrays, so the statement has one shape per ``keys`` whatever their number)."""
+    taken = _seq_update(keys).cte("taken")
+    arr = postgresql.ARRAY
+    events = (
+        sa.func.unnest(
+            sa.bindparam("e_ids", type_=arr(sa.String)),
+            sa.bindparam("e_types", type_=arr(sa.String)),
+            sa.bindparam("e_stages", type_=arr(sa.String)),
+            sa.bindparam("e_data", type_=arr(sa.Text)),
+            sa.bindparam("e_business", type_=arr(sa.Boolean)),
+        )
+        .table_valued("event_id", "type", "stage_id", "data", "business", with_ordinality="i")
+        .render_derived()
+        .alias("ev")
+    )
+    rows = (
+        sa.select(
+            events.c.event_id,
+            sa.bindparam("k_id", type_=sa.String),
+            sa.bindparam("e_workflow", type_=sa.String),
+            taken.c.event_seq - sa.bindparam("n_events", type_=sa.Integer) + events.c.i,
+            events.c.type,
+            events.c.stage_id,
+            sa.cast(events.c.data, outbox.c.data.type),
+            events.c.business,
+            sa.bindparam("e_now", type_=sa.Double),
+            sa.literal("pending"),
+            sa.literal(0),
+        )
+        .select_from(taken)
+        .join(events, sa.true())
+    )
+    cols = ["event_id", "run_id", "workflow_id", "seq", "type", "stage_id", "data"]
+    cols += ["business", "created_at", "status", "attempts"]
+    return outbox.insert().from_select(cols, rows)
 
 
 @functools.cache

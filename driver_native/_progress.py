@@ -28,9 +28,20 @@ from engine_port import (
 )
 from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
+from ._db import defer
+from ._jobs import notify_due
 from ._outbox import append_events
 from ._schema import jobs, runs, signals, staged_events, stages, steps
-from ._sql import db_clock, delete_where, select_where, try_run, update_where
+from ._sql import (
+    db_clock,
+    db_clock_sql,
+    delete_later,
+    delete_where,
+    select_where,
+    try_run,
+    update_later,
+    update_where,
+)
 
 __all__ = [
     "ABANDON_BACKOFF_S",
@@ -146,7 +157,7 @@ def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
 
 
 def _touch(conn: Connection, run_id: str, now: float, **values: Any) -> None:
-    update_where(conn, runs, {"id": run_id}, {"updated_at": now, **values})
+    update_later(conn, runs, {"id": run_id}, {"updated_at": now, **values})
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
@@ -154,7 +165,8 @@ def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
 
 
 def _set_stage(conn: Connection, run_id: str, stage_id: str, **values: Any) -> None:
-    update_where(conn, stages, {"run_id": run_id, "stage_id": stage_id}, values)
+    # (nobody reads the row count: on PostgreSQL it goes out with the next statement)
+    update_later(conn, stages, {"run_id": run_id, "stage_id": stage_id}, values)
 
 
 def _outputs(conn: Connection, run_id: str) -> dict[str, Any]:
@@ -241,7 +253,10 @@ def schedule(
         if open_stages:
             new = [s for s in sorted(open_stages) if state[s].job_id is None]
             take = set(new[: handoff.limit]) if handoff is not None else set()
-            lease_until = _lease_deadline(conn, handoff.lease, now) if take and handoff else None
+            postgres = conn.dialect.name == "postgresql"
+            lease_until = None
+            if take and handoff is not None and not postgres:
+                lease_until = _lease_deadline(conn, handoff.lease, now)
             rows = [
                 {
                     "run_id": run.id,
@@ -250,7 +265,12 @@ def schedule(
                     "wfv": version_key(run.workflow_id, run.version),
                     "status": "leased" if s in take else "ready",
                     "lease_owner": handoff.worker if handoff and s in take else None,
-                    "lease_expires_at": lease_until if s in take else None,
+                    # (on PostgreSQL: the database clock + "lease_for", in the insert)
+                    ("lease_for" if postgres else "lease_expires_at"): (
+                        (handoff.lease if postgres else lease_until)
+                        if handoff and s in take
+                        else None
+                    ),
                     "available_at": now,
                     "attempt": 1,
                     "created_at": now,
@@ -258,7 +278,9 @@ def schedule(
                 for s in new
             ]
             if rows:
-                inserted = conn.execute(_jobs_insert(), rows).all()
+                inserted = conn.execute(_jobs_insert(postgres), rows).all()
+                if len(take) < len(rows):
+                    notify_due(conn)  # jobs left for the queue: wake other processes
                 if take and handoff is not None:
                     handed = [j for j in inserted if j.stage_id in take]
                     drafts = _begin_handed(conn, run, handed, handoff, state, now)
@@ -294,7 +316,7 @@ def _begin_handed(
     ids = sorted(j.stage_id for j in handed)
     started = _attempt_started(1, now)
     params = {"k_run_id": run.id, "k_ids": ids} | {f"v_{k}": v for k, v in started.items()}
-    conn.execute(_start_stages(tuple(started)), params)
+    defer(conn, _start_stages(tuple(started)), params)
     outputs = {sid: r.output for sid, r in state.items() if r.has_output}
     step_rows: list[Any] = []
     if any(state[sid].has_steps for sid in ids):  # a ledger kept by a redrive
@@ -320,8 +342,14 @@ def _begin_handed(
 
 
 @functools.cache
-def _jobs_insert() -> Any:
-    return jobs.insert().returning(*jobs.c)
+def _jobs_insert(postgres: bool) -> Any:
+    """Insert jobs (their rows back); a handed-off job's lease runs from the database clock
+    on PostgreSQL, read in the insert itself (no separate ``SELECT clock`` round trip)."""
+    stmt = jobs.insert()
+    if postgres:
+        lease_for = sa.bindparam("lease_for", type_=sa.Float)
+        stmt = stmt.values(lease_expires_at=db_clock_sql() + lease_for)
+    return stmt.returning(*jobs.c)
 
 
 @functools.cache
@@ -505,20 +533,19 @@ def _complete_stage(
 ) -> EventDraft:
     """Record a returned stage body: its output and its place in completion order."""
     order = run.completed_count + 1
-    _set_stage(
-        conn,
-        run.id,
-        stage.stage_id,
-        status=StageStatus.COMPLETED,
-        output=outcome.output,
-        has_output=True,
-        finished_at=now,
-        completed_order=order,
-        waiting_for=None,
-        wake_at=None,
-    )
+    values = {
+        "status": StageStatus.COMPLETED,
+        "output": outcome.output,
+        "has_output": True,
+        "finished_at": now,
+        "completed_order": order,
+        "waiting_for": None,
+        "wake_at": None,
+    }
+    # (both writes go out with the transaction's next statement on PostgreSQL)
+    update_later(conn, stages, {"run_id": run.id, "stage_id": stage.stage_id}, values)
     run_values.update(completed_count=order, updated_at=now)
-    delete_where(conn, jobs, id=job.id)
+    delete_later(conn, jobs, id=job.id)
     return _lc(run).stage_completed(stage.stage_id, stage.attempt)
 
 
@@ -624,6 +651,8 @@ def apply_outcome(  # noqa: PLR0912, PLR0915  helper `wide` is splitting it (big
                 ).first()
                 is not None
             )
+        if ready_now:
+            notify_due(conn)
         conn.execute(
             sa.update(jobs)
             .where(jobs.c.id == job.id)
@@ -698,6 +727,7 @@ def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraf
         sa.select(jobs.c.id).where(jobs.c.run_id == run.id, jobs.c.kind == "compensate")
     ).first()
     if exists is None:
+        notify_due(conn)
         conn.execute(
             jobs.insert().values(
                 run_id=run.id,

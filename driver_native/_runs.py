@@ -37,6 +37,8 @@ from engine_port.errors import (
     WorkflowDrainedError,
 )
 
+from ._db import defer
+from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
 from ._schema import (
@@ -76,7 +78,7 @@ TERMINAL = TERMINAL_RUN_STATUSES
 
 def _insert_ignore(conn: Connection, table: sa.Table, values: dict[str, Any]) -> None:
     ins: Any = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
-    conn.execute(ins.values(**values).on_conflict_do_nothing())
+    defer(conn, ins.values(**values).on_conflict_do_nothing())  # (nobody reads its result)
 
 
 def save_definition(conn: Connection, graph: GraphModel, now: float) -> None:
@@ -155,8 +157,10 @@ def create_run(
         updated_at=now,
         trace_context=trace_context,
     )
-    conn.execute(runs.insert().values(**values))
-    conn.execute(
+    # (on PostgreSQL these inserts go out in one round trip with the next statement)
+    defer(conn, runs.insert().values(**values))
+    defer(
+        conn,
         stages.insert(),
         [
             {
@@ -195,15 +199,21 @@ def signal_run(
     now: float,
     idempotency_key: str | None = None,
     max_pending: int | None = None,
+    known_graph: Callable[[str, str], GraphModel | None] | None = None,
 ) -> SignalResult:
     """Queue a signal behind the run's earlier ones of its name (the run row is locked, so
     ids follow arrival order); a repeat of ``idempotency_key`` is not queued again. A run
-    holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError)."""
+    holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError).
+    ``known_graph(workflow, version)``: the registry's graph, if it has it (else the stored
+    definition is read)."""
     run = lock_run(conn, run_id)
     if run.status not in ACTIVE or run.cancel_requested:
         raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
     _refuse_frozen(run, f"signal {name!r}")
-    check_signal_known(load_graph(conn, run.workflow_id, run.version), run_id, name)
+    graph = None if known_graph is None else known_graph(run.workflow_id, run.version)
+    if graph is None:
+        graph = load_graph(conn, run.workflow_id, run.version)
+    check_signal_known(graph, run_id, name)
     if idempotency_key is not None:
         seen = conn.execute(
             sa.select(signals.c.id).where(
@@ -212,28 +222,34 @@ def signal_run(
         ).first()
         if seen is not None:
             return SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
-    if max_pending is not None:
-        pending = conn.execute(
-            sa.select(sa.func.count()).where(
-                signals.c.run_id == run_id, signals.c.consumed.is_(False)
-            )
-        ).scalar_one()
-        if pending >= max_pending:
-            raise SignalQueueFullError(run_id, name, max_pending)
     waiting_for = f"signal:{name}"
-    waiting = conn.execute(
-        sa.select(sa.func.count()).where(
-            stages.c.run_id == run_id,
-            stages.c.status == StageStatus.SUSPENDED,
-            stages.c.waiting_for == waiting_for,
+    # the three counts in one round trip: unconsumed signals (for max_pending), suspended
+    # waits for this name, unconsumed signals of this name
+    pending, waiting, queued = conn.execute(
+        sa.select(
+            sa.select(sa.func.count())
+            .where(signals.c.run_id == run_id, signals.c.consumed.is_(False))
+            .scalar_subquery(),
+            sa.select(sa.func.count())
+            .where(
+                stages.c.run_id == run_id,
+                stages.c.status == StageStatus.SUSPENDED,
+                stages.c.waiting_for == waiting_for,
+            )
+            .scalar_subquery(),
+            sa.select(sa.func.count())
+            .where(
+                signals.c.run_id == run_id,
+                signals.c.name == name,
+                signals.c.consumed.is_(False),
+            )
+            .scalar_subquery(),
         )
-    ).scalar_one()
-    queued = conn.execute(
-        sa.select(sa.func.count()).where(
-            signals.c.run_id == run_id, signals.c.name == name, signals.c.consumed.is_(False)
-        )
-    ).scalar_one()
-    conn.execute(
+    ).one()
+    if max_pending is not None and pending >= max_pending:
+        raise SignalQueueFullError(run_id, name, max_pending)
+    defer(  # (sent with the update below, in one round trip)
+        conn,
         signals.insert().values(
             run_id=run_id,
             name=name,
@@ -241,9 +257,9 @@ def signal_run(
             idempotency_key=idempotency_key,
             consumed=False,
             received_at=now,
-        )
+        ),
     )
-    conn.execute(
+    woken = conn.execute(
         sa.update(jobs)
         .where(
             jobs.c.run_id == run_id,
@@ -252,6 +268,8 @@ def signal_run(
         )
         .values(status="ready", available_at=now)
     )
+    if woken.rowcount:
+        notify_due(conn)  # (the waiting stage's next worker may be in another process)
     refresh_status(conn, run_id, now)
     # delivered: a suspended wait for this name is there to take it, i.e. more waits than
     # signals already queued ahead of it; else it stays buffered for a later wait

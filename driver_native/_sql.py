@@ -15,15 +15,19 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from engine_port.errors import RunNotFoundError
 
+from ._db import defer
 from ._schema import runs
 
 __all__ = [
     "db_clock",
+    "db_clock_sql",
+    "delete_later",
     "delete_where",
     "lease_until",
     "lock_run",
     "select_where",
     "try_run",
+    "update_later",
     "update_where",
     "upsert",
 ]
@@ -33,8 +37,13 @@ def db_clock(conn: Connection, now: float) -> Any:
     """Leases compare against the database clock: PostgreSQL's (as a SQL expression, epoch
     seconds), or ``now`` on SQLite, where the database and the host share one clock."""
     if conn.dialect.name == "postgresql":
-        return sa.func.extract("epoch", sa.func.clock_timestamp())
+        return db_clock_sql()
     return now
+
+
+def db_clock_sql() -> Any:
+    """PostgreSQL's clock as epoch seconds (a SQL expression)."""
+    return sa.func.extract("epoch", sa.func.clock_timestamp())
 
 
 def lease_until(conn: Connection, lease: float, now: float) -> Any:
@@ -81,12 +90,27 @@ def delete_where(conn: Connection, table: Table, **keys: Any) -> sa.CursorResult
     return conn.execute(_delete(table, tuple(keys)), {f"k_{k}": v for k, v in keys.items()})
 
 
+def update_later(
+    conn: Connection, table: Table, where: dict[str, Any], values: dict[str, Any]
+) -> None:
+    """``update_where`` whose row count nobody reads: on PostgreSQL sent in one round trip
+    with the transaction's next statement or its commit (``_db.defer``)."""
+    params = {f"k_{k}": v for k, v in where.items()} | {f"v_{k}": v for k, v in values.items()}
+    defer(conn, _update(table, tuple(where), tuple(values)), params)
+
+
+def delete_later(conn: Connection, table: Table, **keys: Any) -> None:
+    """``delete_where`` whose row count nobody reads (see ``update_later``)."""
+    defer(conn, _delete(table, tuple(keys)), {f"k_{k}": v for k, v in keys.items()})
+
+
 def upsert(conn: Connection, table: Table, values: dict[str, Any], keys: Sequence[str]) -> None:
-    """INSERT ... ON CONFLICT (keys) DO UPDATE, on SQLite and PostgreSQL."""
+    """INSERT ... ON CONFLICT (keys) DO UPDATE, on SQLite and PostgreSQL (nobody reads its
+    result: on PostgreSQL it goes out with the transaction's next statement or its commit)."""
     ins: Any = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
     stmt = ins.values(**values)
     update = {k: stmt.excluded[k] for k in values if k not in keys}
-    conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update))
+    defer(conn, stmt.on_conflict_do_update(index_elements=list(keys), set_=update))
 
 
 def try_run(conn: Connection, run_id: str, *, lock: bool = True) -> sa.Row[Any] | None:

@@ -15,7 +15,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
+from sqlalchemy.engine import make_url
+
+from engine_port.driver import redact_text
+
 from ._commands import (
+    SKIPPED,
     ClaimPending,
     ExecuteJob,
     FlushOutbox,
@@ -24,6 +29,7 @@ from ._commands import (
     ReapStuckRuns,
     ReleaseJobs,
 )
+from ._jobs import CHANNEL
 from ._kernel import Kernel
 from ._outbox import OutboxCounts, count_outbox
 
@@ -48,7 +54,11 @@ class WorkerHost:
         shutdown_timeout: float = 10.0,
         served: frozenset[str] | None = None,
         on_job_done: Callable[[str], None] | None = None,
+        listen: bool | None = None,
     ) -> None:
+        """``listen`` (default: on PostgreSQL): a LISTEN connection wakes this worker when a
+        transaction of another process makes a job due, instead of waiting for the next poll
+        (``poll_interval``, which stays as the safety net)."""
         self.kernel = kernel
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.concurrency = concurrency or kernel.settings.worker_concurrency
@@ -62,6 +72,9 @@ class WorkerHost:
         self.shutdown_timeout = shutdown_timeout
         self.served = served
         self.on_job_done = on_job_done
+        self.listen = kernel.db.is_postgres if listen is None else listen
+        self._listen_task: asyncio.Task[None] | None = None
+        self.listening = asyncio.Event()  # set while the LISTEN connection is up
         self._active: dict[int, tuple[Any, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -84,6 +97,10 @@ class WorkerHost:
     async def start(self) -> None:
         self._started_at = time.monotonic()
         self._loop_task = asyncio.create_task(self._loop(), name=f"wfe-worker-{self.worker_id}")
+        if self.listen and self.kernel.db.is_postgres:
+            self._listen_task = asyncio.create_task(
+                self._listen(), name=f"wfe-listen-{self.worker_id}"
+            )
 
     def wake(self) -> None:
         self._wake.set()
@@ -93,6 +110,11 @@ class WorkerHost:
         cancel the rest and give their leases back so another worker takes them at once."""
         self._stopping = True
         self._wake.set()
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listen_task
+            self._listen_task = None
         if self._loop_task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
@@ -137,21 +159,32 @@ class WorkerHost:
     async def _loop(self) -> None:
         next_maintenance = 0.0
         next_flush = 0.0
+        woken = False  # the last pause ended because work was announced (not the poll)
         while not self._stopping:
-            claimed = 0
+            claimed, full = 0, False
             try:
                 free = min(
                     self.concurrency - len(self._active), self.kernel.settings.max_claims_per_tick
                 )
                 if free > 0:
                     jobs = await self.kernel.dispatch(
-                        ClaimPending(self.worker_id, limit=free, served=self.served)
+                        ClaimPending(
+                            self.worker_id,
+                            limit=free,
+                            served=self.served,
+                            begin=True,
+                            probe=not woken,
+                        )
                     )
-                    for job in jobs:
-                        task = asyncio.create_task(self._run_job(job))
+                    for job, begun in jobs:
+                        if begun == SKIPPED:
+                            self._counts["skipped"] += 1
+                            continue
+                        task = asyncio.create_task(self._run_job(job, begun))
                         self._active[job.id] = (job, task)
                     claimed = len(jobs)
                     self._counts["claimed"] += claimed
+                    full = claimed >= free
                 now = time.monotonic()
                 if now >= next_flush:
                     limit = self.kernel.settings.max_outbox_flush_per_tick
@@ -175,8 +208,58 @@ class WorkerHost:
                 last = self.last_flush
                 if last is not None and (last.delivered or last.failed or last.degraded):
                     pause = min(pause, self.flush_interval)  # the outbox has work: keep at it
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(self._wake.wait(), pause)
+                    woken = True
+                except TimeoutError:
+                    woken = False
+                    self._counts["woken_by_poll"] += 1
+            else:
+                woken = full  # a full claim: more may be due (look without probing)
+
+    async def _listen(self) -> None:
+        """PostgreSQL LISTEN on the due-jobs channel (``_jobs.CHANNEL``): a notification for
+        this worker's schema wakes the loop at once. A lost connection is re-opened with
+        backoff; meanwhile the poll finds the work."""
+        import psycopg
+        from psycopg import sql
+
+        url = make_url(self.kernel.db.url).set(drivername="postgresql")
+        conninfo = url.render_as_string(hide_password=False)
+        delay = 0.5
+        while not self._stopping:
+            try:
+                conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+                async with conn:
+                    cur = await conn.execute("SELECT current_schema()")
+                    row = await cur.fetchone()
+                    schema = row[0] if row else None
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+                    self.listening.set()
+                    self._wake.set()  # what became due while nobody listened
+                    delay = 0.5
+                    own = self.kernel.db  # (its NOTIFYs: this process wakes its workers itself)
+                    async for note in conn.notifies():
+                        if note.payload == schema and note.pid not in own.own_backends:
+                            self._counts["woken_by_notify"] += 1
+                            self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._counts["listen_errors"] += 1
+                log.warning(
+                    "worker %s: the LISTEN connection for due jobs failed (%s); polling every "
+                    "%gs until it is back",
+                    self.worker_id,
+                    redact_text(
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__, conninfo
+                    ),
+                    self.poll_interval,
+                )
+            finally:
+                self.listening.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
     async def _maintenance(self) -> None:
         self._outbox = await self.kernel.db.read(count_outbox)

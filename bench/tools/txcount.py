@@ -1,8 +1,10 @@
-"""``python -m bench.tools.txcount [sqlite|postgres] [--runs N]``: transactions, statements
-and latency per 3-stage no-op run of the native driver (in-process worker), counted with a
+"""``python -m bench.tools.txcount [sqlite|postgres] [--runs N] [--signal]``: transactions,
+statements and latency per 3-stage no-op run of the native driver (in-process worker), or
+with ``--signal`` per ``signal()`` -> completion of a run parked in its wait, counted with a
 wrapper around ``Database`` transaction entry points and SQLAlchemy's
-``before_cursor_execute`` event. Prints the per-run averages and the busiest transaction
-functions."""
+``before_cursor_execute`` event, and on PostgreSQL the network round trips (psycopg's
+blocking waits outside a pipeline, plus one per pipeline sync). Prints the per-run averages
+and the busiest transaction functions."""
 
 from __future__ import annotations
 
@@ -30,9 +32,27 @@ class Counts:
         self.tx: Counter[str] = Counter()
         self.reads: Counter[str] = Counter()
         self.statements = 0
+        self.round_trips = 0
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
+
+    # --signal: only what happens between mark() and unmark() is kept
+    def mark(self) -> None:
+        self._at = (Counter(self.tx), Counter(self.reads), self.statements, self.round_trips)
+
+    def unmark(self) -> None:
+        tx, reads, statements, trips = self._at
+        kept = getattr(self, "_kept", (Counter(), Counter(), 0, 0))
+        self._kept = (
+            kept[0] + (self.tx - tx),
+            kept[1] + (self.reads - reads),
+            kept[2] + self.statements - statements,
+            kept[3] + self.round_trips - trips,
+        )
+
+    def take_marked(self) -> None:
+        self.tx, self.reads, self.statements, self.round_trips = self._kept
 
 
 def _install(counts: Counts) -> None:
@@ -48,6 +68,40 @@ def _install(counts: Counts) -> None:
 
     Database._tx_once = tx_once  # type: ignore[method-assign]
     Database._read_once = read_once  # type: ignore[method-assign]
+    try:
+        import psycopg
+    except ImportError:
+        return
+    from psycopg.pq import TransactionStatus
+
+    idle = TransactionStatus.IDLE
+    orig_execute, orig_exit = psycopg.Cursor.execute, psycopg.Pipeline.__exit__
+    orig_commit, orig_rollback = psycopg.Connection.commit, psycopg.Connection.rollback
+
+    def execute(self: Any, *a: Any, **k: Any) -> Any:
+        conn = self.connection
+        if conn._pipeline is None:  # (inside a pipeline a statement is only queued)
+            counts.round_trips += 1
+            if not conn.autocommit and conn.info.transaction_status == idle:
+                counts.round_trips += 1  # psycopg's implicit BEGIN, sent on its own
+        return orig_execute(self, *a, **k)
+
+    def pipeline_exit(self: Any, *a: Any) -> Any:
+        counts.round_trips += 1  # the sync: every queued statement's result comes back
+        return orig_exit(self, *a)
+
+    def ending(orig: Any) -> Any:
+        def end(self: Any) -> Any:
+            if self.info.transaction_status != idle:
+                counts.round_trips += 1
+            return orig(self)
+
+        return end
+
+    psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    psycopg.Pipeline.__exit__ = pipeline_exit  # type: ignore[method-assign]
+    psycopg.Connection.commit = ending(orig_commit)  # type: ignore[method-assign]
+    psycopg.Connection.rollback = ending(orig_rollback)  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -60,7 +114,24 @@ def _url(backend: str) -> Iterator[str]:
             yield f"sqlite:///{d}/wfe.db"
 
 
-async def main(backend: str, runs: int) -> None:
+async def _one_signal(engine: Any, counts: Counts) -> float:
+    """A run parked in its signal wait (not counted), then ``signal()`` -> run complete."""
+    run = await engine.start("bench-signal", {})
+    for _ in range(3000):
+        info = await engine.get_run(run.id)
+        if info.stages and info.stages[0].status == "suspended":
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # (let the worker go idle)
+    counts.mark()
+    t0 = time.perf_counter()
+    await engine.signal(run.id, "go", {"ok": True})
+    await engine.wait(run.id, timeout=60)
+    counts.unmark()
+    return time.perf_counter() - t0
+
+
+async def main(backend: str, runs: int, signal: bool = False) -> None:
     counts = Counts()
     _install(counts)
     with _url(backend) as url, tempfile.TemporaryDirectory() as blobs:
@@ -80,18 +151,28 @@ async def main(backend: str, runs: int) -> None:
                 samples = []
                 cpu0 = time.process_time()
                 for _ in range(runs):
+                    if signal:
+                        samples.append(await _one_signal(engine, counts))
+                        continue
                     t0 = time.perf_counter()
                     run = await engine.start("bench-seq3", {})
                     await engine.wait(run.id, timeout=60)
                     samples.append(time.perf_counter() - t0)
                 cpu = (time.process_time() - cpu0) / runs
+                if signal:
+                    counts.take_marked()
                 tx, reads, statements = Counter(counts.tx), Counter(counts.reads), counts.statements
-    print(f"{backend}: {runs} runs of bench-seq3, in-process worker")
+                round_trips = counts.round_trips
+    what = "signal() -> run complete of bench-signal" if signal else "runs of bench-seq3"
+    print(f"{backend}: {runs} {what}, in-process worker")
     print(f"  p50 latency      {statistics.median(samples) * 1000:.2f} ms")
-    print(f"  CPU/run          {cpu * 1000:.2f} ms (this process, all threads)")
+    if not signal:  # (with --signal it includes starting and parking the run)
+        print(f"  CPU/run          {cpu * 1000:.2f} ms (this process, all threads)")
     print(f"  transactions/run {sum(tx.values()) / runs:.2f}")
     print(f"  autocommit reads/run {sum(reads.values()) / runs:.2f}")
     print(f"  statements/run   {statements / runs:.1f} (incl. BEGIN on SQLite)")
+    if backend == "postgres":
+        print(f"  round trips/run  {round_trips / runs:.1f} (BEGIN and COMMIT included)")
     for name, n in (tx + reads).most_common(12):
         print(f"    {n / runs:6.2f}  {name}")
 
@@ -100,5 +181,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("backend", choices=["sqlite", "postgres"], nargs="?", default="sqlite")
     ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument(
+        "--signal", action="store_true", help="count signal() -> run complete instead of a run"
+    )
     args = ap.parse_args()
-    asyncio.run(main(args.backend, args.runs))
+    asyncio.run(main(args.backend, args.runs, args.signal))

@@ -1,0 +1,116 @@
+"""PostgreSQL LISTEN/NOTIFY: a transaction that makes a job due wakes the idle workers of
+other processes at once; their poll stays as the safety net. Two engines on one schema stand
+for two processes: one only starts runs and sends signals, the other only works, with a poll
+interval far longer than the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine_port import EngineSettings, Registry, RunStatus, create_engine
+from tests.support.databases import PostgresSession
+
+from . import workflows
+from .conftest import MakeEngine, eventually
+
+POLL = 120.0  # the worker's poll interval: no poll comes due while the test runs
+
+
+@pytest.fixture
+def postgres_url(database_url: str) -> str:
+    if database_url.startswith("sqlite"):
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; on SQLite workers poll")
+    return database_url
+
+
+async def test_a_worker_of_another_engine_is_woken_by_notify_not_by_its_poll(
+    postgres_url: str, make_engine: MakeEngine
+) -> None:
+    starter = await make_engine()  # no worker: its runs go to the queue
+    working = await make_engine()
+    async with working.worker(poll_interval=POLL) as host:
+
+        async def listening() -> bool:
+            return host.listening.is_set()
+
+        await eventually(listening, timeout=30)
+        for n in range(2):
+            run = await starter.start("it-linear", {"n": n})
+            info = await starter.wait(run.id, timeout=POLL / 4)
+            assert info.status == RunStatus.COMPLETED
+            assert info.stages[-1].output == {"result": (n + 1) * 2 + 1}
+
+        # a signal sent from the other engine makes the waiting stage due: notified too
+        run = await starter.start("it-waiter", {})
+
+        async def suspended() -> bool:
+            info = await starter.get_run(run.id)
+            return any(s.id == "wait_go" and s.status == "suspended" for s in info.stages)
+
+        await eventually(suspended, timeout=POLL / 4)
+        before = host.stats()["woken_by_notify"]
+        await starter.signal(run.id, "go", {"ok": True})
+        info = await starter.wait(run.id, timeout=POLL / 4)
+        assert info.status == RunStatus.COMPLETED
+        stats = host.stats()
+    assert stats["woken_by_notify"] > before >= 2  # a start each, then the signal
+    assert stats.get("woken_by_poll", 0) == 0  # every wake-up came from a notification
+
+
+async def test_notifications_of_another_schema_are_ignored(
+    postgres_url: str, make_engine: MakeEngine, pg_session: PostgresSession, tmp_path: Path
+) -> None:
+    """Workers of another schema in the same database hear the channel too: they ignore a
+    payload that is not their schema (and keep polling)."""
+    starter = await make_engine()
+    working = await make_engine()
+    settings = EngineSettings(
+        database_url=pg_session.new_schema(), blob_url=f"file://{tmp_path / 'other-blobs'}"
+    )
+    async with (
+        create_engine(settings, Registry(workflows.ALL)) as elsewhere,
+        working.worker(poll_interval=POLL) as host,
+    ):
+
+        async def listening() -> bool:
+            return host.listening.is_set()
+
+        await eventually(listening, timeout=30)
+        foreign = await elsewhere.start("it-linear", {"n": 1})
+        ours = await starter.start("it-linear", {"n": 2})  # committed after the foreign one
+        assert (await starter.wait(ours.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
+        # notifications arrive in commit order: the foreign one came first, and was ignored
+        assert host.stats()["woken_by_notify"] == 1
+        assert (await elsewhere.get_run(foreign.id)).status == RunStatus.PENDING
+
+
+async def test_its_own_engines_notifications_do_not_wake_a_worker_twice(
+    postgres_url: str, make_engine: MakeEngine
+) -> None:
+    """A signal sent through the worker's own engine wakes it directly; the NOTIFY the same
+    transaction sends comes back from one of that engine's connections and is ignored (no
+    second, empty claim)."""
+    engine = await make_engine()
+    async with engine.worker(poll_interval=POLL) as host:
+
+        async def listening() -> bool:
+            return host.listening.is_set()
+
+        await eventually(listening, timeout=30)
+        run = await engine.start("it-waiter", {})
+
+        async def suspended() -> bool:
+            info = await engine.get_run(run.id)
+            return any(s.id == "wait_go" and s.status == "suspended" for s in info.stages)
+
+        await eventually(suspended, timeout=POLL / 4)
+        await engine.signal(run.id, "go", {"ok": True})
+        assert (await engine.wait(run.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
+        # a foreign start, committed after the signal: once it is heard, the signal's NOTIFY
+        # (delivered before it) has been seen too
+        other = await make_engine()
+        foreign = await other.start("it-linear", {"n": 1})
+        assert (await other.wait(foreign.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
+        assert host.stats()["woken_by_notify"] == 1  # the foreign start only

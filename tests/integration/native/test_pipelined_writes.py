@@ -1,0 +1,126 @@
+"""Deferred writes (``_db.defer``): on PostgreSQL a write nobody reads waits for the
+transaction's next statement or its COMMIT and goes out with it in one pipeline (one network
+round trip); on SQLite it runs at once. Either way every statement sees the writes issued
+before it, and a failing write rolls the whole transaction back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from driver_native._db import Database, defer
+from driver_native._schema import command_keys
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    database = Database(database_url)
+    database.upgrade()
+    yield database
+    database.dispose()
+
+
+def _key(key: str, status: str = "in_progress") -> Any:
+    return command_keys.insert().values(
+        key=key, command="test", fingerprint="f", status=status, created_at=1.0
+    )
+
+
+def _keys(conn: Connection) -> list[tuple[str, str]]:
+    rows = conn.execute(
+        sa.select(command_keys.c.key, command_keys.c.status).order_by(command_keys.c.key)
+    )
+    return [(r.key, r.status) for r in rows]
+
+
+def test_a_deferred_write_is_seen_by_the_next_statement_and_committed(db: Database) -> None:
+    def work(conn: Connection) -> list[tuple[str, str]]:
+        defer(conn, _key("a"))
+        defer(conn, _key("b"))
+        defer(conn, sa.update(command_keys).where(command_keys.c.key == "a").values(status="x"))
+        seen = _keys(conn)  # the three writes above go out before (or with) this read
+        defer(conn, _key("c"))  # and this one with the commit
+        return seen
+
+    assert db.tx_sync(work) == [("a", "x"), ("b", "in_progress")]
+    assert db.read_sync(_keys) == [("a", "x"), ("b", "in_progress"), ("c", "in_progress")]
+
+
+@pytest.mark.parametrize("where", ["before a read", "at the commit"])
+def test_a_failing_deferred_write_rolls_the_transaction_back(db: Database, where: str) -> None:
+    db.tx_sync(lambda conn: conn.execute(_key("taken")))
+
+    def work(conn: Connection) -> None:
+        defer(conn, _key("fresh"))
+        defer(conn, _key("taken"))  # a duplicate primary key
+        if where == "before a read":
+            _keys(conn)
+
+    with pytest.raises(sa.exc.IntegrityError):
+        db.tx_sync(work)
+    assert db.read_sync(_keys) == [("taken", "in_progress")]  # "fresh" was rolled back too
+    # the pooled connection is clean afterwards: nothing deferred leaks into the next one
+    db.tx_sync(lambda conn: defer(conn, _key("next")))
+    assert db.read_sync(_keys) == [("next", "in_progress"), ("taken", "in_progress")]
+
+
+def test_deferred_writes_and_begin_ride_along_in_one_round_trip(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not db.is_postgres:
+        pytest.skip("SQLite has no network round trips: defer() executes at once")
+    import psycopg
+
+    trips: list[str] = []
+    execute, leave = psycopg.Cursor.execute, psycopg.Pipeline.__exit__
+
+    def counted_execute(self: Any, query: Any, *a: Any, **k: Any) -> Any:
+        if self.connection._pipeline is None:
+            trips.append("statement")
+        return execute(self, query, *a, **k)
+
+    def counted_exit(self: Any, *a: Any) -> Any:
+        trips.append("pipeline")
+        return leave(self, *a)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
+    monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_exit)
+
+    def work(conn: Connection) -> None:
+        _keys(conn)  # BEGIN + this read: one pipeline
+        defer(conn, _key("a"))
+        defer(conn, _key("b"))
+        defer(conn, _key("c"))  # the three inserts + COMMIT: one pipeline
+
+    db.tx_sync(work)
+    assert trips == ["pipeline", "pipeline"]  # (before: BEGIN, 4 statements, COMMIT = 6)
+    assert [k for k, _ in db.read_sync(_keys)] == ["a", "b", "c"]
+
+
+def test_defer_outside_a_transaction_runs_at_once(db: Database) -> None:
+    """An autocommit connection has no commit to ride along with: the write is not held."""
+    db.read_sync(lambda conn: defer(conn, _key("now")))
+    assert db.read_sync(_keys) == [("now", "in_progress")]
+
+
+def test_a_deferred_insert_whose_key_the_database_generates_still_works(db: Database) -> None:
+    """A single-row insert into a table with a generated key reads that key back (RETURNING):
+    it goes out at once, with whatever was deferred before it, instead of being held."""
+    from driver_native._schema import signals
+
+    def work(conn: Connection) -> list[Any]:
+        defer(conn, _key("before"))
+        defer(
+            conn,
+            signals.insert().values(
+                run_id="r", name="go", payload=None, consumed=False, received_at=1.0
+            ),
+        )
+        return list(conn.execute(sa.select(signals.c.name)).scalars())
+
+    assert db.tx_sync(work) == ["go"]
+    assert db.read_sync(_keys) == [("before", "in_progress")]
