@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import cursor as sa_cursor
 
-from driver_native import ClaimPending, CreateRun, ExecuteJob, NativeEngine, _progress
+from driver_native import ClaimPending, CreateRun, ExecuteJob, NativeEngine, _progress, _schema
 from driver_native._db import Database
 from engine_port import StageContext, Workflow
 
@@ -237,3 +238,66 @@ async def test_a_two_thousand_stage_wide_graph_completes(make_engine: MakeEngine
         run = await engine.start(wf.id, {})
         info = await engine.wait(run.id, timeout=600)
     assert info.status == "completed" and info.output == WIDE * 2 + 1
+
+
+async def _group_open(engine: NativeEngine, run_id: str) -> Any:
+    return await engine.kernel.db.read(
+        lambda c: c.execute(
+            sa.select(_schema.runs.c.group_open).where(_schema.runs.c.id == run_id)
+        ).scalar_one()
+    )
+
+
+async def test_a_run_from_before_v9_counts_its_open_stages_at_its_next_transition(
+    make_engine: MakeEngine,
+) -> None:
+    """Runs that existed before schema v9 have no count of their group's open stages (NULL):
+    their next transition counts it, and the run goes on as before."""
+    wf = fan(5)
+    engine = await make_engine(wf)
+    kernel = engine.kernel
+    run_id, _ = await kernel.dispatch(CreateRun(wf.id, {}))
+    for _ in range(3):  # src, then two of the five middle stages
+        (job,) = await kernel.dispatch(ClaimPending("w1", limit=1))
+        assert await kernel.dispatch(ExecuteJob(job, "w1")) == "completed"
+    assert await _group_open(engine, run_id) == 3
+    await kernel.db.tx(
+        lambda c: c.execute(
+            sa.update(_schema.runs).where(_schema.runs.c.id == run_id).values(group_open=None)
+        )
+    )
+    (job,) = await kernel.dispatch(ClaimPending("w1", limit=1))
+    assert await kernel.dispatch(ExecuteJob(job, "w1")) == "completed"
+    assert await _group_open(engine, run_id) == 2  # counted again, without this one
+    info = await _drive(engine, wf, handoff=0)  # (drives the rest: a second run too)
+    assert info.status == "completed"
+    run = await engine.get_run(run_id)
+    assert run.status == "completed" and run.output == 5 * 2 + 1
+
+
+def test_v9_adds_the_open_stage_count_and_indexes_jobs_by_run_and_status(
+    database_url: str,
+) -> None:
+    db = Database(database_url)
+    try:
+        db.upgrade()
+
+        def back_to_v8(c: sa.Connection) -> None:  # what a v8 database has
+            c.execute(sa.text("DROP INDEX ix_wfe_jobs_run_status"))
+            c.execute(sa.text("CREATE INDEX ix_wfe_jobs_run ON wfe_jobs (run_id)"))
+            c.execute(sa.text("ALTER TABLE wfe_runs DROP COLUMN group_open"))
+            c.execute(sa.update(_schema.schema_info).values(version=8))
+
+        db.tx_sync(back_to_v8)
+        assert db.upgrade() == [9]
+
+        def shape(c: sa.Connection) -> tuple[set[str], set[str]]:
+            insp = sa.inspect(c)
+            columns = {col["name"] for col in insp.get_columns("wfe_runs")}
+            return columns, {str(i["name"]) for i in insp.get_indexes("wfe_jobs")}
+
+        columns, indexes = db.tx_sync(shape)
+        assert "group_open" in columns
+        assert "ix_wfe_jobs_run_status" in indexes and "ix_wfe_jobs_run" not in indexes
+    finally:
+        db.dispose()
