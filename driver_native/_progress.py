@@ -347,7 +347,9 @@ def _on_completed(
         if handoff is not None:
             handoff.quiet = handoff.finished = False
         return "completed"
-    progressed = schedule(a.conn, a.run, shape, a.now, handoff, a.run_values)
+    progressed = schedule(
+        a.conn, a.run, shape, a.now, handoff, a.run_values, group_done=still_open == 0
+    )
     a.drafts += progressed
     # the run moved on (finished, or handed its next stages to this worker): its status is
     # already right, so skip recomputing it

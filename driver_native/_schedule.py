@@ -151,6 +151,18 @@ def upstream_outputs(
     return out
 
 
+def _wanted(shape: GraphShape, group: int, handoff: Handoff | None) -> set[str]:
+    """The stage rows scheduling ``group`` reads: its stages, what the stages it would hand
+    off may read (their upstream), and the sinks when it is the last group (to finish)."""
+    ids = shape.groups[group]
+    want = set(ids)
+    if handoff is not None and handoff.limit > 0:
+        want |= shape.upstream(sorted(ids)[: handoff.limit])
+    if group == len(shape.groups) - 1:
+        want |= set(shape.sinks())
+    return want
+
+
 def schedule(
     conn: Connection,
     run: Any,
@@ -158,11 +170,14 @@ def schedule(
     now: float,
     handoff: Handoff | None = None,
     run_values: dict[str, Any] | None = None,
+    *,
+    group_done: bool = False,
 ) -> list[EventDraft]:
     """Enqueue the first group with unfinished stages; finish the run when none is left.
     With ``run_values``, run-row changes are collected there for the caller's one update.
     Reads the stages of the groups it looks at (and what handed stages may read), never
-    every stage of the run."""
+    every stage of the run; ``group_done``: the caller saw the current group's last open
+    stage complete, so the next group's rows are read in the same query."""
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     groups = shape.groups
     values: dict[str, Any] = run_values if run_values is not None else {}
@@ -172,15 +187,11 @@ def schedule(
     seen: dict[str, Any] = {}
     group = run.current_group
     while group < len(groups):
-        ids = groups[group]
-        want = set(ids) - seen.keys()
-        if handoff is not None and handoff.limit > 0:
-            # what the stages likely handed off read, in the same query
-            want |= shape.upstream(sorted(ids)[: handoff.limit]) - seen.keys()
-        if group == len(groups) - 1:
-            want |= set(shape.sinks()) - seen.keys()  # what finishing the run reads
-        seen.update(_stage_rows(conn, run.id, want))
-        open_stages = [sid for sid in ids if seen[sid].status != StageStatus.COMPLETED]
+        want = _wanted(shape, group, handoff)
+        if group_done and group == run.current_group and group + 1 < len(groups):
+            want |= _wanted(shape, group + 1, handoff)
+        seen.update(_stage_rows(conn, run.id, want - seen.keys()))
+        open_stages = [sid for sid in groups[group] if seen[sid].status != StageStatus.COMPLETED]
         if open_stages:
             drafts = _enqueue(conn, run, shape, open_stages, seen, now, handoff, values)
             values["group_open"] = len(open_stages)
