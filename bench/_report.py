@@ -169,7 +169,7 @@ def _fmt(v: float) -> str:
     return f"{v:.3f}"
 
 
-def print_tables(doc: dict[str, Any], console: Console | None = None) -> None:
+def print_tables(doc: dict[str, Any], console: Console | None = None) -> None:  # noqa: PLR0912  bench/ is being extended (helper tbench); split after
     console = console or Console(width=200)
     results = doc["results"]
     mi = doc["machine"]

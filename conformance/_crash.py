@@ -43,7 +43,7 @@ async def kill_worker_when(
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "engine_port",
+            "wfe_cli",
             "worker",
             env=env,
             stdout=subprocess.DEVNULL,

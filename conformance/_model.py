@@ -88,6 +88,27 @@ class _StageRun:
     emits: list[list[Any]] = field(default_factory=list)
 
 
+def _wait(led: dict[str, Any], op: Wait, state: Any, got: list[Any]) -> tuple[str, Any] | None:
+    """A signal sent before or during the wait completes it at once; otherwise the first
+    invocation suspends, and the replay after the signal (or the timeout) goes on."""
+    if op.mode in ("before", "during"):
+        led[op.name] = "done"
+        got.append(signal_payload(op.name))
+        return None
+    if state is None:
+        led[op.name] = "waiting"
+        return "suspend", ("signal", f"signal:{op.name}")
+    if op.mode == "after":
+        led[op.name] = "done"
+        got.append(signal_payload(op.name))
+        return None
+    led[op.name] = "timedout"
+    if not op.catch:
+        return "fail", ("StepTimeoutError", True)
+    got.append(None)
+    return None
+
+
 class _Sim:
     def __init__(self, case: Case) -> None:
         self.case = case
@@ -111,43 +132,12 @@ class _Sim:
         got: list[Any] = []
         emits: list[list[Any]] = []
         for op in s.ops:
-            state = led.get(op.name) if not isinstance(op, Emit) else None
-            if isinstance(op, RunStep):
-                if state == "done":
-                    got.append(f"{s.id}.{op.name}")
-                    continue
-                key = f"{s.id}.{op.name}"
-                self.step_runs[key] = self.step_runs.get(key, 0) + 1
-                self.hit(f"step:{key}")
-                if self.step_runs[key] <= op.fails:
-                    return "fail", ("FlakyStepError", True)
-                led[op.name] = "done"
-                got.append(key)
-            elif isinstance(op, Sleep):
-                if state is None:
-                    led[op.name] = "sleeping"
-                    return "suspend", ("sleep", f"sleep:{op.name}")
-                led[op.name] = "done"
-            elif isinstance(op, Wait):
-                if op.mode in ("before", "during"):
-                    led[op.name] = "done"
-                    got.append(signal_payload(op.name))
-                elif op.mode == "after":
-                    if state is None:
-                        led[op.name] = "waiting"
-                        return "suspend", ("signal", f"signal:{op.name}")
-                    led[op.name] = "done"
-                    got.append(signal_payload(op.name))
-                else:
-                    if state is None:
-                        led[op.name] = "waiting"
-                        return "suspend", ("signal", f"signal:{op.name}")
-                    led[op.name] = "timedout"
-                    if not op.catch:
-                        return "fail", ("StepTimeoutError", True)
-                    got.append(None)
-            else:
+            if isinstance(op, Emit):
                 emits.append(["business", op.type, s.id, {"n": op.n}])
+                continue
+            ended = self._replay(s, op, got)
+            if ended is not None:
+                return ended
         if s.hold:
             if led.get(s.hold_signal) is None:
                 led[s.hold_signal] = "waiting"
@@ -159,6 +149,31 @@ class _Sim:
         if outcome == "fatal":
             return "fail", ("NonRetryableError", False)
         return "done", (stage_output(s, attempt, got), emits)
+
+    def _replay(
+        self, s: StageCase, op: RunStep | Sleep | Wait, got: list[Any]
+    ) -> tuple[str, Any] | None:
+        """Replay one durable step against the stage's ledger, appending what it returned to
+        ``got``; the invocation's (kind, detail) when the step ends it, else None."""
+        led = self.ledger[s.id]
+        state = led.get(op.name)
+        if isinstance(op, RunStep):
+            key = f"{s.id}.{op.name}"
+            if state != "done":
+                self.step_runs[key] = self.step_runs.get(key, 0) + 1
+                self.hit(f"step:{key}")
+                if self.step_runs[key] <= op.fails:
+                    return "fail", ("FlakyStepError", True)
+                led[op.name] = "done"
+            got.append(key)
+            return None
+        if isinstance(op, Sleep):
+            if state is None:
+                led[op.name] = "sleeping"
+                return "suspend", ("sleep", f"sleep:{op.name}")
+            led[op.name] = "done"
+            return None
+        return _wait(led, op, state, got)
 
     def run_stage(self, s: StageCase, redriven: bool = False) -> _StageRun:
         events: list[list[Any]] = []
@@ -264,49 +279,11 @@ def expect(case: Case) -> Expected:
     held_when_failed = end == "failed" and any(
         case.stage(x).hold and sim.ledger[x].get(case.stage(x).hold_signal) for x in stopped
     )
-    redrive = False
-    if (
-        end == "failed"
-        and case.redrive
-        and not stopped
-        and error
-        in (
-            "ScriptedError",
-            "NonRetryableError",
-        )
-    ):
+    if end == "failed" and case.redrive and not stopped and error in _REDRIVEN_ERRORS:
         assert where is not None
-        trial = copy.deepcopy(sim)
-        t_trace = copy.deepcopy(trace)
-        trial.stop(stopped, t_trace)
-        t_trace.append(["run.failed", error, None])
-        comps = _comp_order(trial)
-        t_trace.append(["run.redriven", "last_failure"])
-        trial.business = []
-        for sid, st in trial.status.items():
-            if st == "compensated":
-                trial.status[sid] = "completed"
-        gi = next(i for i, g in enumerate(groups) if where in g)
-        rest = [[where], *groups[gi + 1 :]]
-        try:
-            t_end, _, _, _ = trial.run_groups(rest, t_trace, redriven=where)
-        except ModelError:
-            t_end = "failed"
-        if t_end == "completed":
-            t_trace.extend(trial.business)
-            t_trace.append(["run.completed"])
-            return Expected(
-                status="completed",
-                stages=dict(sorted(trial.status.items())),
-                error=None,
-                compensation_errors=[],
-                output=_run_output(sinks, trial.outputs),
-                trace=t_trace,
-                counts=dict(sorted(trial.counts.items())),
-                compensations=comps,
-                redrive=True,
-                failed_stage=where,  # the stage redriven (its next attempt succeeds)
-            )
+        redriven = _expect_redriven(sim, trace, groups, sinks, error, where)
+        if redriven is not None:
+            return redriven
     comps = _comp_order(sim) if end != "completed" else []
     if end == "completed":
         trace.extend(sim.business)
@@ -329,11 +306,59 @@ def expect(case: Case) -> Expected:
         trace=trace,
         counts=dict(sorted(sim.counts.items())),
         compensations=comps,
-        redrive=redrive,
+        redrive=False,  # a redrive that completes the run is expected above
         cancel=end == "cancelled",
         held_when_failed=held_when_failed,
         stopped=sorted(stopped),
         failed_stage=where if end == "failed" else None,
+    )
+
+
+_REDRIVEN_ERRORS = ("ScriptedError", "NonRetryableError")
+
+
+def _expect_redriven(
+    sim: _Sim,
+    trace: list[list[Any]],
+    groups: list[list[str]],
+    sinks: list[str],
+    error: str,
+    where: str,
+) -> Expected | None:
+    """The runner redrives a run that failed at ``where`` from its last failure: what every
+    driver observes when the redriven attempt and the groups after it complete, else None
+    (the case is then expected to end failed, without a redrive)."""
+    trial = copy.deepcopy(sim)
+    t_trace = copy.deepcopy(trace)
+    trial.stop([], t_trace)
+    t_trace.append(["run.failed", error, None])
+    comps = _comp_order(trial)
+    t_trace.append(["run.redriven", "last_failure"])
+    trial.business = []
+    for sid, st in trial.status.items():
+        if st == "compensated":
+            trial.status[sid] = "completed"
+    gi = next(i for i, g in enumerate(groups) if where in g)
+    rest = [[where], *groups[gi + 1 :]]
+    try:
+        t_end, _, _, _ = trial.run_groups(rest, t_trace, redriven=where)
+    except ModelError:
+        return None
+    if t_end != "completed":
+        return None
+    t_trace.extend(trial.business)
+    t_trace.append(["run.completed"])
+    return Expected(
+        status="completed",
+        stages=dict(sorted(trial.status.items())),
+        error=None,
+        compensation_errors=[],
+        output=_run_output(sinks, trial.outputs),
+        trace=t_trace,
+        counts=dict(sorted(trial.counts.items())),
+        compensations=comps,
+        redrive=True,
+        failed_stage=where,  # the stage redriven (its next attempt succeeds)
     )
 
 

@@ -29,6 +29,7 @@ from engine_port import (
     VersionInfo,
     Workflow,
     WorkflowEngine,
+    is_spill_ref,
     open_blob_store,
 )
 from engine_port.driver import (
@@ -127,7 +128,10 @@ class NativeEngine(WorkflowEngine):
     async def connect(self) -> None:
         if self._kernel is not None:
             return
-        db = Database(self.settings.database_url.reveal())
+        db = Database(
+            self.settings.database_url.reveal(),
+            retry_seconds=self.settings.database_retry_seconds,
+        )
         await asyncio.get_running_loop().run_in_executor(None, db.upgrade)
         store = self.blob_store
         if store is None:
@@ -246,12 +250,39 @@ class NativeEngine(WorkflowEngine):
         )
         return await self._info(run, stage_rows, graph)
 
+    async def get_run_lazy(self, run_id: str) -> tuple[RunInfo, dict[str, int]]:
+        """:meth:`get_run` without reading the blob store: a spilled value is None in the
+        RunInfo and its size in bytes is in the dict, under ``input``, ``stage:ID`` or
+        ``output:ID`` (a sink's part of the run output). The web view shows a run this way
+        and fetches a spilled value only when asked."""
+        check_run_call(run_id)
+        run, stage_rows, graph = await self.kernel.db.read(
+            _runs.read_run, run_id, self._known_graph
+        )
+        spilled: dict[str, int] = {}
+        return await self._info(run, stage_rows, graph, spilled=spilled), spilled
+
     async def _info(
-        self, run: Any, stage_rows: list[Any], graph: GraphModel | None, *, outputs: bool = True
+        self,
+        run: Any,
+        stage_rows: list[Any],
+        graph: GraphModel | None,
+        *,
+        outputs: bool = True,
+        spilled: dict[str, int] | None = None,
     ) -> RunInfo:
         """A RunInfo from a run's row, its stage rows and its definition (spilled values are
-        read from the blob store; with ``outputs=False`` no value is read)."""
+        read from the blob store, unless ``spilled`` is given: then they are None there and
+        their sizes are put in it; with ``outputs=False`` no value is read)."""
         k = self.kernel
+
+        async def load(value: Any, where: str) -> Any:
+            if spilled is not None and is_spill_ref(value):
+                ref = value[next(iter(value))]
+                spilled[where] = int(ref.get("size", 0)) if isinstance(ref, dict) else 0
+                return None
+            return await k.claim.load(value, run_id=run.id)
+
         order = (
             {sid: i for i, sid in enumerate(s for g in graph.groups for s in g)} if graph else {}
         )
@@ -263,7 +294,7 @@ class NativeEngine(WorkflowEngine):
                     status=r.status,
                     attempt=r.attempt,
                     output=(
-                        await k.claim.load(r.output, run_id=run.id)
+                        await load(r.output, f"stage:{r.stage_id}")
                         if r.has_output and outputs
                         else None
                     ),
@@ -283,17 +314,15 @@ class NativeEngine(WorkflowEngine):
         if outputs and run.status == RunStatus.COMPLETED and graph is not None:
             sinks = graph.sinks()
             if len(sinks) == 1:
-                output = await k.claim.load(run.output, run_id=run.id)
+                output = await load(run.output, f"output:{sinks[0]}")
             else:
-                output = {
-                    s: await k.claim.load(v, run_id=run.id) for s, v in (run.output or {}).items()
-                }
+                output = {s: await load(v, f"output:{s}") for s, v in (run.output or {}).items()}
         return RunInfo(
             id=run.id,
             workflow_id=run.workflow_id,
             version=run.version,
             status=run.status,
-            input=await k.claim.load(run.input, run_id=run.id) if outputs else None,
+            input=await load(run.input, "input") if outputs else None,
             output=output,
             error=ErrorInfo.model_validate(run.error) if run.error else None,
             compensation_errors=[
@@ -474,16 +503,37 @@ class NativeEngine(WorkflowEngine):
         status: RunStatus | Sequence[RunStatus] | None = None,
         limit: int = 100,
         after: str | None = None,
+        version: str | None = None,
+        created_after: datetime | None = None,
+        id_prefix: str | None = None,
+        idempotency_key: str | None = None,
+        outputs: bool = True,
     ) -> tuple[list[RunInfo], str | None]:
         """One page of :meth:`list_runs` (newest first) and the cursor of the next page (None
         on the last one): keyset pagination on (creation time, run id), never OFFSET, so the
-        page after a cursor costs the same however deep it is."""
+        page after a cursor costs the same however deep it is. Every filter is applied by the
+        database (one ``version``, created at or after ``created_after``, ``id_prefix``, one
+        ``idempotency_key``), so a match older than any number of newer runs is found."""
         if workflow_id is not None:
             check_workflow_id(workflow_id)
         statuses = [status] if isinstance(status, str) else list(status or [])
         before = _parse_cursor(after) if after is not None else None
-        found = await self.kernel.db.read(_runs.read_runs, workflow_id, statuses, limit + 1, before)
-        page = [await self._info(run, rows, graph) for run, rows, graph in found[:limit]]
+        since = None if created_after is None else created_after.timestamp()
+        found = await self.kernel.db.read(
+            _runs.read_runs,
+            workflow_id,
+            statuses,
+            limit + 1,
+            before,
+            id_prefix,
+            version,
+            since,
+            idempotency_key,
+        )
+        page = [
+            await self._info(run, rows, graph, outputs=outputs)
+            for run, rows, graph in found[:limit]
+        ]
         last = found[limit - 1][0] if len(found) > limit else None
         return page, None if last is None else f"{last.created_at!r}~{last.id}"
 

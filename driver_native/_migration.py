@@ -40,72 +40,15 @@ def _ts(value: datetime | None) -> float | None:
 def freeze_and_snapshot(conn: Connection, run_id: str) -> RunSnapshot | None:
     """Freeze the run and snapshot it; None while a stage is running (not a safe point)."""
     run = lock_run(conn, run_id)
-    if run.status == RunStatus.MIGRATED:
-        raise MigrationError(f"run {run_id!r} was already migrated to {run.migrated_to!r}")
-    if run.status not in ACTIVE or run.cancel_requested:
-        raise MigrationError(
-            f"run {run_id!r} is {run.status}; only pending or suspended runs, or runs between "
-            "stages, can migrate (terminal runs stay where they are)"
-        )
-    busy = conn.execute(
-        sa.select(jobs.c.id).where(jobs.c.run_id == run_id, jobs.c.status == "leased")
-    ).first()
-    if busy is not None:
+    _check_can_migrate(run)
+    if not _freeze(conn, run_id):
         return None
-    conn.execute(
-        sa.update(jobs)
-        .where(jobs.c.run_id == run_id, jobs.c.status.in_(("ready", "waiting")))
-        .values(status="frozen")
-    )
-    conn.execute(sa.update(runs).where(runs.c.id == run_id).values(frozen=True))
-    stage_rows = conn.execute(sa.select(stages).where(stages.c.run_id == run_id)).all()
-    step_rows = conn.execute(sa.select(steps).where(steps.c.run_id == run_id)).all()
-    event_rows = conn.execute(
-        sa.select(staged_events)
-        .where(staged_events.c.run_id == run_id)
-        .order_by(staged_events.c.idx)
-    ).all()
+    snapshot_stages = _snapshot_stages(conn, run_id)
     signal_rows = conn.execute(
         sa.select(signals).where(signals.c.run_id == run_id).order_by(signals.c.id)
     ).all()
     archive = conn.execute(sa.select(stage_archive).where(stage_archive.c.run_id == run_id)).all()
     graph = load_graph(conn, run.workflow_id, run.version)
-    snapshot_stages = []
-    for r in stage_rows:
-        snapshot_stages.append(
-            SnapshotStage(
-                id=r.stage_id,
-                status=r.status,
-                attempt=r.attempt,
-                suspensions=r.suspensions,
-                output=r.output,
-                has_output=bool(r.has_output),
-                error=ErrorInfo.model_validate(r.error) if r.error else None,
-                compensation_error=(
-                    ErrorInfo.model_validate(r.compensation_error) if r.compensation_error else None
-                ),
-                completed_order=r.completed_order,
-                waiting_for=r.waiting_for,
-                wake_at=_dt(r.wake_at),
-                started_at=_dt(r.started_at),
-                finished_at=_dt(r.finished_at),
-                steps=[
-                    SnapshotStep(
-                        name=s.name,
-                        kind=s.kind,
-                        completed=bool(s.completed),
-                        result=s.result,
-                        deadline=_dt(s.deadline),
-                        signal=s.signal,
-                    )
-                    for s in step_rows
-                    if s.stage_id == r.stage_id
-                ],
-                staged_events=[
-                    {"type": e.type, "data": e.data} for e in event_rows if e.stage_id == r.stage_id
-                ],
-            )
-        )
     return RunSnapshot(
         run_id=run.id,
         workflow_id=run.workflow_id,
@@ -132,6 +75,84 @@ def freeze_and_snapshot(conn: Connection, run_id: str) -> RunSnapshot | None:
         deadline=_dt(run.deadline),
         created_at=_dt(run.created_at),
         source="native",
+    )
+
+
+def _check_can_migrate(run: sa.Row[Any]) -> None:
+    if run.status == RunStatus.MIGRATED:
+        raise MigrationError(f"run {run.id!r} was already migrated to {run.migrated_to!r}")
+    if run.status not in ACTIVE or run.cancel_requested:
+        raise MigrationError(
+            f"run {run.id!r} is {run.status}; only pending or suspended runs, or runs between "
+            "stages, can migrate (terminal runs stay where they are)"
+        )
+
+
+def _freeze(conn: Connection, run_id: str) -> bool:
+    """Park the run's jobs so no worker picks them up; False (nothing changed) while a worker
+    holds one of them."""
+    busy = conn.execute(
+        sa.select(jobs.c.id).where(jobs.c.run_id == run_id, jobs.c.status == "leased")
+    ).first()
+    if busy is not None:
+        return False
+    conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.run_id == run_id, jobs.c.status.in_(("ready", "waiting")))
+        .values(status="frozen")
+    )
+    conn.execute(sa.update(runs).where(runs.c.id == run_id).values(frozen=True))
+    return True
+
+
+def _snapshot_stages(conn: Connection, run_id: str) -> list[SnapshotStage]:
+    """Every stage of the run with its step journal and its staged business events."""
+    stage_rows = conn.execute(sa.select(stages).where(stages.c.run_id == run_id)).all()
+    step_rows = conn.execute(sa.select(steps).where(steps.c.run_id == run_id)).all()
+    event_rows = conn.execute(
+        sa.select(staged_events)
+        .where(staged_events.c.run_id == run_id)
+        .order_by(staged_events.c.idx)
+    ).all()
+    return [
+        _snapshot_stage(
+            r,
+            [s for s in step_rows if s.stage_id == r.stage_id],
+            [e for e in event_rows if e.stage_id == r.stage_id],
+        )
+        for r in stage_rows
+    ]
+
+
+def _snapshot_stage(r: Any, step_rows: list[Any], event_rows: list[Any]) -> SnapshotStage:
+    return SnapshotStage(
+        id=r.stage_id,
+        status=r.status,
+        attempt=r.attempt,
+        suspensions=r.suspensions,
+        output=r.output,
+        has_output=bool(r.has_output),
+        error=ErrorInfo.model_validate(r.error) if r.error else None,
+        compensation_error=(
+            ErrorInfo.model_validate(r.compensation_error) if r.compensation_error else None
+        ),
+        completed_order=r.completed_order,
+        waiting_for=r.waiting_for,
+        wake_at=_dt(r.wake_at),
+        started_at=_dt(r.started_at),
+        finished_at=_dt(r.finished_at),
+        steps=[
+            SnapshotStep(
+                name=s.name,
+                kind=s.kind,
+                completed=bool(s.completed),
+                result=s.result,
+                deadline=_dt(s.deadline),
+                signal=s.signal,
+            )
+            for s in step_rows
+        ],
+        staged_events=[{"type": e.type, "data": e.data} for e in event_rows],
     )
 
 
@@ -178,6 +199,26 @@ def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now:
         if other is not None:
             raise IdempotencyConflictError(snap.idempotency_key, other.id)
     save_definition(conn, graph, now)
+    _insert_run(conn, snap, now)
+    for st in snap.stages:
+        _insert_stage(conn, snap, st, now)
+    _insert_signals(conn, snap, now)
+    for entry in snap.redrive_history:
+        conn.execute(
+            stage_archive.insert().values(
+                run_id=snap.run_id,
+                redrive=entry["redrive"],
+                stage_id=entry["stage"],
+                record=entry["record"],
+            )
+        )
+    run = lock_run(conn, snap.run_id)
+    append_events(conn, run, schedule(conn, run, graph, now), now)
+    return True
+
+
+def _insert_run(conn: Connection, snap: RunSnapshot, now: float) -> None:
+    """The run row, running (or pending if it never started) and not frozen."""
     status = RunStatus.PENDING if snap.status == RunStatus.PENDING else RunStatus.RUNNING
     conn.execute(
         runs.insert().values(
@@ -199,61 +240,69 @@ def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now:
             updated_at=now,
         )
     )
-    for st in snap.stages:
-        conn.execute(
-            stages.insert().values(
-                run_id=snap.run_id,
-                stage_id=st.id,
-                status=st.status,
-                attempt=st.attempt,
-                suspensions=st.suspensions,
-                output=st.output,
-                has_output=st.has_output,
-                error=None if st.error is None else st.error.model_dump(),
-                compensation_error=(
-                    None if st.compensation_error is None else st.compensation_error.model_dump()
-                ),
-                completed_order=st.completed_order,
-                waiting_for=st.waiting_for,
-                wake_at=_ts(st.wake_at),
-                started_at=_ts(st.started_at),
-                finished_at=_ts(st.finished_at),
-            )
+
+
+def _insert_stage(conn: Connection, snap: RunSnapshot, st: SnapshotStage, now: float) -> None:
+    """One stage row, its step journal, its staged business events and the job that resumes
+    it (if it was suspended or between attempts)."""
+    conn.execute(
+        stages.insert().values(
+            run_id=snap.run_id,
+            stage_id=st.id,
+            status=st.status,
+            attempt=st.attempt,
+            suspensions=st.suspensions,
+            output=st.output,
+            has_output=st.has_output,
+            error=None if st.error is None else st.error.model_dump(),
+            compensation_error=(
+                None if st.compensation_error is None else st.compensation_error.model_dump()
+            ),
+            completed_order=st.completed_order,
+            waiting_for=st.waiting_for,
+            wake_at=_ts(st.wake_at),
+            started_at=_ts(st.started_at),
+            finished_at=_ts(st.finished_at),
         )
-        if st.steps:
-            conn.execute(
-                steps.insert(),
-                [
-                    {
-                        "run_id": snap.run_id,
-                        "stage_id": st.id,
-                        "name": s.name,
-                        "kind": s.kind,
-                        "completed": s.completed,
-                        "result": s.result,
-                        "deadline": _ts(s.deadline),
-                        "signal": s.signal,
-                    }
-                    for s in st.steps
-                ],
-            )
-        if st.staged_events:
-            conn.execute(
-                staged_events.insert(),
-                [
-                    {
-                        "run_id": snap.run_id,
-                        "stage_id": st.id,
-                        "idx": i,
-                        "type": e["type"],
-                        "data": e["data"],
-                    }
-                    for i, e in enumerate(st.staged_events)
-                ],
-            )
-        job = _resume_job(snap, st, now)
-        if job is not None:
-            conn.execute(jobs.insert().values(**job))
+    )
+    if st.steps:
+        conn.execute(
+            steps.insert(),
+            [
+                {
+                    "run_id": snap.run_id,
+                    "stage_id": st.id,
+                    "name": s.name,
+                    "kind": s.kind,
+                    "completed": s.completed,
+                    "result": s.result,
+                    "deadline": _ts(s.deadline),
+                    "signal": s.signal,
+                }
+                for s in st.steps
+            ],
+        )
+    if st.staged_events:
+        conn.execute(
+            staged_events.insert(),
+            [
+                {
+                    "run_id": snap.run_id,
+                    "stage_id": st.id,
+                    "idx": i,
+                    "type": e["type"],
+                    "data": e["data"],
+                }
+                for i, e in enumerate(st.staged_events)
+            ],
+        )
+    job = _resume_job(snap, st, now)
+    if job is not None:
+        conn.execute(jobs.insert().values(**job))
+
+
+def _insert_signals(conn: Connection, snap: RunSnapshot, now: float) -> None:
+    """The signals still queued at the source, and the idempotency keys of those it consumed."""
     for sig in snap.signals:  # in arrival order: the ids keep it
         conn.execute(
             signals.insert().values(
@@ -280,18 +329,6 @@ def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now:
                     received_at=now,
                 )
             )
-    for entry in snap.redrive_history:
-        conn.execute(
-            stage_archive.insert().values(
-                run_id=snap.run_id,
-                redrive=entry["redrive"],
-                stage_id=entry["stage"],
-                record=entry["record"],
-            )
-        )
-    run = lock_run(conn, snap.run_id)
-    append_events(conn, run, schedule(conn, run, graph, now), now)
-    return True
 
 
 def _resume_job(snap: RunSnapshot, st: SnapshotStage, now: float) -> dict[str, Any] | None:

@@ -66,6 +66,7 @@ __all__ = [
     "reap_stuck",
     "redrive_run",
     "run_status",
+    "runs_query",
     "save_definition",
     "set_drain",
     "signal_run",
@@ -393,21 +394,27 @@ def read_run(
     return run, list(rows), graph
 
 
-def read_runs(
-    conn: Connection,
+def runs_query(
     workflow_id: str | None,
     status: Sequence[str] | None,
     limit: int,
     before: tuple[float, str] | None = None,
     id_prefix: str | None = None,
-) -> list[tuple[Any, list[Any], GraphModel | None]]:
-    """The newest ``limit`` runs (of one workflow, in some statuses; created before the run
-    ``before`` = (created_at, id) in this order) as :func:`read_run` gives one: a query for
-    the runs, one per 500 of them for their stages, one per definition, in one transaction
-    (not a transaction per run, as listing by id and reading each did)."""
+    version: str | None = None,
+    created_after: float | None = None,
+    idempotency_key: str | None = None,
+) -> sa.Select[Any]:
+    """The query of :func:`read_runs` for the run rows (``bench/tools/ui_pages.py`` shows
+    its plans): newest first on the (created_at, id) index."""
     q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
     if id_prefix:
         q = q.where(runs.c.id.startswith(id_prefix, autoescape=True))
+    if version is not None:
+        q = q.where(runs.c.version == version)
+    if created_after is not None:
+        q = q.where(runs.c.created_at >= created_after)
+    if idempotency_key is not None:
+        q = q.where(runs.c.idempotency_key == idempotency_key)
     if before is not None:
         at, run_id = before
         q = q.where(
@@ -417,6 +424,28 @@ def read_runs(
         q = q.where(runs.c.workflow_id == workflow_id)
     if status:
         q = q.where(runs.c.status.in_(list(status)))
+    return q
+
+
+def read_runs(
+    conn: Connection,
+    workflow_id: str | None,
+    status: Sequence[str] | None,
+    limit: int,
+    before: tuple[float, str] | None = None,
+    id_prefix: str | None = None,
+    version: str | None = None,
+    created_after: float | None = None,
+    idempotency_key: str | None = None,
+) -> list[tuple[Any, list[Any], GraphModel | None]]:
+    """The newest ``limit`` runs (of one workflow, in some statuses, of one version, created
+    at or after ``created_after``, with one idempotency key; created before the run
+    ``before`` = (created_at, id) in this order) as :func:`read_run` gives one: a query for
+    the runs, one per 500 of them for their stages, one per definition, in one transaction
+    (not a transaction per run, as listing by id and reading each did)."""
+    q = runs_query(
+        workflow_id, status, limit, before, id_prefix, version, created_after, idempotency_key
+    )
     run_rows = conn.execute(q).all()
     by_run: dict[str, list[Any]] = {r.id: [] for r in run_rows}
     ids = list(by_run)

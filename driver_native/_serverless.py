@@ -35,6 +35,7 @@ import os
 import socket
 import uuid
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -505,77 +506,132 @@ async def run_to_completion(
     """
     worker = worker_id or _default_worker_id()
     run_id, created = await kernel.dispatch(command)
-    served = _served(kernel)
-    executed = foreign = rounds = 0
-    reason: str | None = None
-    suspended_stage: str | None = None
-    outcome = "incomplete"
-    while True:
-        run, own = await kernel.db.tx(_run_state, run_id)
-        if run.status in _TERMINAL:
-            outcome = str(run.status) if run.status != "migrated" else "incomplete"
-            reason = "the run was migrated to another driver" if run.status == "migrated" else None
-            break
-        if served is not None and version_key(run.workflow_id, run.version) not in served:
-            reason = f"version {run.version!r} of {run.workflow_id!r} is not served here"
-            break
-        if executed >= max_jobs:
-            reason = f"max_jobs={max_jobs} reached"
-            break
-        now = kernel.now()
-        leased = await kernel.db.tx(
-            _lease, worker, served, kernel.settings.lease_threshold, now, run_id=run_id
-        )
-        if leased:
-            await _execute(kernel, leased[0], worker)
-            executed += 1
-            continue
-        if any(j.status == "leased" for j in own):
-            if rounds >= max_claim_rounds:
-                reason = f"max_claim_rounds={max_claim_rounds}: the run's job is held elsewhere"
-                break
-            rounds += 1
-            others = await kernel.db.tx(
-                _lease,
-                worker,
-                served,
-                kernel.settings.lease_threshold,
-                now,
-                limit=min(claims_per_round, max_jobs - executed),
-            )
-            for job in others:
-                await _execute(kernel, job, worker)
-                executed += 1
-                foreign += job.run_id != run_id
-            if not others:
-                reason = "the run's job is executing on another worker"
-                break
-            continue
-        waiting = [j for j in own if j.status == "waiting"]
-        if waiting:
-            outcome, suspended_stage = "suspended", str(waiting[0].stage_id)
-            break
-        later = [j for j in own if j.available_at is not None]
-        if later:
-            j = min(later, key=lambda j: j.available_at)
-            reason = f"stage {j.stage_id!r} is due again in {_delay_ms(j.available_at, now)} ms"
-        else:
-            reason = "the run has no job to execute; run_maintenance_tick repairs a stuck run"
-        break
+    drive = _Drive(
+        run_id=run_id,
+        worker=worker,
+        served=_served(kernel),
+        max_jobs=max_jobs,
+        max_claim_rounds=max_claim_rounds,
+        claims_per_round=claims_per_round,
+    )
+    await _drive(kernel, drive)
     if flush_outbox:
         limit = max_outbox_flush or kernel.settings.max_outbox_flush_per_tick
         await _flush(kernel, limit, OUTBOX_FLUSH_TIMEOUT_S)
     info = await _run_info(kernel, run_id)
-    if info.error is not None and reason is None and outcome == "failed":
+    reason = drive.reason
+    if info.error is not None and reason is None and drive.outcome == "failed":
         reason = f"{info.error.type}: {info.error.message}"
     return RunToCompletionResult(
         workflow_run_id=run_id,
         status=str(info.status),
-        outcome=outcome,
+        outcome=drive.outcome,
         output=info.output,
         reason=reason,
-        jobs_processed=executed,
-        foreign_jobs_processed=foreign,
-        suspended_stage_id=suspended_stage,
+        jobs_processed=drive.executed,
+        foreign_jobs_processed=drive.foreign,
+        suspended_stage_id=drive.suspended_stage,
         created=bool(created),
     )
+
+
+@dataclass(kw_only=True)
+class _Drive:
+    """One ``run_to_completion`` call: its bounds, and how far it got."""
+
+    run_id: str
+    worker: str
+    served: frozenset[str] | None
+    max_jobs: int
+    max_claim_rounds: int
+    claims_per_round: int
+    executed: int = 0
+    foreign: int = 0
+    rounds: int = 0
+    outcome: str = "incomplete"
+    reason: str | None = None
+    suspended_stage: str | None = None
+
+
+async def _drive(kernel: Kernel, drive: _Drive) -> None:
+    """Execute the run's due jobs until it ends, parks, or a bound stops the call."""
+    while True:
+        run, own = await kernel.db.tx(_run_state, drive.run_id)
+        if _must_stop(drive, run):
+            return
+        now = kernel.now()
+        leased = await kernel.db.tx(
+            _lease,
+            drive.worker,
+            drive.served,
+            kernel.settings.lease_threshold,
+            now,
+            run_id=drive.run_id,
+        )
+        if leased:
+            await _execute(kernel, leased[0], drive.worker)
+            drive.executed += 1
+            continue
+        if any(j.status == "leased" for j in own):
+            if await _run_foreign_jobs(kernel, drive, now):
+                continue
+            return
+        _settle_idle(drive, own, now)
+        return
+
+
+def _must_stop(drive: _Drive, run: Any) -> bool:
+    """True (with the outcome and reason set) when the run ended, is not served here, or the
+    call executed ``max_jobs``."""
+    if run.status in _TERMINAL:
+        drive.outcome = str(run.status) if run.status != "migrated" else "incomplete"
+        if run.status == "migrated":
+            drive.reason = "the run was migrated to another driver"
+        return True
+    if drive.served is not None and version_key(run.workflow_id, run.version) not in drive.served:
+        drive.reason = f"version {run.version!r} of {run.workflow_id!r} is not served here"
+        return True
+    if drive.executed >= drive.max_jobs:
+        drive.reason = f"max_jobs={drive.max_jobs} reached"
+        return True
+    return False
+
+
+async def _run_foreign_jobs(kernel: Kernel, drive: _Drive, now: float) -> bool:
+    """The run's job is held by another worker: spend one round on other due jobs. False
+    (with the reason set) when the call should stop."""
+    if drive.rounds >= drive.max_claim_rounds:
+        drive.reason = f"max_claim_rounds={drive.max_claim_rounds}: the run's job is held elsewhere"
+        return False
+    drive.rounds += 1
+    others = await kernel.db.tx(
+        _lease,
+        drive.worker,
+        drive.served,
+        kernel.settings.lease_threshold,
+        now,
+        limit=min(drive.claims_per_round, drive.max_jobs - drive.executed),
+    )
+    for job in others:
+        await _execute(kernel, job, drive.worker)
+        drive.executed += 1
+        drive.foreign += job.run_id != drive.run_id
+    if not others:
+        drive.reason = "the run's job is executing on another worker"
+        return False
+    return True
+
+
+def _settle_idle(drive: _Drive, own: list[Any], now: float) -> None:
+    """Nothing of the run is due or leased: it is parked on a wait, backing off before a
+    retry, or stuck with no job at all."""
+    waiting = [j for j in own if j.status == "waiting"]
+    if waiting:
+        drive.outcome, drive.suspended_stage = "suspended", str(waiting[0].stage_id)
+        return
+    later = [j for j in own if j.available_at is not None]
+    if later:
+        j = min(later, key=lambda j: j.available_at)
+        drive.reason = f"stage {j.stage_id!r} is due again in {_delay_ms(j.available_at, now)} ms"
+    else:
+        drive.reason = "the run has no job to execute; run_maintenance_tick repairs a stuck run"

@@ -1,9 +1,9 @@
 """The activities: one dynamic activity runs stage attempts (type = stage id) and
 compensations (type = ``<stage>.compensate``) through ``engine_port.StageRunner``; small named
 activities publish events, dead-letter them, save a run's final state and read a step journal.
-A stage attempt's activity that hears of a cancel asks its run whether a migration freeze sent it
-(``wfe.freeze_cancelled``, see ``_workflow``): then the body goes on (a running stage is waited
-for), else the body sees the cancellation.
+A stage attempt's activity that hears of a cancel asks its run whether a migration freeze sent
+it (``wfe.internal.freeze_cancelled``, see ``_workflow``): then the body goes on (a running stage
+is waited for), else the body sees the cancellation.
 
 Crash survival of steps: every step record the StageRunner journals during an attempt is
 appended to the step journal in the shared BlobStore
@@ -20,11 +20,11 @@ consumed stays consumed: the retry reports it to the workflow.
 
 Signals: a stage attempt's task carries only the signals its run lent it (the one a resumed
 wait is for; every free one for a ``local=True`` attempt). A wait whose name has none left there
-asks the run (the ``wfe.take_signal`` update, see ``_signals``) for the oldest free one before
-the body suspends, so a signal buffered before the wait is reached (before the stage started or
-while its body ran) is consumed by it without a ``stage.suspended``, as on the native driver,
-and the stages of a parallel group take signals concurrently, each exactly once. The run keeps
-what it handed out with the stage attempt until the attempt's result arrives (a retried try
+asks the run (the ``wfe.internal.take_signal`` update, see ``_signals``) for the oldest free one
+before the body suspends, so a signal buffered before the wait is reached (before the stage
+started or while its body ran) is consumed by it without a ``stage.suspended``, as on the native
+driver, and the stages of a parallel group take signals concurrently, each exactly once. The run
+keeps what it handed out with the stage attempt until the attempt's result arrives (a retried try
 asking for the same step gets the same signal). A ``local=True`` stage does not ask (it runs
 inside the run's own workflow task): a wait with nothing lent suspends and resumes.
 """
@@ -61,6 +61,7 @@ from engine_port.errors import EngineError
 
 from ._carry import carry, meta_of
 from ._journal import StepJournal
+from ._names import FREEZE_CANCELLED_QUERY, TAKE_SIGNAL_UPDATE
 from ._wire import (
     dlq_key,
     journal_prefix,
@@ -82,8 +83,6 @@ __all__ = [
 ]
 
 COMPENSATE_SUFFIX = ".compensate"
-FREEZE_CANCELLED_QUERY = "wfe.freeze_cancelled"
-TAKE_SIGNAL_UPDATE = "wfe.take_signal"
 READ_JOURNAL_ACTIVITY = "wfe.read_journal"
 T = TypeVar("T")
 # RPC outcomes of a take that say nothing about the run (a busy server or worker): ask again
@@ -117,9 +116,9 @@ class _JournalLedger(InMemoryLedger):
     journaled step survives a crash of this worker (see ``_journal``).
 
     With ``take``, a wait whose signal is not among those the attempt was given at its start
-    asks the run for it (``wfe.take_signal``) before the body suspends; such a wait's record is
-    journaled with ``"via": "take"`` so that a retry after a lost worker knows the signal came
-    from the run, not from the queues in its task."""
+    asks the run for it (``wfe.internal.take_signal``) before the body suspends; such a wait's
+    record is journaled with ``"via": "take"`` so that a retry after a lost worker knows the
+    signal came from the run, not from the queues in its task."""
 
     def __init__(
         self,
@@ -229,7 +228,7 @@ class DriverActivities:
             task = {**meta, "input": values[0], "outputs": values[1] if len(values) > 1 else {}}
         return await self._stage(info, task, compensation, carried=True)
 
-    async def _stage(
+    async def _stage(  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
         self, info: activity.Info, task: dict[str, Any], compensation: bool, *, carried: bool
     ) -> Any:
         """One stage attempt or compensation; ``carried``: the result is the stage's output
@@ -278,7 +277,7 @@ class DriverActivities:
                 journal[r["name"]] = r
                 sig = str(r.get("signal"))
                 if via == "take":
-                    continue  # taken from the run (wfe.take_signal): the run holds it for us
+                    continue  # taken from the run (wfe.internal.take_signal): it holds it for us
                 if r.get("kind") == "signal" and r.get("completed") and raw_signals.get(sig):
                     # the lost try took the oldest of its name: it stays taken
                     raw_signals[sig].pop(0)
@@ -306,6 +305,14 @@ class DriverActivities:
         ledger = _JournalLedger(loaded, signals, journal, spill, log, take)
         # local activities have no heartbeat: the workflow task's timeout notices a lost worker
         beat = None if info.is_local else asyncio.create_task(self._heartbeat())
+        # the run's events this activity carries (``_outbox``), delivered while the body runs
+        to_publish = task.get("publish")
+        publishing = (
+            asyncio.ensure_future(self._publish_carried(to_publish))
+            if isinstance(to_publish, dict)
+            else None
+        )
+        published: dict[str, Any] | None = None
         try:
             if compensation:
                 outcome = await self.runner.compensate(
@@ -319,6 +326,8 @@ class DriverActivities:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
+            if publishing is not None:
+                published = await publishing
         if isinstance(outcome, Abandoned):
             # the engine's storage (the step journal, the blob store) failed: the activity's
             # own retry policy runs this try again, keeping the stage attempt; steps this try
@@ -331,6 +340,8 @@ class DriverActivities:
             "steps": list(journal.values()),
             "consumed": pre_consumed + list(ledger.consumed),
         }
+        if published is not None:
+            result["published"] = published
         if isinstance(outcome, Completed):
             output = None
             if not compensation:
@@ -469,6 +480,26 @@ class DriverActivities:
         reports ``parked``; the next worker with a sink that publishes for the run (told so by
         ``parked``) delivers the kept events first, in order, and ``flush_events()`` of an
         engine with a sink delivers what is left (at-least-once, like the native outbox)."""
+        return await self._deliver(events, parked, count_failures=True)
+
+    async def _publish_carried(self, carried: dict[str, Any]) -> dict[str, Any]:
+        """Deliver the events a stage activity (or ``wfe.save_state``) carries for its run
+        (see ``_outbox``) and say up to which sequence number (``upto``). A failure is not
+        counted here: the events stay unconfirmed and ``wfe.publish`` delivers them with the
+        outbox's retry rule, counting its failures."""
+        events = list(carried.get("events") or [])
+        parked = bool(carried.get("parked"))
+        if not events:
+            return {"ok": True, "parked": parked, "upto": 0}
+        try:
+            res = await self._deliver(events, parked, count_failures=False)
+        except Exception as exc:  # the blob store of a sinkless worker: wfe.publish retries
+            res = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {**res, "upto": int(events[-1]["seq"])}
+
+    async def _deliver(
+        self, events: list[dict[str, Any]], parked: bool, *, count_failures: bool
+    ) -> dict[str, Any]:
         import pydantic_core
 
         store = self.claim.store
@@ -490,8 +521,9 @@ class DriverActivities:
         try:
             await self.sink.publish([Event.model_validate(e) for e in batch])
         except Exception as exc:
-            self.stats.failed += len(batch)  # events, as on the native driver
-            self.stats.error = self.stats.error or f"{type(exc).__name__}: {exc}"
+            if count_failures:
+                self.stats.failed += len(batch)  # events, as on the native driver
+                self.stats.error = self.stats.error or f"{type(exc).__name__}: {exc}"
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         self.stats.delivered += len(batch)
         for k in keys:
@@ -550,8 +582,19 @@ class DriverActivities:
             log.close()
 
     @activity.defn(name="wfe.save_state")
-    async def save_state(self, run_id: str, state: dict[str, Any]) -> None:
-        """Store a finished run's full state (ledgers, outputs, staged events) for redrive."""
+    async def save_state(
+        self,
+        run_id: str,
+        state: dict[str, Any],
+        events: list[dict[str, Any]] | None = None,
+        parked: bool = False,
+    ) -> dict[str, Any] | None:
+        """Store a finished run's full state (ledgers, outputs, staged events) for redrive;
+        then deliver the run's last ``events`` when it carries them (``_outbox``: the one
+        local activity of the run's last workflow task) and say what was delivered."""
         import pydantic_core
 
         await self.claim.store.put(state_key(run_id), pydantic_core.to_json(state))
+        if events is None:
+            return None  # a run of the older rule publishes them with wfe.publish
+        return await self._publish_carried({"events": events, "parked": parked})

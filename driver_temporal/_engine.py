@@ -126,12 +126,13 @@ from ._helpers import (
     _settle,
     _state_from_memo,
 )
+from ._paging import PagedRuns
 from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_UPDATE
+from ._start import StartDocument
 from ._wire import (
     deployment_for,
     new_run_id,
-    outbox_rule,
     run_id_for_key,
     spill_key,
     state_key,
@@ -142,7 +143,7 @@ from ._workflow import START_MEMO
 __all__ = ["TemporalEngine", "create_temporal_engine"]
 
 
-class TemporalEngine(WorkflowEngine):
+class TemporalEngine(PagedRuns, WorkflowEngine):
     """The Temporal driver. Options: ``heartbeat_timeout`` (seconds, how fast a lost worker is
     noticed), ``connect_timeout``, ``signal_timeout`` (how long signal() waits for a worker to
     answer before buffering the signal on the server)."""
@@ -314,15 +315,14 @@ class TemporalEngine(WorkflowEngine):
                     await own[1]
         self._registered.add(key)
 
-    async def _start_pinned(self, workflow_id: str, version: str, start: Any, **kw: Any) -> Any:
+    async def _start_pinned(
+        self, workflow_id: str, version: str, start: StartDocument, **kw: Any
+    ) -> Any:
         """Start a run on its workflow's task queue, PINNED to its definition version. The
         workflow's input is the run's input (its stored form: inline up to the spill
         threshold); the rest of the start document (graph, version, settings, ...) is the
         ``wfe_start`` memo entry, read by the workflow (``GraphWorkflow.run``)."""
-        kw["memo"] = {
-            **kw.get("memo", {}),
-            START_MEMO: {k: v for k, v in start.items() if k != "input"},
-        }
+        kw["memo"] = {**kw.get("memo", {}), START_MEMO: start.memo()}
         await self._ensure_version(workflow_id, version)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30.0
@@ -330,7 +330,7 @@ class TemporalEngine(WorkflowEngine):
             try:
                 return await self._conn.start_workflow(
                     workflow_id,
-                    start["input"],
+                    start.input,
                     task_queue=self.task_queue(workflow_id),
                     versioning_override=PinnedVersioningOverride(
                         self.deployment_version(workflow_id, version)
@@ -384,21 +384,19 @@ class TemporalEngine(WorkflowEngine):
         run_id = run_id_for_key(idempotency_key) if idempotency_key else new_run_id()
         input_ref = await self.claim.dump(data, spill_key(run_id, "input", fp[:16]))
         created = _now().isoformat()
-        start = {
-            "run_id": run_id,
-            "workflow_id": wf.id,
-            "version": graph.version,
-            "graph": graph.model_dump(mode="json"),
-            "input": input_ref,
-            "idempotency_key": idempotency_key,
-            "fingerprint": fp,
-            "created_at": created,
-            "heartbeat_timeout_s": self.heartbeat_timeout,
-            "default_stage_timeout_s": self.settings.default_stage_timeout,
-            "max_pending_signals": self.settings.max_pending_signals,
-            "trace_context": telemetry.current_traceparent(),
-            **outbox_rule(self.settings),
-        }
+        start = StartDocument.for_engine(
+            self.settings,
+            self.heartbeat_timeout,
+            run_id=run_id,
+            workflow_id=wf.id,
+            version=graph.version,
+            graph=graph.model_dump(mode="json"),
+            input=input_ref,
+            idempotency_key=idempotency_key,
+            fingerprint=fp,
+            created_at=created,
+            trace_context=telemetry.current_traceparent(),
+        )
         initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
         initial["created_at"] = created
         pairs = _pairs(graph.version, idempotency_key)
@@ -721,7 +719,7 @@ class TemporalEngine(WorkflowEngine):
         return await self.get_run(run_id)
 
     # -- redrive ------------------------------------------------------------------------------
-    async def redrive(
+    async def redrive(  # noqa: PLR0912  driver_temporal is being rewritten (helper thist); split after
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
         check_run_call(run_id)
@@ -787,28 +785,26 @@ class TemporalEngine(WorkflowEngine):
             else:
                 new_stages[sid] = {**old, "status": "completed"}
         redrive = int(state.get("redrive", 0)) + 1
-        start = {
-            "run_id": run_id,
-            "workflow_id": wf.id,
-            "version": graph.version,
-            "graph": graph.model_dump(mode="json"),
-            "input": state["input"],
-            "idempotency_key": state.get("idempotency_key"),
-            "fingerprint": state.get("fingerprint"),
-            "created_at": state.get("created_at"),
-            "heartbeat_timeout_s": self.heartbeat_timeout,
-            "default_stage_timeout_s": self.settings.default_stage_timeout,
-            "max_pending_signals": self.settings.max_pending_signals,
-            **outbox_rule(self.settings),
-            "redrive": redrive,
-            "redrive_from": from_,
-            "redrive_history": history,
-            "event_seq": state.get("event_seq", 0),
-            "stages": new_stages,
-            "signals": state.get("signals") or [],
-            "signal_keys": state.get("signal_keys") or [],
-            "run_started": state.get("run_started", False),
-        }
+        start = StartDocument.for_engine(
+            self.settings,
+            self.heartbeat_timeout,
+            run_id=run_id,
+            workflow_id=wf.id,
+            version=graph.version,
+            graph=graph.model_dump(mode="json"),
+            input=state["input"],
+            idempotency_key=state.get("idempotency_key"),
+            fingerprint=state.get("fingerprint"),
+            created_at=state.get("created_at"),
+            redrive=redrive,
+            redrive_from=from_,
+            redrive_history=history,
+            event_seq=state.get("event_seq", 0),
+            stages=new_stages,
+            signals=state.get("signals") or [],
+            signal_keys=state.get("signal_keys") or [],
+            run_started=state.get("run_started", False),
+        )
         initial = self._initial_info(
             run_id, wf.id, graph.version, state["input"], state.get("idempotency_key")
         )

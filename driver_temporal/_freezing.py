@@ -1,18 +1,19 @@
 """The migration side of ``GraphWorkflow`` (see ``_workflow``): a base class holding its update
 handlers and the snapshot.
 
-Migration (``TemporalEngine.export_run`` and friends): the ``wfe.freeze`` update freezes the run
-at a safe point, after which no stage starts or resumes and signals are refused, and returns the
-run's snapshot: every stage activity in flight is cancelled. One that no worker had picked up is
-withdrawn: its attempt started and nobody runs it, so the snapshot shows the stage ``running``
-with its ledger (steps a lost earlier try journaled are read back into it) and the target
-continues that attempt, as after a lost worker, without a second ``stage.started``. One a
-worker runs asks the run why it was cancelled (``wfe.freeze_cancelled``), learns it was a
+Migration (``TemporalEngine.export_run`` and friends): the ``wfe.internal.freeze`` update freezes
+the run at a safe point, after which no stage starts or resumes and signals are refused, and
+returns the run's snapshot: every stage activity in flight is cancelled. One that no worker had
+picked up is withdrawn: its attempt started and nobody runs it, so the snapshot shows the stage
+``running`` with its ledger (steps a lost earlier try journaled are read back into it) and the
+target continues that attempt, as after a lost worker, without a second ``stage.started``. One
+a worker runs asks the run why it was cancelled (``wfe.internal.freeze_cancelled``), learns it was a
 freeze and goes on, and the freeze waits for its outcome (up to ``wait``);
-``wfe.complete_export`` ends the run ``migrated`` (emitting ``run.migrated`` with the sequence
-number the snapshot reserved) and ``wfe.abort_export`` unfreezes it. A run started with
-``imported`` in its start input resumes from a snapshot: completed stages are kept, a suspended
-stage continues its attempt (same deadlines, no second ``stage.started``), event numbers continue.
+``wfe.internal.complete_export`` ends the run ``migrated`` (emitting ``run.migrated`` with the
+sequence number the snapshot reserved) and ``wfe.internal.abort_export`` unfreezes it. A run
+started with ``imported`` in its start input resumes from a snapshot: completed stages are kept, a
+suspended stage continues its attempt (same deadlines, no second ``stage.started``), event numbers
+continue.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from engine_port import GraphModel
 
-    from ._activities import FREEZE_CANCELLED_QUERY
+    from ._names import (
+        ABORT_EXPORT_UPDATE,
+        COMPLETE_EXPORT_UPDATE,
+        FREEZE_CANCELLED_QUERY,
+        FREEZE_UPDATE,
+        INTERNAL,
+    )
+    from ._start import StartDocument
 
 __all__ = [
     "ABORT_EXPORT_UPDATE",
@@ -36,10 +44,6 @@ __all__ = [
     "MigrationHandlers",
     "migration_error",
 ]
-
-FREEZE_UPDATE = "wfe.freeze"
-COMPLETE_EXPORT_UPDATE = "wfe.complete_export"
-ABORT_EXPORT_UPDATE = "wfe.abort_export"
 
 
 class Migrated(Exception):
@@ -57,7 +61,7 @@ class MigrationHandlers:
     _run_id: str
     _wf_id: str
     _version: str
-    _start: dict[str, Any]
+    _start: StartDocument
     _graph: GraphModel
     _stages: dict[str, dict[str, Any]]
     _signals: list[dict[str, Any]]
@@ -96,7 +100,7 @@ class MigrationHandlers:
                 "runs between stages, can migrate (terminal runs stay where they are)"
             )
 
-    @workflow.update(name=FREEZE_UPDATE)
+    @workflow.update(name=FREEZE_UPDATE, description=INTERNAL)
     async def on_freeze(self, body: dict[str, Any]) -> dict[str, Any]:
         if not self._ready:
             await workflow.wait_condition(lambda: self._ready)
@@ -143,12 +147,12 @@ class MigrationHandlers:
                 self._freeze_cancels.add(call["token"])
                 call["handle"].cancel()
 
-    @workflow.query(name=FREEZE_CANCELLED_QUERY)
+    @workflow.query(name=FREEZE_CANCELLED_QUERY, description=INTERNAL)
     def freeze_cancelled(self, token: int) -> bool:
         """Whether the cancel a stage activity received came from a freeze (so it goes on)."""
         return token in self._freeze_cancels
 
-    @workflow.update(name=COMPLETE_EXPORT_UPDATE)
+    @workflow.update(name=COMPLETE_EXPORT_UPDATE, description=INTERNAL)
     def on_complete_export(self, body: dict[str, Any]) -> dict[str, Any]:
         if self._migrated_to is None:
             if not self._frozen:
@@ -158,7 +162,7 @@ class MigrationHandlers:
             self._migrated_to = str(body["target"])
         return {"target": self._migrated_to}
 
-    @workflow.update(name=ABORT_EXPORT_UPDATE)
+    @workflow.update(name=ABORT_EXPORT_UPDATE, description=INTERNAL)
     def on_abort_export(self, body: dict[str, Any]) -> dict[str, Any]:
         if self._migrated_to is None and self._frozen:
             self._frozen = False
@@ -218,10 +222,10 @@ class MigrationHandlers:
             "workflow_id": self._wf_id,
             "version": self._version,
             "status": self._run_status(),
-            "input": self._start["input"],
-            "idempotency_key": self._start.get("idempotency_key"),
-            "input_fingerprint": self._start.get("fingerprint"),
-            "graph": self._start["graph"],
+            "input": self._start.input,
+            "idempotency_key": self._start.idempotency_key,
+            "input_fingerprint": self._start.fingerprint,
+            "graph": self._start.graph,
             "current_group": current_group,
             "completed_count": self._order,
             "stages": stages,
@@ -231,6 +235,6 @@ class MigrationHandlers:
             "redrive_count": self._redrive,
             "redrive_history": self._redrive_history,
             "deadline": self._deadline,
-            "created_at": self._start.get("created_at"),
+            "created_at": self._start.created_at,
             "source": "temporal",
         }

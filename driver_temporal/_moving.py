@@ -49,10 +49,8 @@ from ._helpers import (
     _settle,
     _sha,
 )
-from ._wire import (
-    outbox_rule,
-    run_id_for_key,
-)
+from ._start import StartDocument
+from ._wire import run_id_for_key
 from ._workflow import GraphWorkflow, workflow_runner
 
 if TYPE_CHECKING:
@@ -247,18 +245,48 @@ async def import_run(engine: TemporalEngine, snapshot: RunSnapshot) -> RunInfo:
         graph = engine.registry.graph(snapshot.workflow_id, snapshot.version)
     key = snapshot.idempotency_key
     if key:
-        holder = await keyed_run(engine, key)
-        if holder is not None and holder[0]["wfe_run"]["id"] != run_id:
-            raise IdempotencyConflictError(key, holder[0]["wfe_run"]["id"])
-        native_id = run_id_for_key(key)
-        if native_id != run_id:
-            with suppress(RunNotFoundError):
-                await engine._describe(native_id)
-                raise IdempotencyConflictError(key, native_id)
-        await engine.blob_store.put(
-            key_key(engine, key), pydantic_core.to_json({"key": key, "run_id": run_id})
-        )
+        await _claim_key(engine, key, run_id)
     run_started = snapshot.status != RunStatus.PENDING
+    stages = _imported_stages(snapshot)
+    created = (snapshot.created_at or _now()).isoformat()
+    status_now = "pending" if not run_started else str(snapshot.status)
+    start = _start_input(engine, snapshot, graph, stages, created=created)
+    initial = _initial_memo(snapshot, graph, stages, created=created, status=status_now)
+    pairs = _pairs(snapshot.version, key, status_now)
+    with suppress(WorkflowAlreadyStartedError):  # a concurrent import of the same run won
+        await engine._start_pinned(
+            snapshot.workflow_id,
+            snapshot.version,
+            start,
+            id=run_id,
+            id_reuse_policy=reuse,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            memo={"wfe_run": initial, "wfe_fp": snapshot.input_fingerprint},
+            search_attributes=TypedSearchAttributes(pairs),
+            static_summary=f"{snapshot.workflow_id} {snapshot.version} "
+            f"(imported from {snapshot.source or 'another engine'})",
+        )
+    return await engine.get_run(run_id)
+
+
+async def _claim_key(engine: TemporalEngine, key: str, run_id: str) -> None:
+    """Record that ``key`` names the imported run; IdempotencyConflictError when another run
+    here (started through Temporal or keyed by the native id rule) already holds it."""
+    holder = await keyed_run(engine, key)
+    if holder is not None and holder[0]["wfe_run"]["id"] != run_id:
+        raise IdempotencyConflictError(key, holder[0]["wfe_run"]["id"])
+    native_id = run_id_for_key(key)
+    if native_id != run_id:
+        with suppress(RunNotFoundError):
+            await engine._describe(native_id)
+            raise IdempotencyConflictError(key, native_id)
+    await engine.blob_store.put(
+        key_key(engine, key), pydantic_core.to_json({"key": key, "run_id": run_id})
+    )
+
+
+def _imported_stages(snapshot: RunSnapshot) -> dict[str, dict[str, Any]]:
+    """The workflow's per-stage state (journal and staged events included) from a snapshot."""
     stages: dict[str, dict[str, Any]] = {}
     for st in snapshot.stages:
         stages[st.id] = {
@@ -285,36 +313,55 @@ async def import_run(engine: TemporalEngine, snapshot: RunSnapshot) -> RunInfo:
             },
             "events": list(st.staged_events),
         }
-    created = (snapshot.created_at or _now()).isoformat()
-    status_now = "pending" if not run_started else str(snapshot.status)
-    start = {
-        "run_id": run_id,
+    return stages
+
+
+def _start_input(
+    engine: TemporalEngine,
+    snapshot: RunSnapshot,
+    graph: GraphModel,
+    stages: dict[str, dict[str, Any]],
+    *,
+    created: str,
+) -> StartDocument:
+    """The workflow's start input: the run resumes where the snapshot left it."""
+    return StartDocument.for_engine(
+        engine.settings,
+        engine.heartbeat_timeout,
+        run_id=snapshot.run_id,
+        workflow_id=snapshot.workflow_id,
+        version=snapshot.version,
+        graph=graph.model_dump(mode="json"),
+        input=snapshot.input,
+        idempotency_key=snapshot.idempotency_key,
+        fingerprint=snapshot.input_fingerprint,
+        created_at=created,
+        redrive=snapshot.redrive_count,
+        redrive_history=list(snapshot.redrive_history),
+        event_seq=snapshot.event_seq,
+        stages=stages,
+        signals=[sig.model_dump(mode="json") for sig in snapshot.signals],
+        signal_keys=list(snapshot.signal_keys),
+        run_started=snapshot.status != RunStatus.PENDING,
+        deadline=None if snapshot.deadline is None else snapshot.deadline.isoformat(),
+        imported=True,
+    )
+
+
+def _initial_memo(
+    snapshot: RunSnapshot,
+    graph: GraphModel,
+    stages: dict[str, dict[str, Any]],
+    *,
+    created: str,
+    status: str,
+) -> dict[str, Any]:
+    """The run's memo until the workflow's first save: what get_run reads meanwhile."""
+    return {
+        "id": snapshot.run_id,
         "workflow_id": snapshot.workflow_id,
         "version": snapshot.version,
-        "graph": graph.model_dump(mode="json"),
-        "input": snapshot.input,
-        "idempotency_key": key,
-        "fingerprint": snapshot.input_fingerprint,
-        "created_at": created,
-        "heartbeat_timeout_s": engine.heartbeat_timeout,
-        "default_stage_timeout_s": engine.settings.default_stage_timeout,
-        "max_pending_signals": engine.settings.max_pending_signals,
-        **outbox_rule(engine.settings),
-        "redrive": snapshot.redrive_count,
-        "redrive_history": list(snapshot.redrive_history),
-        "event_seq": snapshot.event_seq,
-        "stages": stages,
-        "signals": [sig.model_dump(mode="json") for sig in snapshot.signals],
-        "signal_keys": list(snapshot.signal_keys),
-        "run_started": run_started,
-        "deadline": None if snapshot.deadline is None else snapshot.deadline.isoformat(),
-        "imported": True,
-    }
-    initial = {
-        "id": run_id,
-        "workflow_id": snapshot.workflow_id,
-        "version": snapshot.version,
-        "status": status_now,
+        "status": status,
         "input": snapshot.input,
         "stages": [
             {
@@ -328,25 +375,10 @@ async def import_run(engine: TemporalEngine, snapshot: RunSnapshot) -> RunInfo:
             for group in graph.groups
             for sid in group
         ],
-        "idempotency_key": key,
+        "idempotency_key": snapshot.idempotency_key,
         "redrive_count": snapshot.redrive_count,
         "created_at": created,
         "sinks": graph.sinks(),
         "event_seq": snapshot.event_seq,
-        "run_started": run_started,
+        "run_started": snapshot.status != RunStatus.PENDING,
     }
-    pairs = _pairs(snapshot.version, key, status_now)
-    with suppress(WorkflowAlreadyStartedError):  # a concurrent import of the same run won
-        await engine._start_pinned(
-            snapshot.workflow_id,
-            snapshot.version,
-            start,
-            id=run_id,
-            id_reuse_policy=reuse,
-            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-            memo={"wfe_run": initial, "wfe_fp": snapshot.input_fingerprint},
-            search_attributes=TypedSearchAttributes(pairs),
-            static_summary=f"{snapshot.workflow_id} {snapshot.version} "
-            f"(imported from {snapshot.source or 'another engine'})",
-        )
-    return await engine.get_run(run_id)

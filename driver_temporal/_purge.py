@@ -5,8 +5,9 @@ own data lives in the BlobStore beside it and has no retention of its own: spill
 outputs and signals and the run's state (``runs/<id>/``), step journals (under the same
 prefix), parked events (``outbox/<id>/``) and dead letters (``dlq/<id>/``). Purge deletes,
 for every run of this engine's task queues that finished (completed, failed, cancelled,
-migrated) before the cutoff, its workflow executions and then those blobs -- the same thing
-the native driver's ``run.purge`` deletes. Work is linear in the runs purged.
+migrated; terminated or timed out in Temporal, which reads as failed) before the cutoff, its
+workflow executions and then those blobs -- the same thing the native driver's ``run.purge``
+deletes. Work is linear in the runs purged.
 
 A run id whose latest execution is open again (a redrive started since) is skipped: its blobs
 are still in use. Temporal deletes executions asynchronously (the dev server takes up to ~30 s):
@@ -60,9 +61,11 @@ async def purge_runs(engine: TemporalEngine, older_than: timedelta) -> int:
     client = engine._conn
     cutoff = (datetime.now(UTC) - older_than).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     statuses = ", ".join(f"'{s}'" for s in _FINISHED)
+    # a terminated (or timed-out) execution keeps the active WfeStatus it last wrote, yet the
+    # run is failed (``TemporalEngine._ended_outside``): it is purged like any failed run
     query = (
-        f"{engine._scope()} AND ExecutionStatus != 'Running' AND WfeStatus IN ({statuses}) "
-        f"AND CloseTime < '{cutoff}'"
+        f"{engine._scope()} AND ExecutionStatus != 'Running' AND (WfeStatus IN ({statuses}) "
+        f"OR ExecutionStatus IN ('Terminated', 'TimedOut')) AND CloseTime < '{cutoff}'"
     )
     executions: dict[str, list[str]] = {}
     async for ex in client.list_workflows(query):

@@ -3,19 +3,21 @@
 Signals of one name queue per run in arrival order, as Temporal signals do: the workflow keeps
 every buffered signal (``{name, payload, idempotency_key}``, oldest first). A signal's
 idempotency key, once seen, is kept for the life of the run, so a repeat is not queued again
-(``already_completed``). The engine sends signals as the ``wfe.signal`` update (so it can report
-the outcome) or, when no worker answers, as a plain Temporal signal wrapped with its delivery
-id; a raw Temporal signal from an operator (``temporal workflow signal --name go --input
-'{...}'``) queues its input as the payload.
+(``already_completed``). The engine sends each signal as a Temporal signal of its own name (its
+delivery id and idempotency key in the payload's metadata) and asks the run what became of it
+(``wfe.internal.signal_status``); older engines sent the ``wfe.signal`` update or a wrapped
+body. A raw Temporal signal from an operator (``temporal workflow signal --name go --input
+'{...}'``, the Web UI's "Send a Signal", which lists the names the graph declares) queues its
+input as the payload.
 
 Any number of stage attempts (the stages of a parallel group) take from the queue at the same
 time, each signal exactly once, oldest first per name:
 
 - a running attempt's wait asks for the oldest free signal of its name with the
-  ``wfe.take_signal`` update (``on_take_signal``): the run pops it and holds it with that attempt
-  (``_held``, per step key, so a retry of a lost try asking for the same step gets the same
-  one). An update with nothing to take is rejected by its validator, so it leaves no trace in
-  the run's history; the wait then suspends.
+  ``wfe.internal.take_signal`` update (``on_take_signal``): the run pops it and holds it with
+  that attempt (``_held``, per step key, so a retry of a lost try asking for the same step gets
+  the same one). An update with nothing to take is rejected by its validator, so it leaves no trace
+  in the run's history; the wait then suspends.
 - a suspended wait resumes only for a free signal of its name, which is lent to it at once
   (``_reserve``: two waiters never resume for one signal) and handed to the resumed attempt in
   its task. A ``local=True`` attempt, which cannot ask (it runs inside the run's workflow
@@ -44,14 +46,13 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from engine_port import box_inline
 
-    from ._activities import TAKE_SIGNAL_UPDATE
     from ._carry import meta_of
     from ._freezing import migration_error
+    from ._names import INTERNAL, SIGNAL_STATUS_UPDATE, SIGNAL_UPDATE, TAKE_SIGNAL_UPDATE
+    from ._start import StartDocument
 
 __all__ = ["SIGNAL_STATUS_UPDATE", "SIGNAL_UPDATE", "TAKE_SIGNAL_UPDATE", "SignalHandlers"]
 
-SIGNAL_UPDATE = "wfe.signal"  # how older engines sent signals: kept so their runs replay
-SIGNAL_STATUS_UPDATE = "wfe.internal.signal_status"
 # a signal's payload is JSON (or empty): anything else (bytes, protobuf) is rejected
 _JSON_ENCODINGS = frozenset({b"json/plain", b"binary/null"})
 
@@ -70,7 +71,7 @@ class SignalHandlers:
     ``__init__`` sets ``_signals``, ``_signal_keys`` and ``_deliveries``)."""
 
     _run_id: str
-    _start: dict[str, Any]
+    _start: StartDocument
     _final: bool
     _frozen: bool
     _migrated_to: str | None
@@ -78,7 +79,7 @@ class SignalHandlers:
     _signal_keys: set[str]
     _deliveries: dict[str, dict[str, Any]]
     _calls: dict[str, dict[str, Any]]
-    # the signals each stage attempt in flight took with ``wfe.take_signal``, per step key
+    # the signals each stage attempt in flight took with ``wfe.internal.take_signal``, per step key
     _held: dict[str, dict[str, dict[str, Any]]]
     # the signals lent to each stage attempt (reserved by its resumed wait, or handed to a
     # local attempt): still in ``_signals``, by identity, hidden from other takers
@@ -136,7 +137,8 @@ class SignalHandlers:
         if self._frozen:
             return "MigrationError"
         # (a signal that arrives with the run's first task may be handled before ``run``)
-        bound = getattr(self, "_start", {}).get("max_pending_signals")
+        start: StartDocument | None = getattr(self, "_start", None)
+        bound = None if start is None else start.max_pending_signals
         repeat = delivery in self._deliveries or (key is not None and key in self._signal_keys)
         if bound is not None and not repeat and len(self._signals) >= int(bound):
             return "SignalQueueFullError"
@@ -149,7 +151,7 @@ class SignalHandlers:
         self._rejected = [*self._rejected[-9:], {"name": name, "reason": why}]
         workflow.upsert_memo({"wfe_rejected_signals": self._rejected})
 
-    @workflow.update(name=SIGNAL_STATUS_UPDATE)
+    @workflow.update(name=SIGNAL_STATUS_UPDATE, description=INTERNAL)
     async def on_signal_status(self, delivery: str) -> dict[str, Any]:
         """(Internal, used by ``TemporalEngine.signal``.) What became of the signal the
         engine sent with this delivery id: delivered, buffered, already completed or why it
@@ -157,13 +159,13 @@ class SignalHandlers:
         await workflow.wait_condition(lambda: delivery in self._deliveries)
         return self._deliveries[delivery]
 
-    @workflow.update(name=SIGNAL_UPDATE)
     def on_signal_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The ``wfe.signal`` update of older engines (registered for runs started before the
+        ``wfe.internal.*`` names only: ``GraphWorkflow._serve_old_names``)."""
         return self._deliver(
             body["name"], body.get("payload"), body.get("delivery"), body.get("idempotency_key")
         )
 
-    @on_signal_update.validator
     def _validate_signal(self, body: dict[str, Any]) -> None:
         if self._final or self._migrated_to is not None:
             raise ApplicationError("run is no longer active", type="RunNotActiveError")
@@ -172,7 +174,7 @@ class SignalHandlers:
                 f"run {self._run_id!r} is frozen for migration; signal it once the move "
                 "completed (on its target) or was aborted"
             )
-        bound = self._start.get("max_pending_signals")
+        bound = self._start.max_pending_signals
         repeat = body.get("delivery") in self._deliveries or (
             body.get("idempotency_key") is not None
             and body.get("idempotency_key") in self._signal_keys
@@ -212,7 +214,7 @@ class SignalHandlers:
             self._deliveries[delivery] = res
         return res
 
-    @workflow.update(name=TAKE_SIGNAL_UPDATE)
+    @workflow.update(name=TAKE_SIGNAL_UPDATE, description=INTERNAL)
     def on_take_signal(self, body: dict[str, Any]) -> dict[str, Any]:
         """A stage attempt's wait asks for the oldest free signal ``name`` (see the module
         docstring; ``given`` only counts on a run started before shared takes)."""
@@ -265,7 +267,7 @@ class SignalHandlers:
 
     def _release_taken(self, sid: str, steps: dict[str, dict[str, Any]]) -> None:
         """The attempt of ``sid`` reported (or ended without a result): each signal it took
-        with ``wfe.take_signal`` whose wait step completed stays consumed; any other goes
+        with ``wfe.internal.take_signal`` whose wait step completed stays consumed; any other goes
         back in front of the queued signals of its name, in the order it was taken."""
         held = self._held.pop(sid, None)
         if not held:
@@ -351,10 +353,10 @@ class SignalHandlers:
             queues.setdefault(sig["name"], []).append(sig["payload"])
         return queues
 
-    def _carry_signals(self, start: dict[str, Any]) -> None:
+    def _carry_signals(self, start: StartDocument) -> None:
         """Signals carried over in the start input (an import, a redrive) arrived before any
         this run received; a key among them drops a later duplicate."""
-        carried = start.get("signals") or []
+        carried = start.signals
         if isinstance(carried, dict):  # the form before signals queued: one per name
             carried = [{"name": n, "payload": p} for n, p in carried.items()]
         earlier = [
@@ -365,7 +367,7 @@ class SignalHandlers:
             }
             for sig in carried
         ]
-        keys = set(start.get("signal_keys") or [])
+        keys = set(start.signal_keys)
         keys |= {sig["idempotency_key"] for sig in earlier if sig["idempotency_key"]}
         self._signals = earlier + [
             sig for sig in self._signals if sig["idempotency_key"] not in keys

@@ -13,9 +13,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from engine_port import EngineSettings, StepRecord
+from engine_port import StepRecord
 
 __all__ = [
+    "EVENTS_VIA_ACTIVITIES",
     "OLD_OUTBOX_RULE",
     "deployment_for",
     "dlq_key",
@@ -26,7 +27,6 @@ __all__ = [
     "new_run_id",
     "outbox_key",
     "outbox_prefix",
-    "outbox_rule",
     "parse_time",
     "record_from_json",
     "record_to_json",
@@ -36,6 +36,8 @@ __all__ = [
     "task_queue_for",
 ]
 
+# the start document's ``events_via`` of runs whose stage activities carry their events
+EVENTS_VIA_ACTIVITIES = "activities"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 
@@ -145,14 +147,3 @@ OLD_OUTBOX_RULE = {
     "outbox_retry_initial_seconds": 0.2,
     "outbox_retry_max_seconds": 5.0,
 }
-
-
-def outbox_rule(settings: EngineSettings) -> dict[str, Any]:
-    """The sink retry rule a run's workflow applies (the native outbox's rule): retry with
-    backoff, dead-letter after ``dead_letter_after`` attempts spanning at least the minimum."""
-    return {
-        "dead_letter_after": settings.dead_letter_after,
-        "dead_letter_min_seconds": settings.outbox_dead_letter_min_seconds,
-        "outbox_retry_initial_seconds": settings.outbox_retry_initial_seconds,
-        "outbox_retry_max_seconds": settings.outbox_retry_max_seconds,
-    }

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Sequence
+import inspect
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -43,15 +44,28 @@ from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowRunner
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from engine_port import ErrorInfo, EventDraft, GraphModel, Lifecycle, run_output
-    from engine_port.driver import sink_retry_delay
+    from engine_port import ErrorInfo, GraphModel, Lifecycle, run_output
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
     from ._carry import carried_failure, carry, meta_of
     from ._freezing import Migrated, MigrationHandlers
-    from ._search import SA_STAGE, SA_STATUS
-    from ._signals import SIGNAL_UPDATE, SignalHandlers
-    from ._wire import OLD_OUTBOX_RULE, parse_time
+    from ._inspection import RunInspection
+    from ._names import (
+        ABORT_EXPORT_UPDATE,
+        COMPLETE_EXPORT_UPDATE,
+        FREEZE_CANCELLED_QUERY,
+        FREEZE_UPDATE,
+        INTERNAL,
+        NAMES_MARK,
+        OLD_NAMES,
+        RUN_INFO_QUERY,
+        SIGNAL_UPDATE,
+        TAKE_SIGNAL_UPDATE,
+    )
+    from ._outbox import EventOutbox
+    from ._signals import SignalHandlers
+    from ._start import StartDocument
+    from ._wire import parse_time
 
 __all__ = [
     "RUN_INFO_QUERY",
@@ -61,7 +75,6 @@ __all__ = [
     "workflow_runner",
 ]
 
-RUN_INFO_QUERY = "wfe.run_info"
 # the memo key of a run's start document (graph, version, settings, ...): everything but the
 # input, which is the workflow's input (see ``GraphWorkflow.run``)
 START_MEMO = "wfe_start"
@@ -74,9 +87,8 @@ _INFRA_RETRY = RetryPolicy(
 )
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
 _LOCAL_PATCH = "wfe-local-stages"
-_SYNC_ROUNDS = 8  # condition rounds the memo write waits for an activation to settle
-# runs started with this marker take every signal through ``wfe.take_signal`` (or a lent one),
-# concurrently; a run started before keeps the single-taker rule (``SignalHandlers``)
+# runs started with this marker take every signal through ``wfe.internal.take_signal`` (or a
+# lent one), concurrently; a run started before keeps the single-taker rule (``SignalHandlers``)
 _SHARED_TAKES_PATCH = "wfe-shared-signal-takes"
 
 
@@ -125,8 +137,35 @@ def _iso(value: Any) -> str:
     return str(value.isoformat())
 
 
+# how temporalio reads a declared signal's handler: one RawValue (the payload, metadata kept)
+_ONE_PAYLOAD = inspect.Signature(
+    [inspect.Parameter("payload", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=RawValue)]
+)
+
+
+def _named_signal(
+    on_signal: Callable[[str, Sequence[RawValue]], None],
+    reject: Callable[[str, str], None],
+    name: str,
+) -> Callable[..., None]:
+    """The handler of the declared signal ``name``. temporalio converts a handler's arguments
+    by its signature: this one declares one ``RawValue`` (so the payload arrives with its
+    metadata, as the dynamic handler gets it) yet takes any number, so a signal sent with no
+    input or with several is queued or rejected and recorded, never failing the task."""
+
+    def handler(*payloads: Any) -> None:
+        if len(payloads) <= 1 and all(isinstance(p, RawValue) for p in payloads):
+            on_signal(name, list(payloads))
+        else:
+            reject(name, f"a signal carries one input; this one carried {len(payloads)}")
+
+    handler.__signature__ = _ONE_PAYLOAD  # type: ignore[attr-defined]
+    handler.__annotations__ = {"payload": RawValue, "return": None}
+    return handler
+
+
 @workflow.defn(dynamic=True)
-class GraphWorkflow(MigrationHandlers, SignalHandlers):
+class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbox):
     """Interprets a GraphModel passed in the start input (see ``_engine.TemporalEngine``)."""
 
     def __init__(self) -> None:
@@ -138,7 +177,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._held: dict[str, dict[str, dict[str, Any]]] = {}
         self._lent: dict[str, list[dict[str, Any]]] = {}
         self._holder_rule = False
-        self._outbox: list[dict[str, Any]] = []
+        self._outbox: list[dict[str, Any]] = []  # events not yet delivered (``_outbox``)
+        self._init_outbox()
         self._closing = False
         self._final = False
         self._info: dict[str, Any] = {}
@@ -148,7 +188,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._migrated_to: str | None = None
         self._inflight = 0  # stage attempts in flight (scheduled or running)
         # the stage activity in flight per stage: its token, handle and whether a freeze
-        # cancelled it; the tokens a freeze cancelled (answered to ``wfe.freeze_cancelled``)
+        # cancelled it; the tokens a freeze cancelled (``wfe.internal.freeze_cancelled`` asks)
         self._calls: dict[str, dict[str, Any]] = {}
         self._tokens = 0
         self._freeze_cancels: set[int] = set()
@@ -162,38 +202,81 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._attempts: dict[str, Any] = {}
         self._failures = 0
         self._carried = False  # started by this driver: business values in the payloads
+        self._marked = False  # started with the driver's marks (``run``)
         self._rejected: list[dict[str, Any]] = []  # signals not queued (``SignalHandlers``)
+        meta = workflow.memo_value(START_MEMO, None)
+        if not (isinstance(meta, dict) and meta.get("names") == NAMES_MARK):
+            self._serve_old_names()  # a run started before the wfe.internal.* names
 
     # -- handlers ---------------------------------------------------------------------------
-    @workflow.query(name=RUN_INFO_QUERY)
+    @workflow.query(name=RUN_INFO_QUERY, description=INTERNAL)
     def run_info(self) -> dict[str, Any]:
         return self._info
 
+    def _serve_old_names(self) -> None:
+        """A run started before the ``wfe.internal.*`` names (``_names``) also answers to the
+        older ones, so the updates its history holds replay and older engines reach it.
+        Registered in ``__init__``: before any update of the run's first task is handled."""
+        old = OLD_NAMES
+        workflow.set_query_handler(old[RUN_INFO_QUERY], self.run_info)
+        workflow.set_query_handler(old[FREEZE_CANCELLED_QUERY], self.freeze_cancelled)
+        workflow.set_update_handler(
+            old[FREEZE_UPDATE], self.on_freeze, validator=self._validate_freeze
+        )
+        workflow.set_update_handler(old[COMPLETE_EXPORT_UPDATE], self.on_complete_export)
+        workflow.set_update_handler(old[ABORT_EXPORT_UPDATE], self.on_abort_export)
+        workflow.set_update_handler(
+            old[TAKE_SIGNAL_UPDATE], self.on_take_signal, validator=self._validate_take
+        )
+        workflow.set_update_handler(
+            SIGNAL_UPDATE, self.on_signal_update, validator=self._validate_signal
+        )
+
+    def _patched(self, patch: str) -> bool:
+        """``workflow.patched``, except on a run started with the driver's marks, which
+        takes every patch without recording a marker."""
+        return self._marked or workflow.patched(patch)
+
+    def _declare_signals(self) -> None:
+        """Register a handler per signal name the graph's stages declare, so the Web UI's
+        "Send a Signal" (the ``__temporal_workflow_metadata`` query) lists them; each does
+        what the dynamic handler does for any other name (``SignalHandlers.on_signal``)."""
+        names = sorted({n for stage in self._graph.stages for n in stage.signals})
+        for name in names:
+            workflow.set_signal_handler(name, _named_signal(self.on_signal, self._reject, name))
+
     # -- main -------------------------------------------------------------------------------
     @workflow.run
-    async def run(self, args: Sequence[RawValue]) -> Any:
+    async def run(self, args: Sequence[RawValue]) -> Any:  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
         conv = workflow.payload_converter()
         meta = workflow.memo_value(START_MEMO, None)
         # a run started by this driver: input = the run's input as the user gave it (stored
         # form), the engine's start document in the memo; result = the run's output. A run
         # started by an older driver has the whole document as input and the RunInfo as result
         self._carried = isinstance(meta, dict)
-        start: dict[str, Any]
+        raw: dict[str, Any]
         if isinstance(meta, dict):
-            start = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
+            raw = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
         else:
-            start = conv.from_payload(args[0].payload, dict)
+            raw = conv.from_payload(args[0].payload, dict)
+        start = StartDocument.model_validate(raw)
+        # a run started with the driver's marks (``StartDocument.marked``) was started on code
+        # that has every patch below: it asks none (each would add a marker and a search
+        # attribute upsert to its history)
+        self._marked = start.marked
         # asked once, first thing: a run whose history lacks the marker replays the old rule
-        self._holder_rule = not workflow.patched(_SHARED_TAKES_PATCH)
+        self._holder_rule = not self._patched(_SHARED_TAKES_PATCH)
         self._setup(start)
+        if self._marked:  # (runs started before took every signal through on_signal)
+            self._declare_signals()
         publisher = asyncio.create_task(self._publisher())
         syncer = asyncio.create_task(self._syncer())
-        if start.get("imported"):
+        if start.imported:
             pass  # moved here from another engine, which emitted its earlier events
         elif self._redrive == 0:
             self._emit(self._lc.run_created(self._version))
         else:
-            self._emit(self._lc.run_redriven(start.get("redrive_from") or "start", self._version))
+            self._emit(self._lc.run_redriven(start.redrive_from or "start", self._version))
         self._ready = True
         self._sync()
         outcome = "completed"
@@ -262,33 +345,33 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         await publisher
         await syncer
 
-    def _setup(self, start: dict[str, Any]) -> None:
+    def _setup(self, start: StartDocument) -> None:
         self._start = start
-        self._run_id = start["run_id"]
-        self._wf_id: str = start["workflow_id"]
-        self._version: str = start["version"]
-        self._graph = GraphModel.model_validate(start["graph"])
-        self._redrive: int = start.get("redrive", 0)
+        self._run_id = start.run_id
+        self._wf_id: str = start.workflow_id
+        self._version: str = start.version
+        self._graph = GraphModel.model_validate(start.graph)
+        self._redrive: int = start.redrive
         # attempts superseded by redrives (here or on the engine a run moved from), kept for
         # the snapshot: {"redrive": n, "stage": id, "record": the stage record it replaced}
-        self._redrive_history: list[dict[str, Any]] = list(start.get("redrive_history") or [])
+        self._redrive_history: list[dict[str, Any]] = list(start.redrive_history)
         self._lc = Lifecycle(self._run_id, self._redrive)
-        self._seq: int = start.get("event_seq", 0)
-        self._hb = timedelta(seconds=start.get("heartbeat_timeout_s", 10.0))
-        rule = {k: start.get(k, v) for k, v in OLD_OUTBOX_RULE.items()}
-        self._dead_after: int = rule["dead_letter_after"]
-        self._dead_min_s: float = rule["dead_letter_min_seconds"]
-        self._retry_initial_s: float = rule["outbox_retry_initial_seconds"]
-        self._retry_max_s: float = rule["outbox_retry_max_seconds"]
+        self._seq: int = start.event_seq
+        self._hb = timedelta(seconds=start.heartbeat_timeout_s)
+        self._dead_after: int = start.dead_letter_after
+        self._dead_min_s: float = start.dead_letter_min_seconds
+        self._retry_initial_s: float = start.outbox_retry_initial_seconds
+        self._retry_max_s: float = start.outbox_retry_max_seconds
+        self._via_activities = start.events_via_activities
         self._status = "pending"
-        self._deadline: str | None = start.get("deadline")
+        self._deadline: str | None = start.deadline
         if self._graph.timeout_s and self._deadline is None:
             self._deadline = _iso(workflow.now() + timedelta(seconds=self._graph.timeout_s))
         self._error: dict[str, Any] | None = None
         self._comp_errors: list[dict[str, Any]] = []
         self._finished_at: str | None = None
-        self._run_started = bool(start.get("run_started", False))
-        prior: dict[str, dict[str, Any]] = start.get("stages") or {}
+        self._run_started = start.run_started
+        prior: dict[str, dict[str, Any]] = start.stages
         self._stages: dict[str, dict[str, Any]] = {}
         for sid in self._order_ids():
             st = prior.get(sid) or {}
@@ -403,7 +486,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 self._stop(tasks, "cancelled")
 
     # -- one stage --------------------------------------------------------------------------
-    async def _run_stage(self, sid: str) -> None:
+    async def _run_stage(self, sid: str) -> None:  # noqa: PLR0915  driver_temporal is being rewritten (helper thist); split after
         st = self._stages[sid]
         spec = self._graph.stage(sid)
         fresh = True
@@ -558,14 +641,14 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                 todo.extend(self._graph.stage(d).after)
         return seen
 
-    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:
+    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
         """Run one try of a stage attempt (or compensation) as an activity; ``withdrawn``
         when a freeze cancelled a stage activity no worker had picked up (it ran nothing)."""
         st = self._stages[sid]
         spec = self._graph.stage(sid)
         steps = st["comp_steps"] if compensation else st["steps"]
         # the patch marker keeps runs started before local stages existed replaying
-        in_process = bool(spec.local) and workflow.patched(_LOCAL_PATCH)
+        in_process = bool(spec.local) and self._patched(_LOCAL_PATCH)
         task = {
             "run_id": self._run_id,
             "workflow_id": self._wf_id,
@@ -573,12 +656,12 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             "stage_id": sid,
             "attempt": attempt,
             "redrive": self._redrive,
-            "input": self._start["input"],
+            "input": self._start.input,
             "outputs": {a: self._stages[a]["output"] for a in self._ancestors(sid)},
             "steps": list(steps.values()),
             "signal_queues": {} if compensation else self._lend(sid, in_process),
             "output": st["output"] if compensation else None,
-            "trace_context": self._start.get("trace_context"),
+            "trace_context": self._start.trace_context,
         }
         wfi = workflow.info()
         if wfi.run_id != wfi.first_execution_run_id:
@@ -588,7 +671,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         # the StageRunner's effective timeout (the stage's own, else the starter's
         # default_stage_timeout) plus a grace; one day when neither is set (Temporal needs one)
         timeout = timedelta(days=1)
-        timeout_s = spec.timeout_s or self._start.get("default_stage_timeout_s")
+        timeout_s = spec.timeout_s or self._start.default_stage_timeout_s
         if timeout_s:
             timeout = timedelta(seconds=timeout_s + _GRACE)
         what = "compensation" if compensation else "attempt"
@@ -601,6 +684,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         if not (in_process or compensation):
             self._tokens += 1
             task["token"] = self._tokens
+        carrier = self._carry_events(task)
         args, result_type = self._activity_args(task, compensation)
         try:
             if in_process:
@@ -658,6 +742,7 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
                     "retryable": retryable,
                 }
         finally:
+            self._carrier_done(carrier, None if res is None else res.get("published"))
             if call is not None and self._calls.get(sid) is call:
                 del self._calls[sid]
             if not compensation:
@@ -766,6 +851,8 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             self._finished_at = _iso(workflow.now())
             self._sync()
             return
+        # its last events ride with wfe.save_state below, not with a wfe.publish of their own
+        self._finishing = self._via_activities
         for st in self._stages.values():
             if st["status"] == "pending":
                 st["status"] = "skipped"
@@ -789,12 +876,18 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
         self._final = True
         self._finished_at = _iso(workflow.now())
         self._sync()
-        await workflow.execute_local_activity(
+        # (a run of the current rule delivers its last events with it: ``_outbox``)
+        last = self._last_events()
+        saved = await workflow.execute_local_activity(
             "wfe.save_state",
-            args=[self._run_id, self._state()],
+            args=[self._run_id, self._state(), *last],
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=5)),
         )
+        if last:
+            self._finishing = False
+            if isinstance(saved, dict):
+                self._confirm(saved, bool(last[1]))
 
     def _state(self) -> dict[str, Any]:
         """Everything a redrive needs."""
@@ -802,10 +895,10 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             "run_id": self._run_id,
             "workflow_id": self._wf_id,
             "version": self._version,
-            "input": self._start["input"],
-            "idempotency_key": self._start.get("idempotency_key"),
-            "fingerprint": self._start.get("fingerprint"),
-            "created_at": self._start.get("created_at"),
+            "input": self._start.input,
+            "idempotency_key": self._start.idempotency_key,
+            "fingerprint": self._start.fingerprint,
+            "created_at": self._start.created_at,
             "redrive": self._redrive,
             "redrive_history": self._redrive_history,
             "event_seq": self._seq,
@@ -815,162 +908,3 @@ class GraphWorkflow(MigrationHandlers, SignalHandlers):
             "signal_keys": sorted(self._signal_keys),
             "run_started": self._run_started,
         }
-
-    # -- events -----------------------------------------------------------------------------
-    def _emit(self, draft: EventDraft) -> None:
-        self._seq += 1
-        event = draft.at_seq(self._run_id, self._wf_id, self._seq, workflow.now())
-        self._outbox.append(event.model_dump(mode="json"))
-
-    async def _publisher(self) -> None:
-        """Deliver the outbox in order; a failing sink is retried with backoff, and a batch is
-        dead-lettered after ``dead_letter_after`` failures spanning at least the minimum time
-        since its first failure (the native outbox's rule)."""
-        failures = 0
-        first_failure = workflow.now()
-        while True:
-            await workflow.wait_condition(lambda: bool(self._outbox) or self._closing)
-            await self._settled()
-            if not self._outbox:
-                return
-            batch = list(self._outbox[:200])
-            try:
-                res = await workflow.execute_local_activity(
-                    "wfe.publish",
-                    args=[batch, self._parked],
-                    result_type=dict,
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=_LOCAL_RETRY,
-                )
-                ok = bool(res.get("ok"))
-            except ActivityError:
-                ok = False
-            if ok:
-                self._parked = bool(res.get("parked"))
-                del self._outbox[: len(batch)]
-                failures = 0
-                continue
-            failures += 1
-            if failures == 1:
-                first_failure = workflow.now()
-            spanned = (workflow.now() - first_failure).total_seconds()
-            if failures >= self._dead_after and spanned >= self._dead_min_s:
-                try:
-                    await workflow.execute_local_activity(
-                        "wfe.dead_letter",
-                        batch,
-                        start_to_close_timeout=timedelta(seconds=30),
-                        retry_policy=_LOCAL_RETRY,
-                    )
-                    del self._outbox[: len(batch)]
-                    failures = 0
-                    continue
-                except ActivityError:
-                    pass
-            delay = sink_retry_delay(failures, self._retry_initial_s, self._retry_max_s)
-            await workflow.sleep(delay, summary="event sink retry")
-
-    # -- inspection -------------------------------------------------------------------------
-    def _run_status(self) -> str:
-        if self._final or self._status == "compensating":
-            return self._status
-        if not self._run_started:
-            return "pending"
-        statuses = {s["status"] for s in self._stages.values()}
-        if "running" in statuses:
-            return "running"
-        if "suspended" in statuses:
-            return "suspended"
-        return "running"
-
-    def _details(self, status: str) -> str:
-        waits = [
-            f"stage {s['id']} waits for {s['waiting_for']}"
-            + (f" until {s['wake_at']}" if s["wake_at"] else "")
-            for s in self._stages.values()
-            if s["status"] == "suspended"
-        ]
-        running = [s["id"] for s in self._stages.values() if s["status"] == "running"]
-        parts = [f"status: {status}"]
-        if running:
-            parts.append("running: " + ", ".join(running))
-        parts.extend(waits)
-        return "; ".join(parts)
-
-    def _sync(self) -> None:
-        """Mark the run's memo and search attributes stale: ``_syncer`` writes them once at
-        the end of the activation (in the same workflow task as the events it emitted)."""
-        self._dirty = True
-
-    async def _settled(self) -> None:
-        """Let the rest of this activation run first, so that it writes the memo and
-        publishes events once rather than once per step of it: a stage's completion and the
-        next stage's start happen a few condition rounds apart in the same activation
-        (``_SYNC_ROUNDS`` rounds, no commands, deterministic). Runs of the older shape did not
-        wait, and still do not, so their histories replay."""
-        if not self._carried:
-            return
-        for _ in range(_SYNC_ROUNDS):
-            if self._closing:
-                return
-            await workflow.wait_condition(lambda: True)
-
-    async def _syncer(self) -> None:
-        while True:
-            await workflow.wait_condition(lambda: self._dirty or self._closing)
-            await self._settled()
-            if self._dirty:
-                self._dirty = False
-                self._write_info()
-            if self._closing:
-                return
-
-    def _write_info(self) -> None:
-        status = self._run_status()
-        current = ",".join(
-            s["id"] for s in self._stages.values() if s["status"] in ("running", "suspended")
-        )
-        if self._sa != (status, current):
-            self._sa = (status, current)
-            workflow.upsert_search_attributes(
-                [SA_STATUS.value_set(status), SA_STAGE.value_set(current)]
-            )
-        workflow.set_current_details(self._details(status))
-        self._info = {
-            "id": self._run_id,
-            "workflow_id": self._wf_id,
-            "version": self._version,
-            "status": status,
-            "input": self._start["input"],
-            "error": self._error,
-            "compensation_errors": self._comp_errors,
-            "stages": [
-                {
-                    k: s[k]
-                    for k in (
-                        "id",
-                        "status",
-                        "attempt",
-                        "output",
-                        "error",
-                        "compensation_error",
-                        "waiting_for",
-                        "wake_at",
-                        "started_at",
-                        "finished_at",
-                    )
-                }
-                for s in self._stages.values()
-            ],
-            "idempotency_key": self._start.get("idempotency_key"),
-            "redrive_count": self._redrive,
-            "created_at": self._start.get("created_at"),
-            "updated_at": _iso(workflow.now()),
-            "finished_at": self._finished_at,
-            "sinks": self._graph.sinks(),
-            "event_seq": self._seq,
-            "run_started": self._run_started,
-            "migrated_to": self._migrated_to,
-            "frozen": self._frozen,
-        }
-        workflow.upsert_memo({"wfe_run": self._info})

@@ -50,6 +50,46 @@ def _qualname(tp: type) -> str:
     return f"{tp.__module__}.{tp.__qualname__}"
 
 
+def _check_attempts_and_backoff(max_attempts: object, backoff: object) -> None:
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise DefinitionError(
+            f"Retry.max_attempts must be an int, not {type(max_attempts).__name__}"
+        )
+    if max_attempts < 1:
+        raise DefinitionError("Retry.max_attempts must be at least 1")
+    if isinstance(backoff, bool) or not isinstance(backoff, int | float):
+        raise DefinitionError(f"Retry.backoff must be a number, not {type(backoff).__name__}")
+    if not math.isfinite(backoff) or backoff < 1.0:
+        raise DefinitionError("Retry.backoff must be a finite number >= 1.0")
+
+
+def _check_intervals(initial_interval: object, max_interval: object) -> None:
+    if not isinstance(initial_interval, timedelta):
+        raise DefinitionError(
+            "Retry.initial_interval must be a timedelta (e.g. timedelta(seconds=1))"
+        )
+    if initial_interval < timedelta(0):
+        raise DefinitionError("Retry.initial_interval must not be negative")
+    if max_interval is not None:
+        if not isinstance(max_interval, timedelta):
+            raise DefinitionError("Retry.max_interval must be a timedelta or None")
+        if max_interval < timedelta(0):
+            raise DefinitionError("Retry.max_interval must not be negative")
+
+
+def _exception_classes(non_retryable: object) -> tuple[type[BaseException], ...]:
+    """``Retry.non_retryable`` as a tuple (one class alone is accepted too)."""
+    if isinstance(non_retryable, type):
+        non_retryable = (non_retryable,)
+    if not isinstance(non_retryable, Iterable) or isinstance(non_retryable, str):
+        raise DefinitionError("Retry.non_retryable must be a tuple of exception classes")
+    classes = tuple(non_retryable)
+    for t in classes:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise DefinitionError(f"Retry.non_retryable must hold exception classes, not {t!r}")
+    return classes
+
+
 @dataclass(frozen=True)
 class Retry:
     """Per-stage retry policy (attempt 1 is the first try)."""
@@ -61,39 +101,9 @@ class Retry:
     non_retryable: tuple[type[BaseException], ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
-            raise DefinitionError(
-                f"Retry.max_attempts must be an int, not {type(self.max_attempts).__name__}"
-            )
-        if self.max_attempts < 1:
-            raise DefinitionError("Retry.max_attempts must be at least 1")
-        if isinstance(self.backoff, bool) or not isinstance(self.backoff, int | float):
-            raise DefinitionError(
-                f"Retry.backoff must be a number, not {type(self.backoff).__name__}"
-            )
-        if not math.isfinite(self.backoff) or self.backoff < 1.0:
-            raise DefinitionError("Retry.backoff must be a finite number >= 1.0")
-        if not isinstance(self.initial_interval, timedelta):
-            raise DefinitionError(
-                "Retry.initial_interval must be a timedelta (e.g. timedelta(seconds=1))"
-            )
-        if self.initial_interval < timedelta(0):
-            raise DefinitionError("Retry.initial_interval must not be negative")
-        if self.max_interval is not None:
-            if not isinstance(self.max_interval, timedelta):
-                raise DefinitionError("Retry.max_interval must be a timedelta or None")
-            if self.max_interval < timedelta(0):
-                raise DefinitionError("Retry.max_interval must not be negative")
-        non_retryable = self.non_retryable
-        if isinstance(non_retryable, type):
-            non_retryable = (non_retryable,)
-        if not isinstance(non_retryable, Iterable) or isinstance(non_retryable, str):
-            raise DefinitionError("Retry.non_retryable must be a tuple of exception classes")
-        non_retryable = tuple(non_retryable)
-        for t in non_retryable:
-            if not (isinstance(t, type) and issubclass(t, BaseException)):
-                raise DefinitionError(f"Retry.non_retryable must hold exception classes, not {t!r}")
-        object.__setattr__(self, "non_retryable", non_retryable)
+        _check_attempts_and_backoff(self.max_attempts, self.backoff)
+        _check_intervals(self.initial_interval, self.max_interval)
+        object.__setattr__(self, "non_retryable", _exception_classes(self.non_retryable))
 
     def delay_after(self, attempt: int) -> timedelta:
         """The wait before attempt ``attempt + 1``."""
@@ -414,31 +424,8 @@ class Workflow(Generic[InT]):
             raise DefinitionError(f"retry= must be a Retry(...), not {type(retry).__name__}")
 
         def register(f: Handler) -> Stage:
-            stage_id = id if id is not None else getattr(f, "__name__", "")
-            if not isinstance(stage_id, str) or not _ID.match(stage_id):
-                raise DefinitionError(
-                    f"stage id {stage_id!r} in workflow {self.id!r} is invalid; use letters, "
-                    "digits, '_' and '-'"
-                )
-            check_stage_id(stage_id, error=definition_error)
-            if stage_id in self._stages:
-                raise DefinitionError(
-                    f"workflow {self.id!r} already has a stage {stage_id!r}; give each stage a "
-                    "unique id (id=...)"
-                )
-            deps: list[str] = []
-            for dep in after:
-                dep_id = dep.id if isinstance(dep, Stage) else dep
-                if isinstance(dep, Stage) and dep.workflow_id != self.id:
-                    raise DefinitionError(
-                        f"stage {stage_id!r} depends on {dep_id!r} of another workflow "
-                        f"({dep.workflow_id!r})"
-                    )
-                if dep_id == stage_id:
-                    raise DefinitionError(f"stage {stage_id!r} cannot depend on itself")
-                if dep_id in deps:
-                    raise DefinitionError(f"stage {stage_id!r} lists {dep_id!r} twice in after=")
-                deps.append(dep_id)
+            stage_id = self._new_stage_id(id if id is not None else getattr(f, "__name__", ""))
+            deps = self._dependencies(stage_id, after)
             if not callable(f):
                 raise DefinitionError(f"stage {stage_id!r} must be a function")
             if timeout is not None and (
@@ -464,6 +451,38 @@ class Workflow(Generic[InT]):
         if fn is not None:
             return register(fn)
         return register
+
+    def _new_stage_id(self, stage_id: object) -> str:
+        """``stage_id`` checked: well-formed, within the limit, not taken in this workflow."""
+        if not isinstance(stage_id, str) or not _ID.match(stage_id):
+            raise DefinitionError(
+                f"stage id {stage_id!r} in workflow {self.id!r} is invalid; use letters, "
+                "digits, '_' and '-'"
+            )
+        check_stage_id(stage_id, error=definition_error)
+        if stage_id in self._stages:
+            raise DefinitionError(
+                f"workflow {self.id!r} already has a stage {stage_id!r}; give each stage a "
+                "unique id (id=...)"
+            )
+        return stage_id
+
+    def _dependencies(self, stage_id: str, after: Sequence[Stage | str]) -> list[str]:
+        """The ids a stage's ``after=`` names: stages of this workflow, each once, not itself."""
+        deps: list[str] = []
+        for dep in after:
+            dep_id = dep.id if isinstance(dep, Stage) else dep
+            if isinstance(dep, Stage) and dep.workflow_id != self.id:
+                raise DefinitionError(
+                    f"stage {stage_id!r} depends on {dep_id!r} of another workflow "
+                    f"({dep.workflow_id!r})"
+                )
+            if dep_id == stage_id:
+                raise DefinitionError(f"stage {stage_id!r} cannot depend on itself")
+            if dep_id in deps:
+                raise DefinitionError(f"stage {stage_id!r} lists {dep_id!r} twice in after=")
+            deps.append(dep_id)
+        return deps
 
     def hook_point(self, name: str) -> None:
         """Declare a hook point that ``ctx.hook(name, payload)`` may call."""

@@ -187,46 +187,55 @@ def check_json(value: Any, field: str, *, error: Raise = _invalid) -> Any:
     stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
     while stack:
         v, path, depth = stack.pop()
-        if isinstance(v, str):
-            bad = _BAD_CHAR.search(v)
-            if bad is not None:
-                raise error(field, f"{_at(field, path)} {_bad_char(bad.group())}; remove it")
-        elif isinstance(v, bool) or v is None or isinstance(v, int):
-            continue
-        elif isinstance(v, float):
-            if not math.isfinite(v):
-                raise error(
-                    field,
-                    f"{_at(field, path)} is {v!r}, which JSON cannot carry; use a finite "
-                    "number or None",
-                )
-        elif isinstance(v, dict | list | tuple):
-            if depth >= MAX_JSON_DEPTH:
-                raise error(
-                    field,
-                    f"{field} is nested more than {MAX_JSON_DEPTH} levels deep; the limit is "
-                    f"{MAX_JSON_DEPTH}; flatten it",
-                )
-            if isinstance(v, dict):
-                for k, item in v.items():
-                    if not isinstance(k, str):
-                        raise error(
-                            field, f"{_at(field, path)} has a {_kind(k)} key; use string keys"
-                        )
-                    key_path = f"{path}.{_short(k)}"
-                    bad = _BAD_CHAR.search(k)
-                    if bad is not None:
-                        raise error(
-                            field,
-                            f"a key of {_at(field, path)} {_bad_char(bad.group())}; remove it",
-                        )
-                    stack.append((item, key_path, depth + 1))
-            else:
-                for i, item in enumerate(v):
-                    stack.append((item, f"{path}[{i}]", depth + 1))
+        if isinstance(v, dict | list | tuple):
+            stack.extend(_json_children(v, field, path, depth, error))
         else:
-            raise error(field, f"{_at(field, path)} is a {_kind(v)}, which is not JSON data")
+            _check_json_scalar(v, field, path, error)
     return value
+
+
+def _check_json_scalar(v: Any, field: str, path: str, error: Raise) -> None:
+    if isinstance(v, str):
+        bad = _BAD_CHAR.search(v)
+        if bad is not None:
+            raise error(field, f"{_at(field, path)} {_bad_char(bad.group())}; remove it")
+    elif isinstance(v, bool) or v is None or isinstance(v, int):
+        return
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            raise error(
+                field,
+                f"{_at(field, path)} is {v!r}, which JSON cannot carry; use a finite "
+                "number or None",
+            )
+    else:
+        raise error(field, f"{_at(field, path)} is a {_kind(v)}, which is not JSON data")
+
+
+def _json_children(
+    v: dict[Any, Any] | list[Any] | tuple[Any, ...], field: str, path: str, depth: int, error: Raise
+) -> list[tuple[Any, str, int]]:
+    """The items of a JSON object or array, each with its path, once its keys are checked."""
+    if depth >= MAX_JSON_DEPTH:
+        raise error(
+            field,
+            f"{field} is nested more than {MAX_JSON_DEPTH} levels deep; the limit is "
+            f"{MAX_JSON_DEPTH}; flatten it",
+        )
+    if not isinstance(v, dict):
+        return [(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(v)]
+    children = []
+    for k, item in v.items():
+        if not isinstance(k, str):
+            raise error(field, f"{_at(field, path)} has a {_kind(k)} key; use string keys")
+        bad = _BAD_CHAR.search(k)
+        if bad is not None:
+            raise error(
+                field,
+                f"a key of {_at(field, path)} {_bad_char(bad.group())}; remove it",
+            )
+        children.append((item, f"{path}.{_short(k)}", depth + 1))
+    return children
 
 
 def _bad_char(ch: str) -> str:

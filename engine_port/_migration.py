@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -130,46 +131,61 @@ async def migrate_runs(
         if not workflow_ids:
             raise EngineError("--drain needs the workflows to drain (--workflow)")
         await source.drain(workflow_ids, target.driver_name)
+    select = partial(_select, source, workflow_ids, version, run_ids, statuses)
     deadline = time.monotonic() + drain_timeout
     done: set[str] = set()
     while True:
-        candidates = await _select(source, workflow_ids, version, run_ids, statuses)
-        pending = [c for c in candidates if c not in done]
-        for run_id in pending:
-            try:
-                if dry_run:
-                    move = await _would_move(source, run_id)
-                else:
-                    move = await migrate_run(source, target, run_id, wait=wait, blobs=blobs)
-            except RunNotFoundError:
+        for run_id in [c for c in await select() if c not in done]:
+            move = await _move(source, target, run_id, dry_run=dry_run, wait=wait, blobs=blobs)
+            if move is None:
                 continue
-            if move.outcome != "left" or not drain:
+            if move.outcome != "left" or not drain:  # a drain retries the runs it left
                 done.add(run_id)
                 report.moves.append(move)
                 if progress is not None:
                     progress(move)
         if not drain:
             return report
-        left = [
-            c
-            for c in await _select(source, workflow_ids, version, run_ids, statuses)
-            if c not in done
-        ]
+        left = [c for c in await select() if c not in done]
         if not left:
             return report
         if time.monotonic() > deadline:
-            for run_id in left:
-                info = await source.get_run(run_id)
-                report.moves.append(
-                    RunMove(
-                        run_id=run_id,
-                        workflow_id=info.workflow_id,
-                        outcome="left",
-                        reason="drain timed out",
-                    )
-                )
+            report.moves += await _left_by_timeout(source, left)
             return report
         await asyncio.sleep(0.1)
+
+
+async def _move(
+    source: WorkflowEngine,
+    target: WorkflowEngine,
+    run_id: str,
+    *,
+    dry_run: bool,
+    wait: float,
+    blobs: tuple[BlobStore, BlobStore] | None,
+) -> RunMove | None:
+    """Move one selected run (or say what moving it would do); None when it is gone."""
+    try:
+        if dry_run:
+            return await _would_move(source, run_id)
+        return await migrate_run(source, target, run_id, wait=wait, blobs=blobs)
+    except RunNotFoundError:
+        return None
+
+
+async def _left_by_timeout(source: WorkflowEngine, left: list[str]) -> list[RunMove]:
+    moves = []
+    for run_id in left:
+        info = await source.get_run(run_id)
+        moves.append(
+            RunMove(
+                run_id=run_id,
+                workflow_id=info.workflow_id,
+                outcome="left",
+                reason="drain timed out",
+            )
+        )
+    return moves
 
 
 async def _select(

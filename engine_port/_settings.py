@@ -31,6 +31,8 @@ class EngineSettings(BaseSettings):
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
     task_queue: str = "wfe"
+    # the Temporal Web UI (http://127.0.0.1:8233): `wfe ui` links each run to its history there
+    temporal_ui_url: str | None = None
     spill_threshold_bytes: int = Field(default=64 * 1024, ge=0)
     app: str | None = None
     # where hosts deliver events: jsonl:///PATH or package.module:factory
@@ -40,6 +42,9 @@ class EngineSettings(BaseSettings):
     lease_seconds: float = Field(default=30.0, gt=0)
     poll_interval_seconds: float = Field(default=0.05, gt=0)
     command_key_stale_seconds: float = Field(default=600.0, gt=0)
+    # how long a call retries a database outage (a refused or dropped connection, a server
+    # restarting) before it raises DriverUnavailableError
+    database_retry_seconds: float = Field(default=10.0, gt=0)
     # event delivery: a failing sink is retried per event with exponential backoff (initial,
     # doubling, capped at max); an event is dead-lettered after dead_letter_after attempts
     # spanning at least outbox_dead_letter_min_seconds (the defaults ride out a sink outage of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import inspect
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager, suppress
@@ -121,7 +122,7 @@ def _status_code(exc: EngineError) -> int:
     return 409  # an engine error is one a user can cause: the request does not fit the state
 
 
-def create_app(
+def create_app(  # noqa: PLR0915  route closures; wfe_ui is being extended (helper ui); split after
     engine: WorkflowEngine,
     *,
     registry: Registry | None = None,
@@ -173,27 +174,48 @@ def create_app(
 
     async def runs(request: Request) -> Response:
         flt = parse_run_filter(request.query_params)
-        narrowed = flt.version is not None or flt.since_seconds is not None or flt.q is not None
-        candidates: list[RunInfo] = []
-        if flt.q is not None and len(flt.q) <= 64:
-            with suppress(RunNotFoundError, InvalidInputError):
-                candidates.append(await engine.get_run(flt.q))
-        paged = getattr(engine, "list_runs_page", None)
-        cursor: str | None = None
-        if paged is not None and not narrowed:
-            listed, cursor = await paged(
-                workflow_id=flt.workflow,
-                status=list(flt.statuses) or None,
-                limit=flt.limit,
-                after=flt.after,
-            )
-        else:
-            listed = await engine.list_runs(
-                workflow_id=flt.workflow,
-                status=list(flt.statuses) or None,
-                limit=SCAN_LIMIT if narrowed else flt.limit,
-            )
         cutoff = datetime.now(UTC) - flt.since_delta if flt.since_delta else None
+        paged = getattr(engine, "list_runs_page", None)
+        filtered = paged is not None and _takes_filters(paged)
+        narrowed = not filtered and (
+            flt.version is not None or flt.since_seconds is not None or flt.q is not None
+        )
+        statuses = list(flt.statuses) or None
+        candidates: list[RunInfo] = []
+        cursor: str | None = None
+        if filtered:
+            # the driver applies every filter itself (in the database on the native driver,
+            # in the visibility query on Temporal): a match behind any number of newer runs
+            # is found, and each page is one query
+            assert paged is not None
+            common: dict[str, Any] = dict(
+                workflow_id=flt.workflow,
+                status=statuses,
+                version=flt.version,
+                created_after=cutoff,
+                outputs=False,
+            )
+            listed, cursor = await paged(
+                **common, id_prefix=flt.q, limit=flt.limit, after=flt.after
+            )
+            if flt.q is not None and flt.after is None:
+                by_key, _ = await paged(**common, idempotency_key=flt.q, limit=1)
+                candidates.extend(by_key)
+        else:
+            if flt.q is not None and len(flt.q) <= 64:
+                with suppress(RunNotFoundError, InvalidInputError):
+                    candidates.append(await engine.get_run(flt.q))
+            if paged is not None and not narrowed:
+                listed, cursor = await paged(
+                    workflow_id=flt.workflow, status=statuses, limit=flt.limit, after=flt.after
+                )
+            else:
+                listed = await engine.list_runs(
+                    workflow_id=flt.workflow,
+                    status=statuses,
+                    limit=SCAN_LIMIT if narrowed else flt.limit,
+                    outputs=False,
+                )
 
         def wanted(r: RunInfo) -> bool:
             return (
@@ -205,7 +227,9 @@ def create_app(
             )
 
         found = [r for r in dict((r.id, r) for r in [*candidates, *listed]).values() if wanted(r)]
-        shown = found[: flt.limit]
+        # a run found by its idempotency key comes on top of a full page (never cut: the
+        # cursor continues after the last run of the page)
+        shown = found if filtered else found[: flt.limit]
         return page(
             request,
             "runs.html",
@@ -235,20 +259,28 @@ def create_app(
         problem: str | None,
         status_code: int,
     ) -> Response:
-        info = await engine.get_run(run_id)
+        # spilled values stay in the blob store until asked for (a link to /value)
+        lazy = getattr(engine, "get_run_lazy", None)
+        spilled: dict[str, int] = {}
+        if lazy is not None:
+            info, spilled = await lazy(run_id)
+        else:
+            info = await engine.get_run(run_id)
         events = await events_of(run_id)
         graph = graph_for(registry, info)
         stages = []
         for s in info.stages:
             text, cut = preview(s.output) if s.output is not None else ("", False)
-            stages.append((s, text, cut))
+            stages.append((s, text, cut, spilled.get(f"stage:{s.id}")))
         input_text, input_cut = preview(info.input)
         output_text, output_cut = preview(info.output)
+        output_spilled = sum(v for k, v in spilled.items() if k.startswith("output:"))
         waits = waiting(info.stages)
         return page(
             request,
             "run.html",
             status_code=status_code,
+            history_url=_temporal_history(engine, info.id),
             run=info,
             active=not info.terminal,
             graph=layout(info, graph),
@@ -259,6 +291,8 @@ def create_app(
             input_cut=input_cut,
             output_text=output_text,
             output_cut=output_cut,
+            input_spilled=spilled.get("input"),
+            output_spilled=output_spilled or None,
             waits=waits,
             signal_names=sorted({w.name for w in waits if w.kind == "signal"}),
             redrive_from=["last_failure", "start", *(s.id for s in info.stages)],
@@ -396,8 +430,13 @@ def create_app(
         elif what == "flush":
             flushed = await engine.flush_events()
             result = (
-                f"delivered {flushed.delivered}, failed {flushed.failed}, dead {flushed.dead}"
-                + (" (the sink is failing)" if flushed.degraded else "")
+                f"delivered {flushed.published}, failed {flushed.failed}, "
+                f"dead-lettered {flushed.dead_lettered}"
+                + (
+                    f" (the sink is failing: {flushed.sink_error or 'no error given'})"
+                    if flushed.sink_status == "degraded"
+                    else ""
+                )
             )
         else:
             raise HTTPException(404, "no such outbox action")
@@ -448,6 +487,33 @@ def create_app(
         exception_handlers={EngineError: engine_error, HTTPException: http_error},
         lifespan=lifespan,
     )
+
+
+def _temporal_history(engine: WorkflowEngine, run_id: str) -> str | None:
+    """The run in the Temporal Web UI (``temporal_ui_url`` in the settings), for a run of
+    the Temporal driver: its history is the event stream there."""
+    if engine.driver_name != "temporal":
+        return None
+    settings = getattr(engine, "settings", None)
+    base = getattr(settings, "temporal_ui_url", None)
+    if not isinstance(base, str) or not base.startswith(("http://", "https://")):
+        return None
+    namespace = getattr(settings, "temporal_namespace", "default")
+    query = urlencode({"query": f'WorkflowId="{run_id}"'})
+    return f"{base.rstrip('/')}/namespaces/{quote(namespace, safe='')}/workflows?{query}"
+
+
+_PAGE_FILTERS = ("version", "created_after", "id_prefix", "idempotency_key", "outputs")
+
+
+def _takes_filters(method: Callable[..., Any]) -> bool:
+    """Whether a driver's ``list_runs_page`` applies every filter of the runs list itself
+    (the native and Temporal drivers do); else the view filters the newest runs it reads."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(name in params for name in _PAGE_FILTERS)
 
 
 def _quote(run_id: str) -> str:

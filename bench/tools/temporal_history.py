@@ -1,6 +1,8 @@
 """``python -m bench.tools.temporal_history [--local]``: run the bench's 3-stage workflow on the
 Temporal driver (own dev server, in-process worker), print the p50 latency and the event history
-of the last run with milliseconds since it started (workflow task and activity timings)."""
+of the last run with milliseconds since it started (workflow task and activity timings), then
+the history size against the same workflow written by hand (``bench/_temporal_raw.py``): issue
+13's goal is at most 1.5x the hand-written event count."""
 
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ import asyncio
 import statistics
 import tempfile
 import time
+import uuid
 
 from temporalio.api.enums.v1 import EventType
 
 from driver_temporal import TemporalDevServer, TemporalEngine
 from engine_port import EngineSettings, create_engine
 
+from .. import _temporal_raw as raw
 from .. import _workflows as W
 
 
@@ -43,6 +47,14 @@ async def main(local: bool, runs: int) -> None:
                     at = (e.event_time.ToDatetime() - first).total_seconds() * 1000
                     name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
                     print(f"{at:8.1f}  {name}")
+            async with raw.worker(server.address) as client:
+                handle = await client.start_workflow(
+                    "bench_seq3", local, id=f"hand-{uuid.uuid4().hex}", task_queue=raw.TASK_QUEUE
+                )
+                await handle.result()
+                hand = len((await handle.fetch_history()).events)
+            ours = len(history.events)
+            print(f"history: {ours} events, hand-written {hand}: {ours / hand:.2f}x (goal 1.5x)")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 Each hypothesis example is a batch of cases run on ONE fresh engine + worker; a failing batch
 is shrunk by hypothesis (each shrink step on a fresh engine) towards the smallest failing case,
 and the failure lists every divergent case as ready-to-paste code. Knobs (``./dev fuzz``):
-WFE_FUZZ_CASES (per target, default 100), WFE_FUZZ_SEED (default: derandomized),
+WFE_FUZZ_CASES (per target; default 100 on native, 50 on Temporal, where each generated workflow
+registers a Worker Deployment and a batch costs several times a native one),
+WFE_FUZZ_SEED (default: derandomized),
 WFE_FUZZ_GAPS=none (also draw the known gaps, conformance._cases.KNOWN_GAPS),
 WFE_FUZZ_SHRINK=0 (report the first failing batch without shrinking).
 """
@@ -31,16 +33,20 @@ BATCH = 25
 TIMEOUT = max(900, 6 * int(os.environ.get("WFE_FUZZ_CASES", "100")))
 
 
-def _knobs() -> tuple[int, int | None, frozenset[str], bool]:
-    n = int(os.environ.get("WFE_FUZZ_CASES", "100"))
+def _knobs(default_cases: int) -> tuple[int, int | None, frozenset[str], bool]:
+    n = int(os.environ.get("WFE_FUZZ_CASES", str(default_cases)))
     raw_seed = os.environ.get("WFE_FUZZ_SEED")
     gaps = frozenset() if os.environ.get("WFE_FUZZ_GAPS") == "none" else KNOWN_GAPS
     shrink = os.environ.get("WFE_FUZZ_SHRINK", "1") != "0"
     return n, None if raw_seed is None else int(raw_seed), gaps, shrink
 
 
-def fuzz(make_harness: Callable[[], tuple[SettingsHarness, dict[str, Any]]], target: str) -> None:
-    n, fixed_seed, gaps, shrink = _knobs()
+def fuzz(
+    make_harness: Callable[[], tuple[SettingsHarness, dict[str, Any]]],
+    target: str,
+    default_cases: int = 100,
+) -> None:
+    n, fixed_seed, gaps, shrink = _knobs(default_cases)
     batches = max(1, -(-n // BATCH))
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
 
@@ -132,4 +138,4 @@ def test_fuzz_temporal(fuzz_temporal_server: Any, tmp_path_factory: pytest.TempP
         )
         return SettingsHarness(settings, name="temporal"), {"start_concurrency": 2}
 
-    fuzz(make, "temporal")
+    fuzz(make, "temporal", default_cases=50)

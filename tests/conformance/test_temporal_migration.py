@@ -110,7 +110,7 @@ def _mixed_workflow(log: ExecutionLog, kind: str, tag: str) -> Workflow[Num]:
 # a deliberately large workload: ~2 min alone here, several times that beside a CPU hog; the
 # timeout only catches a hang (rule: no speed assertions in tests)
 @pytest.mark.timeout(900)
-async def test_drain_500_runs_native_to_temporal_while_starting(
+async def test_drain_500_runs_native_to_temporal_while_starting(  # noqa: PLR0915  one end-to-end drain scenario, read top to bottom
     temporal_server: Any, pg_session: PostgresSession, tmp_path: Path
 ) -> None:
     t0 = time.monotonic()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine_port._cli import EXIT_CODES, app
+from wfe_cli import EXIT_CODES, app
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_bad_input_is_a_clear_error_not_a_traceback(env: dict[str, str]) -> None
 
 def test_worker_process_shuts_down_gracefully_on_sigterm(env: dict[str, str]) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engine_port", "worker", "--app", "engine_port._demo:build_demo"],
+        [sys.executable, "-m", "wfe_cli", "worker", "--app", "wfe_cli._demo:build_demo"],
         env={**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -99,7 +99,7 @@ def test_migrate_command_moves_runs_from_native_to_temporal(
     import uuid
 
     from engine_port import EngineSettings, Registry, create_engine
-    from engine_port._demo import build_demo
+    from wfe_cli._demo import build_demo
 
     monkeypatch.setenv("WFE_TEMPORAL_ADDRESS", temporal_server.address)  # type: ignore[attr-defined]
     monkeypatch.setenv("WFE_TASK_QUEUE", f"cli-{uuid.uuid4().hex[:8]}")
@@ -216,9 +216,8 @@ async def second(ctx: StageContext[In]) -> str:
 
 async def _start_and_finish(workflow: str, payloads: list[dict[str, object]]) -> list[str]:
     """Start runs of the app in tmp_path and drive them to an end with an in-process worker."""
-    from engine_port import create_engine
-    from engine_port._app import load_registry
-    from engine_port._config import load_settings
+    from engine_port import create_engine, load_settings
+    from wfe_cli._apps import load_registry
 
     registry = load_registry("cliapp")
     ids = []
@@ -293,9 +292,8 @@ def test_purge_drain_and_dlq_from_the_shell(env: dict[str, str], tmp_path: Path)
     assert drained.exit_code == 0, drained.output
 
     async def start() -> None:
-        from engine_port import create_engine
-        from engine_port._app import load_registry
-        from engine_port._config import load_settings
+        from engine_port import create_engine, load_settings
+        from wfe_cli._apps import load_registry
 
         async with create_engine(load_settings(), load_registry("cliapp")) as engine:
             await engine.start("cli-flaky", {})
@@ -314,8 +312,8 @@ def test_purge_drain_and_dlq_from_the_shell(env: dict[str, str], tmp_path: Path)
 def test_app_is_imported_from_the_current_directory_as_module_or_workflow(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    from engine_port._app import load_registry
     from engine_port.errors import ConfigurationError
+    from wfe_cli._apps import load_registry
 
     (tmp_path / "cliapp2.py").write_text(APP_MODULE)
     assert sorted(load_registry("cliapp2").served()) == [("cli-flaky", _flaky_version())]

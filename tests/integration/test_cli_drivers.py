@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine_port._cli import app
 from tests.support.entry_points import write_dist_info
+from wfe_cli import app
 
 
 @pytest.fixture(autouse=True)

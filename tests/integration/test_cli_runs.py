@@ -26,7 +26,7 @@ from engine_port import (
     Workflow,
     create_engine,
 )
-from engine_port._cli import EXIT_CODES, app
+from wfe_cli import EXIT_CODES, app
 
 
 class In(BaseModel):

@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from engine_port._cli import app
 from tests.support.databases import PostgresSession
+from wfe_cli import app
 
 SCENARIOS = "test_s1_linear or test_s7_signal_after_wait"
 

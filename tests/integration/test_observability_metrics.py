@@ -87,7 +87,7 @@ def test_wfe_worker_serves_metrics(tmp_path: Path) -> None:
     }
     app = "tests.integration.test_observability_metrics:build"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engine_port", "worker", "--app", app, "--metrics-port", "0"],
+        [sys.executable, "-m", "wfe_cli", "worker", "--app", app, "--metrics-port", "0"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -188,7 +188,7 @@ def test_a_busy_metrics_port_is_a_configuration_error(tmp_path: Path) -> None:
         busy.listen()
         port = str(busy.getsockname()[1])
         done = subprocess.run(
-            [sys.executable, "-m", "engine_port", "worker", "--app", app, "--metrics-port", port],
+            [sys.executable, "-m", "wfe_cli", "worker", "--app", app, "--metrics-port", port],
             check=False,
             env=env,
             capture_output=True,

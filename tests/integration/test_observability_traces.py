@@ -228,7 +228,7 @@ def test_stage_spans_of_a_worker_process_join_the_callers_trace(
     }
     app = "tests.integration.test_observability_traces:worker_app"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engine_port", "worker", "--app", app],
+        [sys.executable, "-m", "wfe_cli", "worker", "--app", app],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -209,7 +209,7 @@ def test_wfe_worker_log_format_json_prints_one_object_per_line(tmp_path: Path) -
     }
     app = "tests.integration.test_worker_logs:build"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engine_port", "worker", "--app", app, "--log-format", "json"],
+        [sys.executable, "-m", "wfe_cli", "worker", "--app", app, "--log-format", "json"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -258,7 +258,7 @@ def test_wfe_worker_log_format_json_prints_one_object_per_line(tmp_path: Path) -
 def test_a_bad_log_level_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from engine_port._cli import EXIT_CODES, app
+    from wfe_cli import EXIT_CODES, app
 
     monkeypatch.setenv("WFE_LOG_LEVEL", "LOUD")
     result = CliRunner().invoke(app, ["worker", "--app", "tests.integration.test_worker_logs"])

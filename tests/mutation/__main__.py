@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .catalogue import MUTANTS, Mutant
 
@@ -175,7 +176,7 @@ def _table(verdicts: list[Verdict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     doc = (__doc__ or "").strip().splitlines()
     ap = argparse.ArgumentParser(prog="python -m tests.mutation", description=doc[0] if doc else "")
     ap.add_argument("--only", help="comma-separated mutant ids (or id prefixes)")
@@ -186,8 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the mutated copies")
     ap.add_argument("--list", action="store_true", help="list the catalogue and exit")
     ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
@@ -203,28 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     if not chosen:
         ap.error("no mutant matches --only/--targets")
 
-    verdicts: list[Verdict] = []
     with tempfile.TemporaryDirectory(prefix="wfe-mutants-") as tmp:
         work = Path(tmp)
-        pristine = work / "_pristine"
-        _copy_tree(pristine)
-        # native (and port) mutants first, Temporal after: one at a time
-        for target in [t for t in TARGETS if t in targets]:
-            todo = [m for m in chosen if m.target == target]
-            if not todo:
-                continue
-            limit = args.timeout or DEFAULT_TIMEOUT[target]
-            if not args.no_baseline:
-                status, secs, detail = _pytest(pristine, target, TARGETS[target][2], limit)
-                verdicts.append(Verdict(None, target, status, secs, detail))
-                print(f"[baseline {target}] {status} in {secs:.0f}s {detail}", flush=True)
-                if status != "passed":
-                    print(f"unmutated tree does not pass on {target}: its mutants are not judged")
-                    continue
-            for m in todo:
-                v = _judge(m, pristine, work, limit, args.keep)
-                verdicts.append(v)
-                print(f"[{m.id}] {v.status} in {v.seconds:.0f}s {v.detail}", flush=True)
+        verdicts = _judge_all(chosen, targets, args, work)
         if args.keep:
             kept = ROOT.parent / f"{ROOT.name}-mutants"
             shutil.copytree(work, kept, dirs_exist_ok=True)
@@ -234,22 +220,52 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(table)
     if args.json:
-        rows = [
-            {
-                "id": None if v.mutant is None else v.mutant.id,
-                "driver": None if v.mutant is None else v.mutant.driver,
-                "file": None if v.mutant is None else v.mutant.file,
-                "rule": None if v.mutant is None else v.mutant.rule,
-                "target": v.target,
-                "verdict": v.status,
-                "seconds": round(v.seconds, 1),
-                "detail": v.detail,
-            }
-            for v in verdicts
-        ]
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(_rows(verdicts), indent=1) + "\n")
     judged = [v for v in verdicts if v.mutant is not None and v.status != "stale"]
     return 0 if judged and all(v.status in ("killed", "timeout") for v in judged) else 1
+
+
+def _judge_all(
+    chosen: list[Mutant], targets: list[str], args: argparse.Namespace, work: Path
+) -> list[Verdict]:
+    """Each target's baseline (the unmutated tree must pass), then its mutants, one at a time:
+    native (and port) mutants first, Temporal after."""
+    verdicts: list[Verdict] = []
+    pristine = work / "_pristine"
+    _copy_tree(pristine)
+    for target in [t for t in TARGETS if t in targets]:
+        todo = [m for m in chosen if m.target == target]
+        if not todo:
+            continue
+        limit = args.timeout or DEFAULT_TIMEOUT[target]
+        if not args.no_baseline:
+            status, secs, detail = _pytest(pristine, target, TARGETS[target][2], limit)
+            verdicts.append(Verdict(None, target, status, secs, detail))
+            print(f"[baseline {target}] {status} in {secs:.0f}s {detail}", flush=True)
+            if status != "passed":
+                print(f"unmutated tree does not pass on {target}: its mutants are not judged")
+                continue
+        for m in todo:
+            v = _judge(m, pristine, work, limit, args.keep)
+            verdicts.append(v)
+            print(f"[{m.id}] {v.status} in {v.seconds:.0f}s {v.detail}", flush=True)
+    return verdicts
+
+
+def _rows(verdicts: list[Verdict]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": None if v.mutant is None else v.mutant.id,
+            "driver": None if v.mutant is None else v.mutant.driver,
+            "file": None if v.mutant is None else v.mutant.file,
+            "rule": None if v.mutant is None else v.mutant.rule,
+            "target": v.target,
+            "verdict": v.status,
+            "seconds": round(v.seconds, 1),
+            "detail": v.detail,
+        }
+        for v in verdicts
+    ]
 
 
 if __name__ == "__main__":

@@ -172,7 +172,7 @@ EXPECTED_TRACE.append("run.completed")
 
 
 @pytest.mark.timeout(TIMEOUT)
-async def test_runs_survive_terminated_backends_and_killed_workers(
+async def test_runs_survive_terminated_backends_and_killed_workers(  # noqa: PLR0912, PLR0915  one chaos scenario, read top to bottom
     pg_session: PostgresSession, tmp_path: Path
 ) -> None:
     app = f"wfe-chaos-{uuid.uuid4().hex[:8]}"

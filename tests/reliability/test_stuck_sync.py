@@ -195,7 +195,7 @@ def test_a_worker_with_a_stuck_sync_stage_exits_on_sigterm(tmp_path: Path) -> No
         "WFE_BLOB_URL": f"file://{tmp_path / 'blobs'}",
         "WFE_APP": "tests.reliability.stuck_app:registry",
     }
-    cmd = [sys.executable, "-m", "engine_port", "worker"]
+    cmd = [sys.executable, "-m", "wfe_cli", "worker"]
     log = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from driver_native import Database
 from engine_port import EngineSettings, Registry, SecretUrl, create_engine, redact_url
 from engine_port._blobstores import open_blob_store
-from engine_port._cli import app
 from engine_port.errors import ConfigurationError, DriverUnavailableError, EngineError
 from tests.support.databases import PostgresSession
+from wfe_cli import app
 
 DB_PASSWORD = "Hunter2-db-pw"
 ACCESS_KEY = "AKIAEXAMPLEACCESS"
@@ -126,6 +126,7 @@ def test_wfe_demo_on_an_unreachable_database_prints_no_password(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("WFE_DATABASE_URL", f"postgresql+psycopg://wfe:{DB_PASSWORD}@127.0.0.1:1/x")
+    monkeypatch.setenv("WFE_DATABASE_RETRY_SECONDS", "1")
     result = CliRunner().invoke(app, ["demo"], terminal_width=400)
     assert result.exit_code == 5  # unavailable (wfe exit codes)
     assert "cannot reach the database at postgresql+psycopg://wfe:***@127.0.0.1:1/x" in (
@@ -142,7 +143,7 @@ async def test_an_unreachable_database_error_carries_no_password(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     url = f"postgresql+psycopg://wfe:{DB_PASSWORD}@127.0.0.1:1/wfe?password={DB_PASSWORD}"
-    engine = create_engine(EngineSettings(database_url=url), Registry())
+    engine = create_engine(EngineSettings(database_url=url, database_retry_seconds=1), Registry())
     with pytest.raises(DriverUnavailableError) as info:
         async with engine:
             pass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_port import EngineSettings, RunStatus, create_engine
-from engine_port._demo import build_demo
+from wfe_cli._demo import build_demo
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import uvicorn
 from playwright.async_api import Page, async_playwright, expect
 
 from engine_port import EngineSettings, RunStatus, create_engine
-from engine_port._demo import build_demo
 from tests.ui.runs import DemoRuns, make_demo_runs, wait_status
+from wfe_cli._demo import build_demo
 from wfe_ui import create_app
 
 pytestmark = pytest.mark.browser

@@ -35,12 +35,12 @@ def test_wfe_ui_serves_read_only_on_loopback(tmp_path: Path) -> None:
         "WFE_BLOB_URL": f"file://{tmp_path / 'blobs'}",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
     }
-    wfe = [sys.executable, "-m", "engine_port"]
+    wfe = [sys.executable, "-m", "wfe_cli"]
     settings = EngineSettings(database_url=env["WFE_DATABASE_URL"], blob_url=env["WFE_BLOB_URL"])
     asyncio.run(create_engine(settings, None).connect())  # creates the schema, as db upgrade
     port = free_port()
     proc = subprocess.Popen(
-        [*wfe, "ui", "--port", str(port), "--app", "engine_port._demo:build_demo"],
+        [*wfe, "ui", "--port", str(port), "--app", "wfe_cli._demo:build_demo"],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -79,7 +79,7 @@ def test_wfe_ui_on_a_database_without_the_schema_says_what_to_do(tmp_path: Path)
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "engine_port", "ui", "--port", str(free_port())],
+        [sys.executable, "-m", "wfe_cli", "ui", "--port", str(free_port())],
         env=env,
         capture_output=True,
         text=True,
@@ -95,7 +95,7 @@ def test_wfe_ui_on_a_database_without_the_schema_says_what_to_do(tmp_path: Path)
 def test_bad_port_is_a_usage_error(port: str) -> None:
     from typer.testing import CliRunner
 
-    from engine_port._cli import app
+    from wfe_cli import app
 
     result = CliRunner().invoke(app, ["ui", "--port", port])
     assert result.exit_code == 2

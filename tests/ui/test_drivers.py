@@ -13,9 +13,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from engine_port import EngineSettings, create_engine
-from engine_port._demo import build_demo
 from tests.support.databases import PostgresSession
 from tests.ui.runs import DemoRuns, drive_demo, wait_status
+from wfe_cli._demo import build_demo
 from wfe_ui import create_app
 
 
@@ -35,6 +35,7 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> EngineSettings:
         temporal_address=server.address,
         task_queue=f"ui-{uuid.uuid4().hex[:10]}",
         blob_url=f"file://{tmp_path / 'blobs'}",
+        temporal_ui_url="http://127.0.0.1:8233",
     )
 
 
@@ -52,9 +53,36 @@ def check_pages(settings: EngineSettings, runs: DemoRuns) -> None:
         assert 'data-stage="reserve" data-status="compensated"' in failed
         assert "the carrier rejected the parcel" in failed
         waiting = client.get(f"/runs/{runs.waiting}").text
+        if settings.driver == "temporal":  # no event stream: a link to the run's history
+            assert (
+                'href="http://127.0.0.1:8233/namespaces/default/workflows?query=WorkflowId'
+                f'%3D%22{runs.waiting}%22" id="temporal-history"'
+            ) in waiting
+        else:
+            assert 'id="events"' in waiting
+        # every filter is applied by the driver: version, age, status, workflow, search
+        version = re.search(r'<dt>version</dt><dd class="mono">([^<]+)<', waiting)
+        assert version
+        narrowed = client.get(
+            "/runs",
+            params={
+                "version": version.group(1),
+                "since": "1h",
+                "status": "failed",
+                "workflow": "demo-order",
+            },
+        ).text
+        assert runs.failed in narrowed and runs.completed not in narrowed
+        assert "look at the newest" not in narrowed
+        assert runs.completed in client.get("/runs", params={"q": runs.completed[:8]}).text
         assert re.search(r"<strong>signal</strong> <span class=\"mono\">approval</span>", waiting)
         assert "demo-order" in client.get("/versions").text
-        assert client.get("/outbox").status_code == 200
+        outbox = client.get("/outbox")
+        assert outbox.status_code == 200
+        if settings.driver == "temporal":  # no outbox table: the page says so, and what it has
+            assert 'id="native-only"' in outbox.text and "dlq/" in outbox.text
+        else:
+            assert 'id="dead">0<' in outbox.text
         token = re.search(r'name="csrf" value="([^"]+)"', waiting)
         assert token
         sent = client.post(
@@ -68,6 +96,17 @@ async def test_the_view_on_postgres_and_temporal(settings: EngineSettings) -> No
     async with create_engine(settings, build_demo()) as engine, engine.worker():
         runs = await drive_demo(engine)
         await asyncio.to_thread(check_pages, settings, runs)
+        # pages by the driver's cursor (Temporal: its next_page_token), each run once
+        seen: list[str] = []
+        cursor = None
+        for _ in range(5):
+            page, cursor = await engine.list_runs_page(  # type: ignore[attr-defined]
+                limit=2, after=cursor, outputs=False
+            )
+            seen += [r.id for r in page]
+            if cursor is None:
+                break
+        assert sorted(seen) == sorted([runs.completed, runs.failed, runs.waiting])
         done = await engine.wait(runs.waiting, timeout=30)
         assert done.status == "completed"
         extra = await engine.start("demo-order", {"order_id": "D-4", "total": 1.0})

@@ -11,8 +11,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from engine_port import EngineSettings, create_engine
-from engine_port._demo import build_demo
 from tests.ui.runs import DemoRuns, make_demo_runs
+from wfe_cli._demo import build_demo
 from wfe_ui import create_app
 
 

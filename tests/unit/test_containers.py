@@ -18,8 +18,8 @@ from conformance._containers import (
     docker_problem,
     temporal_command,
 )
-from engine_port._cli import EXIT_CODES, app
 from engine_port.errors import ConfigurationError
+from wfe_cli import EXIT_CODES, app
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_DOCKER = docker_problem() is not None

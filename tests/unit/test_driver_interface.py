@@ -71,13 +71,12 @@ INTERFACE = [
 ]
 
 # what drivers and the conformance kit may import from the port
-PUBLIC_PORT_MODULES = {"engine_port", "engine_port.errors", "engine_port.driver"}
-
-# the CLI still lives in engine_port and imports these by name until it moves out (issue 17)
-CLI_EXCEPTIONS = {
-    ("engine_port/_cli.py", "driver_native"),
-    ("engine_port/_cli.py", "conformance._cli"),
-    ("engine_port/_cli.py", "driver_temporal"),
+PUBLIC_PORT_MODULES = {
+    "engine_port",
+    "engine_port.authoring",
+    "engine_port.calling",
+    "engine_port.errors",
+    "engine_port.driver",
 }
 
 
@@ -117,24 +116,6 @@ def test_drivers_and_conformance_use_only_the_declared_port(package: str) -> Non
         if module.split(".")[0] == "engine_port" and module not in PUBLIC_PORT_MODULES
     ]
     assert private == [], "import these through engine_port.driver instead"
-
-
-def test_the_port_imports_no_driver_by_name_outside_the_cli() -> None:
-    """import-linter cannot see importlib.import_module("..."): this finds those calls."""
-    own = {*DRIVER_PACKAGES, "conformance"}
-    found = set()
-    for path in _python_files("engine_port"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "import_module"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and str(node.args[0].value).split(".")[0] in own
-            ):
-                found.add((str(path.relative_to(ROOT)), node.args[0].value))
-    assert found == CLI_EXCEPTIONS
 
 
 def test_shipped_drivers_are_the_entry_points_in_pyproject() -> None:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 from typer.testing import CliRunner
 
 from engine_port import EngineSettings, Registry, StageContext, StageRunner, Workflow
-from engine_port._cli import app
+from wfe_cli import app
 
 
 @pytest.fixture(autouse=True)

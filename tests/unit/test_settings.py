@@ -10,8 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 import engine_port._drivers as drivers_module
-from engine_port import EngineSettings, Registry, create_engine
-from engine_port._config import load_settings
+from engine_port import EngineSettings, Registry, create_engine, load_settings
 from engine_port.driver import installed_drivers
 from engine_port.errors import ConfigurationError, DriverUnavailableError
 from tests.support.entry_points import write_dist_info

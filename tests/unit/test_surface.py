@@ -8,37 +8,40 @@ import importlib
 import pytest
 
 import engine_port
-from engine_port import errors
+from engine_port import authoring, calling, errors
 
-PUBLIC = [
-    "Abandoned",
+# engine_port.authoring: what a workflow author uses
+AUTHORS = [
+    "GraphModel",
+    "NonRetryableError",
+    "Registry",
+    "Retry",
+    "Stage",
+    "StageContext",
+    "StageSpec",
+    "Steps",
+    "SyncSteps",
+    "Workflow",
+]
+
+# engine_port.calling: what an application that starts, signals, inspects, migrates runs uses
+CALLERS = [
     "BlobStore",
-    "ClaimCheck",
     "Clock",
-    "Completed",
     "DEFAULT_SPILL_THRESHOLD",
     "EngineError",
     "EngineMetrics",
     "EngineSettings",
     "ErrorInfo",
     "Event",
-    "EventDraft",
     "EventSink",
-    "Failed",
     "FakeClock",
     "FlushResult",
     "FolderBlobStore",
-    "GraphModel",
-    "InMemoryLedger",
     "JsonlFileSink",
-    "Lifecycle",
     "MemoryBlobStore",
     "MemorySink",
     "MigrationReport",
-    "NonRetryableError",
-    "Outcome",
-    "Registry",
-    "Retry",
     "RoutingEngine",
     "RunInfo",
     "RunMove",
@@ -46,37 +49,46 @@ PUBLIC = [
     "RunStatus",
     "SecretUrl",
     "SignalResult",
-    "Stage",
-    "StageContext",
     "StageInfo",
-    "StageRequest",
-    "StageRunner",
-    "StageSpec",
     "StageStatus",
-    "StepLedger",
-    "StepRecord",
-    "Steps",
-    "Suspended",
-    "SyncSteps",
     "SystemClock",
     "VersionInfo",
-    "Workflow",
     "WorkflowEngine",
     "attach_metrics",
-    "box_inline",
     "copy_blobs",
     "create_engine",
-    "event_id",
-    "is_spill_ref",
+    "load_settings",
     "migrate_run",
     "migrate_runs",
     "open_blob_store",
     "open_event_sink",
     "redact_url",
-    "run_output",
-    "run_prefix",
     "serve_metrics",
 ]
+
+# top-level names for driver authors (engine_port.driver declares the rest of the interface)
+DRIVER_AUTHORS = [
+    "Abandoned",
+    "ClaimCheck",
+    "Completed",
+    "EventDraft",
+    "Failed",
+    "InMemoryLedger",
+    "Lifecycle",
+    "Outcome",
+    "StageRequest",
+    "StageRunner",
+    "StepLedger",
+    "StepRecord",
+    "Suspended",
+    "box_inline",
+    "event_id",
+    "is_spill_ref",
+    "run_output",
+    "run_prefix",
+]
+
+PUBLIC = [*AUTHORS, *CALLERS, *DRIVER_AUTHORS]
 
 ERRORS = [
     "AmbiguousRunIdError",
@@ -115,6 +127,20 @@ ERRORS = [
 def test_engine_port_public_names_are_frozen() -> None:
     assert sorted(engine_port.__all__) == sorted(PUBLIC)
     assert len(engine_port.__all__) == len(set(engine_port.__all__))
+
+
+def test_each_audience_has_its_own_frozen_list() -> None:
+    assert sorted(authoring.__all__) == sorted(AUTHORS)
+    assert sorted(calling.__all__) == sorted(CALLERS)
+    rest = set(engine_port.__all__) - set(authoring.__all__) - set(calling.__all__)
+    assert sorted(rest) == sorted(DRIVER_AUTHORS)
+    assert not set(AUTHORS) & set(CALLERS)  # one audience per name
+
+
+@pytest.mark.parametrize("module", [authoring, calling], ids=["authoring", "calling"])
+def test_an_audience_module_gives_the_same_objects_as_engine_port(module: object) -> None:
+    for name in module.__all__:  # type: ignore[attr-defined]
+        assert getattr(module, name) is getattr(engine_port, name)
 
 
 def test_error_names_are_frozen() -> None:

@@ -57,7 +57,7 @@ def _python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_importing_the_engine_imports_no_telemetry_library() -> None:
     done = _python(
-        "import sys, engine_port, engine_port._cli, driver_native\n"
+        "import sys, engine_port, wfe_cli, driver_native\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('opentelemetry', 'prometheus_client')))"
     )

@@ -110,7 +110,9 @@ async def test_an_unreachable_database_raises_driver_unavailable(tmp_path: Any) 
         port = s.getsockname()[1]
     url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/nowhere"
     engine = create_engine(
-        EngineSettings(database_url=url, blob_url=f"file://{tmp_path}"), Registry([w.linear])
+        # retried for one second, not the default ten: the message is what this test is about
+        EngineSettings(database_url=url, blob_url=f"file://{tmp_path}", database_retry_seconds=1),
+        Registry([w.linear]),
     )
     with pytest.raises(
         DriverUnavailableError, match=rf"(?s)127\.0\.0\.1:{port}.*check that the server runs"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from engine_port import EngineSettings, RunStatus, create_engine
-from engine_port._demo import build_demo
 from engine_port.errors import InvalidInputError
 from tests.ui.runs import drive_demo
+from wfe_cli._demo import build_demo
 
 
 async def test_list_runs_is_get_run_for_each_newest_first(

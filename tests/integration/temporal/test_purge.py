@@ -75,3 +75,36 @@ async def test_the_worker_applies_the_retention_setting(
         while await store.list(f"runs/{run.id}/"):  # the worker's retention purges it
             assert time.monotonic() < deadline, "the worker never applied retention"
             await asyncio.sleep(0.1)
+
+
+async def test_purge_deletes_a_run_an_operator_terminated(
+    make_engine: EngineFactory, blob_dir: Path
+) -> None:
+    """A terminated execution keeps ``WfeStatus="suspended"`` (it cannot update its own search
+    attributes) but the run is failed: purge deletes it like any failed run (it was never
+    purged before)."""
+    wf = Workflow("purge-terminated", input=In)
+
+    @wf.stage
+    async def hold(ctx: StageContext[In]) -> str:
+        await ctx.step.wait_for_signal("go")
+        return "ok"
+
+    store = FolderBlobStore(blob_dir)
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink, spill_threshold_bytes=1024)
+    async with engine:
+        run = await engine.start(wf.id, {"pad": "x" * 4096})  # a spilled input
+        async with engine.worker():
+            await wait_for_event(sink, run.id, "stage.suspended", timeout=60)
+        await engine._conn.get_workflow_handle(run.id).terminate(reason="ops ticket 7")
+        assert (await engine.get_run(run.id)).status == "failed"
+        assert await store.list(f"runs/{run.id}/")
+        purged = 0
+        deadline = time.monotonic() + 20  # visibility lags the terminate a little
+        while purged == 0 and time.monotonic() < deadline:
+            purged = await engine.purge(older_than=0)
+            if not purged:
+                await asyncio.sleep(0.2)
+        assert purged == 1
+        assert await store.list(f"runs/{run.id}/") == []

@@ -7,7 +7,13 @@ attempt returned, in ``resume`` the sibling stayed suspended after its signal ca
 with the current code must replay such runs unchanged (their history lacks the
 ``wfe-shared-signal-takes`` patch marker, so they keep the old rule) instead of failing their
 workflow tasks with a non-determinism error. ``shared_takes_buffered.json`` is the buffered
-scenario on the current code (no suspension). Recorded with ``histories/record_signals.py``.
+scenario on the current code (no suspension). ``publish_per_task_resume.json`` is the resume
+scenario recorded on commit ec087fd, before stage activities carried the run's events and the
+internal handlers were renamed ``wfe.internal.*``: every workflow task published its events with
+a ``wfe.publish`` local activity, and its stage took a buffered signal with the
+``wfe.take_signal`` update, which the run still answers to. ``events_via_activities_resume``
+is the same scenario on the code that replaced it (stage activities carry the events, no patch
+markers, ``wfe.internal.*`` names). Recorded with ``histories/record_signals.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ HISTORIES = Path(__file__).parent / "histories"
 
 @pytest.mark.parametrize(
     "name",
-    ["holder_rule_buffered", "holder_rule_resume", "holder_rule_timeout", "shared_takes_buffered"],
+    [
+        "holder_rule_buffered",
+        "holder_rule_resume",
+        "holder_rule_timeout",
+        "shared_takes_buffered",
+        "publish_per_task_resume",
+        "events_via_activities_resume",
+    ],
 )
 async def test_recorded_history_replays(name: str) -> None:
     data = json.loads((HISTORIES / f"{name}.json").read_text())

@@ -1,4 +1,4 @@
-"""Log output of the ``wfe`` command line (library code never configures logging)."""
+"""Log output of ``wfe worker`` (library code never configures logging)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import ConfigurationError
+from engine_port.errors import ConfigurationError
 
 __all__ = ["LOG_FORMATS", "JsonFormatter", "configure_logging"]
 

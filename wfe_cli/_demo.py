@@ -1,4 +1,4 @@
-"""The demo behind ``wfe demo``: an order workflow with parallel stages, a durable step, a
+"""``wfe demo``: an order workflow with parallel stages, a durable step, a
 sleep, a signal and a compensation, run twice on the configured engine (embedded SQLite by
 default): once to completion, once with a forced failure that is compensated."""
 
@@ -6,22 +6,30 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from ._context import StageContext
-from ._events import MemorySink
-from ._factory import create_engine
-from ._graph import Retry, Workflow
-from ._models import RunInfo
-from ._registry import Registry
-from ._settings import EngineSettings
-from .errors import NonRetryableError
+from engine_port import (
+    EngineSettings,
+    MemorySink,
+    Registry,
+    Retry,
+    RunInfo,
+    StageContext,
+    Workflow,
+    create_engine,
+)
+from engine_port.errors import NonRetryableError
 
-__all__ = ["build_demo", "run_demo"]
+from ._errors import run_sync
+from ._options import settings
+from ._output import console
+
+__all__ = ["build_demo", "demo", "run_demo"]
 
 
 class OrderIn(BaseModel):
@@ -127,3 +135,12 @@ async def run_demo(settings: EngineSettings, console: Console) -> None:
             while not any(e.type == terminal for e in sink.for_run(run.id)):  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
             _print_run(console, info, sink)
+
+
+def demo(
+    database_url: Annotated[
+        str | None, typer.Option(help="defaults to the embedded SQLite")
+    ] = None,
+) -> None:
+    """Run the demo workflow on the embedded default and print its run and events."""
+    run_sync(run_demo(settings(database_url=database_url), console))

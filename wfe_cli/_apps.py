@@ -8,9 +8,8 @@ import os
 import sys
 from typing import Any
 
-from ._graph import Workflow
-from ._registry import Registry
-from .errors import ConfigurationError
+from engine_port import Registry, Workflow
+from engine_port.errors import ConfigurationError
 
 __all__ = ["load_registry"]
 

@@ -1,0 +1,155 @@
+"""What a run shows while it runs (a base of ``_workflow.GraphWorkflow``): its status, the
+current details the Web UI displays, the ``WfeStatus`` / ``WfeStage`` search attributes and the
+``wfe_run`` memo entry (the RunInfo ``get_run`` and ``list_runs`` read with no worker up),
+written once per workflow activation by ``_syncer``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from engine_port import GraphModel
+
+    from ._search import SA_STAGE, SA_STATUS
+    from ._start import StartDocument
+
+__all__ = ["RunInspection"]
+
+_SYNC_ROUNDS = 8  # condition rounds the memo write waits for an activation to settle
+
+
+def _iso(value: Any) -> str:
+    return str(value.isoformat())
+
+
+class RunInspection:
+    """The run's visible state; the attributes below are ``GraphWorkflow``'s."""
+
+    _run_id: str
+    _wf_id: str
+    _version: str
+    _start: StartDocument
+    _graph: GraphModel
+    _stages: dict[str, dict[str, Any]]
+    _status: str
+    _final: bool
+    _run_started: bool
+    _carried: bool
+    _closing: bool
+    _dirty: bool
+    _sa: tuple[str, str] | None
+    _info: dict[str, Any]
+    _error: dict[str, Any] | None
+    _comp_errors: list[dict[str, Any]]
+    _redrive: int
+    _finished_at: str | None
+    _seq: int
+    _migrated_to: str | None
+    _frozen: bool
+
+    def _run_status(self) -> str:
+        if self._final or self._status == "compensating":
+            return self._status
+        if not self._run_started:
+            return "pending"
+        statuses = {s["status"] for s in self._stages.values()}
+        if "running" in statuses:
+            return "running"
+        if "suspended" in statuses:
+            return "suspended"
+        return "running"
+
+    def _details(self, status: str) -> str:
+        waits = [
+            f"stage {s['id']} waits for {s['waiting_for']}"
+            + (f" until {s['wake_at']}" if s["wake_at"] else "")
+            for s in self._stages.values()
+            if s["status"] == "suspended"
+        ]
+        running = [s["id"] for s in self._stages.values() if s["status"] == "running"]
+        parts = [f"status: {status}"]
+        if running:
+            parts.append("running: " + ", ".join(running))
+        parts.extend(waits)
+        return "; ".join(parts)
+
+    def _sync(self) -> None:
+        """Mark the run's memo and search attributes stale: ``_syncer`` writes them once at
+        the end of the activation (in the same workflow task as the events it emitted)."""
+        self._dirty = True
+
+    async def _settled(self) -> None:
+        """Let the rest of this activation run first, so that it writes the memo and
+        publishes events once rather than once per step of it: a stage's completion and the
+        next stage's start happen a few condition rounds apart in the same activation
+        (``_SYNC_ROUNDS`` rounds, no commands, deterministic). Runs of the older shape did not
+        wait, and still do not, so their histories replay."""
+        if not self._carried:
+            return
+        for _ in range(_SYNC_ROUNDS):
+            if self._closing:
+                return
+            await workflow.wait_condition(lambda: True)
+
+    async def _syncer(self) -> None:
+        while True:
+            await workflow.wait_condition(lambda: self._dirty or self._closing)
+            await self._settled()
+            if self._dirty:
+                self._dirty = False
+                self._write_info()
+            if self._closing:
+                return
+
+    def _write_info(self) -> None:
+        status = self._run_status()
+        current = ",".join(
+            s["id"] for s in self._stages.values() if s["status"] in ("running", "suspended")
+        )
+        if self._sa != (status, current):
+            self._sa = (status, current)
+            workflow.upsert_search_attributes(
+                [SA_STATUS.value_set(status), SA_STAGE.value_set(current)]
+            )
+        workflow.set_current_details(self._details(status))
+        self._info = {
+            "id": self._run_id,
+            "workflow_id": self._wf_id,
+            "version": self._version,
+            "status": status,
+            "input": self._start.input,
+            "error": self._error,
+            "compensation_errors": self._comp_errors,
+            "stages": [
+                {
+                    k: s[k]
+                    for k in (
+                        "id",
+                        "status",
+                        "attempt",
+                        "output",
+                        "error",
+                        "compensation_error",
+                        "waiting_for",
+                        "wake_at",
+                        "started_at",
+                        "finished_at",
+                    )
+                }
+                for s in self._stages.values()
+            ],
+            "idempotency_key": self._start.idempotency_key,
+            "redrive_count": self._redrive,
+            "created_at": self._start.created_at,
+            "updated_at": _iso(workflow.now()),
+            "finished_at": self._finished_at,
+            "sinks": self._graph.sinks(),
+            "event_seq": self._seq,
+            "run_started": self._run_started,
+            "migrated_to": self._migrated_to,
+            "frozen": self._frozen,
+        }
+        workflow.upsert_memo({"wfe_run": self._info})

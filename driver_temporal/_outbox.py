@@ -1,0 +1,184 @@
+"""The run's event outbox (a base of ``_workflow.GraphWorkflow``): how its events reach the
+EventSink.
+
+The workflow builds every event (``_emit``: same ids, same sequence numbers as the native
+driver) and keeps it in ``_outbox`` until a delivery is confirmed. Runs started with
+``events_via = "activities"`` in their start document deliver them without a local activity in
+every workflow task:
+
+- a stage activity (attempt or compensation, regular or ``local=True``) scheduled while the
+  outbox holds events *carries* them, from the oldest unconfirmed one on (in its input's
+  metadata, ``publish``), and publishes them while its stage body runs; its result (or its
+  failure's details) says up to which sequence number they were delivered (``published``),
+  and the workflow drops them. In a linear graph the events of a stage's completion and the
+  next stage's start ride with the next stage's activity.
+- events no activity in flight carries (a stage that suspended, a sibling that completed while
+  another runs) are published at the end of the activation by the ``wfe.publish`` local
+  activity, as before; the run's last events (its end) ride with ``wfe.save_state``, the one
+  local activity of its last workflow task.
+
+Every batch starts at the oldest unconfirmed event and keeps sequence order, so the first
+delivery of each event comes after the first delivery of every earlier one (per-run order;
+a carried batch delivered twice, by the activity and by a later batch, is a duplicate:
+delivery is at least once, deduplicated by id). A carried publish that fails only leaves its
+events unconfirmed: the ``wfe.publish`` path delivers them with the native outbox's retry and
+dead-letter rule. Runs started before keep publishing every activation's events through
+``wfe.publish`` (their histories replay unchanged).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from engine_port import EventDraft
+    from engine_port.driver import sink_retry_delay
+
+__all__ = ["CARRY_MAX", "EventOutbox"]
+
+CARRY_MAX = 200  # events per batch, carried or published
+_LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+
+
+class EventOutbox:
+    """The outbox and its publisher; ``GraphWorkflow`` sets the attributes below."""
+
+    _run_id: str
+    _wf_id: str
+    _seq: int
+    _outbox: list[dict[str, Any]]
+    _closing: bool
+    _parked: bool
+    _dead_after: int
+    _dead_min_s: float
+    _retry_initial_s: float
+    _retry_max_s: float
+    # runs whose activities carry their events (``events_via`` in the start document)
+    _via_activities: bool = False
+    # while the run's end is recorded: its last events ride with ``wfe.save_state``
+    _finishing: bool = False
+
+    def _init_outbox(self) -> None:
+        # the activities in flight that carry events: id -> (last seq carried, parked flag)
+        self._carriers: dict[int, tuple[int, bool]] = {}
+        self._carrier_ids = 0
+
+    async def _settled(self) -> None:
+        raise NotImplementedError
+
+    def _emit(self, draft: EventDraft) -> None:
+        self._seq += 1
+        event = draft.at_seq(self._run_id, self._wf_id, self._seq, workflow.now())
+        self._outbox.append(event.model_dump(mode="json"))
+
+    # -- carried by activities ----------------------------------------------------------------
+    def _carry_events(self, task: dict[str, Any]) -> int | None:
+        """Hand the unconfirmed events (oldest first) to the activity about to be scheduled
+        with ``task``; returns its carrier id (None: nothing carried)."""
+        if not self._via_activities or not self._outbox:
+            return None
+        events = list(self._outbox[:CARRY_MAX])
+        task["publish"] = {"events": events, "parked": self._parked}
+        self._carrier_ids += 1
+        self._carriers[self._carrier_ids] = (int(events[-1]["seq"]), self._parked)
+        return self._carrier_ids
+
+    def _carrier_done(self, carrier: int | None, published: Any) -> None:
+        """The activity of ``carrier`` reported (``published``: what it delivered, or None
+        when it ended without a result): delivered events leave the outbox; any other is
+        published by ``_publisher``."""
+        if carrier is None:
+            return
+        _, told_parked = self._carriers.pop(carrier, (0, False))
+        if isinstance(published, dict):
+            self._confirm(published, told_parked)
+
+    def _confirm(self, published: dict[str, Any], told_parked: bool) -> None:
+        if not published.get("ok"):
+            return
+        self._drop_upto(int(published.get("upto") or 0))
+        parked = bool(published.get("parked"))
+        # a worker told of parked events delivered them first; one that was not leaves them
+        self._parked = parked if told_parked else (self._parked or parked)
+
+    def _drop_upto(self, seq: int) -> None:
+        if self._outbox and self._outbox[0]["seq"] <= seq:
+            self._outbox = [e for e in self._outbox if e["seq"] > seq]
+
+    def _due(self) -> bool:
+        """Whether ``_publisher`` has events to publish: any, on runs of the older rule;
+        events no activity in flight carries, otherwise (not while the run's end is
+        recorded: ``wfe.save_state`` takes them)."""
+        if not self._outbox:
+            return False
+        if not self._via_activities:
+            return True
+        if self._finishing:
+            return False
+        covered = max((seq for seq, _ in self._carriers.values()), default=0)
+        return int(self._outbox[-1]["seq"]) > covered
+
+    def _last_events(self) -> list[Any]:
+        """The arguments ``wfe.save_state`` adds for the run's last events (none on runs of
+        the older rule, whose call stays as it was)."""
+        if not self._via_activities:
+            return []
+        return [list(self._outbox[:CARRY_MAX]), self._parked]
+
+    # -- published by the workflow ------------------------------------------------------------
+    async def _publisher(self) -> None:
+        """Deliver the outbox in order; a failing sink is retried with backoff, and a batch is
+        dead-lettered after ``dead_letter_after`` failures spanning at least the minimum time
+        since its first failure (the native outbox's rule)."""
+        failures = 0
+        first_failure = workflow.now()
+        while True:
+            await workflow.wait_condition(lambda: self._due() or self._closing)
+            await self._settled()
+            if not self._outbox:
+                if self._closing:
+                    return
+                continue
+            if not (self._due() or self._closing):
+                continue  # an activity scheduled meanwhile carries them
+            batch = list(self._outbox[:CARRY_MAX])
+            try:
+                res = await workflow.execute_local_activity(
+                    "wfe.publish",
+                    args=[batch, self._parked],
+                    result_type=dict,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=_LOCAL_RETRY,
+                )
+                ok = bool(res.get("ok"))
+            except ActivityError:
+                ok = False
+            if ok:
+                self._parked = bool(res.get("parked"))
+                self._drop_upto(int(batch[-1]["seq"]))
+                failures = 0
+                continue
+            failures += 1
+            if failures == 1:
+                first_failure = workflow.now()
+            spanned = (workflow.now() - first_failure).total_seconds()
+            if failures >= self._dead_after and spanned >= self._dead_min_s:
+                try:
+                    await workflow.execute_local_activity(
+                        "wfe.dead_letter",
+                        batch,
+                        start_to_close_timeout=timedelta(seconds=30),
+                        retry_policy=_LOCAL_RETRY,
+                    )
+                    self._drop_upto(int(batch[-1]["seq"]))
+                    failures = 0
+                    continue
+                except ActivityError:
+                    pass
+            delay = sink_retry_delay(failures, self._retry_initial_s, self._retry_max_s)
+            await workflow.sleep(delay, summary="event sink retry")

@@ -1,0 +1,139 @@
+"""Pages of runs and a run without its spilled values, for the web view (``wfe ui``): the same
+two calls the native driver offers, on Temporal's visibility list and the run's memo."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from engine_port import RunInfo, RunStatus, is_spill_ref
+from engine_port.driver import check_run_call, check_workflow_id
+from engine_port.errors import InvalidInputError
+
+from ._helpers import _ALL, _quote
+
+if TYPE_CHECKING:
+    from temporalio.client import Client, WorkflowExecutionStatus
+
+__all__ = ["PagedRuns"]
+
+_MAX_CURSOR = 4000
+
+
+def _token(cursor: str) -> bytes:
+    """Temporal's next_page_token behind a cursor this module gave."""
+    try:
+        if len(cursor) > _MAX_CURSOR:
+            raise ValueError
+        return base64.urlsafe_b64decode(cursor.encode("ascii") + b"=" * (-len(cursor) % 4))
+    except (ValueError, binascii.Error, UnicodeEncodeError):
+        raise InvalidInputError(
+            None, f"{cursor[:100]!r} is not a page cursor; use the one the previous page gave"
+        ) from None
+
+
+def _cursor(token: bytes | None) -> str | None:
+    return base64.urlsafe_b64encode(token).decode("ascii").rstrip("=") if token else None
+
+
+class PagedRuns:
+    """Mixed into :class:`TemporalEngine`, which has what these declare."""
+
+    if TYPE_CHECKING:
+
+        def _scope(self) -> str: ...
+
+        @property
+        def _conn(self) -> Client: ...
+
+        async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]: ...
+
+        async def _info_from_memo(
+            self,
+            memo: Any,
+            status: WorkflowExecutionStatus | None,
+            run_id: str | None = None,
+            *,
+            values: bool = True,
+        ) -> RunInfo: ...
+
+    async def list_runs_page(
+        self,
+        *,
+        workflow_id: str | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        version: str | None = None,
+        created_after: datetime | None = None,
+        id_prefix: str | None = None,
+        idempotency_key: str | None = None,
+        outputs: bool = True,
+    ) -> tuple[list[RunInfo], str | None]:
+        """One page of :meth:`list_runs` (newest first) and the cursor of the next page (None
+        on the last one): Temporal's own ``next_page_token``, so every filter is applied by
+        the visibility query and a page costs the same however deep it is."""
+        from ._engine import _status_clause
+
+        if workflow_id is not None:
+            check_workflow_id(workflow_id)
+        if status is None:
+            wanted: Sequence[str] = _ALL
+        elif isinstance(status, str):
+            wanted = [str(status)]
+        else:
+            wanted = [str(s) for s in status]
+        clauses = [self._scope(), _status_clause(wanted)]
+        if workflow_id is not None:
+            clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
+        if version is not None:
+            clauses.append(f"WfeVersion = '{_quote(version)}'")
+        if created_after is not None:
+            at = created_after.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            clauses.append(f"StartTime >= '{at}'")
+        if id_prefix:
+            clauses.append(f"WorkflowId STARTS_WITH '{_quote(id_prefix)}'")
+        if idempotency_key is not None:
+            clauses.append(f"WfeIdempotencyKey = '{_quote(idempotency_key)}'")
+        token = _token(after) if after is not None else None
+        listing = self._conn.list_workflows(
+            " AND ".join(clauses), page_size=limit, next_page_token=token
+        )
+        await listing.fetch_next_page(page_size=limit)
+        page: list[RunInfo] = []
+        for ex in listing.current_page or []:
+            memo = await ex.memo()
+            if "wfe_run" in memo:
+                page.append(await self._info_from_memo(memo, ex.status, values=outputs))
+        return page, _cursor(listing.next_page_token)
+
+    async def get_run_lazy(self, run_id: str) -> tuple[RunInfo, dict[str, int]]:
+        """:meth:`get_run` without reading the blob store: a spilled value is None in the
+        RunInfo and its size in bytes is in the dict, under ``input``, ``stage:ID`` or
+        ``output:ID`` (a sink's part of the run output), as on the native driver."""
+        check_run_call(run_id)
+        memo, status = await self._describe(run_id)
+        info: dict[str, Any] = dict(memo.get("wfe_run") or {})
+        spilled: dict[str, int] = {}
+
+        def keep(value: Any, where: str) -> Any:
+            if not is_spill_ref(value):
+                return value
+            ref = value[next(iter(value))]
+            spilled[where] = int(ref.get("size", 0)) if isinstance(ref, dict) else 0
+            return None
+
+        if info:
+            info["input"] = keep(info.get("input"), "input")
+            info["stages"] = [
+                {**s, "output": keep(s.get("output"), f"stage:{s.get('id')}")}
+                for s in info.get("stages") or []
+            ]
+            sinks = set(info.get("sinks") or [])
+            for where in list(spilled):
+                if where.startswith("stage:") and where[6:] in sinks:
+                    spilled[f"output:{where[6:]}"] = spilled[where]
+        return await self._info_from_memo({**memo, "wfe_run": info}, status, run_id), spilled

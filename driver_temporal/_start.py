@@ -1,0 +1,98 @@
+"""The start document of a run: everything the interpreter workflow needs besides the run's
+input (which is the workflow's input), kept in the ``wfe_start`` memo entry.
+
+One typed model, built by ``StartDocument.for_engine`` for a new run (``start``), a redrive and
+an import, and read by the workflow (``GraphWorkflow.run``). It reads every older shape: runs
+started before a key existed lack it, and the default is what the code of their time did, so
+their histories replay (the sink retry rule of runs started before it: ``OLD_OUTBOX_RULE``; no
+``events_via`` / ``names`` marks: events published per workflow task, older handler names).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ._names import NAMES_MARK
+from ._wire import EVENTS_VIA_ACTIVITIES, OLD_OUTBOX_RULE
+
+if TYPE_CHECKING:
+    from engine_port import EngineSettings
+
+__all__ = ["StartDocument"]
+
+
+class StartDocument(BaseModel):
+    """A run's start document (see the module docstring)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_id: str
+    workflow_id: str
+    version: str
+    graph: dict[str, Any]
+    input: Any = None  # the stored form (inline or a claim-check reference)
+    idempotency_key: str | None = None
+    fingerprint: str | None = None
+    created_at: str | None = None
+    trace_context: str | None = None
+    # the starting engine's settings
+    heartbeat_timeout_s: float = 10.0
+    default_stage_timeout_s: float | None = None
+    max_pending_signals: int | None = None
+    # the sink retry rule (the native outbox's); a run started before it: the old rule
+    dead_letter_after: int = int(OLD_OUTBOX_RULE["dead_letter_after"])
+    dead_letter_min_seconds: float = float(OLD_OUTBOX_RULE["dead_letter_min_seconds"])
+    outbox_retry_initial_seconds: float = float(OLD_OUTBOX_RULE["outbox_retry_initial_seconds"])
+    outbox_retry_max_seconds: float = float(OLD_OUTBOX_RULE["outbox_retry_max_seconds"])
+    # what the starting driver does (``for_engine``); absent on runs started before
+    events_via: str | None = None
+    names: str | None = None
+    # a redrive, an import: where the run picks up
+    redrive: int = 0
+    redrive_from: str | None = None
+    redrive_history: list[dict[str, Any]] = []
+    event_seq: int = 0
+    stages: dict[str, dict[str, Any]] = {}
+    signals: list[dict[str, Any]] | dict[str, Any] = []  # (a dict: one per name, older runs)
+    signal_keys: list[str] = []
+    run_started: bool = False
+    deadline: str | None = None
+    imported: bool = False
+
+    @classmethod
+    def for_engine(
+        cls, settings: EngineSettings, heartbeat_timeout_s: float, **fields: Any
+    ) -> StartDocument:
+        """A start document for a run this engine starts now: its settings, its sink retry
+        rule and the driver's marks, with ``fields`` (run id, graph, input, ...)."""
+        return cls(
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            default_stage_timeout_s=settings.default_stage_timeout,
+            max_pending_signals=settings.max_pending_signals,
+            dead_letter_after=settings.dead_letter_after,
+            dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
+            outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,
+            outbox_retry_max_seconds=settings.outbox_retry_max_seconds,
+            events_via=EVENTS_VIA_ACTIVITIES,
+            names=NAMES_MARK,
+            **fields,
+        )
+
+    @property
+    def events_via_activities(self) -> bool:
+        """Its stage activities carry its events (``_outbox``)."""
+        return self.events_via == EVENTS_VIA_ACTIVITIES
+
+    @property
+    def marked(self) -> bool:
+        """Started by this driver version or later: it declares only the ``wfe.internal.*``
+        names and takes every workflow patch without a marker."""
+        return self.names == NAMES_MARK
+
+    def memo(self) -> dict[str, Any]:
+        """The ``wfe_start`` memo entry: the document without the input, and without the keys
+        at their defaults (read back as the same; the memo stays small: Temporal warns past
+        2 KiB)."""
+        return self.model_dump(mode="json", exclude={"input"}, exclude_defaults=True)

@@ -1,3 +1,0 @@
-from ._cli import main
-
-main()

@@ -1,0 +1,3 @@
+from wfe_cli import main
+
+main()

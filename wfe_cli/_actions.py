@@ -1,0 +1,125 @@
+"""``wfe signal``, ``wfe cancel``, ``wfe redrive`` and ``wfe purge``: commands that change
+runs."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from pydantic import BaseModel
+from rich.markup import escape
+
+from engine_port import RunInfo, create_engine
+
+from ._db import initialised
+from ._errors import EXIT_CODES, run_sync
+from ._options import AppOpt, DriverOpt, JsonOpt, RunIdArg, app_registry, resolve, seconds, settings
+from ._output import console, errors, json_line, show_json
+
+__all__ = ["cancel_cmd", "purge_cmd", "redrive_cmd", "signal_cmd"]
+
+
+def signal_cmd(
+    run_id: RunIdArg,
+    name: str,
+    payload: Annotated[str, typer.Argument(help="the payload as JSON")] = "null",
+    driver: DriverOpt = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="a repeat of this key in the same run is not queued again",
+        ),
+    ] = None,
+    app_: AppOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Send a signal to a run (signals of one name queue in arrival order). A name that no
+    stage of the run's version declares is refused (on Temporal when --app is given)."""
+    try:
+        value = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        errors.print(
+            f"[red]error:[/red] the payload is not JSON ({escape(str(exc))}); quote it, e.g. '{{}}'"
+        )
+        raise typer.Exit(EXIT_CODES["bad_input"]) from None
+    configured = settings(driver)
+    initialised(configured)
+    registry = app_registry(app_, configured, required=False)
+
+    async def send() -> BaseModel:
+        async with create_engine(configured, registry) as engine:
+            return await engine.signal(
+                await resolve(engine, run_id), name, value, idempotency_key=idempotency_key
+            )
+
+    show_json(run_sync(send()), as_json)
+
+
+def cancel_cmd(run_id: RunIdArg, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
+    """Cancel a run (its completed stages are compensated)."""
+    configured = settings(driver)
+    initialised(configured)
+
+    async def cancel() -> RunInfo:
+        async with create_engine(configured, None) as engine:
+            return await engine.cancel(await resolve(engine, run_id))
+
+    info = run_sync(cancel())
+    if as_json:
+        json_line(info)
+    else:
+        console.print(f"{info.id}: {info.status.value}", highlight=False)
+
+
+def redrive_cmd(
+    run_id: RunIdArg,
+    from_: Annotated[
+        str, typer.Option("--from", help="last_failure, start, or a stage id")
+    ] = "last_failure",
+    version: Annotated[
+        str | None, typer.Option(help="re-pin the run: 'latest' or a version of the app")
+    ] = None,
+    app_: AppOpt = None,
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-run a failed or cancelled run under the same id (completed upstream outputs are
+    reused); a worker serving its version then runs it."""
+    configured = settings(driver)
+    initialised(configured)
+    registry = app_registry(app_, configured, required=version is not None)
+
+    async def redrive() -> RunInfo:
+        async with create_engine(configured, registry) as engine:
+            return await engine.redrive(await resolve(engine, run_id), from_, version=version)
+
+    info = run_sync(redrive())
+    if as_json:
+        json_line(info)
+    else:
+        console.print(f"{info.id}: {info.status.value} (version {info.version})", highlight=False)
+
+
+def purge_cmd(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="finished longer ago than this (30m, 12h, 7d)")
+    ],
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete finished runs (their rows, events and blobs) older than a duration."""
+    age = seconds(older_than, "--older-than")
+    configured = settings(driver)
+    initialised(configured)
+
+    async def purge() -> int:
+        async with create_engine(configured, None) as engine:
+            return await engine.purge(age)
+
+    count = run_sync(purge())
+    if as_json:
+        json_line({"purged": count})
+    else:
+        console.print(f"purged {count} run(s)")

@@ -1,0 +1,98 @@
+"""How the ``wfe`` command line reports an engine error: one line on stderr and an exit code
+that says what went wrong (``EXIT_CODES``, documented in the README)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine, Iterator
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich.markup import escape
+
+from engine_port.errors import (
+    AmbiguousRunIdError,
+    CommandInProgressError,
+    ConfigurationError,
+    DefinitionError,
+    DriverUnavailableError,
+    EngineError,
+    IdempotencyConflictError,
+    InvalidInputError,
+    InvalidRedriveError,
+    MigrationError,
+    RunNotActiveError,
+    RunNotFoundError,
+    SerializationError,
+    UnknownSignalError,
+    UnsupportedFeatureError,
+    VersionNotServedError,
+    WorkflowDrainedError,
+    WorkflowNotFoundError,
+)
+
+from ._output import errors
+
+__all__ = ["EXIT_CODES", "exit_code", "fail", "reported", "run_sync"]
+
+T = TypeVar("T")
+
+# exit codes: 0 ok, 1 any other engine error, 2 wrong usage (typer/click)
+EXIT_CODES: dict[str, int] = {
+    "not_found": 3,  # no such run / workflow
+    "wrong_state": 4,  # the run or workflow is not in a state that allows it
+    "unavailable": 5,  # the database, blob store or Temporal cluster cannot be reached
+    "bad_config": 6,  # settings, wfe.toml, --app
+    "bad_input": 7,  # an argument or payload the engine refuses
+}
+_KINDS: tuple[tuple[tuple[type[EngineError], ...], str], ...] = (
+    ((RunNotFoundError, WorkflowNotFoundError), "not_found"),
+    (
+        (
+            RunNotActiveError,
+            InvalidRedriveError,
+            IdempotencyConflictError,
+            WorkflowDrainedError,
+            CommandInProgressError,
+            VersionNotServedError,
+            MigrationError,
+        ),
+        "wrong_state",
+    ),
+    ((DriverUnavailableError,), "unavailable"),
+    ((ConfigurationError, DefinitionError, UnsupportedFeatureError), "bad_config"),
+    (
+        (InvalidInputError, SerializationError, AmbiguousRunIdError, UnknownSignalError),
+        "bad_input",
+    ),
+)
+
+
+def exit_code(exc: EngineError) -> int:
+    """The process exit code for an engine error (see EXIT_CODES)."""
+    for types, kind in _KINDS:
+        if isinstance(exc, types):
+            return EXIT_CODES[kind]
+    return 1
+
+
+def fail(exc: EngineError) -> NoReturn:
+    """Print ``exc`` on stderr and exit with its code."""
+    errors.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(exit_code(exc))
+
+
+@contextlib.contextmanager
+def reported() -> Iterator[None]:
+    """Turn an EngineError raised inside the block into a one-line report and an exit code."""
+    try:
+        yield
+    except EngineError as exc:
+        fail(exc)
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine to its end, reporting an EngineError it raises."""
+    with reported():
+        return asyncio.run(coro)

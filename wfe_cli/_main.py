@@ -1,0 +1,91 @@
+"""The ``wfe`` command line: the root command and where each command group lives.
+
+Results go to stdout (a table on a terminal; untruncated tab-separated rows when piped; one JSON
+document, or JSON lines for listings, with ``--json``), errors to stderr, and the exit code says
+what went wrong (``EXIT_CODES``, documented in the README).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from typing import Annotated
+
+import typer
+
+from ._actions import cancel_cmd, purge_cmd, redrive_cmd, signal_cmd
+from ._conformance import conformance_cmd
+from ._db import db_upgrade
+from ._demo import demo
+from ._dev import dev_temporal
+from ._dlq import dlq_list, dlq_replay
+from ._migrate import migrate_cmd
+from ._runs import runs_cmd, show_cmd
+from ._ui import ui_cmd
+from ._versions import drain_cmd, versions_cmd
+from ._worker import worker
+
+__all__ = ["app", "build_app", "main"]
+
+HELP = "wfe: durable workflows on SQLite, PostgreSQL or Temporal."
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("wfe")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        sys.stdout.write(f"wfe {version}\n")
+        raise typer.Exit()
+
+
+def root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="print the version"
+        ),
+    ] = False,
+) -> None:
+    """wfe: durable workflows on SQLite, PostgreSQL or Temporal."""
+
+
+def build_app() -> typer.Typer:
+    """The ``wfe`` command with every command group (a new Typer app on each call)."""
+    app = typer.Typer(help=HELP, no_args_is_help=True, pretty_exceptions_enable=False)
+    db_app = typer.Typer(help="Native driver database schema.", no_args_is_help=True)
+    dev_app = typer.Typer(help="Development servers.", no_args_is_help=True)
+    dlq_app = typer.Typer(
+        help="Events the sink refused too often (dead letters).", no_args_is_help=True
+    )
+    app.add_typer(db_app, name="db")
+    app.add_typer(dev_app, name="dev")
+    app.add_typer(dlq_app, name="dlq")
+    app.callback()(root)
+    db_app.command("upgrade")(db_upgrade)
+    dev_app.command("temporal")(dev_temporal)
+    dlq_app.command("list")(dlq_list)
+    dlq_app.command("replay")(dlq_replay)
+    app.command("demo")(demo)
+    app.command("worker")(worker)
+    app.command("runs")(runs_cmd)
+    app.command("show")(show_cmd)
+    app.command("signal")(signal_cmd)
+    app.command("cancel")(cancel_cmd)
+    app.command("redrive")(redrive_cmd)
+    app.command("versions")(versions_cmd)
+    app.command("purge")(purge_cmd)
+    app.command("drain")(drain_cmd)
+    app.command("conformance")(conformance_cmd)
+    app.command("migrate")(migrate_cmd)
+    app.command("ui")(ui_cmd)
+    return app
+
+
+app = build_app()  # what `wfe` runs (tests invoke it with typer's CliRunner)
+
+
+def main() -> None:
+    """The ``wfe`` console script (and ``python -m wfe_cli``)."""
+    app()

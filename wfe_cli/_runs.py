@@ -1,0 +1,174 @@
+"""``wfe runs`` and ``wfe show``: reading runs."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from engine_port import RunInfo, WorkflowEngine, create_engine
+from engine_port.errors import UnsupportedFeatureError
+
+from ._attempts import attempt_history
+from ._db import initialised
+from ._errors import run_sync
+from ._options import (
+    AppOpt,
+    DriverOpt,
+    JsonOpt,
+    RunIdArg,
+    app_registry,
+    resolve,
+    seconds,
+    settings,
+    status_list,
+)
+from ._output import console, errors, json_line, plain, rows, show_json, when
+
+__all__ = ["runs_cmd", "show_cmd"]
+
+
+def runs_cmd(
+    app_: AppOpt = None,
+    workflow: Annotated[str | None, typer.Option(help="only runs of this workflow id")] = None,
+    status: Annotated[
+        list[str] | None, typer.Option("--status", help="only runs in this status (repeatable)")
+    ] = None,
+    version: Annotated[str | None, typer.Option(help="only runs pinned to this version")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="only runs created in the last DURATION (30m, 12h, 7d)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="at most this many runs")] = 20,
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List recent runs, newest first."""
+    statuses = status_list(status)
+    cutoff = datetime.now(UTC) - timedelta(seconds=seconds(since, "--since")) if since else None
+    configured = settings(driver)
+    initialised(configured)
+    registry = app_registry(app_, configured, required=False)
+
+    async def show() -> list[RunInfo]:
+        async with create_engine(configured, registry) as engine:
+            runs = await engine.list_runs(
+                workflow_id=workflow, status=statuses, limit=limit, outputs=False
+            )
+        return [
+            r
+            for r in runs
+            if (version is None or r.version == version)
+            and (cutoff is None or r.created_at is None or r.created_at >= cutoff)
+        ]
+
+    runs = run_sync(show())
+    if as_json:
+        for r in runs:
+            json_line(r)
+        return
+    rows(
+        ("run", "workflow", "version", "status", "created", "updated", "stages"),
+        [
+            (
+                r.id,
+                r.workflow_id,
+                r.version,
+                r.status.value,
+                when(r.created_at),
+                when(r.updated_at),
+                " ".join(f"{s.id}:{s.status.value}" for s in r.stages),
+            )
+            for r in runs
+        ],
+    )
+    if workflow and not runs and not as_json:
+        errors.print(f"no runs of workflow {workflow!r} match", highlight=False)
+
+
+def show_cmd(
+    run_id: RunIdArg,
+    events: Annotated[
+        bool, typer.Option("--events", help="also the attempt history and the run's events")
+    ] = False,
+    steps: Annotated[bool, typer.Option("--steps", help="also the journaled steps")] = False,
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one run (its stages, output and error) as JSON; with --events its attempts
+    (start, end, outcome, error with traceback) and events, with --steps its journaled steps."""
+    configured = settings(driver)
+    initialised(configured)
+
+    async def show() -> dict[str, Any]:
+        async with create_engine(configured, None) as engine:
+            info = await engine.get_run(await resolve(engine, run_id))
+            out: dict[str, Any] = {"run": info}
+            if events:
+                found = await _extra(engine, "events", info.id)
+                out["attempts"] = attempt_history(found, info)
+                out["events"] = found
+            if steps:
+                out["steps"] = await _extra(engine, "steps", info.id)
+            return out
+
+    result = run_sync(show())
+    if not (events or steps):
+        show_json(result["run"], as_json)
+        return
+    if as_json or not console.is_terminal:
+        json_line({k: plain(v) for k, v in result.items()})
+        return
+    show_json(result["run"], False)
+    if events:
+        _print_history(result)
+    if steps:
+        rows(
+            ("stage", "step", "kind", "completed"),
+            [(x.stage, x.name, x.kind, str(x.completed).lower()) for x in result["steps"]],
+            title="steps",
+        )
+
+
+def _print_history(result: dict[str, Any]) -> None:
+    rows(
+        ("stage", "attempt", "started", "ended", "outcome", "error"),
+        [
+            (
+                a.stage,
+                str(a.attempt),
+                when(a.started_at),
+                when(a.ended_at),
+                a.outcome,
+                f"{a.error.type}: {a.error.message}" if a.error else "",
+            )
+            for a in result["attempts"]
+        ],
+        title="attempts",
+    )
+    for a in result["attempts"]:
+        if a.error is not None and a.error.traceback:
+            console.print(f"[bold]{a.stage} attempt {a.attempt}[/bold]", highlight=False)
+            console.print(escape(a.error.traceback), highlight=False)
+    rows(
+        ("seq", "at", "type", "stage", "data"),
+        [
+            (str(e.seq), when(e.at), e.type, e.stage or "", json.dumps(e.data))
+            for e in result["events"]
+        ],
+        title="events",
+    )
+
+
+async def _extra(engine: WorkflowEngine, name: str, run_id: str) -> Any:
+    """A driver's reading beyond the port (the native driver keeps events and steps in its
+    database; Temporal keeps them in the workflow's history)."""
+    method = getattr(engine, name, None)
+    if method is None:
+        raise UnsupportedFeatureError(
+            f"the {engine.driver_name} driver does not keep the run's {name}; read them in the "
+            "workflow's history (Temporal Web UI, or 'temporal workflow show --workflow-id ID')"
+        )
+    return await method(run_id)

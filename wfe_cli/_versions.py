@@ -1,0 +1,69 @@
+"""``wfe versions`` and ``wfe drain``: workflow versions and where new runs go."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from engine_port import VersionInfo, create_engine
+
+from ._db import initialised
+from ._errors import run_sync
+from ._options import AppOpt, DriverOpt, JsonOpt, app_registry, settings
+from ._output import console, json_line, rows
+
+__all__ = ["drain_cmd", "versions_cmd"]
+
+
+def versions_cmd(app_: AppOpt = None, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
+    """Workflow versions: active runs per version, served here, drained."""
+    configured = settings(driver)
+    initialised(configured)
+    registry = app_registry(app_, configured, required=False)
+
+    async def versions() -> list[VersionInfo]:
+        async with create_engine(configured, registry) as engine:
+            return await engine.list_versions()
+
+    found = run_sync(versions())
+    if as_json:
+        for v in found:
+            json_line(v)
+        return
+    rows(
+        tuple(found[0].model_dump(mode="json")) if found else ("workflow_id", "version"),
+        [tuple(str(x) for x in v.model_dump(mode="json").values()) for v in found],
+    )
+
+
+def drain_cmd(
+    workflows: Annotated[list[str], typer.Argument(help="workflow ids")],
+    target: Annotated[
+        str | None, typer.Option(help="where new runs go instead (named in the error)")
+    ] = None,
+    lift: Annotated[bool, typer.Option("--lift", help="take new runs here again")] = False,
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop taking new runs of these workflows here (start() then raises WorkflowDrainedError),
+    or lift the drain with --lift."""
+    if lift and target:
+        raise typer.BadParameter("give --target or --lift, not both", param_hint="--lift")
+    if not lift and not target:
+        raise typer.BadParameter(
+            "say where new runs go (--target temporal, --target native) or --lift the drain",
+            param_hint="--target",
+        )
+    configured = settings(driver)
+
+    async def drain() -> None:
+        async with create_engine(configured, None) as engine:
+            await engine.drain(workflows, None if lift else target)
+
+    run_sync(drain())
+    if as_json:
+        json_line({"workflows": workflows, "drained": not lift, "target": target})
+    else:
+        what = "lifted the drain of" if lift else f"drained (new runs go to {target}):"
+        console.print(f"{what} {', '.join(workflows)}", highlight=False)

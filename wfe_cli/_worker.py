@@ -1,0 +1,118 @@
+"""``wfe worker``: a host process for the app's registry until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from contextlib import AbstractAsyncContextManager
+from typing import Annotated, Any
+
+import typer
+
+from engine_port import EngineMetrics, WorkflowEngine, attach_metrics, create_engine, serve_metrics
+
+from ._errors import reported, run_sync
+from ._logging import configure_logging
+from ._options import AppOpt, DriverOpt, app_registry, seconds, settings
+from ._output import console
+
+__all__ = ["worker"]
+
+LogLevelOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-level",
+        envvar="WFE_LOG_LEVEL",
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (or WFE_LOG_LEVEL)",
+    ),
+]
+LogFormatOpt = Annotated[
+    str, typer.Option("--log-format", help="text, or json: one JSON object per line")
+]
+
+# host settings (issue 16): unset options keep EngineSettings (WFE_*, wfe.toml, defaults)
+_HostTime = Annotated[str | None, typer.Option(help="a duration: 30s, 5m, 1h (README Hosts)")]
+_HostCount = Annotated[int | None, typer.Option(min=1, help="a bound per tick (README Hosts)")]
+
+
+def _host_settings(times: dict[str, str | None], counts: dict[str, Any]) -> dict[str, Any]:
+    out = {k: seconds(v, "--" + k.replace("_", "-")) for k, v in times.items() if v}
+    return out | {k: v for k, v in counts.items() if v is not None}
+
+
+def worker(
+    app_: AppOpt = None,
+    driver: DriverOpt = None,
+    log_level: LogLevelOpt = "INFO",
+    log_format: LogFormatOpt = "text",
+    retention: _HostTime = None,
+    stale_lease_threshold: _HostTime = None,
+    job_absolute_timeout: _HostTime = None,
+    job_heartbeat_interval: _HostTime = None,
+    max_claims_per_tick: _HostCount = None,
+    max_suspended_checks_per_tick: _HostCount = None,
+    max_outbox_flush_per_tick: _HostCount = None,
+    serves: Annotated[str | None, typer.Option(help='"all": claim every version')] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="WFE_METRICS_PORT",
+            min=0,
+            help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (needs wfe[metrics])",
+        ),
+    ] = None,
+) -> None:
+    """Run a worker for the app's registry until SIGINT/SIGTERM (graceful shutdown). It logs
+    each stage attempt, suspension, failure and compensation to stderr. ``--retention 30d``
+    purges finished runs older than that as it goes."""
+    with reported():
+        configure_logging(log_level, log_format)
+    host = _host_settings(
+        {
+            "retention": retention,
+            "stale_lease_threshold": stale_lease_threshold,
+            "job_absolute_timeout": job_absolute_timeout,
+            "job_heartbeat_interval": job_heartbeat_interval,
+        },
+        {
+            "max_claims_per_tick": max_claims_per_tick,
+            "max_suspended_checks_per_tick": max_suspended_checks_per_tick,
+            "max_outbox_flush_per_tick": max_outbox_flush_per_tick,
+            "serves": serves,
+        },
+    )
+    configured = settings(driver, **host)
+    registry = app_registry(app_, configured, required=True)
+    assert registry is not None
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with contextlib.AsyncExitStack() as stack:
+            engine = await stack.enter_async_context(create_engine(configured, registry))
+            worker = await stack.enter_async_context(engine.worker())
+            if metrics_port is not None:
+                served = _metrics_served(engine, worker, metrics_port)
+                port = await stack.enter_async_context(served)
+                console.print(f"metrics on http://0.0.0.0:{port}/metrics", highlight=False)
+            console.print(
+                f"worker up: driver={configured.driver}, workflows={sorted(registry.served())}",
+                highlight=False,
+            )
+            await stop.wait()
+        console.print("worker stopped")
+
+    run_sync(serve())
+
+
+def _metrics_served(
+    engine: WorkflowEngine, host: Any, port: int
+) -> AbstractAsyncContextManager[int]:
+    """``wfe worker --metrics-port``: the worker's metrics on /metrics (issue 14)."""
+    metrics = EngineMetrics()
+    attach_metrics(engine, metrics)
+    return serve_metrics(metrics, engine, host, port)
