@@ -31,6 +31,7 @@ from engine_port import (
     StageRequest,
     StageRunner,
     VersionInfo,
+    Workflow,
     run_prefix,
 )
 from engine_port.driver import (
@@ -75,6 +76,7 @@ from ._commands import (
 from ._db import Database, commit_was_unknown
 from ._ledger import SqlStepLedger
 from ._schema import command_keys, runs, stages, steps
+from ._shape import GraphShape
 from ._sql import select_where
 
 __all__ = ["Kernel"]
@@ -88,7 +90,7 @@ class _CompensationAbandoned(Exception):
 
 def _create_run_once(
     conn: Connection,
-    graph: GraphModel,
+    graph: GraphShape,
     run_id: str,
     stored: Any,
     fp: str,
@@ -116,6 +118,7 @@ def _claim_and_begin(
     limit: int,
     lease: float,
     now: float,
+    shape_for: Callable[[str], GraphShape],
 ) -> list[tuple[Any, Any]]:
     """Claim due jobs and begin their stage attempts in the same transaction (one transaction
     per claimed job fewer). Runs are locked in run-id order, so that two claimers sharing
@@ -126,7 +129,7 @@ def _claim_and_begin(
         if job.kind != "stage":
             out.append((job, None))
             continue
-        begun, _ = _progress.begin_attempt(conn, job, worker, now)
+        begun, _ = _progress.begin_attempt(conn, job, worker, now, shape_for(job.wfv))
         out.append((job, SKIPPED if begun is None else begun))
     return out
 
@@ -180,6 +183,9 @@ class Kernel:
         # (the engine wakes its ``wait()`` callers without a poll)
         self.on_run_finished: Callable[[str], None] | None = None
         self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
+        # "workflow@version" -> (its Workflow, its indexed graph): built once, not per stage
+        # transition (``Workflow.graph()`` checks the whole definition on every call)
+        self._shapes: dict[str, tuple[Workflow[Any], GraphShape]] = {}
         self._handlers: dict[type[Command], Callable[[Any], Awaitable[Any]]] = {
             CreateRun: self._create_run,
             ClaimPending: self._claim,
@@ -282,6 +288,18 @@ class Kernel:
             return self.registry.graph(workflow_id, version)
         return None
 
+    def shape_for(self, wfv: str, graph: GraphModel | None = None) -> GraphShape:
+        """The indexed graph of a served "workflow@version", kept while the registry holds the
+        same Workflow (``graph``: that workflow's graph just built, which replaces a stale
+        index of a workflow changed since)."""
+        workflow_id, version = wfv.split("@", 1)
+        wf = self.registry.get(workflow_id, version)
+        hit = self._shapes.get(wfv)
+        if hit is None or hit[0] is not wf or (graph is not None and hit[1].graph is not graph):
+            hit = (wf, GraphShape(graph if graph is not None else wf.graph()))
+            self._shapes[wfv] = hit
+        return hit[1]
+
     def served(self) -> frozenset[str]:
         return frozenset(version_key(w, v) for w, v in self.registry.served())
 
@@ -289,6 +307,7 @@ class Kernel:
     async def _create_run(self, cmd: CreateRun) -> tuple[str, bool]:
         wf = self.registry.get(cmd.workflow_id, cmd.version)
         graph = wf.graph()
+        shape = self.shape_for(version_key(wf.id, graph.version), graph)
         value = wf.validate_input(cmd.input).model_dump(mode="json")
         check_payload_size(value, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         fp = input_fingerprint(wf.id, value)
@@ -301,7 +320,7 @@ class Kernel:
                 try:
                     result: tuple[str, bool] = await self.db.tx(
                         _create_run_once,
-                        graph,
+                        shape,
                         run_id,
                         stored,
                         fp,
@@ -434,6 +453,7 @@ class Kernel:
                 cmd.limit,
                 self.settings.lease_threshold,
                 self.now(),
+                self.shape_for,
             )
         return await self.db.tx(
             _jobs.claim, cmd.worker_id, served, cmd.limit, self.settings.lease_threshold, self.now()
@@ -455,7 +475,7 @@ class Kernel:
 
     async def _transition(self, cmd: Transition, handoff: _progress.Handoff | None = None) -> str:
         job = cmd.job
-        wf = self.registry.get(job.wfv.split("@", 1)[0], job.wfv.split("@", 1)[1])
+        shape = self.shape_for(job.wfv)
         outcome = cmd.outcome
         key = None
         if isinstance(outcome, Completed):
@@ -471,7 +491,7 @@ class Kernel:
             job,
             cmd.worker_id,
             outcome,
-            wf.graph(),
+            shape,
             self.now(),
             cmd.cancelled,
             handoff,
@@ -538,7 +558,9 @@ class Kernel:
         job, worker = cmd.job, cmd.worker_id
         begin = cmd.begun
         if begin is None:
-            begin, _ = await self.db.tx(_progress.begin_attempt, job, worker, self.now())
+            begin, _ = await self.db.tx(
+                _progress.begin_attempt, job, worker, self.now(), self.shape_for(job.wfv)
+            )
         if begin is None:
             return "skipped"
         wf = self.registry.get(begin.workflow_id, begin.version)
@@ -555,6 +577,7 @@ class Kernel:
             cancel_event=cancel,
             resumed=bool(begin.steps),
             trace_context=begin.trace_context,
+            version=begin.version,
         )
         ledger = SqlStepLedger(self.db, self.claim, begin.run_id, begin.stage_id, begin.steps)
         task = asyncio.create_task(self.runner.run(request, ledger))

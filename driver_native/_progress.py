@@ -19,34 +19,33 @@ from engine_port import (
     EventDraft,
     Failed,
     GraphModel,
-    Lifecycle,
     Outcome,
     RunStatus,
     StageStatus,
     Suspended,
-    run_output,
 )
 from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
-from ._db import defer
 from ._jobs import notify_due
 from ._outbox import append_events
-from ._schema import jobs, runs, signals, staged_events, stages, steps
-from ._sql import (
-    db_clock,
-    db_clock_sql,
-    delete_later,
-    delete_where,
-    select_where,
-    try_run,
-    update_later,
-    update_where,
+from ._schedule import (
+    Begin,
+    Handoff,
+    attempt_started,
+    lc,
+    schedule,
+    touch,
+    upstream_outputs,
 )
+from ._schema import jobs, signals, staged_events, stages, steps
+from ._shape import GraphShape
+from ._sql import delete_later, delete_where, select_where, try_run, update_later, update_where
 
 __all__ = [
     "ABANDON_BACKOFF_S",
     "Begin",
     "CompensationPlan",
+    "GraphShape",
     "Handoff",
     "abandon_job",
     "apply_outcome",
@@ -55,6 +54,7 @@ __all__ = [
     "begin_compensation_job",
     "finish_compensation",
     "record_compensation",
+    "refresh_status",
     "schedule",
 ]
 
@@ -62,36 +62,6 @@ ACTIVE = WORKING_RUN_STATUSES
 
 ABANDON_BACKOFF_S = 1.0
 """How long an attempt abandoned on a storage fault waits before it runs again."""
-
-
-@dataclass(frozen=True)
-class Begin:
-    """What job.execute needs to run one stage attempt outside the transaction."""
-
-    run_id: str
-    workflow_id: str
-    version: str
-    stage_id: str
-    attempt: int
-    input: Any
-    outputs: dict[str, Any]  # stage id -> stored output (maybe a spill reference)
-    steps: list[Any] = field(default_factory=list)
-    trace_context: str | None = None
-
-
-@dataclass
-class Handoff:
-    """Jobs a transition enqueues may be leased at once to the worker that made it (up to
-    ``limit``), so it runs the next stage without a round trip through the queue."""
-
-    worker: str
-    lease: float
-    limit: int
-    jobs: list[tuple[Any, Begin]] = field(default_factory=list)  # already marked running
-    # the transition left nothing for the queue: it finished the run, or every job it
-    # enqueued is in ``jobs`` (the host need not look for work)
-    quiet: bool = False
-    finished: bool = False  # the transition ended the run (completed)
 
 
 @dataclass(frozen=True)
@@ -103,10 +73,6 @@ class CompensationPlan:
     todo: list[tuple[str, Any]]  # (stage id, stored output) in reverse completion order
     outputs: dict[str, Any]
     trace_context: str | None = None
-
-
-def _lc(run: Any) -> Lifecycle:
-    return Lifecycle(run.id, run.redrive_count)
 
 
 def _owns(conn: Connection, job: Any, worker: str) -> bool:
@@ -129,8 +95,13 @@ def _owned_stage_query() -> Any:
     joined = stages.join(
         jobs, sa.and_(jobs.c.run_id == stages.c.run_id, jobs.c.stage_id == stages.c.stage_id)
     )
+    has_steps = (
+        sa.exists()
+        .where(steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id)
+        .label("has_steps")
+    )
     return (
-        sa.select(stages)
+        sa.select(stages, has_steps)
         .select_from(joined)
         .where(
             jobs.c.id == sa.bindparam("job_id"),
@@ -144,8 +115,8 @@ def _owned_stage_query() -> Any:
 
 
 def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
-    """The stage row, if the job is still ``worker``'s lease on it (ids alone can be reused);
-    ownership check and stage read in one query."""
+    """The stage row (and whether it has a step ledger), if the job is still ``worker``'s
+    lease on it (ids alone can be reused); ownership check and stage read in one query."""
     params = {
         "job_id": job.id,
         "run_id": job.run_id,
@@ -154,10 +125,6 @@ def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
         "worker": worker,
     }
     return conn.execute(_owned_stage_query(), params).first()
-
-
-def _touch(conn: Connection, run_id: str, now: float, **values: Any) -> None:
-    update_later(conn, runs, {"id": run_id}, {"updated_at": now, **values})
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
@@ -178,264 +145,44 @@ def _outputs(conn: Connection, run_id: str) -> dict[str, Any]:
     return {r.stage_id: r.output for r in rows}
 
 
-def refresh_status(conn: Connection, run_id: str, now: float) -> None:
-    """running while a stage job is leased or ready, suspended when all wait."""
-    run = try_run(conn, run_id, lock=False)
-    if run is None or run.status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+@functools.cache
+def _activity_query() -> Any:
+    """Whether the run has a busy job (leased or ready) and a waiting one: two index probes
+    of (run_id, status), not a count of every job of a wide run."""
+
+    def having(*statuses: str) -> Any:
+        return sa.exists().where(
+            jobs.c.run_id == sa.bindparam("run_id"), jobs.c.status.in_(statuses)
+        )
+
+    return sa.select(having("leased", "ready").label("busy"), having("waiting").label("waiting"))
+
+
+def refresh_status(conn: Connection, run_id: str, now: float, status: str | None = None) -> None:
+    """running while a stage job is leased or ready, suspended when all wait. ``status``:
+    the run's status as this transaction left it, when the caller knows it."""
+    if status is None:
+        run = try_run(conn, run_id, lock=False)
+        if run is None:
+            return
+        status = run.status
+    if status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
         return
-    counts: dict[str, int] = dict(
-        conn.execute(
-            sa.select(jobs.c.status, sa.func.count())
-            .where(jobs.c.run_id == run_id)
-            .group_by(jobs.c.status)
-        ).all()
-    )
-    busy = counts.get("leased", 0) + counts.get("ready", 0)
-    status = RunStatus.RUNNING if busy or not counts.get("waiting") else RunStatus.SUSPENDED
-    if status != run.status:
-        _touch(conn, run_id, now, status=status)
-
-
-@functools.cache
-def _state_query() -> Any:
-    has_steps = (
-        sa.exists()
-        .where(steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id)
-        .label("has_steps")
-    )
-    joined = stages.outerjoin(
-        jobs,
-        sa.and_(
-            jobs.c.run_id == stages.c.run_id,
-            jobs.c.stage_id == stages.c.stage_id,
-            jobs.c.kind == "stage",
-        ),
-    )
-    return (
-        sa.select(
-            stages.c.stage_id,
-            stages.c.status,
-            stages.c.output,
-            stages.c.has_output,
-            jobs.c.id.label("job_id"),
-            has_steps,
-        )
-        .select_from(joined)
-        .where(stages.c.run_id == sa.bindparam("run_id"))
-    )
-
-
-def _load_state(conn: Connection, run_id: str) -> dict[str, Any]:
-    """Every stage of the run with its status, output and whether it has a job: one query."""
-    return {r.stage_id: r for r in conn.execute(_state_query(), {"run_id": run_id})}
-
-
-def schedule(
-    conn: Connection,
-    run: Any,
-    graph: GraphModel,
-    now: float,
-    handoff: Handoff | None = None,
-    run_values: dict[str, Any] | None = None,
-) -> list[EventDraft]:
-    """Enqueue the first group with unfinished stages; finish the run when none is left.
-    With ``run_values``, run-row changes are collected there for the caller's one update."""
-    state = _load_state(conn, run.id)
-    group = run.current_group
-    values: dict[str, Any] = run_values if run_values is not None else {}
-    drafts: list[EventDraft] = []
-    if handoff is not None:
-        handoff.quiet = handoff.finished = False
-    while group < len(graph.groups):
-        open_stages = [
-            sid for sid in graph.groups[group] if state[sid].status != StageStatus.COMPLETED
-        ]
-        if open_stages:
-            new = [s for s in sorted(open_stages) if state[s].job_id is None]
-            take = set(new[: handoff.limit]) if handoff is not None else set()
-            postgres = conn.dialect.name == "postgresql"
-            lease_until = None
-            if take and handoff is not None and not postgres:
-                lease_until = _lease_deadline(conn, handoff.lease, now)
-            rows = [
-                {
-                    "run_id": run.id,
-                    "stage_id": s,
-                    "kind": "stage",
-                    "wfv": version_key(run.workflow_id, run.version),
-                    "status": "leased" if s in take else "ready",
-                    "lease_owner": handoff.worker if handoff and s in take else None,
-                    # (on PostgreSQL: the database clock + "lease_for", in the insert)
-                    ("lease_for" if postgres else "lease_expires_at"): (
-                        (handoff.lease if postgres else lease_until)
-                        if handoff and s in take
-                        else None
-                    ),
-                    "available_at": now,
-                    "attempt": 1,
-                    "created_at": now,
-                }
-                for s in new
-            ]
-            if rows:
-                inserted = conn.execute(_jobs_insert(postgres), rows).all()
-                if len(take) < len(rows):
-                    notify_due(conn)  # jobs left for the queue: wake other processes
-                if take and handoff is not None:
-                    handed = [j for j in inserted if j.stage_id in take]
-                    drafts = _begin_handed(conn, run, handed, handoff, state, now)
-                    if run.status == RunStatus.PENDING:  # handed from its creation
-                        drafts.insert(0, _lc(run).run_started())
-                        values["status"] = RunStatus.RUNNING
-            if handoff is not None:
-                handoff.quiet = len(take) == len(new)
-            if group != run.current_group:
-                values["current_group"] = group
-            break
-        group += 1
-    else:
-        drafts = _finish_completed(conn, run, graph, state, now, values)
-        if handoff is not None:
-            handoff.quiet = handoff.finished = True
-    if run_values is None and values:
-        _touch(conn, run.id, now, **values)
-    return drafts
-
-
-def _begin_handed(
-    conn: Connection,
-    run: Any,
-    handed: list[Any],
-    handoff: Handoff,
-    state: dict[str, Any],
-    now: float,
-) -> list[EventDraft]:
-    """Mark freshly enqueued stages running for the worker they are handed to (their
-    ``stage.started`` goes out in the same transaction as the completion that freed them)."""
-    lc = _lc(run)
-    ids = sorted(j.stage_id for j in handed)
-    started = _attempt_started(1, now)
-    params = {"k_run_id": run.id, "k_ids": ids} | {f"v_{k}": v for k, v in started.items()}
-    defer(conn, _start_stages(tuple(started)), params)
-    outputs = {sid: r.output for sid, r in state.items() if r.has_output}
-    step_rows: list[Any] = []
-    if any(state[sid].has_steps for sid in ids):  # a ledger kept by a redrive
-        step_rows = list(
-            conn.execute(
-                sa.select(steps).where(steps.c.run_id == run.id, steps.c.stage_id.in_(ids))
-            ).all()
-        )
-    for job in sorted(handed, key=lambda j: j.stage_id):
-        begin = Begin(
-            run_id=run.id,
-            workflow_id=run.workflow_id,
-            version=run.version,
-            stage_id=job.stage_id,
-            attempt=1,
-            input=run.input,
-            outputs=outputs,
-            steps=[r for r in step_rows if r.stage_id == job.stage_id],
-            trace_context=run.trace_context,
-        )
-        handoff.jobs.append((job, begin))
-    return [lc.stage_started(sid, 1) for sid in ids]
-
-
-@functools.cache
-def _jobs_insert(postgres: bool) -> Any:
-    """Insert jobs (their rows back); a handed-off job's lease runs from the database clock
-    on PostgreSQL, read in the insert itself (no separate ``SELECT clock`` round trip)."""
-    stmt = jobs.insert()
-    if postgres:
-        lease_for = sa.bindparam("lease_for", type_=sa.Float)
-        stmt = stmt.values(lease_expires_at=db_clock_sql() + lease_for)
-    return stmt.returning(*jobs.c)
-
-
-@functools.cache
-def _start_stages(keys: tuple[str, ...]) -> Any:
-    return (
-        sa.update(stages)
-        .where(
-            stages.c.run_id == sa.bindparam("k_run_id"),
-            stages.c.stage_id.in_(sa.bindparam("k_ids", expanding=True)),
-        )
-        .values({k: sa.bindparam(f"v_{k}") for k in keys})
-    )
-
-
-def _attempt_started(attempt: int, now: float) -> dict[str, Any]:
-    """A stage row's values when an attempt starts (begun by a worker, or handed to one)."""
-    return {
-        "status": StageStatus.RUNNING,
-        "attempt": attempt,
-        "suspensions": 0,
-        "started_at": now,
-        "error": None,
-        "waiting_for": None,
-        "wake_at": None,
-    }
-
-
-def _lease_deadline(conn: Connection, lease: float, now: float) -> float:
-    """A lease expiry as a number (one value for a multi-row insert)."""
-    clock = db_clock(conn, now)
-    if not isinstance(clock, float | int):
-        clock = conn.execute(sa.select(clock)).scalar_one()
-    return float(clock) + lease
-
-
-@functools.cache
-def _staged_query() -> Any:
-    """A run's staged business events in release order (stage completion, then emit order)."""
-    return (
-        sa.select(staged_events, stages.c.completed_order)
-        .join(
-            stages,
-            sa.and_(
-                stages.c.run_id == staged_events.c.run_id,
-                stages.c.stage_id == staged_events.c.stage_id,
-            ),
-        )
-        .where(staged_events.c.run_id == sa.bindparam("run_id"))
-        .order_by(stages.c.completed_order, staged_events.c.idx)
-    )
-
-
-def _finish_completed(
-    conn: Connection,
-    run: Any,
-    graph: GraphModel,
-    state: dict[str, Any],
-    now: float,
-    values: dict[str, Any],
-) -> list[EventDraft]:
-    lc = _lc(run)
-    outputs = {sid: r.output for sid, r in state.items() if r.has_output}
-    rows = conn.execute(_staged_query(), {"run_id": run.id}).all()
-    drafts = [lc.business(r.stage_id, r.idx, r.type, r.data) for r in rows]
-    drafts.append(lc.run_completed())
-    if rows:
-        delete_where(conn, staged_events, run_id=run.id)
-    values.update(
-        status=RunStatus.COMPLETED,
-        output=run_output(graph.sinks(), outputs),
-        finished_at=now,
-        updated_at=now,
-        current_group=len(graph.groups),
-    )
-    return drafts
+    activity = conn.execute(_activity_query(), {"run_id": run_id}).one()
+    new = RunStatus.RUNNING if activity.busy or not activity.waiting else RunStatus.SUSPENDED
+    if new != status:
+        touch(conn, run_id, now, status=new)
 
 
 def begin_attempt(
-    conn: Connection, job: Any, worker: str, now: float
+    conn: Connection, job: Any, worker: str, now: float, graph: GraphModel | GraphShape
 ) -> tuple[Begin | None, list[EventDraft]]:
-    """Mark the stage running (emitting run.started / stage.started when they are new)."""
+    """Mark the stage running (emitting run.started / stage.started when they are new).
+    Reads the outputs of the stage's upstream only (what ``ctx.output_of`` may read)."""
     run = try_run(conn, job.run_id)
     stage = None if run is None else _owned_stage(conn, job, worker)
     if run is None or stage is None:
         return None, []
-    lc = _lc(run)
     if run.status not in ACTIVE or run.cancel_requested:
         delete_where(conn, jobs, id=job.id)
         append_events(conn, run, _cancel_stage(conn, run, stage, now), now)
@@ -452,11 +199,11 @@ def begin_attempt(
         return None, []
     drafts: list[EventDraft] = []
     if run.status == RunStatus.PENDING:
-        drafts.append(lc.run_started())
+        drafts.append(lc(run).run_started())
     if stage.status == StageStatus.PENDING:
         attempt = job.attempt
-        _set_stage(conn, run.id, stage.stage_id, **_attempt_started(attempt, now))
-        drafts.append(lc.stage_started(stage.stage_id, attempt))
+        _set_stage(conn, run.id, stage.stage_id, **attempt_started(attempt, now))
+        drafts.append(lc(run).stage_started(stage.stage_id, attempt))
     elif stage.status in (StageStatus.RUNNING, StageStatus.SUSPENDED):
         attempt = stage.attempt  # resuming (after a sleep, a signal, a poll or a crash)
         _set_stage(conn, run.id, stage.stage_id, status=StageStatus.RUNNING, waiting_for=None)
@@ -465,9 +212,9 @@ def begin_attempt(
         return None, []
     run_values = {} if run.status == RunStatus.RUNNING else {"status": RunStatus.RUNNING}
     append_events(conn, run, drafts, now, **run_values)
-    state = _load_state(conn, run.id)
+    shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     step_rows: list[Any] = []
-    if state[stage.stage_id].has_steps:
+    if stage.has_steps:
         step_rows = list(select_where(conn, steps, run_id=run.id, stage_id=stage.stage_id).all())
     begin = Begin(
         run_id=run.id,
@@ -476,7 +223,7 @@ def begin_attempt(
         stage_id=stage.stage_id,
         attempt=attempt,
         input=run.input,
-        outputs={sid: r.output for sid, r in state.items() if r.has_output},
+        outputs=upstream_outputs(conn, run.id, shape.upstream([stage.stage_id])),
         steps=step_rows,
         trace_context=run.trace_context,
     )
@@ -519,42 +266,191 @@ def _cancel_stage(conn: Connection, run: Any, stage: Any, now: float) -> list[Ev
         waiting_for=None,
         wake_at=None,
     )
-    return [_lc(run).stage_cancelled(stage.stage_id)]
+    return [lc(run).stage_cancelled(stage.stage_id)]
 
 
-def _complete_stage(
-    conn: Connection,
-    run: Any,
-    stage: Any,
-    job: Any,
-    outcome: Completed,
-    now: float,
-    run_values: dict[str, Any],
-) -> EventDraft:
+@dataclass
+class _Attempt:
+    """One stage attempt's outcome being recorded: what the transaction read, and what it
+    writes at the end (events, run-row values, whether the run's status needs a look)."""
+
+    conn: Connection
+    run: Any
+    stage: Any
+    job: Any
+    worker: str
+    now: float
+    drafts: list[EventDraft] = field(default_factory=list)
+    run_values: dict[str, Any] = field(default_factory=dict)
+    refresh: bool = True
+
+
+def _complete_stage(a: _Attempt, outcome: Completed) -> None:
     """Record a returned stage body: its output and its place in completion order."""
-    order = run.completed_count + 1
-    values = {
-        "status": StageStatus.COMPLETED,
-        "output": outcome.output,
-        "has_output": True,
-        "finished_at": now,
-        "completed_order": order,
-        "waiting_for": None,
-        "wake_at": None,
-    }
-    # (both writes go out with the transaction's next statement on PostgreSQL)
-    update_later(conn, stages, {"run_id": run.id, "stage_id": stage.stage_id}, values)
-    run_values.update(completed_count=order, updated_at=now)
-    delete_later(conn, jobs, id=job.id)
-    return _lc(run).stage_completed(stage.stage_id, stage.attempt)
+    order = a.run.completed_count + 1
+    _set_stage(
+        a.conn,
+        a.run.id,
+        a.stage.stage_id,
+        status=StageStatus.COMPLETED,
+        output=outcome.output,
+        has_output=True,
+        finished_at=a.now,
+        completed_order=order,
+        waiting_for=None,
+        wake_at=None,
+    )
+    a.run_values.update(completed_count=order, updated_at=a.now)
+    delete_later(a.conn, jobs, id=a.job.id)  # (with the next statement on PostgreSQL)
+    a.drafts.append(lc(a.run).stage_completed(a.stage.stage_id, a.stage.attempt))
 
 
-def apply_outcome(  # noqa: PLR0912, PLR0915  helper `wide` is splitting it (big-graph rewrite)
+def _on_late_completion(a: _Attempt, outcome: Completed) -> str:
+    """A sibling failed for good while this body ran, and it returned before it observed
+    that: its side effect happened, so the stage is completed and the compensation job
+    (which waits for leased stages) undoes it first. (After a cancel a late result is
+    discarded instead, SCENARIOS S10: the stage ends cancelled.)"""
+    _complete_stage(a, outcome)
+    a.refresh = False
+    return "completed"
+
+
+def _on_cancelled(a: _Attempt) -> str:
+    a.drafts += _cancel_stage(a.conn, a.run, a.stage, a.now)
+    delete_where(a.conn, jobs, id=a.job.id)
+    return "cancelled"
+
+
+def _on_completed(
+    a: _Attempt, outcome: Completed, shape: GraphShape, handoff: Handoff | None
+) -> str:
+    _complete_stage(a, outcome)
+    # a stage completes once per redrive cycle, and redrive clears what it re-runs, so no
+    # staged events of this stage exist yet
+    if outcome.events:
+        a.conn.execute(
+            staged_events.insert(),
+            [
+                {
+                    "run_id": a.run.id,
+                    "stage_id": a.stage.stage_id,
+                    "idx": i,
+                    "type": e.type,
+                    "data": e.data,
+                }
+                for i, e in enumerate(outcome.events)
+            ],
+        )
+    still_open = None if a.run.group_open is None else a.run.group_open - 1
+    if still_open is not None and still_open > 0:
+        # others of its group are still open (each has its job): nothing to schedule, and
+        # nothing to read (the run row counts them)
+        a.run_values["group_open"] = still_open
+        if handoff is not None:
+            handoff.quiet = handoff.finished = False
+        return "completed"
+    progressed = schedule(
+        a.conn, a.run, shape, a.now, handoff, a.run_values, group_done=still_open == 0
+    )
+    a.drafts += progressed
+    # the run moved on (finished, or handed its next stages to this worker): its status is
+    # already right, so skip recomputing it
+    a.refresh = not progressed
+    return "completed"
+
+
+def _on_suspended(a: _Attempt, outcome: Suspended) -> str:
+    n = a.stage.suspensions + 1
+    until = None if outcome.until is None else outcome.until.timestamp()
+    _set_stage(
+        a.conn,
+        a.run.id,
+        a.stage.stage_id,
+        status=StageStatus.SUSPENDED,
+        suspensions=n,
+        waiting_for=outcome.waiting_for,
+        wake_at=until,
+    )
+    a.drafts.append(
+        lc(a.run).stage_suspended(
+            a.stage.stage_id,
+            a.stage.attempt,
+            n,
+            outcome.reason,
+            outcome.until,
+            outcome.waiting_for,
+        )
+    )
+    ready_now = False
+    if outcome.reason == "signal":
+        name = outcome.waiting_for.split(":", 1)[1]
+        queued = a.conn.execute(
+            sa.select(signals.c.name).where(
+                signals.c.run_id == a.run.id,
+                signals.c.name == name,
+                signals.c.consumed.is_(False),
+            )
+        ).first()
+        ready_now = queued is not None
+    if ready_now:
+        notify_due(a.conn)
+    a.conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.id == a.job.id)
+        .values(
+            status="ready" if ready_now else "waiting",
+            available_at=a.now if ready_now else until,
+            waiting_for=outcome.waiting_for,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+    return "suspended"
+
+
+def _on_failed(a: _Attempt, outcome: Failed, shape: GraphShape) -> str:
+    spec = shape.stage(a.stage.stage_id)
+    attempt = a.stage.attempt
+    will_retry = outcome.retryable and attempt < spec.retry.max_attempts
+    a.drafts.append(lc(a.run).stage_failed(a.stage.stage_id, attempt, outcome.error, will_retry))
+    error = outcome.error.model_dump()
+    if will_retry:
+        _set_stage(a.conn, a.run.id, a.stage.stage_id, status=StageStatus.PENDING, error=error)
+        a.conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id == a.job.id)
+            .values(
+                status="ready",
+                available_at=a.now + spec.retry.delay_s(attempt),
+                attempt=attempt + 1,
+                lease_owner=None,
+                lease_expires_at=None,
+                waiting_for=None,
+            )
+        )
+        return "retrying"
+    _set_stage(
+        a.conn,
+        a.run.id,
+        a.stage.stage_id,
+        status=StageStatus.FAILED,
+        error=error,
+        finished_at=a.now,
+    )
+    delete_where(a.conn, jobs, id=a.job.id)
+    touch(a.conn, a.run.id, a.now, error=error)
+    append_events(a.conn, a.run, a.drafts, a.now)
+    a.drafts = begin_compensation(a.conn, try_run(a.conn, a.run.id, lock=False), a.now)
+    a.refresh = False  # the run is compensating now
+    return "failed"
+
+
+def apply_outcome(
     conn: Connection,
     job: Any,
     worker: str,
     outcome: Outcome,
-    graph: GraphModel,
+    graph: GraphModel | GraphShape,
     now: float,
     cancelled: bool = False,
     handoff: Handoff | None = None,
@@ -567,147 +463,30 @@ def apply_outcome(  # noqa: PLR0912, PLR0915  helper `wide` is splitting it (big
     stage = None if run is None else _owned_stage(conn, job, worker)
     if run is None or stage is None:
         return "discarded"  # our lease was lost: another worker owns this stage now
-    lc = _lc(run)
-    drafts: list[EventDraft] = []
-    run_values: dict[str, Any] = {}
-    refresh = True
-    result = "cancelled"
+    shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
+    a = _Attempt(conn, run, stage, job, worker, now)
     stopping = run.status not in ACTIVE or run.cancel_requested
     failing = run.status == RunStatus.COMPENSATING and not run.cancel_requested
     if failing and isinstance(outcome, Completed):
-        # a sibling failed for good while this body ran, and it returned before it observed
-        # that: its side effect happened, so the stage is completed and the compensation job
-        # (which waits for leased stages) undoes it first. After a cancel a late result is
-        # discarded instead (SCENARIOS S10): the stage ends cancelled.
-        result = "completed"
-        drafts.append(_complete_stage(conn, run, stage, job, outcome, now, run_values))
-        refresh = False
+        result = _on_late_completion(a, outcome)
     elif cancelled or stopping:
-        drafts += _cancel_stage(conn, run, stage, now)
-        delete_where(conn, jobs, id=job.id)
+        result = _on_cancelled(a)
     elif isinstance(outcome, Completed):
-        result = "completed"
-        drafts.append(_complete_stage(conn, run, stage, job, outcome, now, run_values))
-        # a stage completes once per redrive cycle, and redrive clears what it re-runs, so no
-        # staged events of this stage exist yet
-        if outcome.events:
-            conn.execute(
-                staged_events.insert(),
-                [
-                    {
-                        "run_id": run.id,
-                        "stage_id": stage.stage_id,
-                        "idx": i,
-                        "type": e.type,
-                        "data": e.data,
-                    }
-                    for i, e in enumerate(outcome.events)
-                ],
-            )
-        progressed = schedule(conn, run, graph, now, handoff, run_values)
-        drafts += progressed
-        # the run moved on (finished, or handed its next stages to this worker): its status
-        # is already right, so skip recomputing it
-        refresh = not progressed
+        result = _on_completed(a, outcome, shape, handoff)
     elif isinstance(outcome, Abandoned):
         # the engine's storage failed during the attempt (DESIGN §5): as after a crash, the
         # stage stays running with its attempt number, no event, and the job is due again
         # after a backoff (not at lease expiry)
-        result = "abandoned"
         abandon_job(conn, job, worker, now + ABANDON_BACKOFF_S)
+        result = "abandoned"
     elif isinstance(outcome, Suspended):
-        result = "suspended"
-        n = stage.suspensions + 1
-        until = None if outcome.until is None else outcome.until.timestamp()
-        _set_stage(
-            conn,
-            run.id,
-            stage.stage_id,
-            status=StageStatus.SUSPENDED,
-            suspensions=n,
-            waiting_for=outcome.waiting_for,
-            wake_at=until,
-        )
-        drafts.append(
-            lc.stage_suspended(
-                stage.stage_id,
-                stage.attempt,
-                n,
-                outcome.reason,
-                outcome.until,
-                outcome.waiting_for,
-            )
-        )
-        ready_now = False
-        if outcome.reason == "signal":
-            name = outcome.waiting_for.split(":", 1)[1]
-            ready_now = (
-                conn.execute(
-                    sa.select(signals.c.name).where(
-                        signals.c.run_id == run.id,
-                        signals.c.name == name,
-                        signals.c.consumed.is_(False),
-                    )
-                ).first()
-                is not None
-            )
-        if ready_now:
-            notify_due(conn)
-        conn.execute(
-            sa.update(jobs)
-            .where(jobs.c.id == job.id)
-            .values(
-                status="ready" if ready_now else "waiting",
-                available_at=now if ready_now else until,
-                waiting_for=outcome.waiting_for,
-                lease_owner=None,
-                lease_expires_at=None,
-            )
-        )
+        result = _on_suspended(a, outcome)
     else:
         assert isinstance(outcome, Failed)
-        spec = graph.stage(stage.stage_id)
-        will_retry = outcome.retryable and stage.attempt < spec.retry.max_attempts
-        drafts.append(lc.stage_failed(stage.stage_id, stage.attempt, outcome.error, will_retry))
-        if will_retry:
-            result = "retrying"
-            delay = spec.retry.delay_s(stage.attempt)
-            _set_stage(
-                conn,
-                run.id,
-                stage.stage_id,
-                status=StageStatus.PENDING,
-                error=outcome.error.model_dump(),
-            )
-            conn.execute(
-                sa.update(jobs)
-                .where(jobs.c.id == job.id)
-                .values(
-                    status="ready",
-                    available_at=now + delay,
-                    attempt=stage.attempt + 1,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    waiting_for=None,
-                )
-            )
-        else:
-            result = "failed"
-            _set_stage(
-                conn,
-                run.id,
-                stage.stage_id,
-                status=StageStatus.FAILED,
-                error=outcome.error.model_dump(),
-                finished_at=now,
-            )
-            delete_where(conn, jobs, id=job.id)
-            _touch(conn, run.id, now, error=outcome.error.model_dump())
-            append_events(conn, run, drafts, now)
-            drafts = begin_compensation(conn, try_run(conn, run.id, lock=False), now)
-    append_events(conn, run, drafts, now, **run_values)
-    if refresh:
-        refresh_status(conn, run.id, now)
+        result = _on_failed(a, outcome, shape)
+    append_events(conn, run, a.drafts, now, **a.run_values)
+    if a.refresh:
+        refresh_status(conn, run.id, now, a.run_values.get("status", run.status))
     return result
 
 
@@ -722,7 +501,7 @@ def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraf
             continue  # its worker sees the run compensating and cancels the stage
         drafts += _cancel_stage(conn, run, _stage(conn, run.id, j.stage_id), now)
         conn.execute(sa.delete(jobs).where(jobs.c.id == j.id))
-    _touch(conn, run.id, now, status=RunStatus.COMPENSATING)
+    touch(conn, run.id, now, status=RunStatus.COMPENSATING)
     exists = conn.execute(
         sa.select(jobs.c.id).where(jobs.c.run_id == run.id, jobs.c.kind == "compensate")
     ).first()
@@ -793,19 +572,19 @@ def record_compensation(
         return
     if error is None:
         _set_stage(conn, run_id, stage_id, status=StageStatus.COMPENSATED)
-        append_events(conn, run, [_lc(run).stage_compensated(stage_id)], now)
+        append_events(conn, run, [lc(run).stage_compensated(stage_id)], now)
     else:
         _set_stage(conn, run_id, stage_id, compensation_error=error.model_dump())
         errors = list(run.compensation_errors or [])
         errors.append(error.model_dump())
-        _touch(conn, run_id, now, compensation_errors=errors)
+        touch(conn, run_id, now, compensation_errors=errors)
 
 
 def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> None:
     run = try_run(conn, job.run_id)
     if run is None or not _owns(conn, job, worker):
         return
-    lc = _lc(run)
+    life = lc(run)
     conn.execute(
         sa.update(stages)
         .where(stages.c.run_id == run.id, stages.c.status == StageStatus.PENDING)
@@ -814,13 +593,13 @@ def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> 
     conn.execute(sa.delete(staged_events).where(staged_events.c.run_id == run.id))
     conn.execute(sa.delete(jobs).where(jobs.c.run_id == run.id))
     if run.cancel_requested:
-        status, draft = RunStatus.CANCELLED, lc.run_cancelled()
+        status, draft = RunStatus.CANCELLED, life.run_cancelled()
     else:
         error = (
             ErrorInfo.model_validate(run.error)
             if run.error
             else ErrorInfo(type="EngineError", message="run failed")
         )
-        status, draft = RunStatus.FAILED, lc.run_failed(error)
-    _touch(conn, run.id, now, status=status, finished_at=now)
+        status, draft = RunStatus.FAILED, life.run_failed(error)
+    touch(conn, run.id, now, status=status, finished_at=now)
     append_events(conn, run, [draft], now)

@@ -53,6 +53,7 @@ from ._schema import (
     stages,
     steps,
 )
+from ._shape import GraphShape
 from ._sql import lock_run, select_where, try_run
 
 __all__ = [
@@ -106,7 +107,7 @@ def load_graph(conn: Connection, workflow_id: str, version: str) -> GraphModel |
 
 def create_run(
     conn: Connection,
-    graph: GraphModel,
+    graph: GraphModel | GraphShape,
     run_id: str,
     input_value: Any,
     fingerprint: str,
@@ -118,6 +119,8 @@ def create_run(
     """Insert the run, its stages, run.created and the first group's jobs. With an
     idempotency key already used, return that run (or raise on a different input). With
     ``handoff``, the first stages are leased to that worker and begun in this transaction."""
+    shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
+    graph = shape.graph
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own jobs)
     drain = conn.execute(
@@ -148,6 +151,7 @@ def create_run(
         input_fingerprint=fingerprint,
         idempotency_key=key,
         current_group=0,
+        group_open=None,  # (counted by the schedule below)
         event_seq=0,
         completed_count=0,
         redrive_count=0,
@@ -178,7 +182,7 @@ def create_run(
     run = SimpleNamespace(**values)
     run_values: dict[str, Any] = {}
     drafts = [Lifecycle(run_id).run_created(graph.version)]
-    drafts += schedule(conn, run, graph, now, handoff, run_values=run_values)
+    drafts += schedule(conn, run, shape, now, handoff, run_values=run_values)
     append_events(conn, run, drafts, now, **run_values)
     return run_id, True
 

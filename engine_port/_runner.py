@@ -79,6 +79,9 @@ class StageRequest:
     trace_context: str | None = None
     """The W3C ``traceparent`` stored with the run (its ``wfe.run`` span): the attempt's span
     is its child."""
+    version: str | None = None
+    """The run's definition version, when the driver knows it (else ``workflow.version``,
+    which checks the whole definition: per attempt, that grows with the graph)."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,11 @@ def _log_outcome(slog: StageLog, stage: Stage, attempt: int, outcome: Outcome, w
 
 def _span_attrs(req: StageRequest) -> dict[str, Any]:
     return attributes(
-        req.run_id, req.workflow.id, req.workflow.version, stage=req.stage_id, attempt=req.attempt
+        req.run_id,
+        req.workflow.id,
+        req.version or req.workflow.version,
+        stage=req.stage_id,
+        attempt=req.attempt,
     )
 
 

@@ -1,19 +1,24 @@
-"""``python -m bench.tools.big_graph [--run 200,1000]``: big graphs on the native driver.
+"""``python -m bench.tools.big_graph [--run 200,10000] [--db sqlite,postgres]``: big graphs
+on the native driver.
 
 Prints how long a 3,000-stage chain and a 10,000-stage wide graph take to define and to
-register (``Registry`` + ``graph()``: validation and layering), and, for each width given to
-``--run``, the wall time of one run of a 1 -> N wide graph on SQLite with an in-process
-worker and the time per stage transition (which should not grow with N)."""
+register (``Registry`` + ``graph()``: validation and layering), and, for each width N given
+to ``--run`` and each database of ``--db``, one run of a 1 -> N-1 wide graph (N stages) with
+an in-process worker: its wall time, the wall time and this process's CPU time per stage
+transition (neither should grow with N; CPU is the steadier number on a shared machine)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import tempfile
 import time
+from collections.abc import Iterator
 
 from engine_port import EngineSettings, Registry, StageContext, Workflow, create_engine
 
+from .._common import fresh_postgres_db
 from .._workflows import BenchIn
 
 
@@ -44,26 +49,37 @@ def register(n: int, *, wide: bool) -> None:
     print(f"{shape} {n:>6} stages: define {t1 - t0:.3f} s, register {t2 - t1:.3f} s")
 
 
-async def run_wide(n: int) -> None:
+@contextlib.contextmanager
+def _database(db: str, folder: str) -> Iterator[str]:
+    if db == "postgres":
+        with fresh_postgres_db("bigwide") as url:
+            yield url.replace("postgresql://", "postgresql+psycopg://", 1)
+    else:
+        yield f"sqlite:///{folder}/w.db"
+
+
+async def run_wide(n: int, db: str = "sqlite") -> None:
     wf = build(n, wide=True)
-    with tempfile.TemporaryDirectory() as d:
-        settings = EngineSettings(database_url=f"sqlite:///{d}/w.db", blob_url=f"file://{d}/b")
+    with tempfile.TemporaryDirectory() as d, _database(db, d) as url:
+        settings = EngineSettings(database_url=url, blob_url=f"file://{d}/b")
         async with create_engine(settings, Registry([wf])) as engine, engine.worker():
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             run = await engine.start(wf.id, {})
             info = await engine.wait(run.id, timeout=3600)
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     print(
-        f"run wide 1->{n - 1}: {info.status} in {wall:.2f} s, "
-        f"{wall / n * 1000:.2f} ms per stage transition"
+        f"run wide 1->{n - 1} on {db}: {info.status} in {wall:.2f} s, "
+        f"{wall / n * 1000:.2f} ms wall and {cpu / n * 1000:.2f} ms CPU per stage transition"
     )
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--run", default="", help="comma-separated widths to run (e.g. 200,1000)")
+    ap.add_argument("--run", default="", help="comma-separated widths to run (e.g. 200,10000)")
+    ap.add_argument("--db", default="sqlite", help="comma-separated: sqlite, postgres")
     args = ap.parse_args()
     register(3000, wide=False)
     register(10000, wide=True)
-    for width in [int(w) for w in args.run.split(",") if w]:
-        asyncio.run(run_wide(width))
+    for db in [d for d in args.db.split(",") if d]:
+        for width in [int(w) for w in args.run.split(",") if w]:
+            asyncio.run(run_wide(width, db))

@@ -1,0 +1,381 @@
+"""What runs next: enqueue a run's next group, hand its first stages to a worker, finish it.
+
+A transition reads only the rows it needs: the stages of the group it schedules, the outputs
+the stages it hands off may read (their upstream, as the graph declares it) and, at the end,
+the sinks' outputs. The run row counts the current group's open stages (``group_open``), so a
+stage completing beside others still open needs no read at all (``apply_outcome``).
+
+Every function here runs inside one transaction that the kernel opened; none runs user code.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from engine_port import EventDraft, GraphModel, Lifecycle, RunStatus, StageStatus, run_output
+from engine_port.driver import version_key
+
+from ._db import defer
+from ._jobs import notify_due
+from ._schema import jobs, runs, staged_events, stages, steps
+from ._shape import GraphShape
+from ._sql import db_clock, db_clock_sql, delete_where, update_later
+
+__all__ = ["Begin", "Handoff", "attempt_started", "lc", "schedule", "touch", "upstream_outputs"]
+
+IN_CHUNK = 1000
+"""Stage ids per ``IN (...)`` list: far below SQLite's and PostgreSQL's parameter limits."""
+
+
+@dataclass(frozen=True)
+class Begin:
+    """What job.execute needs to run one stage attempt outside the transaction."""
+
+    run_id: str
+    workflow_id: str
+    version: str
+    stage_id: str
+    attempt: int
+    input: Any
+    outputs: dict[str, Any]  # upstream stage id -> stored output (maybe a spill reference)
+    steps: list[Any] = field(default_factory=list)
+    trace_context: str | None = None
+
+
+@dataclass
+class Handoff:
+    """Jobs a transition enqueues may be leased at once to the worker that made it (up to
+    ``limit``), so it runs the next stage without a round trip through the queue."""
+
+    worker: str
+    lease: float
+    limit: int
+    jobs: list[tuple[Any, Begin]] = field(default_factory=list)  # already marked running
+    # the transition left nothing for the queue: it finished the run, or every job it
+    # enqueued is in ``jobs`` (the host need not look for work)
+    quiet: bool = False
+    finished: bool = False  # the transition ended the run (completed)
+
+
+def lc(run: Any) -> Lifecycle:
+    return Lifecycle(run.id, run.redrive_count)
+
+
+def touch(conn: Connection, run_id: str, now: float, **values: Any) -> None:
+    update_later(conn, runs, {"id": run_id}, {"updated_at": now, **values})
+
+
+def attempt_started(attempt: int, now: float) -> dict[str, Any]:
+    """A stage row's values when an attempt starts (begun by a worker, or handed to one)."""
+    return {
+        "status": StageStatus.RUNNING,
+        "attempt": attempt,
+        "suspensions": 0,
+        "started_at": now,
+        "error": None,
+        "waiting_for": None,
+        "wake_at": None,
+    }
+
+
+def _chunks(ids: Collection[str]) -> list[list[str]]:
+    ordered = sorted(ids)
+    return [ordered[i : i + IN_CHUNK] for i in range(0, len(ordered), IN_CHUNK)]
+
+
+@functools.cache
+def _rows_query() -> Any:
+    """Some stages of a run: status, output, whether a stage job and a step ledger exist."""
+    has_steps = (
+        sa.exists()
+        .where(steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id)
+        .label("has_steps")
+    )
+    joined = stages.outerjoin(
+        jobs,
+        sa.and_(
+            jobs.c.run_id == stages.c.run_id,
+            jobs.c.stage_id == stages.c.stage_id,
+            jobs.c.kind == "stage",
+        ),
+    )
+    return (
+        sa.select(
+            stages.c.stage_id,
+            stages.c.status,
+            stages.c.output,
+            stages.c.has_output,
+            jobs.c.id.label("job_id"),
+            has_steps,
+        )
+        .select_from(joined)
+        .where(
+            stages.c.run_id == sa.bindparam("run_id"),
+            stages.c.stage_id.in_(sa.bindparam("ids", expanding=True)),
+        )
+    )
+
+
+def _stage_rows(conn: Connection, run_id: str, ids: Collection[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for chunk in _chunks(ids):
+        for r in conn.execute(_rows_query(), {"run_id": run_id, "ids": chunk}):
+            out[r.stage_id] = r
+    return out
+
+
+@functools.cache
+def _outputs_query() -> Any:
+    return sa.select(stages.c.stage_id, stages.c.output).where(
+        stages.c.run_id == sa.bindparam("run_id"),
+        stages.c.stage_id.in_(sa.bindparam("ids", expanding=True)),
+        stages.c.has_output.is_(True),
+    )
+
+
+def upstream_outputs(
+    conn: Connection, run_id: str, ids: Collection[str], known: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The stored outputs of stages ``ids`` (those that have one): from ``known`` rows where
+    given, the rest read in one query per chunk."""
+    known = known or {}
+    out = {sid: known[sid].output for sid in ids if sid in known and known[sid].has_output}
+    missing = [sid for sid in ids if sid not in known]
+    for chunk in _chunks(missing):
+        for r in conn.execute(_outputs_query(), {"run_id": run_id, "ids": chunk}):
+            out[r.stage_id] = r.output
+    return out
+
+
+def _wanted(shape: GraphShape, group: int, handoff: Handoff | None) -> set[str]:
+    """The stage rows scheduling ``group`` reads: its stages, what the stages it would hand
+    off may read (their upstream), and the sinks when it is the last group (to finish)."""
+    ids = shape.groups[group]
+    want = set(ids)
+    if handoff is not None and handoff.limit > 0:
+        want |= shape.upstream(sorted(ids)[: handoff.limit])
+    if group == len(shape.groups) - 1:
+        want |= set(shape.sinks())
+    return want
+
+
+def schedule(
+    conn: Connection,
+    run: Any,
+    graph: GraphModel | GraphShape,
+    now: float,
+    handoff: Handoff | None = None,
+    run_values: dict[str, Any] | None = None,
+    *,
+    group_done: bool = False,
+) -> list[EventDraft]:
+    """Enqueue the first group with unfinished stages; finish the run when none is left.
+    With ``run_values``, run-row changes are collected there for the caller's one update.
+    Reads the stages of the groups it looks at (and what handed stages may read), never
+    every stage of the run; ``group_done``: the caller saw the current group's last open
+    stage complete, so the next group's rows are read in the same query."""
+    shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
+    groups = shape.groups
+    values: dict[str, Any] = run_values if run_values is not None else {}
+    drafts: list[EventDraft] = []
+    if handoff is not None:
+        handoff.quiet = handoff.finished = False
+    seen: dict[str, Any] = {}
+    group = run.current_group
+    while group < len(groups):
+        want = _wanted(shape, group, handoff)
+        if group_done and group == run.current_group and group + 1 < len(groups):
+            want |= _wanted(shape, group + 1, handoff)
+        seen.update(_stage_rows(conn, run.id, want - seen.keys()))
+        open_stages = [sid for sid in groups[group] if seen[sid].status != StageStatus.COMPLETED]
+        if open_stages:
+            drafts = _enqueue(conn, run, shape, open_stages, seen, now, handoff, values)
+            values["group_open"] = len(open_stages)
+            if group != run.current_group:
+                values["current_group"] = group
+            break
+        group += 1
+    else:
+        drafts = _finish_completed(conn, run, shape, seen, now, values)
+        if handoff is not None:
+            handoff.quiet = handoff.finished = True
+    if run_values is None and values:
+        touch(conn, run.id, now, **values)
+    return drafts
+
+
+def _enqueue(
+    conn: Connection,
+    run: Any,
+    shape: GraphShape,
+    open_stages: list[str],
+    rows: dict[str, Any],
+    now: float,
+    handoff: Handoff | None,
+    values: dict[str, Any],
+) -> list[EventDraft]:
+    """Insert jobs for the group's open stages that have none, the first ``handoff.limit``
+    of them leased to the handoff's worker and begun."""
+    new = [s for s in sorted(open_stages) if rows[s].job_id is None]
+    take = set(new[: handoff.limit]) if handoff is not None else set()
+    postgres = conn.dialect.name == "postgresql"
+    lease_until = None
+    if take and handoff is not None and not postgres:
+        lease_until = _lease_deadline(conn, handoff.lease, now)
+    drafts: list[EventDraft] = []
+    if new:
+        wfv = version_key(run.workflow_id, run.version)
+        inserted = conn.execute(
+            _jobs_insert(postgres),
+            [
+                {
+                    "run_id": run.id,
+                    "stage_id": s,
+                    "kind": "stage",
+                    "wfv": wfv,
+                    "status": "leased" if s in take else "ready",
+                    "lease_owner": handoff.worker if handoff and s in take else None,
+                    # (on PostgreSQL: the database clock + "lease_for", in the insert)
+                    ("lease_for" if postgres else "lease_expires_at"): (
+                        (handoff.lease if postgres else lease_until)
+                        if handoff and s in take
+                        else None
+                    ),
+                    "available_at": now,
+                    "attempt": 1,
+                    "created_at": now,
+                }
+                for s in new
+            ],
+        ).all()
+        if len(take) < len(new):
+            notify_due(conn)  # jobs left for the queue: wake other processes
+        if take and handoff is not None:
+            handed = [j for j in inserted if j.stage_id in take]
+            drafts = _begin_handed(conn, run, shape, handed, handoff, rows, now)
+            if run.status == RunStatus.PENDING:  # handed from its creation
+                drafts.insert(0, lc(run).run_started())
+                values["status"] = RunStatus.RUNNING
+    if handoff is not None:
+        handoff.quiet = len(take) == len(new)
+    return drafts
+
+
+def _begin_handed(
+    conn: Connection,
+    run: Any,
+    shape: GraphShape,
+    handed: list[Any],
+    handoff: Handoff,
+    rows: dict[str, Any],
+    now: float,
+) -> list[EventDraft]:
+    """Mark freshly enqueued stages running for the worker they are handed to (their
+    ``stage.started`` goes out in the same transaction as the completion that freed them)."""
+    ids = sorted(j.stage_id for j in handed)
+    started = attempt_started(1, now)
+    params = {"k_run_id": run.id, "k_ids": ids} | {f"v_{k}": v for k, v in started.items()}
+    defer(conn, _start_stages(tuple(started)), params)
+    outputs = upstream_outputs(conn, run.id, shape.upstream(ids), rows)
+    step_rows: list[Any] = []
+    if any(rows[sid].has_steps for sid in ids):  # a ledger kept by a redrive
+        step_rows = list(
+            conn.execute(
+                sa.select(steps).where(steps.c.run_id == run.id, steps.c.stage_id.in_(ids))
+            ).all()
+        )
+    for job in sorted(handed, key=lambda j: j.stage_id):
+        begin = Begin(
+            run_id=run.id,
+            workflow_id=run.workflow_id,
+            version=run.version,
+            stage_id=job.stage_id,
+            attempt=1,
+            input=run.input,
+            outputs={a: outputs[a] for a in shape.upstream([job.stage_id]) if a in outputs},
+            steps=[r for r in step_rows if r.stage_id == job.stage_id],
+            trace_context=run.trace_context,
+        )
+        handoff.jobs.append((job, begin))
+    return [lc(run).stage_started(sid, 1) for sid in ids]
+
+
+@functools.cache
+def _jobs_insert(postgres: bool) -> Any:
+    """Insert jobs (their rows back); a handed-off job's lease runs from the database clock
+    on PostgreSQL, read in the insert itself (no separate ``SELECT clock`` round trip)."""
+    stmt = jobs.insert()
+    if postgres:
+        lease_for = sa.bindparam("lease_for", type_=sa.Float)
+        stmt = stmt.values(lease_expires_at=db_clock_sql() + lease_for)
+    return stmt.returning(*jobs.c)
+
+
+@functools.cache
+def _start_stages(keys: tuple[str, ...]) -> Any:
+    return (
+        sa.update(stages)
+        .where(
+            stages.c.run_id == sa.bindparam("k_run_id"),
+            stages.c.stage_id.in_(sa.bindparam("k_ids", expanding=True)),
+        )
+        .values({k: sa.bindparam(f"v_{k}") for k in keys})
+    )
+
+
+def _lease_deadline(conn: Connection, lease: float, now: float) -> float:
+    """A lease expiry as a number (one value for a multi-row insert)."""
+    clock = db_clock(conn, now)
+    if not isinstance(clock, float | int):
+        clock = conn.execute(sa.select(clock)).scalar_one()
+    return float(clock) + lease
+
+
+@functools.cache
+def _staged_query() -> Any:
+    """A run's staged business events in release order (stage completion, then emit order)."""
+    return (
+        sa.select(staged_events, stages.c.completed_order)
+        .join(
+            stages,
+            sa.and_(
+                stages.c.run_id == staged_events.c.run_id,
+                stages.c.stage_id == staged_events.c.stage_id,
+            ),
+        )
+        .where(staged_events.c.run_id == sa.bindparam("run_id"))
+        .order_by(stages.c.completed_order, staged_events.c.idx)
+    )
+
+
+def _finish_completed(
+    conn: Connection,
+    run: Any,
+    shape: GraphShape,
+    rows: dict[str, Any],
+    now: float,
+    values: dict[str, Any],
+) -> list[EventDraft]:
+    life = lc(run)
+    sinks = shape.sinks()
+    outputs = upstream_outputs(conn, run.id, sinks, rows)
+    staged = conn.execute(_staged_query(), {"run_id": run.id}).all()
+    drafts = [life.business(r.stage_id, r.idx, r.type, r.data) for r in staged]
+    drafts.append(life.run_completed())
+    if staged:
+        delete_where(conn, staged_events, run_id=run.id)
+    values.update(
+        status=RunStatus.COMPLETED,
+        output=run_output(sinks, outputs),
+        finished_at=now,
+        updated_at=now,
+        current_group=len(shape.groups),
+        group_open=0,
+    )
+    return drafts

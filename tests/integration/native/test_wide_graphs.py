@@ -1,0 +1,303 @@
+"""Big graphs at run time (issue 12): the work of one stage transition does not grow with the
+width of the graph, a stage is handed only the outputs it may read (its upstream), and a very
+wide graph completes."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import cursor as sa_cursor
+
+from driver_native import ClaimPending, CreateRun, ExecuteJob, NativeEngine, _progress, _schema
+from driver_native._db import Database
+from engine_port import StageContext, Workflow
+
+from .conftest import MakeEngine
+
+
+def fan(width: int) -> Workflow[Any]:
+    """src -> m0..m{width-1} -> sink: each middle stage reads src, the sink reads them all
+    (and src, which it comes after transitively)."""
+    from pydantic import BaseModel
+
+    class Empty(BaseModel):
+        pass
+
+    wf: Workflow[Any] = Workflow(f"it-fan-{width}", input=Empty)
+
+    @wf.stage(id="src")
+    async def src(ctx: StageContext[Empty]) -> int:
+        return 1
+
+    middles = []
+    for i in range(width):
+
+        async def middle(ctx: StageContext[Empty]) -> int:
+            return int(ctx.output_of("src")) + 1
+
+        middle.__name__ = f"m{i}"
+        middles.append(wf.stage(id=f"m{i}", after=[src])(middle))
+
+    @wf.stage(id="sink", after=middles)
+    async def sink(ctx: StageContext[Empty]) -> int:
+        return sum(int(ctx.output_of(m)) for m in middles) + int(ctx.output_of("src"))
+
+    return wf
+
+
+class Work:
+    """Statements executed and rows read per write transaction, by the name of its function,
+    in call order (rows: those the database returned to the kernel)."""
+
+    def __init__(self) -> None:
+        self.per_call: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.statements = 0
+        self.rows = 0
+
+    def reset(self) -> None:
+        self.per_call.clear()
+
+
+def _count_rows(monkeypatch: pytest.MonkeyPatch, seen: Work) -> None:
+    """Count the rows every SQLAlchemy fetch hands out (one-row, many-row, buffered)."""
+    for cls in (
+        sa_cursor.CursorFetchStrategy,
+        sa_cursor.BufferedRowCursorFetchStrategy,
+        sa_cursor.FullyBufferedCursorFetchStrategy,
+    ):
+        for name in ("fetchone", "fetchmany", "fetchall"):
+            if name in vars(cls):
+                monkeypatch.setattr(cls, name, _counted(vars(cls)[name], seen))
+
+
+def _counted(fetch: Any, seen: Work) -> Any:
+    def wrapped(self: Any, *a: Any, **k: Any) -> Any:
+        got = fetch(self, *a, **k)
+        if isinstance(got, list):
+            seen.rows += len(got)
+        elif got is not None:
+            seen.rows += 1
+        return got
+
+    return wrapped
+
+
+@pytest.fixture
+def work(monkeypatch: pytest.MonkeyPatch) -> Iterator[Work]:
+    seen = Work()
+    original = Database._tx_once
+
+    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
+        before = (seen.statements, seen.rows)
+        try:
+            return original(self, attempt, fn, *a, **k)
+        finally:
+            cost = (seen.statements - before[0], seen.rows - before[1])
+            seen.per_call[getattr(fn, "__name__", repr(fn))].append(cost)
+
+    monkeypatch.setattr(Database, "_tx_once", counting)
+    _count_rows(monkeypatch, seen)
+    yield seen
+
+
+async def _drive(engine: NativeEngine, wf: Workflow[Any], handoff: int) -> Any:
+    """Run one run to its end with a kernel driven step by step (one job at a time, as a
+    worker does, handing jobs on when ``handoff``): the same statements every time."""
+    kernel = engine.kernel
+    run_id, _ = await kernel.dispatch(CreateRun(wf.id, {}))
+    handed: list[tuple[Any, Any]] = []
+    while True:
+        if handed:
+            job, begun = handed.pop(0)
+        else:
+            claimed = await kernel.dispatch(ClaimPending("w1", limit=1))
+            if not claimed:
+                break
+            job, begun = claimed[0], None
+        await kernel.dispatch(
+            ExecuteJob(job, "w1", handoff=handoff, on_handoff=handed.extend, begun=begun)
+        )
+    return await engine.get_run(run_id)
+
+
+async def _profile(
+    make_engine: MakeEngine, work: Work, width: int, handoff: int
+) -> tuple[dict[str, list[tuple[int, int]]], Any]:
+    wf = fan(width)
+    engine = await make_engine(wf)
+
+    def stmt(*_a: Any) -> None:
+        work.statements += 1
+
+    event.listen(engine.kernel.db.engine, "before_cursor_execute", stmt)
+    work.reset()
+    info = await _drive(engine, wf, handoff)
+    event.remove(engine.kernel.db.engine, "before_cursor_execute", stmt)
+    calls = dict(work.per_call)
+    assert len(calls["apply_outcome"]) == width + 2
+    return calls, info
+
+
+def _typical(costs: list[tuple[int, int]]) -> tuple[int, int]:
+    return Counter(costs).most_common(1)[0][0]
+
+
+@pytest.mark.parametrize("handoff", [0, 2])
+async def test_work_per_transition_does_not_grow_with_the_width(
+    make_engine: MakeEngine, work: Work, handoff: int
+) -> None:
+    narrow, narrow_info = await _profile(make_engine, work, 10, handoff)
+    wide, wide_info = await _profile(make_engine, work, 100, handoff)
+    assert narrow_info.status == wide_info.status == "completed"
+    assert (narrow_info.output, wide_info.output) == (10 * 2 + 1, 100 * 2 + 1)
+    for name in ("apply_outcome", "begin_attempt", "claim"):
+        if name in narrow or name in wide:
+            # a stage's transition beside 99 open siblings costs what it costs beside 9:
+            # the same statements, the same rows (before: every outcome and begin read every
+            # stage row and output of the run, and the run's status counted all its jobs)
+            assert _typical(wide[name]) == _typical(narrow[name]), (name, narrow, wide)
+    # no kind of transaction needs more statements in the wide run (only a few, the ones
+    # that enqueue a group or gather the fan-in, read rows in proportion to it)
+    assert {k: {s for s, _ in v} for k, v in wide.items()} == {
+        k: {s for s, _ in v} for k, v in narrow.items()
+    }
+    # in all, linear in the stages: rows read per stage no more than in the narrow run
+    rows = {
+        w: sum(r for v in calls.values() for _, r in v) for w, calls in ((10, narrow), (100, wide))
+    }
+    assert rows[100] / 100 <= rows[10] / 10, rows
+
+
+async def test_a_stage_gets_only_its_upstream_outputs(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    begins: dict[str, set[str]] = {}
+    original = _progress.begin_attempt
+
+    def recording(*a: Any, **k: Any) -> Any:
+        begin, drafts = original(*a, **k)
+        if begin is not None:
+            begins[begin.stage_id] = set(begin.outputs)
+        return begin, drafts
+
+    monkeypatch.setattr(_progress, "begin_attempt", recording)
+    wf = fan(20)
+    engine = await make_engine(wf)
+    info = await _drive(engine, wf, handoff=0)
+    assert info.status == "completed" and info.output == 41
+    assert begins["src"] == set()
+    assert {begins[f"m{i}"] == {"src"} for i in range(20)} == {True}  # not its siblings'
+    assert begins["sink"] == {"src"} | {f"m{i}" for i in range(20)}
+
+
+def _side_read() -> Workflow[Any]:
+    from pydantic import BaseModel
+
+    class Empty(BaseModel):
+        pass
+
+    wf: Workflow[Any] = Workflow("it-side-read", input=Empty)
+
+    @wf.stage(id="x")
+    async def x(ctx: StageContext[Empty]) -> int:
+        return 1
+
+    @wf.stage(id="y")
+    async def y(ctx: StageContext[Empty]) -> int:
+        return 2
+
+    @wf.stage(id="z", after=[x])
+    async def z(ctx: StageContext[Empty]) -> int:
+        return int(ctx.output_of("y"))  # y finished before z starts, but z is not after it
+
+    return wf
+
+
+async def test_reading_a_stage_that_is_not_upstream_fails_as_on_temporal(
+    make_engine: MakeEngine,
+) -> None:
+    wf = _side_read()
+    engine = await make_engine(wf)
+    info = await _drive(engine, wf, handoff=0)
+    assert info.status == "failed"
+    assert info.error is not None and "only completed upstream stages" in info.error.message
+
+
+WIDE = 2_000
+
+
+async def test_a_two_thousand_stage_wide_graph_completes(make_engine: MakeEngine) -> None:
+    wf = fan(WIDE)
+    engine = await make_engine(wf)
+    async with engine.worker(concurrency=16):
+        run = await engine.start(wf.id, {})
+        info = await engine.wait(run.id, timeout=600)
+    assert info.status == "completed" and info.output == WIDE * 2 + 1
+
+
+async def _group_open(engine: NativeEngine, run_id: str) -> Any:
+    return await engine.kernel.db.read(
+        lambda c: c.execute(
+            sa.select(_schema.runs.c.group_open).where(_schema.runs.c.id == run_id)
+        ).scalar_one()
+    )
+
+
+async def test_a_run_from_before_v9_counts_its_open_stages_at_its_next_transition(
+    make_engine: MakeEngine,
+) -> None:
+    """Runs that existed before schema v9 have no count of their group's open stages (NULL):
+    their next transition counts it, and the run goes on as before."""
+    wf = fan(5)
+    engine = await make_engine(wf)
+    kernel = engine.kernel
+    run_id, _ = await kernel.dispatch(CreateRun(wf.id, {}))
+    for _ in range(3):  # src, then two of the five middle stages
+        (job,) = await kernel.dispatch(ClaimPending("w1", limit=1))
+        assert await kernel.dispatch(ExecuteJob(job, "w1")) == "completed"
+    assert await _group_open(engine, run_id) == 3
+    await kernel.db.tx(
+        lambda c: c.execute(
+            sa.update(_schema.runs).where(_schema.runs.c.id == run_id).values(group_open=None)
+        )
+    )
+    (job,) = await kernel.dispatch(ClaimPending("w1", limit=1))
+    assert await kernel.dispatch(ExecuteJob(job, "w1")) == "completed"
+    assert await _group_open(engine, run_id) == 2  # counted again, without this one
+    info = await _drive(engine, wf, handoff=0)  # (drives the rest: a second run too)
+    assert info.status == "completed"
+    run = await engine.get_run(run_id)
+    assert run.status == "completed" and run.output == 5 * 2 + 1
+
+
+def test_v9_adds_the_open_stage_count_and_indexes_jobs_by_run_and_status(
+    database_url: str,
+) -> None:
+    db = Database(database_url)
+    try:
+        db.upgrade()
+
+        def back_to_v8(c: sa.Connection) -> None:  # what a v8 database has
+            c.execute(sa.text("DROP INDEX ix_wfe_jobs_run_status"))
+            c.execute(sa.text("CREATE INDEX ix_wfe_jobs_run ON wfe_jobs (run_id)"))
+            c.execute(sa.text("ALTER TABLE wfe_runs DROP COLUMN group_open"))
+            c.execute(sa.update(_schema.schema_info).values(version=8))
+
+        db.tx_sync(back_to_v8)
+        assert db.upgrade() == [v for v, _, _ in _schema.MIGRATIONS if v > 8]  # 9 first
+
+        def shape(c: sa.Connection) -> tuple[set[str], set[str]]:
+            insp = sa.inspect(c)
+            columns = {col["name"] for col in insp.get_columns("wfe_runs")}
+            return columns, {str(i["name"]) for i in insp.get_indexes("wfe_jobs")}
+
+        columns, indexes = db.tx_sync(shape)
+        assert "group_open" in columns
+        assert "ix_wfe_jobs_run_status" in indexes and "ix_wfe_jobs_run" not in indexes
+    finally:
+        db.dispose()
