@@ -25,7 +25,7 @@ from driver_native import (
     run_to_completion,
 )
 from driver_native._engine import NativeEngine
-from engine_port import MemorySink
+from engine_port import FakeClock, MemorySink
 
 from . import workflows as w
 from .conftest import MakeEngine, eventually, types
@@ -184,15 +184,20 @@ async def test_handle_job_busy_stale_and_claimed(make_engine: MakeEngine) -> Non
 
 
 async def test_cron_loop_drives_runs_and_reports_the_seed_keys(make_engine: MakeEngine) -> None:
+    """The seed's cron loop (one job per tick, then a maintenance tick): the tick wakes the
+    nap's due sleep. A fake clock moves only when told, so the sleep falls due between two
+    ticks and not while a job is being claimed (a due sleeping job is also claimable
+    directly: with a wall clock which of the two saw it first was a race)."""
     sink = MemorySink()
-    engine = await make_engine(w.linear, w.napper, event_sink=sink)
+    clock = FakeClock()
+    engine = await make_engine(w.linear, w.napper, event_sink=sink, clock=clock)
     k = engine.kernel
     runs = [await engine.start("it-linear", {"n": i}) for i in range(2)]
     nap = await engine.start("it-napper", {"n": 300})
     processed = succeeded = 0
     ticks: list[dict[str, Any]] = []
 
-    async def scheduled() -> bool:  # the seed's cron handler, plus a poll for jobs
+    async def scheduled(*wanted: str) -> bool:  # the seed's cron handler, plus a poll for jobs
         nonlocal processed, succeeded
         jobs = await process_available_jobs(k)  # max_jobs defaults to 1
         assert jobs.processed <= 1
@@ -200,9 +205,17 @@ async def test_cron_loop_drives_runs_and_reports_the_seed_keys(make_engine: Make
         succeeded += jobs.succeeded
         ticks.append((await run_maintenance_tick(k)).model_dump(by_alias=True))
         infos = [await engine.get_run(r.id) for r in [*runs, nap]]
-        return all(i.status == "completed" for i in infos)
+        return [str(i.status) for i in infos] == list(wanted)
 
-    await eventually(scheduled, timeout=20, interval=0.05)
+    await eventually(
+        lambda: scheduled("completed", "completed", "suspended"), timeout=20, interval=0
+    )
+    assert sum(t["suspendedChecked"] for t in ticks) == 0  # the nap sleeps: nothing is due
+    clock.advance(1.0)
+    woke = (await run_maintenance_tick(k)).model_dump(by_alias=True)
+    assert woke["suspendedChecked"] == 1
+    ticks.append(woke)
+    await eventually(lambda: scheduled(*["completed"] * 3), timeout=20, interval=0)
     assert processed == succeeded == 2 * 3 + 2  # the nap's stage ran twice: suspend, resume
     assert all(set(t) == SEED_TICK_KEYS for t in ticks)
     assert sum(t["suspendedChecked"] for t in ticks) == 1
