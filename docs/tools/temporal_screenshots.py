@@ -125,7 +125,7 @@ async def shoot(ui: str, runs: DemoRuns, out: Path) -> list[Path]:
             saved.append(out / "temporal-history.png")
             await page.screenshot(path=str(saved[-1]))
 
-            # the failed run: ship's failed attempt, expanded (type, message, traceback)
+            # the failed run: ship's failed attempt, expanded (message, retry state, stack trace)
             await page.set_viewport_size({"width": 1800, "height": 1200})
             await page.goto(f"{ns}/{runs.failed}")
             await page.get_by_text("Event History").first.click()
