@@ -1,7 +1,7 @@
-"""``python -m bench.tools.temporal_profile [signal|fanout|seq3] [--runs N]``: where the time
-of bench workload 5 (signal round trip), 3 (fan-out 1 -> 50 -> 1) or 1 and 2 (the 3-stage
+"""``python -m bench.tools.temporal_profile [signal|fanout|seq3|paired] [--runs N]``: where the
+time of bench workload 5 (signal round trip), 3 (fan-out 1 -> 50 -> 1) or 1 and 2 (the 3-stage
 workflow of latency and throughput) goes, on the Temporal driver and on the hand-written
-temporalio workflow.
+temporalio workflow; ``paired`` times latency, fan-out and signal on both in alternation.
 
 Each side gets its own dev server and an in-process worker. ``signal``: for N runs parked in
 their signal wait, the sender's two calls timed apart (``engine.signal`` / ``handle.signal``
@@ -171,7 +171,102 @@ async def hand_written(runs: int, workload: str) -> None:
         _summary("hand-written, last run", history)
 
 
+async def paired(rounds: int) -> None:
+    """Driver and hand-written side by side in one process (each on its own dev server),
+    one run of each per round, alternating which goes first: the machine's load drifts
+    between the bench's systems, measured minutes apart; here both see the same load."""
+    with tempfile.TemporaryDirectory() as d:
+        async with (
+            TemporalDevServer(headless=True) as ours,
+            TemporalDevServer(headless=True) as theirs,
+        ):
+            settings = EngineSettings(
+                driver="temporal",
+                temporal_address=ours.address,
+                blob_url=f"file://{d}/blobs",
+                task_queue="bench",
+            )
+            async with (
+                create_engine(settings, W.registry()) as engine,
+                engine.worker(),
+                R.worker(theirs.address) as client,
+            ):
+                assert isinstance(engine, TemporalEngine)
+                last: dict[str, Any] = {}  # each side's last handle
+
+                async def run_driver(wf: str) -> float:
+                    t0 = time.perf_counter()
+                    run = await engine.start(wf, {})
+                    await engine.wait(run.id, timeout=300)
+                    last["driver"] = engine._conn.get_workflow_handle(run.id)
+                    return (time.perf_counter() - t0) * 1000
+
+                async def run_raw(wf: str, arg: Any) -> float:
+                    t0 = time.perf_counter()
+                    last["raw"] = await client.start_workflow(
+                        wf, arg, id=uuid.uuid4().hex, task_queue=R.TASK_QUEUE
+                    )
+                    await last["raw"].result()
+                    return (time.perf_counter() - t0) * 1000
+
+                async def signal_driver() -> float:
+                    run = await engine.start("bench-signal", {})
+                    await _until_waiting(engine, run.id)
+                    t0 = time.perf_counter()
+                    await engine.signal(run.id, "go", {"ok": True})
+                    await engine.wait(run.id, timeout=60)
+                    return (time.perf_counter() - t0) * 1000
+
+                async def signal_raw() -> float:
+                    handle = await client.start_workflow(
+                        "bench_signal", id=uuid.uuid4().hex, task_queue=R.TASK_QUEUE
+                    )
+                    await handle.query("waiting")
+                    t0 = time.perf_counter()
+                    await handle.signal("go", {"ok": True})
+                    await handle.result()
+                    return (time.perf_counter() - t0) * 1000
+
+                pairs: dict[str, tuple[Any, Any]] = {
+                    "3-stage latency": (
+                        lambda: run_driver("bench-seq3"),
+                        lambda: run_raw("bench_seq3", False),
+                    ),
+                    "fan-out 1->50->1": (
+                        lambda: run_driver("bench-fanout-50"),
+                        lambda: run_raw("bench_fanout", 50),
+                    ),
+                    "signal round trip": (signal_driver, signal_raw),
+                }
+                print(f"paired, {rounds} rounds each (ms p50s; ratio = driver / hand-written)")
+                for name, (a, b) in pairs.items():
+                    for _ in range(2):  # warm-up
+                        await a()
+                        await b()
+                    da, db, ratios = [], [], []
+                    for i in range(rounds):
+                        if i % 2:
+                            y, x = await b(), await a()
+                        else:
+                            x, y = await a(), await b()
+                        da.append(x)
+                        db.append(y)
+                        ratios.append(x / y)
+                    print(
+                        f"{name}: driver {_p50(da)}, hand-written {_p50(db)}, ratio of p50s "
+                        f"{statistics.median(da) / statistics.median(db):.2f}, p50 of the "
+                        f"per-round ratios {statistics.median(ratios):.2f}"
+                    )
+                    if name == "3-stage latency":
+                        for side in ("driver", "raw"):
+                            history = await last[side].fetch_history()
+                            _summary(f"  {side}, last run", history)
+
+
 async def main(workload: str, runs: int) -> None:
+    if workload == "paired":
+        await paired(runs)
+        return
     await driver(runs, workload)
     print()
     await hand_written(runs, workload)
@@ -179,7 +274,9 @@ async def main(workload: str, runs: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("workload", nargs="?", choices=["signal", "fanout", "seq3"], default="signal")
+    ap.add_argument(
+        "workload", nargs="?", choices=["signal", "fanout", "seq3", "paired"], default="signal"
+    )
     ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
     asyncio.run(main(args.workload, args.runs))
