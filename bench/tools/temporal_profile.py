@@ -27,7 +27,10 @@ from engine_port import EngineSettings, create_engine
 
 from .. import _temporal_raw as R
 from .. import _workflows as W
+from .._common import Sizes
 from .._native import _until_waiting
+
+PAUSE_S = Sizes.full(slow=True).pause_s
 
 
 def _print_history(title: str, history: Any) -> None:
@@ -173,8 +176,9 @@ async def hand_written(runs: int, workload: str) -> None:
 
 async def paired(rounds: int) -> None:
     """Driver and hand-written side by side in one process (each on its own dev server),
-    one run of each per round, alternating which goes first: the machine's load drifts
-    between the bench's systems, measured minutes apart; here both see the same load."""
+    one run of each per round, alternating which goes first, each after the bench's pause:
+    the machine's load drifts between the bench's systems, measured minutes apart; here
+    both see the same load."""
     with tempfile.TemporaryDirectory() as d:
         async with (
             TemporalDevServer(headless=True) as ours,
@@ -212,6 +216,7 @@ async def paired(rounds: int) -> None:
                 async def signal_driver() -> float:
                     run = await engine.start("bench-signal", {})
                     await _until_waiting(engine, run.id)
+                    await asyncio.sleep(PAUSE_S)
                     t0 = time.perf_counter()
                     await engine.signal(run.id, "go", {"ok": True})
                     await engine.wait(run.id, timeout=60)
@@ -222,6 +227,7 @@ async def paired(rounds: int) -> None:
                         "bench_signal", id=uuid.uuid4().hex, task_queue=R.TASK_QUEUE
                     )
                     await handle.query("waiting")
+                    await asyncio.sleep(PAUSE_S)
                     t0 = time.perf_counter()
                     await handle.signal("go", {"ok": True})
                     await handle.result()
@@ -244,11 +250,17 @@ async def paired(rounds: int) -> None:
                         await a()
                         await b()
                     da, db, ratios = [], [], []
+
+                    async def after_pause(fn: Any) -> float:
+                        await asyncio.sleep(PAUSE_S)  # (as the bench: not back to back)
+                        x: float = await fn()
+                        return x
+
                     for i in range(rounds):
                         if i % 2:
-                            y, x = await b(), await a()
+                            y, x = await after_pause(b), await after_pause(a)
                         else:
-                            x, y = await a(), await b()
+                            x, y = await after_pause(a), await after_pause(b)
                         da.append(x)
                         db.append(y)
                         ratios.append(x / y)
