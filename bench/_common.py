@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -18,6 +19,7 @@ __all__ = [
     "Sizes",
     "fresh_postgres_db",
     "guarded",
+    "pause",
     "pct",
     "step_growth",
     "summary_ms",
@@ -40,11 +42,18 @@ class Sizes:
     long_steps: int = 1000
     signal_runs: int = 30
     warmup: int = 5
+    # idle time before each timed latency, fan-out and signal sample. On Temporal a run that
+    # starts right after the previous one ended waits ~40 ms more per workflow task for
+    # dispatch (hand-written temporalio: 3-stage run ~200 ms back to back, ~70 ms after a
+    # 0.2-0.5 s pause; bench/README.md), which hid most of the driver's cost
+    pause_s: float = 0.0
 
     @classmethod
     def full(cls, slow: bool = False) -> Sizes:
         if slow:
-            return cls(latency_runs=30, fanout_runs=3, signal_runs=10, warmup=2)
+            # (issue 13 compares these with hand-written temporalio within 10 %: 3 fan-outs
+            # and 10 signals moved the ratios by 2-3x between two runs on the shared machine)
+            return cls(latency_runs=50, fanout_runs=7, signal_runs=30, warmup=3, pause_s=0.5)
         return cls()
 
     @classmethod
@@ -58,6 +67,12 @@ class Sizes:
             signal_runs=1,
             warmup=1,
         )
+
+
+async def pause(sizes: Sizes) -> None:
+    """The idle time before a timed sample (``Sizes.pause_s``)."""
+    if sizes.pause_s > 0:
+        await asyncio.sleep(sizes.pause_s)
 
 
 def pct(values: list[float], p: float) -> float:

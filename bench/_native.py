@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from engine_port import EngineSettings, WorkflowEngine, create_engine
 
 from . import _workflows as W
-from ._common import Sizes, fresh_postgres_db, guarded, step_growth, summary_ms
+from ._common import Sizes, fresh_postgres_db, guarded, pause, step_growth, summary_ms
 from ._procs import worker_processes
 
 __all__ = ["run_engine_workloads", "run_native"]
@@ -24,6 +24,7 @@ __all__ = ["run_engine_workloads", "run_native"]
 async def latency(engine: WorkflowEngine, wf: str, sizes: Sizes) -> dict[str, Any]:
     samples = []
     for i in range(sizes.warmup + sizes.latency_runs):
+        await pause(sizes)
         t0 = time.perf_counter()
         run = await engine.start(wf, {})
         info = await engine.wait(run.id, timeout=60)
@@ -39,6 +40,7 @@ async def fanout(engine: WorkflowEngine, sizes: Sizes) -> dict[str, Any]:
     wf = f"bench-fanout-{sizes.fanout_width}"
     samples = []
     for _ in range(sizes.fanout_runs):
+        await pause(sizes)
         t0 = time.perf_counter()
         run = await engine.start(wf, {})
         info = await engine.wait(run.id, timeout=300)
@@ -82,6 +84,7 @@ async def signal(engine: WorkflowEngine, sizes: Sizes) -> dict[str, Any]:
     for _ in range(sizes.signal_runs):
         run = await engine.start("bench-signal", {})
         await _until_waiting(engine, run.id)
+        await pause(sizes)
         t0 = time.perf_counter()
         await engine.signal(run.id, "go", {"ok": True})
         info = await engine.wait(run.id, timeout=60)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ._common import Sizes, guarded, step_growth, summary_ms
+from ._common import Sizes, guarded, pause, step_growth, summary_ms
 from ._procs import worker_processes
 
 __all__ = ["run_temporal_driver", "run_temporal_raw"]
@@ -82,6 +82,7 @@ async def _raw_latency(client: Any, sizes: Sizes, local: bool) -> dict[str, Any]
 
     samples = []
     for i in range(sizes.warmup + sizes.latency_runs):
+        await pause(sizes)
         t0 = time.perf_counter()
         await client.execute_workflow(
             "bench_seq3", local, id=uuid.uuid4().hex, task_queue=TASK_QUEUE
@@ -96,6 +97,7 @@ async def _raw_fanout(client: Any, sizes: Sizes) -> dict[str, Any]:
 
     samples = []
     for _ in range(sizes.fanout_runs):
+        await pause(sizes)
         t0 = time.perf_counter()
         await client.execute_workflow(
             "bench_fanout", sizes.fanout_width, id=uuid.uuid4().hex, task_queue=TASK_QUEUE
@@ -133,6 +135,7 @@ async def _raw_signal(client: Any, sizes: Sizes) -> dict[str, Any]:
             "bench_signal", id=uuid.uuid4().hex, task_queue=TASK_QUEUE
         )
         await handle.query("waiting")  # answered once the first workflow task ran
+        await pause(sizes)
         t0 = time.perf_counter()
         await handle.signal("go", {"ok": True})
         await handle.result()

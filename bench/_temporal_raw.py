@@ -27,6 +27,11 @@ async def noop(i: int) -> int:
     return i
 
 
+@activity.defn(name="bench_echo")
+async def echo(value: Any) -> Any:
+    return value
+
+
 @activity.defn(name="bench_tick")
 async def tick(i: int) -> int:
     STAMPS.append(time.perf_counter())
@@ -87,7 +92,8 @@ class Signal:
     @workflow.run
     async def run(self) -> Any:
         await workflow.wait_condition(lambda: self.value is not None)
-        return await workflow.execute_activity(noop, 1, start_to_close_timeout=_T)
+        # the driver's signal stage returns the payload: hand the value to an activity
+        return await workflow.execute_activity(echo, self.value, start_to_close_timeout=_T)
 
 
 @contextlib.asynccontextmanager
@@ -100,6 +106,6 @@ async def worker(address: str) -> AsyncIterator[Any]:
         client,
         task_queue=TASK_QUEUE,
         workflows=[Seq3, Fanout, Long, Signal],
-        activities=[noop, tick],
+        activities=[noop, echo, tick],
     ):
         yield client

@@ -84,3 +84,40 @@ def test_report_handles_missing_and_failed_cells(tmp_path: object) -> None:
     out = Path(str(tmp_path)) / "x.png"
     write_png(doc, out)
     assert out.stat().st_size > 0
+
+
+def test_temporal_goals_compare_the_driver_with_hand_written_temporalio() -> None:
+    """Issue 13: driver / hand-written <= 1.1 on latency, throughput, fan-out and signal;
+    hand-written activities / driver local=True stages >= 2."""
+    from bench._report import check_goals, markdown
+
+    results = {
+        "temporal-driver": {
+            "latency": {"p50_ms": 100.0, "p99_ms": 120.0},
+            "throughput": {"runs_per_s": 10.0},
+            "fanout": {"p50_ms": 500.0},
+            "signal": {"p50_ms": 50.0},
+        },
+        "temporal-driver-local": {"latency": {"p50_ms": 40.0, "p99_ms": 50.0}},
+        "temporal-raw": {
+            "latency": {"p50_ms": 100.0, "p99_ms": 110.0},
+            "throughput": {"runs_per_s": 20.0},  # the driver does half as many runs per second
+            "fanout": {"p50_ms": 460.0},
+            "signal": {"error": "TimeoutError: ..."},
+        },
+    }
+    goals = {g["goal"].split(" (")[0]: g for g in check_goals(results)}
+    lat = goals["temporal: driver 3-stage latency within 1.1x of hand-written temporalio"]
+    assert (lat["ratio"], lat["met"]) == (1.0, True)
+    thr = goals["temporal: driver throughput within 1.1x of hand-written temporalio"]
+    assert (thr["ratio"], thr["met"]) == (2.0, False)
+    fan = goals["temporal: driver fan-out 1->50->1 within 1.1x of hand-written temporalio"]
+    assert fan["met"] is True and abs(fan["ratio"] - 500 / 460) < 1e-9
+    sig = goals["temporal: driver signal round trip within 1.1x of hand-written temporalio"]
+    assert (sig["ratio"], sig["met"]) == (None, None)  # not measured, never "met"
+    local = goals[
+        "temporal: driver local=True stages at least 2x faster than hand-written activities"
+    ]
+    assert (local["ratio"], local["met"]) == (2.5, True)
+    doc = {"results": results, "goals": check_goals(results)}
+    assert "| temporal: driver throughput within 1.1x" in markdown(doc)
