@@ -89,7 +89,7 @@ async def _ui_ready(url: str, timeout: float = 60) -> None:
             await asyncio.sleep(0.2)
 
 
-async def shoot(ui: str, runs: DemoRuns, out: Path) -> list[Path]:
+async def shoot(ui: str, runs: DemoRuns, out: Path) -> list[Path]:  # noqa: PLR0915  one straight browser script: four shots in page order
     """The four screenshots, each after what it shows is on the page."""
     from playwright.async_api import async_playwright, expect
 
@@ -166,7 +166,7 @@ async def shoot(ui: str, runs: DemoRuns, out: Path) -> list[Path]:
 async def run(out: Path, keep: bool) -> None:
     from driver_temporal import TemporalDevServer
     from engine_port import EngineSettings, create_engine
-    from engine_port._demo import build_demo
+    from wfe_cli._demo import build_demo
 
     with tempfile.TemporaryDirectory(prefix="wfe-shots-") as d:
         async with TemporalDevServer() as server:  # with its Web UI, on free ports
