@@ -63,7 +63,8 @@ def build_demo() -> Registry:
     def price(ctx: StageContext[OrderIn]) -> float:  # a sync stage, run in a thread
         return round(ctx.input.total * 1.2, 2)
 
-    @order.stage(after=[fraud_check, price])
+    # declared signals: engine.signal refuses other names, and the Temporal Web UI lists it
+    @order.stage(after=[fraud_check, price], signals=["approval"])
     async def approve(ctx: StageContext[OrderIn]) -> dict[str, Any]:
         decision: dict[str, Any] = await ctx.step.wait_for_signal(
             "approval", timeout=timedelta(minutes=5)
