@@ -126,6 +126,7 @@ from ._helpers import (
     _settle,
     _state_from_memo,
 )
+from ._history_events import run_events
 from ._paging import PagedRuns
 from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_UPDATE
@@ -949,6 +950,12 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 await self.blob_store.delete(k)
             n += len(events)
         return n
+
+    async def events(self, run_id: str) -> list[Event]:
+        """Every event the run emitted, in sequence order (delivered or not), as the native
+        driver's ``events``: rebuilt from its workflow histories (``_history_events``)."""
+        check_run_call(run_id)
+        return await run_events(self._conn, run_id)
 
     async def dead_letters(self, limit: int = 1000) -> list[Event]:
         """Dead-lettered events (kept under ``dlq/`` in the BlobStore), per run in order."""
