@@ -53,13 +53,20 @@ def check_pages(settings: EngineSettings, runs: DemoRuns) -> None:
         assert 'data-stage="reserve" data-status="compensated"' in failed
         assert "the carrier rejected the parcel" in failed
         waiting = client.get(f"/runs/{runs.waiting}").text
-        if settings.driver == "temporal":  # no event stream: a link to the run's history
+        # the event stream on every driver (Temporal: rebuilt from the run's histories)
+        assert 'id="events"' in waiting
+        assert re.search(r"<td>stage\.suspended</td><td>approve</td>", waiting)
+        failed_events = re.findall(r"<tr><td>(\d+)</td><td>([a-z.]+)", failed)
+        assert [int(seq) for seq, _ in failed_events] == list(range(1, len(failed_events) + 1))
+        assert ("stage.failed", "run.failed") == tuple(
+            t for _, t in failed_events if t in ("stage.failed", "run.failed")
+        )[-2:]
+        assert '<td class="t-fail">fail</td>' in failed  # the timeline of attempts
+        if settings.driver == "temporal":  # and a link to the run's history in the Web UI
             assert (
                 'href="http://127.0.0.1:8233/namespaces/default/workflows?query=WorkflowId'
                 f'%3D%22{runs.waiting}%22" id="temporal-history"'
             ) in waiting
-        else:
-            assert 'id="events"' in waiting
         # every filter is applied by the driver: version, age, status, workflow, search
         version = re.search(r'<dt>version</dt><dd class="mono">([^<]+)<', waiting)
         assert version

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from driver_native._runs import runs_query
 from engine_port import EngineSettings, Registry, StageContext, Workflow, create_engine
-from wfe_ui import _app, create_app
+from wfe_ui import _pages, create_app
 
 
 class In(BaseModel):
@@ -53,7 +53,7 @@ def test_a_run_older_than_the_scanned_ones_is_found_by_each_filter(
 ) -> None:
     # the view used to filter version, age and search over the newest SCAN_LIMIT runs; with
     # a scan of 3 and 6 newer runs, the oldest run is out of reach of any such scan
-    monkeypatch.setattr(_app, "SCAN_LIMIT", 3)
+    monkeypatch.setattr(_pages, "SCAN_LIMIT", 3)
 
     async def start() -> tuple[str, list[str]]:
         async with create_engine(settings, registry()) as engine:
