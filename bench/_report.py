@@ -177,8 +177,18 @@ def _fmt(v: float) -> str:
     return f"{v:.3f}"
 
 
-def print_tables(doc: dict[str, Any], console: Console | None = None) -> None:  # noqa: PLR0912  bench/ is being extended (helper tbench); split after
+def print_tables(doc: dict[str, Any], console: Console | None = None) -> None:
+    """The results (each cell with its ratio to our driver on the same backend), the goals,
+    and the cells that could not run."""
     console = console or Console(width=200)
+    console.print(_results_table(doc))
+    console.print(_goals_table(doc["goals"]))
+    errors = _errors_table(doc["results"])
+    if errors is not None:
+        console.print(errors)
+
+
+def _results_table(doc: dict[str, Any]) -> Table:
     results = doc["results"]
     mi = doc["machine"]
     table = Table(
@@ -197,32 +207,37 @@ def print_tables(doc: dict[str, Any], console: Console | None = None) -> None:  
     for name, system in SYSTEMS.items():
         if name not in results:
             continue
-        ref = REFERENCE[system.group]
         row = [system.label]
         for workload, metric, _, higher in COLUMNS:
-            cell = results[name].get(workload)
-            v = _metric(results, name, workload, metric)
-            if v is None:
-                if isinstance(cell, dict) and "error" in cell:
-                    row.append("[red]error[/red]")
-                elif system.latency_only:
-                    row.append("-")
-                else:
-                    row.append("[yellow]n/a[/yellow]")
-                continue
-            r = _metric(results, ref, workload, metric)
-            text = _fmt(v)
-            if metric != "growth" and r and name != ref:
-                x = (r / v) if higher else (v / r)
-                text += f" (x{_fmt(x)})"
-            row.append(text)
+            row.append(_cell(results, name, workload, metric, higher))
         table.add_row(*row)
-    console.print(table)
+    return table
 
+
+def _cell(results: dict[str, Any], name: str, workload: str, metric: str, higher: bool) -> str:
+    """One cell of the results table: the value and its ratio to the group's reference, or
+    why there is none."""
+    system = SYSTEMS[name]
+    v = _metric(results, name, workload, metric)
+    if v is None:
+        cell = results[name].get(workload)
+        if isinstance(cell, dict) and "error" in cell:
+            return "[red]error[/red]"
+        return "-" if system.latency_only else "[yellow]n/a[/yellow]"
+    ref = REFERENCE[system.group]
+    r = _metric(results, ref, workload, metric)
+    text = _fmt(v)
+    if metric != "growth" and r and name != ref:
+        x = (r / v) if higher else (v / r)
+        text += f" (x{_fmt(x)})"
+    return text
+
+
+def _goals_table(goals: list[dict[str, Any]]) -> Table:
     gt = Table(title="goals (ratios from this run)")
     for col in ("goal", "ratio", "target", "status"):
         gt.add_column(col)
-    for g in doc["goals"]:
+    for g in goals:
         status = (
             "[yellow]not measured[/yellow]"
             if g["met"] is None
@@ -231,21 +246,24 @@ def print_tables(doc: dict[str, Any], console: Console | None = None) -> None:  
         gt.add_row(
             g["goal"], "-" if g["ratio"] is None else f"{g['ratio']:.2f}", g["target"], status
         )
-    console.print(gt)
+    return gt
 
+
+def _errors_table(results: dict[str, Any]) -> Table | None:
     errors = [
         (name, wl, cell["error"])
         for name, cells in results.items()
         for wl, cell in cells.items()
         if isinstance(cell, dict) and "error" in cell
     ]
-    if errors:
-        et = Table(title="cells that could not run")
-        for col in ("system", "workload", "why"):
-            et.add_column(col)
-        for e in errors:
-            et.add_row(*e)
-        console.print(et)
+    if not errors:
+        return None
+    et = Table(title="cells that could not run")
+    for col in ("system", "workload", "why"):
+        et.add_column(col)
+    for e in errors:
+        et.add_row(*e)
+    return et
 
 
 def write_png(doc: dict[str, Any], path: Path) -> None:
