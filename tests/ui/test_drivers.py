@@ -58,9 +58,10 @@ def check_pages(settings: EngineSettings, runs: DemoRuns) -> None:
         assert re.search(r"<td>stage\.suspended</td><td>approve</td>", waiting)
         failed_events = re.findall(r"<tr><td>(\d+)</td><td>([a-z.]+)", failed)
         assert [int(seq) for seq, _ in failed_events] == list(range(1, len(failed_events) + 1))
-        assert ("stage.failed", "run.failed") == tuple(
-            t for _, t in failed_events if t in ("stage.failed", "run.failed")
-        )[-2:]
+        assert tuple(t for _, t in failed_events if t in ("stage.failed", "run.failed"))[-2:] == (
+            "stage.failed",
+            "run.failed",
+        )
         assert '<td class="t-fail">fail</td>' in failed  # the timeline of attempts
         if settings.driver == "temporal":  # and a link to the run's history in the Web UI
             assert (

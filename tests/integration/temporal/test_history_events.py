@@ -7,7 +7,6 @@ execution of the same workflow id)."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 
 import pytest
