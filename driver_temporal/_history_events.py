@@ -10,8 +10,8 @@ activity's marker records its result, never its arguments.
 
 Every execution of the run's workflow id counts (a redrive starts a new execution of the same
 id, continuing the sequence numbers); events are deduplicated by id and ordered by sequence
-number. A workflow task in flight (started, not completed) is left out: its events are not
-committed yet (on the native driver: its transaction has not committed).
+number. Only completed workflow tasks count (``committed``): a task in flight has not
+committed its events yet (on the native driver: its transaction has not committed).
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 from temporalio.common import RawValue
+from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import (
     ExecuteWorkflowInput,
@@ -37,12 +39,12 @@ from engine_port.errors import DriverUnavailableError, EngineError, RunNotFoundE
 
 from ._workflow import GraphWorkflow, workflow_runner
 
-__all__ = ["run_events"]
+__all__ = ["committed", "replay_events", "run_events"]
 
-# a workflow task that has not completed (yet): what it did is not committed
-_UNCOMMITTED = (
-    EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
-    EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+# what a workflow task's completion records beside its commands
+_TASK_MESSAGES = (
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED,
 )
 
 
@@ -87,28 +89,71 @@ class _Collect(Interceptor):
 async def run_events(client: Client, run_id: str) -> list[Event]:
     """Every event of ``run_id`` its executions' committed workflow tasks emitted, in sequence
     order (delivered to the sink or not)."""
-    histories = await _histories(client, run_id)
+    return await replay_events(await _histories(client, run_id), client.data_converter)
+
+
+async def replay_events(
+    histories: Sequence[WorkflowHistory], data_converter: DataConverter | None = None
+) -> list[Event]:
+    """The events the committed workflow tasks of ``histories`` (executions of one run)
+    emitted, deduplicated by id, in sequence order."""
     instances: list[_Recording] = []
     replayer = Replayer(
         workflows=[_Recording],
         interceptors=[_Collect(instances)],
         workflow_runner=workflow_runner(),
-        data_converter=client.data_converter,
+        data_converter=data_converter or DataConverter.default,
     )
-    for history in histories:
+    for whole in histories:
+        history = committed(whole)
+        if not history.events:
+            continue  # no workflow task completed yet: the run emitted nothing so far
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         if result.replay_failure is not None:
             raise EngineError(
-                f"the history of run {run_id!r} does not replay on this driver's code "
-                f"({result.replay_failure}); read its events in the Temporal Web UI, or "
+                f"the history of run {history.workflow_id!r} does not replay on this driver's "
+                f"code ({result.replay_failure}); read its events in the Temporal Web UI, or "
                 "use the driver version that ran it"
             )
     by_id = {e["id"]: e for i in instances for e in i.recorded}
     return sorted((Event.model_validate(e) for e in by_id.values()), key=lambda e: e.seq)
 
 
+def committed(history: WorkflowHistory) -> WorkflowHistory:
+    """``history`` up to the end of its last completed workflow task (that task's commands
+    included): what a task in flight does is not committed yet, and events recorded after the
+    last completed task (an activity that completed, a signal) are for the next task, which
+    runs them at its own time (the event times come from the task that handles them)."""
+    events = list(history.events)
+    last = max(
+        (
+            i
+            for i, e in enumerate(events)
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        ),
+        default=None,
+    )
+    if last is None:
+        return WorkflowHistory(history.workflow_id, [])
+    task = events[last].event_id
+    end = last + 1
+    while end < len(events) and _from_task(events[end], task):
+        end += 1
+    return WorkflowHistory(history.workflow_id, events[:end])
+
+
+def _from_task(event: HistoryEvent, task: int) -> bool:
+    """Whether ``event`` records what workflow task ``task`` did (a command, an update it
+    accepted or completed)."""
+    if event.event_type in _TASK_MESSAGES:
+        return True
+    kind = event.WhichOneof("attributes")
+    attrs = getattr(event, kind) if kind else None
+    return getattr(attrs, "workflow_task_completed_event_id", None) == task
+
+
 async def _histories(client: Client, run_id: str) -> list[WorkflowHistory]:
-    """The committed history of every execution of the run's workflow id, oldest first (the
+    """The history of every execution of the run's workflow id, oldest first (the
     latest one even when visibility does not list it yet)."""
     executions: list[str] = []
     try:
@@ -131,11 +176,7 @@ async def _histories(client: Client, run_id: str) -> list[WorkflowHistory]:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 continue
             raise DriverUnavailableError(f"Temporal history of {run_id!r} failed: {exc}") from None
-        events = list(history.events)
-        while events and events[-1].event_type in _UNCOMMITTED:
-            events.pop()
-        if events:
-            histories.append(WorkflowHistory(run_id, events))
+        histories.append(history)
     if not histories:
         raise RunNotFoundError(run_id)
     return histories

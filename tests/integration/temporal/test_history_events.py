@@ -7,17 +7,25 @@ execution of the same workflow id)."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHistory
 
+from driver_temporal._carry import meta_of
+from driver_temporal._history_events import committed, replay_events
 from engine_port import MemorySink, Registry, Retry, StageContext, Workflow
 from engine_port.errors import RunNotFoundError
 
 from .conftest import EngineFactory, wait_for_event
 
 pytestmark = pytest.mark.temporal
+HISTORIES = Path(__file__).parent / "histories"
 
 
 class In(BaseModel):
@@ -116,3 +124,69 @@ async def test_events_of_an_unknown_run(make_engine: EngineFactory) -> None:
     async with engine:
         with pytest.raises(RunNotFoundError):
             await engine.events("no-such-run-0123")
+
+
+def _recorded(name: str) -> WorkflowHistory:
+    data = json.loads((HISTORIES / f"{name}.json").read_text())
+    return WorkflowHistory.from_json(data["workflow_id"], data["history"])
+
+
+def _carried(history: WorkflowHistory) -> list[dict[str, Any]]:
+    """The events stored in the history: those stage activities carry in their input."""
+    out: list[dict[str, Any]] = []
+    for ev in history.events:
+        if ev.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            continue
+        first = ev.activity_task_scheduled_event_attributes.input.payloads[0]
+        meta = meta_of(first)
+        task = meta if meta is not None else json.loads(first.data)
+        out += (task.get("publish") or {}).get("events") or []
+    return out
+
+
+@pytest.mark.parametrize("name", ["events_via_activities_resume", "publish_per_task_resume"])
+async def test_recorded_histories_give_every_event(name: str) -> None:
+    """Recorded runs (no server): the replay gives each event the history stores as it is
+    stored, and the ones it does not store (those of wfe.publish / wfe.save_state)."""
+    history = _recorded(name)
+    events = await replay_events([history])
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[0].type == "run.created" and events[-1].type == "run.completed"
+    dumped = {e.id: e.model_dump(mode="json") for e in events}
+    stored = _carried(history)
+    for e in stored:
+        assert dumped[e["id"]] == e
+    assert "run.completed" not in {e["type"] for e in stored}  # only the replay has it
+
+
+@pytest.mark.parametrize("name", ["events_via_activities_resume", "publish_per_task_resume"])
+async def test_a_history_read_at_any_point_gives_a_prefix(name: str) -> None:
+    """A run read while it runs (its history cut after any event) gives the events its
+    completed workflow tasks emitted: a prefix of the final stream, times included (an
+    activity completion recorded after the last completed task is left to the next task)."""
+    history = _recorded(name)
+    full = await replay_events([history])
+    seen = 0
+    for n in range(1, len(history.events) + 1):
+        cut = WorkflowHistory(history.workflow_id, list(history.events)[:n])
+        partial = await replay_events([cut])
+        assert partial == full[: len(partial)], f"cut after event {n}"
+        assert len(partial) >= seen
+        seen = len(partial)
+    assert seen == len(full)
+
+
+async def test_a_workflow_task_in_flight_is_left_out() -> None:
+    history = _recorded("events_via_activities_resume")
+    full = await replay_events([history])
+    started = [
+        i
+        for i, ev in enumerate(history.events)
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
+    ]
+    # cut at the last task's start: that task (the run's end) has not completed
+    cut = WorkflowHistory(history.workflow_id, list(history.events)[: started[-1] + 1])
+    assert len(committed(cut).events) < len(cut.events)
+    partial = await replay_events([cut])
+    assert partial == full[: len(partial)]
+    assert "run.completed" not in [e.type for e in partial]
