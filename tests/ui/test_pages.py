@@ -11,6 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from engine_port import EngineSettings, create_engine
+from engine_port.errors import EngineError
 from tests.ui.runs import DemoRuns, make_demo_runs
 from wfe_cli._demo import build_demo
 from wfe_ui import create_app
@@ -255,3 +256,23 @@ def test_hostile_values_are_escaped_and_groups_unknown_without_the_app(tmp_path:
     assert "Execution groups unknown" in page
     xs = re.findall(r'<rect x="(\d+)"', page)
     assert len(xs) == 6 and len(set(xs)) == 6
+
+
+def test_an_event_stream_that_cannot_be_read_is_said_on_the_page(
+    sqlite_settings: EngineSettings, runs: DemoRuns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver whose ``events`` fails for this run (the Temporal driver when a history does
+    not replay on its code) still shows the run, and says why the events are missing."""
+    engine = create_engine(sqlite_settings, build_demo())
+
+    async def failing(run_id: str) -> list[object]:
+        raise EngineError(f"the history of run {run_id!r} does not replay on this driver's code")
+
+    monkeypatch.setattr(engine, "events", failing)
+    with TestClient(create_app(engine)) as client:
+        page = client.get(f"/runs/{runs.failed}")
+    assert page.status_code == 200
+    assert 'id="events-problem"' in page.text
+    assert "does not replay on this driver&#39;s code" in page.text
+    assert 'id="events"' not in page.text
+    assert 'data-stage="ship" data-status="failed"' in page.text  # the rest of the page
