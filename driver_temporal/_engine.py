@@ -262,8 +262,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 deployment_name=dv.deployment_name, build_id=dv.build_id
             ),
         )
+        svc = self._conn.workflow_service
         try:
-            desc = await self._conn.workflow_service.describe_worker_deployment_version(req)
+            # (a busy server answers RESOURCE_EXHAUSTED "too many requests issued to Worker
+            # Deployment ...": retried, as every call Temporal asks to retry)
+            desc = await _rpc.call(
+                "describing a Worker Deployment version",
+                lambda: svc.describe_worker_deployment_version(req),
+            )
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 return False
@@ -339,6 +345,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     **kw,
                 )
             except RPCError as exc:
+                if _rpc.retryable(exc) and loop.time() < deadline:
+                    await asyncio.sleep(0.2)  # Temporal asked to try again later
+                    continue
                 if "is not present in task queue" not in str(exc):
                     raise
                 if loop.time() > deadline:

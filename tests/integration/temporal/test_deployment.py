@@ -77,3 +77,39 @@ async def test_retryable_rpc_errors_are_retried_then_typed() -> None:
 
     with pytest.raises(RPCError):  # not Temporal's "try again": the caller decides
         await _rpc.call("a call", not_found)
+
+
+@pytest.mark.temporal
+async def test_a_busy_server_while_a_version_registers_is_retried(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RESOURCE_EXHAUSTED from DescribeWorkerDeploymentVersion (what a short client script
+    met at start: "too many requests issued to Worker Deployment ...") is retried, not raised
+    raw through start()."""
+    wf = Workflow("busy-deployment", input=In)
+
+    @wf.stage
+    async def only(ctx: StageContext[In]) -> int:
+        return ctx.input.n
+
+    engine = make_engine(Registry([wf]))
+    async with engine:
+        svc = engine._conn.workflow_service
+        real = svc.describe_worker_deployment_version
+        refusals = [2]
+
+        async def busy_at_first(req: object, *a: object, **kw: object) -> object:
+            if refusals[0]:
+                refusals[0] -= 1
+                raise RPCError(
+                    "too many requests issued to Worker Deployment. Please try again later",
+                    RPCStatusCode.RESOURCE_EXHAUSTED,
+                    b"",
+                )
+            return await real(req, *a, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(svc, "describe_worker_deployment_version", busy_at_first)
+        async with engine.worker():
+            run = await engine.start("busy-deployment", {"n": 7})
+            assert (await engine.wait(run.id, timeout=30)).output == 7
+        assert refusals == [0]
