@@ -442,3 +442,39 @@ async def test_a_compensation_gets_the_stage_output_and_upstream_outputs(
     comp = next(a for a in scheduled if a.activity_type.name == "charge.compensate")
     shown = [_data(p) for p in comp.input.payloads]
     assert shown == ["charge-21", {"item": "book", "qty": 3}, {"price": 21}]
+
+
+@pytest.mark.temporal
+async def test_a_fan_out_delivers_each_event_about_once(make_engine: EngineFactory) -> None:
+    """Stage activities scheduled together do not each carry the same events: in a 1 -> 20 -> 1
+    fan-out, 20 siblings carried the whole outbox each, so the sink got every early event up
+    to 20 times (and the fan-out ran 2.4x slower than hand-written temporalio; 5.9x with the
+    carrying). Delivery stays at least once; a repeat is allowed only when a delivery races
+    another, not per sibling."""
+    wf = Workflow("fan-carry", input=Order)
+
+    @wf.stage
+    async def first(ctx: StageContext[Order]) -> int:
+        return 0
+
+    mids = []
+    for i in range(20):
+
+        async def mid(ctx: StageContext[Order], i: int = i) -> int:
+            return i
+
+        mids.append(wf.stage(id=f"mid{i:02d}", after=[first])(mid))
+
+    @wf.stage(after=mids)
+    async def last(ctx: StageContext[Order]) -> int:
+        return 20
+
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink)
+    async with engine, engine.worker():
+        run = await engine.start("fan-carry", {"item": "x", "qty": 1})
+        assert (await engine.wait(run.id, timeout=60)).output == 20
+        unique = {e.id for e in sink.events if e.run_id == run.id}
+        delivered = [e for e in sink.events if e.run_id == run.id]
+        assert any(e.type == "run.completed" for e in delivered)
+        assert len(delivered) <= 2 * len(unique), (len(delivered), len(unique))
