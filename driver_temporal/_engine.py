@@ -85,6 +85,7 @@ from engine_port import (
     run_output,
 )
 from engine_port.driver import (
+    GraphModel,
     check_export_target,
     check_payload_size,
     check_run_call,
@@ -719,7 +720,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return await self.get_run(run_id)
 
     # -- redrive ------------------------------------------------------------------------------
-    async def redrive(  # noqa: PLR0912  driver_temporal is being rewritten (helper thist); split after
+    async def redrive(
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
         check_run_call(run_id)
@@ -731,24 +732,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             # redrive() re-runs terminal runs only (a stranded active run may be re-pinned
             # with version='latest'); a migrated run lives on its target now
             raise RunNotActiveError(run_id, info.status, "redrive")
-        if info.terminal and status in (
-            WorkflowExecutionStatus.TERMINATED,
-            WorkflowExecutionStatus.TIMED_OUT,
-        ):
-            # ended outside the engine: no final state was saved; rebuild it from the memo,
-            # with the steps its stages journaled (so a redrive never re-runs one)
-            state = _state_from_memo(memo)
-            for sid, st in state["stages"].items():
-                if st.get("status") != "completed":
-                    records = await self._activities.read_journal(
-                        run_id, sid, int(state.get("redrive", 0))
-                    )
-                    st["steps"] = {r["name"]: r for r in records}
-        elif info.terminal:
-            state = await self._load_state(run_id)
-        else:
-            # a stranded active run (no worker serves its version): re-pin it from its memo
-            state = _state_from_memo(memo)
+        state = await self._redrive_state(run_id, memo, status, info)
         target_version = info.version
         if version == "latest":
             target_version = self.registry.latest_version(info.workflow_id)
@@ -757,7 +741,6 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         wf = self.registry.get(info.workflow_id, target_version)
         graph = wf.graph()
         stages: dict[str, dict[str, Any]] = state["stages"]
-        order = [sid for g in graph.groups for sid in g]
         statuses = {sid: str(st.get("status", "pending")) for sid, st in stages.items()}
         # the stages the run has must be the target version's; bad input: raise, change nothing
         reset = redrive_plan(graph, from_, statuses, run_id)
@@ -767,23 +750,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     reason=f"re-pinned by redrive(version={version!r})"
                 )
         history = list(state.get("redrive_history") or [])
-        new_stages: dict[str, dict[str, Any]] = {}
-        for sid in order:
-            old = stages.get(sid) or {}
-            if sid in reset:
-                if old.get("attempt"):  # archive the attempt this redrive supersedes
-                    record = {k: v for k, v in old.items() if k != "steps"}
-                    history.append(
-                        {"redrive": state.get("redrive", 0), "stage": sid, "record": record}
-                    )
-                keep_steps = from_ == "last_failure"
-                new_stages[sid] = {
-                    "status": "pending",
-                    "attempt": 0,
-                    "steps": old.get("steps", {}) if keep_steps else {},
-                }
-            else:
-                new_stages[sid] = {**old, "status": "completed"}
+        new_stages = _redriven_stages(state, graph, reset, from_, history)
         redrive = int(state.get("redrive", 0)) + 1
         start = StartDocument.for_engine(
             self.settings,
@@ -825,6 +792,30 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         except WorkflowAlreadyStartedError:
             raise EngineError(f"run {run_id!r} was redriven concurrently") from None
         return await self.get_run(run_id)
+
+    async def _redrive_state(
+        self, run_id: str, memo: Any, status: WorkflowExecutionStatus | None, info: RunInfo
+    ) -> dict[str, Any]:
+        """The state a redrive starts from: the final state the run saved, or (ended outside
+        the engine, or a stranded active run) its memo's, with the steps its stages journaled
+        (so a redrive never re-runs one)."""
+        if info.terminal and status in (
+            WorkflowExecutionStatus.TERMINATED,
+            WorkflowExecutionStatus.TIMED_OUT,
+        ):
+            # ended outside the engine: no final state was saved; rebuild it from the memo
+            state = _state_from_memo(memo)
+            for sid, st in state["stages"].items():
+                if st.get("status") != "completed":
+                    records = await self._activities.read_journal(
+                        run_id, sid, int(state.get("redrive", 0))
+                    )
+                    st["steps"] = {r["name"]: r for r in records}
+            return state
+        if info.terminal:
+            return await self._load_state(run_id)
+        # a stranded active run (no worker serves its version): re-pin it from its memo
+        return _state_from_memo(memo)
 
     async def _load_state(self, run_id: str) -> dict[str, Any]:
 
@@ -994,3 +985,32 @@ def create_temporal_engine(
     return TemporalEngine(
         settings, registry, event_sink=event_sink, blob_store=blob_store, clock=clock, **options
     )
+
+
+def _redriven_stages(
+    state: dict[str, Any],
+    graph: GraphModel,
+    reset: set[str],
+    from_: str,
+    history: list[dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """The per-stage state a redrive starts with: the stages of ``reset`` pending again (their
+    superseded attempt archived in ``history``; a ``last_failure`` redrive keeps their step
+    ledger), every other one completed as it was."""
+    stages: dict[str, dict[str, Any]] = state["stages"]
+    new_stages: dict[str, dict[str, Any]] = {}
+    for sid in (sid for g in graph.groups for sid in g):
+        old = stages.get(sid) or {}
+        if sid in reset:
+            if old.get("attempt"):  # archive the attempt this redrive supersedes
+                record = {k: v for k, v in old.items() if k != "steps"}
+                history.append({"redrive": state.get("redrive", 0), "stage": sid, "record": record})
+            keep_steps = from_ == "last_failure"
+            new_stages[sid] = {
+                "status": "pending",
+                "attempt": 0,
+                "steps": old.get("steps", {}) if keep_steps else {},
+            }
+        else:
+            new_stages[sid] = {**old, "status": "completed"}
+    return new_stages

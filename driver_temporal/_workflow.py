@@ -133,6 +133,27 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
     task.result()
 
 
+def _failed_try(sid: str, exc: ActivityError | ApplicationError, cause: Any) -> dict[str, Any]:
+    """The result of a stage activity that failed: a failed attempt with its bookkeeping
+    carried, or one the workflow describes from the failure (a timeout, a lost worker's last
+    error)."""
+    carried = carried_failure(cause) if isinstance(cause, ApplicationError) else None
+    if carried is not None:
+        return carried
+    if isinstance(cause, ApplicationError):
+        etype, retryable = cause.type or "ApplicationError", not cause.non_retryable
+    elif isinstance(cause, ActivityTimeoutError):
+        etype, retryable = "StageTimeoutError", True
+    else:
+        etype, retryable = type(cause).__name__, True
+    message = str(getattr(cause, "message", None) or exc.message)
+    return {
+        "kind": "failed",
+        "error": {"type": etype, "message": message, "stage": sid},
+        "retryable": retryable,
+    }
+
+
 def _iso(value: Any) -> str:
     return str(value.isoformat())
 
@@ -247,19 +268,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
 
     # -- main -------------------------------------------------------------------------------
     @workflow.run
-    async def run(self, args: Sequence[RawValue]) -> Any:  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
-        conv = workflow.payload_converter()
-        meta = workflow.memo_value(START_MEMO, None)
-        # a run started by this driver: input = the run's input as the user gave it (stored
-        # form), the engine's start document in the memo; result = the run's output. A run
-        # started by an older driver has the whole document as input and the RunInfo as result
-        self._carried = isinstance(meta, dict)
-        raw: dict[str, Any]
-        if isinstance(meta, dict):
-            raw = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
-        else:
-            raw = conv.from_payload(args[0].payload, dict)
-        start = StartDocument.model_validate(raw)
+    async def run(self, args: Sequence[RawValue]) -> Any:
+        start = self._read_start(args)
         # a run started with the driver's marks (``StartDocument.marked``) was started on code
         # that has every patch below: it asks none (each would add a marker and a search
         # attribute upsert to its history)
@@ -279,8 +289,28 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             self._emit(self._lc.run_redriven(start.redrive_from or "start", self._version))
         self._ready = True
         self._sync()
-        outcome = "completed"
-        error: dict[str, Any] | None = None
+        outcome, error = await self._main()
+        await _to_the_end(self._wind_up(outcome, error, publisher, syncer))
+        return self._result(outcome, error)
+
+    def _read_start(self, args: Sequence[RawValue]) -> StartDocument:
+        """The run's start document. A run started by this driver: input = the run's input as
+        the user gave it (stored form), the engine's start document in the memo; result = the
+        run's output. A run started by an older driver has the whole document as input and the
+        RunInfo as result."""
+        conv = workflow.payload_converter()
+        meta = workflow.memo_value(START_MEMO, None)
+        self._carried = isinstance(meta, dict)
+        raw: dict[str, Any]
+        if isinstance(meta, dict):
+            raw = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
+        else:
+            raw = conv.from_payload(args[0].payload, dict)
+        return StartDocument.model_validate(raw)
+
+    async def _main(self) -> tuple[str, dict[str, Any] | None]:
+        """Run the stages (within the run's timeout, if any): how the run ends (``completed``,
+        ``failed`` with its error, ``cancelled``, ``migrated``)."""
         try:
             # let update handlers delivered with the first task (a freeze for migration) act
             # before any stage starts: they wait on this same condition pass, registered
@@ -295,22 +325,25 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             else:
                 await self._execute()
         except Migrated:
-            outcome = "migrated"
+            return "migrated", None
         except _StageFailed as failed:
-            outcome, error = "failed", failed.error
+            return "failed", failed.error
         except TimeoutError:
-            outcome = "failed"
-            error = {
+            self._cancel_active()
+            return "failed", {
                 "type": "RunTimeoutError",
                 "message": f"run {self._run_id!r} ran longer than its timeout of "
                 f"{self._graph.timeout_s:g}s; raise the workflow timeout= or speed it up",
                 "stage": None,
             }
-            self._cancel_active()
         except asyncio.CancelledError:
-            outcome = "cancelled"
             self._cancel_active()
-        await _to_the_end(self._wind_up(outcome, error, publisher, syncer))
+            return "cancelled", None
+        return "completed", None
+
+    def _result(self, outcome: str, error: dict[str, Any] | None) -> Any:
+        """The workflow's result once the run wound up: its output, or the failure or cancel
+        it raises (which the Web UI shows)."""
         if outcome == "failed" and error is not None:
             # the details carry the stage and the user's traceback to the Web UI's failure
             details = {k: error[k] for k in ("stage", "traceback") if error.get(k)}
@@ -486,21 +519,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 self._stop(tasks, "cancelled")
 
     # -- one stage --------------------------------------------------------------------------
-    async def _run_stage(self, sid: str) -> None:  # noqa: PLR0915  driver_temporal is being rewritten (helper thist); split after
+    async def _run_stage(self, sid: str) -> None:
         st = self._stages[sid]
-        spec = self._graph.stage(sid)
-        fresh = True
-        if st["status"] in ("suspended", "running") and st["attempt"] > 0:
-            # imported mid-attempt: continue that attempt (no second stage.started)
-            fresh = False
-            if st["status"] == "suspended" and st["waiting_for"]:
-                waiting_for: str = st["waiting_for"]
-                reason = waiting_for.split(":", 1)[0]
-                if reason not in ("sleep", "signal", "poll"):
-                    reason = "sleep" if st["wake_at"] else "signal"
-                await self._wait(
-                    sid, {"reason": reason, "waiting_for": waiting_for}, parse_time(st["wake_at"])
-                )
+        fresh = await self._resume_imported(sid)
         next_attempt = max(1, st["attempt"])
         if st["status"] == "pending" and st["attempt"] > 0:
             next_attempt = st["attempt"] + 1  # imported between attempts: the retry is due
@@ -516,54 +537,85 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 # ignored the cancel) ends cancelled; one that returned after a sibling failed
                 # is completed and compensated (DESIGN §5), a late result of a cancel discarded
                 raise _Stopped()
-            if res["kind"] == "withdrawn":
+            kind = res["kind"]
+            if kind == "completed":
+                self._stage_completed(sid, attempt, res)
+                return
+            fresh = False
+            if kind == "withdrawn":
                 # a freeze took the activity before any worker did: the attempt started and
                 # nobody runs it (a snapshot shows it running; its target continues it);
                 # back to the gate, and the same attempt is scheduled again if unfrozen
-                fresh = False
                 continue
-            kind = res["kind"]
-            if kind == "completed":
-                self._order += 1
-                st.update(
-                    status="completed",
-                    output=res.get("output"),
-                    events=res.get("events") or [],
-                    error=None,
-                    finished_at=_iso(workflow.now()),
-                    order=self._order,
-                    waiting_for=None,
-                    wake_at=None,
-                )
-                self._emit(self._lc.stage_completed(sid, attempt))
-                self._sync()
-                return
             if kind == "suspended":
-                st["suspensions"] += 1
-                until = parse_time(res.get("until"))
-                st.update(status="suspended", waiting_for=res["waiting_for"], wake_at=res["until"])
-                self._emit(
-                    self._lc.stage_suspended(
-                        sid, attempt, st["suspensions"], res["reason"], until, res["waiting_for"]
-                    )
-                )
-                self._sync()
-                await self._wait(sid, res, until)
-                fresh = False
+                await self._stage_suspended(sid, attempt, res)
                 continue
-            error = res["error"]
-            will_retry = bool(res.get("retryable")) and attempt < spec.retry.max_attempts
-            self._emit(self._lc.stage_failed(sid, attempt, ErrorInfo(**error), will_retry))
-            st["error"] = error
-            if not will_retry:
-                st.update(status="failed", finished_at=_iso(workflow.now()))
-                self._sync()
-                raise _StageFailed(error)
-            self._sync()
-            st["backoff"] = True
-            await self._pause(self._delay(sid, attempt), f"retry {sid}")
+            await self._stage_failed(sid, attempt, res)  # raises _StageFailed when final
             next_attempt = attempt + 1
             fresh = True
+
+    async def _resume_imported(self, sid: str) -> bool:
+        """Whether the stage's next attempt is a fresh one. A run imported mid-attempt
+        continues that attempt (no second stage.started), once its wait is over."""
+        st = self._stages[sid]
+        if not (st["status"] in ("suspended", "running") and st["attempt"] > 0):
+            return True
+        if st["status"] == "suspended" and st["waiting_for"]:
+            waiting_for: str = st["waiting_for"]
+            reason = waiting_for.split(":", 1)[0]
+            if reason not in ("sleep", "signal", "poll"):
+                reason = "sleep" if st["wake_at"] else "signal"
+            await self._wait(
+                sid, {"reason": reason, "waiting_for": waiting_for}, parse_time(st["wake_at"])
+            )
+        return False
+
+    def _stage_completed(self, sid: str, attempt: int, res: dict[str, Any]) -> None:
+        self._order += 1
+        self._stages[sid].update(
+            status="completed",
+            output=res.get("output"),
+            events=res.get("events") or [],
+            error=None,
+            finished_at=_iso(workflow.now()),
+            order=self._order,
+            waiting_for=None,
+            wake_at=None,
+        )
+        self._emit(self._lc.stage_completed(sid, attempt))
+        self._sync()
+
+    async def _stage_suspended(self, sid: str, attempt: int, res: dict[str, Any]) -> None:
+        """Record the suspension, then wait until the attempt may resume."""
+        st = self._stages[sid]
+        st["suspensions"] += 1
+        until = parse_time(res.get("until"))
+        st.update(status="suspended", waiting_for=res["waiting_for"], wake_at=res["until"])
+        self._emit(
+            self._lc.stage_suspended(
+                sid, attempt, st["suspensions"], res["reason"], until, res["waiting_for"]
+            )
+        )
+        self._sync()
+        await self._wait(sid, res, until)
+
+    async def _stage_failed(self, sid: str, attempt: int, res: dict[str, Any]) -> None:
+        """Record the failed attempt; back off before the retry, or raise ``_StageFailed``
+        when the stage failed for good."""
+        st = self._stages[sid]
+        error = res["error"]
+        will_retry = (
+            bool(res.get("retryable")) and attempt < self._graph.stage(sid).retry.max_attempts
+        )
+        self._emit(self._lc.stage_failed(sid, attempt, ErrorInfo(**error), will_retry))
+        st["error"] = error
+        if not will_retry:
+            st.update(status="failed", finished_at=_iso(workflow.now()))
+            self._sync()
+            raise _StageFailed(error)
+        self._sync()
+        st["backoff"] = True
+        await self._pause(self._delay(sid, attempt), f"retry {sid}")
 
     def _begin_stage(self, sid: str, attempt: int, fresh: bool) -> None:
         """The attempt starts (``fresh``: stage.started, written to the memo) or a suspended
@@ -641,14 +693,65 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 todo.extend(self._graph.stage(d).after)
         return seen
 
-    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
+    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:
         """Run one try of a stage attempt (or compensation) as an activity; ``withdrawn``
         when a freeze cancelled a stage activity no worker had picked up (it ran nothing)."""
         st = self._stages[sid]
-        spec = self._graph.stage(sid)
         steps = st["comp_steps"] if compensation else st["steps"]
         # the patch marker keeps runs started before local stages existed replaying
-        in_process = bool(spec.local) and self._patched(_LOCAL_PATCH)
+        in_process = bool(self._graph.stage(sid).local) and self._patched(_LOCAL_PATCH)
+        task = self._task(sid, attempt, steps, compensation=compensation, in_process=in_process)
+        call: dict[str, Any] | None = None
+        if not compensation:
+            self._inflight += 1
+        res: dict[str, Any] | None = None
+        if not (in_process or compensation):
+            self._tokens += 1
+            task["token"] = self._tokens
+        carrier = self._carry_events(task)
+        args, result_type = self._activity_args(task, compensation)
+        try:
+            if in_process:
+                res = await self._call_local(sid, attempt, args, result_type, compensation)
+            else:
+                handle = self._start_stage_activity(sid, attempt, args, result_type, compensation)
+                if not compensation:
+                    call = {"token": self._tokens, "handle": handle, "withdrawn": False}
+                    self._calls[sid] = call
+                    self._attempts[sid] = handle
+                res = self._activity_result(await handle)
+        except (ActivityError, ApplicationError) as exc:
+            # (a failed local activity of this driver surfaces as its ApplicationError)
+            cause = exc.cause if isinstance(exc, ActivityError) else exc
+            if isinstance(cause, CancelledError):
+                if call is None or not call["withdrawn"]:
+                    raise asyncio.CancelledError() from None
+                # the freeze's cancel found it still scheduled; steps an earlier try
+                # of a lost worker journaled go into the ledger the snapshot carries
+                res = {"kind": "withdrawn", "steps": await self._journaled(sid)}
+            else:
+                res = _failed_try(sid, exc, cause)
+        finally:
+            self._call_ended(sid, call, carrier, res, compensation=compensation)
+        assert res is not None
+        for rec in res.get("steps") or ():
+            steps[rec["name"]] = rec
+        if not compensation:
+            self._settle_lent(sid, res.get("consumed") or ())
+            self._release_taken(sid, steps)
+        return res
+
+    def _task(
+        self,
+        sid: str,
+        attempt: int,
+        steps: dict[str, Any],
+        *,
+        compensation: bool,
+        in_process: bool,
+    ) -> dict[str, Any]:
+        """What the stage activity needs: the run's values and the stage's ledger."""
+        st = self._stages[sid]
         task = {
             "run_id": self._run_id,
             "workflow_id": self._wf_id,
@@ -668,98 +771,84 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             # an operator reset this run (a new execution of the same chain): the stage's
             # step journal may hold steps the replayed ledger lacks; the activity reads it
             task["reset"] = True
-        # the StageRunner's effective timeout (the stage's own, else the starter's
-        # default_stage_timeout) plus a grace; one day when neither is set (Temporal needs one)
-        timeout = timedelta(days=1)
-        timeout_s = spec.timeout_s or self._start.default_stage_timeout_s
+        return task
+
+    def _timeout(self, sid: str) -> timedelta:
+        """The StageRunner's effective timeout (the stage's own, else the starter's
+        default_stage_timeout) plus a grace; one day when neither is set (Temporal needs
+        one)."""
+        timeout_s = self._graph.stage(sid).timeout_s or self._start.default_stage_timeout_s
         if timeout_s:
-            timeout = timedelta(seconds=timeout_s + _GRACE)
+            return timedelta(seconds=timeout_s + _GRACE)
+        return timedelta(days=1)
+
+    async def _call_local(
+        self,
+        sid: str,
+        attempt: int,
+        args: list[Any],
+        result_type: type[Any],
+        compensation: bool,
+    ) -> dict[str, Any]:
+        """A try of a ``local=True`` stage: a local activity, run by this worker."""
         what = "compensation" if compensation else "attempt"
-        call: dict[str, Any] | None = None
-        if not compensation:
-            self._inflight += 1
         name = sid + COMPENSATE_SUFFIX if compensation else sid
-        summary = f"{sid} {what} {attempt}"
-        res: dict[str, Any] | None = None
-        if not (in_process or compensation):
-            self._tokens += 1
-            task["token"] = self._tokens
-        carrier = self._carry_events(task)
-        args, result_type = self._activity_args(task, compensation)
-        try:
-            if in_process:
-                local = workflow.start_local_activity(
-                    name,
-                    args=args,
-                    result_type=result_type,
-                    start_to_close_timeout=timeout,
-                    retry_policy=_INFRA_RETRY,
-                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    summary=summary,
-                )
-                if not compensation:
-                    self._attempts[sid] = local
-                res = self._activity_result(await local)
-            else:
-                handle = workflow.start_activity(
-                    name,
-                    args=args,
-                    result_type=result_type,
-                    start_to_close_timeout=timeout,
-                    heartbeat_timeout=self._hb,
-                    retry_policy=_INFRA_RETRY,
-                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    summary=summary,
-                )
-                if not compensation:
-                    call = {"token": self._tokens, "handle": handle, "withdrawn": False}
-                    self._calls[sid] = call
-                    self._attempts[sid] = handle
-                res = self._activity_result(await handle)
-        except (ActivityError, ApplicationError) as exc:
-            # (a failed local activity of this driver surfaces as its ApplicationError)
-            cause = exc.cause if isinstance(exc, ActivityError) else exc
-            if isinstance(cause, CancelledError):
-                if call is not None and call["withdrawn"]:
-                    # the freeze's cancel found it still scheduled; steps an earlier try
-                    # of a lost worker journaled go into the ledger the snapshot carries
-                    res = {"kind": "withdrawn", "steps": await self._journaled(sid)}
-                else:
-                    raise asyncio.CancelledError() from None
-            elif isinstance(cause, ApplicationError) and carried_failure(cause) is not None:
-                res = carried_failure(cause)  # a failed attempt, its bookkeeping carried
-            else:
-                if isinstance(cause, ApplicationError):
-                    etype, retryable = cause.type or "ApplicationError", not cause.non_retryable
-                elif isinstance(cause, ActivityTimeoutError):
-                    etype, retryable = "StageTimeoutError", True
-                else:
-                    etype, retryable = type(cause).__name__, True
-                message = str(getattr(cause, "message", None) or exc.message)
-                res = {
-                    "kind": "failed",
-                    "error": {"type": etype, "message": message, "stage": sid},
-                    "retryable": retryable,
-                }
-        finally:
-            self._carrier_done(carrier, None if res is None else res.get("published"))
-            if call is not None and self._calls.get(sid) is call:
-                del self._calls[sid]
-            if not compensation:
-                self._attempts.pop(sid, None)
-                self._inflight -= 1
-                if self._signal_holder == sid:
-                    self._signal_holder = None
-                if res is None:  # no result (the run stops): what it took or was lent goes back
-                    self._release_taken(sid, {})
-                    self._unlend(sid)
-        assert res is not None
-        for rec in res.get("steps") or ():
-            steps[rec["name"]] = rec
+        local = workflow.start_local_activity(
+            name,
+            args=args,
+            result_type=result_type,
+            start_to_close_timeout=self._timeout(sid),
+            retry_policy=_INFRA_RETRY,
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"{sid} {what} {attempt}",
+        )
         if not compensation:
-            self._settle_lent(sid, res.get("consumed") or ())
-            self._release_taken(sid, steps)
-        return res
+            self._attempts[sid] = local
+        return self._activity_result(await local)
+
+    def _start_stage_activity(
+        self,
+        sid: str,
+        attempt: int,
+        args: list[Any],
+        result_type: type[Any],
+        compensation: bool,
+    ) -> workflow.ActivityHandle[Any]:
+        what = "compensation" if compensation else "attempt"
+        name = sid + COMPENSATE_SUFFIX if compensation else sid
+        return workflow.start_activity(
+            name,
+            args=args,
+            result_type=result_type,
+            start_to_close_timeout=self._timeout(sid),
+            heartbeat_timeout=self._hb,
+            retry_policy=_INFRA_RETRY,
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"{sid} {what} {attempt}",
+        )
+
+    def _call_ended(
+        self,
+        sid: str,
+        call: dict[str, Any] | None,
+        carrier: int | None,
+        res: dict[str, Any] | None,
+        *,
+        compensation: bool,
+    ) -> None:
+        """Bookkeeping once a try ended, however it ended."""
+        self._carrier_done(carrier, None if res is None else res.get("published"))
+        if call is not None and self._calls.get(sid) is call:
+            del self._calls[sid]
+        if compensation:
+            return
+        self._attempts.pop(sid, None)
+        self._inflight -= 1
+        if self._signal_holder == sid:
+            self._signal_holder = None
+        if res is None:  # no result (the run stops): what it took or was lent goes back
+            self._release_taken(sid, {})
+            self._unlend(sid)
 
     def _activity_args(
         self, task: dict[str, Any], compensation: bool
