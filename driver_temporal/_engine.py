@@ -131,6 +131,7 @@ from ._paging import PagedRuns
 from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_UPDATE
 from ._start import StartDocument
+from ._state import MemoStage, RunMemo, StageState
 from ._wire import (
     deployment_for,
     new_run_id,
@@ -398,8 +399,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             created_at=created,
             trace_context=telemetry.current_traceparent(),
         )
-        initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
-        initial["created_at"] = created
+        initial = self._initial_info(
+            run_id, wf.id, graph.version, input_ref, idempotency_key, created_at=created
+        )
         pairs = _pairs(graph.version, idempotency_key)
         try:
             handle: WorkflowHandle[Any, Any] = await self._start_pinned(
@@ -425,19 +427,28 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return await self._resolve(initial)
 
     def _initial_info(
-        self, run_id: str, wf_id: str, version: str, input_ref: Any, key: str | None
+        self,
+        run_id: str,
+        wf_id: str,
+        version: str,
+        input_ref: Any,
+        key: str | None,
+        **more: Any,
     ) -> dict[str, Any]:
+        """The run's first ``wfe_run`` memo (until the workflow's first save), with ``more``
+        of its fields (``created_at``, a redrive's ``redrive_count``)."""
         graph = self.registry.graph(wf_id, version)
-        return {
-            "id": run_id,
-            "workflow_id": wf_id,
-            "version": version,
-            "status": "pending",
-            "input": input_ref,
-            "stages": [{"id": sid, "status": "pending"} for group in graph.groups for sid in group],
-            "idempotency_key": key,
-            "sinks": graph.sinks(),
-        }
+        return RunMemo(
+            id=run_id,
+            workflow_id=wf_id,
+            version=version,
+            status="pending",
+            input=input_ref,
+            stages=[MemoStage(id=sid, status="pending") for group in graph.groups for sid in group],
+            idempotency_key=key,
+            sinks=graph.sinks(),
+            **more,
+        ).to_json()
 
     # -- reading ------------------------------------------------------------------------------
     async def _resolve(self, info: dict[str, Any], *, values: bool = True) -> RunInfo:
@@ -740,8 +751,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             target_version = version
         wf = self.registry.get(info.workflow_id, target_version)
         graph = wf.graph()
-        stages: dict[str, dict[str, Any]] = state["stages"]
-        statuses = {sid: str(st.get("status", "pending")) for sid, st in stages.items()}
+        stages = {sid: StageState.model_validate(st) for sid, st in state["stages"].items()}
+        statuses = {sid: st.status for sid, st in stages.items()}
         # the stages the run has must be the target version's; bad input: raise, change nothing
         reset = redrive_plan(graph, from_, statuses, run_id)
         if not info.terminal:
@@ -750,7 +761,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     reason=f"re-pinned by redrive(version={version!r})"
                 )
         history = list(state.get("redrive_history") or [])
-        new_stages = _redriven_stages(state, graph, reset, from_, history)
+        new_stages = _redriven_stages(state, stages, graph, reset, from_, history)
         redrive = int(state.get("redrive", 0)) + 1
         start = StartDocument.for_engine(
             self.settings,
@@ -773,9 +784,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             run_started=state.get("run_started", False),
         )
         initial = self._initial_info(
-            run_id, wf.id, graph.version, state["input"], state.get("idempotency_key")
+            run_id,
+            wf.id,
+            graph.version,
+            state["input"],
+            state.get("idempotency_key"),
+            redrive_count=redrive,
+            created_at=state.get("created_at"),
         )
-        initial.update(redrive_count=redrive, created_at=state.get("created_at"))
         pairs = _pairs(graph.version, state.get("idempotency_key"))
         try:
             await self._start_pinned(
@@ -989,28 +1005,26 @@ def create_temporal_engine(
 
 def _redriven_stages(
     state: dict[str, Any],
+    stages: dict[str, StageState],
     graph: GraphModel,
     reset: set[str],
     from_: str,
     history: list[dict[str, Any]],
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, StageState]:
     """The per-stage state a redrive starts with: the stages of ``reset`` pending again (their
     superseded attempt archived in ``history``; a ``last_failure`` redrive keeps their step
     ledger), every other one completed as it was."""
-    stages: dict[str, dict[str, Any]] = state["stages"]
-    new_stages: dict[str, dict[str, Any]] = {}
+    new_stages: dict[str, StageState] = {}
     for sid in (sid for g in graph.groups for sid in g):
-        old = stages.get(sid) or {}
+        old = stages.get(sid) or StageState()
         if sid in reset:
-            if old.get("attempt"):  # archive the attempt this redrive supersedes
-                record = {k: v for k, v in old.items() if k != "steps"}
+            if old.attempt:  # archive the attempt this redrive supersedes
+                record = {k: v for k, v in old.to_json().items() if k != "steps"}
                 history.append({"redrive": state.get("redrive", 0), "stage": sid, "record": record})
             keep_steps = from_ == "last_failure"
-            new_stages[sid] = {
-                "status": "pending",
-                "attempt": 0,
-                "steps": old.get("steps", {}) if keep_steps else {},
-            }
+            new_stages[sid] = StageState(
+                status="pending", attempt=0, steps=old.steps if keep_steps else {}
+            )
         else:
-            new_stages[sid] = {**old, "status": "completed"}
+            new_stages[sid] = old.model_copy(update={"status": "completed"})
     return new_stages

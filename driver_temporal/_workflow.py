@@ -65,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
     from ._outbox import EventOutbox
     from ._signals import SignalHandlers
     from ._start import StartDocument
+    from ._state import StageState
     from ._wire import parse_time
 
 __all__ = [
@@ -359,7 +360,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             return self._info
         if outcome != "completed":
             return None  # migrated: the run goes on (and ends) on its target
-        outputs = {s["id"]: s["output"] for s in self._stages.values()}
+        outputs = {s.id: s.output for s in self._stages.values()}
         return run_output(self._graph.sinks(), outputs)
 
     async def _wind_up(
@@ -404,29 +405,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._comp_errors: list[dict[str, Any]] = []
         self._finished_at: str | None = None
         self._run_started = start.run_started
-        prior: dict[str, dict[str, Any]] = start.stages
-        self._stages: dict[str, dict[str, Any]] = {}
-        for sid in self._order_ids():
-            st = prior.get(sid) or {}
-            self._stages[sid] = {
-                "id": sid,
-                "status": st.get("status", "pending"),
-                "attempt": st.get("attempt", 0),
-                "output": st.get("output"),
-                "error": st.get("error"),
-                "compensation_error": None,
-                "waiting_for": st.get("waiting_for"),
-                "wake_at": st.get("wake_at"),
-                "started_at": st.get("started_at"),
-                "finished_at": st.get("finished_at"),
-                "order": st.get("order"),
-                "steps": dict(st.get("steps") or {}),
-                "comp_steps": {},
-                "events": list(st.get("events") or []),
-                "suspensions": st.get("suspensions", 0),
-                "backoff": False,
-            }
-        self._order = max((s["order"] or 0 for s in self._stages.values()), default=0)
+        self._stages: dict[str, StageState] = {
+            sid: StageState.fresh(sid, start.stages.get(sid)) for sid in self._order_ids()
+        }
+        self._order = max((s.order or 0 for s in self._stages.values()), default=0)
         self._carry_signals(start)
 
     def _order_ids(self) -> list[str]:
@@ -434,7 +416,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
 
     async def _execute(self) -> None:
         for group in self._graph.groups:
-            todo = [s for s in group if self._stages[s]["status"] != "completed"]
+            todo = [s for s in group if self._stages[s].status != "completed"]
             if todo:
                 await self._run_group(todo)
 
@@ -522,12 +504,12 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
     async def _run_stage(self, sid: str) -> None:
         st = self._stages[sid]
         fresh = await self._resume_imported(sid)
-        next_attempt = max(1, st["attempt"])
-        if st["status"] == "pending" and st["attempt"] > 0:
-            next_attempt = st["attempt"] + 1  # imported between attempts: the retry is due
+        next_attempt = max(1, st.attempt)
+        if st.status == "pending" and st.attempt > 0:
+            next_attempt = st.attempt + 1  # imported between attempts: the retry is due
         while True:
             await self._gate()
-            attempt = next_attempt if fresh else st["attempt"]
+            attempt = next_attempt if fresh else st.attempt
             self._begin_stage(sid, attempt, fresh)
             res = await self._call(sid, attempt, compensation=False)
             if self._stop_reason is not None and not (
@@ -558,42 +540,41 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         """Whether the stage's next attempt is a fresh one. A run imported mid-attempt
         continues that attempt (no second stage.started), once its wait is over."""
         st = self._stages[sid]
-        if not (st["status"] in ("suspended", "running") and st["attempt"] > 0):
+        if not (st.status in ("suspended", "running") and st.attempt > 0):
             return True
-        if st["status"] == "suspended" and st["waiting_for"]:
-            waiting_for: str = st["waiting_for"]
+        if st.status == "suspended" and st.waiting_for:
+            waiting_for: str = st.waiting_for
             reason = waiting_for.split(":", 1)[0]
             if reason not in ("sleep", "signal", "poll"):
-                reason = "sleep" if st["wake_at"] else "signal"
+                reason = "sleep" if st.wake_at else "signal"
             await self._wait(
-                sid, {"reason": reason, "waiting_for": waiting_for}, parse_time(st["wake_at"])
+                sid, {"reason": reason, "waiting_for": waiting_for}, parse_time(st.wake_at)
             )
         return False
 
     def _stage_completed(self, sid: str, attempt: int, res: dict[str, Any]) -> None:
         self._order += 1
-        self._stages[sid].update(
-            status="completed",
-            output=res.get("output"),
-            events=res.get("events") or [],
-            error=None,
-            finished_at=_iso(workflow.now()),
-            order=self._order,
-            waiting_for=None,
-            wake_at=None,
-        )
+        st = self._stages[sid]
+        st.status = "completed"
+        st.output = res.get("output")
+        st.events = res.get("events") or []
+        st.error = None
+        st.finished_at = _iso(workflow.now())
+        st.order = self._order
+        st.waiting_for = None
+        st.wake_at = None
         self._emit(self._lc.stage_completed(sid, attempt))
         self._sync()
 
     async def _stage_suspended(self, sid: str, attempt: int, res: dict[str, Any]) -> None:
         """Record the suspension, then wait until the attempt may resume."""
         st = self._stages[sid]
-        st["suspensions"] += 1
+        st.suspensions += 1
         until = parse_time(res.get("until"))
-        st.update(status="suspended", waiting_for=res["waiting_for"], wake_at=res["until"])
+        st.status, st.waiting_for, st.wake_at = "suspended", res["waiting_for"], res["until"]
         self._emit(
             self._lc.stage_suspended(
-                sid, attempt, st["suspensions"], res["reason"], until, res["waiting_for"]
+                sid, attempt, st.suspensions, res["reason"], until, res["waiting_for"]
             )
         )
         self._sync()
@@ -608,37 +589,35 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             bool(res.get("retryable")) and attempt < self._graph.stage(sid).retry.max_attempts
         )
         self._emit(self._lc.stage_failed(sid, attempt, ErrorInfo(**error), will_retry))
-        st["error"] = error
+        st.error = error
         if not will_retry:
-            st.update(status="failed", finished_at=_iso(workflow.now()))
+            st.status, st.finished_at = "failed", _iso(workflow.now())
             self._sync()
             raise _StageFailed(error)
         self._sync()
-        st["backoff"] = True
+        st.backoff = True
         await self._pause(self._delay(sid, attempt), f"retry {sid}")
 
     def _begin_stage(self, sid: str, attempt: int, fresh: bool) -> None:
         """The attempt starts (``fresh``: stage.started, written to the memo) or a suspended
         one resumes."""
         st = self._stages[sid]
-        st["backoff"] = False
+        st.backoff = False
         if fresh:
-            st["attempt"] = attempt
+            st.attempt = attempt
             if not self._run_started:
                 self._run_started = True
                 self._emit(self._lc.run_started())
-            st.update(
-                status="running",
-                started_at=_iso(workflow.now()),
-                finished_at=None,
-                suspensions=0,
-                waiting_for=None,
-                wake_at=None,
-            )
+            st.status = "running"
+            st.started_at = _iso(workflow.now())
+            st.finished_at = None
+            st.suspensions = 0
+            st.waiting_for = None
+            st.wake_at = None
             self._emit(self._lc.stage_started(sid, attempt))
             self._sync()
         else:
-            st.update(status="running", waiting_for=None, wake_at=None)
+            st.status, st.waiting_for, st.wake_at = "running", None, None
 
     def _delay(self, sid: str, attempt: int) -> float:
         # a Temporal timer needs a positive duration
@@ -697,7 +676,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         """Run one try of a stage attempt (or compensation) as an activity; ``withdrawn``
         when a freeze cancelled a stage activity no worker had picked up (it ran nothing)."""
         st = self._stages[sid]
-        steps = st["comp_steps"] if compensation else st["steps"]
+        steps = st.comp_steps if compensation else st.steps
         # the patch marker keeps runs started before local stages existed replaying
         in_process = bool(self._graph.stage(sid).local) and self._patched(_LOCAL_PATCH)
         task = self._task(sid, attempt, steps, compensation=compensation, in_process=in_process)
@@ -760,10 +739,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "attempt": attempt,
             "redrive": self._redrive,
             "input": self._start.input,
-            "outputs": {a: self._stages[a]["output"] for a in self._ancestors(sid)},
+            "outputs": {a: self._stages[a].output for a in self._ancestors(sid)},
             "steps": list(steps.values()),
             "signal_queues": {} if compensation else self._lend(sid, in_process),
-            "output": st["output"] if compensation else None,
+            "output": st.output if compensation else None,
             "trace_context": self._start.trace_context,
         }
         wfi = workflow.info()
@@ -896,16 +875,17 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
     def _cancel_active(self) -> None:
         for sid in sorted(self._stages):
             st = self._stages[sid]
-            if st["status"] in ("running", "suspended"):
-                st.update(status="cancelled", finished_at=_iso(workflow.now()), waiting_for=None)
+            if st.status in ("running", "suspended"):
+                st.status, st.finished_at = "cancelled", _iso(workflow.now())
+                st.waiting_for = None
                 self._emit(self._lc.stage_cancelled(sid))
 
     async def _compensate(self) -> None:
         self._status = "compensating"
         self._sync()
-        done = [s for s in self._stages.values() if s["status"] == "completed" and s["order"]]
-        for st in sorted(done, key=lambda s: s["order"], reverse=True):
-            sid = st["id"]
+        done = [s for s in self._stages.values() if s.status == "completed" and s.order]
+        for st in sorted(done, key=lambda s: s.order or 0, reverse=True):
+            sid = st.id
             spec = self._graph.stage(sid)
             if not spec.compensable:
                 continue
@@ -913,7 +893,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             while True:
                 res = await self._call(sid, attempt, compensation=True)
                 if res["kind"] == "completed":
-                    st["status"] = "compensated"
+                    st.status = "compensated"
                     self._emit(self._lc.stage_compensated(sid))
                     self._sync()
                     break
@@ -925,7 +905,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                     await workflow.sleep(self._delay(sid, attempt), summary=f"retry {sid}")
                     attempt += 1
                     continue
-                st["compensation_error"] = res.get("error")
+                st.compensation_error = res.get("error")
                 self._comp_errors.append(res.get("error") or {})
                 break
 
@@ -943,13 +923,13 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         # its last events ride with wfe.save_state below, not with a wfe.publish of their own
         self._finishing = self._via_activities
         for st in self._stages.values():
-            if st["status"] == "pending":
-                st["status"] = "skipped"
+            if st.status == "pending":
+                st.status = "skipped"
         if outcome == "completed":
-            done = [s for s in self._stages.values() if s["order"]]
-            for st in sorted(done, key=lambda s: s["order"]):
-                for i, e in enumerate(st["events"]):
-                    self._emit(self._lc.business(st["id"], i, e["type"], e["data"]))
+            done = [s for s in self._stages.values() if s.order]
+            for st in sorted(done, key=lambda s: s.order or 0):
+                for i, e in enumerate(st.events):
+                    self._emit(self._lc.business(st.id, i, e["type"], e["data"]))
             self._emit(self._lc.run_completed())
         elif outcome == "failed":
             assert error is not None
@@ -960,7 +940,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         for st in self._stages.values():
             # released on completion, discarded by compensation or cancel: either way they are
             # gone, so a later redrive never emits them again (stages it re-runs emit anew)
-            st["events"] = []
+            st.events = []
         self._status = outcome
         self._final = True
         self._finished_at = _iso(workflow.now())
@@ -992,7 +972,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "redrive_history": self._redrive_history,
             "event_seq": self._seq,
             "status": self._status,
-            "stages": self._stages,
+            "stages": {sid: st.to_json() for sid, st in self._stages.items()},
             "signals": self._signals,
             "signal_keys": sorted(self._signal_keys),
             "run_started": self._run_started,
