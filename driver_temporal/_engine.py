@@ -486,11 +486,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         info = dict(memo.get("wfe_run") or {})
         if not info:
             raise EngineError("this Temporal workflow was not started by wfe")
-        if info.get("status") in _ACTIVE and status not in (
-            None,
-            WorkflowExecutionStatus.RUNNING,
-        ):
-            info = await self._ended_outside(info, status, run_id or str(info.get("id")))
+        run = RunMemo.model_validate(info)
+        if run.status in _ACTIVE and status not in (None, WorkflowExecutionStatus.RUNNING):
+            info = await self._ended_outside(info, status, run_id or run.id)
         return await self._resolve(info, values=values)
 
     async def _ended_outside(

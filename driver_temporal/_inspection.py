@@ -115,7 +115,7 @@ class RunInspection:
                 [SA_STATUS.value_set(status), SA_STAGE.value_set(current)]
             )
         workflow.set_current_details(self._details(status))
-        memo = RunMemo.model_construct(
+        memo = RunMemo(
             id=self._run_id,
             workflow_id=self._wf_id,
             version=self._version,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 __all__ = ["MemoStage", "RunMemo", "StageState"]
 
@@ -44,6 +44,14 @@ class StageState(BaseModel):
     suspensions: int = 0
     backoff: bool = False
 
+    @field_validator("steps", "comp_steps", "events", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any, info: ValidationInfo) -> Any:
+        # (the code before this model read these with ``or {}`` / ``or []``)
+        if value is None:
+            return [] if info.field_name == "events" else {}
+        return value
+
     @classmethod
     def fresh(cls, sid: str, prior: StageState | None) -> StageState:
         """The workflow's state of stage ``sid`` at the run's start: where ``prior`` (the
@@ -71,7 +79,7 @@ class StageState(BaseModel):
 
     def memo(self) -> MemoStage:
         """The stage as the ``wfe_run`` memo shows it."""
-        return MemoStage.model_construct(
+        return MemoStage(
             id=self.id,
             status=self.status,
             attempt=self.attempt,
@@ -136,15 +144,4 @@ class RunMemo(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         """The memo entry as written: the given keys only (a stage: its given keys)."""
-        data = self.model_dump(mode="json", exclude_unset=True, exclude={"stages"})
-        if "stages" in self.model_fields_set:
-            # (in field order: ``stages`` comes after ``compensation_errors``)
-            out: dict[str, Any] = {}
-            for k in type(self).model_fields:
-                if k == "stages":
-                    out["stages"] = [s.to_json() for s in self.stages]
-                elif k in data:
-                    out[k] = data.pop(k)
-            out.update(data)  # extra keys
-            return out
-        return data
+        return self.model_dump(mode="json", exclude_unset=True)

@@ -51,8 +51,8 @@ def _memos(name: str, key: str) -> Iterator[tuple[str, Any]]:
 def _start_document(name: str) -> dict[str, Any]:
     """The start document of a recorded run: its ``wfe_start`` memo, or (older runs) its
     workflow input."""
-    for _, doc in _memos(name, "wfe_start"):
-        return dict(doc)
+    for _, memo in _memos(name, "wfe_start"):
+        return dict(memo)
     for ev in _recorded(name)["history"]["events"]:
         attrs = ev.get("workflowExecutionStartedEventAttributes")
         if attrs:
@@ -161,7 +161,7 @@ def _old_setup(sid: str, st: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("shape", [*_SHAPES, {}])
+@pytest.mark.parametrize("shape", [*_SHAPES, {}, {"status": "completed", "steps": None}])
 def test_the_workflow_reads_a_stage_as_the_old_code_did(shape: dict[str, Any]) -> None:
     prior = StageState.model_validate(shape) if shape else None
     state = StageState.fresh("a", prior).to_json()
@@ -190,8 +190,9 @@ def _graph() -> GraphModel:
 def test_a_redrive_builds_the_stages_the_old_code_built() -> None:
     graph = _graph()
     failed = {**_SAVED_STAGE, "id": "b", "status": "failed", "order": None}
-    state = {"redrive": 1, "stages": {"a": _SAVED_STAGE, "b": failed}}
-    stages = {sid: StageState.model_validate(st) for sid, st in state["stages"].items()}
+    saved = {"a": _SAVED_STAGE, "b": failed}
+    state: dict[str, Any] = {"redrive": 1, "stages": saved}
+    stages = {sid: StageState.model_validate(st) for sid, st in saved.items()}
     history: list[dict[str, Any]] = []
     new = _redriven_stages(state, stages, graph, {"b"}, "last_failure", history)
     assert {sid: st.to_json() for sid, st in new.items()} == {
