@@ -52,10 +52,12 @@ from engine_port import (
     EventSink,
     Failed,
     InMemoryLedger,
+    Outcome,
     Registry,
     StageRequest,
     StageRunner,
     StepRecord,
+    Suspended,
 )
 from engine_port.errors import EngineError
 
@@ -158,6 +160,31 @@ class _JournalLedger(InMemoryLedger):
         return done
 
 
+async def _journaled_by_lost_try(
+    log: StepJournal,
+    records: dict[str, dict[str, Any]],
+    journal: dict[str, dict[str, Any]],
+    raw_signals: dict[str, list[Any]],
+) -> list[str]:
+    """Merge the steps a lost try of this attempt journaled into ``records`` (and this try's
+    ``journal``); returns the signal names it consumed from the task's queues (it took the
+    oldest of its name: it stays taken, removed from ``raw_signals``)."""
+    pre_consumed: list[str] = []
+    for r in await log.read():
+        via = r.pop("via", None)
+        if records.get(r["name"]) == r:
+            continue
+        records[r["name"]] = r
+        journal[r["name"]] = r
+        sig = str(r.get("signal"))
+        if via == "take":
+            continue  # taken from the run (wfe.internal.take_signal): it holds it for us
+        if r.get("kind") == "signal" and r.get("completed") and raw_signals.get(sig):
+            raw_signals[sig].pop(0)
+            pre_consumed.append(sig)
+    return pre_consumed
+
+
 def _failed_attempt(req: StageRequest, outcome: Failed, result: dict[str, Any]) -> ApplicationError:
     """A failed stage attempt as Temporal shows a failed activity: the user's error type,
     message and traceback. It is non-retryable for Temporal: the workflow applies the stage's
@@ -228,28 +255,12 @@ class DriverActivities:
             task = {**meta, "input": values[0], "outputs": values[1] if len(values) > 1 else {}}
         return await self._stage(info, task, compensation, carried=True)
 
-    async def _stage(  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
+    async def _stage(
         self, info: activity.Info, task: dict[str, Any], compensation: bool, *, carried: bool
     ) -> Any:
         """One stage attempt or compensation; ``carried``: the result is the stage's output
         (its bookkeeping in the payload's metadata) and a failure raises (see ``_carry``)."""
-        try:
-            wf = self.registry.get(task["workflow_id"], task["version"])
-        except EngineError as exc:
-            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
-        req = StageRequest(
-            run_id=task["run_id"],
-            workflow=wf,
-            stage_id=task["stage_id"],
-            attempt=task["attempt"],
-            input=await self.claim.load(task["input"], run_id=task["run_id"]),
-            outputs={
-                k: await self.claim.load(v, run_id=task["run_id"])
-                for k, v in task["outputs"].items()
-            },
-            resumed=bool(task["steps"]),
-            trace_context=task.get("trace_context"),
-        )
+        req = await self._request(task)
         journal: dict[str, dict[str, Any]] = {}
         records = {r["name"]: r for r in task["steps"]}
         prefix = journal_prefix(
@@ -269,19 +280,7 @@ class DriverActivities:
             # a previous try of this attempt died: steps it journaled replay, never run again
             # (a local activity re-run after a lost worker starts again at try 1: always
             # look; after an operator's reset the run's ledger forgot steps: look too)
-            for r in await log.read():
-                via = r.pop("via", None)
-                if records.get(r["name"]) == r:
-                    continue
-                records[r["name"]] = r
-                journal[r["name"]] = r
-                sig = str(r.get("signal"))
-                if via == "take":
-                    continue  # taken from the run (wfe.internal.take_signal): it holds it for us
-                if r.get("kind") == "signal" and r.get("completed") and raw_signals.get(sig):
-                    # the lost try took the oldest of its name: it stays taken
-                    raw_signals[sig].pop(0)
-                    pre_consumed.append(sig)
+            pre_consumed = await _journaled_by_lost_try(log, records, journal, raw_signals)
         loaded = {name: await self._load_record(r, req.run_id) for name, r in records.items()}
         signals = {
             k: [await self.claim.load(v, run_id=req.run_id) for v in queue]
@@ -303,9 +302,58 @@ class DriverActivities:
                 return await self._take_signal(info, task, given.get(name, 0), key, name)
 
         ledger = _JournalLedger(loaded, signals, journal, spill, log, take)
+        outcome, published = await self._run_body(info, task, req, ledger, log, compensation)
+        if isinstance(outcome, Abandoned):
+            # the engine's storage (the step journal, the blob store) failed: the activity's
+            # own retry policy runs this try again, keeping the stage attempt; steps this try
+            # journaled replay from the journal (DESIGN §5)
+            raise ApplicationError(
+                f"stage {req.stage_id!r} attempt {req.attempt}: {outcome.reason}",
+                type="InfrastructureFault",
+            )
+        result: dict[str, Any] = {
+            "steps": list(journal.values()),
+            "consumed": pre_consumed + list(ledger.consumed),
+        }
+        if published is not None:
+            result["published"] = published
+        return await self._stage_result(task, req, outcome, result, compensation, carried)
+
+    async def _request(self, task: dict[str, Any]) -> StageRequest:
+        """The StageRunner's request for ``task`` (its values loaded from the claim check);
+        an unknown workflow version fails the activity for good."""
+        try:
+            wf = self.registry.get(task["workflow_id"], task["version"])
+        except EngineError as exc:
+            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
+        return StageRequest(
+            run_id=task["run_id"],
+            workflow=wf,
+            stage_id=task["stage_id"],
+            attempt=task["attempt"],
+            input=await self.claim.load(task["input"], run_id=task["run_id"]),
+            outputs={
+                k: await self.claim.load(v, run_id=task["run_id"])
+                for k, v in task["outputs"].items()
+            },
+            resumed=bool(task["steps"]),
+            trace_context=task.get("trace_context"),
+        )
+
+    async def _run_body(
+        self,
+        info: activity.Info,
+        task: dict[str, Any],
+        req: StageRequest,
+        ledger: _JournalLedger,
+        log: StepJournal,
+        compensation: bool,
+    ) -> tuple[Outcome, dict[str, Any] | None]:
+        """Run the stage body (or its compensation) while heartbeating and delivering the
+        run's events this activity carries (``_outbox``): its outcome and what was
+        published."""
         # local activities have no heartbeat: the workflow task's timeout notices a lost worker
         beat = None if info.is_local else asyncio.create_task(self._heartbeat())
-        # the run's events this activity carries (``_outbox``), delivered while the body runs
         to_publish = task.get("publish")
         publishing = (
             asyncio.ensure_future(self._publish_carried(to_publish))
@@ -328,20 +376,19 @@ class DriverActivities:
                     await beat
             if publishing is not None:
                 published = await publishing
-        if isinstance(outcome, Abandoned):
-            # the engine's storage (the step journal, the blob store) failed: the activity's
-            # own retry policy runs this try again, keeping the stage attempt; steps this try
-            # journaled replay from the journal (DESIGN §5)
-            raise ApplicationError(
-                f"stage {req.stage_id!r} attempt {req.attempt}: {outcome.reason}",
-                type="InfrastructureFault",
-            )
-        result: dict[str, Any] = {
-            "steps": list(journal.values()),
-            "consumed": pre_consumed + list(ledger.consumed),
-        }
-        if published is not None:
-            result["published"] = published
+        return outcome, published
+
+    async def _stage_result(
+        self,
+        task: dict[str, Any],
+        req: StageRequest,
+        outcome: Completed | Failed | Suspended,
+        result: dict[str, Any],
+        compensation: bool,
+        carried: bool,
+    ) -> Any:
+        """What the activity returns for a completed, failed or suspended attempt: the
+        ``result`` document (older runs) or the carried form (``_carry``)."""
         if isinstance(outcome, Completed):
             output = None
             if not compensation:

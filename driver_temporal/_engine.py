@@ -85,6 +85,7 @@ from engine_port import (
     run_output,
 )
 from engine_port.driver import (
+    GraphModel,
     check_export_target,
     check_payload_size,
     check_run_call,
@@ -131,6 +132,7 @@ from ._paging import PagedRuns
 from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_UPDATE
 from ._start import StartDocument
+from ._state import MemoStage, RunMemo, StageState
 from ._wire import (
     deployment_for,
     new_run_id,
@@ -407,8 +409,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             created_at=created,
             trace_context=telemetry.current_traceparent(),
         )
-        initial = self._initial_info(run_id, wf.id, graph.version, input_ref, idempotency_key)
-        initial["created_at"] = created
+        initial = self._initial_info(
+            run_id, wf.id, graph.version, input_ref, idempotency_key, created_at=created
+        )
         pairs = _pairs(graph.version, idempotency_key)
         try:
             handle: WorkflowHandle[Any, Any] = await self._start_pinned(
@@ -434,19 +437,28 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return await self._resolve(initial)
 
     def _initial_info(
-        self, run_id: str, wf_id: str, version: str, input_ref: Any, key: str | None
+        self,
+        run_id: str,
+        wf_id: str,
+        version: str,
+        input_ref: Any,
+        key: str | None,
+        **more: Any,
     ) -> dict[str, Any]:
+        """The run's first ``wfe_run`` memo (until the workflow's first save), with ``more``
+        of its fields (``created_at``, a redrive's ``redrive_count``)."""
         graph = self.registry.graph(wf_id, version)
-        return {
-            "id": run_id,
-            "workflow_id": wf_id,
-            "version": version,
-            "status": "pending",
-            "input": input_ref,
-            "stages": [{"id": sid, "status": "pending"} for group in graph.groups for sid in group],
-            "idempotency_key": key,
-            "sinks": graph.sinks(),
-        }
+        return RunMemo(
+            id=run_id,
+            workflow_id=wf_id,
+            version=version,
+            status="pending",
+            input=input_ref,
+            stages=[MemoStage(id=sid, status="pending") for group in graph.groups for sid in group],
+            idempotency_key=key,
+            sinks=graph.sinks(),
+            **more,
+        ).to_json()
 
     # -- reading ------------------------------------------------------------------------------
     async def _resolve(self, info: dict[str, Any], *, values: bool = True) -> RunInfo:
@@ -484,11 +496,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         info = dict(memo.get("wfe_run") or {})
         if not info:
             raise EngineError("this Temporal workflow was not started by wfe")
-        if info.get("status") in _ACTIVE and status not in (
-            None,
-            WorkflowExecutionStatus.RUNNING,
-        ):
-            info = await self._ended_outside(info, status, run_id or str(info.get("id")))
+        run = RunMemo.model_validate(info)
+        if run.status in _ACTIVE and status not in (None, WorkflowExecutionStatus.RUNNING):
+            info = await self._ended_outside(info, status, run_id or run.id)
         return await self._resolve(info, values=values)
 
     async def _ended_outside(
@@ -729,7 +739,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return await self.get_run(run_id)
 
     # -- redrive ------------------------------------------------------------------------------
-    async def redrive(  # noqa: PLR0912  driver_temporal is being rewritten (helper thist); split after
+    async def redrive(
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
         check_run_call(run_id)
@@ -741,24 +751,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             # redrive() re-runs terminal runs only (a stranded active run may be re-pinned
             # with version='latest'); a migrated run lives on its target now
             raise RunNotActiveError(run_id, info.status, "redrive")
-        if info.terminal and status in (
-            WorkflowExecutionStatus.TERMINATED,
-            WorkflowExecutionStatus.TIMED_OUT,
-        ):
-            # ended outside the engine: no final state was saved; rebuild it from the memo,
-            # with the steps its stages journaled (so a redrive never re-runs one)
-            state = _state_from_memo(memo)
-            for sid, st in state["stages"].items():
-                if st.get("status") != "completed":
-                    records = await self._activities.read_journal(
-                        run_id, sid, int(state.get("redrive", 0))
-                    )
-                    st["steps"] = {r["name"]: r for r in records}
-        elif info.terminal:
-            state = await self._load_state(run_id)
-        else:
-            # a stranded active run (no worker serves its version): re-pin it from its memo
-            state = _state_from_memo(memo)
+        state = await self._redrive_state(run_id, memo, status, info)
         target_version = info.version
         if version == "latest":
             target_version = self.registry.latest_version(info.workflow_id)
@@ -766,9 +759,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             target_version = version
         wf = self.registry.get(info.workflow_id, target_version)
         graph = wf.graph()
-        stages: dict[str, dict[str, Any]] = state["stages"]
-        order = [sid for g in graph.groups for sid in g]
-        statuses = {sid: str(st.get("status", "pending")) for sid, st in stages.items()}
+        stages = {sid: StageState.model_validate(st) for sid, st in state["stages"].items()}
+        statuses = {sid: st.status for sid, st in stages.items()}
         # the stages the run has must be the target version's; bad input: raise, change nothing
         reset = redrive_plan(graph, from_, statuses, run_id)
         if not info.terminal:
@@ -777,23 +769,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     reason=f"re-pinned by redrive(version={version!r})"
                 )
         history = list(state.get("redrive_history") or [])
-        new_stages: dict[str, dict[str, Any]] = {}
-        for sid in order:
-            old = stages.get(sid) or {}
-            if sid in reset:
-                if old.get("attempt"):  # archive the attempt this redrive supersedes
-                    record = {k: v for k, v in old.items() if k != "steps"}
-                    history.append(
-                        {"redrive": state.get("redrive", 0), "stage": sid, "record": record}
-                    )
-                keep_steps = from_ == "last_failure"
-                new_stages[sid] = {
-                    "status": "pending",
-                    "attempt": 0,
-                    "steps": old.get("steps", {}) if keep_steps else {},
-                }
-            else:
-                new_stages[sid] = {**old, "status": "completed"}
+        new_stages = _redriven_stages(state, stages, graph, reset, from_, history)
         redrive = int(state.get("redrive", 0)) + 1
         start = StartDocument.for_engine(
             self.settings,
@@ -816,9 +792,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             run_started=state.get("run_started", False),
         )
         initial = self._initial_info(
-            run_id, wf.id, graph.version, state["input"], state.get("idempotency_key")
+            run_id,
+            wf.id,
+            graph.version,
+            state["input"],
+            state.get("idempotency_key"),
+            redrive_count=redrive,
+            created_at=state.get("created_at"),
         )
-        initial.update(redrive_count=redrive, created_at=state.get("created_at"))
         pairs = _pairs(graph.version, state.get("idempotency_key"))
         try:
             await self._start_pinned(
@@ -835,6 +816,30 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         except WorkflowAlreadyStartedError:
             raise EngineError(f"run {run_id!r} was redriven concurrently") from None
         return await self.get_run(run_id)
+
+    async def _redrive_state(
+        self, run_id: str, memo: Any, status: WorkflowExecutionStatus | None, info: RunInfo
+    ) -> dict[str, Any]:
+        """The state a redrive starts from: the final state the run saved, or (ended outside
+        the engine, or a stranded active run) its memo's, with the steps its stages journaled
+        (so a redrive never re-runs one)."""
+        if info.terminal and status in (
+            WorkflowExecutionStatus.TERMINATED,
+            WorkflowExecutionStatus.TIMED_OUT,
+        ):
+            # ended outside the engine: no final state was saved; rebuild it from the memo
+            state = _state_from_memo(memo)
+            for sid, st in state["stages"].items():
+                if st.get("status") != "completed":
+                    records = await self._activities.read_journal(
+                        run_id, sid, int(state.get("redrive", 0))
+                    )
+                    st["steps"] = {r["name"]: r for r in records}
+            return state
+        if info.terminal:
+            return await self._load_state(run_id)
+        # a stranded active run (no worker serves its version): re-pin it from its memo
+        return _state_from_memo(memo)
 
     async def _load_state(self, run_id: str) -> dict[str, Any]:
 
@@ -1010,3 +1015,30 @@ def create_temporal_engine(
     return TemporalEngine(
         settings, registry, event_sink=event_sink, blob_store=blob_store, clock=clock, **options
     )
+
+
+def _redriven_stages(
+    state: dict[str, Any],
+    stages: dict[str, StageState],
+    graph: GraphModel,
+    reset: set[str],
+    from_: str,
+    history: list[dict[str, Any]],
+) -> dict[str, StageState]:
+    """The per-stage state a redrive starts with: the stages of ``reset`` pending again (their
+    superseded attempt archived in ``history``; a ``last_failure`` redrive keeps their step
+    ledger), every other one completed as it was."""
+    new_stages: dict[str, StageState] = {}
+    for sid in (sid for g in graph.groups for sid in g):
+        old = stages.get(sid) or StageState()
+        if sid in reset:
+            if old.attempt:  # archive the attempt this redrive supersedes
+                record = {k: v for k, v in old.to_json().items() if k != "steps"}
+                history.append({"redrive": state.get("redrive", 0), "stage": sid, "record": record})
+            keep_steps = from_ == "last_failure"
+            new_stages[sid] = StageState(
+                status="pending", attempt=0, steps=old.steps if keep_steps else {}
+            )
+        else:
+            new_stages[sid] = old.model_copy(update={"status": "completed"})
+    return new_stages

@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         INTERNAL,
     )
     from ._start import StartDocument
+    from ._state import StageState
 
 __all__ = [
     "ABORT_EXPORT_UPDATE",
@@ -63,7 +64,7 @@ class MigrationHandlers:
     _version: str
     _start: StartDocument
     _graph: GraphModel
-    _stages: dict[str, dict[str, Any]]
+    _stages: dict[str, StageState]
     _signals: list[dict[str, Any]]
     _signal_keys: set[str]
     _seq: int
@@ -190,31 +191,31 @@ class MigrationHandlers:
         stages = []
         current_group = len(self._graph.groups)
         for gi, group in enumerate(self._graph.groups):
-            if any(self._stages[s]["status"] != "completed" for s in group):
+            if any(self._stages[s].status != "completed" for s in group):
                 current_group = gi
                 break
         for sid in self._order_ids():
             st = self._stages[sid]
-            status = st["status"]
-            if status == "running" and st.get("backoff"):
+            status = st.status
+            if status == "running" and st.backoff:
                 status = "pending"  # between attempts: the next attempt is scheduled
             stages.append(
                 {
                     "id": sid,
                     "status": status,
-                    "attempt": st["attempt"],
-                    "suspensions": st["suspensions"],
-                    "output": st["output"],
+                    "attempt": st.attempt,
+                    "suspensions": st.suspensions,
+                    "output": st.output,
                     "has_output": status == "completed",
-                    "error": st["error"],
-                    "compensation_error": st["compensation_error"],
-                    "completed_order": st["order"],
-                    "waiting_for": st["waiting_for"],
-                    "wake_at": st["wake_at"],
-                    "started_at": st["started_at"],
-                    "finished_at": st["finished_at"],
-                    "steps": list(st["steps"].values()),
-                    "staged_events": list(st["events"]),
+                    "error": st.error,
+                    "compensation_error": st.compensation_error,
+                    "completed_order": st.order,
+                    "waiting_for": st.waiting_for,
+                    "wake_at": st.wake_at,
+                    "started_at": st.started_at,
+                    "finished_at": st.finished_at,
+                    "steps": list(st.steps.values()),
+                    "staged_events": list(st.events),
                 }
             )
         return {

@@ -20,6 +20,7 @@ from engine_port import RunStatus
 from engine_port.driver import ACTIVE_RUN_STATUSES
 
 from ._search import SA_IDEMPOTENCY_KEY, SA_STATUS, SA_VERSION
+from ._state import RunMemo
 
 _WFT_STARTED = PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED
 _ACTIVE = tuple(s.value for s in RunStatus if s in ACTIVE_RUN_STATUSES)
@@ -106,24 +107,23 @@ def _json(value: Any) -> Any:
 def _state_from_memo(memo: Any) -> dict[str, Any]:
     """What a redrive needs, rebuilt from an active run's memo (step ledgers are not in it:
     the re-pinned stage starts its steps afresh)."""
-    info = memo["wfe_run"]
-    stages: dict[str, dict[str, Any]] = {}
+    info = RunMemo.model_validate(memo["wfe_run"])
     done = sorted(
-        (s for s in info["stages"] if s.get("status") == "completed"),
-        key=lambda s: s.get("finished_at") or "",
+        (s for s in info.stages if s.status == "completed"), key=lambda s: s.finished_at or ""
     )
-    order = {s["id"]: i + 1 for i, s in enumerate(done)}
-    for s in info["stages"]:
-        stages[s["id"]] = {**s, "order": order.get(s["id"]), "steps": {}, "events": []}
+    order = {s.id: i + 1 for i, s in enumerate(done)}
+    stages: dict[str, dict[str, Any]] = {}
+    for s in info.stages:
+        stages[s.id] = {**s.to_json(), "order": order.get(s.id), "steps": {}, "events": []}
     return {
-        "input": info["input"],
-        "idempotency_key": info.get("idempotency_key"),
+        "input": info.input,
+        "idempotency_key": info.idempotency_key,
         "fingerprint": memo.get("wfe_fp"),
-        "created_at": info.get("created_at"),
-        "redrive": info.get("redrive_count", 0),
-        "event_seq": info.get("event_seq", 0),
+        "created_at": info.created_at,
+        "redrive": info.redrive_count,
+        "event_seq": info.event_seq,
         "stages": stages,
         "signals": [],
         "signal_keys": [],
-        "run_started": info.get("run_started", False),
+        "run_started": info.run_started,
     }

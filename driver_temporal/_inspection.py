@@ -15,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
 
     from ._search import SA_STAGE, SA_STATUS
     from ._start import StartDocument
+    from ._state import RunMemo, StageState
 
 __all__ = ["RunInspection"]
 
@@ -33,7 +34,7 @@ class RunInspection:
     _version: str
     _start: StartDocument
     _graph: GraphModel
-    _stages: dict[str, dict[str, Any]]
+    _stages: dict[str, StageState]
     _status: str
     _final: bool
     _run_started: bool
@@ -55,7 +56,7 @@ class RunInspection:
             return self._status
         if not self._run_started:
             return "pending"
-        statuses = {s["status"] for s in self._stages.values()}
+        statuses = {s.status for s in self._stages.values()}
         if "running" in statuses:
             return "running"
         if "suspended" in statuses:
@@ -64,12 +65,11 @@ class RunInspection:
 
     def _details(self, status: str) -> str:
         waits = [
-            f"stage {s['id']} waits for {s['waiting_for']}"
-            + (f" until {s['wake_at']}" if s["wake_at"] else "")
+            f"stage {s.id} waits for {s.waiting_for}" + (f" until {s.wake_at}" if s.wake_at else "")
             for s in self._stages.values()
-            if s["status"] == "suspended"
+            if s.status == "suspended"
         ]
-        running = [s["id"] for s in self._stages.values() if s["status"] == "running"]
+        running = [s.id for s in self._stages.values() if s.status == "running"]
         parts = [f"status: {status}"]
         if running:
             parts.append("running: " + ", ".join(running))
@@ -107,7 +107,7 @@ class RunInspection:
     def _write_info(self) -> None:
         status = self._run_status()
         current = ",".join(
-            s["id"] for s in self._stages.values() if s["status"] in ("running", "suspended")
+            s.id for s in self._stages.values() if s.status in ("running", "suspended")
         )
         if self._sa != (status, current):
             self._sa = (status, current)
@@ -115,41 +115,25 @@ class RunInspection:
                 [SA_STATUS.value_set(status), SA_STAGE.value_set(current)]
             )
         workflow.set_current_details(self._details(status))
-        self._info = {
-            "id": self._run_id,
-            "workflow_id": self._wf_id,
-            "version": self._version,
-            "status": status,
-            "input": self._start.input,
-            "error": self._error,
-            "compensation_errors": self._comp_errors,
-            "stages": [
-                {
-                    k: s[k]
-                    for k in (
-                        "id",
-                        "status",
-                        "attempt",
-                        "output",
-                        "error",
-                        "compensation_error",
-                        "waiting_for",
-                        "wake_at",
-                        "started_at",
-                        "finished_at",
-                    )
-                }
-                for s in self._stages.values()
-            ],
-            "idempotency_key": self._start.idempotency_key,
-            "redrive_count": self._redrive,
-            "created_at": self._start.created_at,
-            "updated_at": _iso(workflow.now()),
-            "finished_at": self._finished_at,
-            "sinks": self._graph.sinks(),
-            "event_seq": self._seq,
-            "run_started": self._run_started,
-            "migrated_to": self._migrated_to,
-            "frozen": self._frozen,
-        }
+        memo = RunMemo(
+            id=self._run_id,
+            workflow_id=self._wf_id,
+            version=self._version,
+            status=status,
+            input=self._start.input,
+            error=self._error,
+            compensation_errors=self._comp_errors,
+            stages=[s.memo() for s in self._stages.values()],
+            idempotency_key=self._start.idempotency_key,
+            redrive_count=self._redrive,
+            created_at=self._start.created_at,
+            updated_at=_iso(workflow.now()),
+            finished_at=self._finished_at,
+            sinks=self._graph.sinks(),
+            event_seq=self._seq,
+            run_started=self._run_started,
+            migrated_to=self._migrated_to,
+            frozen=self._frozen,
+        )
+        self._info = memo.to_json()
         workflow.upsert_memo({"wfe_run": self._info})

@@ -50,6 +50,7 @@ from ._helpers import (
     _sha,
 )
 from ._start import StartDocument
+from ._state import MemoStage, RunMemo, StageState
 from ._wire import run_id_for_key
 from ._workflow import GraphWorkflow, workflow_runner
 
@@ -285,22 +286,22 @@ async def _claim_key(engine: TemporalEngine, key: str, run_id: str) -> None:
     )
 
 
-def _imported_stages(snapshot: RunSnapshot) -> dict[str, dict[str, Any]]:
+def _imported_stages(snapshot: RunSnapshot) -> dict[str, StageState]:
     """The workflow's per-stage state (journal and staged events included) from a snapshot."""
-    stages: dict[str, dict[str, Any]] = {}
+    stages: dict[str, StageState] = {}
     for st in snapshot.stages:
-        stages[st.id] = {
-            "status": str(st.status),
-            "attempt": st.attempt,
-            "output": st.output if st.has_output else None,
-            "error": None if st.error is None else st.error.model_dump(),
-            "waiting_for": st.waiting_for,
-            "wake_at": None if st.wake_at is None else st.wake_at.isoformat(),
-            "started_at": None if st.started_at is None else st.started_at.isoformat(),
-            "finished_at": None if st.finished_at is None else st.finished_at.isoformat(),
-            "order": st.completed_order,
-            "suspensions": st.suspensions,
-            "steps": {
+        stages[st.id] = StageState(
+            status=str(st.status),
+            attempt=st.attempt,
+            output=st.output if st.has_output else None,
+            error=None if st.error is None else st.error.model_dump(),
+            waiting_for=st.waiting_for,
+            wake_at=None if st.wake_at is None else st.wake_at.isoformat(),
+            started_at=None if st.started_at is None else st.started_at.isoformat(),
+            finished_at=None if st.finished_at is None else st.finished_at.isoformat(),
+            order=st.completed_order,
+            suspensions=st.suspensions,
+            steps={
                 s.name: {
                     "name": s.name,
                     "kind": s.kind,
@@ -311,8 +312,8 @@ def _imported_stages(snapshot: RunSnapshot) -> dict[str, dict[str, Any]]:
                 }
                 for s in st.steps
             },
-            "events": list(st.staged_events),
-        }
+            events=list(st.staged_events),
+        )
     return stages
 
 
@@ -320,7 +321,7 @@ def _start_input(
     engine: TemporalEngine,
     snapshot: RunSnapshot,
     graph: GraphModel,
-    stages: dict[str, dict[str, Any]],
+    stages: dict[str, StageState],
     *,
     created: str,
 ) -> StartDocument:
@@ -351,34 +352,35 @@ def _start_input(
 def _initial_memo(
     snapshot: RunSnapshot,
     graph: GraphModel,
-    stages: dict[str, dict[str, Any]],
+    stages: dict[str, StageState],
     *,
     created: str,
     status: str,
 ) -> dict[str, Any]:
     """The run's memo until the workflow's first save: what get_run reads meanwhile."""
-    return {
-        "id": snapshot.run_id,
-        "workflow_id": snapshot.workflow_id,
-        "version": snapshot.version,
-        "status": status,
-        "input": snapshot.input,
-        "stages": [
-            {
-                "id": sid,
-                "status": stages[sid]["status"] if sid in stages else "pending",
-                "attempt": stages.get(sid, {}).get("attempt", 0),
-                "output": stages.get(sid, {}).get("output"),
-                "waiting_for": stages.get(sid, {}).get("waiting_for"),
-                "wake_at": stages.get(sid, {}).get("wake_at"),
-            }
+    none = StageState()  # a stage the snapshot lacks: pending
+    return RunMemo(
+        id=snapshot.run_id,
+        workflow_id=snapshot.workflow_id,
+        version=snapshot.version,
+        status=status,
+        input=snapshot.input,
+        stages=[
+            MemoStage(
+                id=sid,
+                status=stages.get(sid, none).status,
+                attempt=stages.get(sid, none).attempt,
+                output=stages.get(sid, none).output,
+                waiting_for=stages.get(sid, none).waiting_for,
+                wake_at=stages.get(sid, none).wake_at,
+            )
             for group in graph.groups
             for sid in group
         ],
-        "idempotency_key": snapshot.idempotency_key,
-        "redrive_count": snapshot.redrive_count,
-        "created_at": created,
-        "sinks": graph.sinks(),
-        "event_seq": snapshot.event_seq,
-        "run_started": snapshot.status != RunStatus.PENDING,
-    }
+        idempotency_key=snapshot.idempotency_key,
+        redrive_count=snapshot.redrive_count,
+        created_at=created,
+        sinks=graph.sinks(),
+        event_seq=snapshot.event_seq,
+        run_started=snapshot.status != RunStatus.PENDING,
+    ).to_json()

@@ -204,7 +204,7 @@ class SignalHandlers:
             waiting = sum(
                 1
                 for st in getattr(self, "_stages", {}).values()
-                if st["status"] == "suspended" and st["waiting_for"] == waiting_for
+                if st.status == "suspended" and st.waiting_for == waiting_for
             )
             res = {"delivered": waiting > self._queued(name), "already_completed": False}
             self._signals.append({"name": name, "payload": payload, "idempotency_key": key})

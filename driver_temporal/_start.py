@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_serializer
 
 from ._names import NAMES_MARK
+from ._state import StageState
 from ._wire import EVENTS_VIA_ACTIVITIES, OLD_OUTBOX_RULE
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class StartDocument(BaseModel):
     redrive_from: str | None = None
     redrive_history: list[dict[str, Any]] = []
     event_seq: int = 0
-    stages: dict[str, dict[str, Any]] = {}
+    stages: dict[str, StageState] = {}  # where each stage is (absent: pending)
     signals: list[dict[str, Any]] | dict[str, Any] = []  # (a dict: one per name, older runs)
     signal_keys: list[str] = []
     run_started: bool = False
@@ -79,6 +80,12 @@ class StartDocument(BaseModel):
             names=NAMES_MARK,
             **fields,
         )
+
+    @field_serializer("stages")
+    def _stages_as_given(self, stages: dict[str, StageState]) -> dict[str, dict[str, Any]]:
+        # each entry as it was given (``StageState.to_json``), never with its defaults
+        # filled in nor dropped: the memo of older runs holds these very shapes
+        return {sid: st.to_json() for sid, st in stages.items()}
 
     @property
     def events_via_activities(self) -> bool:

@@ -65,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
     from ._outbox import EventOutbox
     from ._signals import SignalHandlers
     from ._start import StartDocument
+    from ._state import StageState
     from ._wire import parse_time
 
 __all__ = [
@@ -131,6 +132,27 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(task)
     task.result()
+
+
+def _failed_try(sid: str, exc: ActivityError | ApplicationError, cause: Any) -> dict[str, Any]:
+    """The result of a stage activity that failed: a failed attempt with its bookkeeping
+    carried, or one the workflow describes from the failure (a timeout, a lost worker's last
+    error)."""
+    carried = carried_failure(cause) if isinstance(cause, ApplicationError) else None
+    if carried is not None:
+        return carried
+    if isinstance(cause, ApplicationError):
+        etype, retryable = cause.type or "ApplicationError", not cause.non_retryable
+    elif isinstance(cause, ActivityTimeoutError):
+        etype, retryable = "StageTimeoutError", True
+    else:
+        etype, retryable = type(cause).__name__, True
+    message = str(getattr(cause, "message", None) or exc.message)
+    return {
+        "kind": "failed",
+        "error": {"type": etype, "message": message, "stage": sid},
+        "retryable": retryable,
+    }
 
 
 def _iso(value: Any) -> str:
@@ -247,19 +269,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
 
     # -- main -------------------------------------------------------------------------------
     @workflow.run
-    async def run(self, args: Sequence[RawValue]) -> Any:  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
-        conv = workflow.payload_converter()
-        meta = workflow.memo_value(START_MEMO, None)
-        # a run started by this driver: input = the run's input as the user gave it (stored
-        # form), the engine's start document in the memo; result = the run's output. A run
-        # started by an older driver has the whole document as input and the RunInfo as result
-        self._carried = isinstance(meta, dict)
-        raw: dict[str, Any]
-        if isinstance(meta, dict):
-            raw = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
-        else:
-            raw = conv.from_payload(args[0].payload, dict)
-        start = StartDocument.model_validate(raw)
+    async def run(self, args: Sequence[RawValue]) -> Any:
+        start = self._read_start(args)
         # a run started with the driver's marks (``StartDocument.marked``) was started on code
         # that has every patch below: it asks none (each would add a marker and a search
         # attribute upsert to its history)
@@ -279,8 +290,28 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             self._emit(self._lc.run_redriven(start.redrive_from or "start", self._version))
         self._ready = True
         self._sync()
-        outcome = "completed"
-        error: dict[str, Any] | None = None
+        outcome, error = await self._main()
+        await _to_the_end(self._wind_up(outcome, error, publisher, syncer))
+        return self._result(outcome, error)
+
+    def _read_start(self, args: Sequence[RawValue]) -> StartDocument:
+        """The run's start document. A run started by this driver: input = the run's input as
+        the user gave it (stored form), the engine's start document in the memo; result = the
+        run's output. A run started by an older driver has the whole document as input and the
+        RunInfo as result."""
+        conv = workflow.payload_converter()
+        meta = workflow.memo_value(START_MEMO, None)
+        self._carried = isinstance(meta, dict)
+        raw: dict[str, Any]
+        if isinstance(meta, dict):
+            raw = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
+        else:
+            raw = conv.from_payload(args[0].payload, dict)
+        return StartDocument.model_validate(raw)
+
+    async def _main(self) -> tuple[str, dict[str, Any] | None]:
+        """Run the stages (within the run's timeout, if any): how the run ends (``completed``,
+        ``failed`` with its error, ``cancelled``, ``migrated``)."""
         try:
             # let update handlers delivered with the first task (a freeze for migration) act
             # before any stage starts: they wait on this same condition pass, registered
@@ -295,22 +326,25 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             else:
                 await self._execute()
         except Migrated:
-            outcome = "migrated"
+            return "migrated", None
         except _StageFailed as failed:
-            outcome, error = "failed", failed.error
+            return "failed", failed.error
         except TimeoutError:
-            outcome = "failed"
-            error = {
+            self._cancel_active()
+            return "failed", {
                 "type": "RunTimeoutError",
                 "message": f"run {self._run_id!r} ran longer than its timeout of "
                 f"{self._graph.timeout_s:g}s; raise the workflow timeout= or speed it up",
                 "stage": None,
             }
-            self._cancel_active()
         except asyncio.CancelledError:
-            outcome = "cancelled"
             self._cancel_active()
-        await _to_the_end(self._wind_up(outcome, error, publisher, syncer))
+            return "cancelled", None
+        return "completed", None
+
+    def _result(self, outcome: str, error: dict[str, Any] | None) -> Any:
+        """The workflow's result once the run wound up: its output, or the failure or cancel
+        it raises (which the Web UI shows)."""
         if outcome == "failed" and error is not None:
             # the details carry the stage and the user's traceback to the Web UI's failure
             details = {k: error[k] for k in ("stage", "traceback") if error.get(k)}
@@ -326,7 +360,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             return self._info
         if outcome != "completed":
             return None  # migrated: the run goes on (and ends) on its target
-        outputs = {s["id"]: s["output"] for s in self._stages.values()}
+        outputs = {s.id: s.output for s in self._stages.values()}
         return run_output(self._graph.sinks(), outputs)
 
     async def _wind_up(
@@ -371,29 +405,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._comp_errors: list[dict[str, Any]] = []
         self._finished_at: str | None = None
         self._run_started = start.run_started
-        prior: dict[str, dict[str, Any]] = start.stages
-        self._stages: dict[str, dict[str, Any]] = {}
-        for sid in self._order_ids():
-            st = prior.get(sid) or {}
-            self._stages[sid] = {
-                "id": sid,
-                "status": st.get("status", "pending"),
-                "attempt": st.get("attempt", 0),
-                "output": st.get("output"),
-                "error": st.get("error"),
-                "compensation_error": None,
-                "waiting_for": st.get("waiting_for"),
-                "wake_at": st.get("wake_at"),
-                "started_at": st.get("started_at"),
-                "finished_at": st.get("finished_at"),
-                "order": st.get("order"),
-                "steps": dict(st.get("steps") or {}),
-                "comp_steps": {},
-                "events": list(st.get("events") or []),
-                "suspensions": st.get("suspensions", 0),
-                "backoff": False,
-            }
-        self._order = max((s["order"] or 0 for s in self._stages.values()), default=0)
+        self._stages: dict[str, StageState] = {
+            sid: StageState.fresh(sid, start.stages.get(sid)) for sid in self._order_ids()
+        }
+        self._order = max((s.order or 0 for s in self._stages.values()), default=0)
         self._carry_signals(start)
 
     def _order_ids(self) -> list[str]:
@@ -401,7 +416,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
 
     async def _execute(self) -> None:
         for group in self._graph.groups:
-            todo = [s for s in group if self._stages[s]["status"] != "completed"]
+            todo = [s for s in group if self._stages[s].status != "completed"]
             if todo:
                 await self._run_group(todo)
 
@@ -486,27 +501,15 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 self._stop(tasks, "cancelled")
 
     # -- one stage --------------------------------------------------------------------------
-    async def _run_stage(self, sid: str) -> None:  # noqa: PLR0915  driver_temporal is being rewritten (helper thist); split after
+    async def _run_stage(self, sid: str) -> None:
         st = self._stages[sid]
-        spec = self._graph.stage(sid)
-        fresh = True
-        if st["status"] in ("suspended", "running") and st["attempt"] > 0:
-            # imported mid-attempt: continue that attempt (no second stage.started)
-            fresh = False
-            if st["status"] == "suspended" and st["waiting_for"]:
-                waiting_for: str = st["waiting_for"]
-                reason = waiting_for.split(":", 1)[0]
-                if reason not in ("sleep", "signal", "poll"):
-                    reason = "sleep" if st["wake_at"] else "signal"
-                await self._wait(
-                    sid, {"reason": reason, "waiting_for": waiting_for}, parse_time(st["wake_at"])
-                )
-        next_attempt = max(1, st["attempt"])
-        if st["status"] == "pending" and st["attempt"] > 0:
-            next_attempt = st["attempt"] + 1  # imported between attempts: the retry is due
+        fresh = await self._resume_imported(sid)
+        next_attempt = max(1, st.attempt)
+        if st.status == "pending" and st.attempt > 0:
+            next_attempt = st.attempt + 1  # imported between attempts: the retry is due
         while True:
             await self._gate()
-            attempt = next_attempt if fresh else st["attempt"]
+            attempt = next_attempt if fresh else st.attempt
             self._begin_stage(sid, attempt, fresh)
             res = await self._call(sid, attempt, compensation=False)
             if self._stop_reason is not None and not (
@@ -516,77 +519,105 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 # ignored the cancel) ends cancelled; one that returned after a sibling failed
                 # is completed and compensated (DESIGN §5), a late result of a cancel discarded
                 raise _Stopped()
-            if res["kind"] == "withdrawn":
+            kind = res["kind"]
+            if kind == "completed":
+                self._stage_completed(sid, attempt, res)
+                return
+            fresh = False
+            if kind == "withdrawn":
                 # a freeze took the activity before any worker did: the attempt started and
                 # nobody runs it (a snapshot shows it running; its target continues it);
                 # back to the gate, and the same attempt is scheduled again if unfrozen
-                fresh = False
                 continue
-            kind = res["kind"]
-            if kind == "completed":
-                self._order += 1
-                st.update(
-                    status="completed",
-                    output=res.get("output"),
-                    events=res.get("events") or [],
-                    error=None,
-                    finished_at=_iso(workflow.now()),
-                    order=self._order,
-                    waiting_for=None,
-                    wake_at=None,
-                )
-                self._emit(self._lc.stage_completed(sid, attempt))
-                self._sync()
-                return
             if kind == "suspended":
-                st["suspensions"] += 1
-                until = parse_time(res.get("until"))
-                st.update(status="suspended", waiting_for=res["waiting_for"], wake_at=res["until"])
-                self._emit(
-                    self._lc.stage_suspended(
-                        sid, attempt, st["suspensions"], res["reason"], until, res["waiting_for"]
-                    )
-                )
-                self._sync()
-                await self._wait(sid, res, until)
-                fresh = False
+                await self._stage_suspended(sid, attempt, res)
                 continue
-            error = res["error"]
-            will_retry = bool(res.get("retryable")) and attempt < spec.retry.max_attempts
-            self._emit(self._lc.stage_failed(sid, attempt, ErrorInfo(**error), will_retry))
-            st["error"] = error
-            if not will_retry:
-                st.update(status="failed", finished_at=_iso(workflow.now()))
-                self._sync()
-                raise _StageFailed(error)
-            self._sync()
-            st["backoff"] = True
-            await self._pause(self._delay(sid, attempt), f"retry {sid}")
+            await self._stage_failed(sid, attempt, res)  # raises _StageFailed when final
             next_attempt = attempt + 1
             fresh = True
+
+    async def _resume_imported(self, sid: str) -> bool:
+        """Whether the stage's next attempt is a fresh one. A run imported mid-attempt
+        continues that attempt (no second stage.started), once its wait is over."""
+        st = self._stages[sid]
+        if not (st.status in ("suspended", "running") and st.attempt > 0):
+            return True
+        if st.status == "suspended" and st.waiting_for:
+            waiting_for: str = st.waiting_for
+            reason = waiting_for.split(":", 1)[0]
+            if reason not in ("sleep", "signal", "poll"):
+                reason = "sleep" if st.wake_at else "signal"
+            await self._wait(
+                sid, {"reason": reason, "waiting_for": waiting_for}, parse_time(st.wake_at)
+            )
+        return False
+
+    def _stage_completed(self, sid: str, attempt: int, res: dict[str, Any]) -> None:
+        self._order += 1
+        st = self._stages[sid]
+        st.status = "completed"
+        st.output = res.get("output")
+        st.events = res.get("events") or []
+        st.error = None
+        st.finished_at = _iso(workflow.now())
+        st.order = self._order
+        st.waiting_for = None
+        st.wake_at = None
+        self._emit(self._lc.stage_completed(sid, attempt))
+        self._sync()
+
+    async def _stage_suspended(self, sid: str, attempt: int, res: dict[str, Any]) -> None:
+        """Record the suspension, then wait until the attempt may resume."""
+        st = self._stages[sid]
+        st.suspensions += 1
+        until = parse_time(res.get("until"))
+        st.status, st.waiting_for, st.wake_at = "suspended", res["waiting_for"], res["until"]
+        self._emit(
+            self._lc.stage_suspended(
+                sid, attempt, st.suspensions, res["reason"], until, res["waiting_for"]
+            )
+        )
+        self._sync()
+        await self._wait(sid, res, until)
+
+    async def _stage_failed(self, sid: str, attempt: int, res: dict[str, Any]) -> None:
+        """Record the failed attempt; back off before the retry, or raise ``_StageFailed``
+        when the stage failed for good."""
+        st = self._stages[sid]
+        error = res["error"]
+        will_retry = (
+            bool(res.get("retryable")) and attempt < self._graph.stage(sid).retry.max_attempts
+        )
+        self._emit(self._lc.stage_failed(sid, attempt, ErrorInfo(**error), will_retry))
+        st.error = error
+        if not will_retry:
+            st.status, st.finished_at = "failed", _iso(workflow.now())
+            self._sync()
+            raise _StageFailed(error)
+        self._sync()
+        st.backoff = True
+        await self._pause(self._delay(sid, attempt), f"retry {sid}")
 
     def _begin_stage(self, sid: str, attempt: int, fresh: bool) -> None:
         """The attempt starts (``fresh``: stage.started, written to the memo) or a suspended
         one resumes."""
         st = self._stages[sid]
-        st["backoff"] = False
+        st.backoff = False
         if fresh:
-            st["attempt"] = attempt
+            st.attempt = attempt
             if not self._run_started:
                 self._run_started = True
                 self._emit(self._lc.run_started())
-            st.update(
-                status="running",
-                started_at=_iso(workflow.now()),
-                finished_at=None,
-                suspensions=0,
-                waiting_for=None,
-                wake_at=None,
-            )
+            st.status = "running"
+            st.started_at = _iso(workflow.now())
+            st.finished_at = None
+            st.suspensions = 0
+            st.waiting_for = None
+            st.wake_at = None
             self._emit(self._lc.stage_started(sid, attempt))
             self._sync()
         else:
-            st.update(status="running", waiting_for=None, wake_at=None)
+            st.status, st.waiting_for, st.wake_at = "running", None, None
 
     def _delay(self, sid: str, attempt: int) -> float:
         # a Temporal timer needs a positive duration
@@ -641,45 +672,17 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 todo.extend(self._graph.stage(d).after)
         return seen
 
-    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:  # noqa: PLR0912, PLR0915  driver_temporal is being rewritten (helper thist); split after
+    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:
         """Run one try of a stage attempt (or compensation) as an activity; ``withdrawn``
         when a freeze cancelled a stage activity no worker had picked up (it ran nothing)."""
         st = self._stages[sid]
-        spec = self._graph.stage(sid)
-        steps = st["comp_steps"] if compensation else st["steps"]
+        steps = st.comp_steps if compensation else st.steps
         # the patch marker keeps runs started before local stages existed replaying
-        in_process = bool(spec.local) and self._patched(_LOCAL_PATCH)
-        task = {
-            "run_id": self._run_id,
-            "workflow_id": self._wf_id,
-            "version": self._version,
-            "stage_id": sid,
-            "attempt": attempt,
-            "redrive": self._redrive,
-            "input": self._start.input,
-            "outputs": {a: self._stages[a]["output"] for a in self._ancestors(sid)},
-            "steps": list(steps.values()),
-            "signal_queues": {} if compensation else self._lend(sid, in_process),
-            "output": st["output"] if compensation else None,
-            "trace_context": self._start.trace_context,
-        }
-        wfi = workflow.info()
-        if wfi.run_id != wfi.first_execution_run_id:
-            # an operator reset this run (a new execution of the same chain): the stage's
-            # step journal may hold steps the replayed ledger lacks; the activity reads it
-            task["reset"] = True
-        # the StageRunner's effective timeout (the stage's own, else the starter's
-        # default_stage_timeout) plus a grace; one day when neither is set (Temporal needs one)
-        timeout = timedelta(days=1)
-        timeout_s = spec.timeout_s or self._start.default_stage_timeout_s
-        if timeout_s:
-            timeout = timedelta(seconds=timeout_s + _GRACE)
-        what = "compensation" if compensation else "attempt"
+        in_process = bool(self._graph.stage(sid).local) and self._patched(_LOCAL_PATCH)
+        task = self._task(sid, attempt, steps, compensation=compensation, in_process=in_process)
         call: dict[str, Any] | None = None
         if not compensation:
             self._inflight += 1
-        name = sid + COMPENSATE_SUFFIX if compensation else sid
-        summary = f"{sid} {what} {attempt}"
         res: dict[str, Any] | None = None
         if not (in_process or compensation):
             self._tokens += 1
@@ -688,29 +691,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         args, result_type = self._activity_args(task, compensation)
         try:
             if in_process:
-                local = workflow.start_local_activity(
-                    name,
-                    args=args,
-                    result_type=result_type,
-                    start_to_close_timeout=timeout,
-                    retry_policy=_INFRA_RETRY,
-                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    summary=summary,
-                )
-                if not compensation:
-                    self._attempts[sid] = local
-                res = self._activity_result(await local)
+                res = await self._call_local(sid, attempt, args, result_type, compensation)
             else:
-                handle = workflow.start_activity(
-                    name,
-                    args=args,
-                    result_type=result_type,
-                    start_to_close_timeout=timeout,
-                    heartbeat_timeout=self._hb,
-                    retry_policy=_INFRA_RETRY,
-                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    summary=summary,
-                )
+                handle = self._start_stage_activity(sid, attempt, args, result_type, compensation)
                 if not compensation:
                     call = {"token": self._tokens, "handle": handle, "withdrawn": False}
                     self._calls[sid] = call
@@ -720,39 +703,15 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             # (a failed local activity of this driver surfaces as its ApplicationError)
             cause = exc.cause if isinstance(exc, ActivityError) else exc
             if isinstance(cause, CancelledError):
-                if call is not None and call["withdrawn"]:
-                    # the freeze's cancel found it still scheduled; steps an earlier try
-                    # of a lost worker journaled go into the ledger the snapshot carries
-                    res = {"kind": "withdrawn", "steps": await self._journaled(sid)}
-                else:
+                if call is None or not call["withdrawn"]:
                     raise asyncio.CancelledError() from None
-            elif isinstance(cause, ApplicationError) and carried_failure(cause) is not None:
-                res = carried_failure(cause)  # a failed attempt, its bookkeeping carried
+                # the freeze's cancel found it still scheduled; steps an earlier try
+                # of a lost worker journaled go into the ledger the snapshot carries
+                res = {"kind": "withdrawn", "steps": await self._journaled(sid)}
             else:
-                if isinstance(cause, ApplicationError):
-                    etype, retryable = cause.type or "ApplicationError", not cause.non_retryable
-                elif isinstance(cause, ActivityTimeoutError):
-                    etype, retryable = "StageTimeoutError", True
-                else:
-                    etype, retryable = type(cause).__name__, True
-                message = str(getattr(cause, "message", None) or exc.message)
-                res = {
-                    "kind": "failed",
-                    "error": {"type": etype, "message": message, "stage": sid},
-                    "retryable": retryable,
-                }
+                res = _failed_try(sid, exc, cause)
         finally:
-            self._carrier_done(carrier, None if res is None else res.get("published"))
-            if call is not None and self._calls.get(sid) is call:
-                del self._calls[sid]
-            if not compensation:
-                self._attempts.pop(sid, None)
-                self._inflight -= 1
-                if self._signal_holder == sid:
-                    self._signal_holder = None
-                if res is None:  # no result (the run stops): what it took or was lent goes back
-                    self._release_taken(sid, {})
-                    self._unlend(sid)
+            self._call_ended(sid, call, carrier, res, compensation=compensation)
         assert res is not None
         for rec in res.get("steps") or ():
             steps[rec["name"]] = rec
@@ -760,6 +719,115 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             self._settle_lent(sid, res.get("consumed") or ())
             self._release_taken(sid, steps)
         return res
+
+    def _task(
+        self,
+        sid: str,
+        attempt: int,
+        steps: dict[str, Any],
+        *,
+        compensation: bool,
+        in_process: bool,
+    ) -> dict[str, Any]:
+        """What the stage activity needs: the run's values and the stage's ledger."""
+        st = self._stages[sid]
+        task = {
+            "run_id": self._run_id,
+            "workflow_id": self._wf_id,
+            "version": self._version,
+            "stage_id": sid,
+            "attempt": attempt,
+            "redrive": self._redrive,
+            "input": self._start.input,
+            "outputs": {a: self._stages[a].output for a in self._ancestors(sid)},
+            "steps": list(steps.values()),
+            "signal_queues": {} if compensation else self._lend(sid, in_process),
+            "output": st.output if compensation else None,
+            "trace_context": self._start.trace_context,
+        }
+        wfi = workflow.info()
+        if wfi.run_id != wfi.first_execution_run_id:
+            # an operator reset this run (a new execution of the same chain): the stage's
+            # step journal may hold steps the replayed ledger lacks; the activity reads it
+            task["reset"] = True
+        return task
+
+    def _timeout(self, sid: str) -> timedelta:
+        """The StageRunner's effective timeout (the stage's own, else the starter's
+        default_stage_timeout) plus a grace; one day when neither is set (Temporal needs
+        one)."""
+        timeout_s = self._graph.stage(sid).timeout_s or self._start.default_stage_timeout_s
+        if timeout_s:
+            return timedelta(seconds=timeout_s + _GRACE)
+        return timedelta(days=1)
+
+    async def _call_local(
+        self,
+        sid: str,
+        attempt: int,
+        args: list[Any],
+        result_type: type[Any],
+        compensation: bool,
+    ) -> dict[str, Any]:
+        """A try of a ``local=True`` stage: a local activity, run by this worker."""
+        what = "compensation" if compensation else "attempt"
+        name = sid + COMPENSATE_SUFFIX if compensation else sid
+        local = workflow.start_local_activity(
+            name,
+            args=args,
+            result_type=result_type,
+            start_to_close_timeout=self._timeout(sid),
+            retry_policy=_INFRA_RETRY,
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"{sid} {what} {attempt}",
+        )
+        if not compensation:
+            self._attempts[sid] = local
+        return self._activity_result(await local)
+
+    def _start_stage_activity(
+        self,
+        sid: str,
+        attempt: int,
+        args: list[Any],
+        result_type: type[Any],
+        compensation: bool,
+    ) -> workflow.ActivityHandle[Any]:
+        what = "compensation" if compensation else "attempt"
+        name = sid + COMPENSATE_SUFFIX if compensation else sid
+        return workflow.start_activity(
+            name,
+            args=args,
+            result_type=result_type,
+            start_to_close_timeout=self._timeout(sid),
+            heartbeat_timeout=self._hb,
+            retry_policy=_INFRA_RETRY,
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"{sid} {what} {attempt}",
+        )
+
+    def _call_ended(
+        self,
+        sid: str,
+        call: dict[str, Any] | None,
+        carrier: int | None,
+        res: dict[str, Any] | None,
+        *,
+        compensation: bool,
+    ) -> None:
+        """Bookkeeping once a try ended, however it ended."""
+        self._carrier_done(carrier, None if res is None else res.get("published"))
+        if call is not None and self._calls.get(sid) is call:
+            del self._calls[sid]
+        if compensation:
+            return
+        self._attempts.pop(sid, None)
+        self._inflight -= 1
+        if self._signal_holder == sid:
+            self._signal_holder = None
+        if res is None:  # no result (the run stops): what it took or was lent goes back
+            self._release_taken(sid, {})
+            self._unlend(sid)
 
     def _activity_args(
         self, task: dict[str, Any], compensation: bool
@@ -807,16 +875,17 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
     def _cancel_active(self) -> None:
         for sid in sorted(self._stages):
             st = self._stages[sid]
-            if st["status"] in ("running", "suspended"):
-                st.update(status="cancelled", finished_at=_iso(workflow.now()), waiting_for=None)
+            if st.status in ("running", "suspended"):
+                st.status, st.finished_at = "cancelled", _iso(workflow.now())
+                st.waiting_for = None
                 self._emit(self._lc.stage_cancelled(sid))
 
     async def _compensate(self) -> None:
         self._status = "compensating"
         self._sync()
-        done = [s for s in self._stages.values() if s["status"] == "completed" and s["order"]]
-        for st in sorted(done, key=lambda s: s["order"], reverse=True):
-            sid = st["id"]
+        done = [s for s in self._stages.values() if s.status == "completed" and s.order]
+        for st in sorted(done, key=lambda s: s.order or 0, reverse=True):
+            sid = st.id
             spec = self._graph.stage(sid)
             if not spec.compensable:
                 continue
@@ -824,7 +893,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             while True:
                 res = await self._call(sid, attempt, compensation=True)
                 if res["kind"] == "completed":
-                    st["status"] = "compensated"
+                    st.status = "compensated"
                     self._emit(self._lc.stage_compensated(sid))
                     self._sync()
                     break
@@ -836,7 +905,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                     await workflow.sleep(self._delay(sid, attempt), summary=f"retry {sid}")
                     attempt += 1
                     continue
-                st["compensation_error"] = res.get("error")
+                st.compensation_error = res.get("error")
                 self._comp_errors.append(res.get("error") or {})
                 break
 
@@ -854,13 +923,13 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         # its last events ride with wfe.save_state below, not with a wfe.publish of their own
         self._finishing = self._via_activities
         for st in self._stages.values():
-            if st["status"] == "pending":
-                st["status"] = "skipped"
+            if st.status == "pending":
+                st.status = "skipped"
         if outcome == "completed":
-            done = [s for s in self._stages.values() if s["order"]]
-            for st in sorted(done, key=lambda s: s["order"]):
-                for i, e in enumerate(st["events"]):
-                    self._emit(self._lc.business(st["id"], i, e["type"], e["data"]))
+            done = [s for s in self._stages.values() if s.order]
+            for st in sorted(done, key=lambda s: s.order or 0):
+                for i, e in enumerate(st.events):
+                    self._emit(self._lc.business(st.id, i, e["type"], e["data"]))
             self._emit(self._lc.run_completed())
         elif outcome == "failed":
             assert error is not None
@@ -871,7 +940,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         for st in self._stages.values():
             # released on completion, discarded by compensation or cancel: either way they are
             # gone, so a later redrive never emits them again (stages it re-runs emit anew)
-            st["events"] = []
+            st.events = []
         self._status = outcome
         self._final = True
         self._finished_at = _iso(workflow.now())
@@ -903,7 +972,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "redrive_history": self._redrive_history,
             "event_seq": self._seq,
             "status": self._status,
-            "stages": self._stages,
+            "stages": {sid: st.to_json() for sid, st in self._stages.items()},
             "signals": self._signals,
             "signal_keys": sorted(self._signal_keys),
             "run_started": self._run_started,

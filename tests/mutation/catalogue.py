@@ -497,8 +497,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "T01-compensation-order",
         "temporal",
         "driver_temporal/_workflow.py",
-        '        for st in sorted(done, key=lambda s: s["order"], reverse=True):',
-        '        for st in sorted(done, key=lambda s: s["order"]):',
+        "        for st in sorted(done, key=lambda s: s.order or 0, reverse=True):",
+        "        for st in sorted(done, key=lambda s: s.order or 0):",
         "compensations run in completion order instead of reverse",
         "s4",
     ),
@@ -507,7 +507,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "temporal",
         "driver_temporal/_workflow.py",
         "            if not spec.compensable:\n                continue\n            attempt = 1",
-        '            if not spec.compensable or st["order"] == 1:\n                continue\n'
+        "            if not spec.compensable or st.order == 1:\n                continue\n"
         "            attempt = 1",
         "the first completed stage is never compensated",
         "s4",
@@ -516,8 +516,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "T03-backoff-not-applied",
         "temporal",
         "driver_temporal/_workflow.py",
-        '            await self._pause(self._delay(sid, attempt), f"retry {sid}")',
-        '            await self._pause(0.001, f"retry {sid}")',
+        '        await self._pause(self._delay(sid, attempt), f"retry {sid}")',
+        '        await self._pause(0.001, f"retry {sid}")',
         "a retry starts at once, without its backoff",
         "configured_delay or s3",
     ),
@@ -534,9 +534,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "T05-max-attempts-off-by-one",
         "temporal",
         "driver_temporal/_workflow.py",
-        '            will_retry = bool(res.get("retryable")) and attempt < spec.retry.max_attempts',
-        '            will_retry = bool(res.get("retryable")) and '
-        "attempt <= spec.retry.max_attempts",
+        'bool(res.get("retryable")) and attempt < self._graph.stage(sid).retry.max_attempts',
+        'bool(res.get("retryable")) and attempt <= self._graph.stage(sid).retry.max_attempts',
         "a stage gets max_attempts + 1 attempts",
         "s3",
     ),
@@ -545,17 +544,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "temporal",
         "driver_temporal/_workflow.py",
         '        if outcome == "completed":\n'
-        '            done = [s for s in self._stages.values() if s["order"]]\n'
-        '            for st in sorted(done, key=lambda s: s["order"]):\n'
-        '                for i, e in enumerate(st["events"]):\n'
-        '                    self._emit(self._lc.business(st["id"], i, e["type"], e["data"]))\n'
+        "            done = [s for s in self._stages.values() if s.order]\n"
+        "            for st in sorted(done, key=lambda s: s.order or 0):\n"
+        "                for i, e in enumerate(st.events):\n"
+        '                    self._emit(self._lc.business(st.id, i, e["type"], e["data"]))\n'
         "            self._emit(self._lc.run_completed())",
         '        if outcome == "completed":\n'
         "            self._emit(self._lc.run_completed())\n"
-        '            done = [s for s in self._stages.values() if s["order"]]\n'
-        '            for st in sorted(done, key=lambda s: s["order"]):\n'
-        '                for i, e in enumerate(st["events"]):\n'
-        '                    self._emit(self._lc.business(st["id"], i, e["type"], e["data"]))',
+        "            done = [s for s in self._stages.values() if s.order]\n"
+        "            for st in sorted(done, key=lambda s: s.order or 0):\n"
+        "                for i, e in enumerate(st.events):\n"
+        '                    self._emit(self._lc.business(st.id, i, e["type"], e["data"]))',
         "run.completed is published before the run's business events",
         "s5 or compensation",
     ),
@@ -564,12 +563,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "temporal",
         "driver_temporal/_workflow.py",
         '        if outcome == "completed":\n'
-        '            done = [s for s in self._stages.values() if s["order"]]\n',
-        '        for st in sorted(self._stages.values(), key=lambda s: s["order"] or 0):\n'
-        '            for i, e in enumerate(st["events"] if outcome != "completed" else []):\n'
-        '                self._emit(self._lc.business(st["id"], i, e["type"], e["data"]))\n'
+        "            done = [s for s in self._stages.values() if s.order]\n",
+        "        for st in sorted(self._stages.values(), key=lambda s: s.order or 0):\n"
+        '            for i, e in enumerate(st.events if outcome != "completed" else []):\n'
+        '                self._emit(self._lc.business(st.id, i, e["type"], e["data"]))\n'
         '        if outcome == "completed":\n'
-        '            done = [s for s in self._stages.values() if s["order"]]\n',
+        "            done = [s for s in self._stages.values() if s.order]\n",
         "staged business events are released when the run fails or is cancelled",
         "s5 or cancel or compensation",
     ),
@@ -613,9 +612,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "T12-started-twice-on-resume",
         "temporal",
         "driver_temporal/_workflow.py",
-        '        else:\n            st.update(status="running", waiting_for=None, wake_at=None)',
-        '        else:\n            st.update(status="running", waiting_for=None, wake_at=None)\n'
-        '            self._emit(self._lc.stage_started(sid, st["attempt"]))',
+        '        else:\n            st.status, st.waiting_for, st.wake_at = "running", None, None',
+        '        else:\n            st.status, st.waiting_for, st.wake_at = "running", None, None\n'
+        "            self._emit(self._lc.stage_started(sid, st.attempt))",
         "stage.started is emitted again (same id) when a suspended stage resumes",
         "delivery or s6 or sleep",
     ),
@@ -650,7 +649,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "T16-business-not-cleared",
         "temporal",
         "driver_temporal/_workflow.py",
-        '            st["events"] = []\n        self._status = outcome',
+        "            st.events = []\n        self._status = outcome",
         "            pass\n        self._status = outcome",
         "staged business events are not discarded at the end (a redrive releases them again)",
         "redrive",
