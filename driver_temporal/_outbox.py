@@ -8,7 +8,9 @@ every workflow task:
 
 - a stage activity (attempt or compensation, regular or ``local=True``) scheduled while the
   outbox holds events *carries* them, from the oldest unconfirmed one on (in its input's
-  metadata, ``publish``), and publishes them while its stage body runs; its result (or its
+  metadata, ``publish``; on runs marked ``events_via = "one-carrier"``, the default since
+  2026-12-01 evening, only while no other carrying activity is in flight: the siblings of a
+  fan-out carry nothing), and publishes them while its stage body runs; its result (or its
   failure's details) says up to which sequence number they were delivered (``published``),
   and the workflow drops them. In a linear graph the events of a stage's completion and the
   next stage's start ride with the next stage's activity.
@@ -60,6 +62,8 @@ class EventOutbox:
     _retry_max_s: float
     # runs whose activities carry their events (``events_via`` in the start document)
     _via_activities: bool = False
+    # ... one carrying activity in flight at a time (``events_via = "one-carrier"``)
+    _one_carrier: bool = False
     # while the run's end is recorded: its last events ride with ``wfe.save_state``
     _finishing: bool = False
 
@@ -81,6 +85,12 @@ class EventOutbox:
         """Hand the unconfirmed events (oldest first) to the activity about to be scheduled
         with ``task``; returns its carrier id (None: nothing carried)."""
         if not self._via_activities or not self._outbox:
+            return None
+        if self._one_carrier and self._carriers:
+            # siblings scheduled with the carrier (a fan-out) carry nothing, or each would
+            # deliver the growing batch from the oldest event again (20 siblings: 256
+            # deliveries of 47 events); what it does not carry, ``_publisher`` publishes at
+            # the end of the activation
             return None
         events = list(self._outbox[:CARRY_MAX])
         task["publish"] = {"events": events, "parked": self._parked}

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, field_serializer
 
 from ._names import NAMES_MARK
 from ._state import StageState
-from ._wire import EVENTS_VIA_ACTIVITIES, OLD_OUTBOX_RULE
+from ._wire import EVENTS_VIA_ACTIVITIES, EVENTS_VIA_ONE_CARRIER, OLD_OUTBOX_RULE
 
 if TYPE_CHECKING:
     from engine_port import EngineSettings
@@ -76,7 +76,7 @@ class StartDocument(BaseModel):
             dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
             outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,
             outbox_retry_max_seconds=settings.outbox_retry_max_seconds,
-            events_via=EVENTS_VIA_ACTIVITIES,
+            events_via=EVENTS_VIA_ONE_CARRIER,
             names=NAMES_MARK,
             **fields,
         )
@@ -90,7 +90,12 @@ class StartDocument(BaseModel):
     @property
     def events_via_activities(self) -> bool:
         """Its stage activities carry its events (``_outbox``)."""
-        return self.events_via == EVENTS_VIA_ACTIVITIES
+        return self.events_via in (EVENTS_VIA_ACTIVITIES, EVENTS_VIA_ONE_CARRIER)
+
+    @property
+    def one_carrier(self) -> bool:
+        """At most one of its activities in flight carries events at a time (``_outbox``)."""
+        return self.events_via == EVENTS_VIA_ONE_CARRIER
 
     @property
     def marked(self) -> bool:

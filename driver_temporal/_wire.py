@@ -17,6 +17,7 @@ from engine_port import StepRecord
 
 __all__ = [
     "EVENTS_VIA_ACTIVITIES",
+    "EVENTS_VIA_ONE_CARRIER",
     "OLD_OUTBOX_RULE",
     "deployment_for",
     "dlq_key",
@@ -38,6 +39,9 @@ __all__ = [
 
 # the start document's ``events_via`` of runs whose stage activities carry their events
 EVENTS_VIA_ACTIVITIES = "activities"
+# ... and of runs where one such activity is in flight at a time (siblings of a fan-out carry
+# nothing; runs marked "activities" keep every sibling carrying, so their histories replay)
+EVENTS_VIA_ONE_CARRIER = "one-carrier"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 
