@@ -123,6 +123,9 @@ class NativeEngine(WorkflowEngine):
         # runs handed to a worker of this process at start: wait() learns of their end from
         # that worker and polls the database only as a slow safety net
         self._local_runs: set[str] = set()
+        # run id -> its final state (``_runs.read_run``'s rows) read by the transaction that
+        # completed it in this process, kept while someone waits for it
+        self._finals: dict[str, tuple[Any, list[Any], GraphModel | None]] = {}
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -149,6 +152,7 @@ class NativeEngine(WorkflowEngine):
         claim = ClaimCheck(store, self.settings.spill_threshold_bytes)
         self._kernel = Kernel(db, self.registry, self.settings, claim, self.clock, self.event_sink)
         self._kernel.on_run_finished = self._job_done
+        self._kernel.wants_final = self._waiters.__contains__
 
     async def close(self) -> None:
         for host in list(self._hosts):
@@ -168,9 +172,12 @@ class NativeEngine(WorkflowEngine):
         for host in self._hosts:
             host.wake()
 
-    def _job_done(self, run_id: str) -> None:
-        """A transition in this process ended ``run_id``: wake whoever waits for that run."""
+    def _job_done(self, run_id: str, final: Any = None) -> None:
+        """A transition in this process ended ``run_id``: wake whoever waits for that run
+        (``final``: the run's state as that transaction left it, for them to return)."""
         self._local_runs.discard(run_id)
+        if final is not None and run_id in self._waiters:
+            self._finals[run_id] = final
         for event in self._waiters.get(run_id, ()):
             event.set()
 
@@ -368,7 +375,10 @@ class NativeEngine(WorkflowEngine):
         skip_read = run_id in self._local_runs and bool(self._hosts)
         try:
             while True:
-                if event.is_set():  # a local transition ended the run: read it once
+                if event.is_set():  # a local transition ended the run
+                    final = self._finals.get(run_id)
+                    if final is not None:  # its state, read by that transaction
+                        return await self._info(*final)
                     info = await self.get_run(run_id)
                     if info.status in TERMINAL_RUN_STATUSES:
                         return info
@@ -399,6 +409,7 @@ class NativeEngine(WorkflowEngine):
             waiting.discard(event)
             if not waiting:
                 self._waiters.pop(run_id, None)
+                self._finals.pop(run_id, None)
 
     @telemetry.traced_signal
     async def signal(

@@ -134,6 +134,27 @@ def _claim_and_begin(
     return out
 
 
+def _apply_and_read(
+    conn: Connection,
+    job: Any,
+    worker: str,
+    outcome: Any,
+    shape: GraphShape,
+    now: float,
+    cancelled: bool,
+    handoff: _progress.Handoff | None,
+    known: Callable[[str, str], GraphModel | None] | None,
+) -> tuple[str, Any]:
+    """``_progress.apply_outcome``; with ``known`` (someone in this process waits for the
+    run), a transition that finished the run also reads its final state (``_runs.read_run``)
+    in the same transaction: ``wait()`` resolves from it without a read of its own."""
+    result = _progress.apply_outcome(conn, job, worker, outcome, shape, now, cancelled, handoff)
+    final = None
+    if known is not None and handoff is not None and handoff.finished:
+        final = _runs.read_run(conn, job.run_id, known)
+    return result, final
+
+
 def _held(key: str, token: float) -> tuple[Any, ...]:
     return (
         command_keys.c.key == key,
@@ -181,7 +202,10 @@ class Kernel:
         self.runner = StageRunner.for_settings(registry, clock, settings)
         # called with a run id when a transition made in this process completed the run
         # (the engine wakes its ``wait()`` callers without a poll)
-        self.on_run_finished: Callable[[str], None] | None = None
+        # (with the run's final state, as ``_runs.read_run`` gives it, when ``wants_final``
+        # said someone waits for it; else None)
+        self.on_run_finished: Callable[[str, Any], None] | None = None
+        self.wants_final: Callable[[str], bool] | None = None
         self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         # "workflow@version" -> (its Workflow, its indexed graph): built once, not per stage
         # transition (``Workflow.graph()`` checks the whole definition on every call)
@@ -474,6 +498,14 @@ class Kernel:
         return await self.db.tx(_jobs.poll_suspended, self.now())
 
     async def _transition(self, cmd: Transition, handoff: _progress.Handoff | None = None) -> str:
+        result, _final = await self._record(cmd, handoff, False)
+        return result
+
+    async def _record(
+        self, cmd: Transition, handoff: _progress.Handoff | None, read_final: bool
+    ) -> tuple[str, Any]:
+        """Record a transition; with ``read_final``, a transition that finishes the run
+        returns its final state too (else None)."""
         job = cmd.job
         shape = self.shape_for(job.wfv)
         outcome = cmd.outcome
@@ -486,8 +518,8 @@ class Kernel:
             stored = await self.claim.dump(outcome.output, spill)
             key = self.claim.key_of(stored)
             outcome = Completed(stored, outcome.events)
-        result: str = await self.db.tx(
-            _progress.apply_outcome,
+        result, final = await self.db.tx(
+            _apply_and_read,
             job,
             cmd.worker_id,
             outcome,
@@ -495,16 +527,17 @@ class Kernel:
             self.now(),
             cmd.cancelled,
             handoff,
+            self._registry_graph if read_final else None,
         )
         if key is not None and result != "completed" and not await self._stored_output(job, key):
             # (a re-run of the transaction after a lost acknowledgement reports "discarded"
             # although its first try committed this very output: that blob stays)
             await self.claim.store.delete(key)
-        return result
+        return result, final
 
-    def _run_finished(self, run_id: str) -> None:
+    def _run_finished(self, run_id: str, final: Any = None) -> None:
         if self.on_run_finished is not None:
-            self.on_run_finished(run_id)
+            self.on_run_finished(run_id, final)
 
     async def _stored_output(self, job: Any, key: str) -> bool:
         def q(conn: Connection) -> Any:
@@ -595,9 +628,10 @@ class Kernel:
                 await beat
         limit = cmd.handoff if cmd.on_handoff is not None else 0
         handoff = _progress.Handoff(worker, self.settings.lease_threshold, limit)
-        result = await self._transition(Transition(job, worker, outcome), handoff)
+        waited = self.wants_final is not None and self.wants_final(job.run_id)
+        result, final = await self._record(Transition(job, worker, outcome), handoff, waited)
         if handoff.finished:
-            self._run_finished(job.run_id)
+            self._run_finished(job.run_id, final)
         if (handoff.jobs or handoff.quiet) and cmd.on_handoff is not None:
             cmd.on_handoff(handoff.jobs)  # (an empty list: nothing was left for the queue)
         return result
