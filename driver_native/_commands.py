@@ -128,6 +128,10 @@ class SignalStep(Command):
     signal: str
     payload: Any = None
     idempotency_key: str | None = None  # a repeat in the same run is not queued again
+    # a local worker (``_progress.Handoff``) to hand the stage this signal wakes to, leased
+    # and begun in the signal's transaction, if its "workflow@version" is in ``served``
+    handoff: Any = field(default=None, compare=False, repr=False)
+    served: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)

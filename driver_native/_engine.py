@@ -416,9 +416,22 @@ class NativeEngine(WorkflowEngine):
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
         check_signal_call(run_id, name, payload, idempotency_key)
+        host = next((h for h in self._hosts if h.free_slots() > 0), None)
+        handoff, served = None, frozenset[str]()
+        if host is not None:
+            handoff = Handoff(host.worker_id, self.kernel.settings.lease_threshold, 1)
+            served = host.served if host.served is not None else self.kernel.served()
         result: SignalResult = await self.kernel.dispatch(
-            SignalStep(run_id, name, payload, idempotency_key)
+            SignalStep(run_id, name, payload, idempotency_key, handoff=handoff, served=served)
         )
+        if host is not None and handoff is not None and handoff.jobs:
+            # the woken stage is leased to this process's worker and begun: it resumes at
+            # once, without a wake-up, a look for due jobs and a claim
+            if host.adopt(handoff.jobs):
+                self._local_runs.add(run_id)
+                return result
+            ids = tuple(job.id for job, _ in handoff.jobs)  # it began to stop meanwhile
+            await self.kernel.dispatch(ReleaseJobs(ids, host.worker_id))
         self._wake()
         return result
 

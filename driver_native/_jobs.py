@@ -17,12 +17,13 @@ from engine_port.driver import WORKING_RUN_STATUSES
 
 from ._db import defer
 from ._schema import jobs, runs
-from ._sql import db_clock, lease_until
+from ._sql import db_clock, db_clock_sql, lease_until
 
 __all__ = [
     "CHANNEL",
     "any_due",
     "claim",
+    "claim_woken",
     "heartbeat",
     "notify_due",
     "poll_suspended",
@@ -169,3 +170,55 @@ def poll_suspended(conn: Connection, now: float) -> int:
     if res.rowcount:
         notify_due(conn)
     return res.rowcount or 0
+
+
+@functools.cache
+def _claim_woken_stmt(postgres: bool) -> Any:
+    clock: Any = db_clock_sql() if postgres else sa.bindparam("now", type_=sa.Float)
+    one = (
+        sa.select(jobs.c.id)
+        .where(
+            jobs.c.run_id == sa.bindparam("b_run_id"),
+            jobs.c.status == "ready",
+            jobs.c.waiting_for == sa.bindparam("b_waiting_for"),
+            jobs.c.available_at <= sa.bindparam("now", type_=sa.Float),
+            jobs.c.wfv.in_(sa.bindparam("served", expanding=True)),
+        )
+        .order_by(jobs.c.id)
+        .limit(1)
+    )
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id.in_(one.scalar_subquery()))
+        .values(
+            status="leased",
+            lease_owner=sa.bindparam("worker"),
+            lease_expires_at=clock + sa.bindparam("lease", type_=sa.Float),
+        )
+        .returning(*jobs.c)
+    )
+
+
+def claim_woken(
+    conn: Connection,
+    run_id: str,
+    waiting_for: str,
+    served: Collection[str],
+    worker: str,
+    lease: float,
+    now: float,
+) -> Any:
+    """Lease to ``worker`` the job of ``run_id`` that this transaction made ready from its
+    ``waiting_for`` wait (a signal), if its "workflow@version" is ``served``: the job row,
+    or None. (The run row is locked by the caller: nobody else claims it meanwhile.)"""
+    if not served:
+        return None
+    params = {
+        "b_run_id": run_id,
+        "b_waiting_for": waiting_for,
+        "now": now,
+        "served": list(served),
+        "worker": worker,
+        "lease": lease,
+    }
+    return conn.execute(_claim_woken_stmt(conn.dialect.name == "postgresql"), params).first()

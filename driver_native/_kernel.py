@@ -155,6 +155,38 @@ def _apply_and_read(
     return result, final
 
 
+def _signal_and_begin(
+    conn: Connection,
+    run_id: str,
+    name: str,
+    stored: Any,
+    now: float,
+    idempotency_key: str | None,
+    max_pending: int | None,
+    known: Callable[[str, str], GraphModel | None],
+    handoff: _progress.Handoff | None,
+    served: frozenset[str],
+    shape_for: Callable[[str], GraphShape],
+) -> SignalResult:
+    """``_runs.signal_run``; with ``handoff``, the stage the signal wakes is leased to the
+    handoff's worker and begun in the same transaction (no trip through the queue)."""
+    if handoff is not None:
+        handoff.jobs.clear()  # (a re-run of this transaction hands off only its own)
+    result = _runs.signal_run(
+        conn, run_id, name, stored, now, idempotency_key, max_pending, known
+    )
+    if handoff is None or handoff.limit < 1 or result.already_completed:
+        return result
+    job = _jobs.claim_woken(
+        conn, run_id, f"signal:{name}", served, handoff.worker, handoff.lease, now
+    )
+    if job is not None:
+        begun, _ = _progress.begin_attempt(conn, job, handoff.worker, now, shape_for(job.wfv))
+        if begun is not None:
+            handoff.jobs.append((job, begun))
+    return result
+
+
 def _held(key: str, token: float) -> tuple[Any, ...]:
     return (
         command_keys.c.key == key,
@@ -397,7 +429,7 @@ class Kernel:
         key = self.claim.key_of(stored)
         try:
             result = await self.db.tx(
-                _runs.signal_run,
+                _signal_and_begin,
                 cmd.run_id,
                 cmd.signal,
                 stored,
@@ -405,6 +437,9 @@ class Kernel:
                 cmd.idempotency_key,
                 self.settings.max_pending_signals,
                 self._registry_graph,
+                cmd.handoff,
+                cmd.served,
+                self.shape_for,
             )
         except BaseException:
             if key is not None:
