@@ -4,6 +4,7 @@ transaction that records it, and wait() learns of the end from the worker (issue
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
@@ -30,22 +31,80 @@ def transactions(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return seen
 
 
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Autocommit reads by the name of their function."""
+    seen: Counter[str] = Counter()
+    original = Database._read_once
+
+    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
+        seen[getattr(fn, "__name__", repr(fn))] += 1
+        return original(self, attempt, fn, *a, **k)
+
+    monkeypatch.setattr(Database, "_read_once", counting)
+    return seen
+
+
+async def _first_maintenance_done(host: Any) -> None:
+    """The worker loop's first maintenance (its reads and transactions) is over."""
+    for _ in range(500):
+        if "reaped_runs" in host.stats():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the worker never ran its maintenance")
+
+
 async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
-    make_engine: MakeEngine, transactions: Counter[str]
+    make_engine: MakeEngine, transactions: Counter[str], reads: Counter[str]
 ) -> None:
     engine = await make_engine(w.linear)
-    async with engine.worker(maintenance_interval=3600):
-        warm = await engine.start(w.linear, {"n": 0})  # (the loop's first maintenance)
+    async with engine.worker(maintenance_interval=3600) as host:
+        warm = await engine.start(w.linear, {"n": 0})
         assert (await engine.wait(warm.id, timeout=30)).status == "completed"
+        await _first_maintenance_done(host)
         transactions.clear()
+        reads.clear()
         run = await engine.start(w.linear, {"n": 1})
         info = await engine.wait(run.id, timeout=30)
     assert info.status == "completed" and info.output == {"result": 5}
+    assert [s.status for s in info.stages] == ["completed"] * 3
+    assert info.finished_at is not None and info.input["n"] == 1
     # create (+ lease + begin the first stage), then one per stage outcome: no claim, no begin
-    assert transactions == Counter({"_create_run_once": 1, "apply_outcome": 3}), transactions
+    assert transactions == Counter({"_create_run_once": 1, "_apply_and_read": 3}), transactions
+    # wait() returns the state the last transition read: no read of the run after its end
+    assert not reads, reads
+    assert info == await engine.get_run(run.id)
     # the same events as through the queue, in the same order
     lc = Lifecycle(run.id)
     types = [e.type for e in await engine.events(run.id)]
     assert types[:3] == ["run.created", "run.started", "stage.started"]
     assert types[-1] == "run.completed"
     assert lc.run_started().id == (await engine.events(run.id))[1].id
+
+
+async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
+    make_engine: MakeEngine, transactions: Counter[str], reads: Counter[str]
+) -> None:
+    """signal() -> completion with a worker in this process: the signal's transaction leases
+    and begins the woken stage (no wake-up, due-jobs look or claim), the stage consumes the
+    signal, its outcome ends the run and wait() needs no read: three transactions."""
+    engine = await make_engine(w.waiter)
+    async with engine.worker(maintenance_interval=3600, poll_interval=30) as host:
+        run = await engine.start(w.waiter, {"n": 1})
+        for _ in range(500):
+            info = await engine.get_run(run.id)
+            if any(s.status == "suspended" for s in info.stages):
+                break
+            await asyncio.sleep(0.01)
+        await _first_maintenance_done(host)
+        await asyncio.sleep(0.05)  # (the worker goes idle after the suspension)
+        transactions.clear()
+        reads.clear()
+        await engine.signal(run.id, "go", {"ok": True})
+        done = await engine.wait(run.id, timeout=30)
+    assert done.status == "completed"
+    assert transactions == Counter(
+        {"_signal_and_begin": 1, "_consume": 1, "_apply_and_read": 1}
+    ), transactions
+    assert not reads, reads
+    assert host.stats()["handed_off"] == 3  # prep at start, wait_go by prep, the resume
