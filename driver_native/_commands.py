@@ -47,6 +47,9 @@ class CreateRun(Command):
     # a local worker to hand the first stages to in the creating transaction (leased to it and
     # marked running there; the host runs them without a trip through the queue)
     handoff: Any = field(default=None, compare=False, repr=False)
+    # ``input`` is already the validated input as stored (``check_start_input``'s value):
+    # not validated again
+    validated: bool = field(default=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -208,9 +208,9 @@ class NativeEngine(WorkflowEngine):
         check_start_call(wf_id, idempotency_key, version)
         if isinstance(workflow, Workflow) and version is None:
             version = workflow.version
-        check_start_input(self.registry.get(wf_id, version), input)
-        created_at = self.clock.now()
         wf = self.registry.get(wf_id, version)
+        value = check_start_input(wf, input)  # validated once: the stored and reported input
+        created_at = self.clock.now()
         host, handoff = self._local_host(version_key(wf.id, wf.version)), None
         if host is not None:
             handoff = Handoff(
@@ -219,11 +219,12 @@ class NativeEngine(WorkflowEngine):
         run_id, created = await self.kernel.dispatch(
             CreateRun(
                 wf_id,
-                input,
+                value,
                 idempotency_key,
                 version,
                 trace_context=telemetry.current_traceparent(),  # of wfe.run: stored with the run
                 handoff=handoff,
+                validated=True,
             )
         )
         if host is not None and handoff is not None and handoff.jobs:
@@ -243,7 +244,7 @@ class NativeEngine(WorkflowEngine):
             workflow_id=wf_id,
             version=graph.version,
             status=RunStatus.PENDING,
-            input=wf.validate_input(input).model_dump(mode="json"),
+            input=value,
             stages=[StageInfo(id=s, status="pending") for g in graph.groups for s in g],
             idempotency_key=idempotency_key,
             created_at=created_at,
