@@ -53,6 +53,7 @@ from engine_port.errors import (
 )
 
 from . import _jobs, _outbox, _progress, _runs
+from ._batch import CreateBatcher
 from ._commands import (
     SKIPPED,
     CancelRun,
@@ -238,6 +239,9 @@ class Kernel:
         # said someone waits for it; else None)
         self.on_run_finished: Callable[[str, Any], None] | None = None
         self.wants_final: Callable[[str], bool] | None = None
+        # SQLite: concurrent creations share a write transaction (see ``_batch``); PostgreSQL
+        # runs them in parallel on its pool instead
+        self._creates = CreateBatcher(db, _create_run_once) if db.is_sqlite else None
         self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         # "workflow@version" -> (its Workflow, its indexed graph): built once, not per stage
         # transition (``Workflow.graph()`` checks the whole definition on every call)
@@ -376,18 +380,21 @@ class Kernel:
         try:
             for attempt in range(3):
                 now = self.now()
+                args = (
+                    shape,
+                    run_id,
+                    stored,
+                    fp,
+                    cmd.idempotency_key,
+                    now,
+                    cmd.trace_context,
+                    cmd.handoff,
+                )
                 try:
-                    result: tuple[str, bool] = await self.db.tx(
-                        _create_run_once,
-                        shape,
-                        run_id,
-                        stored,
-                        fp,
-                        cmd.idempotency_key,
-                        now,
-                        cmd.trace_context,
-                        cmd.handoff,
-                    )
+                    if self._creates is not None:
+                        result = await self._creates.create(*args)
+                    else:
+                        result = await self.db.tx(_create_run_once, *args)
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
                         raise RunExistsError(cmd.run_id) from None
