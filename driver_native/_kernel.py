@@ -144,14 +144,14 @@ def _apply_and_read(
     now: float,
     cancelled: bool,
     handoff: _progress.Handoff | None,
-    known: Callable[[str, str], GraphModel | None] | None,
+    known: Callable[[str, str], GraphModel | None],
 ) -> tuple[str, Any]:
-    """``_progress.apply_outcome``; with ``known`` (someone in this process waits for the
-    run), a transition that finished the run also reads its final state (``_runs.read_run``)
-    in the same transaction: ``wait()`` resolves from it without a read of its own."""
+    """``_progress.apply_outcome`` for a run someone in this process waits for: a transition
+    that finished the run also reads its final state (``_runs.read_run``) in the same
+    transaction, and ``wait()`` resolves from it without a read of its own."""
     result = _progress.apply_outcome(conn, job, worker, outcome, shape, now, cancelled, handoff)
     final = None
-    if known is not None and handoff is not None and handoff.finished:
+    if handoff is not None and handoff.finished:
         final = _runs.read_run(conn, job.run_id, known)
     return result, final
 
@@ -563,17 +563,12 @@ class Kernel:
             stored = await self.claim.dump(outcome.output, spill)
             key = self.claim.key_of(stored)
             outcome = Completed(stored, outcome.events)
-        result, final = await self.db.tx(
-            _apply_and_read,
-            job,
-            cmd.worker_id,
-            outcome,
-            shape,
-            self.now(),
-            cmd.cancelled,
-            handoff,
-            self._registry_graph if read_final else None,
-        )
+        args = (job, cmd.worker_id, outcome, shape, self.now(), cmd.cancelled, handoff)
+        final = None
+        if read_final:
+            result, final = await self.db.tx(_apply_and_read, *args, self._registry_graph)
+        else:
+            result = await self.db.tx(_progress.apply_outcome, *args)
         if key is not None and result != "completed" and not await self._stored_output(job, key):
             # (a re-run of the transaction after a lost acknowledgement reports "discarded"
             # although its first try committed this very output: that blob stays)
