@@ -47,7 +47,6 @@ from engine_port.driver import redact_text, redact_url
 from engine_port.errors import DriverUnavailableError
 
 from . import _schema
-from ._writer_lock import WriterLock
 
 __all__ = ["Database", "commit_was_unknown", "defer"]
 
@@ -137,7 +136,6 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
             workers = 1
-            self._writer: WriterLock | None = WriterLock(db)
         else:
             try:
                 import psycopg  # noqa: F401
@@ -159,7 +157,6 @@ class Database:
                 pool_recycle=600,
             )
             workers = pool_size
-            self._writer = None
             # the server processes behind this Database's connections: a worker ignores the
             # NOTIFYs they send (this process wakes its own workers without the round trip)
             event.listen(self.engine, "connect", self._backend_opened)
@@ -235,10 +232,7 @@ class Database:
         token = _COMMIT_UNKNOWN.set(attempt.commit_unknown)
         info: dict[Any, Any] = {}
         try:
-            with (
-                self._writer.held() if self._writer is not None else contextlib.nullcontext(),
-                self.engine.begin() as conn,
-            ):
+            with self.engine.begin() as conn:
                 if self.is_postgres:
                     info = conn.info
                     info[_TX] = []  # a transaction: writes may be deferred (see defer())
@@ -309,8 +303,6 @@ class Database:
 
     def dispose(self) -> None:
         self._executor.shutdown(wait=True)
-        if self._writer is not None:
-            self._writer.close()
         self.engine.dispose()
 
 
