@@ -4,10 +4,12 @@ transaction while an earlier one is in flight.
 On SQLite every write transaction of a process runs on the one database thread and takes the
 file's writer lock (BEGIN IMMEDIATE), which the worker processes want too: a burst of starts
 (the throughput workload: 16 at a time) paid a BEGIN, a COMMIT and a wait for the lock per run.
-Here the first start of a burst commits alone (no added latency); those that arrive while it
-runs are committed together in the next transaction. A batch either commits whole or is rolled
-back whole; after a failure each of its creations is tried again alone, so each caller sees its
-own result or error exactly as without batching.
+On PostgreSQL each paid a BEGIN/COMMIT round trip and a WAL flush (measured side by side, 600
+runs, two worker processes: 75 -> 98 and 112 -> 138 runs/s). Here the first start of a burst
+commits alone (no added latency); those that arrive while it runs are committed together in the
+next transaction. A batch either commits whole or is rolled back whole; after a failure each of
+its creations is tried again alone, so each caller sees its own result or error exactly as
+without batching.
 """
 
 from __future__ import annotations

@@ -173,9 +173,7 @@ def _signal_and_begin(
     handoff's worker and begun in the same transaction (no trip through the queue)."""
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own)
-    result = _runs.signal_run(
-        conn, run_id, name, stored, now, idempotency_key, max_pending, known
-    )
+    result = _runs.signal_run(conn, run_id, name, stored, now, idempotency_key, max_pending, known)
     if handoff is None or handoff.limit < 1 or result.already_completed:
         return result
     job = _jobs.claim_woken(
@@ -239,9 +237,8 @@ class Kernel:
         # said someone waits for it; else None)
         self.on_run_finished: Callable[[str, Any], None] | None = None
         self.wants_final: Callable[[str], bool] | None = None
-        # SQLite: concurrent creations share a write transaction (see ``_batch``); PostgreSQL
-        # runs them in parallel on its pool instead
-        self._creates = CreateBatcher(db, _create_run_once) if db.is_sqlite else None
+        # concurrent creations share a write transaction while one is in flight (``_batch``)
+        self._creates = CreateBatcher(db, _create_run_once)
         self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         # "workflow@version" -> (its Workflow, its indexed graph): built once, not per stage
         # transition (``Workflow.graph()`` checks the whole definition on every call)
@@ -368,10 +365,9 @@ class Kernel:
         wf = self.registry.get(cmd.workflow_id, cmd.version)
         graph = wf.graph()
         shape = self.shape_for(version_key(wf.id, graph.version), graph)
-        if cmd.validated:
-            value = cmd.input
-        else:
-            value = wf.validate_input(cmd.input).model_dump(mode="json")
+        value = cmd.input
+        if not cmd.validated:
+            value = wf.validate_input(value).model_dump(mode="json")
         check_payload_size(value, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         fp = input_fingerprint(wf.id, value)
         run_id = cmd.run_id or uuid.uuid4().hex
@@ -391,10 +387,7 @@ class Kernel:
                     cmd.handoff,
                 )
                 try:
-                    if self._creates is not None:
-                        result = await self._creates.create(*args)
-                    else:
-                        result = await self.db.tx(_create_run_once, *args)
+                    result = await self._creates.create(*args)
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
                         raise RunExistsError(cmd.run_id) from None

@@ -1,4 +1,4 @@
-"""SQLite: concurrent start() calls share a write transaction while one is in flight (group
+"""Concurrent start() calls share a write transaction while one is in flight (group
 commit, ``driver_native/_batch.py``); a failing creation in a batch fails alone."""
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ async def test_concurrent_starts_share_transactions(
     make_engine: MakeEngine, transactions: Counter[str]
 ) -> None:
     engine = await make_engine(w.linear)
-    if engine.kernel.db.is_postgres:
-        pytest.skip("PostgreSQL runs concurrent creations in parallel on its pool")
     runs = await asyncio.gather(*(engine.start(w.linear, {"n": i}) for i in range(20)))
     assert len({r.id for r in runs}) == 20
     # the first alone, the 19 that queued meanwhile together (before: 20 transactions)

@@ -72,7 +72,7 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
     # create (+ lease + begin the first stage), then one per stage outcome: no claim, no begin
     assert transactions == Counter({"_create_run_once": 1, "_apply_and_read": 3}), transactions
     # wait() returns the state the last transition read: no read of the run after its end
-    assert not reads, reads
+    assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)
     assert info == await engine.get_run(run.id)
     # the same events as through the queue, in the same order
     lc = Lifecycle(run.id)
@@ -103,8 +103,8 @@ async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
         await engine.signal(run.id, "go", {"ok": True})
         done = await engine.wait(run.id, timeout=30)
     assert done.status == "completed"
-    assert transactions == Counter(
-        {"_signal_and_begin": 1, "_consume": 1, "_apply_and_read": 1}
-    ), transactions
-    assert not reads, reads
+    assert transactions == Counter({"_signal_and_begin": 1, "_consume": 1, "_apply_and_read": 1}), (
+        transactions
+    )
+    assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)
     assert host.stats()["handed_off"] == 3  # prep at start, wait_go by prep, the resume
