@@ -145,6 +145,9 @@ from ._workflow import START_MEMO
 
 __all__ = ["TemporalEngine", "create_temporal_engine"]
 
+# wait(): how long the close long poll runs alone before the run's status is first peeked at
+_FIRST_PEEK_S = 0.25
+
 
 class TemporalEngine(PagedRuns, WorkflowEngine):
     """The Temporal driver. Options: ``heartbeat_timeout`` (seconds, how fast a lost worker is
@@ -550,7 +553,11 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     return str(ev.workflow_execution_terminated_event_attributes.reason) or None
         return None
 
-    async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]:
+    async def _describe(
+        self, run_id: str, *, settle: bool = True
+    ) -> tuple[Any, WorkflowExecutionStatus | None]:
+        """The run's memo and execution status; ``settle``: read after a workflow task in
+        progress (see below)."""
         handle = self._conn.get_workflow_handle(run_id)
         deadline = asyncio.get_running_loop().time() + 2.0
         while True:
@@ -567,7 +574,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             # that what get_run says is never older than an event the sink has seen.
             raw = desc.raw_description
             if not (
-                desc.status == WorkflowExecutionStatus.RUNNING
+                settle
+                and desc.status == WorkflowExecutionStatus.RUNNING
                 and raw.HasField("pending_workflow_task")
                 and raw.pending_workflow_task.state == _WFT_STARTED
                 and asyncio.get_running_loop().time() < deadline
@@ -616,8 +624,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return out
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        """Two round trips for a run that closes within ``_FIRST_PEEK_S``: the long poll on
+        its close event, then the describe ``get_run`` reads the RunInfo from (an unknown run
+        id ends the poll at once and the describe raises RunNotFoundError)."""
         check_run_call(run_id)
-        await self._describe(run_id)
         handle = self._conn.get_workflow_handle(run_id)
         try:
             await asyncio.wait_for(self._ended(handle, run_id), timeout)
@@ -632,20 +642,32 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     async def _ended(self, handle: Any, run_id: str) -> None:
         """Until the run is terminal: its execution closed, or its status already terminal
         while the workflow still delivers its last events (a sink outage keeps it open, as
-        the native outbox keeps retrying after the run ended)."""
+        the native outbox keeps retrying after the run ended). The status is peeked at (a
+        describe, its memo's status only) from ``_FIRST_PEEK_S`` on, so a run that closes
+        sooner costs no describe besides the one ``get_run`` makes."""
         closed = asyncio.ensure_future(_settle(handle))
         try:
-            delay = 0.1
+            delay = _FIRST_PEEK_S
             while not closed.done():
                 await asyncio.wait({closed}, timeout=delay)
                 if closed.done():
                     return
-                memo, status = await self._describe(run_id)
-                if (await self._info_from_memo(memo, status)).terminal:
+                if await self._peek_terminal(run_id):
                     return
                 delay = min(delay * 2, 2.0)
         finally:
             closed.cancel()
+
+    async def _peek_terminal(self, run_id: str) -> bool:
+        """Whether the run's last published status is terminal (or it is gone)."""
+        try:
+            desc = await self._conn.get_workflow_handle(run_id).describe()
+        except RPCError:
+            return True  # get_run says what became of it
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            return True
+        status = ((await desc.memo()).get("wfe_run") or {}).get("status")
+        return status is None or status not in _ACTIVE
 
     # -- signals and cancel ---------------------------------------------------------------------
     @telemetry.traced_signal
@@ -654,8 +676,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     ) -> SignalResult:
         data = check_signal_call(run_id, name, payload, idempotency_key)
         check_payload_size(data, f"payload of signal {name!r}", self.settings.max_payload_bytes)
-        memo, status = await self._describe(run_id)
-        info = await self._info_from_memo(memo, status)
+        # the run's last published state, as is (no value read, no wait for a workflow task
+        # in progress): its status, version, frozen flag and which stages wait
+        memo, status = await self._describe(run_id, settle=False)
+        info = await self._info_from_memo(memo, status, run_id, values=False)
         if info.terminal:
             raise RunNotActiveError(run_id, info.status, "signal")
         check_signal_known(
