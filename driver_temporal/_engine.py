@@ -49,6 +49,8 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowHistoryEventFilterType,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -119,7 +121,6 @@ from ._carry import carry
 from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
-    _ALL,
     _WFT_STARTED,
     _now,
     _pairs,
@@ -129,8 +130,9 @@ from ._helpers import (
 )
 from ._history_events import run_events
 from ._paging import PagedRuns
+from ._query import runs_query
 from ._search import SA_VERSION, check_search_attributes
-from ._signals import SIGNAL_STATUS_UPDATE
+from ._signals import SIGNAL_STATUS_QUERY, SIGNAL_STATUS_UPDATE
 from ._start import StartDocument
 from ._state import MemoStage, RunMemo, StageState
 from ._wire import (
@@ -603,19 +605,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     ) -> list[RunInfo]:
         if workflow_id is not None:
             check_workflow_id(workflow_id)
-        if status is None:
-            wanted: Sequence[str] = _ALL
-        elif isinstance(status, str):
-            wanted = [str(status)]
-        else:
-            wanted = [str(s) for s in status]
-        clauses = [self._scope(), _status_clause(wanted)]
-        if workflow_id is not None:
-            clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
-        if id_prefix:
-            clauses.append(f"WorkflowId STARTS_WITH '{_quote(id_prefix)}'")
+        query = runs_query(self._scope(), status, workflow_id=workflow_id, id_prefix=id_prefix)
         out: list[RunInfo] = []
-        async for ex in self._conn.list_workflows(" AND ".join(clauses), limit=limit):
+        async for ex in self._conn.list_workflows(query, limit=limit):
             memo = await ex.memo()
             if "wfe_run" in memo:
                 out.append(await self._info_from_memo(memo, ex.status, values=outputs))
@@ -708,15 +700,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if info.status == RunStatus.PENDING:
             # no stage has run yet, so no wait can take it: buffered on the server
             return self._buffered(run_id, name, info)
-        try:
-            # what the run made of it (an internal update, answered once the signal is in)
-            res: dict[str, Any] = await handle.execute_update(
-                SIGNAL_STATUS_UPDATE,
-                delivery,
-                result_type=dict,
-                rpc_timeout=timedelta(seconds=self.signal_timeout),
-            )
-        except (WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError, RPCError):
+        res = await self._delivery(handle, delivery)
+        if res is None:
             # no worker answered in time (or the run just closed): the signal stays buffered
             # on the server; report from the run's last published state
             return self._buffered(run_id, name, info)
@@ -737,6 +722,33 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             delivered=bool(res.get("delivered")),
             already_completed=bool(res.get("already_completed")),
         )
+
+    async def _delivery(
+        self, handle: WorkflowHandle[Any, Any], delivery: str
+    ) -> dict[str, Any] | None:
+        """What the run made of the signal sent with ``delivery``, or None when no worker
+        answered within ``signal_timeout``. Asked with the internal query, which the
+        signal's own workflow task answers; the internal update (which waits for the
+        delivery, but needs a workflow task of its own: it arrives while the signal's runs)
+        only when the query has no answer (a worker of an older driver, or a run that has
+        not seen the signal)."""
+        timeout = timedelta(seconds=self.signal_timeout)
+        with suppress(WorkflowQueryFailedError, WorkflowQueryRejectedError):
+            try:
+                seen = await handle.query(
+                    SIGNAL_STATUS_QUERY, delivery, result_type=dict, rpc_timeout=timeout
+                )
+            except RPCError:
+                return None
+            if isinstance(seen, dict):
+                return seen
+        try:
+            res: dict[str, Any] = await handle.execute_update(
+                SIGNAL_STATUS_UPDATE, delivery, result_type=dict, rpc_timeout=timeout
+            )
+        except (WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError, RPCError):
+            return None
+        return res
 
     @staticmethod
     def _buffered(run_id: str, name: str, info: RunInfo) -> SignalResult:
@@ -1002,28 +1014,6 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             Event.model_validate(pydantic_core.from_json(await self.blob_store.get(k)))
             for k in keys
         ]
-
-
-def _in(values: Sequence[str]) -> str:
-    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
-
-
-def _status_clause(wanted: Sequence[str]) -> str:
-    """The visibility filter for runs of the ``wanted`` statuses. A run whose execution was
-    terminated (or timed out) outside the engine still has the active WfeStatus it last
-    wrote: it is listed as ``failed`` (see ``TemporalEngine._ended_outside``), never as
-    active."""
-    ended = "ExecutionStatus IN ('Terminated', 'TimedOut')"
-    done = [s for s in wanted if s not in _ACTIVE]
-    active = [s for s in wanted if s in _ACTIVE]
-    parts = []
-    if done:
-        parts.append(f"WfeStatus IN {_in(done)}")
-    if active:
-        parts.append(f"(WfeStatus IN {_in(active)} AND ExecutionStatus = 'Running')")
-    if "failed" in wanted:
-        parts.append(f"(WfeStatus IN {_in(_ACTIVE)} AND {ended})")
-    return "(" + " OR ".join(parts) + ")"
 
 
 def create_temporal_engine(
