@@ -149,6 +149,10 @@ __all__ = ["TemporalEngine", "create_temporal_engine"]
 
 # wait(): how long the close long poll runs alone before the run's status is first peeked at
 _FIRST_PEEK_S = 0.25
+# the statuses of a run signal() may send to without reading its state (``_remember``), and
+# how many such runs an engine remembers
+_LIVE = (RunStatus.RUNNING, RunStatus.SUSPENDED)
+_MAX_LIVE = 4096
 
 
 class TemporalEngine(PagedRuns, WorkflowEngine):
@@ -189,6 +193,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         self._helpers: dict[tuple[str, str], tuple[Worker, asyncio.Task[None]]] = {}
         self._hosted: dict[tuple[str, str], int] = {}  # -> EngineWorkers serving it here
         self._registered: set[tuple[str, str]] = set()  # versions known present on their queue
+        # run id -> (workflow id, version) of the runs get_run last saw running here
+        self._live: dict[str, tuple[str, str]] = {}
         self._activities = DriverActivities(
             registry,
             self.claim,
@@ -592,7 +598,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
-        return await self._info_from_memo(memo, status, run_id)
+        info = await self._info_from_memo(memo, status, run_id)
+        self._remember(memo, info)
+        return info
 
     async def list_runs(
         self,
@@ -668,20 +676,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     ) -> SignalResult:
         data = check_signal_call(run_id, name, payload, idempotency_key)
         check_payload_size(data, f"payload of signal {name!r}", self.settings.max_payload_bytes)
-        # the run's last published state, as is (no value read, no wait for a workflow task
-        # in progress): its status, version, frozen flag and which stages wait
-        memo, status = await self._describe(run_id, settle=False)
-        info = await self._info_from_memo(memo, status, run_id, values=False)
-        if info.terminal:
-            raise RunNotActiveError(run_id, info.status, "signal")
-        check_signal_known(
-            served_graph(self.registry, info.workflow_id, info.version), run_id, name
-        )
-        if (memo.get("wfe_run") or {}).get("frozen"):
-            raise MigrationError(
-                f"run {run_id!r} is frozen for migration; signal it once the move completed "
-                "(on its target) or was aborted"
-            )
+        info: RunInfo | None = None
+        live = self._live.get(run_id)
+        if live is None or not _declares(self.registry, live, name):
+            info = await self._signal_target(run_id, name)
         delivery = uuid.uuid4().hex
         value = await self.claim.dump(data, spill_key(run_id, "signals", delivery))
         # a real Temporal signal whose input is the payload (its stored form: inline up to
@@ -697,13 +695,16 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         except RPCError:
             status_now = (await self.get_run(run_id)).status
             raise RunNotActiveError(run_id, status_now, "signal") from None
-        if info.status == RunStatus.PENDING:
+        if info is not None and info.status == RunStatus.PENDING:
             # no stage has run yet, so no wait can take it: buffered on the server
             return self._buffered(run_id, name, info)
         res = await self._delivery(handle, delivery)
         if res is None:
             # no worker answered in time (or the run just closed): the signal stays buffered
             # on the server; report from the run's last published state
+            if info is None:
+                memo, status = await self._describe(run_id, settle=False)
+                info = await self._info_from_memo(memo, status, run_id, values=False)
             return self._buffered(run_id, name, info)
         rejected = res.get("rejected")
         if rejected == "MigrationError":
@@ -722,6 +723,34 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             delivered=bool(res.get("delivered")),
             already_completed=bool(res.get("already_completed")),
         )
+
+    async def _signal_target(self, run_id: str, name: str) -> RunInfo:
+        """The run a signal goes to, from its last published state as is (no value read, no
+        wait for a workflow task in progress): active, not frozen, and ``name`` one of its
+        version's signals, or the error ``signal`` raises."""
+        memo, status = await self._describe(run_id, settle=False)
+        info = await self._info_from_memo(memo, status, run_id, values=False)
+        if info.terminal:
+            raise RunNotActiveError(run_id, info.status, "signal")
+        check_signal_known(
+            served_graph(self.registry, info.workflow_id, info.version), run_id, name
+        )
+        if (memo.get("wfe_run") or {}).get("frozen"):
+            raise MigrationError(
+                f"run {run_id!r} is frozen for migration; signal it once the move completed "
+                "(on its target) or was aborted"
+            )
+        return info
+
+    def _remember(self, memo: Any, info: RunInfo) -> None:
+        """Note whether the run was last seen here running (and not frozen), so ``signal``
+        can send without reading its state first: the run itself refuses a signal when it
+        ended or froze meanwhile (a closed one: the signal RPC fails), as ``signal`` says."""
+        self._live.pop(info.id, None)
+        if info.status in _LIVE and not (memo.get("wfe_run") or {}).get("frozen"):
+            self._live[info.id] = (info.workflow_id, info.version)
+            if len(self._live) > _MAX_LIVE:
+                del self._live[next(iter(self._live))]
 
     async def _delivery(
         self, handle: WorkflowHandle[Any, Any], delivery: str
@@ -1014,6 +1043,15 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             Event.model_validate(pydantic_core.from_json(await self.blob_store.get(k)))
             for k in keys
         ]
+
+
+def _declares(registry: Registry, live: tuple[str, str], name: str) -> bool:
+    """Whether the served workflow version ``live`` declares the signal ``name``."""
+    try:
+        check_signal_known(served_graph(registry, *live), "", name)
+    except EngineError:
+        return False
+    return True
 
 
 def create_temporal_engine(

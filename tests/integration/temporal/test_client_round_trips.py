@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from driver_temporal import TemporalEngine
 from engine_port import Registry, StageContext, Workflow
+from engine_port.errors import RunNotActiveError
 
 from .conftest import EngineFactory
 
@@ -85,7 +86,7 @@ async def test_wait_on_a_closed_run_is_the_close_poll_and_one_describe(
         ), calls
 
 
-async def test_signal_is_a_describe_the_signal_and_a_query_no_update(
+async def test_signal_to_a_run_seen_running_is_the_signal_and_a_query(
     make_engine: EngineFactory,
 ) -> None:
     host = make_engine(registry())
@@ -96,19 +97,36 @@ async def test_signal_is_a_describe_the_signal_and_a_query_no_update(
         with counted(caller) as calls:
             res = await caller.signal(run.id, "go", {"ok": True})
         assert res.delivered and not res.already_completed
-        # before: the status update (an update's own workflow task, two history events)
-        assert calls == Counter(
-            {
-                "describe_workflow_execution": 1,
-                "signal_workflow_execution": 1,
-                "query_workflow": 1,
-            }
-        ), calls
-        info = await caller.wait(run.id, timeout=60)
+        # before: a describe, the signal, then the status update (an update's own workflow
+        # task, two history events); the caller saw the run suspended (get_run): no describe
+        assert calls == Counter({"signal_workflow_execution": 1, "query_workflow": 1}), calls
+        info = await host.wait(run.id, timeout=60)
         assert info.status == "completed" and info.output == {"ok": True}
+        # the caller still remembers it running: the signal itself is refused
+        with pytest.raises(RunNotActiveError):
+            await caller.signal(run.id, "go", {"ok": False})
         history = await caller._conn.get_workflow_handle(run.id).fetch_history()
         assert not [
             e
             for e in history.events
             if e.HasField("workflow_execution_update_accepted_event_attributes")
         ]
+
+
+async def test_signal_to_a_run_not_seen_here_reads_its_state_first(
+    make_engine: EngineFactory,
+) -> None:
+    host = make_engine(registry())
+    caller = make_engine(registry(), task_queue=host.settings.task_queue)
+    async with host, caller, host.worker():
+        run = await host.start("rt", {})
+        await _until_suspended(host, run.id)
+        with counted(caller) as calls:
+            res = await caller.signal(run.id, "go", 1)
+        assert res.delivered
+        assert calls == Counter(
+            {"describe_workflow_execution": 1, "signal_workflow_execution": 1, "query_workflow": 1}
+        ), calls
+        assert (await caller.wait(run.id, timeout=60)).output == 1
+        with pytest.raises(RunNotActiveError):  # seen completed: refused before sending
+            await caller.signal(run.id, "go", 2)
