@@ -5,7 +5,9 @@ every buffered signal (``{name, payload, idempotency_key}``, oldest first). A si
 idempotency key, once seen, is kept for the life of the run, so a repeat is not queued again
 (``already_completed``). The engine sends each signal as a Temporal signal of its own name (its
 delivery id and idempotency key in the payload's metadata) and asks the run what became of it
-(``wfe.internal.signal_status``); older engines sent the ``wfe.signal`` update or a wrapped
+with the ``wfe.internal.delivery`` query, which the signal's own workflow task answers (the
+``wfe.internal.signal_status`` update, which needs a task of its own, is its fallback and what
+engines before the query sent); older engines sent the ``wfe.signal`` update or a wrapped
 body. A raw Temporal signal from an operator (``temporal workflow signal --name go --input
 '{...}'``, the Web UI's "Send a Signal", which lists the names the graph declares) queues its
 input as the payload.
