@@ -130,3 +130,23 @@ async def test_signal_to_a_run_not_seen_here_reads_its_state_first(
         assert (await caller.wait(run.id, timeout=60)).output == 1
         with pytest.raises(RunNotActiveError):  # seen completed: refused before sending
             await caller.signal(run.id, "go", 2)
+
+
+async def test_signal_while_no_worker_runs_is_buffered_and_taken_later(
+    make_engine: EngineFactory,
+) -> None:
+    """No worker answers the delivery query: signal() reports from the run's last published
+    state (its stage waits for the name: delivered) and the server keeps the signal for the
+    next worker."""
+    engine = make_engine(registry(), options={"signal_timeout": 1.0})
+    async with engine:
+        run = await engine.start("rt", {})
+        async with engine.worker():
+            await _until_suspended(engine, run.id)
+        with counted(engine) as calls:
+            res = await engine.signal(run.id, "go", "late")
+        assert res.delivered and not res.already_completed
+        assert calls["query_workflow"] == 1 and calls["update_workflow_execution"] == 0, calls
+        async with engine.worker():
+            info = await engine.wait(run.id, timeout=60)
+        assert info.status == "completed" and info.output == "late"
