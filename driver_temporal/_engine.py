@@ -49,6 +49,8 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowHistoryEventFilterType,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -119,7 +121,6 @@ from ._carry import carry
 from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
-    _ALL,
     _WFT_STARTED,
     _now,
     _pairs,
@@ -129,8 +130,9 @@ from ._helpers import (
 )
 from ._history_events import run_events
 from ._paging import PagedRuns
+from ._query import runs_query
 from ._search import SA_VERSION, check_search_attributes
-from ._signals import SIGNAL_STATUS_UPDATE
+from ._signals import SIGNAL_STATUS_QUERY, SIGNAL_STATUS_UPDATE
 from ._start import StartDocument
 from ._state import MemoStage, RunMemo, StageState
 from ._wire import (
@@ -144,6 +146,13 @@ from ._wire import (
 from ._workflow import START_MEMO
 
 __all__ = ["TemporalEngine", "create_temporal_engine"]
+
+# wait(): how long the close long poll runs alone before the run's status is first peeked at
+_FIRST_PEEK_S = 0.25
+# the statuses of a run signal() may send to without reading its state (``_remember``), and
+# how many such runs an engine remembers
+_LIVE = (RunStatus.RUNNING, RunStatus.SUSPENDED)
+_MAX_LIVE = 4096
 
 
 class TemporalEngine(PagedRuns, WorkflowEngine):
@@ -184,6 +193,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         self._helpers: dict[tuple[str, str], tuple[Worker, asyncio.Task[None]]] = {}
         self._hosted: dict[tuple[str, str], int] = {}  # -> EngineWorkers serving it here
         self._registered: set[tuple[str, str]] = set()  # versions known present on their queue
+        # run id -> (workflow id, version) of the runs get_run last saw running here
+        self._live: dict[str, tuple[str, str]] = {}
         self._activities = DriverActivities(
             registry,
             self.claim,
@@ -550,7 +561,11 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     return str(ev.workflow_execution_terminated_event_attributes.reason) or None
         return None
 
-    async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]:
+    async def _describe(
+        self, run_id: str, *, settle: bool = True
+    ) -> tuple[Any, WorkflowExecutionStatus | None]:
+        """The run's memo and execution status; ``settle``: read after a workflow task in
+        progress (see below)."""
         handle = self._conn.get_workflow_handle(run_id)
         deadline = asyncio.get_running_loop().time() + 2.0
         while True:
@@ -567,7 +582,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             # that what get_run says is never older than an event the sink has seen.
             raw = desc.raw_description
             if not (
-                desc.status == WorkflowExecutionStatus.RUNNING
+                settle
+                and desc.status == WorkflowExecutionStatus.RUNNING
                 and raw.HasField("pending_workflow_task")
                 and raw.pending_workflow_task.state == _WFT_STARTED
                 and asyncio.get_running_loop().time() < deadline
@@ -582,7 +598,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
-        return await self._info_from_memo(memo, status, run_id)
+        info = await self._info_from_memo(memo, status, run_id)
+        self._remember(memo, info)
+        return info
 
     async def list_runs(
         self,
@@ -595,19 +613,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     ) -> list[RunInfo]:
         if workflow_id is not None:
             check_workflow_id(workflow_id)
-        if status is None:
-            wanted: Sequence[str] = _ALL
-        elif isinstance(status, str):
-            wanted = [str(status)]
-        else:
-            wanted = [str(s) for s in status]
-        clauses = [self._scope(), _status_clause(wanted)]
-        if workflow_id is not None:
-            clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
-        if id_prefix:
-            clauses.append(f"WorkflowId STARTS_WITH '{_quote(id_prefix)}'")
+        query = runs_query(self._scope(), status, workflow_id=workflow_id, id_prefix=id_prefix)
         out: list[RunInfo] = []
-        async for ex in self._conn.list_workflows(" AND ".join(clauses), limit=limit):
+        async for ex in self._conn.list_workflows(query, limit=limit):
             memo = await ex.memo()
             if "wfe_run" in memo:
                 out.append(await self._info_from_memo(memo, ex.status, values=outputs))
@@ -616,8 +624,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return out
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        """Two round trips for a run that closes within ``_FIRST_PEEK_S``: the long poll on
+        its close event, then the describe ``get_run`` reads the RunInfo from (an unknown run
+        id ends the poll at once and the describe raises RunNotFoundError)."""
         check_run_call(run_id)
-        await self._describe(run_id)
         handle = self._conn.get_workflow_handle(run_id)
         try:
             await asyncio.wait_for(self._ended(handle, run_id), timeout)
@@ -632,20 +642,32 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     async def _ended(self, handle: Any, run_id: str) -> None:
         """Until the run is terminal: its execution closed, or its status already terminal
         while the workflow still delivers its last events (a sink outage keeps it open, as
-        the native outbox keeps retrying after the run ended)."""
+        the native outbox keeps retrying after the run ended). The status is peeked at (a
+        describe, its memo's status only) from ``_FIRST_PEEK_S`` on, so a run that closes
+        sooner costs no describe besides the one ``get_run`` makes."""
         closed = asyncio.ensure_future(_settle(handle))
         try:
-            delay = 0.1
+            delay = _FIRST_PEEK_S
             while not closed.done():
                 await asyncio.wait({closed}, timeout=delay)
                 if closed.done():
                     return
-                memo, status = await self._describe(run_id)
-                if (await self._info_from_memo(memo, status)).terminal:
+                if await self._peek_terminal(run_id):
                     return
                 delay = min(delay * 2, 2.0)
         finally:
             closed.cancel()
+
+    async def _peek_terminal(self, run_id: str) -> bool:
+        """Whether the run's last published status is terminal (or it is gone)."""
+        try:
+            desc = await self._conn.get_workflow_handle(run_id).describe()
+        except RPCError:
+            return True  # get_run says what became of it
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            return True
+        status = ((await desc.memo()).get("wfe_run") or {}).get("status")
+        return status is None or status not in _ACTIVE
 
     # -- signals and cancel ---------------------------------------------------------------------
     @telemetry.traced_signal
@@ -654,18 +676,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     ) -> SignalResult:
         data = check_signal_call(run_id, name, payload, idempotency_key)
         check_payload_size(data, f"payload of signal {name!r}", self.settings.max_payload_bytes)
-        memo, status = await self._describe(run_id)
-        info = await self._info_from_memo(memo, status)
-        if info.terminal:
-            raise RunNotActiveError(run_id, info.status, "signal")
-        check_signal_known(
-            served_graph(self.registry, info.workflow_id, info.version), run_id, name
-        )
-        if (memo.get("wfe_run") or {}).get("frozen"):
-            raise MigrationError(
-                f"run {run_id!r} is frozen for migration; signal it once the move completed "
-                "(on its target) or was aborted"
-            )
+        info: RunInfo | None = None
+        live = self._live.get(run_id)
+        if live is None or not _declares(self.registry, live, name):
+            info = await self._signal_target(run_id, name)
         delivery = uuid.uuid4().hex
         value = await self.claim.dump(data, spill_key(run_id, "signals", delivery))
         # a real Temporal signal whose input is the payload (its stored form: inline up to
@@ -681,20 +695,16 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         except RPCError:
             status_now = (await self.get_run(run_id)).status
             raise RunNotActiveError(run_id, status_now, "signal") from None
-        if info.status == RunStatus.PENDING:
+        if info is not None and info.status == RunStatus.PENDING:
             # no stage has run yet, so no wait can take it: buffered on the server
             return self._buffered(run_id, name, info)
-        try:
-            # what the run made of it (an internal update, answered once the signal is in)
-            res: dict[str, Any] = await handle.execute_update(
-                SIGNAL_STATUS_UPDATE,
-                delivery,
-                result_type=dict,
-                rpc_timeout=timedelta(seconds=self.signal_timeout),
-            )
-        except (WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError, RPCError):
+        res = await self._delivery(handle, delivery)
+        if res is None:
             # no worker answered in time (or the run just closed): the signal stays buffered
             # on the server; report from the run's last published state
+            if info is None:
+                memo, status = await self._describe(run_id, settle=False)
+                info = await self._info_from_memo(memo, status, run_id, values=False)
             return self._buffered(run_id, name, info)
         rejected = res.get("rejected")
         if rejected == "MigrationError":
@@ -713,6 +723,61 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             delivered=bool(res.get("delivered")),
             already_completed=bool(res.get("already_completed")),
         )
+
+    async def _signal_target(self, run_id: str, name: str) -> RunInfo:
+        """The run a signal goes to, from its last published state as is (no value read, no
+        wait for a workflow task in progress): active, not frozen, and ``name`` one of its
+        version's signals, or the error ``signal`` raises."""
+        memo, status = await self._describe(run_id, settle=False)
+        info = await self._info_from_memo(memo, status, run_id, values=False)
+        if info.terminal:
+            raise RunNotActiveError(run_id, info.status, "signal")
+        check_signal_known(
+            served_graph(self.registry, info.workflow_id, info.version), run_id, name
+        )
+        if (memo.get("wfe_run") or {}).get("frozen"):
+            raise MigrationError(
+                f"run {run_id!r} is frozen for migration; signal it once the move completed "
+                "(on its target) or was aborted"
+            )
+        return info
+
+    def _remember(self, memo: Any, info: RunInfo) -> None:
+        """Note whether the run was last seen here running (and not frozen), so ``signal``
+        can send without reading its state first: the run itself refuses a signal when it
+        ended or froze meanwhile (a closed one: the signal RPC fails), as ``signal`` says."""
+        self._live.pop(info.id, None)
+        if info.status in _LIVE and not (memo.get("wfe_run") or {}).get("frozen"):
+            self._live[info.id] = (info.workflow_id, info.version)
+            if len(self._live) > _MAX_LIVE:
+                del self._live[next(iter(self._live))]
+
+    async def _delivery(
+        self, handle: WorkflowHandle[Any, Any], delivery: str
+    ) -> dict[str, Any] | None:
+        """What the run made of the signal sent with ``delivery``, or None when no worker
+        answered within ``signal_timeout``. Asked with the internal query, which the
+        signal's own workflow task answers; the internal update (which waits for the
+        delivery, but needs a workflow task of its own: it arrives while the signal's runs)
+        only when the query has no answer (a worker of an older driver, or a run that has
+        not seen the signal)."""
+        timeout = timedelta(seconds=self.signal_timeout)
+        with suppress(WorkflowQueryFailedError, WorkflowQueryRejectedError):
+            try:
+                seen = await handle.query(
+                    SIGNAL_STATUS_QUERY, delivery, result_type=dict, rpc_timeout=timeout
+                )
+            except RPCError:
+                return None
+            if isinstance(seen, dict):
+                return seen
+        try:
+            res: dict[str, Any] = await handle.execute_update(
+                SIGNAL_STATUS_UPDATE, delivery, result_type=dict, rpc_timeout=timeout
+            )
+        except (WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError, RPCError):
+            return None
+        return res
 
     @staticmethod
     def _buffered(run_id: str, name: str, info: RunInfo) -> SignalResult:
@@ -980,26 +1045,13 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         ]
 
 
-def _in(values: Sequence[str]) -> str:
-    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
-
-
-def _status_clause(wanted: Sequence[str]) -> str:
-    """The visibility filter for runs of the ``wanted`` statuses. A run whose execution was
-    terminated (or timed out) outside the engine still has the active WfeStatus it last
-    wrote: it is listed as ``failed`` (see ``TemporalEngine._ended_outside``), never as
-    active."""
-    ended = "ExecutionStatus IN ('Terminated', 'TimedOut')"
-    done = [s for s in wanted if s not in _ACTIVE]
-    active = [s for s in wanted if s in _ACTIVE]
-    parts = []
-    if done:
-        parts.append(f"WfeStatus IN {_in(done)}")
-    if active:
-        parts.append(f"(WfeStatus IN {_in(active)} AND ExecutionStatus = 'Running')")
-    if "failed" in wanted:
-        parts.append(f"(WfeStatus IN {_in(_ACTIVE)} AND {ended})")
-    return "(" + " OR ".join(parts) + ")"
+def _declares(registry: Registry, live: tuple[str, str], name: str) -> bool:
+    """Whether the served workflow version ``live`` declares the signal ``name``."""
+    try:
+        check_signal_known(served_graph(registry, *live), "", name)
+    except EngineError:
+        return False
+    return True
 
 
 def create_temporal_engine(

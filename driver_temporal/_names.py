@@ -22,6 +22,7 @@ __all__ = [
     "NAMES_MARK",
     "OLD_NAMES",
     "RUN_INFO_QUERY",
+    "SIGNAL_STATUS_QUERY",
     "SIGNAL_STATUS_UPDATE",
     "SIGNAL_UPDATE",
     "TAKE_SIGNAL_UPDATE",
@@ -42,6 +43,7 @@ ABORT_EXPORT_UPDATE = "wfe.internal.abort_export"
 FREEZE_CANCELLED_QUERY = "wfe.internal.freeze_cancelled"
 TAKE_SIGNAL_UPDATE = "wfe.internal.take_signal"
 SIGNAL_STATUS_UPDATE = "wfe.internal.signal_status"
+SIGNAL_STATUS_QUERY = "wfe.internal.delivery"
 SIGNAL_UPDATE = "wfe.signal"  # how older engines sent signals (runs before ``names`` only)
 
 # current name -> the name runs started before ``names`` also answer to

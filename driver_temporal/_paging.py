@@ -6,14 +6,14 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from engine_port import RunInfo, RunStatus, is_spill_ref
 from engine_port.driver import check_run_call, check_workflow_id
 from engine_port.errors import InvalidInputError
 
-from ._helpers import _ALL, _quote
+from ._query import runs_query
 
 if TYPE_CHECKING:
     from temporalio.client import Client, WorkflowExecutionStatus
@@ -76,32 +76,19 @@ class PagedRuns:
         """One page of :meth:`list_runs` (newest first) and the cursor of the next page (None
         on the last one): Temporal's own ``next_page_token``, so every filter is applied by
         the visibility query and a page costs the same however deep it is."""
-        from ._engine import _status_clause
-
         if workflow_id is not None:
             check_workflow_id(workflow_id)
-        if status is None:
-            wanted: Sequence[str] = _ALL
-        elif isinstance(status, str):
-            wanted = [str(status)]
-        else:
-            wanted = [str(s) for s in status]
-        clauses = [self._scope(), _status_clause(wanted)]
-        if workflow_id is not None:
-            clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
-        if version is not None:
-            clauses.append(f"WfeVersion = '{_quote(version)}'")
-        if created_after is not None:
-            at = created_after.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            clauses.append(f"StartTime >= '{at}'")
-        if id_prefix:
-            clauses.append(f"WorkflowId STARTS_WITH '{_quote(id_prefix)}'")
-        if idempotency_key is not None:
-            clauses.append(f"WfeIdempotencyKey = '{_quote(idempotency_key)}'")
-        token = _token(after) if after is not None else None
-        listing = self._conn.list_workflows(
-            " AND ".join(clauses), page_size=limit, next_page_token=token
+        query = runs_query(
+            self._scope(),
+            status,
+            workflow_id=workflow_id,
+            id_prefix=id_prefix,
+            version=version,
+            created_after=created_after,
+            idempotency_key=idempotency_key,
         )
+        token = _token(after) if after is not None else None
+        listing = self._conn.list_workflows(query, page_size=limit, next_page_token=token)
         await listing.fetch_next_page(page_size=limit)
         page: list[RunInfo] = []
         for ex in listing.current_page or []:

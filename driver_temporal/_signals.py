@@ -5,7 +5,9 @@ every buffered signal (``{name, payload, idempotency_key}``, oldest first). A si
 idempotency key, once seen, is kept for the life of the run, so a repeat is not queued again
 (``already_completed``). The engine sends each signal as a Temporal signal of its own name (its
 delivery id and idempotency key in the payload's metadata) and asks the run what became of it
-(``wfe.internal.signal_status``); older engines sent the ``wfe.signal`` update or a wrapped
+with the ``wfe.internal.delivery`` query, which the signal's own workflow task answers (the
+``wfe.internal.signal_status`` update, which needs a task of its own, is its fallback and what
+engines before the query sent); older engines sent the ``wfe.signal`` update or a wrapped
 body. A raw Temporal signal from an operator (``temporal workflow signal --name go --input
 '{...}'``, the Web UI's "Send a Signal", which lists the names the graph declares) queues its
 input as the payload.
@@ -48,10 +50,22 @@ with workflow.unsafe.imports_passed_through():
 
     from ._carry import meta_of
     from ._freezing import migration_error
-    from ._names import INTERNAL, SIGNAL_STATUS_UPDATE, SIGNAL_UPDATE, TAKE_SIGNAL_UPDATE
+    from ._names import (
+        INTERNAL,
+        SIGNAL_STATUS_QUERY,
+        SIGNAL_STATUS_UPDATE,
+        SIGNAL_UPDATE,
+        TAKE_SIGNAL_UPDATE,
+    )
     from ._start import StartDocument
 
-__all__ = ["SIGNAL_STATUS_UPDATE", "SIGNAL_UPDATE", "TAKE_SIGNAL_UPDATE", "SignalHandlers"]
+__all__ = [
+    "SIGNAL_STATUS_QUERY",
+    "SIGNAL_STATUS_UPDATE",
+    "SIGNAL_UPDATE",
+    "TAKE_SIGNAL_UPDATE",
+    "SignalHandlers",
+]
 
 # a signal's payload is JSON (or empty): anything else (bytes, protobuf) is rejected
 _JSON_ENCODINGS = frozenset({b"json/plain", b"binary/null"})
@@ -158,6 +172,15 @@ class SignalHandlers:
         was rejected. Waits for the signal, which the server hands over first."""
         await workflow.wait_condition(lambda: delivery in self._deliveries)
         return self._deliveries[delivery]
+
+    @workflow.query(name=SIGNAL_STATUS_QUERY, description=INTERNAL)
+    def on_delivery(self, delivery: str) -> dict[str, Any] | None:
+        """(Internal, used by ``TemporalEngine.signal``.) What became of the signal the
+        engine sent with this delivery id, or None while the run has not seen it. Asked
+        right after the signal: Temporal answers a query once the workflow task that holds
+        the events recorded before it completed, so the signal's own task answers it (no
+        task of its own, nothing in the history, unlike ``on_signal_status``)."""
+        return self._deliveries.get(delivery)
 
     def on_signal_update(self, body: dict[str, Any]) -> dict[str, Any]:
         """The ``wfe.signal`` update of older engines (registered for runs started before the

@@ -1,0 +1,152 @@
+"""What the caller waits for: the Temporal RPCs one ``wait()`` / ``signal()`` makes, counted
+on a caller engine of its own (its worker runs on another engine, whose client is not
+counted), so a round trip added back fails here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from driver_temporal import TemporalEngine
+from engine_port import Registry, StageContext, Workflow
+from engine_port.errors import RunNotActiveError
+
+from .conftest import EngineFactory
+
+pytestmark = pytest.mark.temporal
+
+
+class In(BaseModel):
+    n: int = 0
+
+
+def registry() -> Registry:
+    wf = Workflow("rt", input=In)
+
+    @wf.stage(signals=["go"])
+    async def gate(ctx: StageContext[In]) -> Any:
+        return await ctx.step.wait_for_signal("go")
+
+    quick = Workflow("rt-quick", input=In)
+
+    @quick.stage
+    async def one(ctx: StageContext[In]) -> int:
+        return ctx.input.n + 1
+
+    return Registry([wf, quick])
+
+
+@contextmanager
+def counted(engine: TemporalEngine) -> Iterator[Counter[str]]:
+    """Counts the RPCs the engine's client makes (by RPC name) while inside."""
+    service = engine._conn.workflow_service._client
+    calls: Counter[str] = Counter()
+    real = service._rpc_call
+
+    async def counting(rpc: str, *args: Any, **kw: Any) -> Any:
+        calls[rpc] += 1
+        return await real(rpc, *args, **kw)
+
+    service._rpc_call = counting  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        del service._rpc_call  # back to the class's
+
+
+async def _until_suspended(engine: TemporalEngine, run_id: str) -> None:
+    for _ in range(300):
+        info = await engine.get_run(run_id)
+        if any(s.status == "suspended" for s in info.stages):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the stage never suspended")
+
+
+async def test_wait_on_a_closed_run_is_the_close_poll_and_one_describe(
+    make_engine: EngineFactory,
+) -> None:
+    host = make_engine(registry())
+    caller = make_engine(registry(), task_queue=host.settings.task_queue)
+    async with host, caller, host.worker():
+        run = await caller.start("rt-quick", {"n": 1})
+        await host.wait(run.id, timeout=60)  # closed now
+        with counted(caller) as calls:
+            info = await caller.wait(run.id, timeout=60)
+        assert info.status == "completed" and info.output == 2
+        # before: a describe, the close poll, then get_run's describe
+        assert calls == Counter(
+            {"get_workflow_execution_history": 1, "describe_workflow_execution": 1}
+        ), calls
+
+
+async def test_signal_to_a_run_seen_running_is_the_signal_and_a_query(
+    make_engine: EngineFactory,
+) -> None:
+    host = make_engine(registry())
+    caller = make_engine(registry(), task_queue=host.settings.task_queue)
+    async with host, caller, host.worker():
+        run = await caller.start("rt", {})
+        await _until_suspended(caller, run.id)
+        with counted(caller) as calls:
+            res = await caller.signal(run.id, "go", {"ok": True})
+        assert res.delivered and not res.already_completed
+        # before: a describe, the signal, then the status update (an update's own workflow
+        # task, two history events); the caller saw the run suspended (get_run): no describe
+        assert calls == Counter({"signal_workflow_execution": 1, "query_workflow": 1}), calls
+        info = await host.wait(run.id, timeout=60)
+        assert info.status == "completed" and info.output == {"ok": True}
+        # the caller still remembers it running: the signal itself is refused
+        with pytest.raises(RunNotActiveError):
+            await caller.signal(run.id, "go", {"ok": False})
+        history = await caller._conn.get_workflow_handle(run.id).fetch_history()
+        assert not [
+            e
+            for e in history.events
+            if e.HasField("workflow_execution_update_accepted_event_attributes")
+        ]
+
+
+async def test_signal_to_a_run_not_seen_here_reads_its_state_first(
+    make_engine: EngineFactory,
+) -> None:
+    host = make_engine(registry())
+    caller = make_engine(registry(), task_queue=host.settings.task_queue)
+    async with host, caller, host.worker():
+        run = await host.start("rt", {})
+        await _until_suspended(host, run.id)
+        with counted(caller) as calls:
+            res = await caller.signal(run.id, "go", 1)
+        assert res.delivered
+        assert calls == Counter(
+            {"describe_workflow_execution": 1, "signal_workflow_execution": 1, "query_workflow": 1}
+        ), calls
+        assert (await caller.wait(run.id, timeout=60)).output == 1
+        with pytest.raises(RunNotActiveError):  # seen completed: refused before sending
+            await caller.signal(run.id, "go", 2)
+
+
+async def test_signal_while_no_worker_runs_is_buffered_and_taken_later(
+    make_engine: EngineFactory,
+) -> None:
+    """No worker answers the delivery query: signal() reports from the run's last published
+    state (its stage waits for the name: delivered) and the server keeps the signal for the
+    next worker."""
+    engine = make_engine(registry(), options={"signal_timeout": 1.0})
+    async with engine:
+        run = await engine.start("rt", {})
+        async with engine.worker():
+            await _until_suspended(engine, run.id)
+        with counted(engine) as calls:
+            res = await engine.signal(run.id, "go", "late")
+        assert res.delivered and not res.already_completed
+        assert calls["query_workflow"] == 1 and calls["update_workflow_execution"] == 0, calls
+        async with engine.worker():
+            info = await engine.wait(run.id, timeout=60)
+        assert info.status == "completed" and info.output == "late"
