@@ -48,7 +48,7 @@ from engine_port.errors import DriverUnavailableError
 
 from . import _schema
 
-__all__ = ["Database", "commit_was_unknown", "defer"]
+__all__ = ["Database", "commit_was_unknown", "defer", "send_raw"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -371,6 +371,14 @@ def _pg_send(cursor: Any, statement: str, parameters: Any, context: Any, *, many
     if context.root_connection.info.get(_DEFER) and not _returns(context):
         tail.append((statement, parameters, many))
         return True
+    return _pipelined(cursor, tail, statement, parameters, many=many)
+
+
+def _pipelined(
+    cursor: Any, tail: list[tuple[str, Any, bool]], statement: str, parameters: Any, *, many: bool
+) -> bool:
+    """Send the deferred writes and this statement (and psycopg's implicit BEGIN) in one
+    pipeline; returns False when there is nothing to save (the caller executes it)."""
     raw = cursor.connection
     from psycopg.pq import TransactionStatus
 
@@ -392,6 +400,25 @@ def _pg_send(cursor: Any, statement: str, parameters: Any, context: Any, *, many
             cursor.execute(statement)
         else:
             cursor.execute(statement, parameters)
+    return True
+
+
+def send_raw(
+    conn: Connection, cursor: Any, statement: str, parameters: Any, *, later: bool
+) -> bool:
+    """Execute a statement on the DBAPI ``cursor`` of ``conn`` (``_rawsql``): with ``later``,
+    inside a PostgreSQL :meth:`Database.tx`, queue it with the deferred writes instead
+    (returns False: there is no result to read); otherwise send the deferred writes with it
+    in one pipeline (see :func:`defer`)."""
+    tail: list[tuple[str, Any, bool]] | None = conn.info.get(_TX)
+    if tail is None:
+        cursor.execute(statement, parameters)
+        return True
+    if later:
+        tail.append((statement, parameters, False))
+        return False
+    if not _pipelined(cursor, tail, statement, parameters, many=False):
+        cursor.execute(statement, parameters)
     return True
 
 

@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from engine_port.errors import RunNotFoundError
 
 from ._db import defer
+from ._rawsql import Rows, execute
 from ._schema import runs
 
 __all__ = [
@@ -71,23 +72,21 @@ def _delete(table: Table, keys: tuple[str, ...]) -> Any:
     return sa.delete(table).where(*(table.c[k] == sa.bindparam(f"k_{k}") for k in keys))
 
 
-def select_where(
-    conn: Connection, table: Table, *, lock: bool = False, **keys: Any
-) -> sa.CursorResult[Any]:
+def select_where(conn: Connection, table: Table, *, lock: bool = False, **keys: Any) -> Rows:
     """``SELECT * FROM table WHERE k1 = :k1 AND ...`` (``FOR UPDATE`` on PostgreSQL)."""
     stmt = _select(table, tuple(keys), lock and conn.dialect.name == "postgresql")
-    return conn.execute(stmt, {f"k_{k}": v for k, v in keys.items()})
+    return execute(conn, stmt, {f"k_{k}": v for k, v in keys.items()})
 
 
 def update_where(
     conn: Connection, table: Table, where: dict[str, Any], values: dict[str, Any]
-) -> sa.CursorResult[Any]:
+) -> Rows:
     params = {f"k_{k}": v for k, v in where.items()} | {f"v_{k}": v for k, v in values.items()}
-    return conn.execute(_update(table, tuple(where), tuple(values)), params)
+    return execute(conn, _update(table, tuple(where), tuple(values)), params)
 
 
-def delete_where(conn: Connection, table: Table, **keys: Any) -> sa.CursorResult[Any]:
-    return conn.execute(_delete(table, tuple(keys)), {f"k_{k}": v for k, v in keys.items()})
+def delete_where(conn: Connection, table: Table, **keys: Any) -> Rows:
+    return execute(conn, _delete(table, tuple(keys)), {f"k_{k}": v for k, v in keys.items()})
 
 
 def update_later(
@@ -96,12 +95,12 @@ def update_later(
     """``update_where`` whose row count nobody reads: on PostgreSQL sent in one round trip
     with the transaction's next statement or its commit (``_db.defer``)."""
     params = {f"k_{k}": v for k, v in where.items()} | {f"v_{k}": v for k, v in values.items()}
-    defer(conn, _update(table, tuple(where), tuple(values)), params)
+    execute(conn, _update(table, tuple(where), tuple(values)), params, later=True)
 
 
 def delete_later(conn: Connection, table: Table, **keys: Any) -> None:
     """``delete_where`` whose row count nobody reads (see ``update_later``)."""
-    defer(conn, _delete(table, tuple(keys)), {f"k_{k}": v for k, v in keys.items()})
+    execute(conn, _delete(table, tuple(keys)), {f"k_{k}": v for k, v in keys.items()}, later=True)
 
 
 def upsert(conn: Connection, table: Table, values: dict[str, Any], keys: Sequence[str]) -> None:
@@ -113,11 +112,11 @@ def upsert(conn: Connection, table: Table, values: dict[str, Any], keys: Sequenc
     defer(conn, stmt.on_conflict_do_update(index_elements=list(keys), set_=update))
 
 
-def try_run(conn: Connection, run_id: str, *, lock: bool = True) -> sa.Row[Any] | None:
+def try_run(conn: Connection, run_id: str, *, lock: bool = True) -> Any:
     return select_where(conn, runs, lock=lock, id=run_id).first()
 
 
-def lock_run(conn: Connection, run_id: str) -> sa.Row[Any]:
+def lock_run(conn: Connection, run_id: str) -> Any:
     row = try_run(conn, run_id)
     if row is None:
         raise RunNotFoundError(run_id)
