@@ -404,21 +404,21 @@ def _pipelined(
 
 
 def send_raw(
-    conn: Connection, cursor: Any, statement: str, parameters: Any, *, later: bool
+    conn: Connection, cursor: Any, statement: str, parameters: Any, *, later: bool, many: bool
 ) -> bool:
     """Execute a statement on the DBAPI ``cursor`` of ``conn`` (``_rawsql``): with ``later``,
     inside a PostgreSQL :meth:`Database.tx`, queue it with the deferred writes instead
     (returns False: there is no result to read); otherwise send the deferred writes with it
     in one pipeline (see :func:`defer`)."""
     tail: list[tuple[str, Any, bool]] | None = conn.info.get(_TX)
-    if tail is None:
-        cursor.execute(statement, parameters)
-        return True
-    if later:
-        tail.append((statement, parameters, False))
+    if tail is not None and later:
+        tail.append((statement, parameters, many))
         return False
-    if not _pipelined(cursor, tail, statement, parameters, many=False):
-        cursor.execute(statement, parameters)
+    if tail is None or not _pipelined(cursor, tail, statement, parameters, many=many):
+        if many:
+            cursor.executemany(statement, parameters)
+        else:
+            cursor.execute(statement, parameters)
     return True
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections import namedtuple
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -27,7 +27,7 @@ from sqlalchemy.sql import ClauseElement
 
 from ._db import send_raw
 
-__all__ = ["Rows", "execute", "fetched"]
+__all__ = ["Rows", "execute", "execute_many", "fetched"]
 
 
 class _Prepared:
@@ -51,7 +51,6 @@ class _Prepared:
         self._result_procs: tuple[Callable[[Any], Any] | None, ...] = tuple(
             c.type._cached_result_processor(dialect, None) for c in columns
         )
-
 
     def params(self, given: Mapping[str, Any]) -> Any:
         values = self.compiled.construct_params(given, _check=False)
@@ -79,7 +78,7 @@ def _row_type(fields: tuple[str, ...]) -> Any:
     return type("Row", (base,), {"__slots__": (), "_mapping": property(_mapping)})
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=4096)
 def _prepare(stmt: ClauseElement, dialect: Dialect) -> _Prepared:
     return _Prepared(stmt, dialect)
 
@@ -121,16 +120,36 @@ def execute(
     result nobody reads (sent with the transaction's next statement on PostgreSQL, see
     ``_db.defer``; the returned ``Rows`` is then empty)."""
     prep = _prepare(stmt, conn.dialect)
-    args = prep.params(params)
+    return _run(conn, prep, prep.params(params), later=later, many=False)
+
+
+def execute_many(
+    conn: Connection,
+    stmt: ClauseElement,
+    params: Sequence[Mapping[str, Any]],
+    *,
+    later: bool = False,
+) -> None:
+    """``conn.execute(stmt, [params, ...])`` for a statement without RETURNING built once
+    (``later`` as in :func:`execute`)."""
+    if not params:
+        return
+    prep = _prepare(stmt, conn.dialect)
+    if prep.returns_rows:
+        raise ValueError("execute_many does not read rows")
+    _run(conn, prep, [prep.params(p) for p in params], later=later, many=True)
+
+
+def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: bool) -> Rows:
     sql = prep.sql
     cursor: Any = None
     try:
         if conn._has_events or conn.engine._has_events:
             for fn in conn.dispatch.before_cursor_execute:
-                sql, args = fn(conn, None, sql, args, None, False)
+                sql, args = fn(conn, None, sql, args, None, many)
         raw: Any = conn.connection.driver_connection
         cursor = raw.cursor()
-        if not send_raw(conn, cursor, sql, args, later=later and not prep.returns_rows):
+        if not send_raw(conn, cursor, sql, args, later=later and not prep.returns_rows, many=many):
             cursor.close()
             return _NO_ROWS
         result = Rows(prep.rows(fetched(cursor)) if prep.returns_rows else [], cursor.rowcount)

@@ -24,6 +24,8 @@ __all__ = [
     "db_clock_sql",
     "delete_later",
     "delete_where",
+    "in_binds",
+    "in_params",
     "lease_until",
     "lock_run",
     "select_where",
@@ -110,6 +112,17 @@ def upsert(conn: Connection, table: Table, values: dict[str, Any], keys: Sequenc
     stmt = ins.values(**values)
     update = {k: stmt.excluded[k] for k in values if k not in keys}
     defer(conn, stmt.on_conflict_do_update(index_elements=list(keys), set_=update))
+
+
+def in_binds(n: int, prefix: str = "id") -> list[Any]:
+    """``n`` bind parameters for an ``IN (...)`` list of a statement built once per length
+    (``_rawsql`` runs no per-call rendering of expanding parameters)."""
+    return [sa.bindparam(f"{prefix}_{i}") for i in range(n)]
+
+
+def in_params(values: Sequence[Any], prefix: str = "id") -> dict[str, Any]:
+    """The parameters of :func:`in_binds` for ``values``."""
+    return {f"{prefix}_{i}": v for i, v in enumerate(values)}
 
 
 def try_run(conn: Connection, run_id: str, *, lock: bool = True) -> Any:
