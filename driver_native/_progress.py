@@ -28,6 +28,7 @@ from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._jobs import notify_due
 from ._outbox import append_events
+from ._rawsql import execute
 from ._schedule import (
     Begin,
     Handoff,
@@ -124,7 +125,7 @@ def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
         "kind": job.kind,
         "worker": worker,
     }
-    return conn.execute(_owned_stage_query(), params).first()
+    return execute(conn, _owned_stage_query(), params).first()
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:

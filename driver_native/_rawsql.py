@@ -31,7 +31,17 @@ __all__ = ["Rows", "execute", "execute_many", "fetched"]
 
 
 class _Prepared:
-    __slots__ = ("_result_procs", "compiled", "names", "procs", "returns_rows", "row", "sql")
+    __slots__ = (
+        "_dialect",
+        "_result_procs",
+        "_types",
+        "compiled",
+        "names",
+        "procs",
+        "returns_rows",
+        "row",
+        "sql",
+    )
 
     def __init__(self, stmt: ClauseElement, dialect: Dialect) -> None:
         compiled: Any = stmt.compile(dialect=dialect)
@@ -48,9 +58,10 @@ class _Prepared:
         columns = compiled._result_columns
         self.returns_rows = bool(columns)
         self.row: Any = _row_type(tuple(c.keyname for c in columns)) if columns else None
-        self._result_procs: tuple[Callable[[Any], Any] | None, ...] = tuple(
-            c.type._cached_result_processor(dialect, None) for c in columns
-        )
+        self._dialect = dialect
+        self._types = tuple(c.type for c in columns)
+        # (the processors depend on the column types the driver reports: set at first use)
+        self._result_procs: tuple[Callable[[Any], Any] | None, ...] | None = None
 
     def params(self, given: Mapping[str, Any]) -> Any:
         values = self.compiled.construct_params(given, _check=False)
@@ -61,8 +72,14 @@ class _Prepared:
             return values
         return tuple(values[n] for n in self.names)
 
-    def rows(self, raw: list[Any]) -> list[Any]:
-        make, procs = self.row._make, self._result_procs
+    def rows(self, raw: list[Any], description: Any) -> list[Any]:
+        procs = self._result_procs
+        if procs is None:
+            procs = self._result_procs = tuple(
+                t._cached_result_processor(self._dialect, d[1])
+                for t, d in zip(self._types, description, strict=True)
+            )
+        make = self.row._make
         if not any(procs):
             return [make(r) for r in raw]
         return [make(v if p is None else p(v) for p, v in zip(procs, r, strict=True)) for r in raw]
@@ -152,7 +169,8 @@ def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: boo
         if not send_raw(conn, cursor, sql, args, later=later and not prep.returns_rows, many=many):
             cursor.close()
             return _NO_ROWS
-        result = Rows(prep.rows(fetched(cursor)) if prep.returns_rows else [], cursor.rowcount)
+        rows = prep.rows(fetched(cursor), cursor.description) if prep.returns_rows else []
+        result = Rows(rows, cursor.rowcount)
         cursor.close()
         return result
     except Exception as exc:

@@ -13,7 +13,15 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import cursor as sa_cursor
 
-from driver_native import ClaimPending, CreateRun, ExecuteJob, NativeEngine, _progress, _schema
+from driver_native import (
+    ClaimPending,
+    CreateRun,
+    ExecuteJob,
+    NativeEngine,
+    _progress,
+    _rawsql,
+    _schema,
+)
 from driver_native._db import Database
 from engine_port import StageContext, Workflow
 
@@ -64,7 +72,8 @@ class Work:
 
 
 def _count_rows(monkeypatch: pytest.MonkeyPatch, seen: Work) -> None:
-    """Count the rows every SQLAlchemy fetch hands out (one-row, many-row, buffered)."""
+    """Count the rows every SQLAlchemy fetch hands out (one-row, many-row, buffered), and
+    those of the statements run on the DBAPI cursor."""
     for cls in (
         sa_cursor.CursorFetchStrategy,
         sa_cursor.BufferedRowCursorFetchStrategy,
@@ -73,6 +82,8 @@ def _count_rows(monkeypatch: pytest.MonkeyPatch, seen: Work) -> None:
         for name in ("fetchone", "fetchmany", "fetchall"):
             if name in vars(cls):
                 monkeypatch.setattr(cls, name, _counted(vars(cls)[name], seen))
+    # and the hot-path statements run on the DBAPI cursor (driver_native._rawsql)
+    monkeypatch.setattr(_rawsql, "fetched", _counted(_rawsql.fetched, seen))
 
 
 def _counted(fetch: Any, seen: Work) -> Any:
