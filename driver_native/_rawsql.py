@@ -36,6 +36,7 @@ class _Prepared:
         "_result_procs",
         "_types",
         "compiled",
+        "fixed",
         "names",
         "procs",
         "returns_rows",
@@ -52,6 +53,8 @@ class _Prepared:
         self.names: tuple[str, ...] | None = (
             tuple(compiled.positiontup) if compiled.positional else None
         )
+        # every parameter with the value the statement gives it (literals, or None)
+        self.fixed: dict[str, Any] = dict(compiled.construct_params(_check=False))
         self.procs: dict[str, Callable[[Any], Any]] = {
             k: p for k, p in compiled._bind_processors.items() if p is not None
         }
@@ -64,7 +67,8 @@ class _Prepared:
         self._result_procs: tuple[Callable[[Any], Any] | None, ...] | None = None
 
     def params(self, given: Mapping[str, Any]) -> Any:
-        values = self.compiled.construct_params(given, _check=False)
+        values = self.fixed.copy()
+        values.update(given)
         for key, proc in self.procs.items():
             if key in values:
                 values[key] = proc(values[key])

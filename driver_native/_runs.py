@@ -41,6 +41,7 @@ from ._db import defer
 from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
+from ._rawsql import execute, execute_many
 from ._schema import (
     definitions,
     drains,
@@ -77,22 +78,40 @@ __all__ = [
 TERMINAL = TERMINAL_RUN_STATUSES
 
 
-def _insert_ignore(conn: Connection, table: sa.Table, values: dict[str, Any]) -> None:
-    ins: Any = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
-    defer(conn, ins.values(**values).on_conflict_do_nothing())  # (nobody reads its result)
+@functools.cache
+def _insert_ignore(postgres: bool, table: sa.Table, keys: tuple[str, ...]) -> Any:
+    ins: Any = (postgresql if postgres else sqlite).insert(table)
+    return ins.values(
+        {k: sa.bindparam(k, type_=table.c[k].type) for k in keys}
+    ).on_conflict_do_nothing()
 
 
 def save_definition(conn: Connection, graph: GraphModel, now: float) -> None:
     """Snapshot the definition a run executes (kept once per (workflow, version))."""
-    _insert_ignore(
-        conn,
-        definitions,
-        {
-            "workflow_id": graph.workflow_id,
-            "version": graph.version,
-            "graph": graph.model_dump(mode="json"),
-            "created_at": now,
-        },
+    values = {
+        "workflow_id": graph.workflow_id,
+        "version": graph.version,
+        "graph": graph.model_dump(mode="json"),
+        "created_at": now,
+    }
+    stmt = _insert_ignore(conn.dialect.name == "postgresql", definitions, tuple(values))
+    execute(conn, stmt, values, later=True)  # (nobody reads its result)
+
+
+@functools.cache
+def _insert(table: sa.Table, keys: tuple[str, ...]) -> Any:
+    return table.insert().values({k: sa.bindparam(k, type_=table.c[k].type) for k in keys})
+
+
+@functools.cache
+def _drain_query() -> Any:
+    return sa.select(drains.c.target).where(drains.c.workflow_id == sa.bindparam("wf"))
+
+
+@functools.cache
+def _by_key_query() -> Any:
+    return sa.select(runs.c.id, runs.c.input_fingerprint, runs.c.workflow_id).where(
+        runs.c.idempotency_key == sa.bindparam("key")
     )
 
 
@@ -103,6 +122,9 @@ def load_graph(conn: Connection, workflow_id: str, version: str) -> GraphModel |
         )
     ).first()
     return None if row is None else GraphModel.model_validate(row.graph)
+
+
+_STAGE_KEYS = ("run_id", "stage_id", "status", "attempt", "suspensions", "has_output")
 
 
 def create_run(
@@ -123,17 +145,11 @@ def create_run(
     graph = shape.graph
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own jobs)
-    drain = conn.execute(
-        sa.select(drains.c.target).where(drains.c.workflow_id == graph.workflow_id)
-    ).first()
+    drain = execute(conn, _drain_query(), {"wf": graph.workflow_id}).first()
     if drain is not None:
         raise WorkflowDrainedError(graph.workflow_id, drain.target)
     if key is not None:
-        existing = conn.execute(
-            sa.select(runs.c.id, runs.c.input_fingerprint, runs.c.workflow_id).where(
-                runs.c.idempotency_key == key
-            )
-        ).first()
+        existing = execute(conn, _by_key_query(), {"key": key}).first()
         if existing is not None:
             if (existing.input_fingerprint, existing.workflow_id) != (
                 fingerprint,
@@ -157,15 +173,16 @@ def create_run(
         redrive_count=0,
         cancel_requested=False,
         deadline=None if graph.timeout_s is None else now + graph.timeout_s,
+        frozen=False,
         created_at=now,
         updated_at=now,
         trace_context=trace_context,
     )
     # (on PostgreSQL these inserts go out in one round trip with the next statement)
-    defer(conn, runs.insert().values(**values))
-    defer(
+    execute(conn, _insert(runs, tuple(values)), values, later=True)
+    execute_many(
         conn,
-        stages.insert(),
+        _insert(stages, _STAGE_KEYS),
         [
             {
                 "run_id": run_id,
@@ -177,6 +194,7 @@ def create_run(
             }
             for s in graph.stages
         ],
+        later=True,
     )
     # the row just written, without reading it back (the schedule below needs its fields)
     run = SimpleNamespace(**values)
