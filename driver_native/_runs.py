@@ -42,6 +42,7 @@ from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
 from ._rawsql import execute, execute_many
+from ._schedule import fresh_rows
 from ._schema import (
     definitions,
     drains,
@@ -200,7 +201,9 @@ def create_run(
     run = SimpleNamespace(**values)
     run_values: dict[str, Any] = {}
     drafts = [Lifecycle(run_id).run_created(graph.version)]
-    drafts += schedule(conn, run, shape, now, handoff, run_values=run_values)
+    # (the stage rows just inserted are known: not read back)
+    known = fresh_rows([s.id for s in graph.stages])
+    drafts += schedule(conn, run, shape, now, handoff, run_values=run_values, known=known)
     append_events(conn, run, drafts, now, **run_values)
     return run_id, True
 

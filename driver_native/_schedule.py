@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,7 +28,16 @@ from ._schema import jobs, runs, staged_events, stages, steps
 from ._shape import GraphShape
 from ._sql import db_clock, db_clock_sql, delete_where, in_binds, in_params, update_later
 
-__all__ = ["Begin", "Handoff", "attempt_started", "lc", "schedule", "touch", "upstream_outputs"]
+__all__ = [
+    "Begin",
+    "Handoff",
+    "attempt_started",
+    "fresh_rows",
+    "lc",
+    "schedule",
+    "touch",
+    "upstream_outputs",
+]
 
 IN_CHUNK = 1000
 """Stage ids per ``IN (...)`` list: far below SQLite's and PostgreSQL's parameter limits."""
@@ -119,6 +129,21 @@ def _rows_query(n: int) -> Any:
     )
 
 
+def fresh_rows(ids: Collection[str]) -> dict[str, Any]:
+    """The stage rows of a run just created (as ``_stage_rows`` would read them)."""
+    return {
+        sid: SimpleNamespace(
+            stage_id=sid,
+            status=StageStatus.PENDING,
+            output=None,
+            has_output=False,
+            job_id=None,
+            has_steps=False,
+        )
+        for sid in ids
+    }
+
+
 def _stage_rows(conn: Connection, run_id: str, ids: Collection[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for chunk in _chunks(ids):
@@ -171,19 +196,21 @@ def schedule(
     run_values: dict[str, Any] | None = None,
     *,
     group_done: bool = False,
+    known: dict[str, Any] | None = None,
 ) -> list[EventDraft]:
     """Enqueue the first group with unfinished stages; finish the run when none is left.
     With ``run_values``, run-row changes are collected there for the caller's one update.
     Reads the stages of the groups it looks at (and what handed stages may read), never
     every stage of the run; ``group_done``: the caller saw the current group's last open
-    stage complete, so the next group's rows are read in the same query."""
+    stage complete, so the next group's rows are read in the same query. ``known``: stage
+    rows the caller has (as ``_stage_rows`` reads them), not read again."""
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     groups = shape.groups
     values: dict[str, Any] = run_values if run_values is not None else {}
     drafts: list[EventDraft] = []
     if handoff is not None:
         handoff.quiet = handoff.finished = False
-    seen: dict[str, Any] = {}
+    seen: dict[str, Any] = dict(known or {})
     group = run.current_group
     while group < len(groups):
         want = _wanted(shape, group, handoff)
