@@ -48,7 +48,7 @@ from engine_port.errors import DriverUnavailableError
 
 from . import _schema
 
-__all__ = ["Database", "commit_was_unknown", "defer", "send_raw"]
+__all__ = ["Database", "commit_was_unknown", "defer", "send_raw", "send_together"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -420,6 +420,29 @@ def send_raw(
         else:
             cursor.execute(statement, parameters)
     return True
+
+
+def send_together(conn: Connection, calls: list[tuple[Any, str, Any]]) -> None:
+    """Execute statements whose results the caller reads after all of them ran, each on its
+    own DBAPI cursor (``calls``: cursor, SQL, parameters): on PostgreSQL in one pipeline (one
+    network round trip, with the transaction's deferred writes before them), in order."""
+    tail: list[tuple[str, Any, bool]] | None = conn.info.get(_TX)
+    if conn.dialect.name != "postgresql":
+        for cursor, statement, parameters in calls:
+            cursor.execute(statement, parameters)
+        return
+    raw = calls[0][0].connection
+    with raw.pipeline():
+        if tail:
+            queued = raw.cursor()
+            for sql, params, is_many in tail:
+                if is_many:
+                    queued.executemany(sql, params)
+                else:
+                    queued.execute(sql, params)
+            tail.clear()
+        for cursor, statement, parameters in calls:
+            cursor.execute(statement, parameters)
 
 
 def _first_line(exc: DBAPIError) -> str:

@@ -28,7 +28,6 @@ from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._jobs import notify_due
 from ._outbox import append_events
-from ._rawsql import execute
 from ._schedule import (
     Begin,
     Handoff,
@@ -40,7 +39,15 @@ from ._schedule import (
 )
 from ._schema import jobs, signals, staged_events, stages, steps
 from ._shape import GraphShape
-from ._sql import delete_later, delete_where, select_where, try_run, update_later, update_where
+from ._sql import (
+    delete_later,
+    delete_where,
+    run_and,
+    select_where,
+    try_run,
+    update_later,
+    update_where,
+)
 
 __all__ = [
     "ABANDON_BACKOFF_S",
@@ -115,9 +122,10 @@ def _owned_stage_query() -> Any:
     )
 
 
-def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
-    """The stage row (and whether it has a step ledger), if the job is still ``worker``'s
-    lease on it (ids alone can be reused); ownership check and stage read in one query."""
+def _run_and_owned_stage(conn: Connection, job: Any, worker: str) -> tuple[Any, Any]:
+    """The run row (locked) and the stage row (and whether it has a step ledger), if the job
+    is still ``worker``'s lease on it (ids alone can be reused): ownership check and stage
+    read in one query, sent with the run's in one round trip on PostgreSQL."""
     params = {
         "job_id": job.id,
         "run_id": job.run_id,
@@ -125,7 +133,8 @@ def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
         "kind": job.kind,
         "worker": worker,
     }
-    return execute(conn, _owned_stage_query(), params).first()
+    run, stage = run_and(conn, job.run_id, _owned_stage_query(), params)
+    return run, None if run is None else stage.first()
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
@@ -180,8 +189,7 @@ def begin_attempt(
 ) -> tuple[Begin | None, list[EventDraft]]:
     """Mark the stage running (emitting run.started / stage.started when they are new).
     Reads the outputs of the stage's upstream only (what ``ctx.output_of`` may read)."""
-    run = try_run(conn, job.run_id)
-    stage = None if run is None else _owned_stage(conn, job, worker)
+    run, stage = _run_and_owned_stage(conn, job, worker)
     if run is None or stage is None:
         return None, []
     if run.status not in ACTIVE or run.cancel_requested:
@@ -460,8 +468,7 @@ def apply_outcome(
     if handoff is not None:
         handoff.jobs.clear()  # a re-run of this transaction (after a lost connection) hands
         # off only what its own try enqueued
-    run = try_run(conn, job.run_id)
-    stage = None if run is None else _owned_stage(conn, job, worker)
+    run, stage = _run_and_owned_stage(conn, job, worker)
     if run is None or stage is None:
         return "discarded"  # our lease was lost: another worker owns this stage now
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)

@@ -25,9 +25,9 @@ from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ._db import send_raw
+from ._db import send_raw, send_together
 
-__all__ = ["Rows", "execute", "execute_many", "fetched"]
+__all__ = ["Rows", "execute", "execute_many", "execute_together", "fetched"]
 
 
 class _Prepared:
@@ -182,3 +182,34 @@ def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: boo
             cursor.close()
         conn._handle_dbapi_exception(exc, sql, args, cursor, None)
         raise  # (not reached: SQLAlchemy raises its wrapped error)
+
+
+def execute_together(
+    conn: Connection, calls: Sequence[tuple[ClauseElement, Mapping[str, Any]]]
+) -> list[Rows]:
+    """Several reads (or writes) that do not depend on each other's results, in this order:
+    on PostgreSQL sent in one pipeline, one round trip for all (``execute`` for each
+    elsewhere)."""
+    preps = [_prepare(stmt, conn.dialect) for stmt, _ in calls]
+    sent: list[tuple[Any, str, Any]] = []
+    raw: Any = conn.connection.driver_connection
+    try:
+        for prep, (_, params) in zip(preps, calls, strict=True):
+            sql, args = prep.sql, prep.params(params)
+            if conn._has_events or conn.engine._has_events:
+                for fn in conn.dispatch.before_cursor_execute:
+                    sql, args = fn(conn, None, sql, args, None, False)
+            sent.append((raw.cursor(), sql, args))
+        send_together(conn, sent)
+        out = []
+        for prep, (cursor, _, _) in zip(preps, sent, strict=True):
+            rows = prep.rows(fetched(cursor), cursor.description) if prep.returns_rows else []
+            out.append(Rows(rows, cursor.rowcount))
+        return out
+    except Exception as exc:
+        sql, args = (sent[-1][1], sent[-1][2]) if sent else ("", None)
+        conn._handle_dbapi_exception(exc, sql, args, None, None)
+        raise  # (not reached: SQLAlchemy raises its wrapped error)
+    finally:
+        for cursor, _, _ in sent:
+            cursor.close()

@@ -56,7 +56,7 @@ from ._schema import (
     steps,
 )
 from ._shape import GraphShape
-from ._sql import lock_run, select_where, try_run
+from ._sql import lock_run, run_and, stages_of_run, try_run
 
 __all__ = [
     "cancel_run",
@@ -423,10 +423,10 @@ def read_run(
 ) -> tuple[Any, list[Any], GraphModel | None]:
     """The run row, its stage rows and its graph (``known(workflow, version)`` first: the
     registry's, without reading and validating the stored definition)."""
-    run = try_run(conn, run_id, lock=False)
+    run, got = run_and(conn, run_id, stages_of_run(), {"k_run_id": run_id}, lock=False)
     if run is None:
         raise RunNotFoundError(run_id)
-    rows = select_where(conn, stages, run_id=run_id).all()
+    rows = got.all()
     graph = None if known is None else known(run.workflow_id, run.version)
     if graph is None:
         graph = load_graph(conn, run.workflow_id, run.version)

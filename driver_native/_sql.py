@@ -16,8 +16,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from engine_port.errors import RunNotFoundError
 
 from ._db import defer
-from ._rawsql import Rows, execute
-from ._schema import runs
+from ._rawsql import Rows, execute, execute_together
+from ._schema import runs, stages
 
 __all__ = [
     "db_clock",
@@ -28,7 +28,9 @@ __all__ = [
     "in_params",
     "lease_until",
     "lock_run",
+    "run_and",
     "select_where",
+    "stages_of_run",
     "try_run",
     "update_later",
     "update_where",
@@ -127,6 +129,21 @@ def in_params(values: Sequence[Any], prefix: str = "id") -> dict[str, Any]:
 
 def try_run(conn: Connection, run_id: str, *, lock: bool = True) -> Any:
     return select_where(conn, runs, lock=lock, id=run_id).first()
+
+
+def stages_of_run() -> Any:
+    """``SELECT * FROM stages WHERE run_id = :k_run_id`` (built once)."""
+    return _select(stages, ("run_id",), False)
+
+
+def run_and(
+    conn: Connection, run_id: str, stmt: Any, params: dict[str, Any], *, lock: bool = True
+) -> tuple[Any, Rows]:
+    """``try_run`` and a read that does not depend on the run row (``stmt``), in one round
+    trip on PostgreSQL; the run is locked first, as ``try_run`` then the read would."""
+    run_stmt = _select(runs, ("id",), lock and conn.dialect.name == "postgresql")
+    got, rows = execute_together(conn, [(run_stmt, {"k_id": run_id}), (stmt, params)])
+    return got.first(), rows
 
 
 def lock_run(conn: Connection, run_id: str) -> Any:
