@@ -64,7 +64,7 @@ class _Prepared:
         self._dialect = dialect
         self._types = tuple(c.type for c in columns)
         # (the processors depend on the column types the driver reports: set at first use)
-        self._result_procs: tuple[Callable[[Any], Any] | None, ...] | None = None
+        self._result_procs: tuple[tuple[int, Callable[[Any], Any]], ...] | None = None
 
     def params(self, given: Mapping[str, Any]) -> Any:
         values = self.fixed.copy()
@@ -74,19 +74,26 @@ class _Prepared:
                 values[key] = proc(values[key])
         if self.names is None:
             return values
-        return tuple(values[n] for n in self.names)
+        return tuple([values[n] for n in self.names])
 
     def rows(self, raw: list[Any], description: Any) -> list[Any]:
         procs = self._result_procs
         if procs is None:
-            procs = self._result_procs = tuple(
-                t._cached_result_processor(self._dialect, d[1])
-                for t, d in zip(self._types, description, strict=True)
+            found = (
+                (i, t._cached_result_processor(self._dialect, d[1]))
+                for i, (t, d) in enumerate(zip(self._types, description, strict=True))
             )
+            procs = self._result_procs = tuple((i, p) for i, p in found if p is not None)
         make = self.row._make
-        if not any(procs):
+        if not procs:
             return [make(r) for r in raw]
-        return [make(v if p is None else p(v) for p, v in zip(procs, r, strict=True)) for r in raw]
+        out = []
+        for r in raw:
+            values = list(r)
+            for i, proc in procs:
+                values[i] = proc(values[i])
+            out.append(make(values))
+        return out
 
 
 def _mapping(self: Any) -> dict[str, Any]:
