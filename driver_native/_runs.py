@@ -37,7 +37,6 @@ from engine_port.errors import (
     WorkflowDrainedError,
 )
 
-from ._db import defer
 from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
@@ -216,6 +215,39 @@ def _refuse_frozen(run: Any, action: str) -> None:
         )
 
 
+@functools.cache
+def _signal_counts() -> Any:
+    run_id, name = sa.bindparam("run_id", type_=sa.String), sa.bindparam("name", type_=sa.String)
+    return sa.select(
+        sa.select(sa.func.count())
+        .where(signals.c.run_id == run_id, signals.c.consumed.is_(False))
+        .scalar_subquery(),
+        sa.select(sa.func.count())
+        .where(
+            stages.c.run_id == run_id,
+            stages.c.status == StageStatus.SUSPENDED,
+            stages.c.waiting_for == sa.bindparam("waiting", type_=sa.String),
+        )
+        .scalar_subquery(),
+        sa.select(sa.func.count())
+        .where(signals.c.run_id == run_id, signals.c.name == name, signals.c.consumed.is_(False))
+        .scalar_subquery(),
+    )
+
+
+@functools.cache
+def _wake_signalled() -> Any:
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.run_id == sa.bindparam("run_id"),
+            jobs.c.status == "waiting",
+            jobs.c.waiting_for == sa.bindparam("waiting"),
+        )
+        .values(status="ready", available_at=sa.bindparam("now"))
+    )
+
+
 def signal_run(
     conn: Connection,
     run_id: str,
@@ -231,7 +263,14 @@ def signal_run(
     holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError).
     ``known_graph(workflow, version)``: the registry's graph, if it has it (else the stored
     definition is read)."""
-    run = lock_run(conn, run_id)
+    waiting_for = f"signal:{name}"
+    # the run (locked) and three counts in one round trip: unconsumed signals (for
+    # max_pending), suspended waits for this name, unconsumed signals of this name
+    run, counts = run_and(
+        conn, run_id, _signal_counts(), {"run_id": run_id, "name": name, "waiting": waiting_for}
+    )
+    if run is None:
+        raise RunNotFoundError(run_id)
     if run.status not in ACTIVE or run.cancel_requested:
         raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
     _refuse_frozen(run, f"signal {name!r}")
@@ -247,52 +286,20 @@ def signal_run(
         ).first()
         if seen is not None:
             return SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
-    waiting_for = f"signal:{name}"
-    # the three counts in one round trip: unconsumed signals (for max_pending), suspended
-    # waits for this name, unconsumed signals of this name
-    pending, waiting, queued = conn.execute(
-        sa.select(
-            sa.select(sa.func.count())
-            .where(signals.c.run_id == run_id, signals.c.consumed.is_(False))
-            .scalar_subquery(),
-            sa.select(sa.func.count())
-            .where(
-                stages.c.run_id == run_id,
-                stages.c.status == StageStatus.SUSPENDED,
-                stages.c.waiting_for == waiting_for,
-            )
-            .scalar_subquery(),
-            sa.select(sa.func.count())
-            .where(
-                signals.c.run_id == run_id,
-                signals.c.name == name,
-                signals.c.consumed.is_(False),
-            )
-            .scalar_subquery(),
-        )
-    ).one()
+    pending, waiting, queued = counts.first()
     if max_pending is not None and pending >= max_pending:
         raise SignalQueueFullError(run_id, name, max_pending)
-    defer(  # (sent with the update below, in one round trip)
-        conn,
-        signals.insert().values(
-            run_id=run_id,
-            name=name,
-            payload=payload,
-            idempotency_key=idempotency_key,
-            consumed=False,
-            received_at=now,
-        ),
-    )
-    woken = conn.execute(
-        sa.update(jobs)
-        .where(
-            jobs.c.run_id == run_id,
-            jobs.c.status == "waiting",
-            jobs.c.waiting_for == waiting_for,
-        )
-        .values(status="ready", available_at=now)
-    )
+    signal = {
+        "run_id": run_id,
+        "name": name,
+        "payload": payload,
+        "idempotency_key": idempotency_key,
+        "consumed": False,
+        "received_at": now,
+    }
+    # (sent with the update below, in one round trip)
+    execute(conn, _insert(signals, tuple(signal)), signal, later=True)
+    woken = execute(conn, _wake_signalled(), {"run_id": run_id, "waiting": waiting_for, "now": now})
     if woken.rowcount:
         notify_due(conn)  # (the waiting stage's next worker may be in another process)
     refresh_status(conn, run_id, now)
