@@ -177,7 +177,7 @@ def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: boo
                 sql, args = fn(conn, None, sql, args, None, many)
         raw: Any = conn.connection.driver_connection
         cursor = raw.cursor()
-        if not send_raw(conn, cursor, sql, args, later=later and not prep.returns_rows, many=many):
+        if not send_raw(conn, cursor, sql, args, later=later, many=many):
             cursor.close()
             return _NO_ROWS
         rows = prep.rows(fetched(cursor), cursor.description) if prep.returns_rows else []
