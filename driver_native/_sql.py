@@ -15,7 +15,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from engine_port.errors import RunNotFoundError
 
-from ._db import defer
 from ._rawsql import Rows, execute, execute_together
 from ._schema import runs, stages
 
@@ -110,10 +109,16 @@ def delete_later(conn: Connection, table: Table, **keys: Any) -> None:
 def upsert(conn: Connection, table: Table, values: dict[str, Any], keys: Sequence[str]) -> None:
     """INSERT ... ON CONFLICT (keys) DO UPDATE, on SQLite and PostgreSQL (nobody reads its
     result: on PostgreSQL it goes out with the transaction's next statement or its commit)."""
-    ins: Any = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
-    stmt = ins.values(**values)
-    update = {k: stmt.excluded[k] for k in values if k not in keys}
-    defer(conn, stmt.on_conflict_do_update(index_elements=list(keys), set_=update))
+    stmt = _upsert(conn.dialect.name == "postgresql", table, tuple(values), tuple(keys))
+    execute(conn, stmt, values, later=True)
+
+
+@functools.cache
+def _upsert(postgres: bool, table: Table, columns: tuple[str, ...], keys: tuple[str, ...]) -> Any:
+    ins: Any = (postgresql if postgres else sqlite).insert(table)
+    stmt = ins.values({c: sa.bindparam(c, type_=table.c[c].type) for c in columns})
+    update = {k: stmt.excluded[k] for k in columns if k not in keys}
+    return stmt.on_conflict_do_update(index_elements=list(keys), set_=update)
 
 
 def in_binds(n: int, prefix: str = "id") -> list[Any]:
