@@ -28,6 +28,7 @@ from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._jobs import notify_due
 from ._outbox import append_events
+from ._rawsql import execute, execute_many
 from ._schedule import (
     Begin,
     Handoff,
@@ -162,7 +163,8 @@ def _activity_query() -> Any:
 
     def having(*statuses: str) -> Any:
         return sa.exists().where(
-            jobs.c.run_id == sa.bindparam("run_id"), jobs.c.status.in_(statuses)
+            jobs.c.run_id == sa.bindparam("run_id"),
+            jobs.c.status.in_([sa.literal(s) for s in statuses]),  # (not expanding)
         )
 
     return sa.select(having("leased", "ready").label("busy"), having("waiting").label("waiting"))
@@ -178,7 +180,7 @@ def refresh_status(conn: Connection, run_id: str, now: float, status: str | None
         status = run.status
     if status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
         return
-    activity = conn.execute(_activity_query(), {"run_id": run_id}).one()
+    activity = execute(conn, _activity_query(), {"run_id": run_id}).first()
     new = RunStatus.RUNNING if activity.busy or not activity.waiting else RunStatus.SUSPENDED
     if new != status:
         touch(conn, run_id, now, status=new)
@@ -330,6 +332,14 @@ def _on_cancelled(a: _Attempt) -> str:
     return "cancelled"
 
 
+@functools.cache
+def _staged_insert() -> Any:
+    columns = ("run_id", "stage_id", "idx", "type", "data")
+    return staged_events.insert().values(
+        {c: sa.bindparam(c, type_=staged_events.c[c].type) for c in columns}
+    )
+
+
 def _on_completed(
     a: _Attempt, outcome: Completed, shape: GraphShape, handoff: Handoff | None
 ) -> str:
@@ -337,8 +347,9 @@ def _on_completed(
     # a stage completes once per redrive cycle, and redrive clears what it re-runs, so no
     # staged events of this stage exist yet
     if outcome.events:
-        a.conn.execute(
-            staged_events.insert(),
+        execute_many(
+            a.conn,
+            _staged_insert(),
             [
                 {
                     "run_id": a.run.id,
@@ -349,6 +360,7 @@ def _on_completed(
                 }
                 for i, e in enumerate(outcome.events)
             ],
+            later=True,
         )
     still_open = None if a.run.group_open is None else a.run.group_open - 1
     if still_open is not None and still_open > 0:
@@ -393,28 +405,38 @@ def _on_suspended(a: _Attempt, outcome: Suspended) -> str:
     ready_now = False
     if outcome.reason == "signal":
         name = outcome.waiting_for.split(":", 1)[1]
-        queued = a.conn.execute(
-            sa.select(signals.c.name).where(
-                signals.c.run_id == a.run.id,
-                signals.c.name == name,
-                signals.c.consumed.is_(False),
-            )
-        ).first()
+        queued = execute(a.conn, _queued_query(), {"run_id": a.run.id, "name": name}).first()
         ready_now = queued is not None
     if ready_now:
         notify_due(a.conn)
-    a.conn.execute(
-        sa.update(jobs)
-        .where(jobs.c.id == a.job.id)
-        .values(
-            status="ready" if ready_now else "waiting",
-            available_at=a.now if ready_now else until,
-            waiting_for=outcome.waiting_for,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
+    # (nobody reads its row count: on PostgreSQL it goes out with the commit)
+    update_later(
+        a.conn,
+        jobs,
+        {"id": a.job.id},
+        {
+            "status": "ready" if ready_now else "waiting",
+            "available_at": a.now if ready_now else until,
+            "waiting_for": outcome.waiting_for,
+            "lease_owner": None,
+            "lease_expires_at": None,
+        },
     )
     return "suspended"
+
+
+@functools.cache
+def _queued_query() -> Any:
+    """A signal of this name queued for the run, not consumed yet."""
+    return (
+        sa.select(signals.c.id)
+        .where(
+            signals.c.run_id == sa.bindparam("run_id"),
+            signals.c.name == sa.bindparam("name"),
+            signals.c.consumed.is_(False),
+        )
+        .limit(1)
+    )
 
 
 def _on_failed(a: _Attempt, outcome: Failed, shape: GraphShape) -> str:
@@ -425,17 +447,18 @@ def _on_failed(a: _Attempt, outcome: Failed, shape: GraphShape) -> str:
     error = outcome.error.model_dump()
     if will_retry:
         _set_stage(a.conn, a.run.id, a.stage.stage_id, status=StageStatus.PENDING, error=error)
-        a.conn.execute(
-            sa.update(jobs)
-            .where(jobs.c.id == a.job.id)
-            .values(
-                status="ready",
-                available_at=a.now + spec.retry.delay_s(attempt),
-                attempt=attempt + 1,
-                lease_owner=None,
-                lease_expires_at=None,
-                waiting_for=None,
-            )
+        update_later(
+            a.conn,
+            jobs,
+            {"id": a.job.id},
+            {
+                "status": "ready",
+                "available_at": a.now + spec.retry.delay_s(attempt),
+                "attempt": attempt + 1,
+                "lease_owner": None,
+                "lease_expires_at": None,
+                "waiting_for": None,
+            },
         )
         return "retrying"
     _set_stage(
