@@ -54,7 +54,7 @@ async def test_values_round_trip_and_listeners_see_the_statements(
     seen: list[str] = []
 
     def stmt(_conn: Any, _cursor: Any, statement: str, *_a: Any) -> None:
-        seen.append(statement.split()[0])
+        seen.append(statement.split(maxsplit=1)[0])
 
     event.listen(db.engine, "before_cursor_execute", stmt)
     values = _run_values("r1")
