@@ -48,7 +48,7 @@ from engine_port.errors import DriverUnavailableError
 
 from . import _schema
 
-__all__ = ["Database", "commit_was_unknown", "defer"]
+__all__ = ["Database", "commit_was_unknown", "defer", "send_raw", "send_together"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -371,6 +371,14 @@ def _pg_send(cursor: Any, statement: str, parameters: Any, context: Any, *, many
     if context.root_connection.info.get(_DEFER) and not _returns(context):
         tail.append((statement, parameters, many))
         return True
+    return _pipelined(cursor, tail, statement, parameters, many=many)
+
+
+def _pipelined(
+    cursor: Any, tail: list[tuple[str, Any, bool]], statement: str, parameters: Any, *, many: bool
+) -> bool:
+    """Send the deferred writes and this statement (and psycopg's implicit BEGIN) in one
+    pipeline; returns False when there is nothing to save (the caller executes it)."""
     raw = cursor.connection
     from psycopg.pq import TransactionStatus
 
@@ -393,6 +401,48 @@ def _pg_send(cursor: Any, statement: str, parameters: Any, context: Any, *, many
         else:
             cursor.execute(statement, parameters)
     return True
+
+
+def send_raw(
+    conn: Connection, cursor: Any, statement: str, parameters: Any, *, later: bool, many: bool
+) -> bool:
+    """Execute a statement on the DBAPI ``cursor`` of ``conn`` (``_rawsql``): with ``later``,
+    inside a PostgreSQL :meth:`Database.tx`, queue it with the deferred writes instead
+    (returns False: there is no result to read); otherwise send the deferred writes with it
+    in one pipeline (see :func:`defer`)."""
+    tail: list[tuple[str, Any, bool]] | None = conn.info.get(_TX)
+    if tail is not None and later:
+        tail.append((statement, parameters, many))
+        return False
+    if tail is None or not _pipelined(cursor, tail, statement, parameters, many=many):
+        if many:
+            cursor.executemany(statement, parameters)
+        else:
+            cursor.execute(statement, parameters)
+    return True
+
+
+def send_together(conn: Connection, calls: list[tuple[Any, str, Any]]) -> None:
+    """Execute statements whose results the caller reads after all of them ran, each on its
+    own DBAPI cursor (``calls``: cursor, SQL, parameters): on PostgreSQL in one pipeline (one
+    network round trip, with the transaction's deferred writes before them), in order."""
+    tail: list[tuple[str, Any, bool]] | None = conn.info.get(_TX)
+    if conn.dialect.name != "postgresql":
+        for cursor, statement, parameters in calls:
+            cursor.execute(statement, parameters)
+        return
+    raw = calls[0][0].connection
+    with raw.pipeline():
+        if tail:
+            queued = raw.cursor()
+            for sql, params, is_many in tail:
+                if is_many:
+                    queued.executemany(sql, params)
+                else:
+                    queued.execute(sql, params)
+            tail.clear()
+        for cursor, statement, parameters in calls:
+            cursor.execute(statement, parameters)
 
 
 def _first_line(exc: DBAPIError) -> str:

@@ -15,9 +15,9 @@ from sqlalchemy import Connection
 
 from engine_port.driver import WORKING_RUN_STATUSES
 
-from ._db import defer
+from ._rawsql import execute
 from ._schema import jobs, runs
-from ._sql import db_clock, db_clock_sql, lease_until
+from ._sql import db_clock, db_clock_sql, in_binds, in_params, lease_until
 
 __all__ = [
     "CHANNEL",
@@ -45,7 +45,7 @@ def notify_due(conn: Connection) -> None:
     """Tell idle workers of other processes that a job is due now (PostgreSQL; sent when this
     transaction commits, with its last statements: no round trip of its own)."""
     if conn.dialect.name == "postgresql":
-        defer(conn, _notify_stmt())
+        execute(conn, _notify_stmt(), {}, later=True)
 
 
 def claim(
@@ -58,26 +58,28 @@ def claim(
 ) -> list[Any]:
     """Lease up to ``limit`` due jobs whose "workflow@version" this host serves."""
     params: dict[str, Any] = {"now": now, "limit": limit, "worker": worker, "lease": lease}
+    n = None if served is None else len(served)
     if served is not None:
-        params["served"] = list(served)
-    stmt = _claim_stmt(conn.dialect.name == "postgresql", served is not None)
-    return list(conn.execute(stmt, params).all())
+        params |= in_params(sorted(served), "served")
+    stmt = _claim_stmt(conn.dialect.name == "postgresql", n)
+    return execute(conn, stmt, params).all()
 
 
-def _due(served: bool) -> list[Any]:
+def _due(served: int | None) -> list[Any]:
+    """Due jobs (of the ``served`` "workflow@version"s given as that many parameters)."""
     cond = [
-        jobs.c.status.in_(("ready", "waiting")),
+        jobs.c.status.in_([sa.literal("ready"), sa.literal("waiting")]),  # (not expanding)
         jobs.c.available_at.is_not(None),
         jobs.c.available_at <= sa.bindparam("now", type_=sa.Float),
     ]
-    if served:
-        cond.append(jobs.c.wfv.in_(sa.bindparam("served", expanding=True)))
+    if served is not None:
+        cond.append(jobs.c.wfv.in_(in_binds(served, "served")) if served else sa.false())
     return cond
 
 
 @functools.cache
-def _claim_stmt(postgres: bool, served: bool) -> Any:
-    """Built once per shape (the served list is an expanding parameter)."""
+def _claim_stmt(postgres: bool, served: int | None) -> Any:
+    """Built once per shape (per number of served versions)."""
     inner = (
         sa.select(jobs.c.id)
         .where(*_due(served))
@@ -101,7 +103,7 @@ def _claim_stmt(postgres: bool, served: bool) -> Any:
 
 
 @functools.cache
-def _any_due_stmt(served: bool) -> Any:
+def _any_due_stmt(served: int | None) -> Any:
     return sa.select(jobs.c.id).where(*_due(served)).limit(1)
 
 
@@ -109,8 +111,9 @@ def any_due(conn: Connection, served: Collection[str] | None, now: float) -> boo
     """Whether a claim would find a job (an autocommit read: no write lock while idle)."""
     params: dict[str, Any] = {"now": now}
     if served is not None:
-        params["served"] = list(served)
-    return conn.execute(_any_due_stmt(served is not None), params).first() is not None
+        params |= in_params(sorted(served), "served")
+    stmt = _any_due_stmt(None if served is None else len(served))
+    return execute(conn, stmt, params).first() is not None
 
 
 def heartbeat(

@@ -4,6 +4,7 @@ Large step results go to the blob store behind a reference (claim check)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from datetime import UTC, datetime
 from typing import Any
@@ -14,6 +15,7 @@ from sqlalchemy import Connection
 from engine_port import ClaimCheck, StepRecord
 
 from ._db import Database, commit_was_unknown
+from ._rawsql import execute
 from ._schema import signals, steps
 from ._sql import upsert
 
@@ -54,6 +56,29 @@ def _row(run_id: str, stage_id: str, rec: StepRecord, result: Any) -> dict[str, 
     }
 
 
+@functools.cache
+def _oldest_signal() -> Any:
+    return (
+        sa.select(signals.c.id, signals.c.payload)
+        .where(
+            signals.c.run_id == sa.bindparam("run_id"),
+            signals.c.name == sa.bindparam("name"),
+            signals.c.consumed.is_(False),
+        )
+        .order_by(signals.c.id)
+        .limit(1)
+    )
+
+
+@functools.cache
+def _take_signal() -> Any:
+    return (
+        sa.update(signals)
+        .where(signals.c.id == sa.bindparam("id"), signals.c.consumed.is_(False))
+        .values(consumed=True)
+    )
+
+
 def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> Any:
     """Take the oldest unconsumed signal named ``rec.signal`` and journal ``rec`` with its
     payload, in one transaction. Parallel stages of one run may race for the same row: the
@@ -74,23 +99,10 @@ def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> A
         if done is not None:
             return done.result
     while True:
-        row = conn.execute(
-            sa.select(signals.c.id, signals.c.payload)
-            .where(
-                signals.c.run_id == run_id,
-                signals.c.name == rec.signal,
-                signals.c.consumed.is_(False),
-            )
-            .order_by(signals.c.id)
-            .limit(1)
-        ).first()
+        row = execute(conn, _oldest_signal(), {"run_id": run_id, "name": rec.signal}).first()
         if row is None:
             return _MISSING
-        taken = conn.execute(
-            sa.update(signals)
-            .where(signals.c.id == row.id, signals.c.consumed.is_(False))
-            .values(consumed=True)
-        )
+        taken = execute(conn, _take_signal(), {"id": row.id})
         if taken.rowcount == 1:
             break
     upsert(

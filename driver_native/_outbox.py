@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql
 from engine_port import EngineSettings, Event, EventDraft
 from engine_port.driver import sink_retry_delay
 
-from ._db import defer
+from ._rawsql import execute, execute_many
 from ._schema import outbox, runs
 from ._sql import update_later
 
@@ -119,12 +119,11 @@ def append_events(
             e_data=[json.dumps(d.data) for d in drafts],
             e_business=[bool(d.business) for d in drafts],
         )
-        defer(conn, _pg_append(tuple(run_values)), params)
+        execute(conn, _pg_append(tuple(run_values)), params, later=True)
         return
-    seq = conn.execute(_seq_update(tuple(run_values)), params).scalar_one()
+    seq = execute(conn, _seq_update(tuple(run_values)), params).scalar()
     first = seq - len(drafts) + 1
-    # (nobody reads the insert's result: on PostgreSQL it goes out with the commit)
-    defer(
+    execute_many(
         conn,
         _outbox_insert(),
         [
@@ -205,7 +204,25 @@ def _pg_append(keys: tuple[str, ...]) -> Any:
 
 @functools.cache
 def _outbox_insert() -> Any:
-    return outbox.insert()
+    return outbox.insert().values({c: sa.bindparam(c, type_=outbox.c[c].type) for c in _ROW})
+
+
+_ROW = (
+    "event_id",
+    "run_id",
+    "workflow_id",
+    "seq",
+    "type",
+    "stage_id",
+    "data",
+    "business",
+    "created_at",
+    "status",
+    "attempts",
+    "first_failed_at",
+    "next_attempt_at",
+)
+"""The columns ``append_events`` writes (SQLite)."""
 
 
 def _event(row: Any) -> Event:

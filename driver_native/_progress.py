@@ -28,6 +28,7 @@ from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._jobs import notify_due
 from ._outbox import append_events
+from ._rawsql import execute, execute_many
 from ._schedule import (
     Begin,
     Handoff,
@@ -39,7 +40,15 @@ from ._schedule import (
 )
 from ._schema import jobs, signals, staged_events, stages, steps
 from ._shape import GraphShape
-from ._sql import delete_later, delete_where, select_where, try_run, update_later, update_where
+from ._sql import (
+    delete_later,
+    delete_where,
+    run_and,
+    select_where,
+    try_run,
+    update_later,
+    update_where,
+)
 
 __all__ = [
     "ABANDON_BACKOFF_S",
@@ -114,9 +123,10 @@ def _owned_stage_query() -> Any:
     )
 
 
-def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
-    """The stage row (and whether it has a step ledger), if the job is still ``worker``'s
-    lease on it (ids alone can be reused); ownership check and stage read in one query."""
+def _run_and_owned_stage(conn: Connection, job: Any, worker: str) -> tuple[Any, Any]:
+    """The run row (locked) and the stage row (and whether it has a step ledger), if the job
+    is still ``worker``'s lease on it (ids alone can be reused): ownership check and stage
+    read in one query, sent with the run's in one round trip on PostgreSQL."""
     params = {
         "job_id": job.id,
         "run_id": job.run_id,
@@ -124,7 +134,8 @@ def _owned_stage(conn: Connection, job: Any, worker: str) -> Any:
         "kind": job.kind,
         "worker": worker,
     }
-    return conn.execute(_owned_stage_query(), params).first()
+    run, stage = run_and(conn, job.run_id, _owned_stage_query(), params)
+    return run, None if run is None else stage.first()
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
@@ -152,7 +163,8 @@ def _activity_query() -> Any:
 
     def having(*statuses: str) -> Any:
         return sa.exists().where(
-            jobs.c.run_id == sa.bindparam("run_id"), jobs.c.status.in_(statuses)
+            jobs.c.run_id == sa.bindparam("run_id"),
+            jobs.c.status.in_([sa.literal(s) for s in statuses]),  # (not expanding)
         )
 
     return sa.select(having("leased", "ready").label("busy"), having("waiting").label("waiting"))
@@ -168,7 +180,7 @@ def refresh_status(conn: Connection, run_id: str, now: float, status: str | None
         status = run.status
     if status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
         return
-    activity = conn.execute(_activity_query(), {"run_id": run_id}).one()
+    activity = execute(conn, _activity_query(), {"run_id": run_id}).first()
     new = RunStatus.RUNNING if activity.busy or not activity.waiting else RunStatus.SUSPENDED
     if new != status:
         touch(conn, run_id, now, status=new)
@@ -179,8 +191,7 @@ def begin_attempt(
 ) -> tuple[Begin | None, list[EventDraft]]:
     """Mark the stage running (emitting run.started / stage.started when they are new).
     Reads the outputs of the stage's upstream only (what ``ctx.output_of`` may read)."""
-    run = try_run(conn, job.run_id)
-    stage = None if run is None else _owned_stage(conn, job, worker)
+    run, stage = _run_and_owned_stage(conn, job, worker)
     if run is None or stage is None:
         return None, []
     if run.status not in ACTIVE or run.cancel_requested:
@@ -321,6 +332,14 @@ def _on_cancelled(a: _Attempt) -> str:
     return "cancelled"
 
 
+@functools.cache
+def _staged_insert() -> Any:
+    columns = ("run_id", "stage_id", "idx", "type", "data")
+    return staged_events.insert().values(
+        {c: sa.bindparam(c, type_=staged_events.c[c].type) for c in columns}
+    )
+
+
 def _on_completed(
     a: _Attempt, outcome: Completed, shape: GraphShape, handoff: Handoff | None
 ) -> str:
@@ -328,8 +347,9 @@ def _on_completed(
     # a stage completes once per redrive cycle, and redrive clears what it re-runs, so no
     # staged events of this stage exist yet
     if outcome.events:
-        a.conn.execute(
-            staged_events.insert(),
+        execute_many(
+            a.conn,
+            _staged_insert(),
             [
                 {
                     "run_id": a.run.id,
@@ -340,6 +360,7 @@ def _on_completed(
                 }
                 for i, e in enumerate(outcome.events)
             ],
+            later=True,
         )
     still_open = None if a.run.group_open is None else a.run.group_open - 1
     if still_open is not None and still_open > 0:
@@ -384,28 +405,38 @@ def _on_suspended(a: _Attempt, outcome: Suspended) -> str:
     ready_now = False
     if outcome.reason == "signal":
         name = outcome.waiting_for.split(":", 1)[1]
-        queued = a.conn.execute(
-            sa.select(signals.c.name).where(
-                signals.c.run_id == a.run.id,
-                signals.c.name == name,
-                signals.c.consumed.is_(False),
-            )
-        ).first()
+        queued = execute(a.conn, _queued_query(), {"run_id": a.run.id, "name": name}).first()
         ready_now = queued is not None
     if ready_now:
         notify_due(a.conn)
-    a.conn.execute(
-        sa.update(jobs)
-        .where(jobs.c.id == a.job.id)
-        .values(
-            status="ready" if ready_now else "waiting",
-            available_at=a.now if ready_now else until,
-            waiting_for=outcome.waiting_for,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
+    # (nobody reads its row count: on PostgreSQL it goes out with the commit)
+    update_later(
+        a.conn,
+        jobs,
+        {"id": a.job.id},
+        {
+            "status": "ready" if ready_now else "waiting",
+            "available_at": a.now if ready_now else until,
+            "waiting_for": outcome.waiting_for,
+            "lease_owner": None,
+            "lease_expires_at": None,
+        },
     )
     return "suspended"
+
+
+@functools.cache
+def _queued_query() -> Any:
+    """A signal of this name queued for the run, not consumed yet."""
+    return (
+        sa.select(signals.c.id)
+        .where(
+            signals.c.run_id == sa.bindparam("run_id"),
+            signals.c.name == sa.bindparam("name"),
+            signals.c.consumed.is_(False),
+        )
+        .limit(1)
+    )
 
 
 def _on_failed(a: _Attempt, outcome: Failed, shape: GraphShape) -> str:
@@ -416,17 +447,18 @@ def _on_failed(a: _Attempt, outcome: Failed, shape: GraphShape) -> str:
     error = outcome.error.model_dump()
     if will_retry:
         _set_stage(a.conn, a.run.id, a.stage.stage_id, status=StageStatus.PENDING, error=error)
-        a.conn.execute(
-            sa.update(jobs)
-            .where(jobs.c.id == a.job.id)
-            .values(
-                status="ready",
-                available_at=a.now + spec.retry.delay_s(attempt),
-                attempt=attempt + 1,
-                lease_owner=None,
-                lease_expires_at=None,
-                waiting_for=None,
-            )
+        update_later(
+            a.conn,
+            jobs,
+            {"id": a.job.id},
+            {
+                "status": "ready",
+                "available_at": a.now + spec.retry.delay_s(attempt),
+                "attempt": attempt + 1,
+                "lease_owner": None,
+                "lease_expires_at": None,
+                "waiting_for": None,
+            },
         )
         return "retrying"
     _set_stage(
@@ -459,8 +491,7 @@ def apply_outcome(
     if handoff is not None:
         handoff.jobs.clear()  # a re-run of this transaction (after a lost connection) hands
         # off only what its own try enqueued
-    run = try_run(conn, job.run_id)
-    stage = None if run is None else _owned_stage(conn, job, worker)
+    run, stage = _run_and_owned_stage(conn, job, worker)
     if run is None or stage is None:
         return "discarded"  # our lease was lost: another worker owns this stage now
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)

@@ -37,10 +37,11 @@ from engine_port.errors import (
     WorkflowDrainedError,
 )
 
-from ._db import defer
 from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
+from ._rawsql import execute, execute_many
+from ._schedule import fresh_rows
 from ._schema import (
     definitions,
     drains,
@@ -54,7 +55,7 @@ from ._schema import (
     steps,
 )
 from ._shape import GraphShape
-from ._sql import lock_run, select_where, try_run
+from ._sql import lock_run, run_and, stages_of_run, try_run
 
 __all__ = [
     "cancel_run",
@@ -77,22 +78,40 @@ __all__ = [
 TERMINAL = TERMINAL_RUN_STATUSES
 
 
-def _insert_ignore(conn: Connection, table: sa.Table, values: dict[str, Any]) -> None:
-    ins: Any = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
-    defer(conn, ins.values(**values).on_conflict_do_nothing())  # (nobody reads its result)
+@functools.cache
+def _insert_ignore(postgres: bool, table: sa.Table, keys: tuple[str, ...]) -> Any:
+    ins: Any = (postgresql if postgres else sqlite).insert(table)
+    return ins.values(
+        {k: sa.bindparam(k, type_=table.c[k].type) for k in keys}
+    ).on_conflict_do_nothing()
 
 
 def save_definition(conn: Connection, graph: GraphModel, now: float) -> None:
     """Snapshot the definition a run executes (kept once per (workflow, version))."""
-    _insert_ignore(
-        conn,
-        definitions,
-        {
-            "workflow_id": graph.workflow_id,
-            "version": graph.version,
-            "graph": graph.model_dump(mode="json"),
-            "created_at": now,
-        },
+    values = {
+        "workflow_id": graph.workflow_id,
+        "version": graph.version,
+        "graph": graph.model_dump(mode="json"),
+        "created_at": now,
+    }
+    stmt = _insert_ignore(conn.dialect.name == "postgresql", definitions, tuple(values))
+    execute(conn, stmt, values, later=True)  # (nobody reads its result)
+
+
+@functools.cache
+def _insert(table: sa.Table, keys: tuple[str, ...]) -> Any:
+    return table.insert().values({k: sa.bindparam(k, type_=table.c[k].type) for k in keys})
+
+
+@functools.cache
+def _drain_query() -> Any:
+    return sa.select(drains.c.target).where(drains.c.workflow_id == sa.bindparam("wf"))
+
+
+@functools.cache
+def _by_key_query() -> Any:
+    return sa.select(runs.c.id, runs.c.input_fingerprint, runs.c.workflow_id).where(
+        runs.c.idempotency_key == sa.bindparam("key")
     )
 
 
@@ -103,6 +122,9 @@ def load_graph(conn: Connection, workflow_id: str, version: str) -> GraphModel |
         )
     ).first()
     return None if row is None else GraphModel.model_validate(row.graph)
+
+
+_STAGE_KEYS = ("run_id", "stage_id", "status", "attempt", "suspensions", "has_output")
 
 
 def create_run(
@@ -123,17 +145,11 @@ def create_run(
     graph = shape.graph
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own jobs)
-    drain = conn.execute(
-        sa.select(drains.c.target).where(drains.c.workflow_id == graph.workflow_id)
-    ).first()
+    drain = execute(conn, _drain_query(), {"wf": graph.workflow_id}).first()
     if drain is not None:
         raise WorkflowDrainedError(graph.workflow_id, drain.target)
     if key is not None:
-        existing = conn.execute(
-            sa.select(runs.c.id, runs.c.input_fingerprint, runs.c.workflow_id).where(
-                runs.c.idempotency_key == key
-            )
-        ).first()
+        existing = execute(conn, _by_key_query(), {"key": key}).first()
         if existing is not None:
             if (existing.input_fingerprint, existing.workflow_id) != (
                 fingerprint,
@@ -157,15 +173,16 @@ def create_run(
         redrive_count=0,
         cancel_requested=False,
         deadline=None if graph.timeout_s is None else now + graph.timeout_s,
+        frozen=False,
         created_at=now,
         updated_at=now,
         trace_context=trace_context,
     )
     # (on PostgreSQL these inserts go out in one round trip with the next statement)
-    defer(conn, runs.insert().values(**values))
-    defer(
+    execute(conn, _insert(runs, tuple(values)), values, later=True)
+    execute_many(
         conn,
-        stages.insert(),
+        _insert(stages, _STAGE_KEYS),
         [
             {
                 "run_id": run_id,
@@ -177,12 +194,15 @@ def create_run(
             }
             for s in graph.stages
         ],
+        later=True,
     )
     # the row just written, without reading it back (the schedule below needs its fields)
     run = SimpleNamespace(**values)
     run_values: dict[str, Any] = {}
     drafts = [Lifecycle(run_id).run_created(graph.version)]
-    drafts += schedule(conn, run, shape, now, handoff, run_values=run_values)
+    # (the stage rows just inserted are known: not read back)
+    known = fresh_rows([s.id for s in graph.stages])
+    drafts += schedule(conn, run, shape, now, handoff, run_values=run_values, known=known)
     append_events(conn, run, drafts, now, **run_values)
     return run_id, True
 
@@ -193,6 +213,39 @@ def _refuse_frozen(run: Any, action: str) -> None:
             f"run {run.id!r} is being moved to another driver; retry the {action} in a moment "
             "(it then reaches the run wherever it lives)"
         )
+
+
+@functools.cache
+def _signal_counts() -> Any:
+    run_id, name = sa.bindparam("run_id", type_=sa.String), sa.bindparam("name", type_=sa.String)
+    return sa.select(
+        sa.select(sa.func.count())
+        .where(signals.c.run_id == run_id, signals.c.consumed.is_(False))
+        .scalar_subquery(),
+        sa.select(sa.func.count())
+        .where(
+            stages.c.run_id == run_id,
+            stages.c.status == StageStatus.SUSPENDED,
+            stages.c.waiting_for == sa.bindparam("waiting", type_=sa.String),
+        )
+        .scalar_subquery(),
+        sa.select(sa.func.count())
+        .where(signals.c.run_id == run_id, signals.c.name == name, signals.c.consumed.is_(False))
+        .scalar_subquery(),
+    )
+
+
+@functools.cache
+def _wake_signalled() -> Any:
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.run_id == sa.bindparam("run_id"),
+            jobs.c.status == "waiting",
+            jobs.c.waiting_for == sa.bindparam("waiting"),
+        )
+        .values(status="ready", available_at=sa.bindparam("now"))
+    )
 
 
 def signal_run(
@@ -210,7 +263,14 @@ def signal_run(
     holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError).
     ``known_graph(workflow, version)``: the registry's graph, if it has it (else the stored
     definition is read)."""
-    run = lock_run(conn, run_id)
+    waiting_for = f"signal:{name}"
+    # the run (locked) and three counts in one round trip: unconsumed signals (for
+    # max_pending), suspended waits for this name, unconsumed signals of this name
+    run, counts = run_and(
+        conn, run_id, _signal_counts(), {"run_id": run_id, "name": name, "waiting": waiting_for}
+    )
+    if run is None:
+        raise RunNotFoundError(run_id)
     if run.status not in ACTIVE or run.cancel_requested:
         raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
     _refuse_frozen(run, f"signal {name!r}")
@@ -226,52 +286,20 @@ def signal_run(
         ).first()
         if seen is not None:
             return SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
-    waiting_for = f"signal:{name}"
-    # the three counts in one round trip: unconsumed signals (for max_pending), suspended
-    # waits for this name, unconsumed signals of this name
-    pending, waiting, queued = conn.execute(
-        sa.select(
-            sa.select(sa.func.count())
-            .where(signals.c.run_id == run_id, signals.c.consumed.is_(False))
-            .scalar_subquery(),
-            sa.select(sa.func.count())
-            .where(
-                stages.c.run_id == run_id,
-                stages.c.status == StageStatus.SUSPENDED,
-                stages.c.waiting_for == waiting_for,
-            )
-            .scalar_subquery(),
-            sa.select(sa.func.count())
-            .where(
-                signals.c.run_id == run_id,
-                signals.c.name == name,
-                signals.c.consumed.is_(False),
-            )
-            .scalar_subquery(),
-        )
-    ).one()
+    pending, waiting, queued = counts.first()
     if max_pending is not None and pending >= max_pending:
         raise SignalQueueFullError(run_id, name, max_pending)
-    defer(  # (sent with the update below, in one round trip)
-        conn,
-        signals.insert().values(
-            run_id=run_id,
-            name=name,
-            payload=payload,
-            idempotency_key=idempotency_key,
-            consumed=False,
-            received_at=now,
-        ),
-    )
-    woken = conn.execute(
-        sa.update(jobs)
-        .where(
-            jobs.c.run_id == run_id,
-            jobs.c.status == "waiting",
-            jobs.c.waiting_for == waiting_for,
-        )
-        .values(status="ready", available_at=now)
-    )
+    signal = {
+        "run_id": run_id,
+        "name": name,
+        "payload": payload,
+        "idempotency_key": idempotency_key,
+        "consumed": False,
+        "received_at": now,
+    }
+    # (sent with the update below, in one round trip)
+    execute(conn, _insert(signals, tuple(signal)), signal, later=True)
+    woken = execute(conn, _wake_signalled(), {"run_id": run_id, "waiting": waiting_for, "now": now})
     if woken.rowcount:
         notify_due(conn)  # (the waiting stage's next worker may be in another process)
     refresh_status(conn, run_id, now)
@@ -402,10 +430,10 @@ def read_run(
 ) -> tuple[Any, list[Any], GraphModel | None]:
     """The run row, its stage rows and its graph (``known(workflow, version)`` first: the
     registry's, without reading and validating the stored definition)."""
-    run = try_run(conn, run_id, lock=False)
+    run, got = run_and(conn, run_id, stages_of_run(), {"k_run_id": run_id}, lock=False)
     if run is None:
         raise RunNotFoundError(run_id)
-    rows = select_where(conn, stages, run_id=run_id).all()
+    rows = got.all()
     graph = None if known is None else known(run.workflow_id, run.version)
     if graph is None:
         graph = load_graph(conn, run.workflow_id, run.version)

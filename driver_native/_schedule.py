@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,13 +22,22 @@ from sqlalchemy import Connection
 from engine_port import EventDraft, GraphModel, Lifecycle, RunStatus, StageStatus, run_output
 from engine_port.driver import version_key
 
-from ._db import defer
 from ._jobs import notify_due
+from ._rawsql import execute
 from ._schema import jobs, runs, staged_events, stages, steps
 from ._shape import GraphShape
-from ._sql import db_clock, db_clock_sql, delete_where, update_later
+from ._sql import db_clock, db_clock_sql, delete_where, in_binds, in_params, update_later
 
-__all__ = ["Begin", "Handoff", "attempt_started", "lc", "schedule", "touch", "upstream_outputs"]
+__all__ = [
+    "Begin",
+    "Handoff",
+    "attempt_started",
+    "fresh_rows",
+    "lc",
+    "schedule",
+    "touch",
+    "upstream_outputs",
+]
 
 IN_CHUNK = 1000
 """Stage ids per ``IN (...)`` list: far below SQLite's and PostgreSQL's parameter limits."""
@@ -90,7 +100,7 @@ def _chunks(ids: Collection[str]) -> list[list[str]]:
 
 
 @functools.cache
-def _rows_query() -> Any:
+def _rows_query(n: int) -> Any:
     """Some stages of a run: status, output, whether a stage job and a step ledger exist."""
     has_steps = (
         sa.exists()
@@ -115,26 +125,38 @@ def _rows_query() -> Any:
             has_steps,
         )
         .select_from(joined)
-        .where(
-            stages.c.run_id == sa.bindparam("run_id"),
-            stages.c.stage_id.in_(sa.bindparam("ids", expanding=True)),
-        )
+        .where(stages.c.run_id == sa.bindparam("run_id"), stages.c.stage_id.in_(in_binds(n)))
     )
+
+
+def fresh_rows(ids: Collection[str]) -> dict[str, Any]:
+    """The stage rows of a run just created (as ``_stage_rows`` would read them)."""
+    return {
+        sid: SimpleNamespace(
+            stage_id=sid,
+            status=StageStatus.PENDING,
+            output=None,
+            has_output=False,
+            job_id=None,
+            has_steps=False,
+        )
+        for sid in ids
+    }
 
 
 def _stage_rows(conn: Connection, run_id: str, ids: Collection[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for chunk in _chunks(ids):
-        for r in conn.execute(_rows_query(), {"run_id": run_id, "ids": chunk}):
+        for r in execute(conn, _rows_query(len(chunk)), {"run_id": run_id} | in_params(chunk)):
             out[r.stage_id] = r
     return out
 
 
 @functools.cache
-def _outputs_query() -> Any:
+def _outputs_query(n: int) -> Any:
     return sa.select(stages.c.stage_id, stages.c.output).where(
         stages.c.run_id == sa.bindparam("run_id"),
-        stages.c.stage_id.in_(sa.bindparam("ids", expanding=True)),
+        stages.c.stage_id.in_(in_binds(n)),
         stages.c.has_output.is_(True),
     )
 
@@ -148,7 +170,7 @@ def upstream_outputs(
     out = {sid: known[sid].output for sid in ids if sid in known and known[sid].has_output}
     missing = [sid for sid in ids if sid not in known]
     for chunk in _chunks(missing):
-        for r in conn.execute(_outputs_query(), {"run_id": run_id, "ids": chunk}):
+        for r in execute(conn, _outputs_query(len(chunk)), {"run_id": run_id} | in_params(chunk)):
             out[r.stage_id] = r.output
     return out
 
@@ -174,19 +196,21 @@ def schedule(
     run_values: dict[str, Any] | None = None,
     *,
     group_done: bool = False,
+    known: dict[str, Any] | None = None,
 ) -> list[EventDraft]:
     """Enqueue the first group with unfinished stages; finish the run when none is left.
     With ``run_values``, run-row changes are collected there for the caller's one update.
     Reads the stages of the groups it looks at (and what handed stages may read), never
     every stage of the run; ``group_done``: the caller saw the current group's last open
-    stage complete, so the next group's rows are read in the same query."""
+    stage complete, so the next group's rows are read in the same query. ``known``: stage
+    rows the caller has (as ``_stage_rows`` reads them), not read again."""
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     groups = shape.groups
     values: dict[str, Any] = run_values if run_values is not None else {}
     drafts: list[EventDraft] = []
     if handoff is not None:
         handoff.quiet = handoff.finished = False
-    seen: dict[str, Any] = {}
+    seen: dict[str, Any] = dict(known or {})
     group = run.current_group
     while group < len(groups):
         want = _wanted(shape, group, handoff)
@@ -231,8 +255,9 @@ def _enqueue(
     drafts: list[EventDraft] = []
     if new:
         wfv = version_key(run.workflow_id, run.version)
-        inserted = conn.execute(
-            _jobs_insert(postgres),
+        inserted = _insert_jobs(
+            conn,
+            postgres,
             [
                 {
                     "run_id": run.id,
@@ -253,7 +278,7 @@ def _enqueue(
                 }
                 for s in new
             ],
-        ).all()
+        )
         if len(take) < len(new):
             notify_due(conn)  # jobs left for the queue: wake other processes
         if take and handoff is not None:
@@ -280,8 +305,8 @@ def _begin_handed(
     ``stage.started`` goes out in the same transaction as the completion that freed them)."""
     ids = sorted(j.stage_id for j in handed)
     started = attempt_started(1, now)
-    params = {"k_run_id": run.id, "k_ids": ids} | {f"v_{k}": v for k, v in started.items()}
-    defer(conn, _start_stages(tuple(started)), params)
+    params = {"k_run_id": run.id} | in_params(ids) | {f"v_{k}": v for k, v in started.items()}
+    execute(conn, _start_stages(tuple(started), len(ids)), params, later=True)
     outputs = upstream_outputs(conn, run.id, shape.upstream(ids), rows)
     step_rows: list[Any] = []
     if any(rows[sid].has_steps for sid in ids):  # a ledger kept by a redrive
@@ -306,25 +331,45 @@ def _begin_handed(
     return [lc(run).stage_started(sid, 1) for sid in ids]
 
 
-@functools.cache
-def _jobs_insert(postgres: bool) -> Any:
-    """Insert jobs (their rows back); a handed-off job's lease runs from the database clock
-    on PostgreSQL, read in the insert itself (no separate ``SELECT clock`` round trip)."""
-    stmt = jobs.insert()
-    if postgres:
-        lease_for = sa.bindparam("lease_for", type_=sa.Float)
-        stmt = stmt.values(lease_expires_at=db_clock_sql() + lease_for)
-    return stmt.returning(*jobs.c)
+JOBS_CHUNK = 200
+"""Jobs per multi-row insert: 10 parameters a row, far below the databases' limits."""
+
+_JOB_COLUMNS = ("run_id", "stage_id", "kind", "wfv", "status", "lease_owner")
+_JOB_NUMBERS = ("available_at", "attempt", "created_at")
 
 
 @functools.cache
-def _start_stages(keys: tuple[str, ...]) -> Any:
+def _jobs_insert(postgres: bool, n: int) -> Any:
+    """Insert ``n`` jobs in one statement (their rows back); a handed-off job's lease runs
+    from the database clock on PostgreSQL, read in the insert itself (no separate
+    ``SELECT clock`` round trip)."""
+    rows = []
+    for i in range(n):
+        row: dict[str, Any] = {c: sa.bindparam(f"{c}_{i}", type_=sa.String) for c in _JOB_COLUMNS}
+        row |= {c: sa.bindparam(f"{c}_{i}", type_=jobs.c[c].type) for c in _JOB_NUMBERS}
+        if postgres:
+            lease_for = sa.bindparam(f"lease_for_{i}", type_=sa.Float)
+            row["lease_expires_at"] = db_clock_sql() + lease_for
+        else:
+            row["lease_expires_at"] = sa.bindparam(f"lease_expires_at_{i}", type_=sa.Float)
+        rows.append(row)
+    return jobs.insert().values(rows).returning(*jobs.c)
+
+
+def _insert_jobs(conn: Connection, postgres: bool, new: list[dict[str, Any]]) -> list[Any]:
+    out: list[Any] = []
+    for at in range(0, len(new), JOBS_CHUNK):
+        chunk = new[at : at + JOBS_CHUNK]
+        params = {f"{k}_{i}": v for i, row in enumerate(chunk) for k, v in row.items()}
+        out += execute(conn, _jobs_insert(postgres, len(chunk)), params).all()
+    return out
+
+
+@functools.cache
+def _start_stages(keys: tuple[str, ...], n: int) -> Any:
     return (
         sa.update(stages)
-        .where(
-            stages.c.run_id == sa.bindparam("k_run_id"),
-            stages.c.stage_id.in_(sa.bindparam("k_ids", expanding=True)),
-        )
+        .where(stages.c.run_id == sa.bindparam("k_run_id"), stages.c.stage_id.in_(in_binds(n)))
         .values({k: sa.bindparam(f"v_{k}") for k in keys})
     )
 
@@ -365,7 +410,7 @@ def _finish_completed(
     life = lc(run)
     sinks = shape.sinks()
     outputs = upstream_outputs(conn, run.id, sinks, rows)
-    staged = conn.execute(_staged_query(), {"run_id": run.id}).all()
+    staged = execute(conn, _staged_query(), {"run_id": run.id}).all()
     drafts = [life.business(r.stage_id, r.idx, r.type, r.data) for r in staged]
     drafts.append(life.run_completed())
     if staged:

@@ -13,7 +13,15 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import cursor as sa_cursor
 
-from driver_native import ClaimPending, CreateRun, ExecuteJob, NativeEngine, _progress, _schema
+from driver_native import (
+    ClaimPending,
+    CreateRun,
+    ExecuteJob,
+    NativeEngine,
+    _progress,
+    _rawsql,
+    _schema,
+)
 from driver_native._db import Database
 from engine_port import StageContext, Workflow
 
@@ -64,7 +72,8 @@ class Work:
 
 
 def _count_rows(monkeypatch: pytest.MonkeyPatch, seen: Work) -> None:
-    """Count the rows every SQLAlchemy fetch hands out (one-row, many-row, buffered)."""
+    """Count the rows every SQLAlchemy fetch hands out (one-row, many-row, buffered), and
+    those of the statements run on the DBAPI cursor."""
     for cls in (
         sa_cursor.CursorFetchStrategy,
         sa_cursor.BufferedRowCursorFetchStrategy,
@@ -73,6 +82,8 @@ def _count_rows(monkeypatch: pytest.MonkeyPatch, seen: Work) -> None:
         for name in ("fetchone", "fetchmany", "fetchall"):
             if name in vars(cls):
                 monkeypatch.setattr(cls, name, _counted(vars(cls)[name], seen))
+    # and the hot-path statements run on the DBAPI cursor (driver_native._rawsql)
+    monkeypatch.setattr(_rawsql, "fetched", _counted(_rawsql.fetched, seen))
 
 
 def _counted(fetch: Any, seen: Work) -> Any:
@@ -301,3 +312,63 @@ def test_v9_adds_the_open_stage_count_and_indexes_jobs_by_run_and_status(
         assert "ix_wfe_jobs_run_status" in indexes and "ix_wfe_jobs_run" not in indexes
     finally:
         db.dispose()
+
+
+def _chain3() -> Workflow[Any]:
+    from pydantic import BaseModel
+
+    class Empty(BaseModel):
+        pass
+
+    wf: Workflow[Any] = Workflow("it-chain-3", input=Empty)
+
+    @wf.stage(id="a")
+    async def a(ctx: StageContext[Empty]) -> int:
+        return 1
+
+    @wf.stage(id="b", after=[a])
+    async def b(ctx: StageContext[Empty]) -> int:
+        return int(ctx.output_of("a")) + 1
+
+    @wf.stage(id="c", after=[b])
+    async def c(ctx: StageContext[Empty]) -> int:
+        return int(ctx.output_of("b")) + 1
+
+    return wf
+
+
+# Statements (BEGIN IMMEDIATE included on SQLite) per write transaction of a 3-stage run,
+# each next stage handed to the worker that completed the one before (issue 12: creating
+# the run took 9 before it stopped reading back the stage rows it had just inserted).
+CHAIN3_STATEMENTS = {
+    "sqlite": {
+        "_create_run_once": [8],
+        "claim": [2],
+        "begin_attempt": [6],
+        "apply_outcome": [10, 10, 9],
+    },
+    "postgresql": {
+        "_create_run_once": [8],
+        "claim": [1],
+        "begin_attempt": [5],
+        "apply_outcome": [9, 9, 8],
+    },
+}
+
+
+async def test_statements_of_a_three_stage_run_are_pinned(
+    make_engine: MakeEngine, work: Work
+) -> None:
+    wf = _chain3()
+    engine = await make_engine(wf)
+
+    def stmt(*_a: Any) -> None:
+        work.statements += 1
+
+    event.listen(engine.kernel.db.engine, "before_cursor_execute", stmt)
+    work.reset()
+    info = await _drive(engine, wf, handoff=1)
+    event.remove(engine.kernel.db.engine, "before_cursor_execute", stmt)
+    assert info.status == "completed" and info.output == 3
+    got = {k: [s for s, _ in v] for k, v in work.per_call.items()}
+    assert got == CHAIN3_STATEMENTS[engine.kernel.db.engine.dialect.name], got

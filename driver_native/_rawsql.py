@@ -1,0 +1,222 @@
+"""Hot-path statements compiled once per dialect and executed on the DBAPI cursor.
+
+A SQLAlchemy Core statement built once (``functools.cache``, ``bindparam``) still pays
+SQLAlchemy's execute path on every call: the compiled-cache lookup, an execution context,
+parameter processing and a result object, about 10 us per statement and most of a
+transaction's CPU (bench/README.md, issue 12). :func:`execute` compiles such a statement once
+per dialect (the SQL text, the parameter order, the bind and result type processors) and
+runs it straight on the driver's cursor; rows come back as named tuples.
+
+What stays as with ``conn.execute``: ``before_cursor_execute`` listeners see every statement
+(the statement counters of txcount and the tests), DBAPI errors are wrapped and handled by
+SQLAlchemy (connection invalidation, the retry in ``_db``), and on PostgreSQL a write whose
+result nobody reads can be deferred into the transaction's next pipeline (``_db.defer``).
+Statements SQLAlchemy renders per call (expanding ``IN`` lists) are refused: they keep
+``conn.execute``."""
+
+from __future__ import annotations
+
+import functools
+from collections import namedtuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import ClauseElement
+
+from ._db import send_raw, send_together
+
+__all__ = ["Rows", "execute", "execute_many", "execute_together", "fetched"]
+
+
+class _Prepared:
+    __slots__ = (
+        "_dialect",
+        "_result_procs",
+        "_types",
+        "compiled",
+        "fixed",
+        "names",
+        "procs",
+        "returns_rows",
+        "row",
+        "sql",
+    )
+
+    def __init__(self, stmt: ClauseElement, dialect: Dialect) -> None:
+        compiled: Any = stmt.compile(dialect=dialect)
+        if compiled.literal_execute_params or compiled.post_compile_params:
+            raise ValueError("statements rendered per call (expanding IN) need conn.execute")
+        self.compiled = compiled
+        self.sql: str = compiled.string
+        self.names: tuple[str, ...] | None = (
+            tuple(compiled.positiontup) if compiled.positional else None
+        )
+        # every parameter with the value the statement gives it (literals, or None)
+        self.fixed: dict[str, Any] = dict(compiled.construct_params(_check=False))
+        self.procs: dict[str, Callable[[Any], Any]] = {
+            k: p for k, p in compiled._bind_processors.items() if p is not None
+        }
+        columns = compiled._result_columns
+        self.returns_rows = bool(columns)
+        self.row: Any = _row_type(tuple(c.keyname for c in columns)) if columns else None
+        self._dialect = dialect
+        self._types = tuple(c.type for c in columns)
+        # (the processors depend on the column types the driver reports: set at first use)
+        self._result_procs: tuple[tuple[int, Callable[[Any], Any]], ...] | None = None
+
+    def params(self, given: Mapping[str, Any]) -> Any:
+        values = self.fixed.copy()
+        values.update(given)
+        for key, proc in self.procs.items():
+            if key in values:
+                values[key] = proc(values[key])
+        if self.names is None:
+            return values
+        return tuple([values[n] for n in self.names])
+
+    def rows(self, raw: list[Any], description: Any) -> list[Any]:
+        procs = self._result_procs
+        if procs is None:
+            found = (
+                (i, t._cached_result_processor(self._dialect, d[1]))
+                for i, (t, d) in enumerate(zip(self._types, description, strict=True))
+            )
+            procs = self._result_procs = tuple((i, p) for i, p in found if p is not None)
+        make = self.row._make
+        if not procs:
+            return [make(r) for r in raw]
+        out = []
+        for r in raw:
+            values = list(r)
+            for i, proc in procs:
+                values[i] = proc(values[i])
+            out.append(make(values))
+        return out
+
+
+def _mapping(self: Any) -> dict[str, Any]:
+    return dict(self._asdict())
+
+
+@functools.cache
+def _row_type(fields: tuple[str, ...]) -> Any:
+    base = namedtuple("Row", fields, rename=True)  # type: ignore[misc]
+    return type("Row", (base,), {"__slots__": (), "_mapping": property(_mapping)})
+
+
+@functools.lru_cache(maxsize=4096)
+def _prepare(stmt: ClauseElement, dialect: Dialect) -> _Prepared:
+    return _Prepared(stmt, dialect)
+
+
+class Rows:
+    """What a statement returned: its rows (named tuples) and its row count."""
+
+    __slots__ = ("_rows", "rowcount")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def first(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def all(self) -> list[Any]:
+        return self._rows
+
+    def scalar(self) -> Any:
+        return self._rows[0][0] if self._rows else None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+
+_NO_ROWS = Rows([], -1)
+
+
+def fetched(cursor: Any) -> list[Any]:
+    """The rows a statement returned (a hook for tests that count the rows read)."""
+    return list(cursor.fetchall())
+
+
+def execute(
+    conn: Connection, stmt: ClauseElement, params: Mapping[str, Any], *, later: bool = False
+) -> Rows:
+    """``conn.execute(stmt, params)`` for a statement built once; ``later``: a write whose
+    result nobody reads (sent with the transaction's next statement on PostgreSQL, see
+    ``_db.defer``; the returned ``Rows`` is then empty)."""
+    prep = _prepare(stmt, conn.dialect)
+    return _run(conn, prep, prep.params(params), later=later, many=False)
+
+
+def execute_many(
+    conn: Connection,
+    stmt: ClauseElement,
+    params: Sequence[Mapping[str, Any]],
+    *,
+    later: bool = False,
+) -> None:
+    """``conn.execute(stmt, [params, ...])`` for a statement without RETURNING built once
+    (``later`` as in :func:`execute`)."""
+    if not params:
+        return
+    prep = _prepare(stmt, conn.dialect)
+    if prep.returns_rows:
+        raise ValueError("execute_many does not read rows")
+    _run(conn, prep, [prep.params(p) for p in params], later=later, many=True)
+
+
+def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: bool) -> Rows:
+    sql = prep.sql
+    cursor: Any = None
+    try:
+        if conn._has_events or conn.engine._has_events:
+            for fn in conn.dispatch.before_cursor_execute:
+                sql, args = fn(conn, None, sql, args, None, many)
+        raw: Any = conn.connection.driver_connection
+        cursor = raw.cursor()
+        if not send_raw(conn, cursor, sql, args, later=later, many=many):
+            cursor.close()
+            return _NO_ROWS
+        rows = prep.rows(fetched(cursor), cursor.description) if prep.returns_rows else []
+        result = Rows(rows, cursor.rowcount)
+        cursor.close()
+        return result
+    except Exception as exc:
+        if cursor is not None:
+            cursor.close()
+        conn._handle_dbapi_exception(exc, sql, args, cursor, None)
+        raise  # (not reached: SQLAlchemy raises its wrapped error)
+
+
+def execute_together(
+    conn: Connection, calls: Sequence[tuple[ClauseElement, Mapping[str, Any]]]
+) -> list[Rows]:
+    """Several reads (or writes) that do not depend on each other's results, in this order:
+    on PostgreSQL sent in one pipeline, one round trip for all (``execute`` for each
+    elsewhere)."""
+    preps = [_prepare(stmt, conn.dialect) for stmt, _ in calls]
+    sent: list[tuple[Any, str, Any]] = []
+    raw: Any = conn.connection.driver_connection
+    try:
+        for prep, (_, params) in zip(preps, calls, strict=True):
+            sql, args = prep.sql, prep.params(params)
+            if conn._has_events or conn.engine._has_events:
+                for fn in conn.dispatch.before_cursor_execute:
+                    sql, args = fn(conn, None, sql, args, None, False)
+            sent.append((raw.cursor(), sql, args))
+        send_together(conn, sent)
+        out = []
+        for prep, (cursor, _, _) in zip(preps, sent, strict=True):
+            rows = prep.rows(fetched(cursor), cursor.description) if prep.returns_rows else []
+            out.append(Rows(rows, cursor.rowcount))
+        return out
+    except Exception as exc:
+        sql, args = (sent[-1][1], sent[-1][2]) if sent else ("", None)
+        conn._handle_dbapi_exception(exc, sql, args, None, None)
+        raise  # (not reached: SQLAlchemy raises its wrapped error)
+    finally:
+        for cursor, _, _ in sent:
+            cursor.close()
