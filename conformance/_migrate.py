@@ -5,7 +5,6 @@ the contract runs it in both directions when the fixture is parametrized that wa
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -175,10 +174,11 @@ class MigrationContract:
                 run = await source.start(wf.id, {"n": 1})
                 await wait_for_events(sink, run.id, "stage.suspended")
                 await eventually(lambda: log.count("c") == 1)
-                if signal_first:
-                    sent = await source.signal(run.id, "go", {"moved": True})
-                    assert sent.delivered
-                    await asyncio.sleep(0)  # the source may or may not resume b before export
+            if signal_first:
+                # sent once the source's worker has stopped: a local worker would take the
+                # woken stage in the signal's own transaction and finish the run at the source
+                sent = await source.signal(run.id, "go", {"moved": True})
+                assert sent.delivered
             await _moved(source, target, run.id)
             if not signal_first:
                 assert (await target.signal(run.id, "go", {"moved": True})).delivered
