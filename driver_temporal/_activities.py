@@ -531,10 +531,13 @@ class DriverActivities:
         return rec
 
     async def _heartbeat(self) -> None:
-        """Liveness only: a worker that stops heartbeating is declared lost."""
+        """Liveness only: a worker that stops heartbeating is declared lost. The first beat
+        comes after ``heartbeat_every`` (a fraction of the heartbeat timeout, which Temporal
+        counts from the activity's start): a short stage sends none. A beat at once cost
+        every stage a heartbeat RPC, a write of the activity's state on the server."""
         while True:
-            activity.heartbeat()
             await asyncio.sleep(self.heartbeat_every)
+            activity.heartbeat()
 
     # -- events -------------------------------------------------------------------------------
     @activity.defn(name="wfe.publish")
