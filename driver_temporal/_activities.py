@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import pydantic_core
 from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.common import RawValue
@@ -46,6 +47,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from engine_port import (
     Abandoned,
+    BlobStore,
     ClaimCheck,
     Completed,
     Event,
@@ -67,7 +69,7 @@ from ._names import FREEZE_CANCELLED_QUERY, TAKE_SIGNAL_UPDATE
 from ._wire import (
     dlq_key,
     journal_prefix,
-    outbox_key,
+    outbox_batch_key,
     outbox_prefix,
     record_from_json,
     record_to_json,
@@ -183,6 +185,23 @@ async def _journaled_by_lost_try(
             raw_signals[sig].pop(0)
             pre_consumed.append(sig)
     return pre_consumed
+
+
+async def _parked_events(store: BlobStore, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """The events kept under ``keys`` of ``outbox/<run>/``: a batch (a JSON list) per key, or
+    one event per key (parked by a worker before batches)."""
+    out: list[dict[str, Any]] = []
+    for k in keys:
+        kept = pydantic_core.from_json(await store.get(k))
+        out.extend(kept if isinstance(kept, list) else [kept])
+    return out
+
+
+def _in_order(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` in sequence order, each id once (a batch parked twice, by a stage activity
+    that carried it and by a later ``wfe.publish``, overlaps another)."""
+    unique = {e["id"]: e for e in reversed(events)}  # the first copy of each id wins
+    return sorted(unique.values(), key=lambda e: e["seq"])
 
 
 def _failed_attempt(req: StageRequest, outcome: Failed, result: dict[str, Any]) -> ApplicationError:
@@ -512,10 +531,13 @@ class DriverActivities:
         return rec
 
     async def _heartbeat(self) -> None:
-        """Liveness only: a worker that stops heartbeating is declared lost."""
+        """Liveness only: a worker that stops heartbeating is declared lost. The first beat
+        comes after ``heartbeat_every`` (a fraction of the heartbeat timeout, which Temporal
+        counts from the activity's start): a short stage sends none. A beat at once cost
+        every stage a heartbeat RPC, a write of the activity's state on the server."""
         while True:
-            activity.heartbeat()
             await asyncio.sleep(self.heartbeat_every)
+            activity.heartbeat()
 
     # -- events -------------------------------------------------------------------------------
     @activity.defn(name="wfe.publish")
@@ -547,22 +569,19 @@ class DriverActivities:
     async def _deliver(
         self, events: list[dict[str, Any]], parked: bool, *, count_failures: bool
     ) -> dict[str, Any]:
-        import pydantic_core
-
         store = self.claim.store
         if self.sink is None:
-            for e in events:
-                await store.put(
-                    outbox_key(e["run_id"], e["seq"], e["id"]), pydantic_core.to_json(e)
-                )
+            if events:
+                # one blob per batch, not per event (a fan-out's wfe.publish of 50 events
+                # wrote 50 files on its workflow task's critical path)
+                key = outbox_batch_key(events[0]["run_id"], events[0]["seq"], events[-1]["seq"])
+                await store.put(key, pydantic_core.to_json(events))
             return {"ok": True, "parked": parked or bool(events)}
         keys: list[str] = []
         batch = list(events)
         if parked and events:
             keys = await store.list(outbox_prefix(events[0]["run_id"]))
-            kept = [pydantic_core.from_json(await store.get(k)) for k in keys]
-            seen = {e["id"] for e in batch}
-            batch = sorted([e for e in kept if e["id"] not in seen] + batch, key=lambda e: e["seq"])
+            batch = _in_order(await _parked_events(store, keys) + batch)
         if not batch:
             return {"ok": True, "parked": parked}
         try:
@@ -579,8 +598,6 @@ class DriverActivities:
 
     async def deliver_parked(self) -> int:
         """Deliver every event a sinkless worker kept in the BlobStore, per run in order."""
-        import pydantic_core
-
         if self.sink is None:
             return 0
         store = self.claim.store
@@ -589,10 +606,7 @@ class DriverActivities:
             by_run.setdefault(k.split("/")[1], []).append(k)
         n = 0
         for keys in by_run.values():
-            keys.sort()
-            batch = [
-                Event.model_validate(pydantic_core.from_json(await store.get(k))) for k in keys
-            ]
+            batch = [Event.model_validate(e) for e in _in_order(await _parked_events(store, keys))]
             try:
                 await self.sink.publish(batch)
             except Exception as exc:
@@ -608,8 +622,6 @@ class DriverActivities:
     @activity.defn(name="wfe.dead_letter")
     async def dead_letter(self, events: list[dict[str, Any]]) -> None:
         """Keep undeliverable events in the shared BlobStore under ``dlq/`` (replay_dlq)."""
-        import pydantic_core
-
         for e in events:
             await self.claim.store.put(
                 dlq_key(e["run_id"], e["seq"], e["id"]), pydantic_core.to_json(e)
@@ -639,8 +651,6 @@ class DriverActivities:
         """Store a finished run's full state (ledgers, outputs, staged events) for redrive;
         then deliver the run's last ``events`` when it carries them (``_outbox``: the one
         local activity of the run's last workflow task) and say what was delivered."""
-        import pydantic_core
-
         await self.claim.store.put(state_key(run_id), pydantic_core.to_json(state))
         if events is None:
             return None  # a run of the older rule publishes them with wfe.publish

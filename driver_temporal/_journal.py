@@ -69,7 +69,9 @@ class StepJournal:
         """Every record journaled under the prefix, oldest first."""
         blobs: list[bytes] = []
         if self._dir is not None:
-            blobs = await asyncio.to_thread(self._read_dir, self._dir)
+            # (no folder, the common case of a first try: no thread hop to find that out)
+            if self._dir.is_dir():
+                blobs = await asyncio.to_thread(self._read_dir, self._dir)
         else:
             for key in await self._store.list(self._prefix):
                 blobs.append(await self._store.get(key))

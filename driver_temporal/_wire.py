@@ -26,6 +26,7 @@ __all__ = [
     "journal_log_key",
     "journal_prefix",
     "new_run_id",
+    "outbox_batch_key",
     "outbox_key",
     "outbox_prefix",
     "parse_time",
@@ -114,7 +115,13 @@ def outbox_prefix(run_id: str) -> str:
 
 
 def outbox_key(run_id: str, seq: int, event_id: str) -> str:
+    """One parked event (workers before batches parked each event under its own key)."""
     return f"{outbox_prefix(run_id)}{seq:010d}-{_safe(event_id)}.json"
+
+
+def outbox_batch_key(run_id: str, first_seq: int, last_seq: int) -> str:
+    """A batch of parked events, ``first_seq`` to ``last_seq`` (a JSON list)."""
+    return f"{outbox_prefix(run_id)}{first_seq:010d}-to-{last_seq:010d}.json"
 
 
 def parse_time(value: str | None) -> datetime | None:

@@ -1,0 +1,102 @@
+"""Events of a worker with no sink: parked in the BlobStore one batch per blob, delivered in
+order, each once, by ``flush_events()`` of an engine with a sink."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from driver_temporal import create_temporal_engine
+from engine_port import (
+    EngineSettings,
+    FolderBlobStore,
+    MemorySink,
+    Registry,
+    StageContext,
+    Workflow,
+)
+
+from .conftest import trace
+
+pytestmark = pytest.mark.temporal
+
+
+class In(BaseModel):
+    n: int = 0
+
+
+class CountingStore(FolderBlobStore):
+    """A folder store that remembers the key of every write."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.puts: list[str] = []
+
+    async def put(self, key: str, data: bytes) -> None:
+        self.puts.append(key)
+        await super().put(key, data)
+
+
+def _seq3() -> Registry:
+    wf = Workflow("parked-seq3", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        return 1
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[In]) -> int:
+        return 2
+
+    @wf.stage(after=[b])
+    async def c(ctx: StageContext[In]) -> int:
+        return 3
+
+    return Registry([wf])
+
+
+async def test_a_sinkless_worker_parks_a_batch_per_blob(
+    temporal_address: str, blob_dir: Path
+) -> None:
+    settings = EngineSettings(
+        driver="temporal",
+        temporal_address=temporal_address,
+        task_queue=f"t-{uuid.uuid4().hex[:10]}",
+        blob_url=f"file://{blob_dir}",
+    )
+    store = CountingStore(blob_dir)
+    sinkless = create_temporal_engine(settings, _seq3(), blob_store=store)
+    async with sinkless, sinkless.worker():
+        run = await sinkless.start("parked-seq3", {})
+        info = await sinkless.wait(run.id, timeout=60)
+        assert info.status == "completed", info.error
+        await asyncio.wait_for(sinkless._conn.get_workflow_handle(run.id).result(), 60)
+    parked = [k for k in store.puts if k.startswith("outbox/")]
+    # 9 events, carried by the 3 stage activities and wfe.save_state: one blob per batch
+    # (one blob per event before: 9 writes)
+    assert 1 <= len(parked) <= 4, parked
+
+    sink = MemorySink()
+    flusher = create_temporal_engine(
+        settings, _seq3(), event_sink=sink, blob_store=FolderBlobStore(blob_dir)
+    )
+    async with flusher:
+        flushed = await flusher.flush_events()
+        assert flushed.published == 9
+        assert (await flusher.flush_events()).published == 0
+    assert trace(sink, run) == [
+        ("run.created", None),
+        ("run.started", None),
+        ("stage.started", "a"),
+        ("stage.completed", "a"),
+        ("stage.started", "b"),
+        ("stage.completed", "b"),
+        ("stage.started", "c"),
+        ("stage.completed", "c"),
+        ("run.completed", None),
+    ]
+    assert [k for k in await FolderBlobStore(blob_dir).list("outbox/")] == []
