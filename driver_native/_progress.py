@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,8 +29,9 @@ from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._jobs import notify_due
 from ._outbox import append_events
-from ._rawsql import execute, execute_many
+from ._rawsql import execute, execute_many, execute_together
 from ._schedule import (
+    Ahead,
     Begin,
     Handoff,
     attempt_started,
@@ -46,6 +48,7 @@ from ._sql import (
     run_and,
     select_where,
     try_run,
+    try_run_query,
     update_later,
     update_where,
 )
@@ -123,10 +126,13 @@ def _owned_stage_query() -> Any:
     )
 
 
-def _run_and_owned_stage(conn: Connection, job: Any, worker: str) -> tuple[Any, Any]:
+def _run_and_owned_stage(
+    conn: Connection, job: Any, worker: str, ahead: Ahead | None = None
+) -> tuple[Any, Any]:
     """The run row (locked) and the stage row (and whether it has a step ledger), if the job
     is still ``worker``'s lease on it (ids alone can be reused): ownership check and stage
-    read in one query, sent with the run's in one round trip on PostgreSQL."""
+    read in one query, sent with the run's in one round trip on PostgreSQL (with the reads
+    ``ahead``, whose rows it keeps there)."""
     params = {
         "job_id": job.id,
         "run_id": job.run_id,
@@ -134,8 +140,14 @@ def _run_and_owned_stage(conn: Connection, job: Any, worker: str) -> tuple[Any, 
         "kind": job.kind,
         "worker": worker,
     }
-    run, stage = run_and(conn, job.run_id, _owned_stage_query(), params)
-    return run, None if run is None else stage.first()
+    if ahead is None:
+        run, stage = run_and(conn, job.run_id, _owned_stage_query(), params)
+        return run, None if run is None else stage.first()
+    calls = [(try_run_query(), {"k_id": job.run_id}), (_owned_stage_query(), params)]
+    got = execute_together(conn, calls + ahead.calls(job.run_id))
+    ahead.took(got[2:])
+    run = got[0].first()
+    return run, None if run is None else got[1].first()
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
@@ -341,7 +353,11 @@ def _staged_insert() -> Any:
 
 
 def _on_completed(
-    a: _Attempt, outcome: Completed, shape: GraphShape, handoff: Handoff | None
+    a: _Attempt,
+    outcome: Completed,
+    shape: GraphShape,
+    handoff: Handoff | None,
+    ahead: Ahead | None = None,
 ) -> str:
     _complete_stage(a, outcome)
     # a stage completes once per redrive cycle, and redrive clears what it re-runs, so no
@@ -370,8 +386,31 @@ def _on_completed(
         if handoff is not None:
             handoff.quiet = handoff.finished = False
         return "completed"
+    known, staged = None, None
+    if ahead is not None and still_open == 0:
+        # read in the first round trip, before this transaction completed the stage
+        known = dict(ahead.rows)
+        if a.stage.stage_id in known:
+            known[a.stage.stage_id] = SimpleNamespace(
+                stage_id=a.stage.stage_id,
+                status=StageStatus.COMPLETED,
+                output=outcome.output,
+                has_output=True,
+                job_id=None,
+                has_steps=known[a.stage.stage_id].has_steps,
+            )
+        if ahead.staged and not outcome.events:  # (else: its own events, just inserted)
+            staged = ahead.staged_rows
     progressed = schedule(
-        a.conn, a.run, shape, a.now, handoff, a.run_values, group_done=still_open == 0
+        a.conn,
+        a.run,
+        shape,
+        a.now,
+        handoff,
+        a.run_values,
+        group_done=still_open == 0,
+        known=known,
+        staged=staged,
     )
     a.drafts += progressed
     # the run moved on (finished, or handed its next stages to this worker): its status is
@@ -491,10 +530,15 @@ def apply_outcome(
     if handoff is not None:
         handoff.jobs.clear()  # a re-run of this transaction (after a lost connection) hands
         # off only what its own try enqueued
-    run, stage = _run_and_owned_stage(conn, job, worker)
+    shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
+    ahead = None
+    if isinstance(outcome, Completed) and not cancelled and conn.dialect.name == "postgresql":
+        # what scheduling the next group reads, in the first round trip (PostgreSQL only: a
+        # pipeline makes the reads free there, on SQLite each would be a statement)
+        ahead = Ahead.plan(shape, job.stage_id, handoff)
+    run, stage = _run_and_owned_stage(conn, job, worker, ahead)
     if run is None or stage is None:
         return "discarded"  # our lease was lost: another worker owns this stage now
-    shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     a = _Attempt(conn, run, stage, job, worker, now)
     stopping = run.status not in ACTIVE or run.cancel_requested
     failing = run.status == RunStatus.COMPENSATING and not run.cancel_requested
@@ -503,7 +547,7 @@ def apply_outcome(
     elif cancelled or stopping:
         result = _on_cancelled(a)
     elif isinstance(outcome, Completed):
-        result = _on_completed(a, outcome, shape, handoff)
+        result = _on_completed(a, outcome, shape, handoff, ahead)
     elif isinstance(outcome, Abandoned):
         # the engine's storage failed during the attempt (DESIGN §5): as after a crash, the
         # stage stays running with its attempt number, no event, and the job is due again

@@ -26,9 +26,10 @@ from ._jobs import notify_due
 from ._rawsql import execute
 from ._schema import jobs, runs, staged_events, stages, steps
 from ._shape import GraphShape
-from ._sql import db_clock, db_clock_sql, delete_where, in_binds, in_params, update_later
+from ._sql import db_clock, db_clock_sql, delete_later, in_binds, in_params, update_later
 
 __all__ = [
+    "Ahead",
     "Begin",
     "Handoff",
     "attempt_started",
@@ -73,6 +74,47 @@ class Handoff:
     finished: bool = False  # the transition ended the run (completed)
 
 
+@dataclass
+class Ahead:
+    """What a stage completion reads in its first round trip on PostgreSQL (with the run row
+    and its own stage), in case it closes its group: the stage rows scheduling reads next and,
+    in the last group, the run's staged events. The reads ask the run row themselves and come
+    back empty unless this completion closes the group (``group_open`` is 1), so a sibling in
+    a wide group pays nothing for them."""
+
+    ids: list[str]
+    staged: bool  # the run's staged events are read too (the last group)
+    rows: dict[str, Any] = field(default_factory=dict)
+    staged_rows: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def plan(cls, shape: GraphShape, stage_id: str, handoff: Handoff | None) -> Ahead | None:
+        """The reads for a completion of ``stage_id`` (None: too many rows to read ahead)."""
+        group = shape.group_of(stage_id)
+        if group is None:
+            return None
+        want = _wanted(shape, group, handoff)
+        last = group + 1 == len(shape.groups)
+        if not last:
+            want |= _wanted(shape, group + 1, handoff)
+        if len(want) > IN_CHUNK:
+            return None
+        return cls(sorted(want), last)
+
+    def calls(self, run_id: str) -> list[tuple[Any, dict[str, Any]]]:
+        """The statements (and parameters) of the reads, for ``execute_together``."""
+        calls = [(_rows_query(len(self.ids), True), {"run_id": run_id} | in_params(self.ids))]
+        if self.staged:
+            calls.append((_staged_query(True), {"run_id": run_id}))
+        return calls
+
+    def took(self, results: list[Any]) -> None:
+        """Keep what :meth:`calls` returned."""
+        self.rows = {r.stage_id: r for r in results[0]}
+        if self.staged:
+            self.staged_rows = list(results[1])
+
+
 def lc(run: Any) -> Lifecycle:
     return Lifecycle(run.id, run.redrive_count)
 
@@ -99,9 +141,16 @@ def _chunks(ids: Collection[str]) -> list[list[str]]:
     return [ordered[i : i + IN_CHUNK] for i in range(0, len(ordered), IN_CHUNK)]
 
 
+def _closing() -> Any:
+    """The run's current group has one open stage left (the completion reading ahead closes
+    it): a condition of the reads ahead, so they cost nothing otherwise."""
+    return sa.exists().where(runs.c.id == sa.bindparam("run_id"), runs.c.group_open == 1)
+
+
 @functools.cache
-def _rows_query(n: int) -> Any:
-    """Some stages of a run: status, output, whether a stage job and a step ledger exist."""
+def _rows_query(n: int, closing: bool = False) -> Any:
+    """Some stages of a run: status, output, whether a stage job and a step ledger exist
+    (``closing``: only if the run's current group has one open stage, see ``Ahead``)."""
     has_steps = (
         sa.exists()
         .where(steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id)
@@ -115,7 +164,7 @@ def _rows_query(n: int) -> Any:
             jobs.c.kind == "stage",
         ),
     )
-    return (
+    query = (
         sa.select(
             stages.c.stage_id,
             stages.c.status,
@@ -127,6 +176,7 @@ def _rows_query(n: int) -> Any:
         .select_from(joined)
         .where(stages.c.run_id == sa.bindparam("run_id"), stages.c.stage_id.in_(in_binds(n)))
     )
+    return query.where(_closing()) if closing else query
 
 
 def fresh_rows(ids: Collection[str]) -> dict[str, Any]:
@@ -197,13 +247,15 @@ def schedule(
     *,
     group_done: bool = False,
     known: dict[str, Any] | None = None,
+    staged: list[Any] | None = None,
 ) -> list[EventDraft]:
     """Enqueue the first group with unfinished stages; finish the run when none is left.
     With ``run_values``, run-row changes are collected there for the caller's one update.
     Reads the stages of the groups it looks at (and what handed stages may read), never
     every stage of the run; ``group_done``: the caller saw the current group's last open
     stage complete, so the next group's rows are read in the same query. ``known``: stage
-    rows the caller has (as ``_stage_rows`` reads them), not read again."""
+    rows the caller has (as ``_stage_rows`` reads them), not read again; ``staged``: the
+    run's staged events, when the caller has read them."""
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     groups = shape.groups
     values: dict[str, Any] = run_values if run_values is not None else {}
@@ -226,7 +278,7 @@ def schedule(
             break
         group += 1
     else:
-        drafts = _finish_completed(conn, run, shape, seen, now, values)
+        drafts = _finish_completed(conn, run, shape, seen, now, values, staged)
         if handoff is not None:
             handoff.quiet = handoff.finished = True
     if run_values is None and values:
@@ -383,9 +435,10 @@ def _lease_deadline(conn: Connection, lease: float, now: float) -> float:
 
 
 @functools.cache
-def _staged_query() -> Any:
-    """A run's staged business events in release order (stage completion, then emit order)."""
-    return (
+def _staged_query(closing: bool = False) -> Any:
+    """A run's staged business events in release order (stage completion, then emit order;
+    ``closing``: only if the run's current group has one open stage, see ``Ahead``)."""
+    query = (
         sa.select(staged_events, stages.c.completed_order)
         .join(
             stages,
@@ -397,6 +450,7 @@ def _staged_query() -> Any:
         .where(staged_events.c.run_id == sa.bindparam("run_id"))
         .order_by(stages.c.completed_order, staged_events.c.idx)
     )
+    return query.where(_closing()) if closing else query
 
 
 def _finish_completed(
@@ -406,15 +460,17 @@ def _finish_completed(
     rows: dict[str, Any],
     now: float,
     values: dict[str, Any],
+    staged: list[Any] | None = None,
 ) -> list[EventDraft]:
     life = lc(run)
     sinks = shape.sinks()
     outputs = upstream_outputs(conn, run.id, sinks, rows)
-    staged = execute(conn, _staged_query(), {"run_id": run.id}).all()
+    if staged is None:
+        staged = execute(conn, _staged_query(), {"run_id": run.id}).all()
     drafts = [life.business(r.stage_id, r.idx, r.type, r.data) for r in staged]
     drafts.append(life.run_completed())
     if staged:
-        delete_where(conn, staged_events, run_id=run.id)
+        delete_later(conn, staged_events, run_id=run.id)
     values.update(
         status=RunStatus.COMPLETED,
         output=run_output(sinks, outputs),

@@ -372,3 +372,65 @@ async def test_statements_of_a_three_stage_run_are_pinned(
     assert info.status == "completed" and info.output == 3
     got = {k: [s for s, _ in v] for k, v in work.per_call.items()}
     assert got == CHAIN3_STATEMENTS[engine.kernel.db.engine.dialect.name], got
+
+
+# PostgreSQL network round trips (BEGIN and COMMIT included) per write transaction of the
+# same run: the reads a stage completion needs go out in its first pipeline (the run row, its
+# stage, the next group's rows, at the end the staged events), its writes with the COMMIT.
+CHAIN3_ROUND_TRIPS = {
+    "_create_run_once": [3],
+    "claim": [2],
+    "begin_attempt": [2],
+    "apply_outcome": [3, 3, 2],
+}
+
+
+async def test_round_trips_of_a_three_stage_run_are_pinned(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wf = _chain3()
+    engine = await make_engine(wf)
+    if not engine.kernel.db.is_postgres:
+        pytest.skip("SQLite has no network round trips")
+    import psycopg
+    from psycopg.pq import TransactionStatus
+
+    trips = [0]
+    execute, leave = psycopg.Cursor.execute, psycopg.Pipeline.__exit__
+    commit = psycopg.Connection.commit
+
+    def counted_execute(self: Any, *a: Any, **k: Any) -> Any:
+        conn = self.connection
+        if conn._pipeline is None:  # (in a pipeline a statement is only queued)
+            trips[0] += 1
+            if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                trips[0] += 1  # psycopg's implicit BEGIN, on its own
+        return execute(self, *a, **k)
+
+    def counted_exit(self: Any, *a: Any) -> Any:
+        trips[0] += 1  # the sync
+        return leave(self, *a)
+
+    def counted_commit(self: Any) -> Any:
+        if self.info.transaction_status != TransactionStatus.IDLE:
+            trips[0] += 1
+        return commit(self)
+
+    per_call: dict[str, list[int]] = defaultdict(list)
+    original = Database._tx_once
+
+    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
+        before = trips[0]
+        try:
+            return original(self, attempt, fn, *a, **k)
+        finally:
+            per_call[getattr(fn, "__name__", repr(fn))].append(trips[0] - before)
+
+    monkeypatch.setattr(Database, "_tx_once", counting)
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
+    monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_exit)
+    monkeypatch.setattr(psycopg.Connection, "commit", counted_commit)
+    info = await _drive(engine, wf, handoff=1)
+    monkeypatch.undo()
+    assert info.status == "completed" and info.output == 3
+    assert dict(per_call) == CHAIN3_ROUND_TRIPS, dict(per_call)
