@@ -401,6 +401,8 @@ def _on_completed(
             )
         if ahead.staged and not outcome.events:  # (else: its own events, just inserted)
             staged = ahead.staged_rows
+        if handoff is not None:
+            handoff.reserved = ahead.reserved
     progressed = schedule(
         a.conn,
         a.run,
@@ -412,6 +414,8 @@ def _on_completed(
         known=known,
         staged=staged,
     )
+    if handoff is not None:
+        handoff.reserved = []  # (ids not used are gaps in the sequence, nothing more)
     a.drafts += progressed
     # the run moved on (finished, or handed its next stages to this worker): its status is
     # already right, so skip recomputing it
@@ -530,6 +534,7 @@ def apply_outcome(
     if handoff is not None:
         handoff.jobs.clear()  # a re-run of this transaction (after a lost connection) hands
         # off only what its own try enqueued
+        handoff.reserved = []
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     ahead = None
     if isinstance(outcome, Completed) and not cancelled and conn.dialect.name == "postgresql":

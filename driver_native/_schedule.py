@@ -11,6 +11,7 @@ Every function here runs inside one transaction that the kernel opened; none run
 from __future__ import annotations
 
 import functools
+from collections import namedtuple
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -72,6 +73,9 @@ class Handoff:
     # enqueued is in ``jobs`` (the host need not look for work)
     quiet: bool = False
     finished: bool = False  # the transition ended the run (completed)
+    # job ids this transaction reserved ahead (PostgreSQL), each with the database clock when
+    # it did: jobs handed with them are inserted with the COMMIT, not read back (``Ahead``)
+    reserved: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -84,8 +88,10 @@ class Ahead:
 
     ids: list[str]
     staged: bool  # the run's staged events are read too (the last group)
+    reserve: int = 0  # job ids to reserve for the next group (see ``Handoff.reserved``)
     rows: dict[str, Any] = field(default_factory=dict)
     staged_rows: list[Any] = field(default_factory=list)
+    reserved: list[tuple[int, float]] = field(default_factory=list)
 
     @classmethod
     def plan(cls, shape: GraphShape, stage_id: str, handoff: Handoff | None) -> Ahead | None:
@@ -99,13 +105,18 @@ class Ahead:
             want |= _wanted(shape, group + 1, handoff)
         if len(want) > IN_CHUNK:
             return None
-        return cls(sorted(want), last)
+        reserve = 0
+        if not last and handoff is not None and handoff.limit > 0:
+            reserve = min(len(shape.groups[group + 1]), JOBS_CHUNK)
+        return cls(sorted(want), last, reserve)
 
     def calls(self, run_id: str) -> list[tuple[Any, dict[str, Any]]]:
         """The statements (and parameters) of the reads, for ``execute_together``."""
         calls = [(_rows_query(len(self.ids), True), {"run_id": run_id} | in_params(self.ids))]
         if self.staged:
             calls.append((_staged_query(True), {"run_id": run_id}))
+        if self.reserve:
+            calls.append((_reserve_query(), {"run_id": run_id, "n": self.reserve}))
         return calls
 
     def took(self, results: list[Any]) -> None:
@@ -113,6 +124,23 @@ class Ahead:
         self.rows = {r.stage_id: r for r in results[0]}
         if self.staged:
             self.staged_rows = list(results[1])
+        if self.reserve:
+            self.reserved = [(r.id, float(r.clock)) for r in results[-1]]
+
+
+@functools.cache
+def _reserve_query() -> Any:
+    """``n`` fresh job ids and the database clock, if the run's current group has one open
+    stage left (PostgreSQL: nothing is taken from the sequence otherwise)."""
+    sequence = sa.func.pg_get_serial_sequence(jobs.name, "id")
+    return (
+        sa.select(
+            sa.func.nextval(sequence).label("id"),
+            db_clock_sql().label("clock"),
+        )
+        .select_from(sa.func.generate_series(1, sa.bindparam("n", type_=sa.Integer)))
+        .where(_closing())
+    )
 
 
 def lc(run: Any) -> Lifecycle:
@@ -307,6 +335,9 @@ def _enqueue(
     drafts: list[EventDraft] = []
     if new:
         wfv = version_key(run.workflow_id, run.version)
+        reserved: list[tuple[int, float]] = []
+        if handoff is not None and take and len(handoff.reserved) >= len(new):
+            reserved, handoff.reserved = handoff.reserved, []
         inserted = _insert_jobs(
             conn,
             postgres,
@@ -330,6 +361,8 @@ def _enqueue(
                 }
                 for s in new
             ],
+            reserved,
+            returning=bool(take),
         )
         if len(take) < len(new):
             notify_due(conn)  # jobs left for the queue: wake other processes
@@ -408,13 +441,62 @@ def _jobs_insert(postgres: bool, n: int) -> Any:
     return jobs.insert().values(rows).returning(*jobs.c)
 
 
-def _insert_jobs(conn: Connection, postgres: bool, new: list[dict[str, Any]]) -> list[Any]:
+def _insert_jobs(
+    conn: Connection,
+    postgres: bool,
+    new: list[dict[str, Any]],
+    reserved: list[tuple[int, float]],
+    *,
+    returning: bool,
+) -> list[Any]:
+    """Insert the jobs ``new`` (their rows back when ``returning``). With ``reserved`` ids
+    (PostgreSQL, as many as ``new``) the rows are made here and the insert waits for the
+    COMMIT's pipeline; without ``returning`` nobody reads them, and it waits too."""
+    if reserved:
+        return _insert_reserved(conn, new, reserved)
     out: list[Any] = []
     for at in range(0, len(new), JOBS_CHUNK):
         chunk = new[at : at + JOBS_CHUNK]
         params = {f"{k}_{i}": v for i, row in enumerate(chunk) for k, v in row.items()}
-        out += execute(conn, _jobs_insert(postgres, len(chunk)), params).all()
+        stmt = _jobs_insert(postgres, len(chunk))
+        if returning:
+            out += execute(conn, stmt, params).all()
+        else:
+            execute(conn, stmt, params, later=True)
     return out
+
+
+@functools.cache
+def _job_row() -> Any:
+    """A job row made in Python, shaped as the database returns it."""
+    return namedtuple("JobRow", [c.name for c in jobs.c])  # type: ignore[misc]
+
+
+def _insert_reserved(
+    conn: Connection, new: list[dict[str, Any]], reserved: list[tuple[int, float]]
+) -> list[Any]:
+    """PostgreSQL: insert jobs with ids reserved ahead (a handed job's lease runs from the
+    database clock read then), sent with the COMMIT; their rows are made here."""
+    make = _job_row()
+    out: list[Any] = []
+    for (job_id, clock), given in zip(reserved, new, strict=False):
+        row = {k: v for k, v in given.items() if k != "lease_for"}
+        lease_for = given.get("lease_for")
+        row |= {"id": job_id, "lease_expires_at": None if lease_for is None else clock + lease_for}
+        out.append(make(**{c.name: row.get(c.name) for c in jobs.c}))
+    values = [r._asdict() for r in out]
+    for at in range(0, len(values), JOBS_CHUNK):
+        chunk = values[at : at + JOBS_CHUNK]
+        params = {f"{k}_{i}": v for i, row in enumerate(chunk) for k, v in row.items()}
+        execute(conn, _jobs_insert_ids(len(chunk)), params, later=True)
+    return out
+
+
+@functools.cache
+def _jobs_insert_ids(n: int) -> Any:
+    """Insert ``n`` jobs whose every column is given (their ids reserved ahead)."""
+    rows = [{c.name: sa.bindparam(f"{c.name}_{i}", type_=c.type) for c in jobs.c} for i in range(n)]
+    return jobs.insert().values(rows)
 
 
 @functools.cache
