@@ -41,7 +41,7 @@ from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
 from ._rawsql import execute, execute_many
-from ._schedule import fresh_rows
+from ._schedule import fresh_rows, touch
 from ._schema import (
     definitions,
     drains,
@@ -302,7 +302,12 @@ def signal_run(
     woken = execute(conn, _wake_signalled(), {"run_id": run_id, "waiting": waiting_for, "now": now})
     if woken.rowcount:
         notify_due(conn)  # (the waiting stage's next worker may be in another process)
-    refresh_status(conn, run_id, now)
+        # a job of the run is ready now: a suspended run runs (what refresh_status would
+        # conclude from its jobs, without reading them)
+        if run.status == RunStatus.SUSPENDED:
+            touch(conn, run_id, now, status=RunStatus.RUNNING)
+    else:
+        refresh_status(conn, run_id, now, run.status)  # (the locked row: no second read)
     # delivered: a suspended wait for this name is there to take it, i.e. more waits than
     # signals already queued ahead of it; else it stays buffered for a later wait
     return SignalResult(
