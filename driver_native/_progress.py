@@ -127,12 +127,12 @@ def _owned_stage_query() -> Any:
 
 
 def _run_and_owned_stage(
-    conn: Connection, job: Any, worker: str, ahead: Ahead | None = None
-) -> tuple[Any, Any]:
+    conn: Connection, job: Any, worker: str, more: list[tuple[Any, dict[str, Any]]] | None = None
+) -> tuple[Any, Any, list[Any]]:
     """The run row (locked) and the stage row (and whether it has a step ledger), if the job
     is still ``worker``'s lease on it (ids alone can be reused): ownership check and stage
-    read in one query, sent with the run's in one round trip on PostgreSQL (with the reads
-    ``ahead``, whose rows it keeps there)."""
+    read in one query, sent with the run's in one round trip on PostgreSQL, with the reads
+    ``more`` (their results third)."""
     params = {
         "job_id": job.id,
         "run_id": job.run_id,
@@ -140,14 +140,21 @@ def _run_and_owned_stage(
         "kind": job.kind,
         "worker": worker,
     }
-    if ahead is None:
+    if not more:
         run, stage = run_and(conn, job.run_id, _owned_stage_query(), params)
-        return run, None if run is None else stage.first()
+        return run, None if run is None else stage.first(), []
     calls = [(try_run_query(), {"k_id": job.run_id}), (_owned_stage_query(), params)]
-    got = execute_together(conn, calls + ahead.calls(job.run_id))
-    ahead.took(got[2:])
+    got = execute_together(conn, calls + more)
     run = got[0].first()
-    return run, None if run is None else got[1].first()
+    return run, None if run is None else got[1].first(), got[2:]
+
+
+@functools.cache
+def _stage_steps() -> Any:
+    """The step ledger of one stage (built once)."""
+    return sa.select(steps).where(
+        steps.c.run_id == sa.bindparam("run_id"), steps.c.stage_id == sa.bindparam("stage_id")
+    )
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
@@ -203,7 +210,11 @@ def begin_attempt(
 ) -> tuple[Begin | None, list[EventDraft]]:
     """Mark the stage running (emitting run.started / stage.started when they are new).
     Reads the outputs of the stage's upstream only (what ``ctx.output_of`` may read)."""
-    run, stage = _run_and_owned_stage(conn, job, worker)
+    # on PostgreSQL the stage's step ledger is read in the same round trip, in case it has
+    # one (a resumed stage: after a sleep, a signal or a crash); elsewhere only if it has
+    postgres = conn.dialect.name == "postgresql"
+    ledger = [(_stage_steps(), {"run_id": job.run_id, "stage_id": job.stage_id})]
+    run, stage, more = _run_and_owned_stage(conn, job, worker, ledger if postgres else None)
     if run is None or stage is None:
         return None, []
     if run.status not in ACTIVE or run.cancel_requested:
@@ -237,7 +248,9 @@ def begin_attempt(
     append_events(conn, run, drafts, now, **run_values)
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     step_rows: list[Any] = []
-    if stage.has_steps:
+    if more:
+        step_rows = list(more[0])
+    elif stage.has_steps:
         step_rows = list(select_where(conn, steps, run_id=run.id, stage_id=stage.stage_id).all())
     begin = Begin(
         run_id=run.id,
@@ -541,7 +554,11 @@ def apply_outcome(
         # what scheduling the next group reads, in the first round trip (PostgreSQL only: a
         # pipeline makes the reads free there, on SQLite each would be a statement)
         ahead = Ahead.plan(shape, job.stage_id, handoff)
-    run, stage = _run_and_owned_stage(conn, job, worker, ahead)
+    run, stage, more = _run_and_owned_stage(
+        conn, job, worker, None if ahead is None else ahead.calls(job.run_id)
+    )
+    if ahead is not None:
+        ahead.took(more)
     if run is None or stage is None:
         return "discarded"  # our lease was lost: another worker owns this stage now
     a = _Attempt(conn, run, stage, job, worker, now)
