@@ -210,11 +210,11 @@ def begin_attempt(
 ) -> tuple[Begin | None, list[EventDraft]]:
     """Mark the stage running (emitting run.started / stage.started when they are new).
     Reads the outputs of the stage's upstream only (what ``ctx.output_of`` may read)."""
-    # on PostgreSQL the stage's step ledger is read in the same round trip, in case it has
-    # one (a resumed stage: after a sleep, a signal or a crash); elsewhere only if it has
-    postgres = conn.dialect.name == "postgresql"
+    # a stage resumed from a wait (a sleep, a signal, a poll) has a step ledger: on PostgreSQL
+    # it is read in the same round trip; otherwise only if the stage row says it has one
+    ahead = conn.dialect.name == "postgresql" and getattr(job, "waiting_for", None) is not None
     ledger = [(_stage_steps(), {"run_id": job.run_id, "stage_id": job.stage_id})]
-    run, stage, more = _run_and_owned_stage(conn, job, worker, ledger if postgres else None)
+    run, stage, more = _run_and_owned_stage(conn, job, worker, ledger if ahead else None)
     if run is None or stage is None:
         return None, []
     if run.status not in ACTIVE or run.cancel_requested:

@@ -40,7 +40,7 @@ from engine_port.errors import (
 from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
-from ._rawsql import execute, execute_many
+from ._rawsql import execute, execute_many, execute_together
 from ._schedule import fresh_rows, touch
 from ._schema import (
     definitions,
@@ -72,6 +72,7 @@ __all__ = [
     "runs_query",
     "save_definition",
     "set_drain",
+    "signal_and_claim",
     "signal_run",
 ]
 
@@ -258,6 +259,29 @@ def signal_run(
     max_pending: int | None = None,
     known_graph: Callable[[str, str], GraphModel | None] | None = None,
 ) -> SignalResult:
+    """Queue a signal (see :func:`signal_and_claim`)."""
+    result, _ = signal_and_claim(
+        conn, run_id, name, payload, now, idempotency_key, max_pending, known_graph
+    )
+    return result
+
+
+Claim = Callable[[Any], "tuple[Any, dict[str, Any]] | None"]
+"""Given the locked run row, the statement (and parameters) that leases the job a signal
+wakes (``_jobs.claim_woken``), or None."""
+
+
+def signal_and_claim(
+    conn: Connection,
+    run_id: str,
+    name: str,
+    payload: Any,
+    now: float,
+    idempotency_key: str | None = None,
+    max_pending: int | None = None,
+    known_graph: Callable[[str, str], GraphModel | None] | None = None,
+    claim: Claim | None = None,
+) -> tuple[SignalResult, Any]:
     """Queue a signal behind the run's earlier ones of its name (the run row is locked, so
     ids follow arrival order); a repeat of ``idempotency_key`` is not queued again. A run
     holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError).
@@ -285,7 +309,8 @@ def signal_run(
             )
         ).first()
         if seen is not None:
-            return SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
+            repeat = SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
+            return repeat, None
     pending, waiting, queued = counts.first()
     if max_pending is not None and pending >= max_pending:
         raise SignalQueueFullError(run_id, name, max_pending)
@@ -299,7 +324,13 @@ def signal_run(
     }
     # (sent with the update below, in one round trip)
     execute(conn, _insert(signals, tuple(signal)), signal, later=True)
-    woken = execute(conn, _wake_signalled(), {"run_id": run_id, "waiting": waiting_for, "now": now})
+    wake = (_wake_signalled(), {"run_id": run_id, "waiting": waiting_for, "now": now})
+    take = None if claim is None else claim(run)
+    if take is None:
+        woken, job = execute(conn, *wake), None
+    else:  # the wake and the lease of the job it makes ready: one round trip on PostgreSQL
+        woken, leased = execute_together(conn, [wake, take])
+        job = leased.first()
     if woken.rowcount:
         notify_due(conn)  # (the waiting stage's next worker may be in another process)
         # a job of the run is ready now: a suspended run runs (what refresh_status would
@@ -310,9 +341,10 @@ def signal_run(
         refresh_status(conn, run_id, now, run.status)  # (the locked row: no second read)
     # delivered: a suspended wait for this name is there to take it, i.e. more waits than
     # signals already queued ahead of it; else it stays buffered for a later wait
-    return SignalResult(
+    result = SignalResult(
         run_id=run_id, name=name, delivered=waiting > queued, already_completed=False
     )
+    return result, job
 
 
 def cancel_run(conn: Connection, run_id: str, now: float) -> bool:
