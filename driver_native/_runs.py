@@ -41,7 +41,7 @@ from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
 from ._rawsql import execute, execute_many, execute_together
-from ._schedule import fresh_rows, touch
+from ._schedule import JOBS_CHUNK, fresh_rows, reserve_ids, reserved, touch
 from ._schema import (
     definitions,
     drains,
@@ -146,11 +146,24 @@ def create_run(
     graph = shape.graph
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own jobs)
-    drain = execute(conn, _drain_query(), {"wf": graph.workflow_id}).first()
+    # the reads up front in one round trip on PostgreSQL: a drain, the idempotency key, and
+    # job ids for the stages handed off (their jobs then go out with the COMMIT)
+    calls = [(_drain_query(), {"wf": graph.workflow_id})]
+    if key is not None:
+        calls.append((_by_key_query(), {"key": key}))
+    reserve = 0
+    if handoff is not None and handoff.limit > 0 and conn.dialect.name == "postgresql":
+        reserve = min(len(shape.groups[0]), JOBS_CHUNK) if shape.groups else 0
+    if reserve:
+        calls.append(reserve_ids(reserve))
+    got = execute_together(conn, calls) if len(calls) > 1 else [execute(conn, *calls[0])]
+    drain = got[0].first()
     if drain is not None:
         raise WorkflowDrainedError(graph.workflow_id, drain.target)
+    if handoff is not None:
+        handoff.reserved = reserved(got[-1]) if reserve else []
     if key is not None:
-        existing = execute(conn, _by_key_query(), {"key": key}).first()
+        existing = got[1].first()
         if existing is not None:
             if (existing.input_fingerprint, existing.workflow_id) != (
                 fingerprint,
@@ -204,6 +217,8 @@ def create_run(
     # (the stage rows just inserted are known: not read back)
     known = fresh_rows([s.id for s in graph.stages])
     drafts += schedule(conn, run, shape, now, handoff, run_values=run_values, known=known)
+    if handoff is not None:
+        handoff.reserved = []  # (ids not used are gaps in the sequence, nothing more)
     append_events(conn, run, drafts, now, **run_values)
     return run_id, True
 

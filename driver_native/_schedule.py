@@ -34,8 +34,11 @@ __all__ = [
     "Begin",
     "Handoff",
     "attempt_started",
+    "JOBS_CHUNK",
     "fresh_rows",
     "lc",
+    "reserve_ids",
+    "reserved",
     "schedule",
     "touch",
     "upstream_outputs",
@@ -116,7 +119,7 @@ class Ahead:
         if self.staged:
             calls.append((_staged_query(True), {"run_id": run_id}))
         if self.reserve:
-            calls.append((_reserve_query(), {"run_id": run_id, "n": self.reserve}))
+            calls.append((_reserve_query(True), {"run_id": run_id, "n": self.reserve}))
         return calls
 
     def took(self, results: list[Any]) -> None:
@@ -125,22 +128,29 @@ class Ahead:
         if self.staged:
             self.staged_rows = list(results[1])
         if self.reserve:
-            self.reserved = [(r.id, float(r.clock)) for r in results[-1]]
+            self.reserved = reserved(results[-1])
 
 
 @functools.cache
-def _reserve_query() -> Any:
-    """``n`` fresh job ids and the database clock, if the run's current group has one open
-    stage left (PostgreSQL: nothing is taken from the sequence otherwise)."""
+def _reserve_query(closing: bool = True) -> Any:
+    """PostgreSQL: ``n`` fresh job ids and the database clock (``closing``: only if the run's
+    current group has one open stage left; nothing is taken from the sequence otherwise)."""
     sequence = sa.func.pg_get_serial_sequence(jobs.name, "id")
-    return (
-        sa.select(
-            sa.func.nextval(sequence).label("id"),
-            db_clock_sql().label("clock"),
-        )
-        .select_from(sa.func.generate_series(1, sa.bindparam("n", type_=sa.Integer)))
-        .where(_closing())
-    )
+    query = sa.select(
+        sa.func.nextval(sequence).label("id"),
+        db_clock_sql().label("clock"),
+    ).select_from(sa.func.generate_series(1, sa.bindparam("n", type_=sa.Integer)))
+    return query.where(_closing()) if closing else query
+
+
+def reserve_ids(n: int) -> tuple[Any, dict[str, Any]]:
+    """PostgreSQL: the read of ``n`` job ids for ``Handoff.reserved`` (for
+    ``execute_together``; :func:`reserved` makes its rows the list to keep)."""
+    return _reserve_query(False), {"n": n}
+
+
+def reserved(rows: Any) -> list[tuple[int, float]]:
+    return [(r.id, float(r.clock)) for r in rows]
 
 
 def lc(run: Any) -> Lifecycle:
