@@ -375,30 +375,11 @@ def _on_completed(
     _complete_stage(a, outcome)
     # a stage completes once per redrive cycle, and redrive clears what it re-runs, so no
     # staged events of this stage exist yet
-    if outcome.events:
-        execute_many(
-            a.conn,
-            _staged_insert(),
-            [
-                {
-                    "run_id": a.run.id,
-                    "stage_id": a.stage.stage_id,
-                    "idx": i,
-                    "type": e.type,
-                    "data": e.data,
-                }
-                for i, e in enumerate(outcome.events)
-            ],
-            later=True,
-        )
+    events = [
+        {"run_id": a.run.id, "stage_id": a.stage.stage_id, "idx": i, "type": e.type, "data": e.data}
+        for i, e in enumerate(outcome.events)
+    ]
     still_open = None if a.run.group_open is None else a.run.group_open - 1
-    if still_open is not None and still_open > 0:
-        # others of its group are still open (each has its job): nothing to schedule, and
-        # nothing to read (the run row counts them)
-        a.run_values["group_open"] = still_open
-        if handoff is not None:
-            handoff.quiet = handoff.finished = False
-        return "completed"
     known, staged = None, None
     if ahead is not None and still_open == 0:
         # read in the first round trip, before this transaction completed the stage
@@ -412,10 +393,19 @@ def _on_completed(
                 job_id=None,
                 has_steps=known[a.stage.stage_id].has_steps,
             )
-        if ahead.staged and not outcome.events:  # (else: its own events, just inserted)
-            staged = ahead.staged_rows
+        if ahead.staged:  # (this stage's events come last: it completed last)
+            staged = ahead.staged_rows + [SimpleNamespace(**e) for e in events]
         if handoff is not None:
             handoff.reserved = ahead.reserved
+    if events and staged is None:  # (with the staged events read ahead: only if kept)
+        execute_many(a.conn, _staged_insert(), events, later=True)
+    if still_open is not None and still_open > 0:
+        # others of its group are still open (each has its job): nothing to schedule, and
+        # nothing to read (the run row counts them)
+        a.run_values["group_open"] = still_open
+        if handoff is not None:
+            handoff.quiet = handoff.finished = False
+        return "completed"
     progressed = schedule(
         a.conn,
         a.run,
@@ -427,6 +417,9 @@ def _on_completed(
         known=known,
         staged=staged,
     )
+    if events and staged is not None and a.run_values.get("status") != RunStatus.COMPLETED:
+        # the run did not end here after all (its staged events were not released): keep them
+        execute_many(a.conn, _staged_insert(), events, later=True)
     if handoff is not None:
         handoff.reserved = []  # (ids not used are gaps in the sequence, nothing more)
     a.drafts += progressed

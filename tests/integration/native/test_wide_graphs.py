@@ -388,51 +388,13 @@ CHAIN3_ROUND_TRIPS = {
 
 
 async def test_round_trips_of_a_three_stage_run_are_pinned(
-    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+    make_engine: MakeEngine, round_trips: dict[str, list[int]]
 ) -> None:
     wf = _chain3()
     engine = await make_engine(wf)
     if not engine.kernel.db.is_postgres:
         pytest.skip("SQLite has no network round trips")
-    import psycopg
-    from psycopg.pq import TransactionStatus
-
-    trips = [0]
-    execute, leave = psycopg.Cursor.execute, psycopg.Pipeline.__exit__
-    commit = psycopg.Connection.commit
-
-    def counted_execute(self: Any, *a: Any, **k: Any) -> Any:
-        conn = self.connection
-        if conn._pipeline is None:  # (in a pipeline a statement is only queued)
-            trips[0] += 1
-            if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-                trips[0] += 1  # psycopg's implicit BEGIN, on its own
-        return execute(self, *a, **k)
-
-    def counted_exit(self: Any, *a: Any) -> Any:
-        trips[0] += 1  # the sync
-        return leave(self, *a)
-
-    def counted_commit(self: Any) -> Any:
-        if self.info.transaction_status != TransactionStatus.IDLE:
-            trips[0] += 1
-        return commit(self)
-
-    per_call: dict[str, list[int]] = defaultdict(list)
-    original = Database._tx_once
-
-    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        before = trips[0]
-        try:
-            return original(self, attempt, fn, *a, **k)
-        finally:
-            per_call[getattr(fn, "__name__", repr(fn))].append(trips[0] - before)
-
-    monkeypatch.setattr(Database, "_tx_once", counting)
-    monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
-    monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_exit)
-    monkeypatch.setattr(psycopg.Connection, "commit", counted_commit)
+    round_trips.clear()
     info = await _drive(engine, wf, handoff=1)
-    monkeypatch.undo()
     assert info.status == "completed" and info.output == 3
-    assert dict(per_call) == CHAIN3_ROUND_TRIPS, dict(per_call)
+    assert dict(round_trips) == CHAIN3_ROUND_TRIPS, dict(round_trips)
