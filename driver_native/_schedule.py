@@ -30,11 +30,11 @@ from ._shape import GraphShape
 from ._sql import db_clock, db_clock_sql, delete_later, in_binds, in_params, update_later
 
 __all__ = [
+    "JOBS_CHUNK",
     "Ahead",
     "Begin",
     "Handoff",
     "attempt_started",
-    "JOBS_CHUNK",
     "fresh_rows",
     "lc",
     "reserve_ids",
@@ -479,7 +479,7 @@ def _insert_jobs(
 @functools.cache
 def _job_row() -> Any:
     """A job row made in Python, shaped as the database returns it."""
-    return namedtuple("JobRow", [c.name for c in jobs.c])  # type: ignore[misc]
+    return namedtuple("JobRow", [c.name for c in jobs.c])
 
 
 def _insert_reserved(

@@ -75,9 +75,9 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
     assert info.finished_at is not None and info.input["n"] == 1
     # create (+ lease + begin the first stage), then one per stage outcome: no claim, no begin
     assert transactions == Counter({"_create_run_once": 1, "_apply_and_read": 3}), transactions
-    if engine.kernel.db.is_postgres:  # (2 and 4, 4, 4 before issue 12's "npg" changes)
-        assert dict(round_trips) == {"_create_run_once": [2], "_apply_and_read": [2, 2, 3]}, (
-            dict(round_trips)
+    if engine.kernel.db.is_postgres:  # (3 and 4, 4, 6 before issue 12's "npg" changes)
+        assert dict(round_trips) == {"_create_run_once": [2], "_apply_and_read": [2, 2, 3]}, dict(
+            round_trips
         )
     # wait() returns the state the last transition read: no read of the run after its end
     assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)
@@ -118,7 +118,7 @@ async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
     assert transactions == Counter({"_signal_and_begin": 1, "_consume": 1, "_apply_and_read": 1}), (
         transactions
     )
-    if engine.kernel.db.is_postgres:  # (8, 3, 4 before issue 12's "npg" changes)
+    if engine.kernel.db.is_postgres:  # (9, 3, 5 before issue 12's "npg" changes)
         assert dict(round_trips) == {
             "_signal_and_begin": [5],
             "_consume": [2],
