@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from engine_port.driver import WORKING_RUN_STATUSES
+from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._rawsql import execute
 from ._schema import jobs, runs
@@ -185,7 +185,7 @@ def _claim_woken_stmt(postgres: bool) -> Any:
             jobs.c.status == "ready",
             jobs.c.waiting_for == sa.bindparam("b_waiting_for"),
             jobs.c.available_at <= sa.bindparam("now", type_=sa.Float),
-            jobs.c.wfv.in_(sa.bindparam("served", expanding=True)),
+            jobs.c.wfv == sa.bindparam("wfv"),
         )
         .order_by(jobs.c.id)
         .limit(1)
@@ -204,24 +204,26 @@ def _claim_woken_stmt(postgres: bool) -> Any:
 
 def claim_woken(
     conn: Connection,
-    run_id: str,
+    run: Any,
     waiting_for: str,
     served: Collection[str],
     worker: str,
     lease: float,
     now: float,
-) -> Any:
-    """Lease to ``worker`` the job of ``run_id`` that this transaction made ready from its
-    ``waiting_for`` wait (a signal), if its "workflow@version" is ``served``: the job row,
-    or None. (The run row is locked by the caller: nobody else claims it meanwhile.)"""
-    if not served:
+) -> tuple[Any, dict[str, Any]] | None:
+    """The statement (and parameters) that leases to ``worker`` the job of ``run`` made
+    ready from its ``waiting_for`` wait (a signal), if the run's "workflow@version" is
+    ``served`` (None: it is not); run in the waking transaction after the wake (the run row
+    is locked by the caller: nobody else claims it meanwhile), it returns the job row."""
+    wfv = version_key(run.workflow_id, run.version)
+    if wfv not in served:
         return None
     params = {
-        "b_run_id": run_id,
+        "b_run_id": run.id,
         "b_waiting_for": waiting_for,
         "now": now,
-        "served": list(served),
+        "wfv": wfv,
         "worker": worker,
         "lease": lease,
     }
-    return conn.execute(_claim_woken_stmt(conn.dialect.name == "postgresql"), params).first()
+    return _claim_woken_stmt(conn.dialect.name == "postgresql"), params

@@ -173,13 +173,17 @@ def _signal_and_begin(
     handoff's worker and begun in the same transaction (no trip through the queue)."""
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own)
-    result = _runs.signal_run(conn, run_id, name, stored, now, idempotency_key, max_pending, known)
-    if handoff is None or handoff.limit < 1 or result.already_completed:
-        return result
-    job = _jobs.claim_woken(
-        conn, run_id, f"signal:{name}", served, handoff.worker, handoff.lease, now
+    claim = None
+    if handoff is not None and handoff.limit > 0:
+        worker, lease = handoff.worker, handoff.lease
+
+        def claim(run: Any) -> tuple[Any, dict[str, Any]] | None:
+            return _jobs.claim_woken(conn, run, f"signal:{name}", served, worker, lease, now)
+
+    result, job = _runs.signal_and_claim(
+        conn, run_id, name, stored, now, idempotency_key, max_pending, known, claim
     )
-    if job is not None:
+    if handoff is not None and job is not None:
         begun, _ = _progress.begin_attempt(conn, job, handoff.worker, now, shape_for(job.wfv))
         if begun is not None:
             handoff.jobs.append((job, begun))

@@ -79,6 +79,24 @@ def _take_signal() -> Any:
     )
 
 
+@functools.cache
+def _read_and_take() -> Any:
+    """PostgreSQL: the oldest unconsumed signal of the name and, in the same statement, its
+    guarded take (a data-modifying CTE): ``taken`` is None when a parallel stage of the run
+    took it first (no row at all: there is none)."""
+    oldest = _oldest_signal().cte("oldest")
+    taken = (
+        sa.update(signals)
+        .where(signals.c.id.in_(sa.select(oldest.c.id)), signals.c.consumed.is_(False))
+        .values(consumed=True)
+        .returning(signals.c.id)
+        .cte("taken")
+    )
+    return sa.select(oldest.c.id, oldest.c.payload, taken.c.id.label("taken")).select_from(
+        oldest.outerjoin(taken, sa.true())
+    )
+
+
 def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> Any:
     """Take the oldest unconsumed signal named ``rec.signal`` and journal ``rec`` with its
     payload, in one transaction. Parallel stages of one run may race for the same row: the
@@ -98,8 +116,17 @@ def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> A
         ).first()
         if done is not None:
             return done.result
+    params = {"run_id": run_id, "name": rec.signal}
+    postgres = conn.dialect.name == "postgresql"
     while True:
-        row = execute(conn, _oldest_signal(), {"run_id": run_id, "name": rec.signal}).first()
+        if postgres:  # read and take in one statement (one round trip)
+            row = execute(conn, _read_and_take(), params).first()
+            if row is None:
+                return _MISSING
+            if row.taken is not None:
+                break
+            continue
+        row = execute(conn, _oldest_signal(), params).first()
         if row is None:
             return _MISSING
         taken = execute(conn, _take_signal(), {"id": row.id})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,8 +29,9 @@ from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._jobs import notify_due
 from ._outbox import append_events
-from ._rawsql import execute, execute_many
+from ._rawsql import execute, execute_many, execute_together
 from ._schedule import (
+    Ahead,
     Begin,
     Handoff,
     attempt_started,
@@ -46,6 +48,7 @@ from ._sql import (
     run_and,
     select_where,
     try_run,
+    try_run_query,
     update_later,
     update_where,
 )
@@ -123,10 +126,13 @@ def _owned_stage_query() -> Any:
     )
 
 
-def _run_and_owned_stage(conn: Connection, job: Any, worker: str) -> tuple[Any, Any]:
+def _run_and_owned_stage(
+    conn: Connection, job: Any, worker: str, more: list[tuple[Any, dict[str, Any]]] | None = None
+) -> tuple[Any, Any, list[Any]]:
     """The run row (locked) and the stage row (and whether it has a step ledger), if the job
     is still ``worker``'s lease on it (ids alone can be reused): ownership check and stage
-    read in one query, sent with the run's in one round trip on PostgreSQL."""
+    read in one query, sent with the run's in one round trip on PostgreSQL, with the reads
+    ``more`` (their results third)."""
     params = {
         "job_id": job.id,
         "run_id": job.run_id,
@@ -134,8 +140,21 @@ def _run_and_owned_stage(conn: Connection, job: Any, worker: str) -> tuple[Any, 
         "kind": job.kind,
         "worker": worker,
     }
-    run, stage = run_and(conn, job.run_id, _owned_stage_query(), params)
-    return run, None if run is None else stage.first()
+    if not more:
+        run, stage = run_and(conn, job.run_id, _owned_stage_query(), params)
+        return run, None if run is None else stage.first(), []
+    calls = [(try_run_query(), {"k_id": job.run_id}), (_owned_stage_query(), params)]
+    got = execute_together(conn, calls + more)
+    run = got[0].first()
+    return run, None if run is None else got[1].first(), got[2:]
+
+
+@functools.cache
+def _stage_steps() -> Any:
+    """The step ledger of one stage (built once)."""
+    return sa.select(steps).where(
+        steps.c.run_id == sa.bindparam("run_id"), steps.c.stage_id == sa.bindparam("stage_id")
+    )
 
 
 def _stage(conn: Connection, run_id: str, stage_id: str) -> Any:
@@ -191,7 +210,11 @@ def begin_attempt(
 ) -> tuple[Begin | None, list[EventDraft]]:
     """Mark the stage running (emitting run.started / stage.started when they are new).
     Reads the outputs of the stage's upstream only (what ``ctx.output_of`` may read)."""
-    run, stage = _run_and_owned_stage(conn, job, worker)
+    # a stage resumed from a wait (a sleep, a signal, a poll) has a step ledger: on PostgreSQL
+    # it is read in the same round trip; otherwise only if the stage row says it has one
+    ahead = conn.dialect.name == "postgresql" and getattr(job, "waiting_for", None) is not None
+    ledger = [(_stage_steps(), {"run_id": job.run_id, "stage_id": job.stage_id})]
+    run, stage, more = _run_and_owned_stage(conn, job, worker, ledger if ahead else None)
     if run is None or stage is None:
         return None, []
     if run.status not in ACTIVE or run.cancel_requested:
@@ -225,7 +248,9 @@ def begin_attempt(
     append_events(conn, run, drafts, now, **run_values)
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     step_rows: list[Any] = []
-    if stage.has_steps:
+    if more:
+        step_rows = list(more[0])
+    elif stage.has_steps:
         step_rows = list(select_where(conn, steps, run_id=run.id, stage_id=stage.stage_id).all())
     begin = Begin(
         run_id=run.id,
@@ -341,28 +366,39 @@ def _staged_insert() -> Any:
 
 
 def _on_completed(
-    a: _Attempt, outcome: Completed, shape: GraphShape, handoff: Handoff | None
+    a: _Attempt,
+    outcome: Completed,
+    shape: GraphShape,
+    handoff: Handoff | None,
+    ahead: Ahead | None = None,
 ) -> str:
     _complete_stage(a, outcome)
     # a stage completes once per redrive cycle, and redrive clears what it re-runs, so no
     # staged events of this stage exist yet
-    if outcome.events:
-        execute_many(
-            a.conn,
-            _staged_insert(),
-            [
-                {
-                    "run_id": a.run.id,
-                    "stage_id": a.stage.stage_id,
-                    "idx": i,
-                    "type": e.type,
-                    "data": e.data,
-                }
-                for i, e in enumerate(outcome.events)
-            ],
-            later=True,
-        )
+    events = [
+        {"run_id": a.run.id, "stage_id": a.stage.stage_id, "idx": i, "type": e.type, "data": e.data}
+        for i, e in enumerate(outcome.events)
+    ]
     still_open = None if a.run.group_open is None else a.run.group_open - 1
+    known, staged = None, None
+    if ahead is not None and still_open == 0:
+        # read in the first round trip, before this transaction completed the stage
+        known = dict(ahead.rows)
+        if a.stage.stage_id in known:
+            known[a.stage.stage_id] = SimpleNamespace(
+                stage_id=a.stage.stage_id,
+                status=StageStatus.COMPLETED,
+                output=outcome.output,
+                has_output=True,
+                job_id=None,
+                has_steps=known[a.stage.stage_id].has_steps,
+            )
+        if ahead.staged:  # (this stage's events come last: it completed last)
+            staged = ahead.staged_rows + [SimpleNamespace(**e) for e in events]
+        if handoff is not None:
+            handoff.reserved = ahead.reserved
+    if events and staged is None:  # (with the staged events read ahead: only if kept)
+        execute_many(a.conn, _staged_insert(), events, later=True)
     if still_open is not None and still_open > 0:
         # others of its group are still open (each has its job): nothing to schedule, and
         # nothing to read (the run row counts them)
@@ -371,8 +407,21 @@ def _on_completed(
             handoff.quiet = handoff.finished = False
         return "completed"
     progressed = schedule(
-        a.conn, a.run, shape, a.now, handoff, a.run_values, group_done=still_open == 0
+        a.conn,
+        a.run,
+        shape,
+        a.now,
+        handoff,
+        a.run_values,
+        group_done=still_open == 0,
+        known=known,
+        staged=staged,
     )
+    if events and staged is not None and a.run_values.get("status") != RunStatus.COMPLETED:
+        # the run did not end here after all (its staged events were not released): keep them
+        execute_many(a.conn, _staged_insert(), events, later=True)
+    if handoff is not None:
+        handoff.reserved = []  # (ids not used are gaps in the sequence, nothing more)
     a.drafts += progressed
     # the run moved on (finished, or handed its next stages to this worker): its status is
     # already right, so skip recomputing it
@@ -491,10 +540,20 @@ def apply_outcome(
     if handoff is not None:
         handoff.jobs.clear()  # a re-run of this transaction (after a lost connection) hands
         # off only what its own try enqueued
-    run, stage = _run_and_owned_stage(conn, job, worker)
+        handoff.reserved = []
+    shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
+    ahead = None
+    if isinstance(outcome, Completed) and not cancelled and conn.dialect.name == "postgresql":
+        # what scheduling the next group reads, in the first round trip (PostgreSQL only: a
+        # pipeline makes the reads free there, on SQLite each would be a statement)
+        ahead = Ahead.plan(shape, job.stage_id, handoff)
+    run, stage, more = _run_and_owned_stage(
+        conn, job, worker, None if ahead is None else ahead.calls(job.run_id)
+    )
+    if ahead is not None:
+        ahead.took(more)
     if run is None or stage is None:
         return "discarded"  # our lease was lost: another worker owns this stage now
-    shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     a = _Attempt(conn, run, stage, job, worker, now)
     stopping = run.status not in ACTIVE or run.cancel_requested
     failing = run.status == RunStatus.COMPENSATING and not run.cancel_requested
@@ -503,7 +562,7 @@ def apply_outcome(
     elif cancelled or stopping:
         result = _on_cancelled(a)
     elif isinstance(outcome, Completed):
-        result = _on_completed(a, outcome, shape, handoff)
+        result = _on_completed(a, outcome, shape, handoff, ahead)
     elif isinstance(outcome, Abandoned):
         # the engine's storage failed during the attempt (DESIGN §5): as after a crash, the
         # stage stays running with its attempt number, no event, and the job is due again

@@ -40,8 +40,8 @@ from engine_port.errors import (
 from ._jobs import notify_due
 from ._outbox import append_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
-from ._rawsql import execute, execute_many
-from ._schedule import fresh_rows
+from ._rawsql import execute, execute_many, execute_together
+from ._schedule import JOBS_CHUNK, fresh_rows, reserve_ids, reserved, touch
 from ._schema import (
     definitions,
     drains,
@@ -72,6 +72,7 @@ __all__ = [
     "runs_query",
     "save_definition",
     "set_drain",
+    "signal_and_claim",
     "signal_run",
 ]
 
@@ -145,11 +146,24 @@ def create_run(
     graph = shape.graph
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own jobs)
-    drain = execute(conn, _drain_query(), {"wf": graph.workflow_id}).first()
+    # the reads up front in one round trip on PostgreSQL: a drain, the idempotency key, and
+    # job ids for the stages handed off (their jobs then go out with the COMMIT)
+    calls = [(_drain_query(), {"wf": graph.workflow_id})]
+    if key is not None:
+        calls.append((_by_key_query(), {"key": key}))
+    reserve = 0
+    if handoff is not None and handoff.limit > 0 and conn.dialect.name == "postgresql":
+        reserve = min(len(shape.groups[0]), JOBS_CHUNK) if shape.groups else 0
+    if reserve:
+        calls.append(reserve_ids(reserve))
+    got = execute_together(conn, calls) if len(calls) > 1 else [execute(conn, *calls[0])]
+    drain = got[0].first()
     if drain is not None:
         raise WorkflowDrainedError(graph.workflow_id, drain.target)
+    if handoff is not None:
+        handoff.reserved = reserved(got[-1]) if reserve else []
     if key is not None:
-        existing = execute(conn, _by_key_query(), {"key": key}).first()
+        existing = got[1].first()
         if existing is not None:
             if (existing.input_fingerprint, existing.workflow_id) != (
                 fingerprint,
@@ -203,6 +217,8 @@ def create_run(
     # (the stage rows just inserted are known: not read back)
     known = fresh_rows([s.id for s in graph.stages])
     drafts += schedule(conn, run, shape, now, handoff, run_values=run_values, known=known)
+    if handoff is not None:
+        handoff.reserved = []  # (ids not used are gaps in the sequence, nothing more)
     append_events(conn, run, drafts, now, **run_values)
     return run_id, True
 
@@ -258,6 +274,29 @@ def signal_run(
     max_pending: int | None = None,
     known_graph: Callable[[str, str], GraphModel | None] | None = None,
 ) -> SignalResult:
+    """Queue a signal (see :func:`signal_and_claim`)."""
+    result, _ = signal_and_claim(
+        conn, run_id, name, payload, now, idempotency_key, max_pending, known_graph
+    )
+    return result
+
+
+Claim = Callable[[Any], "tuple[Any, dict[str, Any]] | None"]
+"""Given the locked run row, the statement (and parameters) that leases the job a signal
+wakes (``_jobs.claim_woken``), or None."""
+
+
+def signal_and_claim(
+    conn: Connection,
+    run_id: str,
+    name: str,
+    payload: Any,
+    now: float,
+    idempotency_key: str | None = None,
+    max_pending: int | None = None,
+    known_graph: Callable[[str, str], GraphModel | None] | None = None,
+    claim: Claim | None = None,
+) -> tuple[SignalResult, Any]:
     """Queue a signal behind the run's earlier ones of its name (the run row is locked, so
     ids follow arrival order); a repeat of ``idempotency_key`` is not queued again. A run
     holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError).
@@ -285,7 +324,8 @@ def signal_run(
             )
         ).first()
         if seen is not None:
-            return SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
+            repeat = SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
+            return repeat, None
     pending, waiting, queued = counts.first()
     if max_pending is not None and pending >= max_pending:
         raise SignalQueueFullError(run_id, name, max_pending)
@@ -299,15 +339,27 @@ def signal_run(
     }
     # (sent with the update below, in one round trip)
     execute(conn, _insert(signals, tuple(signal)), signal, later=True)
-    woken = execute(conn, _wake_signalled(), {"run_id": run_id, "waiting": waiting_for, "now": now})
+    wake = (_wake_signalled(), {"run_id": run_id, "waiting": waiting_for, "now": now})
+    take = None if claim is None else claim(run)
+    if take is None:
+        woken, job = execute(conn, *wake), None
+    else:  # the wake and the lease of the job it makes ready: one round trip on PostgreSQL
+        woken, leased = execute_together(conn, [wake, take])
+        job = leased.first()
     if woken.rowcount:
         notify_due(conn)  # (the waiting stage's next worker may be in another process)
-    refresh_status(conn, run_id, now)
+        # a job of the run is ready now: a suspended run runs (what refresh_status would
+        # conclude from its jobs, without reading them)
+        if run.status == RunStatus.SUSPENDED:
+            touch(conn, run_id, now, status=RunStatus.RUNNING)
+    else:
+        refresh_status(conn, run_id, now, run.status)  # (the locked row: no second read)
     # delivered: a suspended wait for this name is there to take it, i.e. more waits than
     # signals already queued ahead of it; else it stays buffered for a later wait
-    return SignalResult(
+    result = SignalResult(
         run_id=run_id, name=name, delivered=waiting > queued, already_completed=False
     )
+    return result, job
 
 
 def cancel_run(conn: Connection, run_id: str, now: float) -> bool:

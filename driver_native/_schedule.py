@@ -11,6 +11,7 @@ Every function here runs inside one transaction that the kernel opened; none run
 from __future__ import annotations
 
 import functools
+from collections import namedtuple
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -26,14 +27,18 @@ from ._jobs import notify_due
 from ._rawsql import execute
 from ._schema import jobs, runs, staged_events, stages, steps
 from ._shape import GraphShape
-from ._sql import db_clock, db_clock_sql, delete_where, in_binds, in_params, update_later
+from ._sql import db_clock, db_clock_sql, delete_later, in_binds, in_params, update_later
 
 __all__ = [
+    "JOBS_CHUNK",
+    "Ahead",
     "Begin",
     "Handoff",
     "attempt_started",
     "fresh_rows",
     "lc",
+    "reserve_ids",
+    "reserved",
     "schedule",
     "touch",
     "upstream_outputs",
@@ -71,6 +76,81 @@ class Handoff:
     # enqueued is in ``jobs`` (the host need not look for work)
     quiet: bool = False
     finished: bool = False  # the transition ended the run (completed)
+    # job ids this transaction reserved ahead (PostgreSQL), each with the database clock when
+    # it did: jobs handed with them are inserted with the COMMIT, not read back (``Ahead``)
+    reserved: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Ahead:
+    """What a stage completion reads in its first round trip on PostgreSQL (with the run row
+    and its own stage), in case it closes its group: the stage rows scheduling reads next and,
+    in the last group, the run's staged events. The reads ask the run row themselves and come
+    back empty unless this completion closes the group (``group_open`` is 1), so a sibling in
+    a wide group pays nothing for them."""
+
+    ids: list[str]
+    staged: bool  # the run's staged events are read too (the last group)
+    reserve: int = 0  # job ids to reserve for the next group (see ``Handoff.reserved``)
+    rows: dict[str, Any] = field(default_factory=dict)
+    staged_rows: list[Any] = field(default_factory=list)
+    reserved: list[tuple[int, float]] = field(default_factory=list)
+
+    @classmethod
+    def plan(cls, shape: GraphShape, stage_id: str, handoff: Handoff | None) -> Ahead | None:
+        """The reads for a completion of ``stage_id`` (None: too many rows to read ahead)."""
+        group = shape.group_of(stage_id)
+        if group is None:
+            return None
+        want = _wanted(shape, group, handoff)
+        last = group + 1 == len(shape.groups)
+        if not last:
+            want |= _wanted(shape, group + 1, handoff)
+        if len(want) > IN_CHUNK:
+            return None
+        reserve = 0
+        if not last and handoff is not None and handoff.limit > 0:
+            reserve = min(len(shape.groups[group + 1]), JOBS_CHUNK)
+        return cls(sorted(want), last, reserve)
+
+    def calls(self, run_id: str) -> list[tuple[Any, dict[str, Any]]]:
+        """The statements (and parameters) of the reads, for ``execute_together``."""
+        calls = [(_rows_query(len(self.ids), True), {"run_id": run_id} | in_params(self.ids))]
+        if self.staged:
+            calls.append((_staged_query(True), {"run_id": run_id}))
+        if self.reserve:
+            calls.append((_reserve_query(True), {"run_id": run_id, "n": self.reserve}))
+        return calls
+
+    def took(self, results: list[Any]) -> None:
+        """Keep what :meth:`calls` returned."""
+        self.rows = {r.stage_id: r for r in results[0]}
+        if self.staged:
+            self.staged_rows = list(results[1])
+        if self.reserve:
+            self.reserved = reserved(results[-1])
+
+
+@functools.cache
+def _reserve_query(closing: bool = True) -> Any:
+    """PostgreSQL: ``n`` fresh job ids and the database clock (``closing``: only if the run's
+    current group has one open stage left; nothing is taken from the sequence otherwise)."""
+    sequence = sa.func.pg_get_serial_sequence(jobs.name, "id")
+    query = sa.select(
+        sa.func.nextval(sequence).label("id"),
+        db_clock_sql().label("clock"),
+    ).select_from(sa.func.generate_series(1, sa.bindparam("n", type_=sa.Integer)))
+    return query.where(_closing()) if closing else query
+
+
+def reserve_ids(n: int) -> tuple[Any, dict[str, Any]]:
+    """PostgreSQL: the read of ``n`` job ids for ``Handoff.reserved`` (for
+    ``execute_together``; :func:`reserved` makes its rows the list to keep)."""
+    return _reserve_query(False), {"n": n}
+
+
+def reserved(rows: Any) -> list[tuple[int, float]]:
+    return [(r.id, float(r.clock)) for r in rows]
 
 
 def lc(run: Any) -> Lifecycle:
@@ -99,9 +179,16 @@ def _chunks(ids: Collection[str]) -> list[list[str]]:
     return [ordered[i : i + IN_CHUNK] for i in range(0, len(ordered), IN_CHUNK)]
 
 
+def _closing() -> Any:
+    """The run's current group has one open stage left (the completion reading ahead closes
+    it): a condition of the reads ahead, so they cost nothing otherwise."""
+    return sa.exists().where(runs.c.id == sa.bindparam("run_id"), runs.c.group_open == 1)
+
+
 @functools.cache
-def _rows_query(n: int) -> Any:
-    """Some stages of a run: status, output, whether a stage job and a step ledger exist."""
+def _rows_query(n: int, closing: bool = False) -> Any:
+    """Some stages of a run: status, output, whether a stage job and a step ledger exist
+    (``closing``: only if the run's current group has one open stage, see ``Ahead``)."""
     has_steps = (
         sa.exists()
         .where(steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id)
@@ -115,7 +202,7 @@ def _rows_query(n: int) -> Any:
             jobs.c.kind == "stage",
         ),
     )
-    return (
+    query = (
         sa.select(
             stages.c.stage_id,
             stages.c.status,
@@ -127,6 +214,7 @@ def _rows_query(n: int) -> Any:
         .select_from(joined)
         .where(stages.c.run_id == sa.bindparam("run_id"), stages.c.stage_id.in_(in_binds(n)))
     )
+    return query.where(_closing()) if closing else query
 
 
 def fresh_rows(ids: Collection[str]) -> dict[str, Any]:
@@ -197,13 +285,15 @@ def schedule(
     *,
     group_done: bool = False,
     known: dict[str, Any] | None = None,
+    staged: list[Any] | None = None,
 ) -> list[EventDraft]:
     """Enqueue the first group with unfinished stages; finish the run when none is left.
     With ``run_values``, run-row changes are collected there for the caller's one update.
     Reads the stages of the groups it looks at (and what handed stages may read), never
     every stage of the run; ``group_done``: the caller saw the current group's last open
     stage complete, so the next group's rows are read in the same query. ``known``: stage
-    rows the caller has (as ``_stage_rows`` reads them), not read again."""
+    rows the caller has (as ``_stage_rows`` reads them), not read again; ``staged``: the
+    run's staged events, when the caller has read them."""
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     groups = shape.groups
     values: dict[str, Any] = run_values if run_values is not None else {}
@@ -226,7 +316,7 @@ def schedule(
             break
         group += 1
     else:
-        drafts = _finish_completed(conn, run, shape, seen, now, values)
+        drafts = _finish_completed(conn, run, shape, seen, now, values, staged)
         if handoff is not None:
             handoff.quiet = handoff.finished = True
     if run_values is None and values:
@@ -255,6 +345,9 @@ def _enqueue(
     drafts: list[EventDraft] = []
     if new:
         wfv = version_key(run.workflow_id, run.version)
+        reserved: list[tuple[int, float]] = []
+        if handoff is not None and take and len(handoff.reserved) >= len(new):
+            reserved, handoff.reserved = handoff.reserved, []
         inserted = _insert_jobs(
             conn,
             postgres,
@@ -278,6 +371,8 @@ def _enqueue(
                 }
                 for s in new
             ],
+            reserved,
+            returning=bool(take),
         )
         if len(take) < len(new):
             notify_due(conn)  # jobs left for the queue: wake other processes
@@ -356,13 +451,62 @@ def _jobs_insert(postgres: bool, n: int) -> Any:
     return jobs.insert().values(rows).returning(*jobs.c)
 
 
-def _insert_jobs(conn: Connection, postgres: bool, new: list[dict[str, Any]]) -> list[Any]:
+def _insert_jobs(
+    conn: Connection,
+    postgres: bool,
+    new: list[dict[str, Any]],
+    reserved: list[tuple[int, float]],
+    *,
+    returning: bool,
+) -> list[Any]:
+    """Insert the jobs ``new`` (their rows back when ``returning``). With ``reserved`` ids
+    (PostgreSQL, as many as ``new``) the rows are made here and the insert waits for the
+    COMMIT's pipeline; without ``returning`` nobody reads them, and it waits too."""
+    if reserved:
+        return _insert_reserved(conn, new, reserved)
     out: list[Any] = []
     for at in range(0, len(new), JOBS_CHUNK):
         chunk = new[at : at + JOBS_CHUNK]
         params = {f"{k}_{i}": v for i, row in enumerate(chunk) for k, v in row.items()}
-        out += execute(conn, _jobs_insert(postgres, len(chunk)), params).all()
+        stmt = _jobs_insert(postgres, len(chunk))
+        if returning:
+            out += execute(conn, stmt, params).all()
+        else:
+            execute(conn, stmt, params, later=True)
     return out
+
+
+@functools.cache
+def _job_row() -> Any:
+    """A job row made in Python, shaped as the database returns it."""
+    return namedtuple("JobRow", [c.name for c in jobs.c])
+
+
+def _insert_reserved(
+    conn: Connection, new: list[dict[str, Any]], reserved: list[tuple[int, float]]
+) -> list[Any]:
+    """PostgreSQL: insert jobs with ids reserved ahead (a handed job's lease runs from the
+    database clock read then), sent with the COMMIT; their rows are made here."""
+    make = _job_row()
+    out: list[Any] = []
+    for (job_id, clock), given in zip(reserved, new, strict=False):
+        row = {k: v for k, v in given.items() if k != "lease_for"}
+        lease_for = given.get("lease_for")
+        row |= {"id": job_id, "lease_expires_at": None if lease_for is None else clock + lease_for}
+        out.append(make(**{c.name: row.get(c.name) for c in jobs.c}))
+    values = [r._asdict() for r in out]
+    for at in range(0, len(values), JOBS_CHUNK):
+        chunk = values[at : at + JOBS_CHUNK]
+        params = {f"{k}_{i}": v for i, row in enumerate(chunk) for k, v in row.items()}
+        execute(conn, _jobs_insert_ids(len(chunk)), params, later=True)
+    return out
+
+
+@functools.cache
+def _jobs_insert_ids(n: int) -> Any:
+    """Insert ``n`` jobs whose every column is given (their ids reserved ahead)."""
+    rows = [{c.name: sa.bindparam(f"{c.name}_{i}", type_=c.type) for c in jobs.c} for i in range(n)]
+    return jobs.insert().values(rows)
 
 
 @functools.cache
@@ -383,9 +527,10 @@ def _lease_deadline(conn: Connection, lease: float, now: float) -> float:
 
 
 @functools.cache
-def _staged_query() -> Any:
-    """A run's staged business events in release order (stage completion, then emit order)."""
-    return (
+def _staged_query(closing: bool = False) -> Any:
+    """A run's staged business events in release order (stage completion, then emit order;
+    ``closing``: only if the run's current group has one open stage, see ``Ahead``)."""
+    query = (
         sa.select(staged_events, stages.c.completed_order)
         .join(
             stages,
@@ -397,6 +542,7 @@ def _staged_query() -> Any:
         .where(staged_events.c.run_id == sa.bindparam("run_id"))
         .order_by(stages.c.completed_order, staged_events.c.idx)
     )
+    return query.where(_closing()) if closing else query
 
 
 def _finish_completed(
@@ -406,15 +552,17 @@ def _finish_completed(
     rows: dict[str, Any],
     now: float,
     values: dict[str, Any],
+    staged: list[Any] | None = None,
 ) -> list[EventDraft]:
     life = lc(run)
     sinks = shape.sinks()
     outputs = upstream_outputs(conn, run.id, sinks, rows)
-    staged = execute(conn, _staged_query(), {"run_id": run.id}).all()
+    if staged is None:
+        staged = execute(conn, _staged_query(), {"run_id": run.id}).all()
     drafts = [life.business(r.stage_id, r.idx, r.type, r.data) for r in staged]
     drafts.append(life.run_completed())
     if staged:
-        delete_where(conn, staged_events, run_id=run.id)
+        delete_later(conn, staged_events, run_id=run.id)
     values.update(
         status=RunStatus.COMPLETED,
         output=run_output(sinks, outputs),

@@ -17,13 +17,14 @@ __all__ = ["GraphShape"]
 class GraphShape:
     """A read-only index of one graph: stages by id, sinks, and each stage's upstream."""
 
-    __slots__ = ("_by_id", "_sinks", "graph")
+    __slots__ = ("_by_id", "_group_of", "_sinks", "graph")
 
     def __init__(self, graph: GraphModel) -> None:
         self.graph = graph
         self._by_id = {s.id: s for s in graph.stages}
         used = {d for s in graph.stages for d in s.after}
         self._sinks = tuple(s.id for s in graph.stages if s.id not in used)
+        self._group_of = {sid: i for i, ids in enumerate(graph.groups) for sid in ids}
 
     @property
     def groups(self) -> list[list[str]]:
@@ -34,6 +35,10 @@ class GraphShape:
             return self._by_id[stage_id]
         except KeyError:
             return self.graph.stage(stage_id)  # raises the port's DefinitionError
+
+    def group_of(self, stage_id: str) -> int | None:
+        """The index of the execution group ``stage_id`` belongs to (None: not a stage)."""
+        return self._group_of.get(stage_id)
 
     def sinks(self) -> list[str]:
         return list(self._sinks)

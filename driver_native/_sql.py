@@ -31,6 +31,7 @@ __all__ = [
     "select_where",
     "stages_of_run",
     "try_run",
+    "try_run_query",
     "update_later",
     "update_where",
     "upsert",
@@ -134,6 +135,11 @@ def in_params(values: Sequence[Any], prefix: str = "id") -> dict[str, Any]:
 
 def try_run(conn: Connection, run_id: str, *, lock: bool = True) -> Any:
     return select_where(conn, runs, lock=lock, id=run_id).first()
+
+
+def try_run_query() -> Any:
+    """``SELECT * FROM runs WHERE id = :k_id FOR UPDATE`` (built once; PostgreSQL's lock)."""
+    return _select(runs, ("id",), True)
 
 
 def stages_of_run() -> Any:

@@ -4,6 +4,7 @@ parametrized ``database_url`` (a SQLite file, or a fresh PostgreSQL schema)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -104,3 +105,60 @@ async def eventually(
 
 def types(events: list[Any], stage: str | None = None) -> list[str]:
     return [e.type for e in events if stage is None or e.stage == stage]
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[int]]]:
+    """PostgreSQL network round trips (BEGIN and COMMIT included) per write transaction, by
+    the name of its function, in call order: psycopg's blocking waits outside a pipeline and
+    one per pipeline sync, counted in the thread that runs the transaction."""
+    from collections import defaultdict
+
+    from driver_native._db import Database
+
+    per_call: dict[str, list[int]] = defaultdict(list)
+    local = threading.local()
+
+    def count(n: int = 1) -> None:
+        local.trips = getattr(local, "trips", 0) + n
+
+    try:
+        import psycopg
+        from psycopg.pq import TransactionStatus
+    except ImportError:
+        yield per_call
+        return
+    execute, leave = psycopg.Cursor.execute, psycopg.Pipeline.__exit__
+    commit = psycopg.Connection.commit
+
+    def counted_execute(self: Any, *a: Any, **k: Any) -> Any:
+        conn = self.connection
+        if conn._pipeline is None:  # (in a pipeline a statement is only queued)
+            count()
+            if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                count()  # psycopg's implicit BEGIN, on its own
+        return execute(self, *a, **k)
+
+    def counted_exit(self: Any, *a: Any) -> Any:
+        count()  # the sync
+        return leave(self, *a)
+
+    def counted_commit(self: Any) -> Any:
+        if self.info.transaction_status != TransactionStatus.IDLE:
+            count()
+        return commit(self)
+
+    original = Database._tx_once
+
+    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
+        before = getattr(local, "trips", 0)
+        try:
+            return original(self, attempt, fn, *a, **k)
+        finally:
+            per_call[getattr(fn, "__name__", repr(fn))].append(getattr(local, "trips", 0) - before)
+
+    monkeypatch.setattr(Database, "_tx_once", counting)
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
+    monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_exit)
+    monkeypatch.setattr(psycopg.Connection, "commit", counted_commit)
+    yield per_call

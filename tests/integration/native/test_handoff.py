@@ -55,7 +55,10 @@ async def _first_maintenance_done(host: Any) -> None:
 
 
 async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
-    make_engine: MakeEngine, transactions: Counter[str], reads: Counter[str]
+    make_engine: MakeEngine,
+    transactions: Counter[str],
+    reads: Counter[str],
+    round_trips: dict[str, list[int]],
 ) -> None:
     engine = await make_engine(w.linear)
     async with engine.worker(maintenance_interval=3600) as host:
@@ -64,6 +67,7 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
         await _first_maintenance_done(host)
         transactions.clear()
         reads.clear()
+        round_trips.clear()
         run = await engine.start(w.linear, {"n": 1})
         info = await engine.wait(run.id, timeout=30)
     assert info.status == "completed" and info.output == {"result": 5}
@@ -71,6 +75,10 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
     assert info.finished_at is not None and info.input["n"] == 1
     # create (+ lease + begin the first stage), then one per stage outcome: no claim, no begin
     assert transactions == Counter({"_create_run_once": 1, "_apply_and_read": 3}), transactions
+    if engine.kernel.db.is_postgres:  # (3 and 4, 4, 6 before issue 12's "npg" changes)
+        assert dict(round_trips) == {"_create_run_once": [2], "_apply_and_read": [2, 2, 3]}, dict(
+            round_trips
+        )
     # wait() returns the state the last transition read: no read of the run after its end
     assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)
     assert info == await engine.get_run(run.id)
@@ -83,7 +91,10 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
 
 
 async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
-    make_engine: MakeEngine, transactions: Counter[str], reads: Counter[str]
+    make_engine: MakeEngine,
+    transactions: Counter[str],
+    reads: Counter[str],
+    round_trips: dict[str, list[int]],
 ) -> None:
     """signal() -> completion with a worker in this process: the signal's transaction leases
     and begins the woken stage (no wake-up, due-jobs look or claim), the stage consumes the
@@ -100,11 +111,18 @@ async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
         await asyncio.sleep(0.05)  # (the worker goes idle after the suspension)
         transactions.clear()
         reads.clear()
+        round_trips.clear()
         await engine.signal(run.id, "go", {"ok": True})
         done = await engine.wait(run.id, timeout=30)
     assert done.status == "completed"
     assert transactions == Counter({"_signal_and_begin": 1, "_consume": 1, "_apply_and_read": 1}), (
         transactions
     )
+    if engine.kernel.db.is_postgres:  # (9, 3, 5 before issue 12's "npg" changes)
+        assert dict(round_trips) == {
+            "_signal_and_begin": [5],
+            "_consume": [2],
+            "_apply_and_read": [3],
+        }, dict(round_trips)
     assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)
     assert host.stats()["handed_off"] == 3  # prep at start, wait_go by prep, the resume

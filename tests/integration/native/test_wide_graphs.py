@@ -351,7 +351,8 @@ CHAIN3_STATEMENTS = {
         "_create_run_once": [8],
         "claim": [1],
         "begin_attempt": [5],
-        "apply_outcome": [9, 9, 8],
+        # (one more than SQLite's 9: the job id reserved ahead, in the first pipeline)
+        "apply_outcome": [10, 10, 8],
     },
 }
 
@@ -372,3 +373,28 @@ async def test_statements_of_a_three_stage_run_are_pinned(
     assert info.status == "completed" and info.output == 3
     got = {k: [s for s, _ in v] for k, v in work.per_call.items()}
     assert got == CHAIN3_STATEMENTS[engine.kernel.db.engine.dialect.name], got
+
+
+# PostgreSQL network round trips (BEGIN and COMMIT included) per write transaction of the
+# same run: the reads a stage completion needs go out in its first pipeline (the run row, its
+# stage, the next group's rows and job ids for them, at the end the staged events), its
+# writes with the COMMIT (4 each before: the next group's read and the job insert).
+CHAIN3_ROUND_TRIPS = {
+    "_create_run_once": [2],  # (3 before: its jobs were read back though none was handed)
+    "claim": [2],
+    "begin_attempt": [2],
+    "apply_outcome": [2, 2, 2],
+}
+
+
+async def test_round_trips_of_a_three_stage_run_are_pinned(
+    make_engine: MakeEngine, round_trips: dict[str, list[int]]
+) -> None:
+    wf = _chain3()
+    engine = await make_engine(wf)
+    if not engine.kernel.db.is_postgres:
+        pytest.skip("SQLite has no network round trips")
+    round_trips.clear()
+    info = await _drive(engine, wf, handoff=1)
+    assert info.status == "completed" and info.output == 3
+    assert dict(round_trips) == CHAIN3_ROUND_TRIPS, dict(round_trips)
