@@ -574,6 +574,9 @@ class _Inline:
         **k: P.kwargs,
     ) -> T:
         conn = self.connection()
+        if conn._has_events or conn.engine._has_events:  # (statement counters see it)
+            for listen in conn.dispatch.before_cursor_execute:
+                listen(conn, None, "BEGIN IMMEDIATE", (), None, False)
         try:
             conn.connection.driver_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
         except sqlite3.OperationalError as exc:
