@@ -67,7 +67,9 @@ async def test_a_busy_writer_sends_the_transaction_to_the_database_thread(
             return int(conn.execute(sa.select(_schema.schema_info.c.version)).scalar_one())
 
         def bump(conn: sa.Connection) -> int:
-            conn.execute(sa.update(_schema.schema_info).values(version=_schema.schema_info.c.version + 1))
+            conn.execute(
+                sa.update(_schema.schema_info).values(version=_schema.schema_info.c.version + 1)
+            )
             return version(conn)
 
         before = await db.read(version)
