@@ -80,16 +80,15 @@ def commit_was_unknown() -> bool:
 class _Try:
     """The state of one retried transaction across its tries."""
 
-    __slots__ = ("commit_unknown", "committing", "inline")
+    __slots__ = ("commit_unknown", "committing", "held")
 
-    def __init__(self, *, inline: bool = False) -> None:
+    def __init__(self, held: _Held | None = None) -> None:
         self.commit_unknown = False  # an earlier try failed while committing
         self.committing = False  # this try's function returned: it is committing
-        self.inline = inline  # this try runs on the event loop's thread (SQLite, see _Inline)
+        self.held = held  # SQLite: the held connection this try runs on (see _Held)
 
     def failed(self) -> None:
         self.commit_unknown = self.commit_unknown or self.committing
-        self.inline = False
 
 
 class _WriterBusy(Exception):
@@ -145,7 +144,8 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
             workers = 1
-            self._inline = _Inline(self.engine)
+            self._inline = _Held(self.engine, inline=True)
+            self._held = _Held(self.engine, inline=False)
         else:
             try:
                 import psycopg  # noqa: F401
@@ -176,9 +176,11 @@ class Database:
             event.listen(self.engine, "do_execute_no_params", _pg_do_execute_no_params)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wfe-db")
 
-    _inline: _Inline | None = None
+    _inline: _Held | None = None
     """SQLite: the connection on which the event loop's thread runs a transaction or a read
-    without a thread hop (see :class:`_Inline`)."""
+    without a thread hop (see :class:`_Held`)."""
+    _held: _Held | None = None
+    """SQLite: the database thread's connection (checked out once)."""
 
     own_backends: frozenset[int] = frozenset()
     """PostgreSQL: the backend process ids of this Database's open connections."""
@@ -225,17 +227,18 @@ class Database:
 
     async def _retrying(self, call: Callable[[_Try], T]) -> T:
         loop = asyncio.get_running_loop()
-        inline = self._inline is not None and self._inline.usable()
-        started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try(inline=inline)
-        if inline:
+        inline = self._inline if self._inline is not None and self._inline.usable() else None
+        started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try(inline)
+        if inline is not None:
             await asyncio.sleep(0)  # (a suspension point, as the hop to the thread was)
         while True:
             try:
-                if attempt.inline:
+                if attempt.held is inline is not None:
                     try:
                         return call(attempt)
                     except _WriterBusy:
-                        attempt.inline = False  # the database thread waits for the lock
+                        pass  # the database thread waits for the lock
+                attempt.held = self._held
                 return await loop.run_in_executor(self._executor, call, attempt)
             except DBAPIError as exc:
                 wait = self._retry_or_raise(exc, started, delay)
@@ -254,8 +257,8 @@ class Database:
         token = _COMMIT_UNKNOWN.set(attempt.commit_unknown)
         info: dict[Any, Any] = {}
         try:
-            if attempt.inline and self._inline is not None:
-                return self._inline.tx(attempt, fn, *a, **k)
+            if attempt.held is not None and attempt.held.usable():
+                return attempt.held.tx(attempt, fn, *a, **k)
             with self.engine.begin() as conn:
                 if self.is_postgres:
                     info = conn.info
@@ -279,8 +282,8 @@ class Database:
         *a: P.args,
         **k: P.kwargs,
     ) -> T:
-        if _attempt.inline and self._inline is not None:
-            return self._inline.read(_attempt, fn, *a, **k)
+        if _attempt.held is not None and _attempt.held.usable():
+            return _attempt.held.read(_attempt, fn, *a, **k)
         with self.engine.connect() as raw:
             conn = raw.execution_options(isolation_level="AUTOCOMMIT")
             return fn(conn, *a, **k)
@@ -329,8 +332,9 @@ class Database:
 
     def dispose(self) -> None:
         self._executor.shutdown(wait=True)
-        if self._inline is not None:
-            self._inline.drop()
+        for held in (self._inline, self._held):
+            if held is not None:
+                held.drop()
         self.engine.dispose()
 
 
@@ -527,20 +531,23 @@ def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-class _Inline:
-    """SQLite: one connection held (checked out once) for the event loop's thread, on which
-    a transaction or an autocommit read runs without the hop to the database thread (a hop
-    costs ~0.1 ms of CPU, more than a small transaction itself).
+class _Held:
+    """SQLite: a connection held (checked out once) by one thread, on which transactions
+    begin with a raw ``BEGIN IMMEDIATE`` (no pool checkout, return and reset per
+    transaction). Only the first thread that uses it does; any error other than a busy
+    database drops the connection (the next call opens a fresh one).
 
-    The loop never waits for the database: this connection's busy_timeout is 0, so when
+    Two of them per :class:`Database`: the database thread's, and (``inline``) the event
+    loop's, on which a transaction or an autocommit read runs without the hop to the
+    database thread (a hop costs ~0.1 ms of CPU, more than a small transaction itself). The
+    loop never waits for the database: the inline connection's busy_timeout is 0, so when
     another writer holds the lock (this process's database thread, another process) its
     BEGIN IMMEDIATE fails at once, before the transaction function ran, and the call goes to
-    the database thread, which waits for the lock there (:class:`_WriterBusy`). Only the
-    first thread that asks uses it; any other error drops the connection (the next call
-    opens a fresh one)."""
+    the database thread, which waits for the lock there (:class:`_WriterBusy`)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, inline: bool) -> None:
         self.engine = engine
+        self.inline = inline
         self.conn: Connection | None = None
         self.thread: int | None = None
 
@@ -553,13 +560,14 @@ class _Inline:
     def connection(self) -> Connection:
         if self.conn is None:
             conn = self.engine.connect()
-            conn.connection.driver_connection.execute("PRAGMA busy_timeout=0")  # type: ignore[union-attr]
+            if self.inline:
+                conn.connection.driver_connection.execute("PRAGMA busy_timeout=0")  # type: ignore[union-attr]
             self.conn = conn
         return self.conn
 
     def drop(self) -> None:
-        """Close the connection for good (it never goes back to the pool: its busy_timeout
-        is 0)."""
+        """Close the connection for good (it never goes back to the pool: the inline one's
+        busy_timeout is 0)."""
         conn, self.conn = self.conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -579,10 +587,12 @@ class _Inline:
                 listen(conn, None, "BEGIN IMMEDIATE", (), None, False)
         try:
             conn.connection.driver_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
-        except sqlite3.OperationalError as exc:
+        except sqlite3.Error as exc:
             if not _sqlite_busy(exc):
                 self.drop()
-            raise _WriterBusy from None  # (the database thread's try reports real errors)
+            if self.inline:
+                raise _WriterBusy from None  # (the database thread's try reports real errors)
+            raise OperationalError("BEGIN IMMEDIATE", None, exc) from None  # (retried if busy)
         info = conn.info
         info[_BEGUN] = True  # SQLAlchemy's begin below sends no second BEGIN
         try:
@@ -621,24 +631,25 @@ class _Inline:
             info.pop(_BEGUN, None)
 
     def _failed(self, attempt: _Try, exc: DBAPIError) -> None:
-        """A database error on the inline connection: the database busy before anything was
-        committed goes to the database thread at once; anything else drops the connection
-        and takes the usual retry path."""
+        """A database error on the held connection: the database busy keeps the connection
+        (and, inline, before anything was committed, goes to the database thread at once);
+        anything else drops it. Then the usual retry path."""
         if (
-            not attempt.committing
-            and not exc.connection_invalidated
+            not exc.connection_invalidated
             and isinstance(exc.orig, sqlite3.OperationalError)
             and _sqlite_busy(exc.orig)
         ):
             with contextlib.suppress(Exception):
                 if self.conn is not None:
                     self.conn.rollback()
-            raise _WriterBusy from exc
+            if self.inline and not attempt.committing:
+                raise _WriterBusy from exc
+            return
         self.drop()
 
 
 _BEGUN = "wfe_begun"
-"""``conn.info`` key (SQLite, :class:`_Inline`): the transaction is begun (or autocommit);
+"""``conn.info`` key (SQLite, :class:`_Held`): the transaction is begun (or autocommit);
 the ``begin`` listener sends no BEGIN."""
 
 

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy import event
 
 from driver_native import _schema
-from driver_native._db import Database
+from driver_native._db import Database, _Try
 
 from . import workflows as w
 from .conftest import MakeEngine
@@ -43,15 +44,45 @@ async def test_a_three_stage_run_on_sqlite_makes_no_thread_hop(
         pytest.skip("PostgreSQL transactions run on the database thread pool")
     engine = await make_engine(w.linear)
     hops = _counting(engine.kernel.db)
+    checkouts: list[object] = []
+    event.listen(engine.kernel.db.engine, "checkout", lambda *a: checkouts.append(a))
     async with engine.worker(maintenance_interval=3600):
         warm = await engine.start(w.linear, {"n": 0})
         assert (await engine.wait(warm.id, timeout=30)).status == "completed"
         hops.hops = 0
+        checkouts.clear()
         run = await engine.start(w.linear, {"n": 1})
         info = await engine.wait(run.id, timeout=30)
         assert info.status == "completed" and info.output == {"result": 5}
-    # before: 4 (a hop per transaction: create, then one per stage outcome)
-    assert hops.hops == 0
+    # before: 4 of each (a hop and a pool checkout per transaction: create, then one per
+    # stage outcome)
+    assert hops.hops == 0 and checkouts == []
+
+
+async def test_the_database_thread_checks_out_its_connection_once(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'wfe.db'}")
+    try:
+        db.upgrade()
+        checkouts: list[object] = []
+        event.listen(db.engine, "checkout", lambda *a: checkouts.append(a))
+        loop = asyncio.get_running_loop()
+
+        def on_another_thread() -> int:
+            return sum(db.tx_sync(_schema.schema_version) for _ in range(3))
+
+        await db.tx(_schema.schema_version)  # (the loop's connection: checked out once)
+        for _ in range(3):
+            # (transactions the loop could not run: the database thread's, held)
+            await loop.run_in_executor(db._executor, db._tx_once, _Try(db._held), _bump)
+        assert len(checkouts) == 2
+        await asyncio.to_thread(on_another_thread)  # another thread: the pool, as before
+        assert len(checkouts) == 5
+    finally:
+        db.dispose()
+
+
+def _bump(conn: sa.Connection) -> None:
+    conn.execute(sa.update(_schema.schema_info).values(version=_schema.schema_info.c.version))
 
 
 async def test_a_busy_writer_sends_the_transaction_to_the_database_thread(
