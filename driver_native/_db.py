@@ -1,7 +1,9 @@
 """Database access: one SQLAlchemy engine, transactions run on a small thread pool.
 
 SQLite runs in WAL mode with one writer at a time (BEGIN IMMEDIATE, busy_timeout, a single
-executor thread per process); PostgreSQL uses psycopg 3 and a pool.
+executor thread per process); a transaction or read awaited on the event loop runs right there,
+without the hop to that thread, when the writer lock is free (:class:`_Held`). PostgreSQL uses
+psycopg 3 and a pool.
 
 Transient errors (a dropped or terminated connection, a server restarting, a serialisation
 failure, SQLite's "database is locked" after its busy timeout) are retried: the whole
