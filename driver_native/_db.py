@@ -623,14 +623,20 @@ class _Held:
         info = conn.info
         info[_BEGUN] = True  # autocommit: SQLAlchemy's autobegin sends no BEGIN
         try:
-            result = fn(conn, *a, **k)
-            conn.rollback()  # (ends SQLAlchemy's autobegun transaction; no SQL)
-            return result
+            return fn(conn, *a, **k)
         except DBAPIError as exc:
             self._failed(attempt, exc)
             raise
         finally:
             info.pop(_BEGUN, None)
+            if self.conn is conn:
+                # end SQLAlchemy's autobegun transaction (no SQL), also when fn raised:
+                # the next begin() on this connection would refuse otherwise
+                try:
+                    conn.rollback()
+                except Exception:
+                    self.drop()
+                    raise
 
     def _failed(self, attempt: _Try, exc: DBAPIError) -> None:
         """A database error on the held connection: the database busy keeps the connection

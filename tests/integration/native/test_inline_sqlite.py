@@ -140,3 +140,21 @@ async def test_an_error_in_an_inline_transaction_rolls_it_back(tmp_path: Path) -
         assert await db.tx(_schema.schema_version) == _schema.LATEST_SCHEMA_VERSION
     finally:
         db.dispose()
+
+
+async def test_a_read_that_raises_leaves_the_held_connection_usable(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'wfe.db'}")
+    try:
+        db.upgrade()
+
+        def failing(conn: sa.Connection) -> None:
+            conn.execute(sa.select(_schema.schema_info.c.version)).all()
+            raise ValueError("no")
+
+        with pytest.raises(ValueError):
+            await db.read(failing)
+        db.tx_sync(_bump)  # (the writer is free: nothing left open by the read)
+        assert await db.tx(_schema.schema_version) == _schema.LATEST_SCHEMA_VERSION
+        assert await db.read(_schema.schema_version) == _schema.LATEST_SCHEMA_VERSION
+    finally:
+        db.dispose()
