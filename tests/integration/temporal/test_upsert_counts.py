@@ -7,6 +7,7 @@ write added to the workflow task's path fails here."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ def _writes(history: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], i
 
 
 def _each_a_change(writes: list[dict[str, Any]]) -> None:
-    for before, after in zip(writes, writes[1:], strict=False):
+    for before, after in itertools.pairwise(writes):
         assert before != after, f"a write of unchanged content: {after}"
 
 
