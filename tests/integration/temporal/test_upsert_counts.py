@@ -1,0 +1,136 @@
+"""The memo and search-attribute writes of a run, counted in its history through the Temporal
+API (issue 13: each is a command the dev server persists and indexes). Every write must carry a
+change (the ``wfe_run`` memo compared without its ``updated_at``, the search attributes as a
+whole), and a short run writes each at most once per workflow task: these pin the counts, so a
+write added to the workflow task's path fails here."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from temporalio.api.enums.v1 import EventType
+from temporalio.converter import DataConverter
+
+from driver_temporal import create_temporal_engine
+from engine_port import EngineSettings, FolderBlobStore, Registry, StageContext, Workflow
+
+pytestmark = pytest.mark.temporal
+
+_MEMO = EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED
+_SA = EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+_TASK = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+
+
+class In(BaseModel):
+    n: int = 0
+
+
+def _registry() -> Registry:
+    workflows: list[Workflow[In]] = []
+    for local in (False, True):
+        wf = Workflow("seq3-local" if local else "seq3", input=In)
+
+        @wf.stage(local=local)
+        async def a(ctx: StageContext[In]) -> int:
+            return 1
+
+        @wf.stage(after=[a], local=local)
+        async def b(ctx: StageContext[In]) -> int:
+            return 2
+
+        @wf.stage(after=[b], local=local)
+        async def c(ctx: StageContext[In]) -> int:
+            return 3
+
+        workflows.append(wf)
+    sig = Workflow("waits", input=In)
+
+    @sig.stage
+    async def wait(ctx: StageContext[In]) -> Any:
+        return await ctx.step.wait_for_signal("go")
+
+    workflows.append(sig)
+    return Registry(workflows)
+
+
+def _writes(history: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """The run's ``wfe_run`` memo writes (without ``updated_at``), its search-attribute
+    writes and its completed workflow tasks."""
+    conv = DataConverter.default.payload_converter
+    memos: list[dict[str, Any]] = []
+    sas: list[dict[str, Any]] = []
+    for ev in history.events:
+        if ev.event_type == _MEMO:
+            fields = ev.workflow_properties_modified_event_attributes.upserted_memo.fields
+            run = dict(conv.from_payload(fields["wfe_run"]))
+            run.pop("updated_at", None)
+            memos.append(run)
+        elif ev.event_type == _SA:
+            attrs = ev.upsert_workflow_search_attributes_event_attributes.search_attributes
+            sas.append({k: conv.from_payload(v) for k, v in attrs.indexed_fields.items()})
+    tasks = sum(1 for ev in history.events if ev.event_type == _TASK)
+    return memos, sas, tasks
+
+
+def _each_a_change(writes: list[dict[str, Any]]) -> None:
+    for before, after in itertools.pairwise(writes):
+        assert before != after, f"a write of unchanged content: {after}"
+
+
+async def _history(engine: Any, run_id: str) -> Any:
+    handle = engine._conn.get_workflow_handle(run_id)
+    await asyncio.wait_for(handle.result(), 60)
+    return await handle.fetch_history()
+
+
+@pytest.fixture
+def engine(temporal_address: str, blob_dir: Path) -> Any:
+    settings = EngineSettings(
+        driver="temporal",
+        temporal_address=temporal_address,
+        task_queue=f"t-{uuid.uuid4().hex[:10]}",
+        blob_url=f"file://{blob_dir}",
+    )
+    return create_temporal_engine(settings, _registry(), blob_store=FolderBlobStore(blob_dir))
+
+
+@pytest.mark.parametrize(("wf", "tasks"), [("seq3", 4), ("seq3-local", 1)])
+async def test_a_three_stage_run_writes_once_per_change(engine: Any, wf: str, tasks: int) -> None:
+    async with engine, engine.worker():
+        run = await engine.start(wf, {})
+        info = await engine.wait(run.id, timeout=60)
+        assert info.status == "completed", info.error
+        memos, sas, done = _writes(await _history(engine, run.id))
+    assert done == tasks
+    # one write of each per stage started (its status and WfeStage change) and one at the
+    # end (completed): 4 each, whether the stages are activities or local activities
+    assert len(memos) == 4, memos
+    assert len(sas) == 4, sas
+    _each_a_change(memos)
+    _each_a_change(sas)
+    assert [s["WfeStage"] for s in sas] == ["a", "b", "c", ""]
+    assert memos[-1]["status"] == "completed"
+
+
+async def test_a_signalled_run_writes_once_per_change(engine: Any) -> None:
+    async with engine, engine.worker():
+        run = await engine.start("waits", {})
+        for _ in range(600):
+            if (await engine.get_run(run.id)).status == "suspended":
+                break
+            await asyncio.sleep(0.05)
+        await engine.signal(run.id, "go", {"ok": True})
+        info = await engine.wait(run.id, timeout=60)
+        assert info.status == "completed", info.error
+        memos, sas, _ = _writes(await _history(engine, run.id))
+    # running, suspended, completed: the signal's own task writes nothing
+    assert [m["status"] for m in memos] == ["running", "suspended", "completed"]
+    assert [s["WfeStatus"] for s in sas] == ["running", "suspended", "completed"]
+    _each_a_change(memos)
+    _each_a_change(sas)
