@@ -21,6 +21,7 @@ __all__ = [
     "guarded",
     "pause",
     "pct",
+    "settle",
     "step_growth",
     "summary_ms",
 ]
@@ -47,13 +48,21 @@ class Sizes:
     # dispatch (hand-written temporalio: 3-stage run ~200 ms back to back, ~70 ms after a
     # 0.2-0.5 s pause; bench/README.md), which hid most of the driver's cost
     pause_s: float = 0.0
+    # idle time after the workers start, before the first timed workload (both sides alike).
+    # A Temporal worker's start keeps the dev server busy for seconds (the driver registers a
+    # Worker Deployment version per served version and makes it current: ~118 ms/s of server
+    # CPU in the first 5 s against 6-8 ms/s after; bench.tools.temporal_cpu --settle), which
+    # the first samples paid as per-run cost
+    settle_s: float = 0.0
 
     @classmethod
     def full(cls, slow: bool = False) -> Sizes:
         if slow:
             # (issue 13 compares these with hand-written temporalio within 10 %: 3 fan-outs
             # and 10 signals moved the ratios by 2-3x between two runs on the shared machine)
-            return cls(latency_runs=50, fanout_runs=7, signal_runs=30, warmup=3, pause_s=0.5)
+            return cls(
+                latency_runs=50, fanout_runs=7, signal_runs=30, warmup=3, pause_s=0.5, settle_s=10.0
+            )
         return cls()
 
     @classmethod
@@ -67,6 +76,12 @@ class Sizes:
             signal_runs=1,
             warmup=1,
         )
+
+
+async def settle(sizes: Sizes) -> None:
+    """The idle time after workers start (``Sizes.settle_s``)."""
+    if sizes.settle_s > 0:
+        await asyncio.sleep(sizes.settle_s)
 
 
 async def pause(sizes: Sizes) -> None:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from engine_port import EngineSettings, WorkflowEngine, create_engine
 
 from . import _workflows as W
-from ._common import Sizes, fresh_postgres_db, guarded, pause, step_growth, summary_ms
+from ._common import Sizes, fresh_postgres_db, guarded, pause, settle, step_growth, summary_ms
 from ._procs import worker_processes
 
 __all__ = ["run_engine_workloads", "run_native"]
@@ -105,6 +105,7 @@ async def run_engine_workloads(
 ) -> None:
     """The in-process workloads on a connected engine with a worker in this process."""
     async with engine.worker():
+        await settle(sizes)
         await guarded(out, "latency", lambda: latency(engine, seq_wf, sizes))
         if local_only:
             return

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ._common import Sizes, guarded, pause, step_growth, summary_ms
+from ._common import Sizes, guarded, pause, settle, step_growth, summary_ms
 from ._procs import worker_processes
 
 __all__ = ["run_temporal_driver", "run_temporal_raw"]
@@ -40,6 +40,7 @@ async def _gather_bounded(n: int, limit: int, fn: Any) -> list[Any]:
 async def _driver_throughput(engine: Any, address: str, blobs: str, sizes: Sizes) -> dict[str, Any]:
     n = sizes.throughput_runs
     async with worker_processes("temporal-driver", {"address": address, "blobs": blobs}):
+        await settle(sizes)
         t0 = time.perf_counter()
         runs = await _gather_bounded(n, 50, lambda _i: engine.start("bench-seq3", {}))
         started = time.perf_counter() - t0
@@ -151,6 +152,7 @@ async def _raw_throughput(address: str, sizes: Sizes) -> dict[str, Any]:
     n = sizes.throughput_runs
     client = await Client.connect(address)
     async with worker_processes("temporal-raw", {"address": address}):
+        await settle(sizes)
         t0 = time.perf_counter()
         handles = await _gather_bounded(
             n,
@@ -170,6 +172,7 @@ async def run_temporal_raw(sizes: Sizes, *, local: bool = False) -> dict[str, An
 
     out: dict[str, Any] = {}
     async with dev_server() as address, R.worker(address) as client:
+        await settle(sizes)
         await guarded(out, "latency", lambda: _raw_latency(client, sizes, local))
         if local:
             return out
