@@ -408,6 +408,18 @@ def _pg_send(cursor: Any, statement: str, parameters: Any, context: Any, *, many
     return _pipelined(cursor, tail, statement, parameters, many=many)
 
 
+def _queue_tail(raw: Any, tail: list[tuple[str, Any, bool]] | None) -> None:
+    """Queue the transaction's deferred writes, in order, in the open pipeline of ``raw``."""
+    if tail:
+        queued = raw.cursor()
+        for sql, params, is_many in tail:
+            if is_many:
+                queued.executemany(sql, params)
+            else:
+                queued.execute(sql, params)
+        tail.clear()
+
+
 def _pipelined(
     cursor: Any, tail: list[tuple[str, Any, bool]], statement: str, parameters: Any, *, many: bool
 ) -> bool:
@@ -419,14 +431,7 @@ def _pipelined(
     if not tail and raw.info.transaction_status != TransactionStatus.IDLE:
         return False  # one statement, one round trip either way
     with raw.pipeline():
-        if tail:
-            queued = raw.cursor()
-            for sql, params, is_many in tail:
-                if is_many:
-                    queued.executemany(sql, params)
-                else:
-                    queued.execute(sql, params)
-            tail.clear()
+        _queue_tail(raw, tail)
         # (with BEGIN, when the transaction has not started yet: psycopg queues it too)
         if many:
             cursor.executemany(statement, parameters)
@@ -467,14 +472,7 @@ def send_together(conn: Connection, calls: list[tuple[Any, str, Any]]) -> None:
         return
     raw = calls[0][0].connection
     with raw.pipeline():
-        if tail:
-            queued = raw.cursor()
-            for sql, params, is_many in tail:
-                if is_many:
-                    queued.executemany(sql, params)
-                else:
-                    queued.execute(sql, params)
-            tail.clear()
+        _queue_tail(raw, tail)
         for cursor, statement, parameters in calls:
             cursor.execute(statement, parameters)
 

@@ -77,6 +77,21 @@ def _due(served: int | None) -> list[Any]:
     return cond
 
 
+def _lease_stmt(ids: Any, clock: Any) -> Any:
+    """Lease the jobs ``ids`` (a select of job ids) to the bound ``worker`` until ``clock`` +
+    ``lease``, returning their rows."""
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id.in_(ids.scalar_subquery()))
+        .values(
+            status="leased",
+            lease_owner=sa.bindparam("worker"),
+            lease_expires_at=clock + sa.bindparam("lease", type_=sa.Float),
+        )
+        .returning(*jobs.c)
+    )
+
+
 @functools.cache
 def _claim_stmt(postgres: bool, served: int | None) -> Any:
     """Built once per shape (per number of served versions)."""
@@ -90,16 +105,7 @@ def _claim_stmt(postgres: bool, served: int | None) -> Any:
     if postgres:
         inner = inner.with_for_update(skip_locked=True)
         clock = sa.func.extract("epoch", sa.func.clock_timestamp())
-    return (
-        sa.update(jobs)
-        .where(jobs.c.id.in_(inner.scalar_subquery()))
-        .values(
-            status="leased",
-            lease_owner=sa.bindparam("worker"),
-            lease_expires_at=clock + sa.bindparam("lease", type_=sa.Float),
-        )
-        .returning(*jobs.c)
-    )
+    return _lease_stmt(inner, clock)
 
 
 @functools.cache
@@ -190,16 +196,7 @@ def _claim_woken_stmt(postgres: bool) -> Any:
         .order_by(jobs.c.id)
         .limit(1)
     )
-    return (
-        sa.update(jobs)
-        .where(jobs.c.id.in_(one.scalar_subquery()))
-        .values(
-            status="leased",
-            lease_owner=sa.bindparam("worker"),
-            lease_expires_at=clock + sa.bindparam("lease", type_=sa.Float),
-        )
-        .returning(*jobs.c)
-    )
+    return _lease_stmt(one, clock)
 
 
 def claim_woken(
