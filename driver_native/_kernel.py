@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -125,13 +126,12 @@ def _claim_and_begin(
     per claimed job fewer). Runs are locked in run-id order, so that two claimers sharing
     runs (a fan-out) never wait for each other in a cycle."""
     claimed = _jobs.claim(conn, worker, served, limit, lease, now)
-    out: list[tuple[Any, Any]] = []
-    for job in sorted(claimed, key=lambda j: (j.run_id, j.id)):
-        if job.kind != "stage":
-            out.append((job, None))
-            continue
-        begun, _ = _progress.begin_attempt(conn, job, worker, now, shape_for(job.wfv))
-        out.append((job, SKIPPED if begun is None else begun))
+    out: list[tuple[Any, Any]] = [(job, None) for job in claimed if job.kind != "stage"]
+    staged = sorted((j for j in claimed if j.kind == "stage"), key=lambda j: (j.run_id, j.id))
+    for _, group in itertools.groupby(staged, key=lambda j: j.run_id):
+        of_run = list(group)  # a run's jobs begin together: its row is locked once
+        begun = _progress.begin_attempts(conn, of_run, worker, now, shape_for(of_run[0].wfv))
+        out += [(j, SKIPPED if b is None else b) for j, b in zip(of_run, begun, strict=True)]
     return out
 
 

@@ -36,6 +36,7 @@ from ._schedule import (
     Handoff,
     attempt_started,
     lc,
+    outputs_reads,
     schedule,
     touch,
     upstream_outputs,
@@ -62,6 +63,7 @@ __all__ = [
     "abandon_job",
     "apply_outcome",
     "begin_attempt",
+    "begin_attempts",
     "begin_compensation",
     "begin_compensation_job",
     "finish_compensation",
@@ -126,6 +128,26 @@ def _owned_stage_query() -> Any:
     )
 
 
+def _owned_params(job: Any, worker: str) -> dict[str, Any]:
+    return {
+        "job_id": job.id,
+        "run_id": job.run_id,
+        "stage_id": job.stage_id,
+        "kind": job.kind,
+        "worker": worker,
+    }
+
+
+def _upstream(
+    conn: Connection, run_id: str, ids: set[str], outputs: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The stored outputs of stages ``ids``: from ``outputs`` when read ahead (every stage
+    that has one), else read now."""
+    if outputs is None:
+        return upstream_outputs(conn, run_id, ids)
+    return {sid: outputs[sid] for sid in ids if sid in outputs}
+
+
 def _run_and_owned_stage(
     conn: Connection, job: Any, worker: str, more: list[tuple[Any, dict[str, Any]]] | None = None
 ) -> tuple[Any, Any, list[Any]]:
@@ -133,13 +155,7 @@ def _run_and_owned_stage(
     is still ``worker``'s lease on it (ids alone can be reused): ownership check and stage
     read in one query, sent with the run's in one round trip on PostgreSQL, with the reads
     ``more`` (their results third)."""
-    params = {
-        "job_id": job.id,
-        "run_id": job.run_id,
-        "stage_id": job.stage_id,
-        "kind": job.kind,
-        "worker": worker,
-    }
+    params = _owned_params(job, worker)
     if not more:
         run, stage = run_and(conn, job.run_id, _owned_stage_query(), params)
         return run, None if run is None else stage.first(), []
@@ -215,6 +231,52 @@ def begin_attempt(
     ahead = conn.dialect.name == "postgresql" and getattr(job, "waiting_for", None) is not None
     ledger = [(_stage_steps(), {"run_id": job.run_id, "stage_id": job.stage_id})]
     run, stage, more = _run_and_owned_stage(conn, job, worker, ledger if ahead else None)
+    return _begin_read(conn, job, run, stage, more, None, now, graph)
+
+
+def begin_attempts(
+    conn: Connection, claimed: list[Any], worker: str, now: float, shape: GraphShape
+) -> list[Begin | None]:
+    """``begin_attempt`` for several stage jobs of one run claimed together (a fan-out's
+    siblings): on PostgreSQL the run lock, every job's ownership check and stage row and the
+    outputs their stages may read go in one round trip, instead of two per job. The rare
+    paths (a run not running, cancelled or frozen, a stage resumed from a wait) begin each
+    job as ``begin_attempt`` does."""
+    one_by_one = (
+        conn.dialect.name != "postgresql"
+        or len(claimed) < 2
+        or any(getattr(j, "waiting_for", None) is not None for j in claimed)
+    )
+    if not one_by_one:
+        run_id = claimed[0].run_id
+        calls = [(try_run_query(), {"k_id": run_id})]
+        calls += [(_owned_stage_query(), _owned_params(j, worker)) for j in claimed]
+        calls += outputs_reads(run_id, shape.upstream(j.stage_id for j in claimed))
+        got = execute_together(conn, calls)
+        run = got[0].first()
+        plain = run is not None and not run.frozen and not run.cancel_requested
+        if plain and run.status == RunStatus.RUNNING:
+            outputs = {r.stage_id: r.output for rows in got[1 + len(claimed) :] for r in rows}
+            found = [rows.first() for rows in got[1 : 1 + len(claimed)]]
+            return [
+                _begin_read(conn, j, run, stage, [], outputs, now, shape)[0]
+                for j, stage in zip(claimed, found, strict=True)
+            ]
+    return [begin_attempt(conn, j, worker, now, shape)[0] for j in claimed]
+
+
+def _begin_read(
+    conn: Connection,
+    job: Any,
+    run: Any,
+    stage: Any,
+    more: list[Any],
+    outputs: dict[str, Any] | None,
+    now: float,
+    graph: GraphModel | GraphShape,
+) -> tuple[Begin | None, list[EventDraft]]:
+    """``begin_attempt`` once the run row (locked) and the job's stage row are read; with
+    ``outputs``, the stored outputs its stage may read (read ahead with the rows)."""
     if run is None or stage is None:
         return None, []
     if run.status not in ACTIVE or run.cancel_requested:
@@ -259,7 +321,7 @@ def begin_attempt(
         stage_id=stage.stage_id,
         attempt=attempt,
         input=run.input,
-        outputs=upstream_outputs(conn, run.id, shape.upstream([stage.stage_id])),
+        outputs=_upstream(conn, run.id, shape.upstream([stage.stage_id]), outputs),
         steps=step_rows,
         trace_context=run.trace_context,
     )

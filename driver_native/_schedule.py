@@ -37,6 +37,7 @@ __all__ = [
     "attempt_started",
     "fresh_rows",
     "lc",
+    "outputs_reads",
     "reserve_ids",
     "reserved",
     "schedule",
@@ -247,6 +248,11 @@ def _outputs_query(n: int) -> Any:
         stages.c.stage_id.in_(in_binds(n)),
         stages.c.has_output.is_(True),
     )
+
+
+def outputs_reads(run_id: str, ids: Collection[str]) -> list[tuple[Any, dict[str, Any]]]:
+    """The reads ``upstream_outputs`` makes for ``ids`` (for the caller's own pipeline)."""
+    return [(_outputs_query(len(c)), {"run_id": run_id} | in_params(c)) for c in _chunks(ids)]
 
 
 def upstream_outputs(
