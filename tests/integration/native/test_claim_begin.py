@@ -4,6 +4,7 @@ events as a claim followed by ``begin_attempt``; a stage that must not run is se
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 from driver_native import ClaimPending, ExecuteJob, NativeEngine
@@ -53,3 +54,43 @@ async def test_a_claimed_stage_of_a_stopping_run_is_settled_not_run(
     assert await kernel.db.read(lambda c: c.execute(sa.select(jobs.c.id)).all()) == []
     assert [s.status for s in (await engine.get_run(run.id)).stages] == ["pending"] * 3
     assert "stage.started" not in types(await engine.events(run.id))
+
+
+async def test_a_claim_begins_the_siblings_of_a_fan_out_in_one_round_trip(
+    make_engine: MakeEngine, round_trips: dict[str, list[int]]
+) -> None:
+    """Issue 12 (npg2): a claim of several siblings of one run locks the run once and reads
+    their stage rows and upstream outputs in one pipeline: 3 round trips (the claim, that
+    pipeline, the writes with the COMMIT) however many it takes; before, two more per job
+    (the run lock with the stage row, then the outputs), 22 for 10 siblings."""
+    from .test_wide_graphs import fan
+
+    wf = fan(12)
+    engine: NativeEngine = await make_engine(wf)
+    if not engine.kernel.db.is_postgres:
+        pytest.skip("SQLite has no network round trips")
+    kernel = engine.kernel
+    run = await engine.start(wf.id, {})
+    [(job, begun)] = await kernel.dispatch(ClaimPending("w1", limit=5, begin=True))
+    assert await kernel.dispatch(ExecuteJob(job, "w1", begun=begun)) == "completed"
+    round_trips.clear()
+    claimed = await kernel.dispatch(ClaimPending("w1", limit=10, begin=True, probe=False))
+    assert len(claimed) == 10
+    assert dict(round_trips) == {"_claim_and_begin": [3]}, dict(round_trips)
+    for job, begun in claimed:
+        assert isinstance(begun, Begin)
+        assert (begun.run_id, begun.attempt, begun.outputs) == (run.id, 1, {"src": 1})
+    statuses = {s.id: s.status for s in (await engine.get_run(run.id)).stages}
+    assert sorted(s for s, v in statuses.items() if v == "running") == sorted(
+        j.stage_id for j, _ in claimed
+    )
+    events = await engine.events(run.id)
+    assert types(events).count("stage.started") == 11  # src and the ten, once each
+    # they run from there, and the rest are claimed and the run completes
+    for job, begun in claimed:
+        assert await kernel.dispatch(ExecuteJob(job, "w1", begun=begun)) == "completed"
+    while rest := await kernel.dispatch(ClaimPending("w1", limit=10, begin=True)):
+        for job, begun in rest:
+            assert await kernel.dispatch(ExecuteJob(job, "w1", begun=begun)) == "completed"
+    info = await engine.get_run(run.id)
+    assert (info.status, info.output) == (RunStatus.COMPLETED, 12 * 2 + 1)
