@@ -77,7 +77,7 @@ async def test_a_claim_begins_the_siblings_of_a_fan_out_in_one_round_trip(
     claimed = await kernel.dispatch(ClaimPending("w1", limit=10, begin=True, probe=False))
     assert len(claimed) == 10
     assert dict(round_trips) == {"_claim_and_begin": [3]}, dict(round_trips)
-    for job, begun in claimed:
+    for _job, begun in claimed:
         assert isinstance(begun, Begin)
         assert (begun.run_id, begun.attempt, begun.outputs) == (run.id, 1, {"src": 1})
     statuses = {s.id: s.status for s in (await engine.get_run(run.id)).stages}
