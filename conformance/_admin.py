@@ -107,6 +107,48 @@ class VersionContract:
             drained = {(v.workflow_id, v.version): v for v in await e1.list_versions()}
             assert drained[(wid, "v1")].drained
 
+    async def test_a_workflow_object_starts_its_own_version(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """``start(wf, ...)`` with a Workflow object runs that object's version (a registry that
+        serves two versions of one workflow), ``start(wf.id, ...)`` the registry's latest, and
+        ``version=`` wins over both; an object whose version the registry does not hold is
+        refused. The Temporal driver used to run the latest version for every object."""
+        if not harness.capabilities.pinned_versions:
+            pytest.skip("driver lacks capability pinned_versions")
+        wid = unique_id("own-version")
+
+        def build(version: str) -> Workflow[Num]:
+            wf = Workflow(wid, input=Num, version=version)
+
+            @wf.stage
+            async def a(ctx: StageContext[Num]) -> str:
+                return version
+
+            return wf
+
+        v1, v2 = build("v1"), build("v2")
+        async with harness.engine(Registry([v1, v2]), MemorySink()) as engine:
+            async with engine.worker():
+                runs = {
+                    "object v1": await engine.start(v1, {}),
+                    "object v2": await engine.start(v2, {}),
+                    "id": await engine.start(wid, {}),
+                    "object v1, version v2": await engine.start(v1, {}, version="v2"),
+                }
+                ran = {}
+                for what, run in runs.items():
+                    done = await engine.wait(run.id, timeout=60)
+                    ran[what] = (run.version, done.version, done.output)
+            with pytest.raises(WorkflowNotFoundError):
+                await engine.start(build("v3"), {})
+        assert ran == {
+            "object v1": ("v1", "v1", "v1"),
+            "object v2": ("v2", "v2", "v2"),
+            "id": ("v2", "v2", "v2"),
+            "object v1, version v2": ("v2", "v2", "v2"),
+        }
+
     async def test_s13_redrive_repins_to_latest(self, harness: Harness, tmp_path: Path) -> None:
         if not (harness.capabilities.pinned_versions and harness.capabilities.redrive):
             pytest.skip("driver lacks capability pinned_versions/redrive")

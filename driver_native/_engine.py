@@ -39,11 +39,11 @@ from engine_port.driver import (
     check_export_target,
     check_run_call,
     check_signal_call,
-    check_start_call,
     check_start_input,
     check_version,
     check_workflow_id,
     check_workflow_ids,
+    start_definition,
     telemetry,
     version_key,
 )
@@ -204,11 +204,7 @@ class NativeEngine(WorkflowEngine):
         idempotency_key: str | None = None,
         version: str | None = None,
     ) -> RunInfo:
-        wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
-        check_start_call(wf_id, idempotency_key, version)
-        if isinstance(workflow, Workflow) and version is None:
-            version = workflow.version
-        wf = self.registry.get(wf_id, version)
+        wf = start_definition(self.registry, workflow, idempotency_key, version)
         value = check_start_input(wf, input)  # validated once: the stored and reported input
         created_at = self.clock.now()
         host, handoff = self._local_host(version_key(wf.id, wf.version)), None
@@ -218,10 +214,10 @@ class NativeEngine(WorkflowEngine):
             )
         run_id, created = await self.kernel.dispatch(
             CreateRun(
-                wf_id,
+                wf.id,
                 value,
                 idempotency_key,
-                version,
+                wf.version,  # (resolved: a Workflow object's own version, see start_definition)
                 trace_context=telemetry.current_traceparent(),  # of wfe.run: stored with the run
                 handoff=handoff,
                 validated=True,
@@ -241,7 +237,7 @@ class NativeEngine(WorkflowEngine):
         graph = wf.graph()
         return RunInfo(  # just written by this call: no need to read it back
             id=run_id,
-            workflow_id=wf_id,
+            workflow_id=wf.id,
             version=graph.version,
             status=RunStatus.PENDING,
             input=value,

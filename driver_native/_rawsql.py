@@ -16,6 +16,7 @@ Statements SQLAlchemy renders per call (expanding ``IN`` lists) are refused: the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -76,12 +77,13 @@ class _Prepared:
             return values
         return tuple([values[n] for n in self.names])
 
-    def rows(self, raw: list[Any], description: Any) -> list[Any]:
+    def rows(self, raw: list[Any], cursor: Any) -> list[Any]:
         procs = self._result_procs
         if procs is None:
+            # (the cursor's description is built anew on each read: only the first needs it)
             found = (
                 (i, t._cached_result_processor(self._dialect, d[1]))
-                for i, (t, d) in enumerate(zip(self._types, description, strict=True))
+                for i, (t, d) in enumerate(zip(self._types, cursor.description, strict=True))
             )
             procs = self._result_procs = tuple((i, p) for i, p in found if p is not None)
         make = self.row._make
@@ -168,6 +170,34 @@ def execute_many(
     _run(conn, prep, [prep.params(p) for p in params], later=later, many=True)
 
 
+_CURSORS = "wfe_cursors"
+"""``conn.info`` key: the DBAPI connection and the cursors :func:`_run` and
+:func:`execute_together` reuse on it."""
+
+
+def _cursors(conn: Connection, n: int) -> list[Any]:
+    """``n`` cursors on ``conn``'s DBAPI connection, made once per connection and reused by
+    every statement (making and closing them per statement cost more client CPU than most
+    statements' own work: bench/README.md, 2026-12-01 late). Each call reads all its results
+    before it returns, so no two calls share a cursor's result."""
+    raw: Any = conn.connection.driver_connection
+    held = conn.info.get(_CURSORS)
+    if held is None or held[0] is not raw:
+        held = conn.info[_CURSORS] = (raw, [])
+    have: list[Any] = held[1]
+    while len(have) < n:
+        have.append(raw.cursor())
+    return have[:n]
+
+
+def _forget_cursors(conn: Connection) -> None:
+    """After an error: the cursors are not used again (the next statement makes new ones)."""
+    held = conn.info.pop(_CURSORS, None)
+    for cursor in held[1] if held is not None else ():
+        with contextlib.suppress(Exception):
+            cursor.close()
+
+
 def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: bool) -> Rows:
     sql = prep.sql
     cursor: Any = None
@@ -175,18 +205,13 @@ def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: boo
         if conn._has_events or conn.engine._has_events:
             for fn in conn.dispatch.before_cursor_execute:
                 sql, args = fn(conn, None, sql, args, None, many)
-        raw: Any = conn.connection.driver_connection
-        cursor = raw.cursor()
+        cursor = _cursors(conn, 1)[0]
         if not send_raw(conn, cursor, sql, args, later=later, many=many):
-            cursor.close()
             return _NO_ROWS
-        rows = prep.rows(fetched(cursor), cursor.description) if prep.returns_rows else []
-        result = Rows(rows, cursor.rowcount)
-        cursor.close()
-        return result
+        rows = prep.rows(fetched(cursor), cursor) if prep.returns_rows else []
+        return Rows(rows, cursor.rowcount)
     except Exception as exc:
-        if cursor is not None:
-            cursor.close()
+        _forget_cursors(conn)
         conn._handle_dbapi_exception(exc, sql, args, cursor, None)
         raise  # (not reached: SQLAlchemy raises its wrapped error)
 
@@ -199,24 +224,22 @@ def execute_together(
     elsewhere)."""
     preps = [_prepare(stmt, conn.dialect) for stmt, _ in calls]
     sent: list[tuple[Any, str, Any]] = []
-    raw: Any = conn.connection.driver_connection
     try:
-        for prep, (_, params) in zip(preps, calls, strict=True):
+        cursors = _cursors(conn, len(calls))
+        for prep, (_, params), cursor in zip(preps, calls, cursors, strict=True):
             sql, args = prep.sql, prep.params(params)
             if conn._has_events or conn.engine._has_events:
                 for fn in conn.dispatch.before_cursor_execute:
                     sql, args = fn(conn, None, sql, args, None, False)
-            sent.append((raw.cursor(), sql, args))
+            sent.append((cursor, sql, args))
         send_together(conn, sent)
         out = []
         for prep, (cursor, _, _) in zip(preps, sent, strict=True):
-            rows = prep.rows(fetched(cursor), cursor.description) if prep.returns_rows else []
+            rows = prep.rows(fetched(cursor), cursor) if prep.returns_rows else []
             out.append(Rows(rows, cursor.rowcount))
         return out
     except Exception as exc:
         sql, args = (sent[-1][1], sent[-1][2]) if sent else ("", None)
+        _forget_cursors(conn)
         conn._handle_dbapi_exception(exc, sql, args, None, None)
         raise  # (not reached: SQLAlchemy raises its wrapped error)
-    finally:
-        for cursor, _, _ in sent:
-            cursor.close()

@@ -93,7 +93,6 @@ from engine_port.driver import (
     check_run_call,
     check_signal_call,
     check_signal_known,
-    check_start_call,
     check_start_input,
     check_version,
     check_workflow_id,
@@ -101,6 +100,7 @@ from engine_port.driver import (
     input_fingerprint,
     redrive_plan,
     served_graph,
+    start_definition,
     telemetry,
 )
 from engine_port.errors import (
@@ -386,9 +386,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         idempotency_key: str | None = None,
         version: str | None = None,
     ) -> RunInfo:
-        wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
-        check_start_call(wf_id, idempotency_key, version)
-        wf = self.registry.get(wf_id, version)  # WorkflowNotFoundError
+        wf = start_definition(self.registry, workflow, idempotency_key, version)
         data = check_start_input(wf, input)  # InvalidInputError
         check_payload_size(data, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         graph = wf.graph()

@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from ._graph import GraphModel
+from ._graph import GraphModel, Workflow
+from ._limits import check_start_call
 from ._models import RunStatus
 from .errors import InvalidRedriveError
+
+if TYPE_CHECKING:
+    from ._registry import Registry
 
 __all__ = [
     "REDRIVABLE_RUN_STATUSES",
     "WORKING_RUN_STATUSES",
     "redrive_plan",
     "sink_retry_delay",
+    "start_definition",
     "version_key",
 ]
 
@@ -32,6 +38,23 @@ _MAX_DELAY_S = 365 * 24 * 3600.0  # as Retry delays
 def version_key(workflow_id: str, version: str) -> str:
     """The ``workflow@version`` key a served version and a run's version are matched by."""
     return f"{workflow_id}@{version}"
+
+
+def start_definition(
+    registry: Registry,
+    workflow: str | Workflow[Any],
+    idempotency_key: str | None,
+    version: str | None,
+) -> Workflow[Any]:
+    """The definition ``engine.start(workflow, ..., idempotency_key=, version=)`` runs, after
+    the call's argument checks (:func:`check_start_call`): a Workflow object runs its own
+    version, a workflow id the registry's latest, and ``version`` wins over both. Raises
+    WorkflowNotFoundError when the registry does not hold that (workflow, version)."""
+    wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
+    check_start_call(wf_id, idempotency_key, version)
+    if isinstance(workflow, Workflow) and version is None:
+        version = workflow.version
+    return registry.get(wf_id, version)
 
 
 def sink_retry_delay(failures: int, initial_s: float, max_s: float) -> float:

@@ -17,9 +17,10 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
 - what a driver implements: ``WorkflowEngine``, ``DriverFactory``;
 - how drivers are found: ``ENTRY_POINT_GROUP``, ``DriverEntry``, ``installed_drivers``;
 - the shared rules, one copy every driver calls: the status sets, ``RetryModel.delay_s``
-  (``Retry.delay_after``), ``redrive_plan``, ``sink_retry_delay``, ``version_key``, and the
-  argument checks ``check_*`` (typed errors, one message per problem; ``check_signal_known``
-  with ``served_graph`` refuses a signal name no stage of the run's version declares);
+  (``Retry.delay_after``), ``redrive_plan``, ``sink_retry_delay``, ``version_key``,
+  ``start_definition`` (which definition a ``start()`` runs), and the argument checks
+  ``check_*`` (typed errors, one message per problem; ``check_signal_known`` with
+  ``served_graph`` refuses a signal name no stage of the run's version declares);
 - ``telemetry``: the OpenTelemetry hooks: decorate ``start()`` with ``traced_start`` and
   ``signal()`` with ``traced_signal``, store ``current_traceparent()`` (taken in ``start()``)
   with the run and give it back as ``StageRequest.trace_context``; the StageRunner makes the
@@ -70,6 +71,7 @@ from ._rules import (
     WORKING_RUN_STATUSES,
     redrive_plan,
     sink_retry_delay,
+    start_definition,
     version_key,
 )
 from ._secrets import SecretUrl, redact_text, redact_url
@@ -127,6 +129,7 @@ __all__ = [
     "safe_error_message",
     "served_graph",
     "sink_retry_delay",
+    "start_definition",
     "telemetry",
     "to_json_value",
     "version_key",

@@ -18,17 +18,15 @@ import argparse
 import asyncio
 import os
 import statistics
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from driver_temporal import TemporalDevServer
-from engine_port import EngineSettings, create_engine
 
 from .. import _temporal_raw as raw
-from .. import _workflows as W
+from ._temporal_engine import driver_engine
 
 _WARMUP = 3
 _DRIVER = {"seq3": "bench-seq3", "local": "bench-seq3-local", "fanout": "bench-fanout-50"}
@@ -73,25 +71,17 @@ async def _measure(
 
 
 async def driver(workload: str, runs: int, settle: float) -> str:
-    with tempfile.TemporaryDirectory() as d:
-        async with TemporalDevServer(headless=True) as server:
-            settings = EngineSettings(
-                driver="temporal",
-                temporal_address=server.address,
-                blob_url=f"file://{d}/blobs",
-                task_queue="bench",
-            )
-            async with create_engine(settings, W.registry()) as engine, engine.worker():
-                conn = engine._conn  # type: ignore[attr-defined]
+    async with driver_engine() as (engine, server):
+        conn = engine._conn  # type: ignore[attr-defined]
 
-                async def one() -> Any:
-                    run = await engine.start(_DRIVER[workload], {})
-                    await engine.wait(run.id, timeout=300)
-                    return conn.get_workflow_handle(run.id)
+        async def one() -> Any:
+            run = await engine.start(_DRIVER[workload], {})
+            await engine.wait(run.id, timeout=300)
+            return conn.get_workflow_handle(run.id)
 
-                assert server._proc is not None
-                _, line = await _measure("driver", server._proc.pid, runs, one, settle)
-                return line
+        assert server._proc is not None
+        _, line = await _measure("driver", server._proc.pid, runs, one, settle)
+        return line
 
 
 async def hand_written(workload: str, runs: int, settle: float) -> str:

@@ -9,52 +9,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
 import uuid
 
 from temporalio.api.enums.v1 import EventType
 
-from driver_temporal import TemporalDevServer, TemporalEngine
-from engine_port import EngineSettings, create_engine
-
 from .. import _temporal_raw as raw
-from .. import _workflows as W
+from ._temporal_engine import driver_engine
 
 
 async def main(local: bool, runs: int) -> None:
     wf = "bench-seq3-local" if local else "bench-seq3"
-    with tempfile.TemporaryDirectory() as d:
-        async with TemporalDevServer(headless=True) as server:
-            settings = EngineSettings(
-                driver="temporal",
-                temporal_address=server.address,
-                blob_url=f"file://{d}/blobs",
-                task_queue="bench",
+    async with driver_engine() as (engine, server):
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            run = await engine.start(wf, {})
+            await engine.wait(run.id, timeout=60)
+            times.append((time.perf_counter() - t0) * 1000)
+        print(f"p50 {statistics.median(times[5:] or times):.1f} ms over {runs} runs")
+        history = await engine._conn.get_workflow_handle(run.id).fetch_history()
+        first = history.events[0].event_time.ToDatetime()
+        for e in history.events:
+            at = (e.event_time.ToDatetime() - first).total_seconds() * 1000
+            name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
+            print(f"{at:8.1f}  {name}")
+        async with raw.worker(server.address) as client:
+            handle = await client.start_workflow(
+                "bench_seq3", local, id=f"hand-{uuid.uuid4().hex}", task_queue=raw.TASK_QUEUE
             )
-            async with create_engine(settings, W.registry()) as engine, engine.worker():
-                assert isinstance(engine, TemporalEngine)
-                times = []
-                for _ in range(runs):
-                    t0 = time.perf_counter()
-                    run = await engine.start(wf, {})
-                    await engine.wait(run.id, timeout=60)
-                    times.append((time.perf_counter() - t0) * 1000)
-                print(f"p50 {statistics.median(times[5:] or times):.1f} ms over {runs} runs")
-                history = await engine._conn.get_workflow_handle(run.id).fetch_history()
-                first = history.events[0].event_time.ToDatetime()
-                for e in history.events:
-                    at = (e.event_time.ToDatetime() - first).total_seconds() * 1000
-                    name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
-                    print(f"{at:8.1f}  {name}")
-            async with raw.worker(server.address) as client:
-                handle = await client.start_workflow(
-                    "bench_seq3", local, id=f"hand-{uuid.uuid4().hex}", task_queue=raw.TASK_QUEUE
-                )
-                await handle.result()
-                hand = len((await handle.fetch_history()).events)
-            ours = len(history.events)
-            print(f"history: {ours} events, hand-written {hand}: {ours / hand:.2f}x (goal 1.5x)")
+            await handle.result()
+            hand = len((await handle.fetch_history()).events)
+        ours = len(history.events)
+        print(f"history: {ours} events, hand-written {hand}: {ours / hand:.2f}x (goal 1.5x)")
 
 
 if __name__ == "__main__":

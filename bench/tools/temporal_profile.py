@@ -29,6 +29,7 @@ from .. import _temporal_raw as R
 from .. import _workflows as W
 from .._common import Sizes
 from .._native import _until_waiting
+from ._temporal_engine import driver_engine
 
 PAUSE_S = Sizes.full(slow=True).pause_s
 
@@ -84,57 +85,48 @@ def _p50(xs: list[float]) -> str:
 
 
 async def driver(runs: int, workload: str) -> None:
-    with tempfile.TemporaryDirectory() as d:
-        async with TemporalDevServer(headless=True) as server:
-            settings = EngineSettings(
-                driver="temporal",
-                temporal_address=server.address,
-                blob_url=f"file://{d}/blobs",
-                task_queue="bench",
-            )
-            async with create_engine(settings, W.registry()) as engine, engine.worker():
-                assert isinstance(engine, TemporalEngine)
-                if workload in ("fanout", "seq3"):
-                    wf = "bench-fanout-50" if workload == "fanout" else "bench-seq3"
-                    times, starts, ends = [], [], []
-                    for _ in range(runs + 1):  # (the first one warms up)
-                        t0 = time.time()
-                        run = await engine.start(wf, {})
-                        await engine.wait(run.id, timeout=300)
-                        t2 = time.time()
-                        times.append((t2 - t0) * 1000)
-                        handle = engine._conn.get_workflow_handle(run.id)
-                        history = await handle.fetch_history()
-                        first = history.events[0].event_time.ToDatetime(UTC).timestamp()
-                        last = history.events[-1].event_time.ToDatetime(UTC).timestamp()
-                        starts.append((first - t0) * 1000)
-                        ends.append((t2 - last) * 1000)
-                    print(
-                        f"driver: {workload} p50 {_p50(times[1:])} ms over {runs} runs; "
-                        f"start() call -> history's first event {_p50(starts[1:])} ms, "
-                        f"history's last event -> wait() returned {_p50(ends[1:])} ms (p50s)"
-                    )
-                    _summary("driver, last run", history)
-                    return
-                sent, done = [], []
-                for _ in range(runs):
-                    run = await engine.start("bench-signal", {})
-                    await _until_waiting(engine, run.id)
-                    t0 = time.perf_counter()
-                    await engine.signal(run.id, "go", {"ok": True})
-                    t1 = time.perf_counter()
-                    await engine.wait(run.id, timeout=60)
-                    t2 = time.perf_counter()
-                    sent.append((t1 - t0) * 1000)
-                    done.append((t2 - t0) * 1000)
-                print(
-                    f"driver: signal() returned after {_p50(sent)} ms (p50), "
-                    f"wait() after {_p50(done)} ms, over {runs} runs"
-                )
+    async with driver_engine() as (engine, _server):
+        if workload in ("fanout", "seq3"):
+            wf = "bench-fanout-50" if workload == "fanout" else "bench-seq3"
+            times, starts, ends = [], [], []
+            for _ in range(runs + 1):  # (the first one warms up)
+                t0 = time.time()
+                run = await engine.start(wf, {})
+                await engine.wait(run.id, timeout=300)
+                t2 = time.time()
+                times.append((t2 - t0) * 1000)
                 handle = engine._conn.get_workflow_handle(run.id)
                 history = await handle.fetch_history()
-                _print_history("driver, last run", history)
-                _summary("driver, last run", history)
+                first = history.events[0].event_time.ToDatetime(UTC).timestamp()
+                last = history.events[-1].event_time.ToDatetime(UTC).timestamp()
+                starts.append((first - t0) * 1000)
+                ends.append((t2 - last) * 1000)
+            print(
+                f"driver: {workload} p50 {_p50(times[1:])} ms over {runs} runs; "
+                f"start() call -> history's first event {_p50(starts[1:])} ms, "
+                f"history's last event -> wait() returned {_p50(ends[1:])} ms (p50s)"
+            )
+            _summary("driver, last run", history)
+            return
+        sent, done = [], []
+        for _ in range(runs):
+            run = await engine.start("bench-signal", {})
+            await _until_waiting(engine, run.id)
+            t0 = time.perf_counter()
+            await engine.signal(run.id, "go", {"ok": True})
+            t1 = time.perf_counter()
+            await engine.wait(run.id, timeout=60)
+            t2 = time.perf_counter()
+            sent.append((t1 - t0) * 1000)
+            done.append((t2 - t0) * 1000)
+        print(
+            f"driver: signal() returned after {_p50(sent)} ms (p50), "
+            f"wait() after {_p50(done)} ms, over {runs} runs"
+        )
+        handle = engine._conn.get_workflow_handle(run.id)
+        history = await handle.fetch_history()
+        _print_history("driver, last run", history)
+        _summary("driver, last run", history)
 
 
 async def hand_written(runs: int, workload: str) -> None:

@@ -33,6 +33,12 @@ class Counts:
         self.reads: Counter[str] = Counter()
         self.statements = 0
         self.round_trips = 0
+        # CPU of the database threads inside transactions and reads, and the part of it (and
+        # the wall time) spent inside psycopg's waits (sending, polling, reading results)
+        self.db_cpu = 0.0
+        self.wait_cpu = 0.0
+        self.wait_wall = 0.0
+        self.waits = 0
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -51,6 +57,11 @@ class Counts:
             kept[3] + self.round_trips - trips,
         )
 
+    def split(self, runs: int) -> tuple[float, float, float, float]:
+        """Per run: database-thread CPU, CPU and wall inside psycopg's waits (ms), waits."""
+        ms = 1000 / runs
+        return self.db_cpu * ms, self.wait_cpu * ms, self.wait_wall * ms, self.waits / runs
+
     def take_marked(self) -> None:
         self.tx, self.reads, self.statements, self.round_trips = self._kept
 
@@ -58,13 +69,18 @@ class Counts:
 def _install(counts: Counts) -> None:
     orig_once, orig_read = Database._tx_once, Database._read_once
 
-    def tx_once(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        counts.tx[getattr(fn, "__qualname__", repr(fn))] += 1
-        return orig_once(self, attempt, fn, *a, **k)
+    def timed(orig: Any, seen: Counter[str]) -> Any:
+        def once(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
+            seen[getattr(fn, "__qualname__", repr(fn))] += 1
+            cpu = time.thread_time()
+            try:
+                return orig(self, attempt, fn, *a, **k)
+            finally:
+                counts.db_cpu += time.thread_time() - cpu
 
-    def read_once(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        counts.reads[getattr(fn, "__qualname__", repr(fn))] += 1
-        return orig_read(self, attempt, fn, *a, **k)
+        return once
+
+    tx_once, read_once = timed(orig_once, counts.tx), timed(orig_read, counts.reads)
 
     Database._tx_once = tx_once  # type: ignore[method-assign]
     Database._read_once = read_once  # type: ignore[method-assign]
@@ -98,6 +114,18 @@ def _install(counts: Counts) -> None:
 
         return end
 
+    orig_wait = psycopg.Connection.wait
+
+    def wait(self: Any, *a: Any, **k: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return orig_wait(self, *a, **k)
+        finally:
+            counts.waits += 1
+            counts.wait_cpu += time.thread_time() - cpu
+            counts.wait_wall += time.perf_counter() - wall
+
+    psycopg.Connection.wait = wait  # type: ignore[method-assign]
     psycopg.Cursor.execute = execute  # type: ignore[method-assign]
     psycopg.Pipeline.__exit__ = pipeline_exit  # type: ignore[method-assign]
     psycopg.Connection.commit = ending(orig_commit)  # type: ignore[method-assign]
@@ -162,7 +190,7 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
                 if signal:
                     counts.take_marked()
                 tx, reads, statements = Counter(counts.tx), Counter(counts.reads), counts.statements
-                round_trips = counts.round_trips
+                round_trips, split = counts.round_trips, counts.split(runs)
     what = "signal() -> run complete of bench-signal" if signal else "runs of bench-seq3"
     print(f"{backend}: {runs} {what}, in-process worker")
     print(f"  p50 latency      {statistics.median(samples) * 1000:.2f} ms")
@@ -173,6 +201,16 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
     print(f"  statements/run   {statements / runs:.1f} (incl. BEGIN on SQLite)")
     if backend == "postgres":
         print(f"  round trips/run  {round_trips / runs:.1f} (BEGIN and COMMIT included)")
+        if not signal:
+            db_cpu, wait_cpu, wait_wall, waits = split
+            print(
+                f"  database threads' CPU/run {db_cpu:.2f} ms, "
+                f"of it in psycopg's waits {wait_cpu:.2f} ms"
+            )
+            print(
+                f"  psycopg waits/run {waits:.1f}, their wall {wait_wall:.2f} ms "
+                "(server, network, fsync and that CPU)"
+            )
     for name, n in (tx + reads).most_common(12):
         print(f"    {n / runs:6.2f}  {name}")
 

@@ -65,6 +65,7 @@ INTERFACE = [
     "safe_error_message",
     "served_graph",
     "sink_retry_delay",
+    "start_definition",
     "to_json_value",
     "telemetry",
     "version_key",

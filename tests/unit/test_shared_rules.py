@@ -47,7 +47,7 @@ KNOWN_COPIES: Counter[tuple[str, str, str]] = Counter()
 
 # the port's argument checks each engine method must call (engine_port/_limits.py)
 REQUIRED_CHECKS = {
-    "start": {"check_start_call", "check_start_input"},
+    "start": {"start_definition", "check_start_input"},
     "get_run": {"check_run_call"},
     "list_runs": {"check_workflow_id"},
     "wait": {"check_run_call"},
