@@ -240,6 +240,37 @@ class BadInputContract:
             assert await engine.list_runs(workflow_id=wf.id) == []
         assert log.entries() == []
 
+    async def test_s16_bad_listing_arguments(self, harness: Harness) -> None:
+        """``list_runs`` arguments a caller can get wrong are refused with a typed error on
+        every driver (a misspelled status listed nothing; a negative limit listed every run on
+        native and none on Temporal; a limit given as text raised a TypeError from inside the
+        Temporal driver); ``limit=0`` lists nothing and statuses are matched as given."""
+        wf = Workflow(unique_id("s16l"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> int:
+            return ctx.input.n
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+            async with engine.worker():
+                run = await engine.start(wf.id, {"n": 1})
+                assert (await engine.wait(run.id, timeout=60)).status == RunStatus.COMPLETED
+            for bad in (
+                {"status": "complete"},
+                {"status": ["completed", "done"]},
+                {"status": 3},
+                {"limit": -1},
+                {"limit": "5"},
+                {"limit": True},
+                {"id_prefix": 7},
+            ):
+                with pytest.raises(InvalidInputError):
+                    await engine.list_runs(workflow_id=wf.id, **bad)
+            assert await engine.list_runs(workflow_id=wf.id, limit=0) == []
+            mine = await _listed(engine, wf.id, [RunStatus.COMPLETED, "failed"])
+            assert [r.id for r in mine] == [run.id]
+            assert await _listed(engine, wf.id, "running") == []
+
     async def test_s16_cycle_is_a_definition_error(self) -> None:
         wf = Workflow(unique_id("cyc"), input=Num)
 
@@ -290,3 +321,13 @@ class BadInputContract:
         async with harness.engine(Registry(), MemorySink()) as engine:
             with pytest.raises(RunNotFoundError):
                 await engine.wait("missing", timeout=1)
+
+
+async def _listed(engine: Any, workflow_id: str, status: Any) -> list[Any]:
+    """The run listing (Temporal's visibility store catches up with a run's end after it)."""
+    for _ in range(100):
+        runs = list(await engine.list_runs(workflow_id=workflow_id, status=status))
+        if runs or status == "running":
+            return runs
+        await asyncio.sleep(0.1)
+    return []

@@ -37,11 +37,11 @@ from engine_port.driver import (
     Clock,
     StepEntry,
     check_export_target,
+    check_list_call,
     check_run_call,
     check_signal_call,
     check_start_input,
     check_version,
-    check_workflow_id,
     check_workflow_ids,
     start_definition,
     telemetry,
@@ -350,9 +350,7 @@ class NativeEngine(WorkflowEngine):
         id_prefix: str | None = None,
         outputs: bool = True,
     ) -> list[RunInfo]:
-        if workflow_id is not None:
-            check_workflow_id(workflow_id)
-        statuses = [status] if isinstance(status, str) else list(status or [])
+        statuses = check_list_call(workflow_id, status, limit, id_prefix)
         found = await self.kernel.db.read(
             _runs.read_runs, workflow_id, statuses, limit, None, id_prefix
         )
@@ -545,9 +543,7 @@ class NativeEngine(WorkflowEngine):
         page after a cursor costs the same however deep it is. Every filter is applied by the
         database (one ``version``, created at or after ``created_after``, ``id_prefix``, one
         ``idempotency_key``), so a match older than any number of newer runs is found."""
-        if workflow_id is not None:
-            check_workflow_id(workflow_id)
-        statuses = [status] if isinstance(status, str) else list(status or [])
+        statuses = check_list_call(workflow_id, status, limit, id_prefix)
         before = _parse_cursor(after) if after is not None else None
         since = None if created_after is None else created_after.timestamp()
         found = await self.kernel.db.read(

@@ -89,13 +89,13 @@ from engine_port import (
 from engine_port.driver import (
     GraphModel,
     check_export_target,
+    check_list_call,
     check_payload_size,
     check_run_call,
     check_signal_call,
     check_signal_known,
     check_start_input,
     check_version,
-    check_workflow_id,
     check_workflow_ids,
     input_fingerprint,
     redrive_plan,
@@ -609,9 +609,12 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         id_prefix: str | None = None,
         outputs: bool = True,
     ) -> list[RunInfo]:
-        if workflow_id is not None:
-            check_workflow_id(workflow_id)
-        query = runs_query(self._scope(), status, workflow_id=workflow_id, id_prefix=id_prefix)
+        statuses = check_list_call(workflow_id, status, limit, id_prefix)
+        if limit == 0:
+            return []
+        query = runs_query(
+            self._scope(), statuses or None, workflow_id=workflow_id, id_prefix=id_prefix
+        )
         out: list[RunInfo] = []
         async for ex in self._conn.list_workflows(query, limit=limit):
             memo = await ex.memo()

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from engine_port import RunInfo, RunStatus, is_spill_ref
-from engine_port.driver import check_run_call, check_workflow_id
+from engine_port.driver import check_list_call, check_run_call
 from engine_port.errors import InvalidInputError
 
 from ._query import runs_query
@@ -76,11 +76,12 @@ class PagedRuns:
         """One page of :meth:`list_runs` (newest first) and the cursor of the next page (None
         on the last one): Temporal's own ``next_page_token``, so every filter is applied by
         the visibility query and a page costs the same however deep it is."""
-        if workflow_id is not None:
-            check_workflow_id(workflow_id)
+        statuses = check_list_call(workflow_id, status, limit, id_prefix)
+        if limit == 0:
+            return [], None
         query = runs_query(
             self._scope(),
-            status,
+            statuses or None,
             workflow_id=workflow_id,
             id_prefix=id_prefix,
             version=version,

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
+from ._models import RunStatus
 from ._serde import JSON, to_json_value
 from .errors import DefinitionError, EngineError, InvalidInputError
 
@@ -43,6 +45,7 @@ __all__ = [
     "check_hook_name",
     "check_idempotency_key",
     "check_json",
+    "check_list_call",
     "check_run_call",
     "check_run_id",
     "check_signal_call",
@@ -277,6 +280,39 @@ def check_start_input(workflow: Workflow[Any], input: Any) -> JSON:
     and checked against the limits. Raises InvalidInputError."""
     value = workflow.validate_input(input).model_dump(mode="json")
     return check_json(value, "input")
+
+
+_STATUSES = ", ".join(s.value for s in RunStatus)
+
+
+def check_list_call(workflow_id: Any, status: Any, limit: Any, id_prefix: Any) -> list[RunStatus]:
+    """The arguments of ``engine.list_runs`` (and a driver's ``list_runs_page``); returns the
+    statuses asked for (empty: any status). A misspelled status is an error, not an empty
+    listing; ``limit`` is a whole number, 0 or more (0 lists nothing)."""
+    if workflow_id is not None:
+        check_workflow_id(workflow_id)
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise _invalid("limit", f"limit must be a whole number of runs, not {_kind(limit)}")
+    if limit < 0:
+        raise _invalid("limit", "limit is negative; give 0 or more runs")
+    if id_prefix is not None and not isinstance(id_prefix, str):
+        raise _invalid("id_prefix", f"id_prefix must be a string, not {_kind(id_prefix)}")
+    given = [status] if isinstance(status, str) else status
+    if given is None:
+        return []
+    if not isinstance(given, Sequence | AbstractSet) or isinstance(given, bytes):
+        raise _invalid(
+            "status", f"status must be a run status or a list of them, not {_kind(given)}"
+        )
+    wanted: list[RunStatus] = []
+    for one in given:
+        try:
+            wanted.append(RunStatus(one))
+        except ValueError:
+            raise _invalid(
+                "status", f"a status asked for is not a run status; use one of {_STATUSES}"
+            ) from None
+    return wanted
 
 
 def check_run_call(run_id: Any) -> str:

@@ -48,6 +48,7 @@ from ._graph import GraphModel, RetryModel, StageSpec
 from ._history import StepEntry
 from ._limits import (
     check_export_target,
+    check_list_call,
     check_run_call,
     check_signal_call,
     check_start_call,
@@ -107,6 +108,7 @@ __all__ = [
     "WorkflowEngine",
     "check_export_target",
     "check_key",
+    "check_list_call",
     "check_payload_size",
     "check_run_call",
     "check_signal_call",

@@ -43,6 +43,7 @@ INTERFACE = [
     "WorkflowEngine",
     "check_export_target",
     "check_key",
+    "check_list_call",
     "check_payload_size",
     "check_run_call",
     "check_signal_call",

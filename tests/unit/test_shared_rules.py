@@ -49,7 +49,8 @@ KNOWN_COPIES: Counter[tuple[str, str, str]] = Counter()
 REQUIRED_CHECKS = {
     "start": {"start_definition", "check_start_input"},
     "get_run": {"check_run_call"},
-    "list_runs": {"check_workflow_id"},
+    "list_runs": {"check_list_call"},
+    "list_runs_page": {"check_list_call"},
     "wait": {"check_run_call"},
     "signal": {"check_signal_call"},
     "cancel": {"check_run_call"},
