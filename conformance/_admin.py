@@ -15,6 +15,7 @@ from engine_port.errors import (
     InvalidInputError,
     InvalidRedriveError,
     SerializationError,
+    WaitTimeoutError,
     WorkflowNotFoundError,
 )
 
@@ -270,6 +271,33 @@ class BadInputContract:
             mine = await _listed(engine, wf.id, [RunStatus.COMPLETED, "failed"])
             assert [r.id for r in mine] == [run.id]
             assert await _listed(engine, wf.id, "running") == []
+
+    async def test_s16_bad_wait_timeouts(self, harness: Harness) -> None:
+        """``wait(timeout=...)`` takes seconds, 0 or more, or None: anything else is a typed
+        error on every driver (text raised a TypeError from inside both drivers, NaN a bare
+        TimeoutError on native). A run that has ended is returned even with ``timeout=0``
+        (Temporal raised WaitTimeoutError saying it was "still completed")."""
+        wf = Workflow(unique_id("s16w"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> int:
+            if ctx.input.n:
+                await ctx.step.wait_for_signal("go")
+            return ctx.input.n
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            done = await engine.start(wf.id, {"n": 0})
+            assert (await engine.wait(done.id, timeout=60)).status == RunStatus.COMPLETED
+            parked = await engine.start(wf.id, {"n": 1})
+            for bad in ("1", -1, float("nan"), True, [1]):
+                with pytest.raises(InvalidInputError):
+                    await engine.wait(done.id, timeout=bad)  # type: ignore[arg-type]
+            assert (await engine.wait(done.id, timeout=0)).status == RunStatus.COMPLETED
+            with pytest.raises(WaitTimeoutError):
+                await engine.wait(parked.id, timeout=0)
+            await engine.cancel(parked.id)
+            ended = await engine.wait(parked.id, timeout=float("inf"))
+            assert ended.status == RunStatus.CANCELLED
 
     async def test_s16_cycle_is_a_definition_error(self) -> None:
         wf = Workflow(unique_id("cyc"), input=Num)

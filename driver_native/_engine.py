@@ -42,6 +42,7 @@ from engine_port.driver import (
     check_signal_call,
     check_start_input,
     check_version,
+    check_wait_call,
     check_workflow_ids,
     start_definition,
     telemetry,
@@ -359,7 +360,7 @@ class NativeEngine(WorkflowEngine):
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         """Wait for a terminal status: woken at once by this process's workers, and polling
         for runs that workers in other processes execute."""
-        check_run_call(run_id)
+        timeout = check_wait_call(run_id, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         event = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(event)

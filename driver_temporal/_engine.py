@@ -87,6 +87,7 @@ from engine_port import (
     run_output,
 )
 from engine_port.driver import (
+    TERMINAL_RUN_STATUSES,
     GraphModel,
     check_export_target,
     check_list_call,
@@ -96,6 +97,7 @@ from engine_port.driver import (
     check_signal_known,
     check_start_input,
     check_version,
+    check_wait_call,
     check_workflow_ids,
     input_fingerprint,
     redrive_plan,
@@ -628,12 +630,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         """Two round trips for a run that closes within ``_FIRST_PEEK_S``: the long poll on
         its close event, then the describe ``get_run`` reads the RunInfo from (an unknown run
         id ends the poll at once and the describe raises RunNotFoundError)."""
-        check_run_call(run_id)
+        timeout = check_wait_call(run_id, timeout)
         handle = self._conn.get_workflow_handle(run_id)
         try:
             await asyncio.wait_for(self._ended(handle, run_id), timeout)
         except TimeoutError:
             info = await self.get_run(run_id)
+            if info.status in TERMINAL_RUN_STATUSES:  # it ended as the time ran out (or at 0)
+                return info
             raise WaitTimeoutError(
                 f"run {run_id!r} is still {info.status} after {timeout}s; wait longer, or check "
                 "that a worker serving its workflow version is running (engine.worker())"

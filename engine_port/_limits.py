@@ -57,6 +57,7 @@ __all__ = [
     "check_step_name",
     "check_text",
     "check_version",
+    "check_wait_call",
     "check_workflow_id",
     "check_workflow_ids",
     "definition_error",
@@ -313,6 +314,24 @@ def check_list_call(workflow_id: Any, status: Any, limit: Any, id_prefix: Any) -
                 "status", f"a status asked for is not a run status; use one of {_STATUSES}"
             ) from None
     return wanted
+
+
+def check_wait_call(run_id: Any, timeout: Any) -> float | None:
+    """The arguments of ``engine.wait``; returns the timeout in seconds (None: as long as it
+    takes, which infinity also means). Raises InvalidInputError for a timeout that is not a
+    number of seconds, 0 or more."""
+    check_run_id(run_id)
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise _invalid(
+            "timeout", f"timeout must be seconds (a number) or None, not {_kind(timeout)}"
+        )
+    if math.isnan(timeout) or timeout < 0:
+        raise _invalid(
+            "timeout", "timeout must be 0 or more seconds, or None to wait as long as it takes"
+        )
+    return None if math.isinf(timeout) else float(timeout)
 
 
 def check_run_call(run_id: Any) -> str:

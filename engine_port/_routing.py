@@ -12,6 +12,7 @@ from typing import Any
 
 from ._engine import WorkflowEngine
 from ._graph import Workflow
+from ._limits import check_wait_call
 from ._models import (
     Event,
     FlushResult,
@@ -137,6 +138,7 @@ class RoutingEngine(WorkflowEngine):
         return list(out.values())[:limit]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
+        timeout = check_wait_call(run_id, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.01
         while True:

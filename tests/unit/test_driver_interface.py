@@ -51,6 +51,7 @@ INTERFACE = [
     "check_start_call",
     "check_start_input",
     "check_version",
+    "check_wait_call",
     "check_workflow_id",
     "check_workflow_ids",
     "delete_prefixes",

@@ -51,7 +51,7 @@ REQUIRED_CHECKS = {
     "get_run": {"check_run_call"},
     "list_runs": {"check_list_call"},
     "list_runs_page": {"check_list_call"},
-    "wait": {"check_run_call"},
+    "wait": {"check_wait_call"},
     "signal": {"check_signal_call"},
     "cancel": {"check_run_call"},
     "redrive": {"check_run_call", "check_version"},
