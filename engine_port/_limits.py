@@ -181,6 +181,14 @@ def check_export_target(target: Any) -> str:
 
 
 def check_workflow_ids(workflow_ids: Iterable[Any]) -> list[str]:
+    """A list of workflow ids (``drain``, ``wfe move``). One id given as a string is refused,
+    not read as a list of one-character ids."""
+    if isinstance(workflow_ids, str | bytes) or not isinstance(workflow_ids, Iterable):
+        raise _invalid(
+            "workflow_ids",
+            f"workflow_ids must be a list of workflow ids (e.g. ['order']), not "
+            f"{_kind(workflow_ids)}",
+        )
     return [check_workflow_id(w) for w in workflow_ids]
 
 

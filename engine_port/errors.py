@@ -170,11 +170,18 @@ class RunExistsError(EngineError):
 
 
 class RunNotActiveError(EngineError):
+    """The run is not in a status that accepts the call: an ended run takes no signal or
+    cancel, and a run that has not ended takes no redrive."""
+
     def __init__(self, run_id: str, status: str, action: str) -> None:
-        super().__init__(
-            f"cannot {action} run {run_id!r}: it is {status}; only active runs accept this "
-            "(use redrive() to re-run a terminal run)"
-        )
+        if action == "redrive":
+            remedy = (
+                "only a completed, failed or cancelled run can be redriven; wait for it to end "
+                "(engine.wait) or cancel it first"
+            )
+        else:
+            remedy = "only active runs accept this (use redrive() to re-run a terminal run)"
+        super().__init__(f"cannot {action} run {run_id!r}: it is {status}; {remedy}")
         self.run_id = run_id
         self.status = status
 
