@@ -117,3 +117,30 @@ class HostileDataContract:
                 }
                 assert info.output == forged
             assert len(await engine.list_runs(workflow_id=echo.id)) == len(bad)
+
+    async def test_numbers_come_back_exactly(self, harness: Harness) -> None:
+        """A number a stage returns, a step journals or a signal carries comes back as the
+        same number: native SQLite stored a bare JSON number in a column of NUMERIC affinity,
+        so ``10**30`` came back as ``1e+30``, ``2**64 + 1`` rounded and ``-0.0`` as ``0``."""
+        numbers: list[Any] = [10**30, 2**64 + 1, -(2**70), -0.0, 0.1, 1.5e300, 7]
+        wf = Workflow(unique_id("numbers"), input=Loose)
+
+        @wf.stage
+        async def each(ctx: StageContext[Loose]) -> Any:
+            journaled = [await ctx.step.run(f"n{i}", lambda n=n: n) for i, n in enumerate(numbers)]
+            signalled = await ctx.step.wait_for_signal("n")
+            return [journaled, signalled]
+
+        @wf.stage(after=[each])
+        async def last(ctx: StageContext[Loose]) -> Any:
+            return ctx.output_of(each)[1]  # a bare number as the run's output
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await engine.signal(run.id, "n", 10**30 + 1)
+            info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED
+        journaled, signalled = info.stages[0].output
+        assert [(type(n), repr(n)) for n in journaled] == [(type(n), repr(n)) for n in numbers]
+        assert (signalled, info.output) == (10**30 + 1, 10**30 + 1)
+        assert isinstance(info.output, int)

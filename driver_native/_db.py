@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import sqlite3
 import threading
@@ -142,6 +143,7 @@ class Database:
             self.engine: Engine = sa.create_engine(
                 self.url,
                 connect_args={"check_same_thread": False, "timeout": 30},
+                json_serializer=_sqlite_json,
             )
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
@@ -520,6 +522,22 @@ def _is_transient(exc: DBAPIError) -> bool:
         text = str(orig).lower()
         return "database is locked" in text or "database is busy" in text
     return False
+
+
+def _sqlite_json(value: Any) -> str | bytes:
+    """The stored form of a JSON column's value on SQLite. A column declared ``JSON`` has
+    NUMERIC affinity there, so SQLite turns text that reads as a number into an INTEGER or a
+    REAL: a stage output of ``10**30`` came back as ``1e+30`` and ``-0.0`` as ``0``. A JSON
+    number (the only JSON text that starts with ``-`` or a digit) is stored as a BLOB of the
+    same text instead, which SQLite keeps byte for byte and ``json.loads`` reads back; every
+    other value stays text. Rows written before keep what SQLite made of them."""
+    text = json.dumps(value)
+    if text[:1] in _NUMBER_START:
+        return text.encode()
+    return text
+
+
+_NUMBER_START = frozenset("-0123456789")
 
 
 def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
