@@ -11,6 +11,7 @@ completion order, compensation order and what a failure or a cancel finds are al
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -87,6 +88,9 @@ class StageCase:
     outcomes: tuple[Outcome, ...] = ("ok",)  # per attempt; past the end: "ok"
     compensation: Literal["ok", "fail"] | None = None
     hold: bool = False  # end the script with a wait for a signal nobody sends
+    # JSON text of a value the stage's step results and its output carry (big and negative
+    # integers, extreme floats, -0.0, any unicode, nesting): it must come back as given
+    value: str | None = None
 
     def outcome(self, attempt: int) -> Outcome:
         return self.outcomes[attempt - 1] if attempt <= len(self.outcomes) else "ok"
@@ -146,9 +150,39 @@ def groups_of(case: Case) -> list[list[str]]:
 # -- strategies ---------------------------------------------------------------------------------
 
 
+HARD_NUMBERS = (10**30, 2**64 + 1, -(2**63) - 1, -0.0, 0.1, 1.5e300, 5e-324)
+
+
+def json_values() -> Any:
+    """A hypothesis strategy of JSON values every backend must return as given: integers far
+    past 64 bits, extreme and tiny floats, -0.0, text in any script (no NUL or lone surrogate:
+    the port refuses those), nested lists and objects."""
+    from hypothesis import strategies as st
+
+    text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=6)
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**80), 2**80)
+        | st.sampled_from(HARD_NUMBERS)
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | text
+    )
+    nested = st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+        max_leaves=5,
+    )
+    # bare values half the time: a bare number is what some backends store apart (SQLite's
+    # numeric affinity turned 10**30 into 1e+30), and the known hard cases come up often
+    return st.one_of(st.sampled_from(HARD_NUMBERS), scalars, nested)
+
+
 def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
     """A hypothesis strategy of deterministic cases (1-12 stages, groups of up to 4)."""
     from hypothesis import strategies as st
+
+    value_json = st.none() | json_values().map(json.dumps)
 
     @st.composite
     def _ops(draw: Any, sid: str, root: bool) -> tuple[Op, ...]:
@@ -216,6 +250,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                         outcomes=outcomes,
                         compensation=draw(st.sampled_from([None, None, "ok", "ok", "fail"])),
                         hold=draw(st.sampled_from([False, False, False, True])),
+                        value=draw(value_json),
                     )
                 )
         order = tuple(x for layer in layers for x in draw(st.permutations(layer)))

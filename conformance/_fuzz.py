@@ -34,7 +34,7 @@ from engine_port.errors import RunNotActiveError, StepTimeoutError
 
 from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of
 from ._harness import ExecutionLog, Harness, unique_id
-from ._model import Expected, canonical, expect, signal_payload, stage_output
+from ._model import Expected, canonical, expect, signal_payload, stage_output, step_result
 from ._models import Num
 from ._trace import normalise, run_summary
 
@@ -168,12 +168,12 @@ def _build(case: Case, rt: _Runtime) -> Workflow[Num]:
 def _step_fn(s: StageCase, op: RunStep, rt: _Runtime) -> Any:
     key = f"{s.id}.{op.name}"
 
-    async def step() -> str:
+    async def step() -> Any:
         rt.log.hit(f"step:{key}")
         rt.step_runs[key] = rt.step_runs.get(key, 0) + 1
         if rt.step_runs[key] <= op.fails:
             raise FlakyStepError(f"step {key} fails on run {rt.step_runs[key]}")
-        return key
+        return step_result(s, key)
 
     return step
 

@@ -12,12 +12,21 @@ and the order compensations ran in.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of
 
-__all__ = ["Expected", "ModelError", "canonical", "expect", "signal_payload", "stage_output"]
+__all__ = [
+    "Expected",
+    "ModelError",
+    "canonical",
+    "expect",
+    "signal_payload",
+    "stage_output",
+    "step_result",
+]
 
 
 class ModelError(Exception):
@@ -29,7 +38,16 @@ def signal_payload(name: str) -> dict[str, str]:
 
 
 def stage_output(stage: StageCase, attempt: int, got: list[Any]) -> dict[str, Any]:
-    return {"id": stage.id, "attempt": attempt, "deps": sorted(stage.after), "got": got}
+    out = {"id": stage.id, "attempt": attempt, "deps": sorted(stage.after), "got": got}
+    if stage.value is not None:
+        out["value"] = json.loads(stage.value)
+    return out
+
+
+def step_result(stage: StageCase, key: str) -> Any:
+    """What a durable step of the stage returns: its key, or the stage's value as it is (a
+    bare number or string is stored differently from an object on some backends)."""
+    return key if stage.value is None else json.loads(stage.value)
 
 
 def canonical(trace: list[list[Any]]) -> list[list[Any]]:
@@ -165,7 +183,7 @@ class _Sim:
                 if self.step_runs[key] <= op.fails:
                     return "fail", ("FlakyStepError", True)
                 led[op.name] = "done"
-            got.append(key)
+            got.append(step_result(s, key))
             return None
         if isinstance(op, Sleep):
             if state is None:
