@@ -20,7 +20,7 @@ from engine_port.errors import (
 )
 
 from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, unique_id, wait_for_events
-from ._models import Num, Order
+from ._models import Num, Order, says_its_version
 from ._trace import check_golden, normalise, run_summary
 
 __all__ = ["BadInputContract", "IdempotencyContract", "VersionContract"]
@@ -118,17 +118,7 @@ class VersionContract:
         if not harness.capabilities.pinned_versions:
             pytest.skip("driver lacks capability pinned_versions")
         wid = unique_id("own-version")
-
-        def build(version: str) -> Workflow[Num]:
-            wf = Workflow(wid, input=Num, version=version)
-
-            @wf.stage
-            async def a(ctx: StageContext[Num]) -> str:
-                return version
-
-            return wf
-
-        v1, v2 = build("v1"), build("v2")
+        v1, v2 = says_its_version(wid, "v1"), says_its_version(wid, "v2")
         async with harness.engine(Registry([v1, v2]), MemorySink()) as engine:
             async with engine.worker():
                 runs = {
@@ -142,7 +132,7 @@ class VersionContract:
                     done = await engine.wait(run.id, timeout=60)
                     ran[what] = (run.version, done.version, done.output)
             with pytest.raises(WorkflowNotFoundError):
-                await engine.start(build("v3"), {})
+                await engine.start(says_its_version(wid, "v3"), {})
         assert ran == {
             "object v1": ("v1", "v1", "v1"),
             "object v2": ("v2", "v2", "v2"),

@@ -35,7 +35,7 @@ from engine_port.errors import StepTimeoutError
 
 from ._crash import kill_worker_when
 from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
-from ._models import Num
+from ._models import Num, says_its_version
 from ._trace import normalise
 from .apps.takeover import build as build_takeover
 
@@ -273,20 +273,10 @@ class BlindSpotContract:
         if not harness.capabilities.pinned_versions:
             pytest.skip("driver lacks capability pinned_versions")
         wid = unique_id("bs-pinned")
-
-        def build(version: str) -> Workflow[Num]:
-            wf = Workflow(wid, input=Num, version=version)
-
-            @wf.stage
-            async def a(ctx: StageContext[Num]) -> str:
-                return version
-
-            return wf
-
         sink = MemorySink()
         async with (
-            harness.engine(Registry([build("v1")]), sink) as e1,
-            harness.engine(Registry([build("v2")]), sink) as e2,
+            harness.engine(Registry([says_its_version(wid, "v1")]), sink) as e1,
+            harness.engine(Registry([says_its_version(wid, "v2")]), sink) as e2,
         ):
             old = await e1.start(wid, {})
             async with e2.worker():
