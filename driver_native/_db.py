@@ -38,7 +38,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -52,6 +52,7 @@ from engine_port.driver import redact_text, redact_url
 from engine_port.errors import DriverUnavailableError
 
 from . import _schema
+from ._pgbatch import send_batch
 
 __all__ = ["Database", "commit_was_unknown", "defer", "send_raw", "send_together"]
 
@@ -163,12 +164,19 @@ class Database:
             # (connection_invalidated), drops the pool's older connections, and the retry
             # below runs the transaction again on a fresh one. pool_recycle retires
             # connections before a server or proxy idle timeout can cut them.
+            # psycopg in autocommit mode: it sends no BEGIN of its own (a round trip before a
+            # transaction's first statement); Database.tx sends BEGIN itself, in the first
+            # round trip of the transaction (see _pgbatch), and reads need no toggle
             self.engine = sa.create_engine(
                 self.url,
                 pool_size=pool_size,
                 max_overflow=2,
                 pool_pre_ping=False,
                 pool_recycle=600,
+                isolation_level="AUTOCOMMIT",
+                # statements are prepared by _pgbatch (psycopg's own would be deallocated
+                # with ours: it sends DEALLOCATE ALL after a rollback)
+                connect_args={"prepare_threshold": None},
             )
             workers = pool_size
             # the server processes behind this Database's connections: a worker ignores the
@@ -289,7 +297,8 @@ class Database:
         if _attempt.held is not None and _attempt.held.usable():
             return _attempt.held.read(_attempt, fn, *a, **k)
         with self.engine.connect() as raw:
-            conn = raw.execution_options(isolation_level="AUTOCOMMIT")
+            # (PostgreSQL connections are in autocommit mode already)
+            conn = raw if self.is_postgres else raw.execution_options(isolation_level="AUTOCOMMIT")
             return fn(conn, *a, **k)
 
     def tx_sync(self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs) -> T:
@@ -353,8 +362,8 @@ def defer(conn: Connection, statement: Any, params: Any = None) -> None:
     """Execute a write whose result nobody reads (no RETURNING, no row count), possibly later.
 
     On PostgreSQL, inside :meth:`Database.tx`, the write is held back and sent in one
-    pipeline (psycopg 3 pipeline mode: one network round trip) with the next statement that
-    needs its result, or with the COMMIT. The server still runs every statement in the order
+    multi-statement query (one network round trip, see ``_pgbatch``) with the next statement
+    that needs its result, or with the COMMIT. The server still runs every statement in the order
     the transaction function issued them, so what each statement sees is unchanged; an error
     of a deferred write surfaces at that next statement or at the commit, inside the same
     transaction (wrapped by SQLAlchemy as usual). Elsewhere it is ``conn.execute``."""
@@ -367,16 +376,6 @@ def defer(conn: Connection, statement: Any, params: Any = None) -> None:
         conn.execute(statement, params)
     finally:
         info[_DEFER] = False
-
-
-def _pending(context: Any) -> list[tuple[str, Any, bool]] | None:
-    """The transaction's deferred writes (None outside a :meth:`Database.tx`)."""
-    try:
-        info = context.root_connection.info
-    except NotImplementedError:  # SQLAlchemy's first-connect probe: no pooled connection
-        return None
-    tail: list[tuple[str, Any, bool]] | None = info.get(_TX)
-    return tail
 
 
 def _returns(context: Any) -> bool:
@@ -399,48 +398,45 @@ def _pg_do_execute_no_params(cursor: Any, statement: str, context: Any) -> bool:
 
 def _pg_send(cursor: Any, statement: str, parameters: Any, context: Any, *, many: bool) -> bool:
     """SQLAlchemy's ``do_execute`` hook on PostgreSQL: queue a deferred write, or send the
-    queued writes (and psycopg's implicit BEGIN) in one pipeline with this statement. Returns
+    statement (with the queued writes and BEGIN when due) through :func:`_send`. Returns
     False to let SQLAlchemy execute the statement itself."""
-    tail = _pending(context)
-    if tail is None:
-        return False  # autocommit reads, schema work: nothing deferred, no BEGIN to save
-    if context.root_connection.info.get(_DEFER) and not _returns(context):
+    try:
+        info = context.root_connection.info
+    except NotImplementedError:  # SQLAlchemy's first-connect probe: no pooled connection
+        return False
+    tail: list[tuple[str, Any, bool]] | None = info.get(_TX)
+    if tail is not None and info.get(_DEFER) and not _returns(context):
         tail.append((statement, parameters, many))
         return True
-    return _pipelined(cursor, tail, statement, parameters, many=many)
+    return _send(cursor, info, tail, statement, parameters, many=many)
 
 
-def _queue_tail(raw: Any, tail: list[tuple[str, Any, bool]] | None) -> None:
-    """Queue the transaction's deferred writes, in order, in the open pipeline of ``raw``."""
-    if tail:
-        queued = raw.cursor()
-        for sql, params, is_many in tail:
-            if is_many:
-                queued.executemany(sql, params)
-            else:
-                queued.execute(sql, params)
-        tail.clear()
-
-
-def _pipelined(
-    cursor: Any, tail: list[tuple[str, Any, bool]], statement: str, parameters: Any, *, many: bool
+def _send(
+    cursor: Any,
+    info: dict[Any, Any],
+    tail: list[tuple[str, Any, bool]] | None,
+    statement: str,
+    parameters: Any,
+    *,
+    many: bool,
 ) -> bool:
-    """Send the deferred writes and this statement (and psycopg's implicit BEGIN) in one
-    pipeline; returns False when there is nothing to save (the caller executes it)."""
-    raw = cursor.connection
+    """PostgreSQL: send a statement through :func:`_pgbatch.send_batch` (inside a
+    :meth:`Database.tx`, with the transaction's deferred writes and BEGIN when due: one round
+    trip). Returns False for an executemany with nothing to send before it (the caller
+    executes it)."""
+    if not many:
+        send_batch(cursor, info, tail, [(statement, parameters)])
+        return True
     from psycopg.pq import TransactionStatus
 
-    if not tail and raw.info.transaction_status != TransactionStatus.IDLE:
-        return False  # one statement, one round trip either way
-    with raw.pipeline():
-        _queue_tail(raw, tail)
-        # (with BEGIN, when the transaction has not started yet: psycopg queues it too)
-        if many:
-            cursor.executemany(statement, parameters)
-        elif parameters is None:
-            cursor.execute(statement)
-        else:
-            cursor.execute(statement, parameters)
+    if tail is None or (
+        not tail and cursor.connection.info.transaction_status != TransactionStatus.IDLE
+    ):
+        return False
+    # (psycopg reports an executemany's row count summed over its parameter sets: it runs
+    # on its own, after the rest)
+    send_batch(cursor, info, tail, [])
+    cursor.executemany(statement, parameters)
     return True
 
 
@@ -449,34 +445,40 @@ def send_raw(
 ) -> bool:
     """Execute a statement on the DBAPI ``cursor`` of ``conn`` (``_rawsql``): with ``later``,
     inside a PostgreSQL :meth:`Database.tx`, queue it with the deferred writes instead
-    (returns False: there is no result to read); otherwise send the deferred writes with it
-    in one pipeline (see :func:`defer`)."""
-    tail: list[tuple[str, Any, bool]] | None = conn.info.get(_TX)
-    if tail is not None and later:
-        tail.append((statement, parameters, many))
-        return False
-    if tail is None or not _pipelined(cursor, tail, statement, parameters, many=many):
-        if many:
-            cursor.executemany(statement, parameters)
-        else:
-            cursor.execute(statement, parameters)
+    (returns False: there is no result to read); otherwise send it (on PostgreSQL with the
+    deferred writes, in one round trip: see :func:`defer`)."""
+    if conn.dialect.name == "postgresql":
+        tail: list[tuple[str, Any, bool]] | None = conn.info.get(_TX)
+        if tail is not None and later:
+            tail.append((statement, parameters, many))
+            return False
+        if _send(cursor, conn.info, tail, statement, parameters, many=many):
+            return True
+    if many:
+        cursor.executemany(statement, parameters)
+    else:
+        cursor.execute(statement, parameters)
     return True
 
 
-def send_together(conn: Connection, calls: list[tuple[Any, str, Any]]) -> None:
-    """Execute statements whose results the caller reads after all of them ran, each on its
-    own DBAPI cursor (``calls``: cursor, SQL, parameters): on PostgreSQL in one pipeline (one
-    network round trip, with the transaction's deferred writes before them), in order."""
-    tail: list[tuple[str, Any, bool]] | None = conn.info.get(_TX)
+def send_together(conn: Connection, calls: list[tuple[Any, str, Any]]) -> Iterator[Any]:
+    """Execute statements whose results the caller reads after all of them ran (``calls``:
+    cursor, SQL, parameters), in order; yields, for each, a cursor on its result. On
+    PostgreSQL they go out in one round trip (inside a :meth:`Database.tx` with the
+    transaction's deferred writes before them), on the first call's cursor, stepped from one
+    result to the next; on SQLite each runs on its own cursor."""
     if conn.dialect.name != "postgresql":
         for cursor, statement, parameters in calls:
             cursor.execute(statement, parameters)
+        for cursor, _, _ in calls:
+            yield cursor
         return
-    raw = calls[0][0].connection
-    with raw.pipeline():
-        _queue_tail(raw, tail)
-        for cursor, statement, parameters in calls:
-            cursor.execute(statement, parameters)
+    cursor = calls[0][0]
+    send_batch(cursor, conn.info, conn.info.get(_TX), [(sql, p) for _, sql, p in calls])
+    for i in range(len(calls)):
+        if i:
+            cursor.nextset()
+        yield cursor
 
 
 def _first_line(exc: DBAPIError) -> str:

@@ -607,7 +607,7 @@ def apply_outcome(
     ahead = None
     if isinstance(outcome, Completed) and not cancelled and conn.dialect.name == "postgresql":
         # what scheduling the next group reads, in the first round trip (PostgreSQL only: a
-        # pipeline makes the reads free there, on SQLite each would be a statement)
+        # batch makes the reads free there, on SQLite each would be a statement)
         ahead = Ahead.plan(shape, job.stage_id, handoff)
     run, stage, more = _run_and_owned_stage(
         conn, job, worker, None if ahead is None else ahead.calls(job.run_id)

@@ -10,7 +10,7 @@ runs it straight on the driver's cursor; rows come back as named tuples.
 What stays as with ``conn.execute``: ``before_cursor_execute`` listeners see every statement
 (the statement counters of txcount and the tests), DBAPI errors are wrapped and handled by
 SQLAlchemy (connection invalidation, the retry in ``_db``), and on PostgreSQL a write whose
-result nobody reads can be deferred into the transaction's next pipeline (``_db.defer``).
+result nobody reads can be deferred into the transaction's next round trip (``_db.defer``).
 Statements SQLAlchemy renders per call (expanding ``IN`` lists) are refused: they keep
 ``conn.execute``."""
 
@@ -220,8 +220,8 @@ def execute_together(
     conn: Connection, calls: Sequence[tuple[ClauseElement, Mapping[str, Any]]]
 ) -> list[Rows]:
     """Several reads (or writes) that do not depend on each other's results, in this order:
-    on PostgreSQL sent in one pipeline, one round trip for all (``execute`` for each
-    elsewhere)."""
+    on PostgreSQL sent as one multi-statement query, one round trip for all (``execute`` for
+    each elsewhere)."""
     preps = [_prepare(stmt, conn.dialect) for stmt, _ in calls]
     sent: list[tuple[Any, str, Any]] = []
     try:
@@ -232,9 +232,8 @@ def execute_together(
                 for fn in conn.dispatch.before_cursor_execute:
                     sql, args = fn(conn, None, sql, args, None, False)
             sent.append((cursor, sql, args))
-        send_together(conn, sent)
         out = []
-        for prep, (cursor, _, _) in zip(preps, sent, strict=True):
+        for prep, cursor in zip(preps, send_together(conn, sent), strict=True):
             rows = prep.rows(fetched(cursor), cursor) if prep.returns_rows else []
             out.append(Rows(rows, cursor.rowcount))
         return out

@@ -251,7 +251,7 @@ def _outputs_query(n: int) -> Any:
 
 
 def outputs_reads(run_id: str, ids: Collection[str]) -> list[tuple[Any, dict[str, Any]]]:
-    """The reads ``upstream_outputs`` makes for ``ids`` (for the caller's own pipeline)."""
+    """The reads ``upstream_outputs`` makes for ``ids`` (for the caller's own round trip)."""
     return [(_outputs_query(len(c)), {"run_id": run_id} | in_params(c)) for c in _chunks(ids)]
 
 
@@ -467,7 +467,7 @@ def _insert_jobs(
 ) -> list[Any]:
     """Insert the jobs ``new`` (their rows back when ``returning``). With ``reserved`` ids
     (PostgreSQL, as many as ``new``) the rows are made here and the insert waits for the
-    COMMIT's pipeline; without ``returning`` nobody reads them, and it waits too."""
+    COMMIT's round trip; without ``returning`` nobody reads them, and it waits too."""
     if reserved:
         return _insert_reserved(conn, new, reserved)
     out: list[Any] = []

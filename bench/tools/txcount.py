@@ -41,7 +41,12 @@ class Counts:
         self.waits = 0
 
     def reset(self) -> None:
+        # (in place: the wrappers installed by _install hold these counters)
+        tx, reads = self.tx, self.reads
         self.__init__()  # type: ignore[misc]
+        tx.clear()
+        reads.clear()
+        self.tx, self.reads = tx, reads
 
     # --signal: only what happens between mark() and unmark() is kept
     def mark(self) -> None:

@@ -1,0 +1,171 @@
+"""PostgreSQL: several statements of a transaction in one simple query (one round trip).
+
+psycopg's pipeline mode also sends several statements in one round trip, but it costs ~48 us
+of client CPU per statement queued and more per sync (bench/README.md, 2026-12-01 late): about
+as much as the statement itself. Here the statements go out as one multi-statement text of the
+simple query protocol, values bound client-side by psycopg's ``ClientCursor.mogrify`` (its own
+quoting, for the connection's encoding). So that the server does not parse and plan each one
+anew, a statement is prepared on its connection once (``PREPARE``, which PostgreSQL keeps
+whatever becomes of the transaction it ran in) and then sent as ``EXECUTE name(values)``.
+
+The server runs the statements in order and stops at the first error; the caller's transaction
+is then aborted, as with the statements one at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["send_batch"]
+
+Deferred = tuple[str, Any, bool]
+"""A deferred write: SQL (psycopg's ``%(name)s`` placeholders), parameters, executemany."""
+
+MAX_PREPARED = 256
+"""Statements prepared per connection at most (the server keeps a plan for each); past that,
+statements go out with their values inline (parsed and planned each time)."""
+
+_STATE = "wfe_prepared"
+"""``conn.info`` key: the :class:`_Prepared` of the connection's DBAPI connection."""
+
+
+class _Prepared:
+    """The statements prepared on one DBAPI connection (SQL text -> ``EXECUTE name``), and
+    the psycopg transformer that renders values as literals for it."""
+
+    __slots__ = ("literal", "names", "next", "raw")
+
+    def __init__(self, raw: Any) -> None:
+        from psycopg.adapt import Transformer
+
+        self.raw = raw
+        self.literal = Transformer(raw)
+        self.names: dict[str, bytes] = {}
+        self.next = 0  # names are never reused: a failed batch may or may not have made some
+
+
+def _state(info: dict[Any, Any], raw: Any) -> _Prepared:
+    state: _Prepared | None = info.get(_STATE)
+    if state is None or state.raw is not raw:  # (a new connection behind the same record)
+        state = info[_STATE] = _Prepared(raw)
+    return state
+
+
+_PLACEHOLDER = re.compile(r"%\(([^)]+)\)s|%%")
+_DDL = re.compile(r"\s*(ALTER|DROP|CREATE)\b", re.IGNORECASE)
+_PREPARABLE = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|VALUES)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=1024)
+def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with ``$1``, ``$2``, ... for its named placeholders, and their names in order."""
+    order: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name is None:
+            return "%"
+        if name not in order:
+            order.append(name)
+        return f"${order.index(name) + 1}"
+
+    return _PLACEHOLDER.sub(number, sql), tuple(order)
+
+
+def _float(value: float) -> bytes:
+    """A float as a quoted literal: psycopg writes ``-0.0`` bare, which the server reads as
+    the numeric 0 (the sign lost); quoted, it is read by the parameter's type, exactly."""
+    return b"'%s'" % repr(value).encode()
+
+
+class _Text:
+    """Builds one batch: its statements, and the PREPAREs they need (sent first)."""
+
+    def __init__(self, cursor: Any, info: dict[Any, Any]) -> None:
+        self.cursor = cursor
+        self.state = _state(info, cursor.connection)
+        self.prepares: list[bytes] = []
+        self.fresh: dict[str, bytes] = {}
+        self.parts: list[bytes] = []
+        self.ddl = False  # a table is changed: prepare statements anew after it
+
+    def add(self, sql: str, params: Any) -> None:
+        if params is None:
+            self.parts.append(sql.encode())
+            return
+        numbered, order = _numbered(sql)
+        if not order:
+            self.parts.append(numbered.encode())  # (nothing to bind: COMMIT, DDL)
+            self.ddl = self.ddl or bool(_DDL.match(sql))
+            return
+        execute = (
+            self._name(sql) if isinstance(params, Mapping) and _PREPARABLE.match(sql) else None
+        )
+        if execute is None:
+            import psycopg
+
+            self.parts.append(
+                psycopg.ClientCursor(self.cursor.connection).mogrify(sql, params).encode()
+            )
+            return
+        literal = self.state.literal.as_literal
+        values = [
+            _float(v) if type(v) is float else literal(v) for v in map(params.__getitem__, order)
+        ]
+        self.parts.append(execute + b", ".join(values) + b")")
+
+    def _name(self, sql: str) -> bytes | None:
+        """``EXECUTE name(`` of the statement prepared for ``sql`` (None: too many)."""
+        state = self.state
+        execute = state.names.get(sql) or self.fresh.get(sql)
+        if execute is None and len(state.names) + len(self.fresh) < MAX_PREPARED:
+            name = f"wfe_{state.next}"
+            state.next += 1
+            execute = self.fresh[sql] = f"EXECUTE {name}(".encode()
+            self.prepares.append(f"PREPARE {name} AS {_numbered(sql)[0]}".encode())
+        return execute
+
+    def text(self, head: Sequence[bytes]) -> tuple[bytes, int]:
+        """The whole text (PREPAREs, ``head``, the statements added) and the number of results
+        before the statements added."""
+        return b"\n;\n".join([*self.prepares, *head, *self.parts]), len(self.prepares) + len(head)
+
+
+def send_batch(
+    cursor: Any,
+    info: dict[Any, Any],
+    tail: list[Deferred] | None,
+    last: Sequence[tuple[str, Any]],
+) -> None:
+    """Send, in one round trip on ``cursor``: inside a transaction (``tail`` not None) BEGIN
+    when it has not started yet and its deferred writes, in order (``tail`` is emptied); then
+    ``last`` (SQL, parameters). The cursor is left on the result of the first of ``last``
+    (``nextset()`` steps to the next). ``info``: the SQLAlchemy connection's ``info``."""
+    from psycopg.pq import TransactionStatus
+
+    batch = _Text(cursor, info)
+    head: list[bytes] = []
+    if tail is not None:
+        if cursor.connection.info.transaction_status == TransactionStatus.IDLE:
+            head.append(b"BEGIN")
+        for sql, params, many in tail:
+            for one in params if many else [params]:
+                batch.add(sql, one)
+        tail.clear()
+        head += batch.parts
+        batch.parts = []
+    for sql, params in last:
+        batch.add(sql, params)
+    text, ahead = batch.text(head)
+    cursor.execute(text)  # (no parameters: the simple query protocol, several statements)
+    if batch.ddl:
+        # (as psycopg does: a plan prepared before may no longer fit; the old statements stay
+        # on the server, unused, until the connection closes)
+        batch.state.names.clear()
+    else:  # (only now: a failed batch may not have made them)
+        batch.state.names.update(batch.fresh)
+    for _ in range(ahead):
+        cursor.nextset()
