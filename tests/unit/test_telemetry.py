@@ -82,3 +82,25 @@ def test_metrics_without_prometheus_client_say_what_to_install(
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(ConfigurationError, match=r"wfe\[metrics\]"):
         EngineMetrics()
+
+
+def test_no_span_is_opened_until_the_application_sets_a_tracer_provider(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the OpenTelemetry API installed but no SDK configured (the API's proxy provider),
+    the engine opens no span: they would record nothing and cost CPU on every stage."""
+    trace = pytest.importorskip("opentelemetry.trace")
+    from engine_port import _telemetry
+
+    def no_tracer(*_a: object, **_k: object) -> None:
+        raise AssertionError("a span was opened while no tracer provider is set")
+
+    for provider in (trace.ProxyTracerProvider(), trace.NoOpTracerProvider()):
+        monkeypatch.setattr(trace, "get_tracer_provider", lambda p=provider: p)
+        monkeypatch.setattr(trace, "get_tracer", no_tracer)
+        with _telemetry.start_spans("wf", "v1") as (start, _run):
+            start.set("wfe.run_id", "r1")
+        with _telemetry.span("wfe.stage", {"wfe.stage": "a"}, stage=True) as sp:
+            sp.fail("ValueError", "boom")
+            with _telemetry.step_span("one"):
+                pass
