@@ -1,5 +1,5 @@
-"""Group commit of run creations: concurrent ``start()`` calls of one process share a write
-transaction while an earlier one is in flight.
+"""Group commit: concurrent write transactions of one kind in one process (run creations,
+stage outcomes) share a transaction while an earlier one of that kind is in flight.
 
 On SQLite every write transaction of a process runs on the one database thread and takes the
 file's writer lock (BEGIN IMMEDIATE), which the worker processes want too: a burst of starts
@@ -10,45 +10,49 @@ commits alone (no added latency); those that arrive while it runs are committed 
 next transaction. A batch either commits whole or is rolled back whole; after a failure each of
 its creations is tried again alone, so each caller sees its own result or error exactly as
 without batching.
+
+Stage outcomes are batched the same way: the siblings of a fan-out finishing together, or the
+stages of many runs on one worker, each paid a transaction of their own (and on PostgreSQL the
+siblings queued for their run's row lock, one commit after the other).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection
 
 from ._db import Database
 
-__all__ = ["CreateBatcher"]
+__all__ = ["TxBatcher"]
 
 MAX_BATCH = 64
-"""Creations per shared transaction at most (a short hold of the writer lock)."""
+"""Transactions shared at most (a short hold of the writer lock)."""
 
-TxFn = Callable[..., tuple[str, bool]]
+T = TypeVar("T")
 
 
-def _each(conn: Connection, fn: TxFn, items: list[tuple[Any, ...]]) -> list[tuple[str, bool]]:
+def _each(conn: Connection, fn: Callable[..., T], items: list[tuple[Any, ...]]) -> list[T]:
     return [fn(conn, *args) for args in items]
 
 
-class CreateBatcher:
-    """``await batcher.create(*args)`` runs ``fn(conn, *args)`` in a transaction, shared with
-    the creations that queued while the previous transaction ran."""
+class TxBatcher(Generic[T]):
+    """``await batcher.run(*args)`` runs ``fn(conn, *args)`` in a transaction, shared with
+    the calls that queued while the previous transaction ran."""
 
-    def __init__(self, db: Database, fn: TxFn) -> None:
+    def __init__(self, db: Database, fn: Callable[..., T]) -> None:
         self.db = db
         self.fn = fn
-        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[tuple[str, bool]]]] = []
+        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[T]]] = []
         self._busy = False
         self._drainer: asyncio.Task[None] | None = None
         self.batches = 0  # shared transactions committed (for tests and the bench notes)
 
-    async def create(self, *args: Any) -> tuple[str, bool]:
+    async def run(self, *args: Any) -> T:
         if self._busy:
-            future: asyncio.Future[tuple[str, bool]] = asyncio.get_running_loop().create_future()
+            future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
             self._queue.append((args, future))
             return await future
         self._busy = True
@@ -61,7 +65,7 @@ class CreateBatcher:
                 self._busy = False
 
     async def _drain(self) -> None:
-        batch: list[tuple[tuple[Any, ...], asyncio.Future[tuple[str, bool]]]] = []
+        batch: list[tuple[tuple[Any, ...], asyncio.Future[T]]] = []
         try:
             while self._queue:
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
@@ -77,9 +81,7 @@ class CreateBatcher:
             self._busy = False
             self._drainer = None
 
-    async def _commit(
-        self, batch: list[tuple[tuple[Any, ...], asyncio.Future[tuple[str, bool]]]]
-    ) -> None:
+    async def _commit(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[T]]]) -> None:
         if len(batch) > 1:
             try:
                 results = await self.db.tx(_each, self.fn, [args for args, _ in batch])

@@ -54,7 +54,7 @@ from engine_port.errors import (
 )
 
 from . import _jobs, _outbox, _progress, _runs
-from ._batch import CreateBatcher
+from ._batch import TxBatcher
 from ._commands import (
     SKIPPED,
     CancelRun,
@@ -144,14 +144,14 @@ def _apply_and_read(
     now: float,
     cancelled: bool,
     handoff: _progress.Handoff | None,
-    known: Callable[[str, str], GraphModel | None],
+    known: Callable[[str, str], GraphModel | None] | None,
 ) -> tuple[str, Any]:
-    """``_progress.apply_outcome`` for a run someone in this process waits for: a transition
-    that finished the run also reads its final state (``_runs.read_run``) in the same
-    transaction, and ``wait()`` resolves from it without a read of its own."""
+    """``_progress.apply_outcome``; with ``known`` (a run someone in this process waits for),
+    a transition that finished the run also reads its final state (``_runs.read_run``) in the
+    same transaction, and ``wait()`` resolves from it without a read of its own."""
     result = _progress.apply_outcome(conn, job, worker, outcome, shape, now, cancelled, handoff)
     final = None
-    if handoff is not None and handoff.finished:
+    if known is not None and handoff is not None and handoff.finished:
         final = _runs.read_run(conn, job.run_id, known)
     return result, final
 
@@ -241,8 +241,10 @@ class Kernel:
         # said someone waits for it; else None)
         self.on_run_finished: Callable[[str, Any], None] | None = None
         self.wants_final: Callable[[str], bool] | None = None
-        # concurrent creations share a write transaction while one is in flight (``_batch``)
-        self._creates = CreateBatcher(db, _create_run_once)
+        # concurrent creations, and concurrent stage outcomes, share a write transaction
+        # while one of their kind is in flight (``_batch``)
+        self._creates = TxBatcher(db, _create_run_once)
+        self._outcomes = TxBatcher(db, _apply_and_read)
         self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         # "workflow@version" -> (its Workflow, its indexed graph): built once, not per stage
         # transition (``Workflow.graph()`` checks the whole definition on every call)
@@ -391,7 +393,7 @@ class Kernel:
                     cmd.handoff,
                 )
                 try:
-                    result = await self._creates.create(*args)
+                    result = await self._creates.run(*args)
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
                         raise RunExistsError(cmd.run_id) from None
@@ -561,11 +563,8 @@ class Kernel:
             key = self.claim.key_of(stored)
             outcome = Completed(stored, outcome.events)
         args = (job, cmd.worker_id, outcome, shape, self.now(), cmd.cancelled, handoff)
-        final = None
-        if read_final:
-            result, final = await self.db.tx(_apply_and_read, *args, self._registry_graph)
-        else:
-            result = await self.db.tx(_progress.apply_outcome, *args)
+        known = self._registry_graph if read_final else None
+        result, final = await self._outcomes.run(*args, known)
         if key is not None and result != "completed" and not await self._stored_output(job, key):
             # (a re-run of the transaction after a lost acknowledgement reports "discarded"
             # although its first try committed this very output: that blob stays)

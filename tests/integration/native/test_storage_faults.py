@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError
 
-from driver_native import CancelRun, ClaimPending, ExecuteJob, _progress, _schema
+from driver_native import CancelRun, ClaimPending, ExecuteJob, _kernel, _schema
 from driver_native._engine import NativeEngine
 from driver_native._ledger import _consume
 from driver_native._sql import upsert
@@ -309,7 +309,7 @@ async def test_a_failed_recording_gives_the_lease_back_at_once(make_engine: Make
     engine = await make_engine(wf, lease_seconds=30)
     _inject(
         engine,
-        _once(lambda fn, _a: fn is _progress.apply_outcome),
+        _once(lambda fn, _a: fn is _kernel._apply_and_read),
         DriverUnavailableError("cannot reach the database"),
     )
     run = await engine.start(wf.id, {})
@@ -340,7 +340,7 @@ async def test_an_outcome_committed_but_not_acknowledged_keeps_its_output(
 
     def once(attempt: Any, fn: Any, *args: Any, **kw: Any) -> Any:
         result = real_once(attempt, fn, *args, **kw)
-        if not lost and fn is _progress.apply_outcome:
+        if not lost and fn is _kernel._apply_and_read:
             lost.append(True)
             raise _dropped(dialect)  # committed, but the caller never hears of it
         return result

@@ -150,7 +150,7 @@ async def _profile(
     info = await _drive(engine, wf, handoff)
     event.remove(engine.kernel.db.engine, "before_cursor_execute", stmt)
     calls = dict(work.per_call)
-    assert len(calls["apply_outcome"]) == width + 2
+    assert len(calls["_apply_and_read"]) == width + 2
     return calls, info
 
 
@@ -166,7 +166,7 @@ async def test_work_per_transition_does_not_grow_with_the_width(
     wide, wide_info = await _profile(make_engine, work, 100, handoff)
     assert narrow_info.status == wide_info.status == "completed"
     assert (narrow_info.output, wide_info.output) == (10 * 2 + 1, 100 * 2 + 1)
-    for name in ("apply_outcome", "begin_attempt", "claim"):
+    for name in ("_apply_and_read", "begin_attempt", "claim"):
         if name in narrow or name in wide:
             # a stage's transition beside 99 open siblings costs what it costs beside 9:
             # the same statements, the same rows (before: every outcome and begin read every
@@ -345,14 +345,14 @@ CHAIN3_STATEMENTS = {
         "_create_run_once": [8],
         "claim": [2],
         "begin_attempt": [6],
-        "apply_outcome": [10, 10, 9],
+        "_apply_and_read": [10, 10, 9],
     },
     "postgresql": {
         "_create_run_once": [8],
         "claim": [1],
         "begin_attempt": [5],
         # (one more than SQLite's 9: the job id reserved ahead, in the first pipeline)
-        "apply_outcome": [10, 10, 8],
+        "_apply_and_read": [10, 10, 8],
     },
 }
 
@@ -383,7 +383,7 @@ CHAIN3_ROUND_TRIPS = {
     "_create_run_once": [2],  # (3 before: its jobs were read back though none was handed)
     "claim": [2],
     "begin_attempt": [2],
-    "apply_outcome": [2, 2, 2],
+    "_apply_and_read": [2, 2, 2],
 }
 
 
