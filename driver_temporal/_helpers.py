@@ -7,9 +7,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic_core
-from temporalio.api.enums.v1 import PendingWorkflowTaskState
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import HistoryEventFilterType, PendingWorkflowTaskState
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryRequest
 from temporalio.client import (
-    WorkflowHandle,
+    Client,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import (
@@ -47,10 +50,43 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-async def _settle(handle: WorkflowHandle[Any, Any]) -> None:
-    """Wait until the execution (following redrives) is closed, whatever its outcome."""
+async def _settle(client: Client, run_id: str) -> None:
+    """Wait until the execution (following redrives) is closed, whatever its outcome: the
+    long poll on its close event, as ``handle.result(follow_runs=True)`` makes it, without
+    converting the result or the failure (nobody here reads them)."""
+    request = GetWorkflowExecutionHistoryRequest(
+        namespace=client.namespace,
+        execution=WorkflowExecution(workflow_id=run_id),
+        wait_new_event=True,
+        history_event_filter_type=HistoryEventFilterType.HISTORY_EVENT_FILTER_TYPE_CLOSE_EVENT,
+        skip_archival=True,
+    )
     with suppress(Exception):
-        await handle.result(follow_runs=True)
+        while True:
+            page = await client.workflow_service.get_workflow_execution_history(request, retry=True)
+            if not page.history.events:
+                if not page.next_page_token:
+                    return
+                request.next_page_token = page.next_page_token  # the long poll timed out
+                continue
+            following = _next_run(page.history.events[0])
+            if not following:
+                return
+            request.execution.run_id = following
+            request.next_page_token = b""
+
+
+def _next_run(close: HistoryEvent) -> str:
+    """The run a close event hands over to (continue-as-new, a retry), or ""."""
+    for attr in (
+        "workflow_execution_completed_event_attributes",
+        "workflow_execution_failed_event_attributes",
+        "workflow_execution_timed_out_event_attributes",
+        "workflow_execution_continued_as_new_event_attributes",
+    ):
+        if close.HasField(attr):
+            return str(getattr(close, attr).new_execution_run_id)
+    return ""
 
 
 def _pairs(

@@ -217,7 +217,7 @@ async def complete_export(engine: TemporalEngine, run_id: str, target: str) -> R
     await update(engine, run_id, info, COMPLETE_EXPORT_UPDATE, {"target": target})
     # the execution ends once run.migrated is published
     with suppress(TimeoutError):
-        await asyncio.wait_for(_settle(engine._conn.get_workflow_handle(run_id)), 60)
+        await asyncio.wait_for(_settle(engine._conn, run_id), 60)
     return await engine.get_run(run_id)
 
 
