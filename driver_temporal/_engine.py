@@ -398,7 +398,6 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         check_payload_size(data, f"input of workflow {wf.id!r}", self.settings.max_payload_bytes)
         graph = wf.graph()
         fp = input_fingerprint(wf.id, data)
-        client = self._conn
         drained_to = await _moving.drained(self, wf.id)
         if drained_to is not None:
             raise WorkflowDrainedError(wf.id, drained_to)
@@ -429,8 +428,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             run_id, wf.id, graph.version, input_ref, idempotency_key, created_at=created
         )
         pairs = _pairs(graph.version, idempotency_key)
-        try:
-            handle: WorkflowHandle[Any, Any] = await self._start_pinned(
+        # (a run of this idempotency key exists already: read below)
+        with suppress(WorkflowAlreadyStartedError):
+            await self._start_pinned(
                 wf.id,
                 graph.version,
                 start,
@@ -442,14 +442,12 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 static_summary=f"{wf.id} {graph.version}",
                 static_details=f"wfe run of workflow {wf.id!r} version {graph.version!r}",
             )
-        except WorkflowAlreadyStartedError:
-            handle = client.get_workflow_handle(run_id)
         if idempotency_key:
-            desc = await handle.describe()
-            memo = await desc.memo()
+            raw = await self._describe_raw(run_id)
+            memo = await self._memo_of(raw)
             if memo.get("wfe_fp") != fp:
                 raise IdempotencyConflictError(idempotency_key, run_id)
-            return await self._info_from_memo(memo, desc.status)
+            return await self._info_from_memo(memo, _status_of(raw))
         return await self._resolve(initial)
 
     def _initial_info(

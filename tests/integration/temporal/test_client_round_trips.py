@@ -150,3 +150,46 @@ async def test_signal_while_no_worker_runs_is_buffered_and_taken_later(
         async with engine.worker():
             info = await engine.wait(run.id, timeout=60)
         assert info.status == "completed" and info.output == "late"
+
+
+@contextmanager
+def decoded_entries(engine: TemporalEngine) -> Iterator[list[Any]]:
+    """The payloads the engine's client converts (one list entry per payload) while inside."""
+    converter = engine._conn.data_converter
+    seen: list[Any] = []
+    real = converter.decode
+
+    async def counting(payloads: Any, *args: Any, **kw: Any) -> Any:
+        seen.extend(payloads)
+        return await real(payloads, *args, **kw)
+
+    object.__setattr__(converter, "decode", counting)
+    try:
+        yield seen
+    finally:
+        object.__delattr__(converter, "decode")  # back to the class's
+
+
+async def test_reading_a_run_never_converts_its_start_document(
+    make_engine: EngineFactory,
+) -> None:
+    """The ``wfe_start`` memo entry (graph and settings: the largest) is the workflow's to
+    read: ``wait()`` and ``get_run`` convert only the entries they read, and an idempotent
+    ``start()`` is the start and one describe."""
+    host = make_engine(registry())
+    caller = make_engine(registry(), task_queue=host.settings.task_queue)
+    async with host, caller, host.worker():
+        await caller.start("rt-quick", {"n": 0})  # (its first start checks the version)
+        with counted(caller) as calls:
+            run = await caller.start("rt-quick", {"n": 1}, idempotency_key="once")
+        assert calls == Counter(
+            {"start_workflow_execution": 1, "describe_workflow_execution": 1}
+        ), calls
+        await host.wait(run.id, timeout=60)
+        with decoded_entries(caller) as seen:
+            info = await caller.wait(run.id, timeout=60)
+            assert (await caller.get_run(run.id)).output == info.output == 2
+        raw = (await caller._conn.get_workflow_handle(run.id).describe()).raw_description
+        start_doc = raw.workflow_execution_info.memo.fields["wfe_start"]
+        assert seen and start_doc not in seen
+        assert len(seen) == 2 * (len(raw.workflow_execution_info.memo.fields) - 1), seen
