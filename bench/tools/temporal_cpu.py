@@ -10,7 +10,12 @@ Counting starts ``--settle`` seconds (default 15) after the worker started: the 
 start sets up a Worker Deployment per served workflow version, and the dev server works on that
 in the background for several seconds (~120 ms CPU per second in the first 5 s, 6-8 ms after;
 hand-written: 38, then 2-4). Counted from the start, that work landed in the driver's per-run
-figure (a 3-stage local=True run: 42 ms of server CPU counted at once, 26-27 ms settled)."""
+figure (a 3-stage local=True run: 42 ms of server CPU counted at once, 26-27 ms settled).
+
+The process CPU is also split by thread (``/proc/self/task``, grouped by thread name):
+``python`` is the asyncio loop (client calls, activities, the SDK's activation handling),
+``workflow-proces...`` the thread pool that runs workflow activations, ``tokio-rt-worker`` the
+SDK core (Rust: gRPC, history processing)."""
 
 from __future__ import annotations
 
@@ -37,6 +42,21 @@ _RAW: dict[str, tuple[str, Any]] = {
 }
 
 
+def _threads_cpu() -> dict[str, tuple[str, float]]:
+    """CPU seconds so far of each thread of this process: {tid: (name, seconds)}."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:  # ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
 def _server_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -50,23 +70,33 @@ async def _measure(
     warm-ups."""
     times: list[float] = []
     c0 = s0 = 0.0
+    th0: dict[str, tuple[str, float]] = {}
     handle: Any = None
     await asyncio.sleep(settle)
     for i in range(runs + _WARMUP):
         if i == _WARMUP:
-            c0, s0 = time.process_time(), _server_cpu(pid)
+            c0, s0, th0 = time.process_time(), _server_cpu(pid), _threads_cpu()
         t0 = time.perf_counter()
         handle = await one()
         if i >= _WARMUP:
             times.append((time.perf_counter() - t0) * 1000)
         await asyncio.sleep(0.3)
     c1, s1 = time.process_time(), _server_cpu(pid)
+    per_thread: dict[str, float] = {}
+    for tid, (name, cpu) in _threads_cpu().items():
+        per_thread[name] = per_thread.get(name, 0.0) + cpu - th0.get(tid, (name, 0.0))[1]
+    threads = ", ".join(
+        f"{name} {cpu / runs * 1000:.1f}"
+        for name, cpu in sorted(per_thread.items(), key=lambda kv: -kv[1])
+        if cpu > 0
+    )
     events = (await handle.fetch_history()).events
     size = sum(e.ByteSize() for e in events)
     return handle, (
         f"{title}: process CPU {(c1 - c0) / runs * 1000:.1f} ms/run, dev server CPU "
         f"{(s1 - s0) / runs * 1000:.1f} ms/run, history {len(events)} events / {size} bytes, "
-        f"p50 {statistics.median(times):.1f} ms ({runs} runs)"
+        f"p50 {statistics.median(times):.1f} ms ({runs} runs)\n    process CPU by thread, "
+        f"ms/run: {threads}"
     )
 
 
