@@ -96,26 +96,30 @@ class _Text:
         if params is None:
             self.parts.append(sql.encode())
             return
+        if not isinstance(params, Mapping):  # (positional %s placeholders)
+            self._inline(sql, params)
+            return
         numbered, order = _numbered(sql)
         if not order:
             self.parts.append(numbered.encode())  # (nothing to bind: COMMIT, DDL)
             self.ddl = self.ddl or bool(_DDL.match(sql))
             return
-        execute = (
-            self._name(sql) if isinstance(params, Mapping) and _PREPARABLE.match(sql) else None
-        )
+        execute = self._name(sql) if _PREPARABLE.match(sql) else None
         if execute is None:
-            import psycopg
-
-            self.parts.append(
-                psycopg.ClientCursor(self.cursor.connection).mogrify(sql, params).encode()
-            )
+            self._inline(sql, params)
             return
         literal = self.state.literal.as_literal
         values = [
             _float(v) if type(v) is float else literal(v) for v in map(params.__getitem__, order)
         ]
         self.parts.append(execute + b", ".join(values) + b")")
+
+    def _inline(self, sql: str, params: Any) -> None:
+        """The statement with its values written in (parsed and planned each time)."""
+        import psycopg
+
+        literal = psycopg.ClientCursor(self.cursor.connection)
+        self.parts.append(literal.mogrify(sql, params).encode())
 
     def _name(self, sql: str) -> bytes | None:
         """``EXECUTE name(`` of the statement prepared for ``sql`` (None: too many)."""

@@ -117,3 +117,21 @@ def test_statements_are_prepared_once_and_survive_a_failed_transaction(db: Datab
         db.tx_sync(work, i)
     assert db.tx_sync(_prepared) == prepared
     assert len(db.read_sync(lambda c: c.execute(_BY_FINGERPRINT, {"fp": "f"}).all())) == 16
+
+
+def test_driver_sql_with_positional_values_and_a_literal_percent(db: Database) -> None:
+    """``exec_driver_sql`` with ``%s`` placeholders, and statements SQLAlchemy escapes ``%``
+    in, bind their values too (written in, not prepared)."""
+    marker = "%s'); --"
+
+    def work(conn: Connection) -> list[Any]:
+        param = "%s" if db.is_postgres else "?"
+        conn.exec_driver_sql(
+            "INSERT INTO wfe_command_keys (key, command, fingerprint, status, created_at) "
+            f"VALUES ({param}, 'test', {param}, 'done', 1.0)",
+            ("pos", marker),
+        )
+        like = command_keys.c.fingerprint.like("%" + "s')%")
+        return list(conn.execute(sa.select(command_keys.c.key).where(like)).scalars())
+
+    assert db.tx_sync(work) == ["pos"]
