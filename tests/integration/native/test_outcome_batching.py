@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from driver_native import _kernel, _progress
+from driver_native import _batch, _kernel, _progress
 from driver_native._db import Database
 
 from .conftest import MakeEngine
@@ -66,18 +66,27 @@ async def test_a_fan_outs_siblings_share_outcome_transactions(
 
 
 async def test_a_failed_shared_transaction_records_each_outcome_alone(
-    make_engine: MakeEngine, outcome_transactions: Counter[str], monkeypatch: pytest.MonkeyPatch
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = await make_engine(fan(WIDTH), worker_concurrency=WIDTH + 2)
-    original = _progress.apply_outcome
+    original, each = _progress.apply_outcome, _batch._each
+    shared: list[bool] = []  # set while a shared transaction runs
     failed: list[str] = []
 
-    def fails_once_in_a_batch(conn: Any, job: Any, *a: Any, **k: Any) -> Any:
-        if not failed and job.stage_id.startswith("m") and engine.kernel._outcomes._busy:
+    def sharing(*a: Any) -> Any:
+        shared.append(True)
+        try:
+            return each(*a)
+        finally:
+            shared.pop()
+
+    def fails_once_when_shared(conn: Any, job: Any, *a: Any, **k: Any) -> Any:
+        if shared and not failed:
             failed.append(job.stage_id)
             raise RuntimeError("one outcome of the shared transaction fails")
         return original(conn, job, *a, **k)
 
-    monkeypatch.setattr(_progress, "apply_outcome", fails_once_in_a_batch)
+    monkeypatch.setattr(_batch, "_each", sharing)
+    monkeypatch.setattr(_progress, "apply_outcome", fails_once_when_shared)
     await _run_fan(engine)  # every outcome applied once, the run right
     assert failed, "no outcome was recorded in a shared transaction"
