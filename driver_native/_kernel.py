@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import uuid
@@ -76,7 +77,7 @@ from ._commands import (
     Transition,
 )
 from ._db import Database, commit_was_unknown
-from ._ledger import SqlStepLedger
+from ._ledger import SqlStepLedger, hand_over
 from ._schema import command_keys, runs, stages, steps
 from ._shape import GraphShape
 from ._sql import select_where
@@ -170,7 +171,9 @@ def _signal_and_begin(
     shape_for: Callable[[str], GraphShape],
 ) -> SignalResult:
     """``_runs.signal_run``; with ``handoff``, the stage the signal wakes is leased to the
-    handoff's worker and begun in the same transaction (no trip through the queue)."""
+    handoff's worker and begun in the same transaction (no trip through the queue), and when
+    no earlier signal of the name is queued its wait takes this one here too
+    (``_ledger.hand_over``): the resumed stage finds the wait done."""
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own)
     claim = None
@@ -180,12 +183,15 @@ def _signal_and_begin(
         def claim(run: Any) -> tuple[Any, dict[str, Any]] | None:
             return _jobs.claim_woken(conn, run, f"signal:{name}", served, worker, lease, now)
 
-    result, job = _runs.signal_and_claim(
+    result, job, alone = _runs.signal_and_claim(
         conn, run_id, name, stored, now, idempotency_key, max_pending, known, claim
     )
     if handoff is not None and job is not None:
         begun, _ = _progress.begin_attempt(conn, job, handoff.worker, now, shape_for(job.wfv))
         if begun is not None:
+            if alone:  # the resumed wait takes this signal now, not in a transaction of its own
+                steps = hand_over(conn, job.run_id, begun.stage_id, begun.steps, name, stored)
+                begun = dataclasses.replace(begun, steps=steps)
             handoff.jobs.append((job, begun))
     return result
 

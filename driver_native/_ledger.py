@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,7 +20,7 @@ from ._rawsql import execute
 from ._schema import signals, steps
 from ._sql import upsert
 
-__all__ = ["SqlStepLedger", "step_record"]
+__all__ = ["SqlStepLedger", "hand_over", "step_record"]
 
 _MISSING = object()
 
@@ -139,6 +140,40 @@ def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> A
         ("run_id", "stage_id", "name"),
     )
     return row.payload
+
+
+@functools.cache
+def _take_named() -> Any:
+    return (
+        sa.update(signals)
+        .where(
+            signals.c.run_id == sa.bindparam("run_id"),
+            signals.c.name == sa.bindparam("name"),
+            signals.c.consumed.is_(False),
+        )
+        .values(consumed=True)
+    )
+
+
+def hand_over(
+    conn: Connection, run_id: str, stage_id: str, rows: list[Any], name: str, payload: Any
+) -> list[Any]:
+    """In the transaction that queued signal ``name`` (stored form ``payload``), the only
+    unconsumed one of its name, and began the stage it woke: the stage's suspended wait for
+    it takes it, as ``_consume`` would when the stage replays (the signal consumed, the step
+    journaled with its payload). Returns the stage's step rows as the replay must see them;
+    unchanged when the stage has no single open wait for ``name``."""
+    open_waits = [
+        i for i, r in enumerate(rows) if r.kind == "signal" and r.signal == name and not r.completed
+    ]
+    if len(open_waits) != 1:
+        return rows
+    i = open_waits[0]
+    rec = step_record(rows[i]).done(payload)
+    execute(conn, _take_named(), {"run_id": run_id, "name": name}, later=True)
+    upsert(conn, steps, _row(run_id, stage_id, rec, payload), ("run_id", "stage_id", "name"))
+    taken = SimpleNamespace(**{**rows[i]._asdict(), "completed": True, "result": payload})
+    return [*rows[:i], taken, *rows[i + 1 :]]
 
 
 class SqlStepLedger:

@@ -228,10 +228,17 @@ def begin_attempt(
     Reads the outputs of the stage's upstream only (what ``ctx.output_of`` may read)."""
     # a stage resumed from a wait (a sleep, a signal, a poll) has a step ledger: on PostgreSQL
     # it is read in the same round trip; otherwise only if the stage row says it has one
+    # (with the outputs of its upstream: the whole begin is one round trip of reads)
     ahead = conn.dialect.name == "postgresql" and getattr(job, "waiting_for", None) is not None
-    ledger = [(_stage_steps(), {"run_id": job.run_id, "stage_id": job.stage_id})]
-    run, stage, more = _run_and_owned_stage(conn, job, worker, ledger if ahead else None)
-    return _begin_read(conn, job, run, stage, more, None, now, graph)
+    if not ahead:
+        run, stage, _ = _run_and_owned_stage(conn, job, worker)
+        return _begin_read(conn, job, run, stage, [], None, now, graph)
+    shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
+    reads = [(_stage_steps(), {"run_id": job.run_id, "stage_id": job.stage_id})]
+    reads += outputs_reads(job.run_id, shape.upstream([job.stage_id]))
+    run, stage, more = _run_and_owned_stage(conn, job, worker, reads)
+    outputs = {r.stage_id: r.output for rows in more[1:] for r in rows}
+    return _begin_read(conn, job, run, stage, more[:1], outputs, now, shape)
 
 
 def begin_attempts(

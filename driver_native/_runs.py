@@ -275,7 +275,7 @@ def signal_run(
     known_graph: Callable[[str, str], GraphModel | None] | None = None,
 ) -> SignalResult:
     """Queue a signal (see :func:`signal_and_claim`)."""
-    result, _ = signal_and_claim(
+    result, _, _ = signal_and_claim(
         conn, run_id, name, payload, now, idempotency_key, max_pending, known_graph
     )
     return result
@@ -296,12 +296,13 @@ def signal_and_claim(
     max_pending: int | None = None,
     known_graph: Callable[[str, str], GraphModel | None] | None = None,
     claim: Claim | None = None,
-) -> tuple[SignalResult, Any]:
+) -> tuple[SignalResult, Any, bool]:
     """Queue a signal behind the run's earlier ones of its name (the run row is locked, so
     ids follow arrival order); a repeat of ``idempotency_key`` is not queued again. A run
     holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError).
     ``known_graph(workflow, version)``: the registry's graph, if it has it (else the stored
-    definition is read)."""
+    definition is read). Returns the result, the job ``claim`` leased (or None) and whether
+    the signal is the only unconsumed one of its name (the next wait for it takes this one)."""
     waiting_for = f"signal:{name}"
     # the run (locked) and three counts in one round trip: unconsumed signals (for
     # max_pending), suspended waits for this name, unconsumed signals of this name
@@ -325,7 +326,7 @@ def signal_and_claim(
         ).first()
         if seen is not None:
             repeat = SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
-            return repeat, None
+            return repeat, None, False
     pending, waiting, queued = counts.first()
     if max_pending is not None and pending >= max_pending:
         raise SignalQueueFullError(run_id, name, max_pending)
@@ -359,7 +360,7 @@ def signal_and_claim(
     result = SignalResult(
         run_id=run_id, name=name, delivered=waiting > queued, already_completed=False
     )
-    return result, job
+    return result, job, queued == 0
 
 
 def cancel_run(conn: Connection, run_id: str, now: float) -> bool:
