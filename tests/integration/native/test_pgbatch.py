@@ -135,3 +135,39 @@ def test_driver_sql_with_positional_values_and_a_literal_percent(db: Database) -
         return list(conn.execute(sa.select(command_keys.c.key).where(like)).scalars())
 
     assert db.tx_sync(work) == ["pos"]
+
+
+DOCUMENTS = [{"text": "it's \\ \u2028 😀", "n": [1, None, -0.5]}, ["a'b", {"c": "\\'"}]]
+QUOTED = [*HOSTILE, 0, -5, 2**63 - 1, -(2**63), True, False, None]
+
+
+@pytest.mark.parametrize("scs", ["on", "off"])
+def test_values_quoted_by_the_driver_read_as_psycopg_quotes_them(
+    database_url: str, scs: str
+) -> None:
+    """``_pgbatch`` writes common values as literals itself (psycopg's ``as_literal`` cost
+    as much as the rest of a statement): the server reads each as it reads psycopg's literal,
+    with standard_conforming_strings on and off (then psycopg quotes the strings)."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL only")
+    import psycopg
+    from psycopg.types.json import Json, Jsonb
+
+    from driver_native._pgbatch import _Prepared
+
+    url = database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(url, autocommit=True) as raw:
+        raw.execute(f"SET standard_conforming_strings = {scs}")
+        state = _Prepared(raw)
+        assert state.plain is (scs == "on")
+        for value in [*QUOTED, *(wrap(d) for d in DOCUMENTS for wrap in (Json, Jsonb))]:
+            ours, theirs = state.quote(value), state.literal.as_literal(value)
+            sql = b"SELECT (" + ours + b")::text, (" + theirs + b")::text"
+            got = raw.execute(sql.decode()).fetchone()
+            assert got is not None and got[0] == got[1], (value, ours, theirs)
+        for number in FLOATS:  # (psycopg writes -0.0 bare, which the server reads as 0)
+            got = raw.execute(b"SELECT (" + state.quote(number) + b")::float8").fetchone()
+            assert got is not None and got[0] == number
+            assert math.copysign(1, got[0]) == math.copysign(1, number)
+        # a negative number written after a minus sign is a subtraction, never a comment
+        assert raw.execute("SELECT 1 -" + state.quote(-5).decode()).fetchone() == (6,)
