@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["send_batch"]
@@ -54,7 +54,8 @@ class _Prepared:
             and info.encoding == "utf-8"
         )
         self.json = {Json: b"'::json", Jsonb: b"'::jsonb"}
-        self.json_dumps = self.literal.get_dumper(Json(None), PyFormat.TEXT).dumps
+        dumper: Any = self.literal.get_dumper(Json(None), PyFormat.TEXT)
+        self.json_dumps: Callable[[Any], str | bytes] = dumper.dumps  # (the connection's)
 
     def quote(self, value: Any) -> bytes:
         """``value`` as a literal of the statement text: the common types (a str, an int, a
@@ -62,8 +63,9 @@ class _Prepared:
         writes them at a fraction of its cost; anything else by psycopg."""
         kind = type(value)
         if kind is str:
-            if self.plain and "\x00" not in value:
-                return b"'" + value.replace("'", "''").encode() + b"'"
+            text: str = value
+            if self.plain and "\x00" not in text:
+                return b"'" + text.replace("'", "''").encode() + b"'"
         elif kind is int:
             return b" %d" % value  # (the space: a negative number never follows a '-')
         elif kind is float:
