@@ -165,6 +165,16 @@ def test_values_quoted_by_the_driver_read_as_psycopg_quotes_them(
             sql = b"SELECT (" + ours + b")::text, (" + theirs + b")::text"
             got = raw.execute(sql.decode()).fetchone()
             assert got is not None and got[0] == got[1], (value, ours, theirs)
+        arrays = [
+            ([*HOSTILE, 'q"uote', None, "NULL", "{}", ",", " sp "], b"text[]"),
+            ([True, False, None], b"bool[]"),
+            ([], b"text[]"),
+        ]
+        for array, cast in arrays:
+            ours, theirs = state.quote(array), state.literal.as_literal(array)
+            sql = b"SELECT (" + ours + b")::" + cast + b"::text, (" + theirs + b")::" + cast
+            got = raw.execute(sql + b"::text").fetchone()
+            assert got is not None and got[0] == got[1], (array, ours, theirs)
         for number in FLOATS:  # (psycopg writes -0.0 bare, which the server reads as 0)
             got = raw.execute(b"SELECT (" + state.quote(number) + b")::float8").fetchone()
             assert got is not None and got[0] == number
