@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection
 
-from ._db import Database
+from ._db import Database, shared
 
 __all__ = ["TxBatcher"]
 
@@ -35,7 +35,8 @@ T = TypeVar("T")
 
 
 def _each(conn: Connection, fn: Callable[..., T], items: list[tuple[Any, ...]]) -> list[T]:
-    return [fn(conn, *args) for args in items]
+    with shared(conn):
+        return [fn(conn, *args) for args in items]
 
 
 class TxBatcher(Generic[T]):

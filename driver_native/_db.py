@@ -54,7 +54,15 @@ from engine_port.errors import DriverUnavailableError
 from . import _schema
 from ._pgbatch import send_batch
 
-__all__ = ["Database", "commit_was_unknown", "defer", "send_raw", "send_together"]
+__all__ = [
+    "Database",
+    "commit_was_unknown",
+    "commit_with_next",
+    "defer",
+    "send_raw",
+    "send_together",
+    "shared",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -275,6 +283,7 @@ class Database:
                 if self.is_postgres:
                     info = conn.info
                     info[_TX] = []  # a transaction: writes may be deferred (see defer())
+                    info[_TRY] = attempt  # (commit_with_next marks it committing)
                 result = fn(conn, *a, **k)
                 attempt.committing = True  # leaving the block commits
                 if conn.info.get(_TX):
@@ -285,6 +294,8 @@ class Database:
         finally:
             info.pop(_TX, None)  # (the pooled connection's info outlives this transaction)
             info.pop(_DEFER, None)
+            info.pop(_TRY, None)
+            info.pop(_LAST, None)
             _COMMIT_UNKNOWN.reset(token)
 
     def _read_once(
@@ -356,6 +367,34 @@ _TX = "wfe_tail"
 (SQL and parameters as SQLAlchemy compiled them), not sent yet."""
 _DEFER = "wfe_defer"
 """``conn.info`` key: the statement being executed now is a deferred write."""
+_TRY = "wfe_try"
+"""``conn.info`` key, set while a PostgreSQL transaction function runs: its ``_Try``."""
+_LAST = "wfe_last"
+"""``conn.info`` key: the next statements sent together end the transaction (COMMIT)."""
+_SHARED = "wfe_shared"
+"""``conn.info`` key: the function running shares its transaction with others."""
+
+
+def commit_with_next(conn: Connection) -> None:
+    """Inside :meth:`Database.tx` on PostgreSQL: the next statements sent together
+    (``send_together``, e.g. ``_rawsql.execute_together``) are the transaction's last reads,
+    and its COMMIT goes out with them (one round trip less than reading, then committing).
+    The transaction function must write nothing after them; a read after them runs on its
+    own, in autocommit. Elsewhere a no-op."""
+    info = conn.info
+    if info.get(_TX) is not None and not info.get(_SHARED):
+        info[_LAST] = True
+
+
+@contextlib.contextmanager
+def shared(conn: Connection) -> Iterator[None]:
+    """Around one of several functions run in one transaction (group commit): none of them
+    ends it (:func:`commit_with_next` is a no-op inside)."""
+    conn.info[_SHARED] = True
+    try:
+        yield
+    finally:
+        conn.info.pop(_SHARED, None)
 
 
 def defer(conn: Connection, statement: Any, params: Any = None) -> None:
@@ -473,8 +512,16 @@ def send_together(conn: Connection, calls: list[tuple[Any, str, Any]]) -> Iterat
         for cursor, _, _ in calls:
             yield cursor
         return
-    cursor = calls[0][0]
-    send_batch(cursor, conn.info, conn.info.get(_TX), [(sql, p) for _, sql, p in calls])
+    cursor, info = calls[0][0], conn.info
+    batch = [(sql, p) for _, sql, p in calls]
+    if info.pop(_LAST, False):
+        batch.append(("COMMIT", None))
+        info[_TRY].committing = True  # (a failure now may have committed)
+        tail = info[_TX]
+        info[_TX] = None  # (committed: nothing is deferred or wrapped in BEGIN after it)
+        send_batch(cursor, info, tail, batch)
+    else:
+        send_batch(cursor, info, info.get(_TX), batch)
     for i in range(len(calls)):
         if i:
             cursor.nextset()

@@ -76,7 +76,7 @@ from ._commands import (
     SignalStep,
     Transition,
 )
-from ._db import Database, commit_was_unknown
+from ._db import Database, commit_was_unknown, commit_with_next
 from ._ledger import SqlStepLedger, hand_over
 from ._schema import command_keys, runs, stages, steps
 from ._shape import GraphShape
@@ -153,6 +153,7 @@ def _apply_and_read(
     result = _progress.apply_outcome(conn, job, worker, outcome, shape, now, cancelled, handoff)
     final = None
     if known is not None and handoff is not None and handoff.finished:
+        commit_with_next(conn)  # (the final state is read in the COMMIT's round trip)
         final = _runs.read_run(conn, job.run_id, known)
     return result, final
 

@@ -12,7 +12,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from driver_native._db import Database, defer
+from driver_native import _rawsql
+from driver_native._db import Database, commit_was_unknown, commit_with_next, defer, shared
 from driver_native._schema import command_keys
 
 
@@ -108,3 +109,85 @@ def test_a_deferred_insert_whose_key_the_database_generates_still_works(db: Data
 
     assert db.tx_sync(work) == ["go"]
     assert db.read_sync(_keys) == [("before", "in_progress")]
+
+
+_ALL_KEYS = sa.select(command_keys.c.key).order_by(command_keys.c.key)
+
+
+def test_the_last_reads_of_a_transaction_carry_its_commit(
+    db: Database, round_trips: dict[str, list[int]]
+) -> None:
+    """``commit_with_next``: the transaction's last reads and its COMMIT go out together
+    (with its deferred writes and BEGIN: one round trip for the whole of this one); the reads
+    see the transaction's writes, which are committed."""
+
+    def work(conn: Connection) -> list[str]:
+        defer(conn, _key("a"))
+        defer(conn, _key("b"))
+        commit_with_next(conn)
+        (rows,) = _rawsql.execute_together(conn, [(_ALL_KEYS, {})])
+        return [r.key for r in rows]
+
+    assert db.tx_sync(work) == ["a", "b"]
+    assert [k for k, _ in db.read_sync(_keys)] == ["a", "b"]
+    if db.is_postgres:
+        assert dict(round_trips) == {"work": [1]}  # (2 without commit_with_next)
+    # the pooled connection is clean afterwards: the next transaction is one of its own
+    with pytest.raises(ValueError):
+        db.tx_sync(lambda conn: (defer(conn, _key("c")), _keys(conn), _fail()))
+    assert [k for k, _ in db.read_sync(_keys)] == ["a", "b"]
+
+
+def _fail() -> None:
+    raise ValueError("the transaction function failed")
+
+
+def test_a_function_sharing_its_transaction_does_not_end_it(db: Database) -> None:
+    """Group commit (``_batch``) runs several functions in one transaction: one of them
+    asking to commit with its last reads must not commit the others' writes early."""
+
+    def work(conn: Connection) -> None:
+        with shared(conn):
+            defer(conn, _key("a"))
+            commit_with_next(conn)
+            _rawsql.execute_together(conn, [(_ALL_KEYS, {})])
+        defer(conn, _key("b"))
+        _fail()
+
+    with pytest.raises(ValueError):
+        db.tx_sync(work)
+    assert db.read_sync(_keys) == []  # neither write committed
+
+
+def test_a_lost_commit_with_the_last_reads_is_known_to_the_retry(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection drops while the batch with the COMMIT is out: the transaction runs
+    again and ``commit_was_unknown()`` says the first try may have committed."""
+    if not db.is_postgres:
+        pytest.skip("SQLite has no batch to lose")
+    import psycopg
+
+    from driver_native import _db
+
+    real = _db.send_batch
+    dropped: list[bool] = []
+
+    def send(cursor: Any, info: Any, tail: Any, last: Any) -> None:
+        if not dropped and last and last[-1][0] == "COMMIT":
+            dropped.append(True)
+            raise psycopg.OperationalError("terminating connection due to administrator command")
+        real(cursor, info, tail, last)
+
+    monkeypatch.setattr(_db, "send_batch", send)
+    unknown: list[bool] = []
+
+    def work(conn: Connection) -> list[str]:
+        unknown.append(commit_was_unknown())
+        defer(conn, _key("a"))
+        commit_with_next(conn)
+        (rows,) = _rawsql.execute_together(conn, [(_ALL_KEYS, {})])
+        return [r.key for r in rows]
+
+    assert db.tx_sync(work) == ["a"]
+    assert unknown == [False, True]
