@@ -101,6 +101,7 @@ def _create_run_once(
     now: float,
     trace_context: str | None = None,
     handoff: _progress.Handoff | None = None,
+    define: bool = True,
 ) -> tuple[str, bool]:
     """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
     the run this very call inserted (same id, input and creation time) is returned as created
@@ -111,7 +112,9 @@ def _create_run_once(
         ).first()
         if row is not None and row.input_fingerprint == fp and row.created_at == now:
             return run_id, True  # (its handed-off jobs run when their lease expires)
-    return _runs.create_run(conn, graph, run_id, stored, fp, key, now, trace_context, handoff)
+    return _runs.create_run(
+        conn, graph, run_id, stored, fp, key, now, trace_context, handoff, define
+    )
 
 
 def _claim_and_begin(
@@ -251,6 +254,9 @@ class Kernel:
         # concurrent creations, and concurrent stage outcomes, share a write transaction
         # while one of their kind is in flight (``_batch``)
         self._creates = TxBatcher(db, _create_run_once)
+        # "workflow@version"s whose definition a committed start of this kernel saved: later
+        # starts do not write it again (a snapshot of the whole graph, ignored on conflict)
+        self._defined: set[str] = set()
         self._outcomes = TxBatcher(db, _apply_and_read)
         self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         # "workflow@version" -> (its Workflow, its indexed graph): built once, not per stage
@@ -377,7 +383,8 @@ class Kernel:
     async def _create_run(self, cmd: CreateRun) -> tuple[str, bool]:
         wf = self.registry.get(cmd.workflow_id, cmd.version)
         graph = wf.graph()
-        shape = self.shape_for(version_key(wf.id, graph.version), graph)
+        wfv = version_key(wf.id, graph.version)
+        shape = self.shape_for(wfv, graph)
         value = cmd.input
         if not cmd.validated:
             value = wf.validate_input(value).model_dump(mode="json")
@@ -398,6 +405,7 @@ class Kernel:
                     now,
                     cmd.trace_context,
                     cmd.handoff,
+                    wfv not in self._defined,
                 )
                 try:
                     result = await self._creates.run(*args)
@@ -407,6 +415,8 @@ class Kernel:
                     if cmd.idempotency_key is None or attempt == 2:
                         raise  # a concurrent duplicate won the race: read it on the next try
                 else:
+                    if result[1]:
+                        self._defined.add(wfv)  # (committed with the run)
                     if not result[1] and result[0] == run_id and cmd.run_id is None:
                         return run_id, True  # (a re-run found the run our lost commit made)
                     if not result[1]:

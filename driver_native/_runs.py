@@ -138,10 +138,13 @@ def create_run(
     now: float,
     trace_context: str | None = None,
     handoff: Handoff | None = None,
+    define: bool = True,
 ) -> tuple[str, bool]:
     """Insert the run, its stages, run.created and the first group's jobs. With an
     idempotency key already used, return that run (or raise on a different input). With
-    ``handoff``, the first stages are leased to that worker and begun in this transaction."""
+    ``handoff``, the first stages are leased to that worker and begun in this transaction.
+    ``define``: also save the graph's definition (False: a committed transaction of this
+    process saved it already; definitions are never deleted)."""
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     graph = shape.graph
     if handoff is not None:
@@ -171,7 +174,8 @@ def create_run(
             ):
                 raise IdempotencyConflictError(key, existing.id)
             return existing.id, False
-    save_definition(conn, graph, now)
+    if define:
+        save_definition(conn, graph, now)
     values = dict(
         id=run_id,
         workflow_id=graph.workflow_id,
