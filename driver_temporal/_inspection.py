@@ -1,7 +1,10 @@
 """What a run shows while it runs (a base of ``_workflow.GraphWorkflow``): its status, the
 current details the Web UI displays, the ``WfeStatus`` / ``WfeStage`` search attributes and the
 ``wfe_run`` memo entry (the RunInfo ``get_run`` and ``list_runs`` read with no worker up),
-written once per workflow activation by ``_syncer``.
+written once per workflow activation by ``_syncer`` — on runs started since 2026-12-02, only
+once no local activity is in flight: the activations of a workflow task that runs local
+activities all go into its one completion, so writes between them showed nobody anything
+and cost three history events a ``local=True`` stage.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class RunInspection:
     _seq: int
     _migrated_to: str | None
     _frozen: bool
+    _locals: int
 
     def _run_status(self) -> str:
         if self._final or self._status == "compensating":
@@ -95,9 +99,15 @@ class RunInspection:
             await workflow.wait_condition(lambda: True)
 
     async def _syncer(self) -> None:
+        after_locals = self._start.memo_after_locals
         while True:
             await workflow.wait_condition(lambda: self._dirty or self._closing)
             await self._settled()
+            if after_locals and self._locals and not self._closing:
+                # (its result comes in this same workflow task: write with what follows it;
+                # a local activity that outlives the task's timeout shows when it ends)
+                await workflow.wait_condition(lambda: not self._locals or self._closing)
+                continue
             if self._dirty:
                 self._dirty = False
                 self._write_info()

@@ -16,7 +16,12 @@ from pydantic import BaseModel, ConfigDict, field_serializer
 
 from ._names import NAMES_MARK
 from ._state import StageState
-from ._wire import EVENTS_VIA_ACTIVITIES, EVENTS_VIA_ONE_CARRIER, OLD_OUTBOX_RULE
+from ._wire import (
+    EVENTS_VIA_ACTIVITIES,
+    EVENTS_VIA_ONE_CARRIER,
+    MEMO_WRITES_AFTER_LOCALS,
+    OLD_OUTBOX_RULE,
+)
 
 if TYPE_CHECKING:
     from engine_port import EngineSettings
@@ -50,6 +55,7 @@ class StartDocument(BaseModel):
     # what the starting driver does (``for_engine``); absent on runs started before
     events_via: str | None = None
     names: str | None = None
+    memo_writes: str | None = None
     # a redrive, an import: where the run picks up
     redrive: int = 0
     redrive_from: str | None = None
@@ -78,6 +84,7 @@ class StartDocument(BaseModel):
             outbox_retry_max_seconds=settings.outbox_retry_max_seconds,
             events_via=EVENTS_VIA_ONE_CARRIER,
             names=NAMES_MARK,
+            memo_writes=MEMO_WRITES_AFTER_LOCALS,
             **fields,
         )
 
@@ -96,6 +103,12 @@ class StartDocument(BaseModel):
     def one_carrier(self) -> bool:
         """At most one of its activities in flight carries events at a time (``_outbox``)."""
         return self.events_via == EVENTS_VIA_ONE_CARRIER
+
+    @property
+    def memo_after_locals(self) -> bool:
+        """It writes its memo and search attributes only when no local activity is in
+        flight (``_inspection.InspectionMixin._syncer``)."""
+        return self.memo_writes == MEMO_WRITES_AFTER_LOCALS
 
     @property
     def marked(self) -> bool:

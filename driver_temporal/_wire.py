@@ -18,6 +18,7 @@ from engine_port import StepRecord
 __all__ = [
     "EVENTS_VIA_ACTIVITIES",
     "EVENTS_VIA_ONE_CARRIER",
+    "MEMO_WRITES_AFTER_LOCALS",
     "OLD_OUTBOX_RULE",
     "deployment_for",
     "dlq_key",
@@ -43,6 +44,9 @@ EVENTS_VIA_ACTIVITIES = "activities"
 # ... and of runs where one such activity is in flight at a time (siblings of a fan-out carry
 # nothing; runs marked "activities" keep every sibling carrying, so their histories replay)
 EVENTS_VIA_ONE_CARRIER = "one-carrier"
+# the start document's ``memo_writes`` of runs that write their memo and search attributes
+# only once no local activity is in flight (``_inspection``); absent: after every activation
+MEMO_WRITES_AFTER_LOCALS = "after-locals"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

@@ -209,6 +209,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._frozen = False
         self._migrated_to: str | None = None
         self._inflight = 0  # stage attempts in flight (scheduled or running)
+        self._locals = 0  # local stage activities in flight (attempts and compensations)
         # the stage activity in flight per stage: its token, handle and whether a freeze
         # cancelled it; the tokens a freeze cancelled (``wfe.internal.freeze_cancelled`` asks)
         self._calls: dict[str, dict[str, Any]] = {}
@@ -784,7 +785,11 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         )
         if not compensation:
             self._attempts[sid] = local
-        return self._activity_result(await local)
+        self._locals += 1
+        try:
+            return self._activity_result(await local)
+        finally:
+            self._locals -= 1
 
     def _start_stage_activity(
         self,
