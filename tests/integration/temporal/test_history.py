@@ -344,27 +344,14 @@ async def _hand_noop(i: int) -> int:
 
 @workflow.defn(name="hand_six")
 class _HandSix:
-    """The hand-written equivalent of a 6-stage linear graph: 6 regular activities."""
+    """The hand-written equivalent of a 6-stage linear graph: 6 regular activities, or 6
+    local activities (``local=True`` stages)."""
 
     @workflow.run
-    async def run(self, n: int) -> int:
+    async def run(self, n: int, local: bool) -> int:
+        call = workflow.execute_local_activity if local else workflow.execute_activity
         for i in range(6):
-            n += await workflow.execute_activity(
-                _hand_noop, i, start_to_close_timeout=timedelta(seconds=30)
-            )
-        return n
-
-
-@workflow.defn(name="hand_six_local")
-class _HandSixLocal:
-    """The hand-written equivalent of a 6-stage linear graph of ``local=True`` stages."""
-
-    @workflow.run
-    async def run(self, n: int) -> int:
-        for i in range(6):
-            n += await workflow.execute_local_activity(
-                _hand_noop, i, start_to_close_timeout=timedelta(seconds=30)
-            )
+            n += await call(_hand_noop, i, start_to_close_timeout=timedelta(seconds=30))
         return n
 
 
@@ -395,15 +382,12 @@ async def test_history_stays_close_to_the_hand_written_one(
         async with Worker(
             engine._conn,
             task_queue=queue,
-            workflows=[_HandSix, _HandSixLocal],
+            workflows=[_HandSix],
             activities=[_hand_noop],
             workflow_runner=UnsandboxedWorkflowRunner(),
         ):
             handle = await engine._conn.start_workflow(
-                "hand_six_local" if local else "hand_six",
-                0,
-                id=f"hand-{uuid.uuid4().hex}",
-                task_queue=queue,
+                "hand_six", args=[0, local], id=f"hand-{uuid.uuid4().hex}", task_queue=queue
             )
             await handle.result()
         hand = len(list((await handle.fetch_history()).events))
