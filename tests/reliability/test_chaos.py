@@ -190,8 +190,15 @@ async def test_runs_survive_terminated_backends_and_killed_workers(  # noqa: PLR
             for _ in range(WORKERS):
                 pool.spawn()
             chaos_task = asyncio.create_task(chaos.run())
-            # starts are public calls: they see the terminated backends too
-            while len(ids) < RUNS or time.monotonic() - began < SECONDS:
+            # starts are public calls: they see the terminated backends too. Runs keep being
+            # started until a worker was SIGKILLed with runs in flight (a fast machine
+            # finished 300 runs before the first kill, at KILL_EVERY seconds, and the test
+            # then failed on having killed nobody)
+            while (
+                len(ids) < RUNS
+                or time.monotonic() - began < SECONDS
+                or (KILL_EVERY > 0 and chaos.kills == 0)
+            ):
                 for _ in range(25):
                     ids.append((await engine.start("chaos", {"i": len(ids)})).id)
                 if chaos_task.done():
