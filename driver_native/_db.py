@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, event
@@ -53,6 +53,9 @@ from engine_port.errors import DriverUnavailableError
 
 from . import _schema
 from ._pgbatch import send_batch
+
+if TYPE_CHECKING:
+    from ._pgloop import LoopConnections
 
 __all__ = [
     "Database",
@@ -92,12 +95,13 @@ def commit_was_unknown() -> bool:
 class _Try:
     """The state of one retried transaction across its tries."""
 
-    __slots__ = ("commit_unknown", "committing", "held")
+    __slots__ = ("commit_unknown", "committing", "conn", "held")
 
     def __init__(self, held: _Held | None = None) -> None:
         self.commit_unknown = False  # an earlier try failed while committing
         self.committing = False  # this try's function returned: it is committing
         self.held = held  # SQLite: the held connection this try runs on (see _Held)
+        self.conn: Connection | None = None  # PostgreSQL: the loop's connection (_pgloop)
 
     def failed(self) -> None:
         self.commit_unknown = self.commit_unknown or self.committing
@@ -195,12 +199,19 @@ class Database:
             event.listen(self.engine, "do_executemany", _pg_do_executemany)
             event.listen(self.engine, "do_execute_no_params", _pg_do_execute_no_params)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wfe-db")
+        if self.is_postgres:
+            from ._pgloop import LoopConnections
+
+            self._loop_conns = LoopConnections(self.engine, self._executor, pool_size // 2 or 1)
 
     _inline: _Held | None = None
     """SQLite: the connection on which the event loop's thread runs a transaction or a read
     without a thread hop (see :class:`_Held`)."""
     _held: _Held | None = None
     """SQLite: the database thread's connection (checked out once)."""
+
+    _loop_conns: LoopConnections | None = None
+    """PostgreSQL: the connections transactions awaited on the event loop run on."""
 
     own_backends: frozenset[int] = frozenset()
     """PostgreSQL: the backend process ids of this Database's open connections."""
@@ -246,6 +257,9 @@ class Database:
             delay = min(delay * 2, _MAX_DELAY)
 
     async def _retrying(self, call: Callable[[_Try], T]) -> T:
+        if self._loop_conns is not None:
+            # (shielded: a transaction begun runs to its end, as on a database thread)
+            return await asyncio.shield(self._retrying_on_loop(self._loop_conns, call))
         loop = asyncio.get_running_loop()
         inline = self._inline if self._inline is not None and self._inline.usable() else None
         started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try(inline)
@@ -266,6 +280,29 @@ class Database:
             await asyncio.sleep(wait)
             delay = min(delay * 2, _MAX_DELAY)
 
+    async def _retrying_on_loop(self, conns: LoopConnections, call: Callable[[_Try], T]) -> T:
+        """PostgreSQL: ``call`` in a greenlet on the loop (see ``_pgloop``), retried."""
+        started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try()
+        while True:
+            conn, usable = None, False
+            try:
+                conn = attempt.conn = await conns.take()
+                result = await conns.run(call, attempt)
+                usable = True
+                return result
+            except DBAPIError as exc:
+                wait = self._retry_or_raise(exc, started, delay)
+            except Exception:
+                usable = True  # (an error of the function's own: rolled back)
+                raise
+            finally:
+                attempt.conn = None
+                if conn is not None:
+                    conns.give(conn, usable=usable)
+            attempt.failed()
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, _MAX_DELAY)
+
     def _tx_once(
         self,
         attempt: _Try,
@@ -279,7 +316,7 @@ class Database:
         try:
             if attempt.held is not None and attempt.held.usable():
                 return attempt.held.tx(attempt, fn, *a, **k)
-            with self.engine.begin() as conn:
+            with self._begin(attempt) as conn:
                 if self.is_postgres:
                     info = conn.info
                     info[_TX] = []  # a transaction: writes may be deferred (see defer())
@@ -298,6 +335,16 @@ class Database:
             info.pop(_LAST, None)
             _COMMIT_UNKNOWN.reset(token)
 
+    @contextlib.contextmanager
+    def _begin(self, attempt: _Try) -> Iterator[Connection]:
+        conn = attempt.conn
+        if conn is None:
+            with self.engine.begin() as pooled:
+                yield pooled
+        else:
+            with conn.begin():
+                yield conn
+
     def _read_once(
         self,
         _attempt: _Try,
@@ -307,6 +354,12 @@ class Database:
     ) -> T:
         if _attempt.held is not None and _attempt.held.usable():
             return _attempt.held.read(_attempt, fn, *a, **k)
+        if _attempt.conn is not None:
+            conn = _attempt.conn
+            try:
+                return fn(conn, *a, **k)
+            finally:
+                conn.rollback()  # (ends SQLAlchemy's autobegun transaction: no SQL)
         with self.engine.connect() as raw:
             # (PostgreSQL connections are in autocommit mode already)
             conn = raw if self.is_postgres else raw.execution_options(isolation_level="AUTOCOMMIT")
@@ -356,6 +409,8 @@ class Database:
 
     def dispose(self) -> None:
         self._executor.shutdown(wait=True)
+        if self._loop_conns is not None:
+            self._loop_conns.close()
         for held in (self._inline, self._held):
             if held is not None:
                 held.drop()

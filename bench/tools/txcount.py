@@ -119,18 +119,22 @@ def _install(counts: Counts) -> None:
 
         return end
 
-    orig_wait = psycopg.Connection.wait
+    from driver_native._pgloop import LoopConnection
 
-    def wait(self: Any, *a: Any, **k: Any) -> Any:
-        wall, cpu = time.perf_counter(), time.thread_time()
-        try:
-            return orig_wait(self, *a, **k)
-        finally:
-            counts.waits += 1
-            counts.wait_cpu += time.thread_time() - cpu
-            counts.wait_wall += time.perf_counter() - wall
+    def timed_wait(orig_wait: Any) -> Any:
+        def wait(self: Any, *a: Any, **k: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return orig_wait(self, *a, **k)
+            finally:
+                counts.waits += 1
+                counts.wait_cpu += time.thread_time() - cpu
+                counts.wait_wall += time.perf_counter() - wall
 
-    psycopg.Connection.wait = wait  # type: ignore[method-assign]
+        return wait
+
+    # (the engine's connections are all LoopConnections)
+    LoopConnection.wait = timed_wait(LoopConnection.wait)  # type: ignore[method-assign]
     psycopg.Cursor.execute = execute  # type: ignore[method-assign]
     psycopg.Pipeline.__exit__ = pipeline_exit  # type: ignore[method-assign]
     psycopg.Connection.commit = ending(orig_commit)  # type: ignore[method-assign]
@@ -209,8 +213,9 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
         if not signal:
             db_cpu, wait_cpu, wait_wall, waits = split
             print(
-                f"  database threads' CPU/run {db_cpu:.2f} ms, "
-                f"of it in psycopg's waits {wait_cpu:.2f} ms"
+                f"  CPU inside transactions/run {db_cpu:.2f} ms, "
+                f"of it in psycopg's waits {wait_cpu:.2f} ms (on the loop: with what the loop "
+                "ran while a transaction waited)"
             )
             print(
                 f"  psycopg waits/run {waits:.1f}, their wall {wait_wall:.2f} ms "

@@ -4,7 +4,6 @@ parametrized ``database_url`` (a SQLite file, or a fresh PostgreSQL schema)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -111,16 +110,19 @@ def types(events: list[Any], stage: str | None = None) -> list[str]:
 def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[int]]]:
     """PostgreSQL network round trips (BEGIN and COMMIT included) per write transaction, by
     the name of its function, in call order: psycopg's blocking waits outside a pipeline and
-    one per pipeline sync, counted in the thread that runs the transaction."""
+    one per pipeline sync, counted in the greenlet that runs the transaction (its own on the
+    event loop, or a database thread's)."""
     from collections import defaultdict
+
+    from greenlet import getcurrent
 
     from driver_native._db import Database
 
     per_call: dict[str, list[int]] = defaultdict(list)
-    local = threading.local()
+    trips: defaultdict[int, int] = defaultdict(int)
 
     def count(n: int = 1) -> None:
-        local.trips = getattr(local, "trips", 0) + n
+        trips[id(getcurrent())] += n
 
     try:
         import psycopg
@@ -151,11 +153,11 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[int]
     original = Database._tx_once
 
     def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        before = getattr(local, "trips", 0)
+        before = trips[id(getcurrent())]
         try:
             return original(self, attempt, fn, *a, **k)
         finally:
-            per_call[getattr(fn, "__name__", repr(fn))].append(getattr(local, "trips", 0) - before)
+            per_call[getattr(fn, "__name__", repr(fn))].append(trips[id(getcurrent())] - before)
 
     monkeypatch.setattr(Database, "_tx_once", counting)
     monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)

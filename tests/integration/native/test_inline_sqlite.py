@@ -41,7 +41,7 @@ async def test_a_three_stage_run_on_sqlite_makes_no_thread_hop(
     make_engine: MakeEngine, database_url: str
 ) -> None:
     if not database_url.startswith("sqlite"):
-        pytest.skip("PostgreSQL transactions run on the database thread pool")
+        pytest.skip("PostgreSQL: see test_pgloop.py")
     engine = await make_engine(w.linear)
     hops = _counting(engine.kernel.db)
     checkouts: list[object] = []

@@ -6,8 +6,6 @@ DriverUnavailableError only after a bounded retry."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import sqlite3
 import uuid
 from collections import Counter
@@ -36,7 +34,7 @@ from engine_port import (
 )
 from engine_port._ledger import StepRecord
 from engine_port.errors import DriverUnavailableError
-from tests.support.databases import PostgresSession
+from tests.support.databases import PostgresSession, TcpProxy
 
 from .conftest import MakeEngine
 
@@ -385,41 +383,6 @@ async def test_a_signal_take_committed_but_not_acknowledged_is_not_taken_twice(
     assert await db.read(left) == 1  # the second signal is still queued for the next wait
 
 
-class _Proxy:
-    """A TCP forwarder to the PostgreSQL server: stopping it makes the server unreachable
-    (new connections refused, open ones cut) for the engine connected through it."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.port = 0
-        self.server: asyncio.Server | None = None
-        self.writers: list[asyncio.StreamWriter] = []
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    def stop(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        for w in self.writers:
-            w.transport.abort()
-        self.writers.clear()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        self.writers += [writer, up_writer]
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError, OSError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.transport.abort()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-
 @pytest.mark.postgres
 async def test_public_calls_while_postgres_is_unreachable_raise_driver_unavailable(
     pg_session: PostgresSession, tmp_path: Path
@@ -428,7 +391,7 @@ async def test_public_calls_while_postgres_is_unreachable_raise_driver_unavailab
     time, then raises DriverUnavailableError naming the database without its password (no
     raw OperationalError); once the server is back, calls work again."""
     real = sa.make_url(pg_session.new_schema())
-    proxy = _Proxy(real.host or "127.0.0.1", real.port or 5432)
+    proxy = TcpProxy(real.host or "127.0.0.1", real.port or 5432)
     await proxy.start()
     url = real.set(port=proxy.port, password="hunter2").render_as_string(hide_password=False)
     wf = _two_steps()

@@ -1,0 +1,184 @@
+"""PostgreSQL transactions run on the event loop: sync code, round trips the loop can wait out.
+
+A transaction function is sync code (SQLAlchemy Core, ``_rawsql``, ``_pgbatch`` on the DBAPI
+cursor). Run on a database thread, each transaction pays a hop there and back, and the two
+threads take turns at the GIL: ~20% of a lone 3-stage run (bench/README.md, "PostgreSQL
+transactions on the event loop's thread"). Run on the loop's thread with a blocking
+connection, it holds the loop for its round trips, and deadlocks when the loop itself is what
+the database waits for (an asyncio proxy or tunnel in the same process).
+
+Here the function runs in a greenlet on the loop (as SQLAlchemy's asyncio extension runs
+``run_sync``), on a psycopg connection whose waits for the server (:meth:`LoopConnection.wait`,
+which psycopg calls for each query, commit and rollback) go through the loop when made from
+such a greenlet, and block as usual on any other thread. A transaction alone in flight on the
+loop first waits for its answer in a blocking poll of at most :data:`BLOCK_SECONDS` (on a
+nearby server the answer is there by then, and going through the loop for it would cost more
+CPU than the wait); past that, or with other transactions in flight, the loop waits for it, so
+the loop is never held longer than that and never for another transaction's sake.
+
+Connections are opened and checked out of the pool on a database thread (a connect, and a wait
+for a full pool, block), then held for the loop's transactions (:class:`LoopConnections`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import select
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from sqlalchemy import Connection, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.util.concurrency import await_, greenlet_spawn, in_greenlet
+
+__all__ = ["BLOCK_SECONDS", "LoopConnection", "LoopConnections"]
+
+T = TypeVar("T")
+
+BLOCK_SECONDS = 0.002
+"""How long a transaction alone in flight blocks the loop waiting for one answer, at most."""
+
+_R, _W = 1, 2  # psycopg's Wait.R / Wait.W and Ready.R / Ready.W
+
+
+class LoopConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose waits for the server go through the event loop when made
+    from a greenlet of :meth:`LoopConnections.run` (and block as usual anywhere else)."""
+
+    owner: LoopConnections | None = None  # (set when the loop takes it)
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        owner = self.owner
+        if owner is None or not in_greenlet():
+            return super().wait(gen, interval, timeout)
+        try:
+            return _wait(gen, self.pgconn.socket, owner.block_seconds(), timeout)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # (the loop is closing under it): a query may be half sent or half read, so
+                # the connection is closed and its pooled record dropped by the caller
+                self.pgconn.finish()
+            raise
+
+
+def _wait(gen: Any, fileno: int, block: float, timeout: float | None) -> Any:
+    """Run psycopg's generator ``gen`` to its end: each time it would block, poll the socket
+    (blocking up to ``block`` for an answer), and when it is not ready wait on the loop."""
+    try:
+        s = next(gen)
+        while True:
+            r, w, _ = select.select(
+                [fileno] if s & _R else [], [fileno] if s & _W else [], [], block if s & _R else 0
+            )
+            ready = (_R if r else 0) | (_W if w else 0)
+            s = gen.send(ready or await_(_ready(fileno, s, timeout)))
+    except StopIteration as ex:
+        return ex.value
+    except OSError as ex:
+        raise psycopg.OperationalError("connection socket closed") from ex
+
+
+async def _ready(fileno: int, s: int, timeout: float | None) -> int:
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[int] = loop.create_future()
+
+    def wake(state: int) -> None:
+        if not fut.done():
+            fut.set_result(state)
+
+    if s & _R:
+        loop.add_reader(fileno, wake, _R)
+    if s & _W:
+        loop.add_writer(fileno, wake, _W)
+    try:
+        if timeout is None:
+            return await fut
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            raise psycopg.errors._WaitTimeout("wait timeout expired") from None
+    finally:
+        if s & _R:
+            loop.remove_reader(fileno)
+        if s & _W:
+            loop.remove_writer(fileno)
+
+
+def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> LoopConnection:
+    """SQLAlchemy's ``do_connect`` hook: the pool's connections are :class:`LoopConnection`."""
+    return LoopConnection.connect(*cargs, **cparams)
+
+
+class LoopConnections:
+    """The pooled connections the loop's transactions run on: checked out on a database thread
+    when none is free, held between transactions (up to ``keep``; the rest go back to the
+    pool, which the database threads share)."""
+
+    def __init__(self, engine: Engine, executor: Executor, keep: int) -> None:
+        self.engine = engine
+        self.executor = executor
+        self.keep = keep
+        self.idle: list[Connection] = []
+        self.in_flight = 0
+        event.listen(engine, "do_connect", _connect)
+
+    def block_seconds(self) -> float:
+        return BLOCK_SECONDS if self.in_flight == 1 else 0.0
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a greenlet on the running loop."""
+        self.in_flight += 1
+        try:
+            return await greenlet_spawn(fn, *args)
+        finally:
+            self.in_flight -= 1
+
+    async def take(self) -> Connection:
+        if self.idle:
+            return self.idle.pop()
+        loop = asyncio.get_running_loop()
+        conn = await loop.run_in_executor(self.executor, self.engine.connect)
+        raw: Any = conn.connection.dbapi_connection
+        if isinstance(raw, LoopConnection):
+            raw.owner = self
+        return conn
+
+    def give(self, conn: Connection, *, usable: bool) -> None:
+        """Back after a transaction or read; ``usable=False`` (an error left it in an unknown
+        state) drops it."""
+        if usable and len(self.idle) < self.keep and _idle(conn):
+            self.idle.append(conn)
+        else:
+            _drop(conn)
+
+    def close(self) -> None:
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            _drop(conn)
+
+
+def _idle(conn: Connection) -> bool:
+    """Open, and between transactions (nothing sent or read half-way)."""
+    if conn.invalidated or conn.closed:
+        return False
+    raw: Any = conn.connection.dbapi_connection
+    if raw is None or raw.closed:
+        return False
+    return bool(raw.info.transaction_status == TransactionStatus.IDLE)
+
+
+def _drop(conn: Connection) -> None:
+    """Back to the pool (its waits block again), or closed for good when it is not between
+    transactions."""
+    with contextlib.suppress(Exception):
+        raw: Any = conn.connection.dbapi_connection
+        if isinstance(raw, LoopConnection):
+            raw.owner = None
+        if not _idle(conn):
+            conn.invalidate()
+        conn.close()
