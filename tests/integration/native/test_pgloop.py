@@ -134,3 +134,23 @@ async def test_a_caller_cancelled_mid_transaction_leaves_it_whole(
         )
     finally:
         db.dispose()
+
+
+async def test_more_transactions_in_flight_than_connections_all_complete(
+    pg_session: PostgresSession,
+) -> None:
+    """Past the pool's size, transactions wait for a connection on a database thread (the
+    loop goes on with the others), and each completes."""
+    db = Database(pg_session.new_schema(), pool_size=2)
+    try:
+        db.upgrade()
+
+        def slow(conn: sa.Connection, n: int) -> int:
+            conn.execute(sa.text("SELECT pg_sleep(0.02)"))
+            return int(conn.execute(sa.text("SELECT :n"), {"n": n}).scalar_one())
+
+        got = await asyncio.wait_for(asyncio.gather(*(db.tx(slow, n) for n in range(40))), 60)
+        assert got == list(range(40))
+        assert len(db._loop_conns.idle) <= db._loop_conns.keep  # type: ignore[union-attr]
+    finally:
+        db.dispose()
