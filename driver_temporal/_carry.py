@@ -17,15 +17,29 @@ from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 from temporalio.converter import PayloadConverter
 
-__all__ = ["META_KEY", "carried_failure", "carry", "meta_of"]
+__all__ = ["INFO_MAX", "META_KEY", "carried_failure", "carry", "carry_info", "meta_of"]
 
 META_KEY = "wfe"
+# the largest RunInfo a run's result repeats in its metadata (``carry_info``), in bytes of JSON
+INFO_MAX = 8192
 
 
 def carry(value: Any, meta: dict[str, Any], converter: PayloadConverter) -> RawValue:
     """``value`` as a payload (what the UI shows) with ``meta`` in its metadata."""
     payload = converter.to_payload(value)
     payload.metadata[META_KEY] = pydantic_core.to_json(meta)
+    return RawValue(payload)
+
+
+def carry_info(value: Any, info: dict[str, Any], converter: PayloadConverter) -> RawValue | None:
+    """A run's result: its output (what the UI shows) with its final ``wfe_run`` memo
+    (``info``) in the metadata, or None when that memo is over ``INFO_MAX`` bytes (a run of
+    many stages: the describe reads it from the memo instead of growing the history)."""
+    meta = pydantic_core.to_json({"run": info})
+    if len(meta) > INFO_MAX:
+        return None
+    payload = converter.to_payload(value)
+    payload.metadata[META_KEY] = meta
     return RawValue(payload)
 
 

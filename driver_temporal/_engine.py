@@ -44,6 +44,7 @@ import pydantic_core
 from temporalio.api.common.v1 import WorkflowExecution as PbWorkflowExecution
 from temporalio.api.deployment.v1 import WorkerDeploymentVersion as PbDeploymentVersion
 from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import (
     DescribeWorkerDeploymentVersionRequest,
     DescribeWorkflowExecutionRequest,
@@ -124,7 +125,7 @@ from engine_port.errors import (
 
 from . import _moving, _rpc
 from ._activities import DriverActivities, EventStats
-from ._carry import carry
+from ._carry import carry, meta_of
 from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
@@ -648,12 +649,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return out
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
-        """Two round trips for a run that closes within ``_FIRST_PEEK_S``: the long poll on
-        its close event, then the describe ``get_run`` reads the RunInfo from (an unknown run
-        id ends the poll at once and the describe raises RunNotFoundError)."""
+        """One round trip for a run that completes within ``_FIRST_PEEK_S``: the long poll on
+        its close event, whose result carries the run's final RunInfo (``_info_from_close``);
+        otherwise (a run that failed, was cancelled, or started by an older driver) the
+        describe ``get_run`` reads the RunInfo from follows (an unknown run id ends the poll
+        at once and the describe raises RunNotFoundError)."""
         timeout = check_wait_call(run_id, timeout)
         try:
-            await asyncio.wait_for(self._ended(run_id), timeout)
+            close = await asyncio.wait_for(self._ended(run_id), timeout)
         except TimeoutError:
             info = await self.get_run(run_id)
             if info.status in TERMINAL_RUN_STATUSES:  # it ended as the time ran out (or at 0)
@@ -662,24 +665,50 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 f"run {run_id!r} is still {info.status} after {timeout}s; wait longer, or check "
                 "that a worker serving its workflow version is running (engine.worker())"
             ) from None
+        if close is not None:
+            done = await self._info_from_close(run_id, close)
+            if done is not None:
+                return done
         return await self.get_run(run_id)
 
-    async def _ended(self, run_id: str) -> None:
+    async def _info_from_close(self, run_id: str, close: HistoryEvent) -> RunInfo | None:
+        """The RunInfo a completed run's result carries in its metadata (runs started with
+        ``StartDocument.result_run_info``): its final ``wfe_run`` memo, which the same
+        workflow task wrote; None when it carries none (read the memo instead)."""
+        if not close.HasField("workflow_execution_completed_event_attributes"):
+            return None
+        payloads = list(close.workflow_execution_completed_event_attributes.result.payloads)
+        if not payloads:
+            return None
+        codec = self._conn.data_converter.payload_codec
+        if codec is not None:
+            payloads = await codec.decode(payloads)
+        run = (meta_of(payloads[0]) or {}).get("run")
+        if not isinstance(run, dict):
+            return None
+        memo = {"wfe_run": run}
+        info = await self._info_from_memo(memo, WorkflowExecutionStatus.COMPLETED, run_id)
+        self._remember(memo, info)
+        return info
+
+    async def _ended(self, run_id: str) -> HistoryEvent | None:
         """Until the run is terminal: its execution closed, or its status already terminal
         while the workflow still delivers its last events (a sink outage keeps it open, as
         the native outbox keeps retrying after the run ended). The status is peeked at (a
         describe, its memo's status only) from ``_FIRST_PEEK_S`` on, so a run that closes
-        sooner costs no describe besides the one ``get_run`` makes."""
+        sooner costs no describe besides the one ``get_run`` makes. Returns the close event
+        (None: the status said so first, or the poll failed)."""
         closed = asyncio.ensure_future(_settle(self._conn, run_id))
         try:
             delay = _FIRST_PEEK_S
             while not closed.done():
                 await asyncio.wait({closed}, timeout=delay)
                 if closed.done():
-                    return
+                    break
                 if await self._peek_terminal(run_id):
-                    return
+                    return None
                 delay = min(delay * 2, 2.0)
+            return closed.result()
         finally:
             closed.cancel()
 

@@ -50,10 +50,10 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-async def _settle(client: Client, run_id: str) -> None:
+async def _settle(client: Client, run_id: str) -> HistoryEvent | None:
     """Wait until the execution (following redrives) is closed, whatever its outcome: the
     long poll on its close event, as ``handle.result(follow_runs=True)`` makes it, without
-    converting the result or the failure (nobody here reads them)."""
+    converting the result or the failure; the close event (None: the poll failed)."""
     request = GetWorkflowExecutionHistoryRequest(
         namespace=client.namespace,
         execution=WorkflowExecution(workflow_id=run_id),
@@ -66,14 +66,15 @@ async def _settle(client: Client, run_id: str) -> None:
             page = await client.workflow_service.get_workflow_execution_history(request, retry=True)
             if not page.history.events:
                 if not page.next_page_token:
-                    return
+                    return None
                 request.next_page_token = page.next_page_token  # the long poll timed out
                 continue
             following = _next_run(page.history.events[0])
             if not following:
-                return
+                return page.history.events[0]
             request.execution.run_id = following
             request.next_page_token = b""
+    return None
 
 
 def _next_run(close: HistoryEvent) -> str:

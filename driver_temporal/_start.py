@@ -21,6 +21,7 @@ from ._wire import (
     EVENTS_VIA_ONE_CARRIER,
     MEMO_WRITES_AFTER_LOCALS,
     OLD_OUTBOX_RULE,
+    RESULT_WITH_RUN_INFO,
 )
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class StartDocument(BaseModel):
     events_via: str | None = None
     names: str | None = None
     memo_writes: str | None = None
+    result: str | None = None
     # a redrive, an import: where the run picks up
     redrive: int = 0
     redrive_from: str | None = None
@@ -85,6 +87,7 @@ class StartDocument(BaseModel):
             events_via=EVENTS_VIA_ONE_CARRIER,
             names=NAMES_MARK,
             memo_writes=MEMO_WRITES_AFTER_LOCALS,
+            result=RESULT_WITH_RUN_INFO,
             **fields,
         )
 
@@ -109,6 +112,12 @@ class StartDocument(BaseModel):
         """It writes its memo and search attributes only when no local activity is in
         flight (``_inspection.InspectionMixin._syncer``)."""
         return self.memo_writes == MEMO_WRITES_AFTER_LOCALS
+
+    @property
+    def result_run_info(self) -> bool:
+        """Its completion result carries its final RunInfo memo in the payload's metadata
+        (``GraphWorkflow._result``; ``TemporalEngine.wait`` reads it)."""
+        return self.result == RESULT_WITH_RUN_INFO
 
     @property
     def marked(self) -> bool:

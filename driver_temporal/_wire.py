@@ -20,6 +20,7 @@ __all__ = [
     "EVENTS_VIA_ONE_CARRIER",
     "MEMO_WRITES_AFTER_LOCALS",
     "OLD_OUTBOX_RULE",
+    "RESULT_WITH_RUN_INFO",
     "deployment_for",
     "dlq_key",
     "fingerprint",
@@ -47,6 +48,10 @@ EVENTS_VIA_ONE_CARRIER = "one-carrier"
 # the start document's ``memo_writes`` of runs that write their memo and search attributes
 # only once no local activity is in flight (``_inspection``); absent: after every activation
 MEMO_WRITES_AFTER_LOCALS = "after-locals"
+# the start document's ``result`` of runs whose completion result carries the run's final
+# ``wfe_run`` memo in its payload's metadata, so ``wait()`` reads the RunInfo from the close
+# event it long-polls (no describe after it); absent: the output alone
+RESULT_WITH_RUN_INFO = "output+run-info"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from engine_port import ErrorInfo, GraphModel, Lifecycle, run_output
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
-    from ._carry import carried_failure, carry, meta_of
+    from ._carry import carried_failure, carry, carry_info, meta_of
     from ._freezing import Migrated, MigrationHandlers
     from ._inspection import RunInspection
     from ._names import (
@@ -362,7 +362,15 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if outcome != "completed":
             return None  # migrated: the run goes on (and ends) on its target
         outputs = {s.id: s.output for s in self._stages.values()}
-        return run_output(self._graph.sinks(), outputs)
+        output = run_output(self._graph.sinks(), outputs)
+        if self._start.result_run_info:
+            # the final RunInfo memo (just written) rides out of sight in the result's
+            # metadata: ``wait()`` reads it from the close event, with no describe after it
+            # (a RunInfo too large to repeat there is left to the describe)
+            carried = carry_info(output, self._info, workflow.payload_converter())
+            if carried is not None:
+                return carried
+        return output
 
     async def _wind_up(
         self,
