@@ -64,7 +64,7 @@ from engine_port import (
 from engine_port.errors import EngineError
 
 from ._carry import carry, meta_of
-from ._journal import StepJournal
+from ._journal import StepJournal, put_small
 from ._names import FREEZE_CANCELLED_QUERY, TAKE_SIGNAL_UPDATE
 from ._wire import (
     dlq_key,
@@ -575,7 +575,7 @@ class DriverActivities:
                 # one blob per batch, not per event (a fan-out's wfe.publish of 50 events
                 # wrote 50 files on its workflow task's critical path)
                 key = outbox_batch_key(events[0]["run_id"], events[0]["seq"], events[-1]["seq"])
-                await store.put(key, pydantic_core.to_json(events))
+                await put_small(store, key, pydantic_core.to_json(events))
             return {"ok": True, "parked": parked or bool(events)}
         keys: list[str] = []
         batch = list(events)
@@ -651,7 +651,7 @@ class DriverActivities:
         """Store a finished run's full state (ledgers, outputs, staged events) for redrive;
         then deliver the run's last ``events`` when it carries them (``_outbox``: the one
         local activity of the run's last workflow task) and say what was delivered."""
-        await self.claim.store.put(state_key(run_id), pydantic_core.to_json(state))
+        await put_small(self.claim.store, state_key(run_id), pydantic_core.to_json(state))
         if events is None:
             return None  # a run of the older rule publishes them with wfe.publish
         return await self._publish_carried({"events": events, "parked": parked})
