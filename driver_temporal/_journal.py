@@ -40,8 +40,13 @@ INLINE_PUT_MAX = 64 * 1024
 async def put_small(store: BlobStore, key: str, data: bytes) -> None:
     """``store.put``, but on a ``FolderBlobStore`` a blob up to ``INLINE_PUT_MAX`` bytes is
     written without a thread hop, as the step journal writes (same file and rename, same
-    durability: no fsync)."""
-    if isinstance(store, FolderBlobStore) and len(data) <= INLINE_PUT_MAX:
+    durability: no fsync). A subclass that overrides ``put`` (a wrapper that counts or fails
+    writes) keeps its own."""
+    if (
+        isinstance(store, FolderBlobStore)
+        and type(store).put is FolderBlobStore.put
+        and len(data) <= INLINE_PUT_MAX
+    ):
         store._put(key, data)
         return
     await store.put(key, data)
