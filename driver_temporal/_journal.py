@@ -47,7 +47,7 @@ async def put_small(store: BlobStore, key: str, data: bytes) -> None:
         and type(store).put is FolderBlobStore.put
         and len(data) <= INLINE_PUT_MAX
     ):
-        store._put(key, data)
+        store.put_now(key, data)
         return
     await store.put(key, data)
 

@@ -71,7 +71,10 @@ class FolderBlobStore:
             raise UnsafeBlobKeyError(key)
         return path
 
-    def _put(self, key: str, data: bytes) -> None:
+    def put_now(self, key: str, data: bytes) -> None:
+        """``put`` on the calling thread (no hop to a worker thread): for small blobs written
+        from the event loop, where the hop costs more than the write (a temp file and a
+        rename of a few KiB; no fsync either way)."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         # unique per write: two concurrent puts of one key must not share a temp file
@@ -89,7 +92,7 @@ class FolderBlobStore:
             raise SpilledPayloadUnavailableError(key) from None
 
     async def put(self, key: str, data: bytes) -> None:
-        await asyncio.to_thread(self._put, key, data)
+        await asyncio.to_thread(self.put_now, key, data)
 
     async def get(self, key: str) -> bytes:
         return await asyncio.to_thread(self._get, self._path(key), key)

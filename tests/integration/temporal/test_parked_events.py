@@ -110,9 +110,9 @@ class ThreadNotingStore(FolderBlobStore):
         super().__init__(root)
         self.writes: list[tuple[str, bool]] = []  # (key, written on the event loop's thread)
 
-    def _put(self, key: str, data: bytes) -> None:
+    def put_now(self, key: str, data: bytes) -> None:
         self.writes.append((key, threading.current_thread() is threading.main_thread()))
-        super()._put(key, data)
+        super().put_now(key, data)
 
 
 async def test_parked_events_and_the_final_state_are_written_without_a_thread_hop(
