@@ -7,6 +7,7 @@ import asyncio
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -60,22 +61,33 @@ def _seq3() -> Registry:
     return Registry([wf])
 
 
-async def test_a_sinkless_worker_parks_a_batch_per_blob(
-    temporal_address: str, blob_dir: Path
-) -> None:
-    settings = EngineSettings(
+def _settings(temporal_address: str, blob_dir: Path) -> EngineSettings:
+    return EngineSettings(
         driver="temporal",
         temporal_address=temporal_address,
         task_queue=f"t-{uuid.uuid4().hex[:10]}",
         blob_url=f"file://{blob_dir}",
     )
-    store = CountingStore(blob_dir)
+
+
+async def _sinkless_seq3(settings: EngineSettings, store: FolderBlobStore) -> Any:
+    """A 3-stage run on a worker without an event sink, on ``store``, until its execution
+    closed; the run."""
     sinkless = create_temporal_engine(settings, _seq3(), blob_store=store)
     async with sinkless, sinkless.worker():
         run = await sinkless.start("parked-seq3", {})
         info = await sinkless.wait(run.id, timeout=60)
         assert info.status == "completed", info.error
         await asyncio.wait_for(sinkless._conn.get_workflow_handle(run.id).result(), 60)
+    return run
+
+
+async def test_a_sinkless_worker_parks_a_batch_per_blob(
+    temporal_address: str, blob_dir: Path
+) -> None:
+    settings = _settings(temporal_address, blob_dir)
+    store = CountingStore(blob_dir)
+    run = await _sinkless_seq3(settings, store)
     parked = [k for k in store.puts if k.startswith("outbox/")]
     # 9 events, carried by the 3 stage activities and wfe.save_state: one blob per batch
     # (one blob per event before: 9 writes)
@@ -121,19 +133,8 @@ async def test_parked_events_and_the_final_state_are_written_without_a_thread_ho
     """On a folder store a small parked batch (in a stage activity, on its critical path) and
     the final state (in the close task's ``wfe.save_state``) are written on the event loop,
     as the step journal is: no ``to_thread`` hop (~1 ms on a busy worker) per write."""
-    settings = EngineSettings(
-        driver="temporal",
-        temporal_address=temporal_address,
-        task_queue=f"t-{uuid.uuid4().hex[:10]}",
-        blob_url=f"file://{blob_dir}",
-    )
     store = ThreadNotingStore(blob_dir)
-    sinkless = create_temporal_engine(settings, _seq3(), blob_store=store)
-    async with sinkless, sinkless.worker():
-        run = await sinkless.start("parked-seq3", {})
-        info = await sinkless.wait(run.id, timeout=60)
-        assert info.status == "completed", info.error
-        await asyncio.wait_for(sinkless._conn.get_workflow_handle(run.id).result(), 60)
+    run = await _sinkless_seq3(_settings(temporal_address, blob_dir), store)
     ours = [w for w in store.writes if w[0].startswith(("outbox/", f"runs/{run.id}/state"))]
     assert any(k.startswith("outbox/") for k, _ in ours), store.writes
     assert any(k.endswith("state.json") for k, _ in ours), store.writes
