@@ -85,6 +85,14 @@ def _pg(url: str, statement: str) -> None:
         engine.dispose()
 
 
+_DELETE_S = 90.0
+"""How long the cleanup waits for its deleted runs to leave the listing (the dev server removes
+a deleted execution lazily, up to ~30 s later, and later still when busy)."""
+_SETTLED_S = 1.0
+"""How long Temporal's visibility store must list none of the conformance runs before the
+cleanup believes it (it lists a run that ended a moment ago only after a while)."""
+
+
 def _remove_temporal(settings: Any, prefix: str) -> None:
     import asyncio
 
@@ -104,12 +112,23 @@ async def _remove_executions(settings: Any, prefix: str) -> None:
     client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
     query = f"TaskQueue STARTS_WITH '{prefix}'"
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    # the visibility store lags behind: list and delete until it shows none
+    deadline = loop.time() + _DELETE_S
+    # the visibility store lags behind (a run that ended a moment ago may not be listed yet):
+    # list and delete until it has shown none for a second
+    empty_since: float | None = None
     while True:
-        found = [(ex.id, ex.run_id) async for ex in client.list_workflows(query)]
+        found = [
+            (ex.id, ex.run_id, ex.close_time is not None)
+            async for ex in client.list_workflows(query)
+        ]
         if not found:
-            return
+            if empty_since is None:
+                empty_since = loop.time()
+            elif loop.time() - empty_since >= _SETTLED_S:
+                return
+            await asyncio.sleep(0.25)
+            continue
+        empty_since = None
         if loop.time() > deadline:
             log.warning(
                 "%d conformance runs on task queues %s* are left; delete them with "
@@ -119,7 +138,11 @@ async def _remove_executions(settings: Any, prefix: str) -> None:
                 query,
             )
             return
-        for workflow_id, run_id in found:
+        # an execution closed a moment ago but still listed as running is deleted only once
+        # the listing shows it closed: deleted before, its late close record could bring it
+        # back into the listing after the delete
+        found = [f for f in found if await _deletable(client, *f)]
+        for workflow_id, run_id, _ in found:
             with contextlib.suppress(Exception):  # already being deleted
                 await client.workflow_service.delete_workflow_execution(
                     DeleteWorkflowExecutionRequest(
@@ -130,3 +153,16 @@ async def _remove_executions(settings: Any, prefix: str) -> None:
                     )
                 )
         await asyncio.sleep(0.5)
+
+
+async def _deletable(client: Any, workflow_id: str, run_id: str, listed_closed: bool) -> bool:
+    """Delete it now: listed as closed, or really running (a delete terminates it)."""
+    if listed_closed:
+        return True
+    from temporalio.client import WorkflowExecutionStatus
+
+    try:
+        desc = await client.get_workflow_handle(workflow_id, run_id=run_id).describe()
+    except Exception:
+        return True
+    return bool(desc.status == WorkflowExecutionStatus.RUNNING)
