@@ -4,7 +4,10 @@ current details the Web UI displays, the ``WfeStatus`` / ``WfeStage`` search att
 written once per workflow activation by ``_syncer`` — on runs started since 2026-12-02, only
 once no local activity is in flight: the activations of a workflow task that runs local
 activities all go into its one completion, so writes between them showed nobody anything
-and cost three history events a ``local=True`` stage.
+and cost three history events a ``local=True`` stage. The search attributes are written only
+when they change; on runs started since 2026-12-02 ``WfeStage`` names the stages a run waits or
+failed in, not those that merely run (``_stage_attribute``), so a run whose stages just run
+writes them only when its status changes (a 3-stage run: running, completed; it wrote 4).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["RunInspection"]
 
 _SYNC_ROUNDS = 8  # condition rounds the memo write waits for an activation to settle
+_IN_FLIGHT = ("running", "suspended")  # the stages ``WfeStage`` named on runs of the older shape
 
 
 def _iso(value: Any) -> str:
@@ -114,11 +118,19 @@ class RunInspection:
             if self._closing:
                 return
 
+    def _stage_attribute(self) -> str:
+        """The ``WfeStage`` search attribute: on runs started since 2026-12-02
+        (``StartDocument.stage_attribute_waits``) the stages the run waits in (suspended) or
+        failed in — a stage that merely runs is not in it (the Web UI shows it as a pending
+        activity, ``get_run`` from the memo), so a run whose stages just run writes its search
+        attributes only when its status changes, not at every stage it starts; on older runs
+        the stages running or suspended, so their histories replay."""
+        shown = ("suspended", "failed") if self._start.stage_attribute_waits else _IN_FLIGHT
+        return ",".join(s.id for s in self._stages.values() if s.status in shown)
+
     def _write_info(self) -> None:
         status = self._run_status()
-        current = ",".join(
-            s.id for s in self._stages.values() if s.status in ("running", "suspended")
-        )
+        current = self._stage_attribute()
         if self._sa != (status, current):
             self._sa = (status, current)
             workflow.upsert_search_attributes(

@@ -22,6 +22,7 @@ from ._wire import (
     MEMO_WRITES_AFTER_LOCALS,
     OLD_OUTBOX_RULE,
     RESULT_WITH_RUN_INFO,
+    STAGE_ATTRIBUTE_WAITS,
 )
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class StartDocument(BaseModel):
     names: str | None = None
     memo_writes: str | None = None
     result: str | None = None
+    stage_attribute: str | None = None
     # a redrive, an import: where the run picks up
     redrive: int = 0
     redrive_from: str | None = None
@@ -88,6 +90,7 @@ class StartDocument(BaseModel):
             names=NAMES_MARK,
             memo_writes=MEMO_WRITES_AFTER_LOCALS,
             result=RESULT_WITH_RUN_INFO,
+            stage_attribute=STAGE_ATTRIBUTE_WAITS,
             **fields,
         )
 
@@ -118,6 +121,13 @@ class StartDocument(BaseModel):
         """Its completion result carries its final RunInfo memo in the payload's metadata
         (``GraphWorkflow._result``; ``TemporalEngine.wait`` reads it)."""
         return self.result == RESULT_WITH_RUN_INFO
+
+    @property
+    def stage_attribute_waits(self) -> bool:
+        """Its ``WfeStage`` names the stages it waits in (suspended) or failed in, not those
+        that merely run, so a run whose stages just run writes its search attributes only when
+        its status changes (``_inspection.RunInspection._write_info``)."""
+        return self.stage_attribute == STAGE_ATTRIBUTE_WAITS
 
     @property
     def marked(self) -> bool:

@@ -21,6 +21,7 @@ __all__ = [
     "MEMO_WRITES_AFTER_LOCALS",
     "OLD_OUTBOX_RULE",
     "RESULT_WITH_RUN_INFO",
+    "STAGE_ATTRIBUTE_WAITS",
     "deployment_for",
     "dlq_key",
     "fingerprint",
@@ -52,6 +53,12 @@ MEMO_WRITES_AFTER_LOCALS = "after-locals"
 # ``wfe_run`` memo in its payload's metadata, so ``wait()`` reads the RunInfo from the close
 # event it long-polls (no describe after it); absent: the output alone
 RESULT_WITH_RUN_INFO = "output+run-info"
+# the start document's ``stage_attribute`` of runs whose ``WfeStage`` search attribute names the
+# stages the run waits in (suspended: a signal, a timer, an event) or failed in, and is empty
+# while its stages merely run: such a run writes its search attributes when its status or those
+# stages change, not at every stage it starts (``_inspection``); absent: the stages running or
+# suspended
+STAGE_ATTRIBUTE_WAITS = "waits+failed"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

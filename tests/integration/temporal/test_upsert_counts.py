@@ -2,11 +2,16 @@
 API (issue 13: each is a command the dev server persists and indexes). Every write must carry a
 change (the ``wfe_run`` memo compared without its ``updated_at``, the search attributes as a
 whole), and a short run writes each at most once per workflow task: these pin the counts, so a
-write added to the workflow task's path fails here."""
+write added to the workflow task's path fails here. Since 2026-12-02 ``WfeStage`` names the
+stages a run waits (or failed) in, not those that merely run, so a run whose stages just run
+writes its search attributes only when its status changes; the visibility queries on
+``WfeStage`` / ``WfeStatus`` still find a run waiting for a signal, and a failed run by the
+stage it failed in."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import uuid
 from pathlib import Path
@@ -15,10 +20,18 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError
 from temporalio.converter import DataConverter
 
 from driver_temporal import create_temporal_engine
-from engine_port import EngineSettings, FolderBlobStore, Registry, StageContext, Workflow
+from engine_port import (
+    EngineSettings,
+    FolderBlobStore,
+    Registry,
+    Retry,
+    StageContext,
+    Workflow,
+)
 
 pytestmark = pytest.mark.temporal
 
@@ -52,10 +65,25 @@ def _registry() -> Registry:
     sig = Workflow("waits", input=In)
 
     @sig.stage
+    async def first(ctx: StageContext[In]) -> int:
+        return 1
+
+    @sig.stage(after=[first])
     async def wait(ctx: StageContext[In]) -> Any:
         return await ctx.step.wait_for_signal("go")
 
     workflows.append(sig)
+    bad = Workflow("fails", input=In)
+
+    @bad.stage
+    async def fine(ctx: StageContext[In]) -> int:
+        return 1
+
+    @bad.stage(after=[fine], retry=Retry(max_attempts=1))
+    async def boom(ctx: StageContext[In]) -> int:
+        raise ValueError("boom")
+
+    workflows.append(bad)
     return Registry(workflows)
 
 
@@ -83,9 +111,14 @@ def _each_a_change(writes: list[dict[str, Any]]) -> None:
         assert before != after, f"a write of unchanged content: {after}"
 
 
-async def _history(engine: Any, run_id: str) -> Any:
+async def _history(engine: Any, run_id: str, *, ended: bool = False) -> Any:
+    """The run's history once it completed (``ended``: once it ended, failed included)."""
     handle = engine._conn.get_workflow_handle(run_id)
-    await asyncio.wait_for(handle.result(), 60)
+    if ended:
+        with contextlib.suppress(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 60)
+    else:
+        await asyncio.wait_for(handle.result(), 60)
     return await handle.fetch_history()
 
 
@@ -113,16 +146,20 @@ async def test_a_three_stage_run_writes_once_per_change(engine: Any, wf: str, ta
     assert memos[-1]["status"] == "completed"
     assert [st["status"] for st in memos[-1]["stages"]] == ["completed"] * 3
     if wf == "seq3":
-        # one write of each per stage started (its status and WfeStage change) and one at
-        # the end (completed)
+        # a memo write per stage started (get_run shows it running) and one at the end; the
+        # search attributes only when the run's status changes: WfeStage names the stages a
+        # run waits in, and these just run (it wrote WfeStage a, b, c, "" before 2026-12-02)
         assert len(memos) == 4, memos
-        assert [s["WfeStage"] for s in sas] == ["a", "b", "c", ""]
+        assert sas == [
+            {"WfeStatus": "running", "WfeStage": ""},
+            {"WfeStatus": "completed", "WfeStage": ""},
+        ]
     else:
         # local activities all complete in the run's one workflow task: a write between
         # them would show nobody anything, so the run writes once, at the end (it wrote 4
         # of each, 3 history events per stage more, before 2026-12-02)
         assert len(memos) == 1, memos
-        assert [s["WfeStage"] for s in sas] == [""]
+        assert sas == [{"WfeStatus": "completed", "WfeStage": ""}]
 
 
 async def test_a_signalled_run_writes_once_per_change(engine: Any) -> None:
@@ -136,8 +173,78 @@ async def test_a_signalled_run_writes_once_per_change(engine: Any) -> None:
         info = await engine.wait(run.id, timeout=60)
         assert info.status == "completed", info.error
         memos, sas, _ = _writes(await _history(engine, run.id))
-    # running, suspended, completed: the signal's own task writes nothing
-    assert [m["status"] for m in memos] == ["running", "suspended", "completed"]
-    assert [s["WfeStatus"] for s in sas] == ["running", "suspended", "completed"]
+    # first runs, wait runs, then waits; the signal's own task writes nothing
+    assert [m["status"] for m in memos] == ["running", "running", "suspended", "completed"]
+    # the search attributes only as the status changes; WfeStage names the stage waiting
+    assert sas == [
+        {"WfeStatus": "running", "WfeStage": ""},
+        {"WfeStatus": "suspended", "WfeStage": "wait"},
+        {"WfeStatus": "completed", "WfeStage": ""},
+    ]
     _each_a_change(memos)
     _each_a_change(sas)
+
+
+async def _listed(engine: Any, query: str, want: list[str]) -> list[str]:
+    """The runs the visibility query lists, once they are ``want`` (visibility is eventually
+    consistent) or after 10 s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        ids = [ex.id async for ex in engine._conn.list_workflows(query)]
+        if ids == want or loop.time() > deadline:
+            return ids
+        await asyncio.sleep(0.1)
+
+
+async def test_a_run_waiting_for_a_signal_is_found_by_its_stage_and_status(engine: Any) -> None:
+    async with engine:
+        async with engine.worker():
+            run = await engine.start("waits", {})
+            for _ in range(600):
+                if (await engine.get_run(run.id)).status == "suspended":
+                    break
+                await asyncio.sleep(0.05)
+        # with no worker up: the operator's query (Web UI, `temporal workflow list`) and the
+        # engine's listing both find it where it waits
+        this = f"WorkflowId = '{run.id}'"
+        waiting = await _listed(
+            engine, f"{this} AND WfeStage = 'wait' AND WfeStatus = 'suspended'", [run.id]
+        )
+        elsewhere = await _listed(engine, f"{this} AND WfeStage = 'first'", [])
+        suspended = await engine.list_runs(workflow_id="waits", status="suspended")
+        info = await engine.get_run(run.id)
+        async with engine.worker():
+            await engine.signal(run.id, "go", {"ok": True})
+            done = await engine.wait(run.id, timeout=60)
+        after = await _listed(engine, f"{this} AND WfeStage = 'wait'", [])
+    assert waiting == [run.id]
+    assert elsewhere == []
+    assert [r.id for r in suspended] == [run.id]
+    assert [(s.id, s.status, s.waiting_for) for s in info.stages] == [
+        ("first", "completed", None),
+        ("wait", "suspended", "signal:go"),
+    ]
+    assert done.status == "completed", done.error
+    # it waits no more (the close wrote WfeStage "" in the same task as the result)
+    assert after == []
+
+
+async def test_a_failed_run_is_found_by_the_stage_it_failed_in(engine: Any) -> None:
+    async with engine, engine.worker():
+        run = await engine.start("fails", {})
+        info = await engine.wait(run.id, timeout=60)
+        assert info.status == "failed"
+        _, sas, _ = _writes(await _history(engine, run.id, ended=True))
+        found = await _listed(
+            engine,
+            f"WorkflowId = '{run.id}' AND WfeStage = 'boom' AND WfeStatus = 'failed'",
+            [run.id],
+        )
+        failed = await engine.list_runs(workflow_id="fails", status="failed")
+    assert sas == [
+        {"WfeStatus": "running", "WfeStage": ""},
+        {"WfeStatus": "failed", "WfeStage": "boom"},
+    ]
+    assert found == [run.id]
+    assert [r.id for r in failed] == [run.id]
