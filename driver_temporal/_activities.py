@@ -197,6 +197,15 @@ async def _parked_events(store: BlobStore, keys: Sequence[str]) -> list[dict[str
     return out
 
 
+PARK_AFTER_S = 0.05
+"""How long a stage runs before a sinkless worker parks the small batch of events its
+activity carries (runs marked ``parking = "when-slow"``, see ``_outbox``): the events of a
+slow stage reach the BlobStore while it runs, a fast stage writes no blob for them."""
+
+HANDED_BACK: dict[str, Any] = {"ok": False, "handed_back": True}
+"""A carried batch not delivered nor parked: the run keeps it (``_outbox``)."""
+
+
 def _in_order(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``events`` in sequence order, each id once (a batch parked twice, by a stage activity
     that carried it and by a later ``wfe.publish``, overlaps another)."""
@@ -374,11 +383,20 @@ class DriverActivities:
         # local activities have no heartbeat: the workflow task's timeout notices a lost worker
         beat = None if info.is_local else asyncio.create_task(self._heartbeat())
         to_publish = task.get("publish")
-        publishing = (
-            asyncio.ensure_future(self._publish_carried(to_publish))
-            if isinstance(to_publish, dict)
-            else None
-        )
+        publishing: asyncio.Future[dict[str, Any]] | None = None
+        later: asyncio.TimerHandle | None = None
+        if isinstance(to_publish, dict):
+            carried: dict[str, Any] = to_publish
+            if self.sink is None and carried.get("lazy"):
+                # (a sinkless worker: a stage that ends before PARK_AFTER_S hands the batch
+                # back to the run unparked; a slower one parks it then, as before)
+                def park() -> None:
+                    nonlocal publishing
+                    publishing = asyncio.ensure_future(self._publish_carried(carried))
+
+                later = asyncio.get_running_loop().call_later(PARK_AFTER_S, park)
+            else:
+                publishing = asyncio.ensure_future(self._publish_carried(carried))
         published: dict[str, Any] | None = None
         try:
             if compensation:
@@ -393,8 +411,12 @@ class DriverActivities:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
+            if later is not None:
+                later.cancel()
             if publishing is not None:
                 published = await publishing
+            elif later is not None:
+                published = dict(HANDED_BACK)
         return outcome, published
 
     async def _stage_result(

@@ -18,6 +18,12 @@ every workflow task:
   another runs) are published at the end of the activation by the ``wfe.publish`` local
   activity, as before; the run's last events (its end) ride with ``wfe.save_state``, the one
   local activity of its last workflow task.
+- on a worker with no sink, an activity of a run marked ``parking = "when-slow"`` (since
+  2026-12-02) parks a small carried batch (``LAZY_MAX`` events) only once its stage has run
+  ``_activities.PARK_AFTER_S``; a stage that ends sooner hands the batch back unparked (not
+  confirmed), the next activity carries it again with its own events, and the run's end
+  (``wfe.save_state``) or its next pause (``wfe.publish``) parks what is left: a chain of fast
+  stages writes one blob at its end instead of one per stage.
 
 Every batch starts at the oldest unconfirmed event and keeps sequence order, so the first
 delivery of each event comes after the first delivery of every earlier one (per-run order;
@@ -41,9 +47,10 @@ with workflow.unsafe.imports_passed_through():
     from engine_port import EventDraft
     from engine_port.driver import sink_retry_delay
 
-__all__ = ["CARRY_MAX", "EventOutbox"]
+__all__ = ["CARRY_MAX", "LAZY_MAX", "EventOutbox"]
 
 CARRY_MAX = 200  # events per batch, carried or published
+LAZY_MAX = 32  # a carried batch up to this size may be handed back unparked (``parking``)
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
 
 
@@ -64,6 +71,8 @@ class EventOutbox:
     _via_activities: bool = False
     # ... one carrying activity in flight at a time (``events_via = "one-carrier"``)
     _one_carrier: bool = False
+    # ... whose small batches a sinkless worker parks only for a slow stage (``parking``)
+    _park_when_slow: bool = False
     # while the run's end is recorded: its last events ride with ``wfe.save_state``
     _finishing: bool = False
 
@@ -94,6 +103,8 @@ class EventOutbox:
             return None
         events = list(self._outbox[:CARRY_MAX])
         task["publish"] = {"events": events, "parked": self._parked}
+        if self._park_when_slow and len(events) <= LAZY_MAX:
+            task["publish"]["lazy"] = True
         self._carrier_ids += 1
         self._carriers[self._carrier_ids] = (int(events[-1]["seq"]), self._parked)
         return self._carrier_ids

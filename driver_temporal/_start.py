@@ -21,6 +21,7 @@ from ._wire import (
     EVENTS_VIA_ONE_CARRIER,
     MEMO_WRITES_AFTER_LOCALS,
     OLD_OUTBOX_RULE,
+    PARKING_WHEN_SLOW,
     RESULT_WITH_RUN_INFO,
     STAGE_ATTRIBUTE_WAITS,
 )
@@ -60,6 +61,7 @@ class StartDocument(BaseModel):
     memo_writes: str | None = None
     result: str | None = None
     stage_attribute: str | None = None
+    parking: str | None = None
     # a redrive, an import: where the run picks up
     redrive: int = 0
     redrive_from: str | None = None
@@ -91,6 +93,7 @@ class StartDocument(BaseModel):
             memo_writes=MEMO_WRITES_AFTER_LOCALS,
             result=RESULT_WITH_RUN_INFO,
             stage_attribute=STAGE_ATTRIBUTE_WAITS,
+            parking=PARKING_WHEN_SLOW,
             **fields,
         )
 
@@ -128,6 +131,12 @@ class StartDocument(BaseModel):
         that merely run, so a run whose stages just run writes its search attributes only when
         its status changes (``_inspection.RunInspection._write_info``)."""
         return self.stage_attribute == STAGE_ATTRIBUTE_WAITS
+
+    @property
+    def parks_when_slow(self) -> bool:
+        """A sinkless worker's stage activity parks the events it carries only once its stage
+        has run a while, and hands a fast stage's back to the run (``_outbox``)."""
+        return self.parking == PARKING_WHEN_SLOW
 
     @property
     def marked(self) -> bool:

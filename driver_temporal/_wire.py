@@ -20,6 +20,7 @@ __all__ = [
     "EVENTS_VIA_ONE_CARRIER",
     "MEMO_WRITES_AFTER_LOCALS",
     "OLD_OUTBOX_RULE",
+    "PARKING_WHEN_SLOW",
     "RESULT_WITH_RUN_INFO",
     "STAGE_ATTRIBUTE_WAITS",
     "deployment_for",
@@ -59,6 +60,11 @@ RESULT_WITH_RUN_INFO = "output+run-info"
 # stages change, not at every stage it starts (``_inspection``); absent: the stages running or
 # suspended
 STAGE_ATTRIBUTE_WAITS = "waits+failed"
+# the start document's ``parking`` of runs whose stage activities, on a worker with no event
+# sink, park the small batch they carry only once their stage has run a while
+# (``_activities.PARK_AFTER_S``) and otherwise hand it back to the run (``_outbox``); absent:
+# parked at once
+PARKING_WHEN_SLOW = "when-slow"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

@@ -407,6 +407,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._retry_max_s: float = start.outbox_retry_max_seconds
         self._via_activities = start.events_via_activities
         self._one_carrier = start.one_carrier
+        self._park_when_slow = start.parks_when_slow
         self._status = "pending"
         self._deadline: str | None = start.deadline
         if self._graph.timeout_s and self._deadline is None:
