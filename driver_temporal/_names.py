@@ -16,6 +16,7 @@ from __future__ import annotations
 __all__ = [
     "ABORT_EXPORT_UPDATE",
     "COMPLETE_EXPORT_UPDATE",
+    "DELIVERY_DECIDED",
     "FREEZE_CANCELLED_QUERY",
     "FREEZE_UPDATE",
     "INTERNAL",
@@ -45,6 +46,9 @@ TAKE_SIGNAL_UPDATE = "wfe.internal.take_signal"
 SIGNAL_STATUS_UPDATE = "wfe.internal.signal_status"
 SIGNAL_STATUS_QUERY = "wfe.internal.delivery"
 SIGNAL_UPDATE = "wfe.signal"  # how older engines sent signals (runs before ``names`` only)
+# not a handler: the extern function through which a worker's workflows tell the engine in the
+# same process what became of a signal it sent (``_waiters``), never seen by an operator
+DELIVERY_DECIDED = "wfe.delivery_decided"
 
 # current name -> the name runs started before ``names`` also answer to
 OLD_NAMES = {

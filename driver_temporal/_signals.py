@@ -4,8 +4,10 @@ Signals of one name queue per run in arrival order, as Temporal signals do: the 
 every buffered signal (``{name, payload, idempotency_key}``, oldest first). A signal's
 idempotency key, once seen, is kept for the life of the run, so a repeat is not queued again
 (``already_completed``). The engine sends each signal as a Temporal signal of its own name (its
-delivery id and idempotency key in the payload's metadata) and asks the run what became of it
-with the ``wfe.internal.delivery`` query, which the signal's own workflow task answers (the
+delivery id and idempotency key in the payload's metadata) and learns what became of it from
+the signal handler itself when the run's worker is one of the sending engine's own (the
+worker's ``DELIVERY_DECIDED`` extern function, ``_waiters``), else asks the run with the
+``wfe.internal.delivery`` query, which the signal's own workflow task answers (the
 ``wfe.internal.signal_status`` update, which needs a task of its own, is its fallback and what
 engines before the query sent); older engines sent the ``wfe.signal`` update or a wrapped
 body. A raw Temporal signal from an operator (``temporal workflow signal --name go --input
@@ -38,6 +40,7 @@ is handed the whole queue (``_lease_signals``) and is the only taker until it re
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from ._carry import meta_of
     from ._freezing import migration_error
     from ._names import (
+        DELIVERY_DECIDED,
         INTERNAL,
         SIGNAL_STATUS_QUERY,
         SIGNAL_STATUS_UPDATE,
@@ -124,7 +128,7 @@ class SignalHandlers:
         except Exception as exc:
             self._reject(name, f"its payload does not decode: {type(exc).__name__}: {exc}")
             if meta is not None and isinstance(meta.get("delivery"), str):
-                self._deliveries[meta["delivery"]] = {"rejected": "InvalidSignalPayload"}
+                self._decided(meta["delivery"], {"rejected": "InvalidSignalPayload"})
             return
         if meta is not None:
             delivery, key = meta.get("delivery"), meta.get("idempotency_key")
@@ -132,7 +136,7 @@ class SignalHandlers:
             if refused is not None:
                 self._reject(name, refused)
                 if isinstance(delivery, str):
-                    self._deliveries[delivery] = {"rejected": refused}
+                    self._decided(delivery, {"rejected": refused})
                 return
             self._deliver(name, value, delivery, key)  # the stored form the engine made
         elif _is_wrapped(value):
@@ -234,8 +238,22 @@ class SignalHandlers:
             if key is not None:
                 self._signal_keys.add(key)
         if delivery:
-            self._deliveries[delivery] = res
+            self._decided(delivery, res)
         return res
+
+    def _decided(self, delivery: str, res: dict[str, Any]) -> None:
+        """Record what became of the signal sent with ``delivery`` (the query reads it) and,
+        when this is not a replay, tell an engine in this worker's process that waits for it
+        (the worker's ``DELIVERY_DECIDED`` extern function, ``_waiters``; absent on a worker
+        another driver built). The call issues no command and its result is not used: the
+        workflow does the same whether or not anyone hears it."""
+        self._deliveries[delivery] = res
+        if workflow.unsafe.is_replaying():
+            return
+        tell = workflow.extern_functions().get(DELIVERY_DECIDED)
+        if tell is not None:
+            with contextlib.suppress(Exception):
+                tell(delivery, dict(res))
 
     @workflow.update(name=TAKE_SIGNAL_UPDATE, description=INTERNAL)
     def on_take_signal(self, body: dict[str, Any]) -> dict[str, Any]:

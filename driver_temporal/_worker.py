@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 
 from . import _rpc
 from ._purge import retention
+from ._waiters import DeliveryInterceptor
 from ._workflow import GraphWorkflow, workflow_runner
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class EngineWorker:
                     workflows=[GraphWorkflow],
                     activities=[acts.stage, *acts.bookkeeping()],
                     workflow_runner=workflow_runner(),
+                    # its runs' signal handlers answer this engine's signal() in process
+                    interceptors=[DeliveryInterceptor(eng._waiters)],
                     graceful_shutdown_timeout=grace,
                     max_concurrent_activities=self.max_concurrent_activities,
                     sticky_queue_schedule_to_start_timeout=timedelta(

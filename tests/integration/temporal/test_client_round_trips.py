@@ -1,6 +1,7 @@
 """What the caller waits for: the Temporal RPCs one ``wait()`` / ``signal()`` makes, counted
 on a caller engine of its own (its worker runs on another engine, whose client is not
-counted), so a round trip added back fails here."""
+counted), or on the engine whose worker holds the run (its signals are answered in process),
+so a round trip added back fails here."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from driver_temporal import TemporalEngine
+from driver_temporal import _engine as temporal_engine
 from engine_port import Registry, StageContext, Workflow
 from engine_port.errors import RunNotActiveError
 
@@ -33,13 +35,19 @@ def registry() -> Registry:
     async def gate(ctx: StageContext[In]) -> Any:
         return await ctx.step.wait_for_signal("go")
 
+    two = Workflow("rt-two", input=In)
+
+    @two.stage(signals=["go", "more"])
+    async def both(ctx: StageContext[In]) -> Any:
+        return [await ctx.step.wait_for_signal("go"), await ctx.step.wait_for_signal("more")]
+
     quick = Workflow("rt-quick", input=In)
 
     @quick.stage
     async def one(ctx: StageContext[In]) -> int:
         return ctx.input.n + 1
 
-    return Registry([wf, quick])
+    return Registry([wf, two, quick])
 
 
 @contextmanager
@@ -215,3 +223,78 @@ async def test_reading_a_run_never_converts_its_start_document(
         assert seen and start_doc not in seen
         # (wait() read the RunInfo from the close event: get_run's describe alone converts)
         assert len(seen) == len(raw.workflow_execution_info.memo.fields) - 1, seen
+
+
+async def _three_signals(engine: TemporalEngine, run_id: str) -> None:
+    """Buffered, an idempotent repeat, delivered: each status as ``signal`` reports it."""
+    buffered = await engine.signal(run_id, "more", 1, idempotency_key="m")
+    assert (buffered.delivered, buffered.already_completed) == (False, False)
+    repeat = await engine.signal(run_id, "more", 2, idempotency_key="m")
+    assert (repeat.delivered, repeat.already_completed) == (False, True)
+    delivered = await engine.signal(run_id, "go", 3)
+    assert (delivered.delivered, delivered.already_completed) == (True, False)
+
+
+async def test_signal_answered_by_this_engines_worker_needs_no_query(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signal handler of the engine's own worker hands its decision straight to the
+    waiting ``signal`` (the worker's extern function, ``_waiters``): the signal RPC alone."""
+    # (the query also goes out when the answer takes longer than a few ms, e.g. a workflow
+    # task of the run in flight on a loaded machine: not here, so the count is exact)
+    monkeypatch.setattr(temporal_engine, "_IN_PROCESS_GRACE_S", 30.0)
+    host = make_engine(registry())
+    async with host, host.worker():
+        run = await host.start("rt-two", {})
+        await _until_suspended(host, run.id)
+        with counted(host) as calls:
+            await _three_signals(host, run.id)
+        # before: a ``wfe.internal.delivery`` query after each signal
+        assert calls["query_workflow"] == 0, calls
+        assert calls["signal_workflow_execution"] == 3, calls
+        info = await host.wait(run.id, timeout=60)
+        assert info.status == "completed" and info.output == [3, 1]
+        assert len(host._waiters) == 0 and not host._elsewhere  # every waiter forgotten
+
+
+async def test_signal_to_a_run_on_another_engines_worker_asks_with_the_query(
+    make_engine: EngineFactory,
+) -> None:
+    """An engine with a worker of its own in this process (other task queue) signals a run
+    another engine's worker holds: that worker's extern function does not know the delivery,
+    so the answer comes from the query, as from another process."""
+    host = make_engine(registry())
+    other = make_engine(registry(), task_queue=f"o-{host.settings.task_queue}")
+    async with host, other, host.worker(), other.worker():
+        run = await host.start("rt-two", {})
+        await _until_suspended(host, run.id)
+        with counted(other) as calls:
+            await _three_signals(other, run.id)
+        assert calls["query_workflow"] == 3, calls
+        info = await host.wait(run.id, timeout=60)
+        assert info.status == "completed" and info.output == [3, 1]
+        assert len(other._waiters) == len(host._waiters) == 0
+
+
+async def test_signal_whose_in_process_answer_never_comes_falls_back_to_the_query(
+    make_engine: EngineFactory,
+) -> None:
+    """A caller that serves the run's version but whose worker does not hold the run (one of
+    several worker processes of a version) waits briefly for the in-process answer, then
+    asks with the query; nothing is left waiting."""
+    host = make_engine(registry())
+    caller = make_engine(registry(), task_queue=host.settings.task_queue)
+    async with host, caller, host.worker():
+        run = await host.start("rt-two", {})
+        await _until_suspended(caller, run.id)
+        key = (caller.task_queue("rt-two"), run.version)
+        caller._hosted[key] = 1  # as if a worker of the version ran in the caller's process
+        with counted(caller) as calls:
+            await _three_signals(caller, run.id)
+        assert calls["query_workflow"] == 3, calls
+        assert len(caller._waiters) == 0
+        # only the first signal waited for the in-process answer: the query answers this run
+        assert run.id in caller._elsewhere
+        del caller._hosted[key]
+        info = await host.wait(run.id, timeout=60)
+        assert info.status == "completed" and info.output == [3, 1]
