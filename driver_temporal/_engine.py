@@ -164,12 +164,14 @@ _LIVE = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 _MAX_LIVE = 4096
 # signal() to a run whose version a worker of this engine serves: how long it waits for the
 # answer from that worker's signal handler (``_waiters``) before it also asks with the query
-# (the run may be cached on a worker of another process). The answer comes when the run's
-# worker handles the signal: a few ms on an idle run (p50 3.6 ms on a loaded 2-core machine),
-# later when a workflow task of the run was in flight (then the query, which waits for the
-# same, costs no time but load). A query asked this late costs the other case about this much
-# plus 10 ms more than one asked at once, so only a run's first signal pays it: ``_elsewhere``
-_IN_PROCESS_GRACE_S = 0.02
+# (the run may be cached on a worker of another process). The answer comes when the worker
+# handles the signal, p50 ~4 ms on a loaded 2-core machine, later when a task of the run was
+# in flight; a query asked meanwhile costs no time (the first answer wins), only load. A query
+# asked once the signal's workflow task completed seems to wait for the run's next task: asked
+# after 5 / 10 / 20 ms it cost the other-process case +5 / +24 / +30 ms (signal() p50 21-26 ms
+# asking at once), and 4 / 0 / 0 of 30 in-process signals asked it too. Only a run's first
+# signal pays the grace there: ``_elsewhere``
+_IN_PROCESS_GRACE_S = 0.005
 
 
 class TemporalEngine(PagedRuns, WorkflowEngine):
