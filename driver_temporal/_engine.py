@@ -287,10 +287,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         4-5 ms, 20-200 ms for a run started right after another ended). Only when the one
         worker of this engine on the workflow's task queue is the version's: Temporal hands
         the task to any worker of the queue in the process, whatever version it polls as."""
+        return self._versions_here(workflow_id) == {version}
+
+    def _versions_here(self, workflow_id: str) -> set[str]:
+        """The versions a worker of this engine (an ``EngineWorker`` or a helper) polls the
+        workflow's task queue as."""
         tq = self.task_queue(workflow_id)
         here = {v for (q, v), n in self._hosted.items() if q == tq and n}
-        here |= {v for q, v in self._helpers if q == tq}
-        return here == {version}
+        return here | {v for q, v in self._helpers if q == tq}
 
     def deployment_version(self, workflow_id: str, version: str) -> WorkerDeploymentVersion:
         """The Worker Deployment version that serves ``version`` of ``workflow_id``."""
@@ -846,10 +850,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     def _serves(self, target: tuple[str, str] | None) -> bool:
         """Whether a worker of this engine (an ``EngineWorker`` or a helper) serves the
         run's (workflow, version), so its signal handler may answer ``signal`` in process."""
-        if target is None:
-            return False
-        key = (self.task_queue(target[0]), target[1])
-        return bool(self._hosted.get(key)) or key in self._helpers
+        return target is not None and target[1] in self._versions_here(target[0])
 
     async def _delivery(
         self,
