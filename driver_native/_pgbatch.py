@@ -33,10 +33,11 @@ _STATE = "wfe_prepared"
 
 
 class _Prepared:
-    """The statements prepared on one DBAPI connection (SQL text -> ``EXECUTE name``), and
-    how values are written as literals for it (:meth:`quote`)."""
+    """The statements prepared on one DBAPI connection (SQL text -> ``EXECUTE name(`` and
+    the order of its parameters), and how values are written as literals for it
+    (:meth:`quote`)."""
 
-    __slots__ = ("json", "json_dumps", "literal", "names", "next", "plain", "raw")
+    __slots__ = ("json", "json_dumps", "literal", "names", "next", "plain", "raw", "strs")
 
     def __init__(self, raw: Any) -> None:
         from psycopg.adapt import PyFormat, Transformer
@@ -44,7 +45,7 @@ class _Prepared:
 
         self.raw = raw
         self.literal = Transformer(raw)
-        self.names: dict[str, bytes] = {}
+        self.names: dict[str, tuple[bytes, tuple[str, ...]]] = {}
         self.next = 0  # names are never reused: a failed batch may or may not have made some
         # quoted here, as psycopg would, when a string literal is plain '...' with its quotes
         # doubled (standard_conforming_strings on: a backslash is itself) in UTF-8
@@ -56,17 +57,19 @@ class _Prepared:
         self.json = {Json: b"'::json", Jsonb: b"'::jsonb"}
         dumper: Any = self.literal.get_dumper(Json(None), PyFormat.TEXT)
         self.json_dumps: Callable[[Any], str | bytes] = dumper.dumps  # (the connection's)
+        # types not written by :meth:`quote` itself: which of them psycopg writes as a str
+        self.strs: dict[type, bool] = {}
 
     def quote(self, value: Any) -> bytes:
-        """``value`` as a literal of the statement text: the common types (a str, an int, a
-        float, None, a bool, a JSON document, a list of strings and booleans) written here,
-        as psycopg's ``as_literal`` writes them, at a fraction of its cost; anything else by
-        psycopg."""
+        """``value`` as a literal of the statement text: the common types (a str or a str
+        enum, an int, a float, None, a bool, a JSON document, a list of strings and booleans)
+        written here, as psycopg's ``as_literal`` writes them, at a fraction of its cost;
+        anything else by psycopg."""
         kind = type(value)
         if kind is str:
             text: str = value
             if self.plain and "\x00" not in text:
-                return b"'" + text.replace("'", "''").encode() + b"'"
+                return ("'" + text.replace("'", "''") + "'").encode()
         elif kind is int:
             return b" %d" % value  # (the space: a negative number never follows a '-')
         elif kind is float:
@@ -78,14 +81,30 @@ class _Prepared:
         elif kind is list and self.plain:
             array = _array(value)
             if array is not None:
-                return b"'" + array.replace("'", "''").encode() + b"'"
+                return ("'" + array.replace("'", "''") + "'").encode()
         elif kind in self.json and self.plain and value.dumps is None:
             data = self.json_dumps(value.obj)
             text = data if isinstance(data, str) else bytes(data).decode()
             if "\x00" not in text:
-                return b"'" + text.replace("'", "''").encode() + self.json[kind]
+                return ("'" + text.replace("'", "''")).encode() + self.json[kind]
+        elif self.plain and self._as_str(kind, value) and "\x00" not in value:
+            return ("'" + str.replace(value, "'", "''") + "'").encode()  # (its value)
         literal: bytes = self.literal.as_literal(value)
         return literal
+
+    def _as_str(self, kind: type, value: Any) -> bool:
+        """Whether psycopg writes values of ``kind`` (other than the types :meth:`quote`
+        writes) as it writes a str: a subclass of str (a ``StrEnum``) it has no dumper of its
+        own for."""
+        known = self.strs.get(kind)
+        if known is None:
+            from psycopg.adapt import PyFormat
+
+            literal = self.literal
+            known = self.strs[kind] = issubclass(kind, str) and type(
+                literal.get_dumper(value, PyFormat.TEXT)
+            ) is type(literal.get_dumper("", PyFormat.TEXT))
+        return known
 
 
 def _element(value: Any) -> str | None:
@@ -147,6 +166,25 @@ def _float(value: float) -> bytes:
     return b"'%s'" % repr(value).encode()
 
 
+def _values(state: _Prepared, params: Mapping[str, Any], order: tuple[str, ...]) -> bytes:
+    """The values of ``order`` in ``params``, quoted (:meth:`_Prepared.quote`, with its
+    commonest cases written out here: a call less per value), then ``)``."""
+    quote, plain = state.quote, state.plain
+    out = []
+    for key in order:
+        value = params[key]
+        kind = type(value)
+        if kind is str and plain and "\x00" not in value:
+            out.append(("'" + value.replace("'", "''") + "'").encode())
+        elif kind is int:
+            out.append(b" %d" % value)  # (the space: a negative number never follows a '-')
+        elif value is None:
+            out.append(b"NULL")
+        else:
+            out.append(quote(value))
+    return b", ".join(out) + b")"
+
+
 class _Text:
     """Builds one batch: its statements, and the PREPAREs they need (sent first)."""
 
@@ -154,11 +192,15 @@ class _Text:
         self.cursor = cursor
         self.state = _state(info, cursor.connection)
         self.prepares: list[bytes] = []
-        self.fresh: dict[str, bytes] = {}
+        self.fresh: dict[str, tuple[bytes, tuple[str, ...]]] = {}
         self.parts: list[bytes] = []
         self.ddl = False  # a table is changed: prepare statements anew after it
 
     def add(self, sql: str, params: Any) -> None:
+        prepared = self.state.names.get(sql)
+        if prepared is not None and type(params) is dict:  # (the common case)
+            self.parts.append(prepared[0] + _values(self.state, params, prepared[1]))
+            return
         if params is None:
             self.parts.append(sql.encode())
             return
@@ -170,12 +212,11 @@ class _Text:
             self.parts.append(numbered.encode())  # (nothing to bind: COMMIT, DDL)
             self.ddl = self.ddl or bool(_DDL.match(sql))
             return
-        execute = self._name(sql) if _PREPARABLE.match(sql) else None
+        execute = self._name(sql, order) if _PREPARABLE.match(sql) else None
         if execute is None:
             self._inline(sql, params)
             return
-        values = list(map(self.state.quote, map(params.__getitem__, order)))
-        self.parts.append(execute + b", ".join(values) + b")")
+        self.parts.append(execute + _values(self.state, params, order))
 
     def _inline(self, sql: str, params: Any) -> None:
         """The statement with its values written in (parsed and planned each time)."""
@@ -184,15 +225,19 @@ class _Text:
         literal = psycopg.ClientCursor(self.cursor.connection)
         self.parts.append(literal.mogrify(sql, params).encode())
 
-    def _name(self, sql: str) -> bytes | None:
+    def _name(self, sql: str, order: tuple[str, ...]) -> bytes | None:
         """``EXECUTE name(`` of the statement prepared for ``sql`` (None: too many)."""
         state = self.state
-        execute = state.names.get(sql) or self.fresh.get(sql)
-        if execute is None and len(state.names) + len(self.fresh) < MAX_PREPARED:
-            name = f"wfe_{state.next}"
-            state.next += 1
-            execute = self.fresh[sql] = f"EXECUTE {name}(".encode()
-            self.prepares.append(f"PREPARE {name} AS {_numbered(sql)[0]}".encode())
+        known = state.names.get(sql) or self.fresh.get(sql)
+        if known is not None:
+            return known[0]
+        if len(state.names) + len(self.fresh) >= MAX_PREPARED:
+            return None
+        name = f"wfe_{state.next}"
+        state.next += 1
+        execute = f"EXECUTE {name}(".encode()
+        self.fresh[sql] = (execute, order)
+        self.prepares.append(f"PREPARE {name} AS {_numbered(sql)[0]}".encode())
         return execute
 
     def text(self, head: Sequence[bytes]) -> tuple[bytes, int]:

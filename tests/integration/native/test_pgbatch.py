@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from enum import StrEnum
 from typing import Any
 
 import pytest
@@ -28,6 +29,8 @@ HOSTILE = [
     "/* -- */",
     "",
 ]
+Hostile = StrEnum("Hostile", {f"V{i}": text for i, text in enumerate(HOSTILE) if text})
+"""Hostile texts as a str enum's values (as the engine's statuses are written)."""
 FLOATS = [0.1, 1 / 3, -0.0, 1e308, 5e-324, -1.7976931348623157e308, 1764625455.123456]
 
 
@@ -160,7 +163,8 @@ def test_values_quoted_by_the_driver_read_as_psycopg_quotes_them(
         raw.execute(f"SET standard_conforming_strings = {scs}")
         state = _Prepared(raw)
         assert state.plain is (scs == "on")
-        for value in [*QUOTED, *(wrap(d) for d in DOCUMENTS for wrap in (Json, Jsonb))]:
+        documents = [wrap(d) for d in DOCUMENTS for wrap in (Json, Jsonb)]
+        for value in [*QUOTED, *Hostile, *documents]:
             ours, theirs = state.quote(value), state.literal.as_literal(value)
             sql = b"SELECT (" + ours + b")::text, (" + theirs + b")::text"
             got = raw.execute(sql.decode()).fetchone()
