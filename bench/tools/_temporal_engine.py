@@ -14,8 +14,11 @@ from .. import _workflows as W
 
 
 @contextlib.asynccontextmanager
-async def driver_engine() -> AsyncIterator[tuple[TemporalEngine, TemporalDevServer]]:
-    """(the engine with its worker running, the dev server it talks to)."""
+async def driver_engine(
+    *, worker: bool = True
+) -> AsyncIterator[tuple[TemporalEngine, TemporalDevServer]]:
+    """(the engine with its worker running unless ``worker=False``, the dev server it talks
+    to)."""
     with tempfile.TemporaryDirectory() as d:
         async with TemporalDevServer(headless=True) as server:
             settings = EngineSettings(
@@ -24,6 +27,10 @@ async def driver_engine() -> AsyncIterator[tuple[TemporalEngine, TemporalDevServ
                 blob_url=f"file://{d}/blobs",
                 task_queue="bench",
             )
-            async with create_engine(settings, W.registry()) as engine, engine.worker():
+            async with create_engine(settings, W.registry()) as engine:
                 assert isinstance(engine, TemporalEngine)
-                yield engine, server
+                if not worker:
+                    yield engine, server
+                    return
+                async with engine.worker():
+                    yield engine, server

@@ -33,7 +33,7 @@ async def main(local: bool, runs: int) -> None:
         for e in history.events:
             at = (e.event_time.ToDatetime() - first).total_seconds() * 1000
             name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
-            print(f"{at:8.1f}  {name}")
+            print(f"{at:8.1f}  {e.ByteSize():6d} B  {name}")
         async with raw.worker(server.address) as client:
             handle = await client.start_workflow(
                 "bench_seq3", local, id=f"hand-{uuid.uuid4().hex}", task_queue=raw.TASK_QUEUE
