@@ -218,6 +218,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         self._helpers: dict[tuple[str, str], tuple[Worker, asyncio.Task[None]]] = {}
         self._hosted: dict[tuple[str, str], int] = {}  # -> EngineWorkers serving it here
         self._registered: set[tuple[str, str]] = set()  # versions known present on their queue
+        self._registering: dict[tuple[str, str], asyncio.Lock] = {}  # (``_ensure_version``)
         # run id -> (workflow id, version) of the runs get_run last saw running here
         self._live: dict[str, tuple[str, str]] = {}
         self._waiting = 0  # wait() calls in flight (their peeks share _PEEKS_PER_S)
@@ -354,6 +355,16 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         key = (self.task_queue(workflow_id), version)
         if key in self._registered:
             return
+        # one registration per version at a time: the first starts of a burst wait for it
+        # (each of 50 concurrent first starts described the version on its own, and started
+        # a poller of its own when it was not present yet)
+        async with self._registering.setdefault(key, asyncio.Lock()):
+            if key not in self._registered:
+                await self._register_version(workflow_id, version, key, check=check)
+
+    async def _register_version(
+        self, workflow_id: str, version: str, key: tuple[str, str], *, check: bool
+    ) -> None:
         if check and await self._version_present(workflow_id, version):
             self._registered.add(key)
             return

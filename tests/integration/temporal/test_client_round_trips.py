@@ -136,6 +136,23 @@ async def test_many_waits_at_once_keep_to_the_engines_describe_budget(
         assert peeks <= 2.0 * temporal_engine._PEEKS_PER_S, calls
 
 
+async def test_a_burst_of_first_starts_registers_the_version_once(
+    make_engine: EngineFactory,
+) -> None:
+    """The first ``start()`` of a version makes it present on its task queue (a Worker
+    Deployment describe, and a short-lived poller when it is not there yet); 20 concurrent
+    first starts do that once, not 20 times each."""
+    host = make_engine(registry())
+    caller = make_engine(registry(), task_queue=host.settings.task_queue)
+    async with host, caller, host.worker():
+        with counted(caller) as calls:
+            runs = await asyncio.gather(*(caller.start("rt-quick", {"n": i}) for i in range(20)))
+        assert len({r.id for r in runs}) == 20
+        assert calls["describe_worker_deployment_version"] <= 6, calls
+        for i, r in enumerate(runs):
+            assert (await caller.wait(r.id, timeout=60)).output == i + 1
+
+
 async def test_signal_to_a_run_seen_running_is_the_signal_and_a_query(
     make_engine: EngineFactory,
 ) -> None:
