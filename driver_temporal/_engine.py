@@ -126,6 +126,7 @@ from engine_port.errors import (
 from . import _moving, _rpc
 from ._activities import DriverActivities, EventStats
 from ._carry import carry, meta_of
+from ._current import current_memo
 from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
@@ -532,6 +533,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         sinks = info.pop("sinks", None) or []
         info.pop("event_seq", None)
         info.pop("run_started", None)
+        info.pop("stages_lag", None)
         run_id = str(info.get("id"))
         if not values:  # a listing: no value is read (nor any blob)
             info["input"] = None
@@ -671,6 +673,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
+        memo = await current_memo(self._conn, run_id, memo, status, ask_s=self.signal_timeout)
         info = await self._info_from_memo(memo, status, run_id)
         self._remember(memo, info)
         return info
@@ -972,6 +975,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             # redrive() re-runs terminal runs only (a stranded active run may be re-pinned
             # with version='latest'); a migrated run lives on its target now
             raise RunNotActiveError(run_id, info.status, "redrive")
+        # (the stages a run ended outside the engine, or stranded, had completed)
+        memo = await current_memo(self._conn, run_id, memo, status, ask_s=self.signal_timeout)
         state = await self._redrive_state(run_id, memo, status, info)
         target_version = info.version
         if version == "latest":

@@ -39,7 +39,7 @@ from engine_port.errors import DriverUnavailableError, EngineError, RunNotFoundE
 
 from ._workflow import GraphWorkflow, workflow_runner
 
-__all__ = ["committed", "replay_events", "run_events"]
+__all__ = ["committed", "replay_events", "replay_info", "run_events"]
 
 # what a workflow task's completion records beside its commands
 _TASK_MESSAGES = (
@@ -117,6 +117,28 @@ async def replay_events(
             )
     by_id = {e["id"]: e for i in instances for e in i.recorded}
     return sorted((Event.model_validate(e) for e in by_id.values()), key=lambda e: e.seq)
+
+
+async def replay_info(
+    history: WorkflowHistory, data_converter: DataConverter | None = None
+) -> dict[str, Any] | None:
+    """The ``wfe_run`` RunInfo memo of the run as its committed workflow tasks in ``history``
+    (one execution) left it: what its ``run_info`` query would answer, read with no worker.
+    None when no task completed yet, or the history does not replay on this code."""
+    history = committed(history)
+    if not history.events:
+        return None
+    instances: list[_Recording] = []
+    replayer = Replayer(
+        workflows=[_Recording],
+        interceptors=[_Collect(instances)],
+        workflow_runner=workflow_runner(),
+        data_converter=data_converter or DataConverter.default,
+    )
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    if result.replay_failure is not None or not instances or not instances[-1].run_info():
+        return None
+    return instances[-1].run_info()
 
 
 def committed(history: WorkflowHistory) -> WorkflowHistory:

@@ -8,6 +8,10 @@ and cost three history events a ``local=True`` stage. The search attributes are 
 when they change; on runs started since 2026-12-02 ``WfeStage`` names the stages a run waits or
 failed in, not those that merely run (``_stage_attribute``), so a run whose stages just run
 writes them only when its status changes (a 3-stage run: running, completed; it wrote 4).
+Runs started since the afternoon of 2026-12-02 (``StartDocument.memo_on_change``) write the
+memo the same way: only when what a reader of the memo alone acts on changes (``_memo_key``),
+not at every stage that starts or completes (each write a visibility upsert the server
+indexes); ``get_run`` asks the run for its stages in between (``_current``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class RunInspection:
     _closing: bool
     _dirty: bool
     _sa: tuple[str, str] | None
+    _memo_at: tuple[Any, ...] | None
     _info: dict[str, Any]
     _error: dict[str, Any] | None
     _comp_errors: list[dict[str, Any]]
@@ -128,6 +133,15 @@ class RunInspection:
         shown = ("suspended", "failed") if self._start.stage_attribute_waits else _IN_FLIGHT
         return ",".join(s.id for s in self._stages.values() if s.status in shown)
 
+    def _memo_key(self, status: str, current: str) -> tuple[Any, ...]:
+        """What a reader of the memo alone acts on (runs of ``StartDocument.memo_on_change``
+        write their memo only when it changes): the status and the stages the run waits or
+        failed in (``wait()``, ``signal()``: whether it ended, what a stage waits for), a
+        freeze or move, and the run's end."""
+        stages = self._stages.values()
+        waits = tuple((s.id, s.waiting_for, s.wake_at) for s in stages if s.status == "suspended")
+        return (status, current, waits, self._frozen, self._migrated_to, self._final)
+
     def _write_info(self) -> None:
         status = self._run_status()
         current = self._stage_attribute()
@@ -137,6 +151,7 @@ class RunInspection:
                 [SA_STATUS.value_set(status), SA_STAGE.value_set(current)]
             )
         workflow.set_current_details(self._details(status))
+        lag = self._start.memo_on_change
         memo = RunMemo(
             id=self._run_id,
             workflow_id=self._wf_id,
@@ -156,6 +171,13 @@ class RunInspection:
             run_started=self._run_started,
             migrated_to=self._migrated_to,
             frozen=self._frozen,
+            **({"stages_lag": True} if lag else {}),
         )
+        # (what ``run_info`` answers and a replay of the history reads: always current)
         self._info = memo.to_json()
+        if lag:
+            key = self._memo_key(status, current)
+            if key == self._memo_at:
+                return
+            self._memo_at = key
         workflow.upsert_memo({"wfe_run": self._info})

@@ -20,6 +20,7 @@ from ._wire import (
     EVENTS_VIA_ACTIVITIES,
     EVENTS_VIA_ONE_CARRIER,
     MEMO_WRITES_AFTER_LOCALS,
+    MEMO_WRITES_ON_CHANGE,
     OLD_OUTBOX_RULE,
     PARKING_WHEN_SLOW,
     RESULT_WITH_RUN_INFO,
@@ -90,7 +91,7 @@ class StartDocument(BaseModel):
             outbox_retry_max_seconds=settings.outbox_retry_max_seconds,
             events_via=EVENTS_VIA_ONE_CARRIER,
             names=NAMES_MARK,
-            memo_writes=MEMO_WRITES_AFTER_LOCALS,
+            memo_writes=MEMO_WRITES_ON_CHANGE,
             result=RESULT_WITH_RUN_INFO,
             stage_attribute=STAGE_ATTRIBUTE_WAITS,
             parking=PARKING_WHEN_SLOW,
@@ -116,8 +117,15 @@ class StartDocument(BaseModel):
     @property
     def memo_after_locals(self) -> bool:
         """It writes its memo and search attributes only when no local activity is in
-        flight (``_inspection.InspectionMixin._syncer``)."""
-        return self.memo_writes == MEMO_WRITES_AFTER_LOCALS
+        flight (``_inspection.RunInspection._syncer``)."""
+        return self.memo_writes in (MEMO_WRITES_AFTER_LOCALS, MEMO_WRITES_ON_CHANGE)
+
+    @property
+    def memo_on_change(self) -> bool:
+        """It writes its memo only when what a reader of the memo alone acts on changes
+        (``_inspection.RunInspection._memo_key``); its stages in between are the run's to
+        tell (``RunMemo.stages_lag``)."""
+        return self.memo_writes == MEMO_WRITES_ON_CHANGE
 
     @property
     def result_run_info(self) -> bool:

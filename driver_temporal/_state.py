@@ -141,6 +141,10 @@ class RunMemo(BaseModel):
     run_started: bool = False
     migrated_to: str | None = None
     frozen: bool = False
+    # written by runs that write their memo only when its status (or a stage it waits or
+    # failed in, a freeze) changes: while the run is active, its stages are those of that
+    # change, and ``get_run`` asks the run for the current ones (``StartDocument.memo_on_change``)
+    stages_lag: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The memo entry as written: the given keys only (a stage: its given keys)."""

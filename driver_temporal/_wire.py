@@ -19,6 +19,7 @@ __all__ = [
     "EVENTS_VIA_ACTIVITIES",
     "EVENTS_VIA_ONE_CARRIER",
     "MEMO_WRITES_AFTER_LOCALS",
+    "MEMO_WRITES_ON_CHANGE",
     "OLD_OUTBOX_RULE",
     "PARKING_WHEN_SLOW",
     "RESULT_WITH_RUN_INFO",
@@ -50,6 +51,11 @@ EVENTS_VIA_ONE_CARRIER = "one-carrier"
 # the start document's ``memo_writes`` of runs that write their memo and search attributes
 # only once no local activity is in flight (``_inspection``); absent: after every activation
 MEMO_WRITES_AFTER_LOCALS = "after-locals"
+# ... and of runs that, besides, write their memo only when what a reader of the memo alone
+# acts on changes (status, the stages it waits or failed in, a freeze, its end): not at every
+# stage that starts or completes, each a visibility write the server indexes (the stages in
+# between: ``get_run`` asks the run, ``RunMemo.stages_lag``)
+MEMO_WRITES_ON_CHANGE = "on-change"
 # the start document's ``result`` of runs whose completion result carries the run's final
 # ``wfe_run`` memo in its payload's metadata, so ``wait()`` reads the RunInfo from the close
 # event it long-polls (no describe after it); absent: the output alone

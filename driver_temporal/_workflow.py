@@ -205,6 +205,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._final = False
         self._info: dict[str, Any] = {}
         self._sa: tuple[str, str] | None = None
+        self._memo_at: tuple[Any, ...] | None = None  # (``_inspection``: the last memo written)
         self._ready = False
         self._frozen = False
         self._migrated_to: str | None = None

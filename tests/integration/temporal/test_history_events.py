@@ -144,7 +144,9 @@ def _carried(history: WorkflowHistory) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["events_via_activities_resume", "publish_per_task_resume"])
+@pytest.mark.parametrize(
+    "name", ["events_via_activities_resume", "publish_per_task_resume", "after_locals_resume"]
+)
 async def test_recorded_histories_give_every_event(name: str) -> None:
     """Recorded runs (no server): the replay gives each event the history stores as it is
     stored, and the ones it does not store (those of wfe.publish / wfe.save_state)."""
@@ -159,7 +161,9 @@ async def test_recorded_histories_give_every_event(name: str) -> None:
     assert "run.completed" not in {e["type"] for e in stored}  # only the replay has it
 
 
-@pytest.mark.parametrize("name", ["events_via_activities_resume", "publish_per_task_resume"])
+@pytest.mark.parametrize(
+    "name", ["events_via_activities_resume", "publish_per_task_resume", "after_locals_resume"]
+)
 async def test_a_history_read_at_any_point_gives_a_prefix(name: str) -> None:
     """A run read while it runs (its history cut after any event) gives the events its
     completed workflow tasks emitted: a prefix of the final stream, times included (an

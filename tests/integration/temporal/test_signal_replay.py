@@ -13,7 +13,10 @@ internal handlers were renamed ``wfe.internal.*``: every workflow task published
 a ``wfe.publish`` local activity, and its stage took a buffered signal with the
 ``wfe.take_signal`` update, which the run still answers to. ``events_via_activities_resume``
 is the same scenario on the code that replaced it (stage activities carry the events, no patch
-markers, ``wfe.internal.*`` names). Recorded with ``histories/record_signals.py``.
+markers, ``wfe.internal.*`` names). ``after_locals_resume`` is the same scenario recorded on
+commit 417fb7a, the last code whose runs wrote their ``wfe_run`` memo whenever a stage started
+or completed (``memo_writes="after-locals"``; runs started since write it only when their status
+changes). Recorded with ``histories/record_signals.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ HISTORIES = Path(__file__).parent / "histories"
         "shared_takes_buffered",
         "publish_per_task_resume",
         "events_via_activities_resume",
+        "after_locals_resume",
     ],
 )
 async def test_recorded_history_replays(name: str) -> None:

@@ -19,6 +19,7 @@ def test_a_document_of_a_run_started_before_reads_as_that_code_ran_it() -> None:
     assert doc.outbox_retry_initial_seconds == OLD_OUTBOX_RULE["outbox_retry_initial_seconds"]
     assert doc.outbox_retry_max_seconds == OLD_OUTBOX_RULE["outbox_retry_max_seconds"]
     assert not doc.events_via_activities and not doc.marked and not doc.memo_after_locals
+    assert not doc.memo_on_change  # its memo: every stage that starts or completes
     assert not doc.stage_attribute_waits  # WfeStage: the stages running or suspended
     assert not doc.parks_when_slow  # a sinkless worker parks each carried batch at once
     assert (doc.redrive, doc.event_seq, doc.stages, doc.imported) == (0, 0, {}, False)
@@ -32,6 +33,7 @@ def test_a_new_document_carries_the_engines_settings_and_marks() -> None:
     )
     doc = StartDocument.for_engine(settings, 2.5, **_BASE, input=[1, 2], idempotency_key="k")
     assert doc.events_via_activities and doc.marked and doc.memo_after_locals
+    assert doc.memo_on_change  # its memo: when its status changes (get_run asks it between)
     assert doc.stage_attribute_waits  # WfeStage: the stages waiting or failed
     assert doc.parks_when_slow  # a fast stage hands its carried batch back unparked
     assert (doc.dead_letter_after, doc.max_pending_signals, doc.default_stage_timeout_s) == (
