@@ -86,6 +86,16 @@ class _Collect(Interceptor):
         return Inbound
 
 
+def _replayer(instances: list[_Recording], data_converter: DataConverter | None) -> Replayer:
+    """A replayer of the driver's workflow code that hands each instance to ``instances``."""
+    return Replayer(
+        workflows=[_Recording],
+        interceptors=[_Collect(instances)],
+        workflow_runner=workflow_runner(),
+        data_converter=data_converter or DataConverter.default,
+    )
+
+
 async def run_events(client: Client, run_id: str) -> list[Event]:
     """Every event of ``run_id`` its executions' committed workflow tasks emitted, in sequence
     order (delivered to the sink or not)."""
@@ -98,12 +108,7 @@ async def replay_events(
     """The events the committed workflow tasks of ``histories`` (executions of one run)
     emitted, deduplicated by id, in sequence order."""
     instances: list[_Recording] = []
-    replayer = Replayer(
-        workflows=[_Recording],
-        interceptors=[_Collect(instances)],
-        workflow_runner=workflow_runner(),
-        data_converter=data_converter or DataConverter.default,
-    )
+    replayer = _replayer(instances, data_converter)
     for whole in histories:
         history = committed(whole)
         if not history.events:
@@ -129,13 +134,9 @@ async def replay_info(
     if not history.events:
         return None
     instances: list[_Recording] = []
-    replayer = Replayer(
-        workflows=[_Recording],
-        interceptors=[_Collect(instances)],
-        workflow_runner=workflow_runner(),
-        data_converter=data_converter or DataConverter.default,
+    result = await _replayer(instances, data_converter).replay_workflow(
+        history, raise_on_replay_failure=False
     )
-    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     if result.replay_failure is not None or not instances or not instances[-1].run_info():
         return None
     return instances[-1].run_info()

@@ -62,11 +62,15 @@ async def _memo_stages(engine: Any, run_id: str) -> list[str]:
     return [s["status"] for s in memo["wfe_run"]["stages"]]
 
 
-async def test_get_run_asks_a_running_run_for_the_stages_its_memo_lags(
-    make_engine: EngineFactory,
-) -> None:
+@pytest.fixture
+def lagging(make_engine: EngineFactory) -> tuple[Any, asyncio.Event, dict[str, int]]:
+    """(an engine serving ``lags``, the gate that lets its stage b end, how often a and b ran)"""
     gate, runs = asyncio.Event(), {"a": 0, "b": 0}
-    engine = make_engine(Registry([_lagging(gate, runs)]))
+    return make_engine(Registry([_lagging(gate, runs)])), gate, runs
+
+
+async def test_get_run_asks_a_running_run_for_the_stages_its_memo_lags(lagging: Any) -> None:
+    engine, gate, runs = lagging
     async with engine, engine.worker():
         run = await engine.start("lags", {})
         info = await _until_b_runs(engine, run.id)
@@ -107,10 +111,9 @@ async def test_with_no_worker_get_run_reads_the_stages_from_the_history(
 
 
 async def test_a_terminated_run_keeps_its_completed_stages_and_redrive_skips_them(
-    make_engine: EngineFactory,
+    lagging: Any,
 ) -> None:
-    gate, runs = asyncio.Event(), {"a": 0, "b": 0}
-    engine = make_engine(Registry([_lagging(gate, runs)]))
+    engine, gate, runs = lagging
     async with engine, engine.worker():
         run = await engine.start("lags", {})
         await _until_b_runs(engine, run.id)
