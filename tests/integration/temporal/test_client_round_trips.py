@@ -259,8 +259,12 @@ async def test_reading_a_run_never_converts_its_start_document(
         raw = (await caller._conn.get_workflow_handle(run.id).describe()).raw_description
         start_doc = raw.workflow_execution_info.memo.fields["wfe_start"]
         assert seen and start_doc not in seen
-        # (wait() read the RunInfo from the close event: get_run's describe alone converts)
-        assert len(seen) == len(raw.workflow_execution_info.memo.fields) - 1, seen
+        # (wait() read the RunInfo from the close event: get_run's describe alone converts the
+        # other entries, once each; on a loaded machine the close poll may take longer than
+        # wait()'s first status peek, a describe too, which converts those entries again)
+        others = [v for k, v in raw.workflow_execution_info.memo.fields.items() if k != "wfe_start"]
+        assert all(entry in others for entry in seen), seen
+        assert len(seen) % len(others) == 0, seen
 
 
 async def _three_signals(engine: TemporalEngine, run_id: str) -> None:
