@@ -187,7 +187,7 @@ async def _journaled_by_lost_try(
     return pre_consumed
 
 
-async def _parked_events(store: BlobStore, keys: Sequence[str]) -> list[dict[str, Any]]:
+async def parked_events(store: BlobStore, keys: Sequence[str]) -> list[dict[str, Any]]:
     """The events kept under ``keys`` of ``outbox/<run>/``: a batch (a JSON list) per key, or
     one event per key (parked by a worker before batches)."""
     out: list[dict[str, Any]] = []
@@ -206,7 +206,7 @@ HANDED_BACK: dict[str, Any] = {"ok": False, "handed_back": True}
 """A carried batch not delivered nor parked: the run keeps it (``_outbox``)."""
 
 
-def _in_order(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def in_order(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``events`` in sequence order, each id once (a batch parked twice, by a stage activity
     that carried it and by a later ``wfe.publish``, overlaps another)."""
     unique = {e["id"]: e for e in reversed(events)}  # the first copy of each id wins
@@ -571,7 +571,7 @@ class DriverActivities:
         reports ``parked``; the next worker with a sink that publishes for the run (told so by
         ``parked``) delivers the kept events first, in order, and ``flush_events()`` of an
         engine with a sink delivers what is left (at-least-once, like the native outbox)."""
-        return await self._deliver(events, parked, count_failures=True)
+        return await self.deliver(events, parked, count_failures=True)
 
     async def _publish_carried(self, carried: dict[str, Any]) -> dict[str, Any]:
         """Deliver the events a stage activity (or ``wfe.save_state``) carries for its run
@@ -583,12 +583,12 @@ class DriverActivities:
         if not events:
             return {"ok": True, "parked": parked, "upto": 0}
         try:
-            res = await self._deliver(events, parked, count_failures=False)
+            res = await self.deliver(events, parked, count_failures=False)
         except Exception as exc:  # the blob store of a sinkless worker: wfe.publish retries
             res = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         return {**res, "upto": int(events[-1]["seq"])}
 
-    async def _deliver(
+    async def deliver(
         self, events: list[dict[str, Any]], parked: bool, *, count_failures: bool
     ) -> dict[str, Any]:
         store = self.claim.store
@@ -603,7 +603,7 @@ class DriverActivities:
         batch = list(events)
         if parked and events:
             keys = await store.list(outbox_prefix(events[0]["run_id"]))
-            batch = _in_order(await _parked_events(store, keys) + batch)
+            batch = in_order(await parked_events(store, keys) + batch)
         if not batch:
             return {"ok": True, "parked": parked}
         try:
@@ -628,7 +628,11 @@ class DriverActivities:
             by_run.setdefault(k.split("/")[1], []).append(k)
         n = 0
         for keys in by_run.values():
-            batch = [Event.model_validate(e) for e in _in_order(await _parked_events(store, keys))]
+            try:
+                kept = in_order(await parked_events(store, keys))
+            except Exception:  # (a worker retrying a run's end delivered them meanwhile)
+                continue
+            batch = [Event.model_validate(e) for e in kept]
             try:
                 await self.sink.publish(batch)
             except Exception as exc:

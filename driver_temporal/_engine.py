@@ -140,6 +140,7 @@ from ._helpers import (
 from ._history_events import run_events
 from ._paging import PagedRuns
 from ._query import runs_query
+from ._run_end import RunEnds, WorkerExterns
 from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_QUERY, SIGNAL_STATUS_UPDATE
 from ._start import StartDocument
@@ -224,7 +225,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         self._live: dict[str, tuple[str, str]] = {}
         self._waiting = 0  # wait() calls in flight (their peeks share _PEEKS_PER_S)
         # the signals this engine sent and waits to hear about from its own workers' runs
-        # (each worker it builds gets them: ``_waiters.DeliveryInterceptor``)
+        # (each worker it builds gets them: ``_run_end.WorkerExterns``)
         self._waiters = DeliveryWaiters()
         # runs whose version this engine serves but whose last signal the query answered (a
         # worker of another process holds them): signal() asks them at once (same bound)
@@ -237,6 +238,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             self.stats,
             heartbeat_every=max(0.2, heartbeat_timeout / 4),
         )
+        # records the end of the runs its workers finish (``_run_end``)
+        self._ends = RunEnds(self._activities)
 
     # -- connection -------------------------------------------------------------------------
     @property
@@ -271,6 +274,11 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         self._client = client
         release_runtime_at_exit()
 
+    def _externs(self) -> WorkerExterns:
+        """The extern functions of a worker this engine builds (on its loop): its runs tell
+        ``signal()`` what became of a signal and have their end recorded (``_run_end``)."""
+        return WorkerExterns(self._waiters, self._ends)
+
     async def close(self) -> None:
         helpers, self._helpers = self._helpers, {}
         self._registered.clear()
@@ -279,6 +287,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 await worker.shutdown()
             with suppress(BaseException):
                 await task
+        await self._ends.aclose()
         self.runner.close()
         self._client = None
 

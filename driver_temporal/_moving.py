@@ -51,7 +51,6 @@ from ._helpers import (
 )
 from ._start import StartDocument
 from ._state import MemoStage, RunMemo, StageState
-from ._waiters import DeliveryInterceptor
 from ._wire import run_id_for_key
 from ._workflow import GraphWorkflow, workflow_runner
 
@@ -145,7 +144,7 @@ def workflow_only_worker(engine: TemporalEngine, workflow_id: str, version: str)
         no_remote_activities=True,
         max_cached_workflows=0,
         workflow_runner=workflow_runner(),
-        interceptors=[DeliveryInterceptor(engine._waiters)],  # (see ``_waiters``)
+        interceptors=[engine._externs()],  # (see ``_run_end``)
         graceful_shutdown_timeout=timedelta(seconds=5),
         deployment_config=engine.deployment_config(workflow_id, version),
     )

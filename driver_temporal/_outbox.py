@@ -17,7 +17,9 @@ every workflow task:
 - events no activity in flight carries (a stage that suspended, a sibling that completed while
   another runs) are published at the end of the activation by the ``wfe.publish`` local
   activity, as before; the run's last events (its end) ride with ``wfe.save_state``, the one
-  local activity of its last workflow task.
+  local activity of its last workflow task, or, on runs marked ``run_end = "worker"`` (the
+  default since 2026-12-02 evening), are delivered by the worker running that task before it
+  completes, with no local activity (``_record_end``, ``_run_end``).
 - on a worker with no sink, an activity of a run marked ``parking = "when-slow"`` (since
   2026-12-02) parks a small carried batch (``LAZY_MAX`` events) only once its stage has run
   ``_activities.PARK_AFTER_S``; a stage that ends sooner hands the batch back unparked (not
@@ -46,6 +48,8 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from engine_port import EventDraft
     from engine_port.driver import sink_retry_delay
+
+    from ._names import RUN_ENDED
 
 __all__ = ["CARRY_MAX", "LAZY_MAX", "EventOutbox"]
 
@@ -150,6 +154,32 @@ class EventOutbox:
         if not self._via_activities:
             return []
         return [list(self._outbox[:CARRY_MAX]), self._parked]
+
+    # -- recorded by the worker at the run's end ----------------------------------------------
+    def _record_end(self, state: dict[str, Any]) -> None:
+        """(Runs marked ``run_end = "worker"``.) Have the worker running this last workflow
+        task store the run's final ``state`` and deliver its last events before the task
+        completes (its ``RUN_ENDED`` extern function, ``_run_end``); a replay has nothing done
+        (they were). Either way the events leave the outbox: from here on the worker answers
+        for them (retries, dead letters). A worker without the function (not this driver's),
+        or a store that fails, fails the workflow task, which Temporal retries."""
+        events, self._outbox = self._outbox, []
+        self._finishing = False
+        if workflow.unsafe.is_replaying():
+            return
+        record = workflow.extern_functions().get(RUN_ENDED)
+        if record is None:
+            raise RuntimeError(
+                f"this worker cannot record the end of run {self._run_id!r}: run it on a "
+                "worker the wfe Temporal driver builds (engine.worker())"
+            )
+        rule = {
+            "dead_after": self._dead_after,
+            "dead_min_s": self._dead_min_s,
+            "retry_initial_s": self._retry_initial_s,
+            "retry_max_s": self._retry_max_s,
+        }
+        record(self._run_id, state, events, self._parked, rule)
 
     # -- published by the workflow ------------------------------------------------------------
     async def _publisher(self) -> None:

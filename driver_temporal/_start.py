@@ -24,6 +24,7 @@ from ._wire import (
     OLD_OUTBOX_RULE,
     PARKING_WHEN_SLOW,
     RESULT_WITH_RUN_INFO,
+    RUN_END_BY_WORKER,
     STAGE_ATTRIBUTE_WAITS,
 )
 
@@ -63,6 +64,7 @@ class StartDocument(BaseModel):
     result: str | None = None
     stage_attribute: str | None = None
     parking: str | None = None
+    run_end: str | None = None
     # a redrive, an import: where the run picks up
     redrive: int = 0
     redrive_from: str | None = None
@@ -95,6 +97,7 @@ class StartDocument(BaseModel):
             result=RESULT_WITH_RUN_INFO,
             stage_attribute=STAGE_ATTRIBUTE_WAITS,
             parking=PARKING_WHEN_SLOW,
+            run_end=RUN_END_BY_WORKER,
             **fields,
         )
 
@@ -145,6 +148,12 @@ class StartDocument(BaseModel):
         """A sinkless worker's stage activity parks the events it carries only once its stage
         has run a while, and hands a fast stage's back to the run (``_outbox``)."""
         return self.parking == PARKING_WHEN_SLOW
+
+    @property
+    def ends_on_worker(self) -> bool:
+        """Its last workflow task has its worker record its end (final state, last events)
+        without a local activity (``_run_end``)."""
+        return self.run_end == RUN_END_BY_WORKER
 
     @property
     def marked(self) -> bool:

@@ -2,7 +2,7 @@
 signal handler of a worker in the same process, without the ``wfe.internal.delivery`` query.
 
 Each engine owns one ``DeliveryWaiters`` (delivery id -> a future on the engine's loop). Every
-worker the engine builds gets a ``DeliveryInterceptor`` over it, which hands the workflows of
+worker the engine builds gets a ``_run_end.WorkerExterns`` over it, which hands the workflows of
 that worker (and only those) the waiters' ``decided`` as the extern function
 ``DELIVERY_DECIDED`` (temporalio's per-worker ``unsafe_extern_functions``: no module-level
 state). The workflow's signal handler calls it, when not replaying, once it decided what became
@@ -16,18 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from temporalio.worker import (
-    Interceptor,
-    WorkflowInboundInterceptor,
-    WorkflowInterceptorClassInput,
-)
-
-from ._names import DELIVERY_DECIDED
-
-__all__ = ["DeliveryInterceptor", "DeliveryWaiters"]
+__all__ = ["DeliveryWaiters"]
 
 
 class DeliveryWaiters:
@@ -70,16 +61,3 @@ class DeliveryWaiters:
 def _settle(fut: asyncio.Future[dict[str, Any]], decision: dict[str, Any]) -> None:
     if not fut.done():  # (cancelled meanwhile, or a repeat of the delivery)
         fut.set_result(decision)
-
-
-class DeliveryInterceptor(Interceptor):
-    """Gives the workflows of one worker its engine's ``DeliveryWaiters.decided``."""
-
-    def __init__(self, waiters: DeliveryWaiters) -> None:
-        self._decided: Callable[[Any, Any], None] = waiters.decided
-
-    def workflow_interceptor_class(
-        self, input: WorkflowInterceptorClassInput
-    ) -> type[WorkflowInboundInterceptor] | None:
-        input.unsafe_extern_functions[DELIVERY_DECIDED] = self._decided
-        return None

@@ -23,6 +23,7 @@ __all__ = [
     "OLD_OUTBOX_RULE",
     "PARKING_WHEN_SLOW",
     "RESULT_WITH_RUN_INFO",
+    "RUN_END_BY_WORKER",
     "STAGE_ATTRIBUTE_WAITS",
     "deployment_for",
     "dlq_key",
@@ -71,6 +72,10 @@ STAGE_ATTRIBUTE_WAITS = "waits+failed"
 # (``_activities.PARK_AFTER_S``) and otherwise hand it back to the run (``_outbox``); absent:
 # parked at once
 PARKING_WHEN_SLOW = "when-slow"
+# the start document's ``run_end`` of runs whose last workflow task has its worker store their
+# final state and deliver their last events (the ``RUN_ENDED`` extern function, ``_run_end``)
+# before the task completes; absent: the ``wfe.save_state`` local activity does
+RUN_END_BY_WORKER = "worker"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

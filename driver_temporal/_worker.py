@@ -22,7 +22,6 @@ from temporalio.worker import Worker
 
 from . import _rpc
 from ._purge import retention
-from ._waiters import DeliveryInterceptor
 from ._workflow import GraphWorkflow, workflow_runner
 
 if TYPE_CHECKING:
@@ -74,8 +73,9 @@ class EngineWorker:
                     workflows=[GraphWorkflow],
                     activities=[acts.stage, *acts.bookkeeping()],
                     workflow_runner=workflow_runner(),
-                    # its runs' signal handlers answer this engine's signal() in process
-                    interceptors=[DeliveryInterceptor(eng._waiters)],
+                    # its runs answer this engine's signal() in process and have their end
+                    # recorded by it (``_run_end``)
+                    interceptors=[eng._externs()],
                     graceful_shutdown_timeout=grace,
                     max_concurrent_activities=self.max_concurrent_activities,
                     sticky_queue_schedule_to_start_timeout=timedelta(

@@ -409,6 +409,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._via_activities = start.events_via_activities
         self._one_carrier = start.one_carrier
         self._park_when_slow = start.parks_when_slow
+        self._ends_on_worker = start.ends_on_worker
         self._status = "pending"
         self._deadline: str | None = start.deadline
         if self._graph.timeout_s and self._deadline is None:
@@ -961,7 +962,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._final = True
         self._finished_at = _iso(workflow.now())
         self._sync()
-        # (a run of the current rule delivers its last events with it: ``_outbox``)
+        if self._ends_on_worker:
+            self._record_end(self._state())  # (``_run_end``: no local activity)
+            return
+        # (a run of the older rules delivers its last events with it: ``_outbox``)
         last = self._last_events()
         saved = await workflow.execute_local_activity(
             "wfe.save_state",

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, cast
 
 from temporalio.worker import WorkflowInterceptorClassInput
 
-from driver_temporal._names import DELIVERY_DECIDED
-from driver_temporal._waiters import DeliveryInterceptor, DeliveryWaiters
+from driver_temporal._activities import DriverActivities
+from driver_temporal._names import DELIVERY_DECIDED, RUN_ENDED
+from driver_temporal._run_end import RunEnds, WorkerExterns
+from driver_temporal._waiters import DeliveryWaiters
 
 
 async def test_a_decision_from_another_thread_resolves_the_waiter_on_its_loop() -> None:
@@ -64,18 +66,20 @@ async def test_a_cancelled_waiter_is_not_resolved() -> None:
     assert fut.cancelled()
 
 
-def test_the_interceptor_gives_its_worker_the_engines_extern_function() -> None:
+async def test_the_interceptor_gives_its_worker_the_engines_extern_functions() -> None:
     a, b = DeliveryWaiters(), DeliveryWaiters()
+    ends = RunEnds(cast(DriverActivities, None))  # (its record() is not called here)
     externs: dict[str, Any] = {}
     assert (
-        DeliveryInterceptor(a).workflow_interceptor_class(
+        WorkerExterns(a, ends).workflow_interceptor_class(
             WorkflowInterceptorClassInput(unsafe_extern_functions=externs)
         )
         is None
     )
     assert externs[DELIVERY_DECIDED] == a.decided
+    assert callable(externs[RUN_ENDED])
     other: dict[str, Any] = {}
-    DeliveryInterceptor(b).workflow_interceptor_class(
+    WorkerExterns(b, ends).workflow_interceptor_class(
         WorkflowInterceptorClassInput(unsafe_extern_functions=other)
     )
     assert other[DELIVERY_DECIDED] == b.decided and other[DELIVERY_DECIDED] != a.decided

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pydantic_core
 
-from driver_temporal._activities import _in_order, _parked_events
+from driver_temporal._activities import in_order, parked_events
 from driver_temporal._wire import outbox_batch_key, outbox_key
 from engine_port import MemoryBlobStore
 
@@ -25,5 +25,5 @@ async def test_batches_and_single_events_read_back_in_order_once() -> None:
     )
     keys = await store.list("outbox/r1/")
     assert len(keys) == 3
-    events = _in_order(await _parked_events(store, keys))
+    events = in_order(await parked_events(store, keys))
     assert [e["seq"] for e in events] == [1, 2, 3, 4, 5]

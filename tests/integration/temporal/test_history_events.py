@@ -145,7 +145,13 @@ def _carried(history: WorkflowHistory) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    "name", ["events_via_activities_resume", "publish_per_task_resume", "after_locals_resume"]
+    "name",
+    [
+        "events_via_activities_resume",
+        "publish_per_task_resume",
+        "after_locals_resume",
+        "run_end_by_worker_resume",
+    ],
 )
 async def test_recorded_histories_give_every_event(name: str) -> None:
     """Recorded runs (no server): the replay gives each event the history stores as it is
@@ -162,7 +168,13 @@ async def test_recorded_histories_give_every_event(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["events_via_activities_resume", "publish_per_task_resume", "after_locals_resume"]
+    "name",
+    [
+        "events_via_activities_resume",
+        "publish_per_task_resume",
+        "after_locals_resume",
+        "run_end_by_worker_resume",
+    ],
 )
 async def test_a_history_read_at_any_point_gives_a_prefix(name: str) -> None:
     """A run read while it runs (its history cut after any event) gives the events its

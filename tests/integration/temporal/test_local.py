@@ -111,8 +111,9 @@ async def test_local_stage_runs_as_local_activity_with_the_same_results(
         if local:
             assert "b" not in scheduled and "b.compensate" not in scheduled, history
             assert "a" in scheduled and "c" in scheduled
-            # two attempts of b (+ its compensation) were markers, next to the event publishes
-            assert markers.count("core_local_activity") >= (5 if fail else 4), history
+            # two attempts of b (+ its compensation) were markers, next to any event publishes
+            # (the run's end is recorded by its worker, no local activity: ``_run_end``)
+            assert markers.count("core_local_activity") >= (3 if fail else 2), history
         else:
             assert scheduled.count("b") == 2 and ("b.compensate" in scheduled) == fail
     assert results[True] == results[False]

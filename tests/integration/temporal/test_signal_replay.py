@@ -16,7 +16,9 @@ is the same scenario on the code that replaced it (stage activities carry the ev
 markers, ``wfe.internal.*`` names). ``after_locals_resume`` is the same scenario recorded on
 commit 417fb7a, the last code whose runs wrote their ``wfe_run`` memo whenever a stage started
 or completed (``memo_writes="after-locals"``; runs started since write it only when their status
-changes). Recorded with ``histories/record_signals.py``.
+changes). ``run_end_by_worker_resume`` is the same scenario on the code whose runs end without
+a ``wfe.save_state`` local activity (``run_end="worker"``: the worker of the last workflow task
+records the run's end, ``_run_end``). Recorded with ``histories/record_signals.py``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ HISTORIES = Path(__file__).parent / "histories"
         "publish_per_task_resume",
         "events_via_activities_resume",
         "after_locals_resume",
+        "run_end_by_worker_resume",
     ],
 )
 async def test_recorded_history_replays(name: str) -> None:

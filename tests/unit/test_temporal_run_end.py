@@ -1,0 +1,116 @@
+"""The worker's recording of a run's end (``driver_temporal._run_end``), called from a
+workflow's thread as the run's last workflow task does: the final state is stored and the last
+events delivered before the call returns; a slow or failing sink never holds the task (the
+events are kept in the BlobStore and retried with the outbox's rule); a failing store raises
+(the workflow task fails and Temporal retries it: nothing is lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+import pytest
+
+from driver_temporal._activities import DriverActivities, EventStats
+from driver_temporal._run_end import RunEnds
+from engine_port import ClaimCheck, Event, MemoryBlobStore, MemorySink, Registry, StageRunner
+
+RULE = {"dead_after": 3, "dead_min_s": 0.0, "retry_initial_s": 0.02, "retry_max_s": 0.05}
+
+
+def _events(run_id: str, seqs: Sequence[int]) -> list[dict[str, Any]]:
+    return [
+        Event(
+            id=f"{run_id}-e{s}", run_id=run_id, seq=s, type="run.completed", workflow_id="w", at=0
+        ).model_dump(mode="json")
+        for s in seqs
+    ]
+
+
+class SlowSink(MemorySink):
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        await asyncio.sleep(self.delay)
+        await super().publish(events)
+
+
+class BrokenStore(MemoryBlobStore):
+    async def put(self, key: str, data: bytes) -> None:
+        raise OSError("disk full")
+
+    def put_now(self, key: str, data: bytes) -> None:
+        raise OSError("disk full")
+
+
+def _ends(sink: MemorySink | None, store: MemoryBlobStore) -> tuple[RunEnds, EventStats]:
+    stats = EventStats()
+    acts = DriverActivities(
+        Registry([]), ClaimCheck(store), cast(StageRunner, None), sink, stats, 1.0
+    )
+    return RunEnds(acts), stats
+
+
+async def _record(ends: RunEnds, run_id: str, events: list[dict[str, Any]]) -> None:
+    """Call ``record`` from another thread, as a workflow task does."""
+    loop = asyncio.get_running_loop()
+    await asyncio.to_thread(ends.record, loop, run_id, {"status": "completed"}, events, False, RULE)
+
+
+async def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def test_the_state_is_stored_and_the_events_delivered_before_it_returns() -> None:
+    store, sink = MemoryBlobStore(), MemorySink()
+    ends, stats = _ends(sink, store)
+    await _record(ends, "r1", _events("r1", [4, 5]))
+    assert [e.seq for e in sink.events] == [4, 5]
+    assert await store.get("runs/r1/state.json") == b'{"status":"completed"}'
+    assert await store.list("outbox/") == []
+    assert stats.delivered == 2
+
+
+async def test_a_slow_sink_never_holds_the_task_its_events_are_kept_then_delivered() -> None:
+    store, sink = MemoryBlobStore(), SlowSink(5.0)
+    ends, _ = _ends(sink, store)
+    await _record(ends, "r1", _events("r1", [1, 2, 3]))
+    # returned before the sink took them (the SDK fails a task held 2 s), having kept them
+    assert sink.events == []
+    assert await store.list("outbox/r1/") != []
+    sink.delay = 0
+    await _until(lambda: len(sink.events) >= 3, "the kept events were never delivered")
+    assert [e.seq for e in sink.events][-3:] == [1, 2, 3]
+    await _until(lambda: not any(k.startswith("outbox/") for k in store.blobs), "still kept")
+    await ends.aclose()
+
+
+async def test_a_failing_sink_is_retried_then_dead_lettered_with_the_outbox_rule() -> None:
+    store, sink = MemoryBlobStore(), MemorySink()
+    sink.failing = True
+    ends, stats = _ends(sink, store)
+    await _record(ends, "r1", _events("r1", [1, 2]))
+    await _until(lambda: stats.dead == 2, "never dead-lettered")
+    assert sink.attempts == RULE["dead_after"]  # the end's attempt and the retries
+    assert len(await store.list("dlq/r1/")) == 2
+    assert await store.list("outbox/r1/") == []
+
+
+async def test_a_failing_store_raises_into_the_task() -> None:
+    ends, _ = _ends(MemorySink(), BrokenStore())
+    with pytest.raises(OSError, match="disk full"):
+        await _record(ends, "r1", _events("r1", [1]))
+
+
+async def test_a_sinkless_worker_keeps_the_events() -> None:
+    store = MemoryBlobStore()
+    ends, _ = _ends(None, store)
+    await _record(ends, "r1", _events("r1", [1, 2]))
+    assert len(await store.list("outbox/r1/")) == 1  # one batch
