@@ -174,7 +174,19 @@ def _idle(conn: Connection) -> bool:
 
 def _drop(conn: Connection) -> None:
     """Back to the pool (its waits block again), or closed for good when it is not between
-    transactions."""
+    transactions.
+
+    A connection SQLAlchemy invalidated (the server cut it: a terminated backend, a restart)
+    gave its pool slot back then; it is only closed here. Its ``conn.connection`` must not be
+    read: on an invalidated Connection that property silently checks out a replacement, on
+    the loop's thread, which blocks the whole loop for the pool's timeout (30 s) when the pool
+    is exhausted, as it is right after the server cut every connection and the retries of the
+    other transactions wait for one on the database threads. A worker's loop held that long
+    sends no heartbeat, and its leases are taken over while it is alive."""
+    if conn.invalidated or conn.closed:
+        with contextlib.suppress(Exception):
+            conn.close()  # (no I/O, no checkout: just marks the Connection closed)
+        return
     with contextlib.suppress(Exception):
         raw: Any = conn.connection.dbapi_connection
         if isinstance(raw, LoopConnection):

@@ -8,7 +8,9 @@ complete (issue 12)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -117,4 +119,51 @@ async def test_more_transactions_in_flight_than_connections_all_complete(
         assert got == list(range(40))
         assert len(db._loop_conns.idle) <= db._loop_conns.keep  # type: ignore[union-attr]
     finally:
+        db.dispose()
+
+
+async def test_a_connection_the_server_cut_is_let_go_without_holding_the_loop(
+    pg_session: PostgresSession,
+) -> None:
+    """The server cuts a loop connection (pg_terminate_backend, a restart) while the pool is
+    exhausted and another transaction waits for it on a database thread, as right after a
+    server cut every connection: giving the dead connection back checks nothing out of the
+    pool and returns at once. (It used to read the invalidated Connection's ``connection``,
+    which checks out a replacement on the loop's thread and, with none to be had, held the
+    whole loop for the pool's timeout, 30 s: a worker held that long sends no heartbeat, and
+    its leases were taken over while it was alive, in the chaos test.)"""
+    db = Database(pg_session.new_schema(), pool_size=2)  # 2 connections + 2 of overflow
+    pool: Any = db.engine.pool
+    pool._timeout = 3.0  # (30 s by default: how long the loop was held)
+    conns = db._loop_conns
+    assert conns is not None
+    admin = sa.create_engine(pg_session.url, poolclass=sa.NullPool)
+    held = [await conns.take() for _ in range(4)]  # the pool is exhausted
+    waiter = asyncio.get_running_loop().run_in_executor(db._executor, db.engine.connect)
+    try:
+        victim = held.pop(0)
+        backend = victim.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+        with admin.connect() as c:
+            c.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+
+        def select_one() -> None:  # a transaction, as Database.tx runs it
+            with victim.begin():
+                victim.execute(sa.text("SELECT 1"))
+
+        with pytest.raises(sa.exc.DBAPIError) as cut:
+            await conns.run(select_one)
+        assert cut.value.connection_invalidated  # (its pool slot is free again)
+        held.append(await asyncio.wait_for(waiter, 10))  # the waiting take() got the slot
+        checkouts: list[object] = []
+        sa.event.listen(db.engine, "checkout", lambda *_: checkouts.append(1))
+        began = time.monotonic()
+        conns.give(victim, usable=False)
+        assert time.monotonic() - began < 1.0
+        assert checkouts == []
+        assert victim.closed
+        assert pool.checkedout() == 4  # (the 3 held, and the waiter's)
+    finally:
+        for conn in held:
+            conns.give(conn, usable=True)
+        admin.dispose()
         db.dispose()
