@@ -157,16 +157,39 @@ def release(conn: Connection, job_ids: Collection[int], worker: str) -> int:
     return res.rowcount or 0
 
 
-def reap_stale(conn: Connection, now: float) -> int:
-    """Expired leases (their worker died) become claimable again; the attempt is kept."""
-    res = conn.execute(
+def reap_stale(conn: Connection, now: float) -> list[Any]:
+    """Expired leases (their worker died, hung, or was starved of CPU so long that no
+    heartbeat got through) become claimable again; the attempt is kept. Returns the jobs
+    taken back, each with the ``lease_owner`` it was taken from and ``overdue`` (seconds
+    since the lease expired), so that the taker can say whose work runs again.
+
+    The expired rows are locked first (PostgreSQL: a row a heartbeat is renewing right now
+    is skipped, it is not stale), then given back."""
+    clock = db_clock(conn, now)
+    stale = (
+        sa.select(
+            jobs.c.id,
+            jobs.c.run_id,
+            jobs.c.stage_id,
+            jobs.c.kind,
+            jobs.c.lease_owner,
+            (clock - jobs.c.lease_expires_at).label("overdue"),
+        )
+        .where(jobs.c.status == "leased", jobs.c.lease_expires_at < clock)
+        .order_by(jobs.c.id)
+    )
+    if conn.dialect.name == "postgresql":
+        stale = stale.with_for_update(of=jobs, skip_locked=True)
+    rows = list(conn.execute(stale).all())
+    if not rows:
+        return []
+    conn.execute(
         sa.update(jobs)
-        .where(jobs.c.status == "leased", jobs.c.lease_expires_at < db_clock(conn, now))
+        .where(jobs.c.id.in_([r.id for r in rows]), jobs.c.status == "leased")
         .values(status="ready", lease_owner=None, lease_expires_at=None)
     )
-    if res.rowcount:
-        notify_due(conn)
-    return res.rowcount or 0
+    notify_due(conn)
+    return rows
 
 
 def poll_suspended(conn: Connection, now: float) -> int:

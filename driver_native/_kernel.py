@@ -553,7 +553,28 @@ class Kernel:
         return await self.db.tx(_jobs.release, cmd.job_ids, cmd.worker_id)
 
     async def _reap_stale(self, _cmd: ReapStaleLeases) -> int:
-        return await self.db.tx(_jobs.reap_stale, self.now())
+        reaped = await self.db.tx(_jobs.reap_stale, self.now())
+        for job in reaped:
+            # the worker named here may still be alive (hung, or starved of CPU so long that
+            # no heartbeat got through): the step it ran but had not journaled runs again
+            # (DESIGN §5, crash semantics); it finds its lease lost at its next heartbeat or
+            # when it records its outcome, and stops
+            log.warning(
+                "job %s of run %s (%s %s): lease of worker %s expired %.1fs ago; taken over, "
+                "the attempt runs again replaying its journaled steps",
+                job.id,
+                job.run_id,
+                job.kind,
+                job.stage_id,
+                job.lease_owner,
+                max(0.0, float(job.overdue or 0.0)),
+                extra={
+                    "wfe_run_id": job.run_id,
+                    "wfe_stage": job.stage_id,
+                    "wfe_lease_owner": job.lease_owner,
+                },
+            )
+        return len(reaped)
 
     async def _poll_suspended(self, _cmd: PollSuspended) -> int:
         return await self.db.tx(_jobs.poll_suspended, self.now())
@@ -705,6 +726,18 @@ class Kernel:
             except Exception:  # a missed heartbeat is not fatal; the lease has slack
                 continue
             if task is not None and (wants_stop or not alive):
+                if not alive:
+                    log.warning(
+                        "job %s of run %s (%s %s): worker %s no longer holds its lease (no "
+                        "heartbeat got through in time and another worker took the job over, "
+                        "or the job is gone); the attempt is stopped",
+                        job.id,
+                        job.run_id,
+                        job.kind,
+                        job.stage_id,
+                        worker,
+                        extra={"wfe_run_id": job.run_id, "wfe_stage": job.stage_id},
+                    )
                 if cancel is not None:
                     cancel.set()
                 task.cancel()
