@@ -8,7 +8,6 @@ complete (issue 12)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -156,10 +155,8 @@ async def test_a_connection_the_server_cut_is_let_go_without_holding_the_loop(
         held.append(await asyncio.wait_for(waiter, 10))  # the waiting take() got the slot
         checkouts: list[object] = []
         sa.event.listen(db.engine, "checkout", lambda *_: checkouts.append(1))
-        began = time.monotonic()
         conns.give(victim, usable=False)
-        assert time.monotonic() - began < 1.0
-        assert checkouts == []
+        assert checkouts == []  # (it used to check one out here: no slot, 3 s held)
         assert victim.closed
         assert pool.checkedout() == 4  # (the 3 held, and the waiter's)
     finally:
