@@ -557,7 +557,8 @@ class Kernel:
         for job in reaped:
             # the worker named here may still be alive (hung, or starved of CPU so long that
             # no heartbeat got through): the step it ran but had not journaled runs again
-            # (DESIGN §5, crash semantics); it finds its lease lost at its next heartbeat or
+            # (DESIGN §5, crash semantics); it finds its lease lost at its next heartbeat, its
+            # next step journaled or signal taken (written only under the lease: _ledger) or
             # when it records its outcome, and stops
             log.warning(
                 "job %s of run %s (%s %s): lease of worker %s expired %.1fs ago; taken over, "
@@ -686,7 +687,22 @@ class Kernel:
             trace_context=begin.trace_context,
             version=begin.version,
         )
-        ledger = SqlStepLedger(self.db, self.claim, begin.run_id, begin.stage_id, begin.steps)
+
+        def lost() -> None:  # a ledger write found the lease gone: stop as _beat would
+            self._lease_lost(job, worker)
+            cancel.set()
+            task.cancel()
+
+        ledger = SqlStepLedger(
+            self.db,
+            self.claim,
+            begin.run_id,
+            begin.stage_id,
+            begin.steps,
+            job_id=job.id,
+            worker=worker,
+            on_lost=lost,
+        )
         task = asyncio.create_task(self.runner.run(request, ledger))
         beat = asyncio.create_task(self._beat(job, worker, task, cancel, cmd.stop))
         try:
@@ -727,21 +743,24 @@ class Kernel:
                 continue
             if task is not None and (wants_stop or not alive):
                 if not alive:
-                    log.warning(
-                        "job %s of run %s (%s %s): worker %s no longer holds its lease (no "
-                        "heartbeat got through in time and another worker took the job over, "
-                        "or the job is gone); the attempt is stopped",
-                        job.id,
-                        job.run_id,
-                        job.kind,
-                        job.stage_id,
-                        worker,
-                        extra={"wfe_run_id": job.run_id, "wfe_stage": job.stage_id},
-                    )
+                    self._lease_lost(job, worker)
                 if cancel is not None:
                     cancel.set()
                 task.cancel()
                 return
+
+    def _lease_lost(self, job: Any, worker: str) -> None:
+        log.warning(
+            "job %s of run %s (%s %s): worker %s no longer holds its lease (no "
+            "heartbeat got through in time and another worker took the job over, "
+            "or the job is gone); the attempt is stopped",
+            job.id,
+            job.run_id,
+            job.kind,
+            job.stage_id,
+            worker,
+            extra={"wfe_run_id": job.run_id, "wfe_stage": job.stage_id},
+        )
 
     async def _compensate(self, cmd: ExecuteJob) -> str:
         job, worker = cmd.job, cmd.worker_id
@@ -753,6 +772,12 @@ class Kernel:
         if plan is None:
             return "deferred"
         beat = asyncio.create_task(self._beat(job, worker, None, None, None))
+        lost: list[bool] = []
+
+        def on_lost() -> None:  # a ledger write found the lease gone
+            self._lease_lost(job, worker)
+            lost.append(True)
+
         try:
             run_input = await self.claim.load(plan.input, run_id=plan.run_id)
             outputs = {
@@ -767,9 +792,15 @@ class Kernel:
                     outputs,
                     await self.claim.load(stored, run_id=plan.run_id),
                     plan.trace_context,
+                    lease=(job.id, worker, on_lost),
                 )
             await self.db.tx(_progress.finish_compensation, job, worker, self.now())
             self._run_finished(plan.run_id)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not lost or (current is not None and current.cancelling()):
+                raise
+            return "discarded"  # the job is another worker's now: it compensates from here
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -784,16 +815,30 @@ class Kernel:
         run_input: Any,
         outputs: dict[str, Any],
         output: Any,
-        trace_context: str | None = None,
+        trace_context: str | None,
+        *,
+        lease: tuple[int, str, Callable[[], None]],
     ) -> None:
+        """``lease``: the compensation job's id, the worker holding its lease, and what to
+        call when a ledger write finds the lease gone."""
         stage = wf.get_stage(stage_id)
+        job_id, worker, on_lost = lease
         ledger_id = f"{stage_id}#compensation"
         attempt = 1
         while True:
             rows = await self.db.read(
                 lambda c: list(select_where(c, steps, run_id=run_id, stage_id=ledger_id).all())
             )
-            ledger = SqlStepLedger(self.db, self.claim, run_id, ledger_id, rows)
+            ledger = SqlStepLedger(
+                self.db,
+                self.claim,
+                run_id,
+                ledger_id,
+                rows,
+                job_id=job_id,
+                worker=worker,
+                on_lost=on_lost,
+            )
             req = StageRequest(
                 run_id, wf, stage_id, attempt, run_input, outputs, trace_context=trace_context
             )

@@ -1,28 +1,44 @@
 """The step ledger on the database: one row per step, each write its own transaction.
 
+Only the worker holding the stage's job lease journals a step or takes a signal: each write
+checks the lease in the statement that makes it (on PostgreSQL locking the job row FOR SHARE
+until the commit, so that a reap or a claim cannot take the job over in between), at no cost
+in round trips. A worker whose lease was taken over while it stalled (it has not noticed at a
+heartbeat yet) writes nothing: the attempt now belongs to the new owner, which must replay
+only what was journaled before the takeover (DESIGN §5); the stale attempt is stopped as a
+heartbeat that found the lease gone would stop it.
+
 Large step results go to the blob store behind a reference (claim check)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql, sqlite
 
 from engine_port import ClaimCheck, StepRecord
 
-from ._db import Database, commit_was_unknown
-from ._rawsql import execute
-from ._schema import signals, steps
+from ._db import Database, commit_was_unknown, commit_with_next
+from ._rawsql import execute, execute_together
+from ._schema import jobs, signals, steps
 from ._sql import upsert
 
-__all__ = ["SqlStepLedger", "hand_over", "step_record"]
+__all__ = ["SqlStepLedger", "hand_over", "journal", "step_record"]
 
 _MISSING = object()
+_LOST = object()
+"""What a ledger write returns when the job is no longer leased to the writing worker."""
+
+_COLUMNS = ("run_id", "stage_id", "name", "kind", "completed", "result", "deadline", "signal")
+_KEYS = ("run_id", "stage_id", "name")
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -57,6 +73,45 @@ def _row(run_id: str, stage_id: str, rec: StepRecord, result: Any) -> dict[str, 
     }
 
 
+def _lease(postgres: bool) -> Any:
+    """The job ``:job_id`` if it is still leased to ``:worker`` (PostgreSQL: its row locked
+    FOR SHARE until the transaction ends; a reap or a claim locks it FOR UPDATE, so one of
+    them waits for, or skips, the other, and a lease taken over meanwhile is seen as gone)."""
+    owned = sa.select(jobs.c.id).where(
+        jobs.c.id == sa.bindparam("job_id", type_=sa.Integer),
+        jobs.c.status == "leased",
+        jobs.c.lease_owner == sa.bindparam("worker", type_=sa.String),
+    )
+    return owned.with_for_update(read=True) if postgres else owned
+
+
+@functools.cache
+def _journal_stmt(postgres: bool) -> Any:
+    """The step row's upsert, made only while the job is leased to the writer: ``INSERT ...
+    SELECT :values WHERE EXISTS (lease) ON CONFLICT DO UPDATE`` (row count 0: lease lost)."""
+
+    def value(c: str) -> Any:
+        bound = sa.bindparam(c, type_=steps.c[c].type)
+        # (PostgreSQL types a select list's parameters as text unless told; on SQLite a cast
+        # would give a JSON value NUMERIC affinity)
+        return sa.cast(bound, steps.c[c].type) if postgres else bound
+
+    values = sa.select(*(value(c) for c in _COLUMNS)).where(_lease(postgres).exists())
+    ins: Any = (postgresql if postgres else sqlite).insert(steps).from_select(_COLUMNS, values)
+    update = {c: ins.excluded[c] for c in _COLUMNS if c not in _KEYS}
+    return ins.on_conflict_do_update(index_elements=list(_KEYS), set_=update)
+
+
+def journal(conn: Connection, values: dict[str, Any], job_id: int, worker: str) -> bool:
+    """Journal a step row (``_row``) if job ``job_id`` is still leased to ``worker``; False
+    (nothing written) if not. On PostgreSQL BEGIN, the write and COMMIT go out in one round
+    trip, as a deferred write would, with the row count read back."""
+    stmt = _journal_stmt(conn.dialect.name == "postgresql")
+    commit_with_next(conn)
+    [res] = execute_together(conn, [(stmt, {**values, "job_id": job_id, "worker": worker})])
+    return res.rowcount > 0
+
+
 @functools.cache
 def _oldest_signal() -> Any:
     return (
@@ -81,11 +136,26 @@ def _take_signal() -> Any:
 
 
 @functools.cache
+def _owned_oldest() -> Any:
+    """SQLite: whether the job is still leased to the worker (``owned``; no row at all: it is
+    not) and the oldest unconsumed signal of the name (``id`` None: there is none). SQLite
+    runs one writer at a time: the lease cannot be taken over before this transaction ends."""
+    lease = _lease(False).subquery("lease")
+    oldest = _oldest_signal().subquery("oldest")
+    return sa.select(lease.c.id.label("owned"), oldest.c.id, oldest.c.payload).select_from(
+        lease.outerjoin(oldest, sa.true())
+    )
+
+
+@functools.cache
 def _read_and_take() -> Any:
-    """PostgreSQL: the oldest unconsumed signal of the name and, in the same statement, its
-    guarded take (a data-modifying CTE): ``taken`` is None when a parallel stage of the run
-    took it first (no row at all: there is none)."""
-    oldest = _oldest_signal().cte("oldest")
+    """PostgreSQL: the job's lease checked (and its row locked FOR SHARE), the oldest
+    unconsumed signal of the name and, in the same statement, its guarded take (a
+    data-modifying CTE). No row at all: the job is not leased to the worker (nothing taken);
+    ``id`` None: there is no signal; ``taken`` None: a parallel stage of the run took it
+    first."""
+    lease = _lease(True).cte("lease")
+    oldest = _oldest_signal().where(sa.exists(sa.select(lease.c.id))).cte("oldest")
     taken = (
         sa.update(signals)
         .where(signals.c.id.in_(sa.select(oldest.c.id)), signals.c.consumed.is_(False))
@@ -93,14 +163,18 @@ def _read_and_take() -> Any:
         .returning(signals.c.id)
         .cte("taken")
     )
-    return sa.select(oldest.c.id, oldest.c.payload, taken.c.id.label("taken")).select_from(
-        oldest.outerjoin(taken, sa.true())
-    )
+    return sa.select(
+        lease.c.id.label("owned"), oldest.c.id, oldest.c.payload, taken.c.id.label("taken")
+    ).select_from(lease.outerjoin(oldest, sa.true()).outerjoin(taken, sa.true()))
 
 
-def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> Any:
+def _consume(
+    conn: Connection, run_id: str, stage_id: str, rec: StepRecord, job_id: int, worker: str
+) -> Any:
     """Take the oldest unconsumed signal named ``rec.signal`` and journal ``rec`` with its
-    payload, in one transaction. Parallel stages of one run may race for the same row: the
+    payload, in one transaction, if job ``job_id`` is still leased to ``worker`` (else
+    ``_LOST``, nothing taken: the lease is checked in the statement that reads the signal,
+    and holds until the commit). Parallel stages of one run may race for the same row: the
     loser's guarded update matches nothing and it takes the next one.
 
     A re-run after a commit whose acknowledgement was lost returns the payload it journaled
@@ -117,18 +191,22 @@ def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord) -> A
         ).first()
         if done is not None:
             return done.result
-    params = {"run_id": run_id, "name": rec.signal}
+    params = {"run_id": run_id, "name": rec.signal, "job_id": job_id, "worker": worker}
     postgres = conn.dialect.name == "postgresql"
     while True:
-        if postgres:  # read and take in one statement (one round trip)
+        if postgres:  # lease check, read and take in one statement (one round trip)
             row = execute(conn, _read_and_take(), params).first()
             if row is None:
+                return _LOST
+            if row.id is None:
                 return _MISSING
             if row.taken is not None:
                 break
             continue
-        row = execute(conn, _oldest_signal(), params).first()
+        row = execute(conn, _owned_oldest(), params).first()
         if row is None:
+            return _LOST
+        if row.id is None:
             return _MISSING
         taken = execute(conn, _take_signal(), {"id": row.id})
         if taken.rowcount == 1:
@@ -177,16 +255,30 @@ def hand_over(
 
 
 class SqlStepLedger:
-    """The ledger of one stage of one run. Only the job holding the stage's lease writes it,
-    so reads are served from what was loaded at the start of the attempt."""
+    """The ledger of one stage of one run, written under job ``job_id``'s lease held by
+    ``worker``. Only the job holding the stage's lease writes it, so reads are served from
+    what was loaded at the start of the attempt. A write that finds the lease gone writes
+    nothing, calls ``on_lost`` (which stops the attempt) and raises ``CancelledError``."""
 
     def __init__(
-        self, db: Database, claim: ClaimCheck, run_id: str, stage_id: str, rows: list[Any]
+        self,
+        db: Database,
+        claim: ClaimCheck,
+        run_id: str,
+        stage_id: str,
+        rows: list[Any],
+        *,
+        job_id: int,
+        worker: str,
+        on_lost: Callable[[], None],
     ) -> None:
         self._db = db
         self._claim = claim
         self.run_id = run_id
         self.stage_id = stage_id
+        self._job_id = job_id
+        self._worker = worker
+        self._on_lost = on_lost
         self._cache = {r.name: step_record(r) for r in rows}
         # the stored form of each completed result read from the database, opened on first use
         self._stored = {n: rec.result for n, rec in self._cache.items() if rec.completed}
@@ -204,19 +296,26 @@ class SqlStepLedger:
             digest = hashlib.sha256(record.name.encode()).hexdigest()[:24]
             key = f"runs/{self.run_id}/steps/{self.stage_id}/{digest}"
             stored = await self._claim.dump(record.result, key)
-        await self._db.tx(
-            upsert,
-            steps,
-            _row(self.run_id, self.stage_id, record, stored),
-            ("run_id", "stage_id", "name"),
-        )
+        row = _row(self.run_id, self.stage_id, record, stored)
+        if not await self._db.tx(journal, row, self._job_id, self._worker):
+            self._lost()
         self._cache[record.name] = record
         self._stored.pop(record.name, None)
 
     async def consume_signal(self, record: StepRecord) -> StepRecord | None:
-        payload = await self._db.tx(_consume, self.run_id, self.stage_id, record)
+        payload = await self._db.tx(
+            _consume, self.run_id, self.stage_id, record, self._job_id, self._worker
+        )
+        if payload is _LOST:
+            self._lost()
         if payload is _MISSING:
             return None
         done = record.done(await self._claim.load(payload, run_id=self.run_id))
         self._cache[record.name] = done
         return done
+
+    def _lost(self) -> None:
+        """The lease is gone (taken over): the attempt stops here, as when a heartbeat finds
+        the lease gone; its outcome is discarded (the job is not ours to record it)."""
+        self._on_lost()
+        raise asyncio.CancelledError(f"job {self._job_id}: the lease of {self._worker} is gone")

@@ -14,8 +14,9 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from driver_native._db import Database
-from driver_native._ledger import _MISSING, _consume
-from driver_native._schema import signals
+from driver_native._jobs import reap_stale
+from driver_native._ledger import _LOST, _MISSING, _consume
+from driver_native._schema import jobs, signals
 from engine_port import StepRecord
 
 
@@ -27,8 +28,21 @@ def db(database_url: str) -> Iterator[Database]:
     database.dispose()
 
 
-def _queue(db: Database, *payloads: int) -> None:
+def _queue(db: Database, *payloads: int, expires: float = 1e12) -> None:
     def put(conn: Connection) -> None:
+        conn.execute(  # the job whose lease each take is made under
+            jobs.insert().values(
+                id=JOB,
+                run_id="r",
+                stage_id="s",
+                kind="stage",
+                wfv="wf@1",
+                status="leased",
+                lease_owner="w",
+                lease_expires_at=expires,
+                created_at=1.0,
+            )
+        )
         for n in payloads:
             conn.execute(
                 signals.insert().values(
@@ -37,6 +51,9 @@ def _queue(db: Database, *payloads: int) -> None:
             )
 
     db.tx_sync(put)
+
+
+JOB = 1
 
 
 def _rec(name: str) -> StepRecord:
@@ -51,13 +68,13 @@ def test_two_stages_racing_for_a_signal_take_one_each(db: Database) -> None:
     got: dict[str, Any] = {}
 
     def first(conn: Connection) -> Any:
-        taken = _consume(conn, "r", "a", _rec("wait-a"))
+        taken = _consume(conn, "r", "a", _rec("wait-a"), JOB, "w")
         holding.set()
         release.wait(10)  # the row lock on signal 1 is held until this commits
         return taken
 
     def second() -> None:
-        got["b"] = db.tx_sync(_consume, "r", "b", _rec("wait-b"))
+        got["b"] = db.tx_sync(_consume, "r", "b", _rec("wait-b"), JOB, "w")
 
     t1 = threading.Thread(target=lambda: got.update(a=db.tx_sync(first)))
     t1.start()
@@ -69,7 +86,7 @@ def test_two_stages_racing_for_a_signal_take_one_each(db: Database) -> None:
     t1.join(10)
     t2.join(10)
     assert got == {"a": {"n": 1}, "b": {"n": 2}}
-    assert db.tx_sync(_consume, "r", "c", _rec("wait-c")) is _MISSING
+    assert db.tx_sync(_consume, "r", "c", _rec("wait-c"), JOB, "w") is _MISSING
 
     def left(conn: Connection) -> int:
         return int(
@@ -79,3 +96,30 @@ def test_two_stages_racing_for_a_signal_take_one_each(db: Database) -> None:
         )
 
     assert db.read_sync(left) == 0
+
+
+def test_a_take_holds_the_lease_until_it_commits(db: Database) -> None:
+    """The take locks the job row (FOR SHARE) until its transaction ends: a reap of the
+    expired lease meanwhile skips it; once the reap has taken the lease back, a take by the
+    worker that held it takes nothing."""
+    if not db.is_postgres:
+        pytest.skip("SQLite serializes writers: no reap overlaps a take")
+    _queue(db, 1, 2, expires=1.0)  # (expired long ago)
+    holding, release = threading.Event(), threading.Event()
+    got: dict[str, Any] = {}
+
+    def take(conn: Connection) -> Any:
+        taken = _consume(conn, "r", "a", _rec("wait-a"), JOB, "w")
+        holding.set()
+        release.wait(10)
+        return taken
+
+    t = threading.Thread(target=lambda: got.update(a=db.tx_sync(take)))
+    t.start()
+    assert holding.wait(10)
+    assert db.tx_sync(reap_stale, 2.0) == []  # (the row is locked by the take: skipped)
+    release.set()
+    t.join(10)
+    assert got == {"a": {"n": 1}}
+    assert [r.id for r in db.tx_sync(reap_stale, 2.0)] == [JOB]
+    assert db.tx_sync(_consume, "r", "b", _rec("wait-b"), JOB, "w") is _LOST

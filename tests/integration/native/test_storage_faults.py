@@ -21,8 +21,7 @@ from sqlalchemy.exc import OperationalError
 
 from driver_native import CancelRun, ClaimPending, ExecuteJob, _kernel, _schema
 from driver_native._engine import NativeEngine
-from driver_native._ledger import _consume
-from driver_native._sql import upsert
+from driver_native._ledger import _consume, journal
 from engine_port import (
     EngineSettings,
     NonRetryableError,
@@ -139,7 +138,7 @@ def _once(pick: Callable[[Any, tuple[Any, ...]], bool]) -> Callable[[Any, tuple[
 
 def _journals(step: str) -> Callable[[Any, tuple[Any, ...]], bool]:
     def pick(fn: Any, args: tuple[Any, ...]) -> bool:
-        return fn is upsert and args[0] is _schema.steps and args[1]["name"] == step
+        return fn is journal and args[0]["name"] == step
 
     return pick
 
@@ -190,7 +189,7 @@ async def test_a_journaling_fault_abandons_the_attempt_without_using_it_up(
     )
     run = await engine.start(wf.id, {})
     assert await _run_jobs(engine) == ["abandoned"]
-    assert failed == ["upsert"]
+    assert failed == ["journal"]
     job = await _job_row(engine, run.id)
     assert (job.status, job.lease_owner, job.attempt) == ("ready", None, 1)
     assert job.available_at > engine.kernel.now()  # after a backoff, not at once
@@ -220,7 +219,7 @@ async def test_a_dropped_connection_while_journaling_is_retried_transparently(
     dropped: list[bool] = []
 
     def once(attempt: Any, fn: Any, *args: Any, **kw: Any) -> Any:
-        if not dropped and fn is upsert and args[0] is _schema.steps and args[1]["name"] == "two":
+        if not dropped and fn is journal and args[0]["name"] == "two":
             dropped.append(True)
             raise _dropped(dialect)
         return real_once(attempt, fn, *args, **kw)
@@ -359,6 +358,7 @@ async def test_a_signal_take_committed_but_not_acknowledged_is_not_taken_twice(
     await engine.signal(run.id, "go", {"n": 1})
     await engine.signal(run.id, "go", {"n": 2})
     rec = StepRecord(name="go", kind="signal", completed=False, signal="go")
+    [job] = await engine.kernel.dispatch(ClaimPending("w", limit=1))  # (the take's lease)
     db = engine.kernel.db
     real_once = db._tx_once
     lost: list[bool] = []
@@ -372,7 +372,7 @@ async def test_a_signal_take_committed_but_not_acknowledged_is_not_taken_twice(
         return result
 
     db._tx_once = once  # type: ignore[method-assign]
-    assert await db.tx(_consume, run.id, "s", rec) == {"n": 1}
+    assert await db.tx(_consume, run.id, "s", rec, job.id, "w") == {"n": 1}
     assert lost == [True]
 
     def left(conn: sa.Connection) -> int:
@@ -507,12 +507,12 @@ async def test_a_compensation_journaling_fault_does_not_record_a_compensation_er
     engine = await make_engine(wf)
 
     def pick(fn: Any, args: tuple[Any, ...]) -> bool:
-        return fn is upsert and args[0] is _schema.steps and args[1]["stage_id"] == "a#compensation"
+        return fn is journal and args[0]["stage_id"] == "a#compensation"
 
     failed = _inject(engine, _once(pick), DriverUnavailableError("cannot reach the database"))
     run = await engine.start(wf.id, {})
     results = await _run_jobs(engine)
-    assert results[-1] == "abandoned" and failed == ["upsert"]
+    assert results[-1] == "abandoned" and failed == ["journal"]
     await _make_due(engine, run.id)
     assert await _run_jobs(engine) == ["compensated"]
     info = await engine.get_run(run.id)
