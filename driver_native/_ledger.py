@@ -13,8 +13,10 @@ Large step results go to the blob store behind a reference (claim check)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -279,6 +281,9 @@ class SqlStepLedger:
         self._job_id = job_id
         self._worker = worker
         self._on_lost = on_lost
+        # in the keys of this ledger's spilled step results: a stale attempt's blob must never
+        # overwrite the one the new owner's journaled row refers to (same step, same key)
+        self._token = uuid.uuid4().hex[:8]
         self._cache = {r.name: step_record(r) for r in rows}
         # the stored form of each completed result read from the database, opened on first use
         self._stored = {n: rec.result for n, rec in self._cache.items() if rec.completed}
@@ -294,10 +299,14 @@ class SqlStepLedger:
         stored = record.result
         if record.completed and record.result is not None:
             digest = hashlib.sha256(record.name.encode()).hexdigest()[:24]
-            key = f"runs/{self.run_id}/steps/{self.stage_id}/{digest}"
+            key = f"runs/{self.run_id}/steps/{self.stage_id}/{digest}-{self._token}"
             stored = await self._claim.dump(record.result, key)
         row = _row(self.run_id, self.stage_id, record, stored)
         if not await self._db.tx(journal, row, self._job_id, self._worker):
+            spilled = self._claim.key_of(stored)
+            if spilled is not None:
+                with contextlib.suppress(Exception):  # (else it goes with the run's purge)
+                    await self._claim.store.delete(spilled)
             self._lost()
         self._cache[record.name] = record
         self._stored.pop(record.name, None)

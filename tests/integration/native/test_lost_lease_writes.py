@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
 
@@ -58,11 +59,14 @@ async def _expire_and_reap(engine: NativeEngine, job_id: int) -> None:
 
 
 async def _step_rows(engine: NativeEngine, run_id: str) -> dict[str, Any]:
-    def q(conn: sa.Connection) -> dict[str, Any]:
-        rows = conn.execute(sa.select(steps).where(steps.c.run_id == run_id)).all()
-        return {r.name: (bool(r.completed), r.result) for r in rows}
+    """Each journaled step: (completed, its result, read through the blob store if spilled)."""
 
-    return await engine.kernel.db.read(q)
+    def q(conn: sa.Connection) -> list[Any]:
+        return list(conn.execute(sa.select(steps).where(steps.c.run_id == run_id)).all())
+
+    claim = engine.kernel.claim
+    rows = await engine.kernel.db.read(q)
+    return {r.name: (bool(r.completed), await claim.load(r.result, run_id=run_id)) for r in rows}
 
 
 async def _unconsumed(engine: NativeEngine, run_id: str) -> int:
@@ -81,7 +85,12 @@ async def _settle(task: asyncio.Task[Any]) -> Any:
     return "cancelled"
 
 
-async def test_a_taken_over_attempt_does_not_journal_its_step(make_engine: MakeEngine) -> None:
+@pytest.mark.parametrize("spill", [None, 0], ids=["inline", "spilled"])
+async def test_a_taken_over_attempt_does_not_journal_its_step(
+    make_engine: MakeEngine, spill: int | None
+) -> None:
+    """``spilled``: every step result goes to the blob store; the stale attempt's blob must
+    not replace the one the new owner's journaled row refers to either."""
     gates = Gates()
     wf = Workflow("lost-lease-step", input=In)
 
@@ -99,7 +108,8 @@ async def test_a_taken_over_attempt_does_not_journal_its_step(make_engine: MakeE
         second = await ctx.step.run("second", then)
         return [first, second]
 
-    engine = await make_engine(wf, **SETTINGS)
+    spilling = {} if spill is None else {"spill_threshold_bytes": spill}
+    engine = await make_engine(wf, **SETTINGS, **spilling)
     kernel = engine.kernel
     run = await engine.start(wf.id, {"n": 1})
     [job_a] = await kernel.dispatch(ClaimPending("worker-a", limit=1))
