@@ -1,6 +1,11 @@
 """The end of a run, recorded by the worker whose workflow task decides it: no local activity
 in a run's last workflow task (issue 13: a local activity's round trip through the SDK's core
 was most of what the signal round trip and ``local=True`` runs lost to hand-written Temporal).
+Runs marked ``publish = "worker"`` also have the events no activity carries (a fan-out's
+siblings that completed, a stage that suspended) delivered this way, at the end of the task
+that made them, instead of by a ``wfe.publish`` local activity; later deliveries of such a run
+first deliver whatever is kept for it (``_outbox``), so per-run order holds whichever worker
+or process runs its next task.
 
 Runs marked ``run_end = "worker"`` (``StartDocument.ends_on_worker``) call the worker's
 ``RUN_ENDED`` extern function (temporalio's per-worker ``unsafe_extern_functions``, like
@@ -64,14 +69,15 @@ class RunEnds:
         self,
         loop: asyncio.AbstractEventLoop,
         run_id: str,
-        state: dict[str, Any],
+        state: dict[str, Any] | None,
         events: list[dict[str, Any]],
         parked: bool,
         rule: dict[str, float],
     ) -> None:
         """(The extern function, bound to the worker's ``loop``; called on the workflow's
-        thread.) Store the run's final state and deliver or keep its last events; raises when
-        the BlobStore fails (the workflow task fails and is retried)."""
+        thread.) Store the run's final ``state`` (at its end; None before) and deliver or
+        keep ``events`` (after those kept before, when ``parked``); raises when the BlobStore
+        fails (the workflow task fails and is retried)."""
         done = asyncio.run_coroutine_threadsafe(
             self._record(run_id, state, events, parked, rule), loop
         )
@@ -84,14 +90,15 @@ class RunEnds:
     async def _record(
         self,
         run_id: str,
-        state: dict[str, Any],
+        state: dict[str, Any] | None,
         events: list[dict[str, Any]],
         parked: bool,
         rule: dict[str, float],
     ) -> None:
         acts = self._acts
         store = acts.claim.store
-        await put_small(store, state_key(run_id), pydantic_core.to_json(state))
+        if state is not None:
+            await put_small(store, state_key(run_id), pydantic_core.to_json(state))
         if not events:
             return
         if acts.sink is None:
@@ -102,22 +109,23 @@ class RunEnds:
                 acts.deliver(events, parked, count_failures=True), _DELIVER_WITHIN_S
             )
         except TimeoutError:
+            res = {"ok": False, "error": "TimeoutError: the sink took over 1 s"}
             acts.stats.failed += len(events)
-            acts.stats.error = acts.stats.error or "TimeoutError: the sink took over 1 s"
-            res = {"ok": False}
+            acts.stats.error = acts.stats.error or res["error"]
         if res.get("ok"):
             return
+        error = str(res.get("error"))
         # kept (after any kept before, which stay): the retry delivers them all in order
         key = outbox_batch_key(run_id, int(events[0]["seq"]), int(events[-1]["seq"]))
         await put_small(store, key, pydantic_core.to_json(events))
         if run_id not in self._retries:
-            task = asyncio.get_running_loop().create_task(self._retry(run_id, rule))
+            task = asyncio.get_running_loop().create_task(self._retry(run_id, rule, error))
             self._retries[run_id] = task
             task.add_done_callback(lambda _: self._retries.pop(run_id, None))
 
-    async def _retry(self, run_id: str, rule: dict[str, float]) -> None:
+    async def _retry(self, run_id: str, rule: dict[str, float], error: str) -> None:
         """Deliver the events kept for ``run_id`` once the sink takes them, with the native
-        outbox's rule (the first failure was the run's end)."""
+        outbox's rule (the first failure, ``error``, was the delivery that kept them)."""
         acts = self._acts
         store = acts.claim.store
         failures, first_failure = 1, time.monotonic()
@@ -135,14 +143,18 @@ class RunEnds:
             if not batch:
                 return
             if dead:
+                # (a flush_events() may have reported the failures already: one that reports
+                # the dead letters says the sink is degraded too)
+                acts.stats.error = acts.stats.error or error
                 await acts.dead_letter(batch)
             else:
                 assert acts.sink is not None
                 try:
                     await acts.sink.publish([Event.model_validate(e) for e in batch])
                 except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
                     acts.stats.failed += len(batch)
-                    acts.stats.error = acts.stats.error or f"{type(exc).__name__}: {exc}"
+                    acts.stats.error = acts.stats.error or error
                     failures += 1
                     continue
                 acts.stats.delivered += len(batch)
