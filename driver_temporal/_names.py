@@ -50,8 +50,8 @@ SIGNAL_UPDATE = "wfe.signal"  # how older engines sent signals (runs before ``na
 # not a handler: the extern function through which a worker's workflows tell the engine in the
 # same process what became of a signal it sent (``_waiters``), never seen by an operator
 DELIVERY_DECIDED = "wfe.delivery_decided"
-# ... and the one through which a run's workflow task has its worker deliver (or keep) events
-# and, in its last task, store its final state (``_run_end``)
+# ... and the one through which a run's last workflow task has its worker record its end (its
+# final state, its last events: ``_run_end``)
 RUN_ENDED = "wfe.run_ended"
 
 # current name -> the name runs started before ``names`` also answer to

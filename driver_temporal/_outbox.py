@@ -79,8 +79,6 @@ class EventOutbox:
     _park_when_slow: bool = False
     # while the run's end is recorded: its last events ride with ``wfe.save_state``
     _finishing: bool = False
-    # runs whose uncarried events the worker of the task delivers (``publish = "worker"``)
-    _publishes_on_worker: bool = False
 
     def _init_outbox(self) -> None:
         # the activities in flight that carry events: id -> (last seq carried, parked flag)
@@ -157,7 +155,7 @@ class EventOutbox:
             return []
         return [list(self._outbox[:CARRY_MAX]), self._parked]
 
-    # -- delivered by the worker of the workflow task ----------------------------------------
+    # -- recorded by the worker at the run's end ----------------------------------------------
     def _record_end(self, state: dict[str, Any]) -> None:
         """(Runs marked ``run_end = "worker"``.) Have the worker running this last workflow
         task store the run's final ``state`` and deliver its last events before the task
@@ -167,26 +165,13 @@ class EventOutbox:
         or a store that fails, fails the workflow task, which Temporal retries."""
         events, self._outbox = self._outbox, []
         self._finishing = False
-        self._on_worker(state, events)
-
-    def _publish_on_worker(self, batch: list[dict[str, Any]]) -> None:
-        """(Runs marked ``publish = "worker"``.) As ``_record_end``, for a batch no activity
-        carries, before the run's end: the worker delivers it, or keeps it in the BlobStore
-        (no sink, or a failing one: retried there with the outbox's rule). Later batches must
-        come after it, so from here on every delivery of the run first delivers what is kept
-        (``_parked``: set whatever the worker did, which the workflow does not learn)."""
-        self._drop_upto(int(batch[-1]["seq"]))
-        self._on_worker(None, batch)
-        self._parked = True
-
-    def _on_worker(self, state: dict[str, Any] | None, events: list[dict[str, Any]]) -> None:
         if workflow.unsafe.is_replaying():
             return
         record = workflow.extern_functions().get(RUN_ENDED)
         if record is None:
             raise RuntimeError(
-                f"this worker cannot deliver the events of run {self._run_id!r}: run it on "
-                "a worker the wfe Temporal driver builds (engine.worker())"
+                f"this worker cannot record the end of run {self._run_id!r}: run it on a "
+                "worker the wfe Temporal driver builds (engine.worker())"
             )
         rule = {
             "dead_after": self._dead_after,
@@ -213,9 +198,6 @@ class EventOutbox:
             if not (self._due() or self._closing):
                 continue  # an activity scheduled meanwhile carries them
             batch = list(self._outbox[:CARRY_MAX])
-            if self._publishes_on_worker:
-                self._publish_on_worker(batch)
-                continue
             try:
                 res = await workflow.execute_local_activity(
                     "wfe.publish",

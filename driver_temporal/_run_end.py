@@ -1,11 +1,6 @@
 """The end of a run, recorded by the worker whose workflow task decides it: no local activity
 in a run's last workflow task (issue 13: a local activity's round trip through the SDK's core
 was most of what the signal round trip and ``local=True`` runs lost to hand-written Temporal).
-Runs marked ``publish = "worker"`` also have the events no activity carries (a fan-out's
-siblings that completed, a stage that suspended) delivered this way, at the end of the task
-that made them, instead of by a ``wfe.publish`` local activity; later deliveries of such a run
-first deliver whatever is kept for it (``_outbox``), so per-run order holds whichever worker
-or process runs its next task.
 
 Runs marked ``run_end = "worker"`` (``StartDocument.ends_on_worker``) call the worker's
 ``RUN_ENDED`` extern function (temporalio's per-worker ``unsafe_extern_functions``, like
@@ -69,15 +64,14 @@ class RunEnds:
         self,
         loop: asyncio.AbstractEventLoop,
         run_id: str,
-        state: dict[str, Any] | None,
+        state: dict[str, Any],
         events: list[dict[str, Any]],
         parked: bool,
         rule: dict[str, float],
     ) -> None:
         """(The extern function, bound to the worker's ``loop``; called on the workflow's
-        thread.) Store the run's final ``state`` (at its end; None before) and deliver or
-        keep ``events`` (after those kept before, when ``parked``); raises when the BlobStore
-        fails (the workflow task fails and is retried)."""
+        thread.) Store the run's final state and deliver or keep its last events; raises when
+        the BlobStore fails (the workflow task fails and is retried)."""
         done = asyncio.run_coroutine_threadsafe(
             self._record(run_id, state, events, parked, rule), loop
         )
@@ -90,15 +84,14 @@ class RunEnds:
     async def _record(
         self,
         run_id: str,
-        state: dict[str, Any] | None,
+        state: dict[str, Any],
         events: list[dict[str, Any]],
         parked: bool,
         rule: dict[str, float],
     ) -> None:
         acts = self._acts
         store = acts.claim.store
-        if state is not None:
-            await put_small(store, state_key(run_id), pydantic_core.to_json(state))
+        await put_small(store, state_key(run_id), pydantic_core.to_json(state))
         if not events:
             return
         if acts.sink is None:
@@ -125,7 +118,7 @@ class RunEnds:
 
     async def _retry(self, run_id: str, rule: dict[str, float], error: str) -> None:
         """Deliver the events kept for ``run_id`` once the sink takes them, with the native
-        outbox's rule (the first failure, ``error``, was the delivery that kept them)."""
+        outbox's rule (the first failure, ``error``, was the run's end)."""
         acts = self._acts
         store = acts.claim.store
         failures, first_failure = 1, time.monotonic()

@@ -23,7 +23,6 @@ from ._wire import (
     MEMO_WRITES_ON_CHANGE,
     OLD_OUTBOX_RULE,
     PARKING_WHEN_SLOW,
-    PUBLISH_BY_WORKER,
     RESULT_WITH_RUN_INFO,
     RUN_END_BY_WORKER,
     STAGE_ATTRIBUTE_WAITS,
@@ -66,7 +65,6 @@ class StartDocument(BaseModel):
     stage_attribute: str | None = None
     parking: str | None = None
     run_end: str | None = None
-    publish: str | None = None
     # a redrive, an import: where the run picks up
     redrive: int = 0
     redrive_from: str | None = None
@@ -100,7 +98,6 @@ class StartDocument(BaseModel):
             stage_attribute=STAGE_ATTRIBUTE_WAITS,
             parking=PARKING_WHEN_SLOW,
             run_end=RUN_END_BY_WORKER,
-            publish=PUBLISH_BY_WORKER,
             **fields,
         )
 
@@ -157,12 +154,6 @@ class StartDocument(BaseModel):
         """Its last workflow task has its worker record its end (final state, last events)
         without a local activity (``_run_end``)."""
         return self.run_end == RUN_END_BY_WORKER
-
-    @property
-    def publishes_on_worker(self) -> bool:
-        """The events no activity in flight carries are delivered by the worker of the task
-        that made them, without a ``wfe.publish`` local activity (``_outbox``)."""
-        return self.publish == PUBLISH_BY_WORKER
 
     @property
     def marked(self) -> bool:

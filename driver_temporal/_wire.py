@@ -22,7 +22,6 @@ __all__ = [
     "MEMO_WRITES_ON_CHANGE",
     "OLD_OUTBOX_RULE",
     "PARKING_WHEN_SLOW",
-    "PUBLISH_BY_WORKER",
     "RESULT_WITH_RUN_INFO",
     "RUN_END_BY_WORKER",
     "STAGE_ATTRIBUTE_WAITS",
@@ -77,10 +76,6 @@ PARKING_WHEN_SLOW = "when-slow"
 # final state and deliver their last events (the ``RUN_ENDED`` extern function, ``_run_end``)
 # before the task completes; absent: the ``wfe.save_state`` local activity does
 RUN_END_BY_WORKER = "worker"
-# the start document's ``publish`` of runs whose events no activity in flight carries are
-# delivered (or kept) by the worker running the workflow task that made them, through the same
-# extern function, instead of a ``wfe.publish`` local activity; absent: the local activity
-PUBLISH_BY_WORKER = "worker"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

@@ -23,7 +23,6 @@ def test_a_document_of_a_run_started_before_reads_as_that_code_ran_it() -> None:
     assert not doc.stage_attribute_waits  # WfeStage: the stages running or suspended
     assert not doc.parks_when_slow  # a sinkless worker parks each carried batch at once
     assert not doc.ends_on_worker  # its end: the wfe.save_state local activity
-    assert not doc.publishes_on_worker  # uncarried events: wfe.publish local activities
     assert (doc.redrive, doc.event_seq, doc.stages, doc.imported) == (0, 0, {}, False)
     assert doc.heartbeat_timeout_s == 10.0
     assert doc.signals == {"go": 1}
@@ -39,7 +38,6 @@ def test_a_new_document_carries_the_engines_settings_and_marks() -> None:
     assert doc.stage_attribute_waits  # WfeStage: the stages waiting or failed
     assert doc.parks_when_slow  # a fast stage hands its carried batch back unparked
     assert doc.ends_on_worker  # its end: recorded by its last task's worker, no local activity
-    assert doc.publishes_on_worker  # uncarried events: by the task's worker, no local activity
     assert (doc.dead_letter_after, doc.max_pending_signals, doc.default_stage_timeout_s) == (
         7,
         3,
