@@ -408,9 +408,11 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     ) -> Any:
         """Start a run on its workflow's task queue, PINNED to its definition version. The
         workflow's input is the run's input (its stored form: inline up to the spill
-        threshold); the rest of the start document (graph, version, settings, ...) is the
-        ``wfe_start`` memo entry, read by the workflow (``GraphWorkflow.run``)."""
+        threshold) with the graph and where each stage is in its metadata (``_carry``); the rest
+        of the start document (version, settings, ...) is the ``wfe_start`` memo entry, read by
+        the workflow (``GraphWorkflow.run``)."""
         kw["memo"] = {**kw.get("memo", {}), START_MEMO: start.memo()}
+        arg = carry(start.input, start.carried(), self._conn.data_converter.payload_converter)
         await self._ensure_version(workflow_id, version)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30.0
@@ -418,7 +420,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             try:
                 return await self._conn.start_workflow(
                     workflow_id,
-                    start.input,
+                    arg,
                     task_queue=self.task_queue(workflow_id),
                     versioning_override=PinnedVersioningOverride(
                         self.deployment_version(workflow_id, version)

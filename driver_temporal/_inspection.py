@@ -160,7 +160,7 @@ class RunInspection:
             input=self._start.input,
             error=self._error,
             compensation_errors=self._comp_errors,
-            stages=[s.memo() for s in self._stages.values()],
+            stages=[s.memo(compact=self._start.compact_memo) for s in self._stages.values()],
             idempotency_key=self._start.idempotency_key,
             redrive_count=self._redrive,
             created_at=self._start.created_at,

@@ -18,6 +18,7 @@ from engine_port import StepRecord
 __all__ = [
     "EVENTS_VIA_ACTIVITIES",
     "EVENTS_VIA_ONE_CARRIER",
+    "MEMO_SHAPE_COMPACT",
     "MEMO_WRITES_AFTER_LOCALS",
     "MEMO_WRITES_ON_CHANGE",
     "OLD_OUTBOX_RULE",
@@ -76,6 +77,10 @@ PARKING_WHEN_SLOW = "when-slow"
 # final state and deliver their last events (the ``RUN_ENDED`` extern function, ``_run_end``)
 # before the task completes; absent: the ``wfe.save_state`` local activity does
 RUN_END_BY_WORKER = "worker"
+# the start document's ``memo_shape`` of runs whose ``wfe_run`` memo lists each stage with its
+# id, status and the fields that are set only (``StageState.memo``): Temporal writes a run's
+# memo again at every change of the run; absent: every field of every stage
+MEMO_SHAPE_COMPACT = "compact"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

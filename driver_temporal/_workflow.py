@@ -298,15 +298,18 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
 
     def _read_start(self, args: Sequence[RawValue]) -> StartDocument:
         """The run's start document. A run started by this driver: input = the run's input as
-        the user gave it (stored form), the engine's start document in the memo; result = the
-        run's output. A run started by an older driver has the whole document as input and the
-        RunInfo as result."""
+        the user gave it (stored form), the engine's start document in the memo and (since
+        2026-12-03) the graph and stages in the input's metadata (``_start.CARRIED``); result =
+        the run's output. A run started by an older driver has the whole document as input and
+        the RunInfo as result."""
         conv = workflow.payload_converter()
         meta = workflow.memo_value(START_MEMO, None)
         self._carried = isinstance(meta, dict)
         raw: dict[str, Any]
         if isinstance(meta, dict):
-            raw = {**meta, "input": conv.from_payload(args[0].payload) if args else None}
+            value = conv.from_payload(args[0].payload) if args else None
+            carried = (meta_of(args[0].payload) if args else None) or {}
+            raw = {**meta, **carried, "input": value}
         else:
             raw = conv.from_payload(args[0].payload, dict)
         return StartDocument.model_validate(raw)

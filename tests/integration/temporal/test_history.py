@@ -87,10 +87,14 @@ async def test_input_result_and_stage_values_are_business_values(
     attrs = started.workflow_execution_started_event_attributes
     # the workflow's input is the run's input as the user gave it, no engine document
     assert [_data(p) for p in attrs.input.payloads] == [{"item": "book", "qty": 2}]
-    # the engine's metadata sits in the memo
+    # the engine's metadata sits in the memo, the graph in the input's metadata (out of
+    # sight: the memo is written again at every change of the run, the input once)
     assert memo["wfe_start"]["workflow_id"] == "shop"
-    assert "groups" in memo["wfe_start"]["graph"]
+    assert "graph" not in memo["wfe_start"]
+    assert "groups" in json.loads(attrs.input.payloads[0].metadata["wfe"])["graph"]
     assert memo["wfe_start"]["run_id"] == run.id
+    # each stage in the run's memo: its fields that are set, no nulls (written at every change)
+    assert all(v is not None for s in memo["wfe_run"]["stages"] for v in s.values())
     done = _of(events, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED)[0]
     result = done.workflow_execution_completed_event_attributes.result.payloads
     assert [_data(p) for p in result] == ["shipped book"]

@@ -46,5 +46,7 @@ def test_a_new_document_carries_the_engines_settings_and_marks() -> None:
     assert doc.heartbeat_timeout_s == 2.5
     memo = doc.memo()
     assert "input" not in memo  # the input is the workflow's input, not the memo's
-    # the workflow reads it back from the memo and its input
-    assert StartDocument.model_validate({**memo, "input": [1, 2]}) == doc
+    # the graph rides in the input's metadata: the memo is written again at every change
+    assert "graph" not in memo and doc.carried()["graph"] == _BASE["graph"]
+    # the workflow reads it back from the memo, its input and the input's metadata
+    assert StartDocument.model_validate({**memo, **doc.carried(), "input": [1, 2]}) == doc

@@ -136,7 +136,7 @@ _SHAPES = [
 def test_a_stage_record_round_trips(shape: dict[str, Any]) -> None:
     assert StageState.model_validate(shape).to_json() == shape
     doc = StartDocument(run_id="r", workflow_id="w", version="v", graph={}, stages={"a": shape})
-    assert doc.memo()["stages"] == {"a": shape}  # never with defaults filled in or dropped
+    assert doc.carried()["stages"] == {"a": shape}  # never with defaults filled in or dropped
 
 
 def _old_setup(sid: str, st: dict[str, Any]) -> dict[str, Any]:
