@@ -32,7 +32,6 @@ inside the run's own workflow task): a wait with nothing lent suspends and resum
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -234,6 +233,28 @@ def _failed_attempt(req: StageRequest, outcome: Failed, result: dict[str, Any]) 
     )
 
 
+class _Beat:
+    """A stage activity's heartbeat. Liveness only: a worker that stops heartbeating is
+    declared lost. The first beat comes after ``every`` seconds (a fraction of the heartbeat
+    timeout, which Temporal counts from the activity's start): a short stage sends none (a beat
+    at once cost every stage a heartbeat RPC, a write of the activity's state on the server).
+    A timer on the loop rather than a task: a stage that ends before its first beat (most do)
+    only sets and cancels it."""
+
+    def __init__(self, every: float) -> None:
+        self._every = every
+        self._loop = asyncio.get_running_loop()
+        # (the callback runs in a copy of this context: the activity's, which it beats for)
+        self._timer = self._loop.call_later(every, self._beat)
+
+    def _beat(self) -> None:
+        activity.heartbeat()
+        self._timer = self._loop.call_later(self._every, self._beat)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
 class DriverActivities:
     """Activity implementations bound to one engine (registry, blob store, event sink)."""
 
@@ -366,6 +387,7 @@ class DriverActivities:
             },
             resumed=bool(task["steps"]),
             trace_context=task.get("trace_context"),
+            version=task["version"],
         )
 
     async def _run_body(
@@ -381,7 +403,7 @@ class DriverActivities:
         run's events this activity carries (``_outbox``): its outcome and what was
         published."""
         # local activities have no heartbeat: the workflow task's timeout notices a lost worker
-        beat = None if info.is_local else asyncio.create_task(self._heartbeat())
+        beat = None if info.is_local else _Beat(self.heartbeat_every)
         to_publish = task.get("publish")
         publishing: asyncio.Future[dict[str, Any]] | None = None
         later: asyncio.TimerHandle | None = None
@@ -408,9 +430,7 @@ class DriverActivities:
         finally:
             log.close()
             if beat is not None:
-                beat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beat
+                beat.stop()
             if later is not None:
                 later.cancel()
             if publishing is not None:
@@ -551,15 +571,6 @@ class DriverActivities:
         if rec.completed:
             rec = rec.done(await self.claim.load(rec.result, run_id=run_id))
         return rec
-
-    async def _heartbeat(self) -> None:
-        """Liveness only: a worker that stops heartbeating is declared lost. The first beat
-        comes after ``heartbeat_every`` (a fraction of the heartbeat timeout, which Temporal
-        counts from the activity's start): a short stage sends none. A beat at once cost
-        every stage a heartbeat RPC, a write of the activity's state on the server."""
-        while True:
-            await asyncio.sleep(self.heartbeat_every)
-            activity.heartbeat()
 
     # -- events -------------------------------------------------------------------------------
     @activity.defn(name="wfe.publish")

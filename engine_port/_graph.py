@@ -21,6 +21,7 @@ from pydantic import (
     SerializationInfo,
     SerializerFunctionWrapHandler,
     TypeAdapter,
+    ValidationError,
     model_serializer,
 )
 
@@ -33,7 +34,7 @@ from ._limits import (
     definition_error,
 )
 from ._models import StageStatus
-from .errors import DefinitionError, InvalidRedriveError, NonRetryableError
+from .errors import DefinitionError, InvalidInputError, InvalidRedriveError, NonRetryableError
 
 if TYPE_CHECKING:
     from ._context import StageContext
@@ -587,10 +588,6 @@ class Workflow(Generic[InT]):
         return self.graph().version
 
     def validate_input(self, data: Any) -> InT:
-        from pydantic import ValidationError
-
-        from .errors import InvalidInputError
-
         try:
             if isinstance(data, self.input):
                 return data
