@@ -18,7 +18,10 @@ commit 417fb7a, the last code whose runs wrote their ``wfe_run`` memo whenever a
 or completed (``memo_writes="after-locals"``; runs started since write it only when their status
 changes). ``run_end_by_worker_resume`` is the same scenario on the code whose runs end without
 a ``wfe.save_state`` local activity (``run_end="worker"``: the worker of the last workflow task
-records the run's end, ``_run_end``). Recorded with ``histories/record_signals.py``.
+records the run's end, ``_run_end``). ``graph_in_input_resume`` is the same scenario on the code
+whose runs carry their graph in the workflow input's metadata and write a compact ``wfe_run``
+memo (``_start.CARRIED``, ``memo_shape="compact"``). Recorded with
+``histories/record_signals.py``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ HISTORIES = Path(__file__).parent / "histories"
         "events_via_activities_resume",
         "after_locals_resume",
         "run_end_by_worker_resume",
+        "graph_in_input_resume",
     ],
 )
 async def test_recorded_history_replays(name: str) -> None:

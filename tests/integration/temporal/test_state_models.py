@@ -49,10 +49,17 @@ def _memos(name: str, key: str) -> Iterator[tuple[str, Any]]:
 
 
 def _start_document(name: str) -> dict[str, Any]:
-    """The start document of a recorded run: its ``wfe_start`` memo, or (older runs) its
+    """The start document of a recorded run: its ``wfe_start`` memo with (runs started since
+    2026-12-03) the graph and stages its input's metadata carries, or (older runs) its
     workflow input."""
     for _, memo in _memos(name, "wfe_start"):
-        return dict(memo)
+        carried: dict[str, Any] = {}
+        for ev in _recorded(name)["history"]["events"]:
+            attrs = ev.get("workflowExecutionStartedEventAttributes")
+            meta = attrs["input"]["payloads"][0]["metadata"] if attrs else {}
+            if "wfe" in meta:
+                carried = json.loads(base64.b64decode(meta["wfe"]))
+        return {**memo, **carried}
     for ev in _recorded(name)["history"]["events"]:
         attrs = ev.get("workflowExecutionStartedEventAttributes")
         if attrs:
