@@ -92,6 +92,10 @@ class Heartbeat(Command):
     name: ClassVar[str] = "job.heartbeat"
     job_id: int
     worker_id: str
+    # the claim being renewed (the job row's ``lease_token`` as the claim returned it): a
+    # later claim of the job, by this very worker too, is not renewed by this heartbeat;
+    # None: any claim of ``worker_id``
+    lease_token: int | None = None
 
 
 @dataclass(frozen=True)
@@ -176,3 +180,6 @@ class ReleaseJobs(Command):
     name: ClassVar[str] = "job.release"
     job_ids: tuple[int, ...]
     worker_id: str
+    # the claim of each job given back (``lease_token``s, in ``job_ids`` order): a job
+    # claimed again since, by this very worker too, is not; None: any claim of ``worker_id``
+    lease_tokens: tuple[int, ...] | None = None

@@ -82,6 +82,12 @@ _LOCAL_POLL_S = 0.5
 wakes wait() at once; the read covers a run that moved elsewhere, e.g. after a shutdown)."""
 
 
+def _release(handed: list[tuple[Any, Any]], worker: str) -> ReleaseJobs:
+    """Give back the leases of stages handed to ``worker`` (the claims they were handed by)."""
+    ids = tuple(int(job.id) for job, _ in handed)
+    return ReleaseJobs(ids, worker, tuple(int(job.lease_token) for job, _ in handed))
+
+
 def _dt(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
@@ -228,8 +234,7 @@ class NativeEngine(WorkflowEngine):
             if host.adopt(handoff.jobs):
                 self._local_runs.add(run_id)
             else:  # it began to stop meanwhile: back to the queue
-                ids = tuple(job.id for job, _ in handoff.jobs)
-                await self.kernel.dispatch(ReleaseJobs(ids, host.worker_id))
+                await self.kernel.dispatch(_release(handoff.jobs, host.worker_id))
                 self._wake()
         else:
             self._wake()
@@ -426,8 +431,8 @@ class NativeEngine(WorkflowEngine):
             if host.adopt(handoff.jobs):
                 self._local_runs.add(run_id)
                 return result
-            ids = tuple(job.id for job, _ in handoff.jobs)  # it began to stop meanwhile
-            await self.kernel.dispatch(ReleaseJobs(ids, host.worker_id))
+            # it began to stop meanwhile
+            await self.kernel.dispatch(_release(handoff.jobs, host.worker_id))
         self._wake()
         return result
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,10 +22,13 @@ from ._sql import db_clock, db_clock_sql, in_binds, in_params, lease_until
 
 __all__ = [
     "CHANNEL",
+    "Lease",
     "any_due",
     "claim",
     "claim_woken",
     "heartbeat",
+    "held",
+    "lease_values",
     "notify_due",
     "poll_suspended",
     "reap_stale",
@@ -46,6 +50,46 @@ def notify_due(conn: Connection) -> None:
     transaction commits, with its last statements: no round trip of its own)."""
     if conn.dialect.name == "postgresql":
         execute(conn, _notify_stmt(), {}, later=True)
+
+
+@functools.cache
+def held(postgres: bool) -> Any:
+    """``SELECT id FROM jobs``: the job ``:lease_job`` if it is still leased under the claim
+    ``:lease_token`` held by ``:lease_worker`` (a claim of the same worker made since, after a
+    reap, has another token: its attempt is another). On PostgreSQL the row is locked FOR
+    SHARE until the transaction ends: a reap or a claim locks it FOR UPDATE, so one of them
+    waits for, or skips, the other, and a lease taken over meanwhile is seen as gone. Used
+    inside the statement that writes (or with the run read, in its round trip)."""
+    owned = sa.select(jobs.c.id).where(*_held_where())
+    return owned.with_for_update(read=True) if postgres else owned
+
+
+def _held_where() -> list[Any]:
+    return [
+        jobs.c.id == sa.bindparam("lease_job", type_=sa.Integer),
+        jobs.c.status == "leased",
+        jobs.c.lease_owner == sa.bindparam("lease_worker", type_=sa.String),
+        jobs.c.lease_token == sa.bindparam("lease_token", type_=sa.Integer),
+    ]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One claim of a job: the job, the worker holding it, and the claim's token (the job
+    row's ``lease_token`` as the claim returned it)."""
+
+    job_id: int
+    worker: str
+    token: int
+
+    @classmethod
+    def of(cls, job: Any, worker: str) -> Lease:
+        """The claim ``job`` (a job row as a claim returned it) was leased to ``worker`` by."""
+        return cls(int(job.id), worker, int(job.lease_token))
+
+    def params(self) -> dict[str, Any]:
+        """The parameters of ``held``."""
+        return {"lease_job": self.job_id, "lease_worker": self.worker, "lease_token": self.token}
 
 
 def claim(
@@ -77,17 +121,23 @@ def _due(served: int | None) -> list[Any]:
     return cond
 
 
+def lease_values(worker: Any, until: Any) -> dict[str, Any]:
+    """What a claim sets: leased to ``worker`` until ``until``, under a new claim token."""
+    return {
+        "status": "leased",
+        "lease_owner": worker,
+        "lease_expires_at": until,
+        "lease_token": jobs.c.lease_token + 1,
+    }
+
+
 def _lease_stmt(ids: Any, clock: Any) -> Any:
     """Lease the jobs ``ids`` (a select of job ids) to the bound ``worker`` until ``clock`` +
-    ``lease``, returning their rows."""
+    ``lease``, returning their rows (with the claim's ``lease_token``)."""
     return (
         sa.update(jobs)
         .where(jobs.c.id.in_(ids.scalar_subquery()))
-        .values(
-            status="leased",
-            lease_owner=sa.bindparam("worker"),
-            lease_expires_at=clock + sa.bindparam("lease", type_=sa.Float),
-        )
+        .values(lease_values(sa.bindparam("worker"), clock + sa.bindparam("lease", type_=sa.Float)))
         .returning(*jobs.c)
     )
 
@@ -123,12 +173,16 @@ def any_due(conn: Connection, served: Collection[str] | None, now: float) -> boo
 
 
 def heartbeat(
-    conn: Connection, job_id: int, worker: str, lease: float, now: float
+    conn: Connection, job_id: int, worker: str, lease: float, now: float, token: int | None = None
 ) -> tuple[bool, bool]:
-    """Extend a lease; returns (still ours, the run wants this stage stopped)."""
+    """Extend a lease (the claim ``token``'s; None: any claim of ``worker``); returns (still
+    ours, the run wants this stage stopped)."""
+    mine = [jobs.c.id == job_id, jobs.c.lease_owner == worker, jobs.c.status == "leased"]
+    if token is not None:
+        mine.append(jobs.c.lease_token == token)
     res = conn.execute(
         sa.update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.lease_owner == worker, jobs.c.status == "leased")
+        .where(*mine)
         .values(lease_expires_at=lease_until(conn, lease, now))
         .returning(jobs.c.run_id, jobs.c.kind)
     ).first()
@@ -143,13 +197,25 @@ def heartbeat(
     return True, stop
 
 
-def release(conn: Connection, job_ids: Collection[int], worker: str) -> int:
-    """Give leases back (graceful shutdown): the jobs become claimable at once, same attempt."""
+def release(
+    conn: Connection,
+    job_ids: Collection[int],
+    worker: str,
+    tokens: Collection[int] | None = None,
+) -> int:
+    """Give leases back (graceful shutdown): the jobs become claimable at once, same attempt.
+    ``tokens``: the claim token of each job (in ``job_ids`` order) whose lease is given back;
+    None: any claim of ``worker``."""
     if not job_ids:
         return 0
+    if tokens is None:
+        which = jobs.c.id.in_(list(job_ids))
+    else:
+        pairs = list(zip(job_ids, tokens, strict=True))
+        which = sa.tuple_(jobs.c.id, jobs.c.lease_token).in_(pairs)
     res = conn.execute(
         sa.update(jobs)
-        .where(jobs.c.id.in_(list(job_ids)), jobs.c.lease_owner == worker)
+        .where(which, jobs.c.lease_owner == worker, jobs.c.status == "leased")
         .values(status="ready", lease_owner=None, lease_expires_at=None)
     )
     if res.rowcount:

@@ -545,12 +545,13 @@ class Kernel:
         )
 
     async def _heartbeat(self, cmd: Heartbeat) -> tuple[bool, bool]:
+        lease, now = self.settings.lease_threshold, self.now()
         return await self.db.tx(
-            _jobs.heartbeat, cmd.job_id, cmd.worker_id, self.settings.lease_threshold, self.now()
+            _jobs.heartbeat, cmd.job_id, cmd.worker_id, lease, now, cmd.lease_token
         )
 
     async def _release(self, cmd: ReleaseJobs) -> int:
-        return await self.db.tx(_jobs.release, cmd.job_ids, cmd.worker_id)
+        return await self.db.tx(_jobs.release, cmd.job_ids, cmd.worker_id, cmd.lease_tokens)
 
     async def _reap_stale(self, _cmd: ReapStaleLeases) -> int:
         reaped = await self.db.tx(_jobs.reap_stale, self.now())
@@ -699,8 +700,7 @@ class Kernel:
             begin.run_id,
             begin.stage_id,
             begin.steps,
-            job_id=job.id,
-            worker=worker,
+            lease=_jobs.Lease.of(job, worker),
             on_lost=lost,
         )
         task = asyncio.create_task(self.runner.run(request, ledger))
@@ -738,7 +738,8 @@ class Kernel:
         while True:
             await asyncio.sleep(interval)
             try:
-                alive, wants_stop = await self.dispatch(Heartbeat(job.id, worker))
+                beat = Heartbeat(job.id, worker, job.lease_token)
+                alive, wants_stop = await self.dispatch(beat)
             except Exception:  # a missed heartbeat is not fatal; the lease has slack
                 continue
             if task is not None and (wants_stop or not alive):
@@ -752,8 +753,8 @@ class Kernel:
     def _lease_lost(self, job: Any, worker: str) -> None:
         log.warning(
             "job %s of run %s (%s %s): worker %s no longer holds its lease (no "
-            "heartbeat got through in time and another worker took the job over, "
-            "or the job is gone); the attempt is stopped",
+            "heartbeat got through in time and another claim took the job over, of "
+            "another worker or of this one again, or the job is gone); the attempt is stopped",
             job.id,
             job.run_id,
             job.kind,
@@ -792,7 +793,7 @@ class Kernel:
                     outputs,
                     await self.claim.load(stored, run_id=plan.run_id),
                     plan.trace_context,
-                    lease=(job.id, worker, on_lost),
+                    lease=(job, worker, on_lost),
                 )
             await self.db.tx(_progress.finish_compensation, job, worker, self.now())
             self._run_finished(plan.run_id)
@@ -800,7 +801,7 @@ class Kernel:
             current = asyncio.current_task()
             if not lost or (current is not None and current.cancelling()):
                 raise
-            return "discarded"  # the job is another worker's now: it compensates from here
+            return "discarded"  # the job is another claim's now: it compensates from here
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -817,12 +818,12 @@ class Kernel:
         output: Any,
         trace_context: str | None,
         *,
-        lease: tuple[int, str, Callable[[], None]],
+        lease: tuple[Any, str, Callable[[], None]],
     ) -> None:
-        """``lease``: the compensation job's id, the worker holding its lease, and what to
-        call when a ledger write finds the lease gone."""
+        """``lease``: the compensation job (as claimed), the worker holding its lease, and
+        what to call when a ledger write finds the lease gone."""
         stage = wf.get_stage(stage_id)
-        job_id, worker, on_lost = lease
+        job, worker, on_lost = lease
         ledger_id = f"{stage_id}#compensation"
         attempt = 1
         while True:
@@ -835,8 +836,7 @@ class Kernel:
                 run_id,
                 ledger_id,
                 rows,
-                job_id=job_id,
-                worker=worker,
+                lease=_jobs.Lease.of(job, worker),
                 on_lost=on_lost,
             )
             req = StageRequest(

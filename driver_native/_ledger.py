@@ -1,12 +1,13 @@
 """The step ledger on the database: one row per step, each write its own transaction.
 
-Only the worker holding the stage's job lease journals a step or takes a signal: each write
-checks the lease in the statement that makes it (on PostgreSQL locking the job row FOR SHARE
-until the commit, so that a reap or a claim cannot take the job over in between), at no cost
-in round trips. A worker whose lease was taken over while it stalled (it has not noticed at a
-heartbeat yet) writes nothing: the attempt now belongs to the new owner, which must replay
-only what was journaled before the takeover (DESIGN §5); the stale attempt is stopped as a
-heartbeat that found the lease gone would stop it.
+Only the claim holding the stage's job lease journals a step or takes a signal: each write
+checks the lease (worker and claim token, ``_jobs.held``) in the statement that makes it (on
+PostgreSQL locking the job row FOR SHARE until the commit, so that a reap or a claim cannot
+take the job over in between), at no cost in round trips. A worker whose lease was taken over
+while it stalled (it has not noticed at a heartbeat yet; the taker may be that same worker,
+claiming the job again) writes nothing: the attempt now belongs to the new owner, which must
+replay only what was journaled before the takeover (DESIGN §5); the stale attempt is stopped
+as a heartbeat that found the lease gone would stop it.
 
 Large step results go to the blob store behind a reference (claim check)."""
 
@@ -29,8 +30,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from engine_port import ClaimCheck, StepRecord
 
 from ._db import Database, commit_was_unknown, commit_with_next
+from ._jobs import Lease, held
 from ._rawsql import execute, execute_together
-from ._schema import jobs, signals, steps
+from ._schema import signals, steps
 from ._sql import upsert
 
 __all__ = ["SqlStepLedger", "hand_over", "journal", "step_record"]
@@ -75,18 +77,6 @@ def _row(run_id: str, stage_id: str, rec: StepRecord, result: Any) -> dict[str, 
     }
 
 
-def _lease(postgres: bool) -> Any:
-    """The job ``:job_id`` if it is still leased to ``:worker`` (PostgreSQL: its row locked
-    FOR SHARE until the transaction ends; a reap or a claim locks it FOR UPDATE, so one of
-    them waits for, or skips, the other, and a lease taken over meanwhile is seen as gone)."""
-    owned = sa.select(jobs.c.id).where(
-        jobs.c.id == sa.bindparam("job_id", type_=sa.Integer),
-        jobs.c.status == "leased",
-        jobs.c.lease_owner == sa.bindparam("worker", type_=sa.String),
-    )
-    return owned.with_for_update(read=True) if postgres else owned
-
-
 @functools.cache
 def _journal_stmt(postgres: bool) -> Any:
     """The step row's upsert, made only while the job is leased to the writer: ``INSERT ...
@@ -98,19 +88,19 @@ def _journal_stmt(postgres: bool) -> Any:
         # would give a JSON value NUMERIC affinity)
         return sa.cast(bound, steps.c[c].type) if postgres else bound
 
-    values = sa.select(*(value(c) for c in _COLUMNS)).where(_lease(postgres).exists())
+    values = sa.select(*(value(c) for c in _COLUMNS)).where(held(postgres).exists())
     ins: Any = (postgresql if postgres else sqlite).insert(steps).from_select(_COLUMNS, values)
     update = {c: ins.excluded[c] for c in _COLUMNS if c not in _KEYS}
     return ins.on_conflict_do_update(index_elements=list(_KEYS), set_=update)
 
 
-def journal(conn: Connection, values: dict[str, Any], job_id: int, worker: str) -> bool:
-    """Journal a step row (``_row``) if job ``job_id`` is still leased to ``worker``; False
+def journal(conn: Connection, values: dict[str, Any], lease: Lease) -> bool:
+    """Journal a step row (``_row``) if the job is still held under ``lease``; False
     (nothing written) if not. On PostgreSQL BEGIN, the write and COMMIT go out in one round
     trip, as a deferred write would, with the row count read back."""
     stmt = _journal_stmt(conn.dialect.name == "postgresql")
     commit_with_next(conn)
-    [res] = execute_together(conn, [(stmt, {**values, "job_id": job_id, "worker": worker})])
+    [res] = execute_together(conn, [(stmt, {**values, **lease.params()})])
     return res.rowcount > 0
 
 
@@ -142,7 +132,7 @@ def _owned_oldest() -> Any:
     """SQLite: whether the job is still leased to the worker (``owned``; no row at all: it is
     not) and the oldest unconsumed signal of the name (``id`` None: there is none). SQLite
     runs one writer at a time: the lease cannot be taken over before this transaction ends."""
-    lease = _lease(False).subquery("lease")
+    lease = held(False).subquery("lease")
     oldest = _oldest_signal().subquery("oldest")
     return sa.select(lease.c.id.label("owned"), oldest.c.id, oldest.c.payload).select_from(
         lease.outerjoin(oldest, sa.true())
@@ -156,7 +146,7 @@ def _read_and_take() -> Any:
     data-modifying CTE). No row at all: the job is not leased to the worker (nothing taken);
     ``id`` None: there is no signal; ``taken`` None: a parallel stage of the run took it
     first."""
-    lease = _lease(True).cte("lease")
+    lease = held(True).cte("lease")
     oldest = _oldest_signal().where(sa.exists(sa.select(lease.c.id))).cte("oldest")
     taken = (
         sa.update(signals)
@@ -170,11 +160,9 @@ def _read_and_take() -> Any:
     ).select_from(lease.outerjoin(oldest, sa.true()).outerjoin(taken, sa.true()))
 
 
-def _consume(
-    conn: Connection, run_id: str, stage_id: str, rec: StepRecord, job_id: int, worker: str
-) -> Any:
+def _consume(conn: Connection, run_id: str, stage_id: str, rec: StepRecord, lease: Lease) -> Any:
     """Take the oldest unconsumed signal named ``rec.signal`` and journal ``rec`` with its
-    payload, in one transaction, if job ``job_id`` is still leased to ``worker`` (else
+    payload, in one transaction, if the job is still held under ``lease`` (else
     ``_LOST``, nothing taken: the lease is checked in the statement that reads the signal,
     and holds until the commit). Parallel stages of one run may race for the same row: the
     loser's guarded update matches nothing and it takes the next one.
@@ -193,7 +181,7 @@ def _consume(
         ).first()
         if done is not None:
             return done.result
-    params = {"run_id": run_id, "name": rec.signal, "job_id": job_id, "worker": worker}
+    params = {"run_id": run_id, "name": rec.signal, **lease.params()}
     postgres = conn.dialect.name == "postgresql"
     while True:
         if postgres:  # lease check, read and take in one statement (one round trip)
@@ -257,9 +245,9 @@ def hand_over(
 
 
 class SqlStepLedger:
-    """The ledger of one stage of one run, written under job ``job_id``'s lease held by
-    ``worker``. Only the job holding the stage's lease writes it, so reads are served from
-    what was loaded at the start of the attempt. A write that finds the lease gone writes
+    """The ledger of one stage of one run, written under the claim ``lease`` of its job.
+    Only the claim holding the stage's lease writes it, so reads are served from what was
+    loaded at the start of the attempt. A write that finds the lease gone writes
     nothing, calls ``on_lost`` (which stops the attempt) and raises ``CancelledError``."""
 
     def __init__(
@@ -270,16 +258,14 @@ class SqlStepLedger:
         stage_id: str,
         rows: list[Any],
         *,
-        job_id: int,
-        worker: str,
+        lease: Lease,
         on_lost: Callable[[], None],
     ) -> None:
         self._db = db
         self._claim = claim
         self.run_id = run_id
         self.stage_id = stage_id
-        self._job_id = job_id
-        self._worker = worker
+        self._lease = lease
         self._on_lost = on_lost
         # in the keys of this ledger's spilled step results: a stale attempt's blob must never
         # overwrite the one the new owner's journaled row refers to (same step, same key)
@@ -302,7 +288,7 @@ class SqlStepLedger:
             key = f"runs/{self.run_id}/steps/{self.stage_id}/{digest}-{self._token}"
             stored = await self._claim.dump(record.result, key)
         row = _row(self.run_id, self.stage_id, record, stored)
-        if not await self._db.tx(journal, row, self._job_id, self._worker):
+        if not await self._db.tx(journal, row, self._lease):
             spilled = self._claim.key_of(stored)
             if spilled is not None:
                 with contextlib.suppress(Exception):  # (else it goes with the run's purge)
@@ -312,9 +298,7 @@ class SqlStepLedger:
         self._stored.pop(record.name, None)
 
     async def consume_signal(self, record: StepRecord) -> StepRecord | None:
-        payload = await self._db.tx(
-            _consume, self.run_id, self.stage_id, record, self._job_id, self._worker
-        )
+        payload = await self._db.tx(_consume, self.run_id, self.stage_id, record, self._lease)
         if payload is _LOST:
             self._lost()
         if payload is _MISSING:
@@ -327,4 +311,5 @@ class SqlStepLedger:
         """The lease is gone (taken over): the attempt stops here, as when a heartbeat finds
         the lease gone; its outcome is discarded (the job is not ours to record it)."""
         self._on_lost()
-        raise asyncio.CancelledError(f"job {self._job_id}: the lease of {self._worker} is gone")
+        lease = self._lease
+        raise asyncio.CancelledError(f"job {lease.job_id}: the lease of {lease.worker} is gone")

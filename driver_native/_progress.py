@@ -27,7 +27,7 @@ from engine_port import (
 )
 from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
-from ._jobs import notify_due
+from ._jobs import Lease, held, notify_due
 from ._outbox import append_events
 from ._rawsql import execute, execute_many, execute_together
 from ._schedule import (
@@ -89,19 +89,25 @@ class CompensationPlan:
     trace_context: str | None = None
 
 
-def _owns(conn: Connection, job: Any, worker: str) -> bool:
-    """The job row is still ``worker``'s lease on this very stage (ids alone can be reused)."""
-    row = select_where(
-        conn,
-        jobs,
-        id=job.id,
-        run_id=job.run_id,
-        stage_id=job.stage_id,
-        kind=job.kind,
-        lease_owner=worker,
-        status="leased",
-    ).first()
-    return row is not None
+@functools.cache
+def _held_job(postgres: bool) -> Any:
+    """``_jobs.held`` on this very stage's job (ids alone can be reused)."""
+    return held(postgres).where(
+        jobs.c.run_id == sa.bindparam("run_id"),
+        jobs.c.stage_id == sa.bindparam("stage_id"),
+        jobs.c.kind == sa.bindparam("kind"),
+    )
+
+
+def _run_if_held(conn: Connection, job: Any, worker: str) -> Any:
+    """The run row (locked), if ``job`` is still held under the claim ``worker`` made it by
+    (None: the run is gone, or the lease is: another claim owns the job now, perhaps one of
+    ``worker`` itself). One round trip on PostgreSQL, the job row locked FOR SHARE with it
+    (``_jobs.held``): the lease cannot be taken over before this transaction ends."""
+    params = {"run_id": job.run_id, "stage_id": job.stage_id, "kind": job.kind}
+    owned_stmt = _held_job(conn.dialect.name == "postgresql")
+    run, owned = run_and(conn, job.run_id, owned_stmt, params | Lease.of(job, worker).params())
+    return None if run is None or owned.first() is None else run
 
 
 @functools.cache
@@ -123,6 +129,7 @@ def _owned_stage_query() -> Any:
             jobs.c.stage_id == sa.bindparam("stage_id"),
             jobs.c.kind == sa.bindparam("kind"),
             jobs.c.lease_owner == sa.bindparam("worker"),
+            jobs.c.lease_token == sa.bindparam("token"),
             jobs.c.status == "leased",
         )
     )
@@ -135,6 +142,7 @@ def _owned_params(job: Any, worker: str) -> dict[str, Any]:
         "stage_id": job.stage_id,
         "kind": job.kind,
         "worker": worker,
+        "token": job.lease_token,
     }
 
 
@@ -152,7 +160,8 @@ def _run_and_owned_stage(
     conn: Connection, job: Any, worker: str, more: list[tuple[Any, dict[str, Any]]] | None = None
 ) -> tuple[Any, Any, list[Any]]:
     """The run row (locked) and the stage row (and whether it has a step ledger), if the job
-    is still ``worker``'s lease on it (ids alone can be reused): ownership check and stage
+    is still held under the claim ``worker`` made it by (ids alone can be reused; a later
+    claim of ``worker`` itself has another ``lease_token``): ownership check and stage
     read in one query, sent with the run's in one round trip on PostgreSQL, with the reads
     ``more`` (their results third)."""
     params = _owned_params(job, worker)
@@ -338,7 +347,7 @@ def _begin_read(
 def abandon_job(conn: Connection, job: Any, worker: str, available_at: float) -> bool:
     """Give back ``worker``'s lease on ``job`` at once, the job due again at ``available_at``
     with its attempt kept (an attempt abandoned on a storage fault). False if the lease is no
-    longer ``worker``'s (the outcome was recorded after all, or another worker took over)."""
+    longer that claim's (the outcome was recorded after all, or another claim took over)."""
     res = conn.execute(
         sa.update(jobs)
         .where(
@@ -346,6 +355,7 @@ def abandon_job(conn: Connection, job: Any, worker: str, available_at: float) ->
             jobs.c.run_id == job.run_id,
             jobs.c.kind == job.kind,
             jobs.c.lease_owner == worker,
+            jobs.c.lease_token == job.lease_token,
             jobs.c.status == "leased",
         )
         .values(status="ready", available_at=available_at, lease_owner=None, lease_expires_at=None)
@@ -685,8 +695,8 @@ def begin_compensation_job(
     conn: Connection, job: Any, worker: str, graph: GraphModel, now: float
 ) -> CompensationPlan | None:
     """The stages to compensate, newest first; None (rescheduled) while stages still run."""
-    run = try_run(conn, job.run_id)
-    if run is None or not _owns(conn, job, worker):
+    run = _run_if_held(conn, job, worker)
+    if run is None:
         return None
     busy = conn.execute(
         sa.select(jobs.c.id).where(
@@ -739,10 +749,12 @@ def record_compensation(
         touch(conn, run_id, now, compensation_errors=errors)
 
 
-def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> None:
-    run = try_run(conn, job.run_id)
-    if run is None or not _owns(conn, job, worker):
-        return
+def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> bool:
+    """End the compensated run (failed, or cancelled); False (nothing written) if ``job`` is
+    no longer held under the claim ``worker`` made it by."""
+    run = _run_if_held(conn, job, worker)
+    if run is None:
+        return False
     life = lc(run)
     conn.execute(
         sa.update(stages)
@@ -762,3 +774,4 @@ def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> 
         status, draft = RunStatus.FAILED, life.run_failed(error)
     touch(conn, run.id, now, status=status, finished_at=now)
     append_events(conn, run, [draft], now)
+    return True

@@ -365,6 +365,7 @@ def _enqueue(
                     "wfv": wfv,
                     "status": "leased" if s in take else "ready",
                     "lease_owner": handoff.worker if handoff and s in take else None,
+                    "lease_token": 1 if handoff and s in take else 0,  # (its first claim)
                     # (on PostgreSQL: the database clock + "lease_for", in the insert)
                     ("lease_for" if postgres else "lease_expires_at"): (
                         (handoff.lease if postgres else lease_until)
@@ -433,10 +434,10 @@ def _begin_handed(
 
 
 JOBS_CHUNK = 200
-"""Jobs per multi-row insert: 10 parameters a row, far below the databases' limits."""
+"""Jobs per multi-row insert: 11 parameters a row, far below the databases' limits."""
 
 _JOB_COLUMNS = ("run_id", "stage_id", "kind", "wfv", "status", "lease_owner")
-_JOB_NUMBERS = ("available_at", "attempt", "created_at")
+_JOB_NUMBERS = ("available_at", "attempt", "created_at", "lease_token")
 
 
 @functools.cache

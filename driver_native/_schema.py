@@ -128,6 +128,10 @@ jobs = Table(
     Column("attempt", Integer, nullable=False, default=1),
     Column("lease_owner", String(200)),
     Column("lease_expires_at", Double),
+    # counts the job's claims: each claim takes the next number, and every write of the
+    # attempt it began (journal, signal take, outcome, heartbeat, give-back) names it, so a
+    # stale attempt is refused even when its own worker claimed the job again
+    Column("lease_token", Integer, nullable=False, default=0, server_default=sa.text("0")),
     Column("created_at", Double, nullable=False),
     UniqueConstraint("run_id", "stage_id", "kind", name="uq_wfe_jobs_stage"),
     Index("ix_wfe_jobs_claim", "status", "available_at"),
@@ -329,6 +333,17 @@ def _v10(conn: Connection) -> None:
         )
 
 
+def _v11(conn: Connection) -> None:
+    """v11 added jobs.lease_token, the job's claim count: a lease check compared the worker
+    id only, so an attempt whose lease was taken over by its own worker (reaped, then claimed
+    by the same worker again) still passed it. Existing jobs start at 0 (a lease held across
+    the upgrade is held by code that does not check tokens)."""
+    if "lease_token" not in {c["name"] for c in inspect(conn).get_columns("wfe_jobs")}:
+        conn.execute(
+            sa.text("ALTER TABLE wfe_jobs ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0")
+        )
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -340,6 +355,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (8, "runs index on (created_at, id) for listing pages", _v8),
     (9, "runs.group_open and jobs index on (run_id, status): transitions of wide graphs", _v9),
     (10, "runs.id pattern index for prefix search (PostgreSQL)", _v10),
+    (11, "jobs.lease_token: lease checks name the claim, not only the worker", _v11),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

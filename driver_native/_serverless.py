@@ -61,6 +61,7 @@ from ._host_models import (
     ProcessJobsResult,
     RunToCompletionResult,
 )
+from ._jobs import lease_values
 from ._kernel import Kernel
 from ._schema import jobs, runs
 from ._sql import lease_until
@@ -116,7 +117,7 @@ def _lease(
     stmt = (
         sa.update(jobs)
         .where(jobs.c.id.in_(inner.scalar_subquery()))
-        .values(status="leased", lease_owner=worker, lease_expires_at=lease_until(conn, lease, now))
+        .values(lease_values(worker, lease_until(conn, lease, now)))
         .returning(*jobs.c)
     )
     return list(conn.execute(stmt).all())

@@ -121,12 +121,14 @@ class WorkerHost:
         tasks = [t for _, t in self._active.values()]
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=self.shutdown_timeout)
-            ids = tuple(job_id for job_id, (_, t) in list(self._active.items()) if t in pending)
+            held = [job for job, t in list(self._active.values()) if t in pending]
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-            if ids:
-                await self.kernel.dispatch(ReleaseJobs(ids, self.worker_id))
+            if held:
+                ids = tuple(int(job.id) for job in held)
+                tokens = tuple(int(job.lease_token) for job in held)
+                await self.kernel.dispatch(ReleaseJobs(ids, self.worker_id, tokens))
                 self._counts["released"] += len(ids)
         with contextlib.suppress(Exception):
             await self.kernel.dispatch(FlushOutbox())

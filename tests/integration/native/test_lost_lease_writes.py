@@ -1,88 +1,36 @@
 """A worker whose lease was taken over (it stalled, and has not yet noticed at a heartbeat)
-must not journal a step or take a signal for the attempt it no longer owns (DESIGN §5: the
-new owner re-runs the attempt, replaying only what was journaled before the takeover).
+must not journal a step, take a signal or record an outcome for the attempt it no longer
+owns (DESIGN §5: the new owner re-runs the attempt, replaying only what was journaled before
+the takeover), also when the taker is that same worker (a later claim of the job: only the
+claim token tells the attempts apart); and its heartbeat stops it.
 
-The takeover is staged without timing: heartbeats are 30 s apart, the lease is expired by
-hand and reaped, and every stage body is held at a gate of the test's own."""
+The takeover is staged without timing (``stalls``): heartbeats are 30 s apart (or the
+takeover is one transaction), the lease is expired by hand and reaped, and every stage body
+is held at a gate of the test's own."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
 
-from driver_native import ClaimPending, ExecuteJob, NativeEngine, ReapStaleLeases
-from driver_native._schema import jobs, signals, steps
+from driver_native import ClaimPending, ExecuteJob, Heartbeat, NativeEngine, ReleaseJobs, _progress
+from driver_native._schema import jobs
 from engine_port import NonRetryableError, StageContext, Workflow
 
-from .conftest import MakeEngine
-
-SETTINGS: dict[str, Any] = {"lease_seconds": 60.0, "job_heartbeat_interval": 30.0}
+from .conftest import MakeEngine, types
+from .stalls import BEATING, SETTINGS, Gates, take_over
+from .stalls import expire_and_reap as _expire_and_reap
+from .stalls import settle as _settle
+from .stalls import step_rows as _step_rows
+from .stalls import unconsumed as _unconsumed
 
 
 class In(BaseModel):
     n: int = 0
-
-
-class Gates:
-    """One gate per call, in call order: call ``i`` waits at gate ``i`` once it is entered."""
-
-    def __init__(self) -> None:
-        self.entered: list[asyncio.Event] = [asyncio.Event() for _ in range(4)]
-        self.open: list[asyncio.Event] = [asyncio.Event() for _ in range(4)]
-        self.calls = 0
-        self.after: list[int] = []  # the calls that went on past the step under test
-
-    async def pass_(self) -> int:
-        i = self.calls
-        self.calls += 1
-        self.entered[i].set()
-        await self.open[i].wait()
-        return i
-
-
-async def _expire_and_reap(engine: NativeEngine, job_id: int) -> None:
-    """The stalled worker's lease runs out (without waiting for it) and is taken back."""
-    kernel = engine.kernel
-    await kernel.db.tx(
-        lambda c: c.execute(
-            sa.update(jobs)
-            .where(jobs.c.id == job_id)
-            .values(lease_expires_at=jobs.c.lease_expires_at - 120)
-        )
-    )
-    assert await kernel.dispatch(ReapStaleLeases()) == 1
-
-
-async def _step_rows(engine: NativeEngine, run_id: str) -> dict[str, Any]:
-    """Each journaled step: (completed, its result, read through the blob store if spilled)."""
-
-    def q(conn: sa.Connection) -> list[Any]:
-        return list(conn.execute(sa.select(steps).where(steps.c.run_id == run_id)).all())
-
-    claim = engine.kernel.claim
-    rows = await engine.kernel.db.read(q)
-    return {r.name: (bool(r.completed), await claim.load(r.result, run_id=run_id)) for r in rows}
-
-
-async def _unconsumed(engine: NativeEngine, run_id: str) -> int:
-    def q(conn: sa.Connection) -> int:
-        stmt = sa.select(sa.func.count()).where(
-            signals.c.run_id == run_id, signals.c.consumed.is_(False)
-        )
-        return int(conn.execute(stmt).scalar_one())
-
-    return await engine.kernel.db.read(q)
-
-
-async def _settle(task: asyncio.Task[Any]) -> Any:
-    with contextlib.suppress(asyncio.CancelledError):
-        return await asyncio.wait_for(task, 10)
-    return "cancelled"
 
 
 @pytest.mark.parametrize("spill", [None, 0], ids=["inline", "spilled"])
@@ -133,7 +81,15 @@ async def test_a_taken_over_attempt_does_not_journal_its_step(
     assert info.output == ["call-1", "call-1+second"]
 
 
-async def test_a_taken_over_attempt_does_not_take_a_signal(make_engine: MakeEngine) -> None:
+TAKERS = pytest.mark.parametrize("taker", ["worker-b", "worker-a"], ids=["other", "itself"])
+"""Who takes the stalled worker A's job over: another worker, or A itself (a later claim of
+the same worker: only the claim's ``lease_token`` tells the stale attempt from the new one)."""
+
+
+@TAKERS
+async def test_a_taken_over_attempt_does_not_take_a_signal(
+    make_engine: MakeEngine, taker: str
+) -> None:
     """The stale attempt takes the signal the new attempt waits for: the new attempt (begun
     before) finds none, journals its wait open again and suspends; the signal is gone."""
     gates = Gates()
@@ -152,15 +108,15 @@ async def test_a_taken_over_attempt_does_not_take_a_signal(make_engine: MakeEngi
     await asyncio.wait_for(gates.entered[0].wait(), 10)  # A stalls before its wait
     await _expire_and_reap(engine, job_a.id)
     # B re-runs the attempt: no signal yet, its wait is journaled open and the stage suspends
-    [job_b] = await kernel.dispatch(ClaimPending("worker-b", limit=1))
+    [job_b] = await kernel.dispatch(ClaimPending(taker, limit=1))
     gates.open[1].set()
-    assert await _settle(asyncio.create_task(kernel.dispatch(ExecuteJob(job_b, "worker-b")))) == (
+    assert await _settle(asyncio.create_task(kernel.dispatch(ExecuteJob(job_b, taker)))) == (
         "suspended"
     )
     await engine.signal(run.id, "go", {"n": 7})
     # the signal wakes the stage; B leases it again and begins the attempt
-    [job_b2] = await kernel.dispatch(ClaimPending("worker-b", limit=1))
-    b2 = asyncio.create_task(kernel.dispatch(ExecuteJob(job_b2, "worker-b")))
+    [job_b2] = await kernel.dispatch(ClaimPending(taker, limit=1))
+    b2 = asyncio.create_task(kernel.dispatch(ExecuteJob(job_b2, taker)))
     await asyncio.wait_for(gates.entered[2].wait(), 10)
     # now A wakes up and reaches its wait: it must not take the signal
     gates.open[0].set()
@@ -220,3 +176,139 @@ async def test_a_taken_over_compensation_does_not_journal_its_step(
     info = await engine.get_run(run.id)
     assert info.status == "failed"
     assert info.stage("a").status == "compensated"
+
+
+@TAKERS
+async def test_a_step_of_the_stale_attempt_is_refused_while_the_new_one_runs(
+    make_engine: MakeEngine, taker: str
+) -> None:
+    """Both attempts are in step "first" at once (the new one began after the takeover):
+    the stale one's result must not be journaled for the new one to replay."""
+    gates = Gates()
+    wf = Workflow("lost-lease-step-both", input=In)
+
+    async def held() -> str:
+        return f"call-{await gates.pass_()}"
+
+    @wf.stage
+    async def s(ctx: StageContext[In]) -> str:
+        first = await ctx.step.run("first", held)
+        gates.after.append(gates.calls)
+        return first
+
+    engine = await make_engine(wf, **SETTINGS)
+    kernel = engine.kernel
+    run = await engine.start(wf.id, {"n": 1})
+    [job_a] = await kernel.dispatch(ClaimPending("worker-a", limit=1))
+    a = asyncio.create_task(kernel.dispatch(ExecuteJob(job_a, "worker-a")))
+    await asyncio.wait_for(gates.entered[0].wait(), 10)  # A runs step "first", and stalls
+    await _expire_and_reap(engine, job_a.id)
+    [job_b] = await kernel.dispatch(ClaimPending(taker, limit=1))
+    b = asyncio.create_task(kernel.dispatch(ExecuteJob(job_b, taker)))
+    await asyncio.wait_for(gates.entered[1].wait(), 10)  # B runs step "first" too
+    gates.open[0].set()
+    assert await _settle(a) == "discarded"
+    assert "first" not in await _step_rows(engine, run.id), "the stale attempt journaled"
+    gates.open[1].set()
+    assert await _settle(b) == "completed"
+    assert gates.after == [2]  # only B's attempt went on past the step
+    assert await _step_rows(engine, run.id) == {"first": (True, "call-1")}
+    assert (await engine.get_run(run.id)).output == "call-1"
+
+
+@TAKERS
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+async def test_the_outcome_of_the_stale_attempt_is_discarded_while_the_new_one_runs(
+    make_engine: MakeEngine, taker: str, ends: str
+) -> None:
+    """The stale attempt ends (returns, or fails) while the new one runs: its outcome is not
+    recorded (no stage.completed or stage.failed of it), the new attempt's is."""
+    gates = Gates()
+    wf = Workflow("lost-lease-outcome", input=In)
+
+    @wf.stage
+    async def s(ctx: StageContext[In]) -> str:
+        i = await gates.pass_()
+        if ends == "raises" and i == 0:
+            raise RuntimeError("the stale attempt fails")
+        return f"call-{i}"
+
+    engine = await make_engine(wf, **SETTINGS)
+    kernel = engine.kernel
+    run = await engine.start(wf.id, {"n": 1})
+    [job_a] = await kernel.dispatch(ClaimPending("worker-a", limit=1))
+    a = asyncio.create_task(kernel.dispatch(ExecuteJob(job_a, "worker-a")))
+    await asyncio.wait_for(gates.entered[0].wait(), 10)
+    await _expire_and_reap(engine, job_a.id)
+    [job_b] = await kernel.dispatch(ClaimPending(taker, limit=1))
+    b = asyncio.create_task(kernel.dispatch(ExecuteJob(job_b, taker)))
+    await asyncio.wait_for(gates.entered[1].wait(), 10)
+    gates.open[0].set()
+    assert await _settle(a) == "discarded", "the stale attempt recorded its outcome"
+    gates.open[1].set()
+    assert await _settle(b) == "completed"
+    info = await engine.get_run(run.id)
+    assert (info.status, info.output) == ("completed", "call-1")
+    assert info.stage("s").attempt == 1
+    assert types(await engine.events(run.id), "s") == ["stage.started", "stage.completed"]
+
+
+async def test_a_stage_attempt_stops_when_its_own_worker_claimed_the_job_again(
+    make_engine: MakeEngine,
+) -> None:
+    """The stalled attempt's heartbeat finds the job leased to its worker under a later
+    claim: not its lease; the attempt is stopped and its outcome discarded."""
+    gates = Gates()
+    wf = Workflow("lost-lease-beat", input=In)
+
+    @wf.stage
+    async def s(ctx: StageContext[In]) -> str:
+        return f"call-{await gates.pass_()}"
+
+    engine = await make_engine(wf, **BEATING)
+    kernel = engine.kernel
+    run = await engine.start(wf.id, {"n": 1})
+    [job_a] = await kernel.dispatch(ClaimPending("worker-a", limit=1))
+    a = asyncio.create_task(kernel.dispatch(ExecuteJob(job_a, "worker-a")))
+    await asyncio.wait_for(gates.entered[0].wait(), 10)
+    job_b = await take_over(engine, job_a.id, "worker-a")
+    assert await _settle(a) == "discarded"  # (its gate never opened: the heartbeat stopped it)
+    gates.open[1].set()
+    assert await _settle(asyncio.create_task(kernel.dispatch(ExecuteJob(job_b, "worker-a")))) == (
+        "completed"
+    )
+    info = await engine.get_run(run.id)
+    assert (info.status, info.output) == ("completed", "call-1")
+
+
+async def test_a_stale_claim_neither_renews_nor_gives_back_its_workers_new_claim(
+    make_engine: MakeEngine,
+) -> None:
+    wf = Workflow("lost-lease-give-back", input=In)
+
+    @wf.stage
+    async def s(ctx: StageContext[In]) -> int:
+        return 1
+
+    engine = await make_engine(wf, **SETTINGS)
+    kernel = engine.kernel
+    await engine.start(wf.id, {"n": 1})
+    [old] = await kernel.dispatch(ClaimPending("worker-a", limit=1))
+    new = await take_over(engine, old.id, "worker-a")
+    later = kernel.now() + 1
+    assert not await kernel.db.tx(_progress.abandon_job, old, "worker-a", later)
+    assert await kernel.dispatch(Heartbeat(old.id, "worker-a", old.lease_token)) == (False, True)
+    assert await kernel.dispatch(ReleaseJobs((old.id,), "worker-a", (old.lease_token,))) == 0
+    row = await _job_row(engine, old.id)
+    assert (row.status, row.lease_owner, row.lease_token) == ("leased", "worker-a", new.lease_token)
+    # the new claim's own
+    assert await kernel.dispatch(Heartbeat(new.id, "worker-a", new.lease_token)) == (True, False)
+    assert await kernel.dispatch(ReleaseJobs((new.id,), "worker-a", (new.lease_token,))) == 1
+    assert (await _job_row(engine, new.id)).status == "ready"
+
+
+async def _job_row(engine: NativeEngine, job_id: int) -> Any:
+    def q(conn: sa.Connection) -> Any:
+        return conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).one()
+
+    return await engine.kernel.db.read(q)

@@ -152,3 +152,32 @@ def test_v4_moves_the_one_signal_per_name_table_into_the_queue(database_url: str
         ]
     finally:
         db.dispose()
+
+
+async def test_v11_adds_the_claim_token_to_the_jobs_of_a_v10_database(
+    database_url: str, make_engine: MakeEngine
+) -> None:
+    """A database made before v11 (jobs without lease_token), with a run waiting for its
+    first stage: the upgrade adds the column (existing jobs at 0) and the run completes."""
+    old = await make_engine(w.linear)
+    run = await old.start("it-linear", {"n": 1})
+
+    def back_to_v10(c: sa.Connection) -> None:  # what a v10 database has
+        c.execute(sa.text("ALTER TABLE wfe_jobs DROP COLUMN lease_token"))
+        c.execute(sa.update(_schema.schema_info).values(version=10))
+
+    await old.kernel.db.tx(back_to_v10)
+    await old.close()
+    engine = await make_engine(w.linear)
+    assert engine.kernel.db.schema_version() == _schema.LATEST_SCHEMA_VERSION
+
+    def tokens(c: sa.Connection) -> list[int]:
+        return list(c.execute(sa.select(_schema.jobs.c.lease_token)).scalars())
+
+    assert await engine.kernel.db.read(tokens) == [0]
+    (job,) = await engine.kernel.dispatch(ClaimPending("v11-host"))
+    assert job.lease_token == 1
+    assert await engine.kernel.dispatch(ExecuteJob(job, "v11-host")) == "completed"
+    async with engine.worker():
+        info = await engine.wait(run.id, timeout=20)
+    assert (info.status, info.output) == ("completed", {"result": 5})

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from driver_native._db import Database
-from driver_native._jobs import reap_stale
+from driver_native._jobs import Lease, reap_stale
 from driver_native._ledger import _LOST, _MISSING, _consume
 from driver_native._schema import jobs, signals
 from engine_port import StepRecord
@@ -54,6 +54,7 @@ def _queue(db: Database, *payloads: int, expires: float = 1e12) -> None:
 
 
 JOB = 1
+LEASE = Lease(JOB, "w", 0)  # (the job row's first lease_token, as inserted here)
 
 
 def _rec(name: str) -> StepRecord:
@@ -68,13 +69,13 @@ def test_two_stages_racing_for_a_signal_take_one_each(db: Database) -> None:
     got: dict[str, Any] = {}
 
     def first(conn: Connection) -> Any:
-        taken = _consume(conn, "r", "a", _rec("wait-a"), JOB, "w")
+        taken = _consume(conn, "r", "a", _rec("wait-a"), LEASE)
         holding.set()
         release.wait(10)  # the row lock on signal 1 is held until this commits
         return taken
 
     def second() -> None:
-        got["b"] = db.tx_sync(_consume, "r", "b", _rec("wait-b"), JOB, "w")
+        got["b"] = db.tx_sync(_consume, "r", "b", _rec("wait-b"), LEASE)
 
     t1 = threading.Thread(target=lambda: got.update(a=db.tx_sync(first)))
     t1.start()
@@ -86,7 +87,7 @@ def test_two_stages_racing_for_a_signal_take_one_each(db: Database) -> None:
     t1.join(10)
     t2.join(10)
     assert got == {"a": {"n": 1}, "b": {"n": 2}}
-    assert db.tx_sync(_consume, "r", "c", _rec("wait-c"), JOB, "w") is _MISSING
+    assert db.tx_sync(_consume, "r", "c", _rec("wait-c"), LEASE) is _MISSING
 
     def left(conn: Connection) -> int:
         return int(
@@ -109,7 +110,7 @@ def test_a_take_holds_the_lease_until_it_commits(db: Database) -> None:
     got: dict[str, Any] = {}
 
     def take(conn: Connection) -> Any:
-        taken = _consume(conn, "r", "a", _rec("wait-a"), JOB, "w")
+        taken = _consume(conn, "r", "a", _rec("wait-a"), LEASE)
         holding.set()
         release.wait(10)
         return taken
@@ -122,4 +123,4 @@ def test_a_take_holds_the_lease_until_it_commits(db: Database) -> None:
     t.join(10)
     assert got == {"a": {"n": 1}}
     assert [r.id for r in db.tx_sync(reap_stale, 2.0)] == [JOB]
-    assert db.tx_sync(_consume, "r", "b", _rec("wait-b"), JOB, "w") is _LOST
+    assert db.tx_sync(_consume, "r", "b", _rec("wait-b"), LEASE) is _LOST

@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 
 from driver_native import CancelRun, ClaimPending, ExecuteJob, _kernel, _schema
 from driver_native._engine import NativeEngine
+from driver_native._jobs import Lease
 from driver_native._ledger import _consume, journal
 from engine_port import (
     EngineSettings,
@@ -372,7 +373,7 @@ async def test_a_signal_take_committed_but_not_acknowledged_is_not_taken_twice(
         return result
 
     db._tx_once = once  # type: ignore[method-assign]
-    assert await db.tx(_consume, run.id, "s", rec, job.id, "w") == {"n": 1}
+    assert await db.tx(_consume, run.id, "s", rec, Lease.of(job, "w")) == {"n": 1}
     assert lost == [True]
 
     def left(conn: sa.Connection) -> int:
