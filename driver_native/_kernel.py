@@ -775,7 +775,7 @@ class Kernel:
         beat = asyncio.create_task(self._beat(job, worker, None, None, None))
         lost: list[bool] = []
 
-        def on_lost() -> None:  # a ledger write found the lease gone
+        def on_lost() -> None:  # a ledger write or a record found the lease gone
             self._lease_lost(job, worker)
             lost.append(True)
 
@@ -795,7 +795,8 @@ class Kernel:
                     plan.trace_context,
                     lease=(job, worker, on_lost),
                 )
-            await self.db.tx(_progress.finish_compensation, job, worker, self.now())
+            if not await self.db.tx(_progress.finish_compensation, job, worker, self.now()):
+                self._compensation_lost(job, worker, on_lost)
             self._run_finished(plan.run_id)
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -807,6 +808,10 @@ class Kernel:
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
         return "compensated"
+
+    def _compensation_lost(self, job: Any, worker: str, on_lost: Callable[[], None]) -> None:
+        on_lost()
+        raise asyncio.CancelledError(f"job {job.id}: the lease of {worker} is gone")
 
     async def _compensate_stage(
         self,
@@ -821,7 +826,8 @@ class Kernel:
         lease: tuple[Any, str, Callable[[], None]],
     ) -> None:
         """``lease``: the compensation job (as claimed), the worker holding its lease, and
-        what to call when a ledger write finds the lease gone."""
+        what to call when a write finds it gone (every write checks the claim; one that finds
+        it gone raises CancelledError)."""
         stage = wf.get_stage(stage_id)
         job, worker, on_lost = lease
         ledger_id = f"{stage_id}#compensation"
@@ -845,17 +851,18 @@ class Kernel:
             outcome = await self.runner.compensate(req, output, ledger)
             if isinstance(outcome, Abandoned):
                 raise _CompensationAbandoned(outcome.reason)
-            if isinstance(outcome, Completed):
-                await self.db.tx(_progress.record_compensation, run_id, stage_id, None, self.now())
-                return
-            assert isinstance(outcome, Failed)
-            if outcome.retryable and attempt < stage.retry.max_attempts:
-                await self.clock.sleep(stage.retry.delay_after(attempt).total_seconds())
-                attempt += 1
-                continue
-            await self.db.tx(
-                _progress.record_compensation, run_id, stage_id, outcome.error, self.now()
-            )
+            error = None
+            if isinstance(outcome, Failed):
+                if outcome.retryable and attempt < stage.retry.max_attempts:
+                    await self.clock.sleep(stage.retry.delay_after(attempt).total_seconds())
+                    attempt += 1
+                    continue
+                error = outcome.error
+            else:
+                assert isinstance(outcome, Completed)
+            record = _progress.record_compensation
+            if not await self.db.tx(record, job, worker, stage_id, error, self.now()):
+                self._compensation_lost(job, worker, on_lost)
             return
 
     # -- outbox ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from engine_port import (
 )
 from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
+from ._db import commit_was_unknown
 from ._jobs import Lease, held, notify_due
 from ._outbox import append_events
 from ._rawsql import execute, execute_many, execute_together
@@ -734,11 +735,15 @@ def begin_compensation_job(
 
 
 def record_compensation(
-    conn: Connection, run_id: str, stage_id: str, error: ErrorInfo | None, now: float
-) -> None:
-    run = try_run(conn, run_id)
+    conn: Connection, job: Any, worker: str, stage_id: str, error: ErrorInfo | None, now: float
+) -> bool:
+    """Record stage ``stage_id``'s compensation (``error``: it failed for good), if the
+    compensation ``job`` is still held under the claim ``worker`` made it by; False (nothing
+    written) if not: the job is another claim's now, which compensates from here."""
+    run = _run_if_held(conn, job, worker)
     if run is None:
-        return
+        return False
+    run_id = run.id
     if error is None:
         _set_stage(conn, run_id, stage_id, status=StageStatus.COMPENSATED)
         append_events(conn, run, [lc(run).stage_compensated(stage_id)], now)
@@ -747,6 +752,12 @@ def record_compensation(
         errors = list(run.compensation_errors or [])
         errors.append(error.model_dump())
         touch(conn, run_id, now, compensation_errors=errors)
+    return True
+
+
+def _ended(conn: Connection, run_id: str) -> bool:
+    run = try_run(conn, run_id, lock=False)
+    return run is not None and run.status in (RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> bool:
@@ -754,7 +765,9 @@ def finish_compensation(conn: Connection, job: Any, worker: str, now: float) -> 
     no longer held under the claim ``worker`` made it by."""
     run = _run_if_held(conn, job, worker)
     if run is None:
-        return False
+        # a re-run after a commit whose acknowledgement was lost: that commit ended the run
+        # (and deleted the job), it did not lose the lease
+        return commit_was_unknown() and _ended(conn, job.run_id)
     life = lc(run)
     conn.execute(
         sa.update(stages)

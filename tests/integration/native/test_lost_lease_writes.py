@@ -1,8 +1,8 @@
 """A worker whose lease was taken over (it stalled, and has not yet noticed at a heartbeat)
-must not journal a step, take a signal or record an outcome for the attempt it no longer
-owns (DESIGN §5: the new owner re-runs the attempt, replaying only what was journaled before
-the takeover), also when the taker is that same worker (a later claim of the job: only the
-claim token tells the attempts apart); and its heartbeat stops it.
+must not journal a step, take a signal, record an outcome or a compensation for the attempt
+it no longer owns (DESIGN §5: the new owner re-runs the attempt, replaying only what was
+journaled before the takeover), also when the taker is that same worker (a later claim of
+the job: only the claim token tells the attempts apart); and its heartbeat stops it.
 
 The takeover is staged without timing (``stalls``): heartbeats are 30 s apart (or the
 takeover is one transaction), the lease is expired by hand and reaped, and every stage body
@@ -251,6 +251,70 @@ async def test_the_outcome_of_the_stale_attempt_is_discarded_while_the_new_one_r
     assert (info.status, info.output) == ("completed", "call-1")
     assert info.stage("s").attempt == 1
     assert types(await engine.events(run.id), "s") == ["stage.started", "stage.completed"]
+
+
+def _saga(name: str, gates: Gates) -> Workflow[In]:
+    """Stage a completes, stage b fails for good: a's compensation (no step: recording it is
+    its only write) waits at the next gate."""
+    wf = Workflow(name, input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> str:
+        return "reserved"
+
+    @a.compensation
+    async def release(ctx: StageContext[In], output: str) -> None:
+        await gates.pass_()
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[In]) -> str:
+        raise NonRetryableError("out of stock")
+
+    return wf
+
+
+async def _compensating(engine: NativeEngine, worker: str) -> Any:
+    """Run the saga's stages (a completes, b fails); the compensation job claimed by
+    ``worker``."""
+    kernel = engine.kernel
+    for _ in range(2):
+        [job] = await kernel.dispatch(ClaimPending(worker, limit=1))
+        await kernel.dispatch(ExecuteJob(job, worker))
+    [job] = await kernel.dispatch(ClaimPending(worker, limit=1))
+    assert job.kind == "compensate"
+    return job
+
+
+async def _compensated_once(engine: NativeEngine, run_id: str) -> None:
+    info = await engine.get_run(run_id)
+    assert info.status == "failed"
+    assert info.stage("a").status == "compensated"
+    assert types(await engine.events(run_id), "a").count("stage.compensated") == 1
+
+
+@TAKERS
+async def test_a_taken_over_compensation_does_not_record_it(
+    make_engine: MakeEngine, taker: str
+) -> None:
+    gates = Gates()
+    wf = _saga("lost-lease-saga-record", gates)
+    engine = await make_engine(wf, **SETTINGS)
+    kernel = engine.kernel
+    run = await engine.start(wf.id, {"n": 1})
+    job_a = await _compensating(engine, "worker-a")
+    a = asyncio.create_task(kernel.dispatch(ExecuteJob(job_a, "worker-a")))
+    await asyncio.wait_for(gates.entered[0].wait(), 10)  # A compensates stage a, and stalls
+    await _expire_and_reap(engine, job_a.id)
+    [job_b] = await kernel.dispatch(ClaimPending(taker, limit=1))
+    b = asyncio.create_task(kernel.dispatch(ExecuteJob(job_b, taker)))
+    await asyncio.wait_for(gates.entered[1].wait(), 10)  # B compensates stage a too
+    gates.open[0].set()
+    assert await _settle(a) == "discarded"
+    stage_a = (await engine.get_run(run.id)).stage("a")
+    assert stage_a.status == "completed", "the stale compensation was recorded"
+    gates.open[1].set()
+    assert await _settle(b) == "compensated"
+    await _compensated_once(engine, run.id)
 
 
 async def test_a_stage_attempt_stops_when_its_own_worker_claimed_the_job_again(

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError
 
-from driver_native import CancelRun, ClaimPending, ExecuteJob, _kernel, _schema
+from driver_native import CancelRun, ClaimPending, ExecuteJob, _kernel, _progress, _schema
 from driver_native._engine import NativeEngine
 from driver_native._jobs import Lease
 from driver_native._ledger import _consume, journal
@@ -36,6 +36,7 @@ from engine_port._ledger import StepRecord
 from engine_port.errors import DriverUnavailableError
 from tests.support.databases import PostgresSession, TcpProxy
 
+from . import workflows as w
 from .conftest import MakeEngine
 
 SECRET = "4111-1111-1111-1111"  # a step result that must never reach an error or an event
@@ -522,3 +523,30 @@ async def test_a_compensation_journaling_fault_does_not_record_a_compensation_er
     assert info.stage("a").status == "compensated"
     assert info.stage("a").compensation_error is None
     assert RAN["undo"] == 2  # its first result was never journaled
+
+
+async def test_a_compensation_end_committed_but_not_acknowledged_is_not_a_lost_lease(
+    make_engine: MakeEngine,
+) -> None:
+    """The connection drops after the COMMIT that ended the compensated run: its re-run finds
+    the job gone because that commit deleted it, not because the lease was taken over."""
+    engine = await make_engine(w.flaky)
+    db = engine.kernel.db
+    real_once = db._tx_once
+    lost: list[bool] = []
+    dialect = db.engine.dialect.name
+
+    def once(attempt: Any, fn: Any, *args: Any, **kw: Any) -> Any:
+        result = real_once(attempt, fn, *args, **kw)
+        if not lost and fn is _progress.finish_compensation:
+            lost.append(True)
+            raise _dropped(dialect)  # committed, but the caller never hears of it
+        return result
+
+    db._tx_once = once  # type: ignore[method-assign]
+    run = await engine.start("it-flaky", {"n": 1, "note": "fatal"})
+    assert await _run_jobs(engine) == ["completed", "failed", "compensated"]
+    assert lost == [True]
+    info = await engine.get_run(run.id)
+    assert info.status == "failed" and info.stage("first").status == "compensated"
+    assert w.COUNTS["undo_first"] == 1
