@@ -764,6 +764,9 @@ class Kernel:
         )
 
     async def _compensate(self, cmd: ExecuteJob) -> str:
+        """Run a compensation job. It stops, as a stage attempt does, when its lease is found
+        gone (by a heartbeat, a step journaled or a compensation recorded): ``discarded``,
+        the job is another claim's now, which compensates from where the journal is."""
         job, worker = cmd.job, cmd.worker_id
         wf_id, version = job.wfv.split("@", 1)
         wf = self.registry.get(wf_id, version)
@@ -772,42 +775,54 @@ class Kernel:
         )
         if plan is None:
             return "deferred"
-        beat = asyncio.create_task(self._beat(job, worker, None, None, None))
-        lost: list[bool] = []
+        cancel = asyncio.Event()  # set once the lease is found gone (ctx.cancelled)
 
         def on_lost() -> None:  # a ledger write or a record found the lease gone
             self._lease_lost(job, worker)
-            lost.append(True)
+            cancel.set()
 
+        work = asyncio.create_task(self._compensate_plan(wf, plan, job, worker, cancel, on_lost))
+        beat = asyncio.create_task(self._beat(job, worker, work, cancel, None))
         try:
-            run_input = await self.claim.load(plan.input, run_id=plan.run_id)
-            outputs = {
-                k: await self.claim.load(v, run_id=plan.run_id) for k, v in plan.outputs.items()
-            }
-            for stage_id, stored in plan.todo:
-                await self._compensate_stage(
-                    wf,
-                    plan.run_id,
-                    stage_id,
-                    run_input,
-                    outputs,
-                    await self.claim.load(stored, run_id=plan.run_id),
-                    plan.trace_context,
-                    lease=(job, worker, on_lost),
-                )
-            if not await self.db.tx(_progress.finish_compensation, job, worker, self.now()):
-                self._compensation_lost(job, worker, on_lost)
-            self._run_finished(plan.run_id)
+            await work
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if not lost or (current is not None and current.cancelling()):
-                raise
-            return "discarded"  # the job is another claim's now: it compensates from here
+            if not cancel.is_set() or (current is not None and current.cancelling()):
+                raise  # (the host is shutting down: it releases the lease)
+            return "discarded"
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
+        self._run_finished(plan.run_id)
         return "compensated"
+
+    async def _compensate_plan(
+        self,
+        wf: Any,
+        plan: _progress.CompensationPlan,
+        job: Any,
+        worker: str,
+        cancel: asyncio.Event,
+        on_lost: Callable[[], None],
+    ) -> None:
+        """The compensations of ``plan``, newest first, then the run's end; each write made
+        under ``job``'s claim by ``worker`` (``on_lost`` and CancelledError when it is gone)."""
+        run_input = await self.claim.load(plan.input, run_id=plan.run_id)
+        outputs = {k: await self.claim.load(v, run_id=plan.run_id) for k, v in plan.outputs.items()}
+        for stage_id, stored in plan.todo:
+            await self._compensate_stage(
+                wf,
+                plan.run_id,
+                stage_id,
+                run_input,
+                outputs,
+                await self.claim.load(stored, run_id=plan.run_id),
+                plan.trace_context,
+                lease=(job, worker, cancel, on_lost),
+            )
+        if not await self.db.tx(_progress.finish_compensation, job, worker, self.now()):
+            self._compensation_lost(job, worker, on_lost)
 
     def _compensation_lost(self, job: Any, worker: str, on_lost: Callable[[], None]) -> None:
         on_lost()
@@ -823,13 +838,13 @@ class Kernel:
         output: Any,
         trace_context: str | None,
         *,
-        lease: tuple[Any, str, Callable[[], None]],
+        lease: tuple[Any, str, asyncio.Event, Callable[[], None]],
     ) -> None:
-        """``lease``: the compensation job (as claimed), the worker holding its lease, and
-        what to call when a write finds it gone (every write checks the claim; one that finds
-        it gone raises CancelledError)."""
+        """``lease``: the compensation job (as claimed), the worker holding its lease, the
+        event set when the lease is found gone, and what to call when a write finds it gone
+        (every write checks the claim; one that finds it gone raises CancelledError)."""
         stage = wf.get_stage(stage_id)
-        job, worker, on_lost = lease
+        job, worker, cancel, on_lost = lease
         ledger_id = f"{stage_id}#compensation"
         attempt = 1
         while True:
@@ -846,7 +861,14 @@ class Kernel:
                 on_lost=on_lost,
             )
             req = StageRequest(
-                run_id, wf, stage_id, attempt, run_input, outputs, trace_context=trace_context
+                run_id,
+                wf,
+                stage_id,
+                attempt,
+                run_input,
+                outputs,
+                cancel_event=cancel,
+                trace_context=trace_context,
             )
             outcome = await self.runner.compensate(req, output, ledger)
             if isinstance(outcome, Abandoned):

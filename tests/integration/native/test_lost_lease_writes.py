@@ -2,7 +2,8 @@
 must not journal a step, take a signal, record an outcome or a compensation for the attempt
 it no longer owns (DESIGN §5: the new owner re-runs the attempt, replaying only what was
 journaled before the takeover), also when the taker is that same worker (a later claim of
-the job: only the claim token tells the attempts apart); and its heartbeat stops it.
+the job: only the claim token tells the attempts apart); and its heartbeat stops it, a
+compensation's as a stage attempt's.
 
 The takeover is staged without timing (``stalls``): heartbeats are 30 s apart (or the
 takeover is one transaction), the lease is expired by hand and reaped, and every stage body
@@ -314,6 +315,35 @@ async def test_a_taken_over_compensation_does_not_record_it(
     assert stage_a.status == "completed", "the stale compensation was recorded"
     gates.open[1].set()
     assert await _settle(b) == "compensated"
+    await _compensated_once(engine, run.id)
+
+
+@pytest.mark.parametrize("taker", [None, "worker-a"], ids=["reaped", "itself"])
+async def test_a_compensation_stops_when_its_heartbeat_finds_the_lease_gone(
+    make_engine: MakeEngine, taker: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a stage attempt does: the heartbeat that finds the lease gone (reaped; or claimed
+    again, by this very worker) cancels the compensation and says so; it records nothing."""
+    gates = Gates()
+    wf = _saga("lost-lease-saga-beat", gates)
+    engine = await make_engine(wf, **BEATING)
+    kernel = engine.kernel
+    run = await engine.start(wf.id, {"n": 1})
+    job_a = await _compensating(engine, "worker-a")
+    a = asyncio.create_task(kernel.dispatch(ExecuteJob(job_a, "worker-a")))
+    await asyncio.wait_for(gates.entered[0].wait(), 10)  # A compensates stage a, and stalls
+    job_b = await take_over(engine, job_a.id, taker)
+    assert await _settle(a) == "discarded"  # (its gate never opened: the heartbeat stopped it)
+    assert "no longer holds its lease" in caplog.text
+    assert (await engine.get_run(run.id)).stage("a").status == "completed"
+    if job_b is None:
+        taker = "worker-b"
+        [job_b] = await kernel.dispatch(ClaimPending(taker, limit=1))
+    assert taker is not None
+    gates.open[1].set()
+    b = asyncio.create_task(kernel.dispatch(ExecuteJob(job_b, taker)))
+    assert await _settle(b) == "compensated"
+    assert gates.calls == 2
     await _compensated_once(engine, run.id)
 
 
