@@ -21,10 +21,10 @@ class TestNativeToNativeMigration(MigrationContract):
         blobs = f"file://{tmp_path / 'blobs'}"
         sqlite = SettingsHarness(
             EngineSettings(
-                database_url=f"sqlite:///{tmp_path / 'wfe.db'}", blob_url=blobs, lease_seconds=1.0
+                database_url=f"sqlite:///{tmp_path / 'wfe.db'}", blob_url=blobs, lease_seconds=3.0
             )
         )
         postgres = SettingsHarness(
-            EngineSettings(database_url=pg_session.new_schema(), blob_url=blobs, lease_seconds=1.0)
+            EngineSettings(database_url=pg_session.new_schema(), blob_url=blobs, lease_seconds=3.0)
         )
         return (sqlite, postgres) if request.param == "sqlite->postgres" else (postgres, sqlite)

@@ -18,7 +18,7 @@ class TestNativeSqlite(AllContracts):
             driver="native",
             database_url=f"sqlite:///{tmp_path / 'wfe.db'}",
             blob_url=f"file://{tmp_path / 'blobs'}",
-            lease_seconds=1.0,
+            lease_seconds=3.0,
         )
         return SettingsHarness(settings, name="native-sqlite")
 
@@ -31,6 +31,6 @@ class TestNativePostgres(AllContracts):
             driver="native",
             database_url=pg_session.new_schema(),
             blob_url=f"file://{tmp_path / 'blobs'}",
-            lease_seconds=1.0,
+            lease_seconds=3.0,
         )
         return SettingsHarness(settings, name="native-postgres")

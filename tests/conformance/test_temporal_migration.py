@@ -40,7 +40,7 @@ def _pair(tmp_path: Path, temporal_server: Any) -> tuple[SettingsHarness, Settin
             driver="native",
             database_url=f"sqlite:///{tmp_path / 'wfe.db'}",
             blob_url=blobs,
-            lease_seconds=1.0,
+            lease_seconds=3.0,
         ),
         name="native-sqlite",
     )
