@@ -62,7 +62,7 @@ from engine_port import (
 )
 from engine_port.errors import EngineError
 
-from ._carry import carry, meta_of
+from ._carry import carry, meta_of, whole
 from ._journal import StepJournal, put_small
 from ._names import FREEZE_CANCELLED_QUERY, TAKE_SIGNAL_UPDATE
 from ._wire import (
@@ -408,7 +408,8 @@ class DriverActivities:
         publishing: asyncio.Future[dict[str, Any]] | None = None
         later: asyncio.TimerHandle | None = None
         if isinstance(to_publish, dict):
-            carried: dict[str, Any] = to_publish
+            events = whole(to_publish.get("events") or [], task["run_id"], task["workflow_id"])
+            carried: dict[str, Any] = {**to_publish, "events": events}
             if self.sink is None and carried.get("lazy"):
                 # (a sinkless worker: a stage that ends before PARK_AFTER_S hands the batch
                 # back to the run unparked; a slower one parks it then, as before)

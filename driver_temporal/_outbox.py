@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from engine_port import EventDraft
     from engine_port.driver import sink_retry_delay
 
+    from ._carry import compact
     from ._names import RUN_ENDED
 
 __all__ = ["CARRY_MAX", "LAZY_MAX", "EventOutbox"]
@@ -106,7 +107,7 @@ class EventOutbox:
             # the end of the activation
             return None
         events = list(self._outbox[:CARRY_MAX])
-        task["publish"] = {"events": events, "parked": self._parked}
+        task["publish"] = {"events": [compact(e) for e in events], "parked": self._parked}
         if self._park_when_slow and len(events) <= LAZY_MAX:
             task["publish"]["lazy"] = True
         self._carrier_ids += 1
