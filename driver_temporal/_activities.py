@@ -102,6 +102,23 @@ class EventStats:
     failed: int = 0
     dead: int = 0
     error: str | None = None  # the sink's first error since the last flush_events()
+    last_error: str | None = None  # the sink's latest error, kept across flushes
+
+    def refused(self, error: str, events: int = 0) -> None:
+        """The sink refused a batch: ``events`` more failed (0: a failure another path counts,
+        e.g. a carried batch that ``wfe.publish`` retries)."""
+        self.failed += events
+        self.error = self.error or error
+        self.last_error = error
+
+    def dead_lettered(self, events: int) -> None:
+        """``events`` given up on (disjoint from ``failed``: the attempt that gave them up is not
+        a retry pending). A dead letter always follows refusals, which a ``flush_events()``
+        between them may have reported already: the one that reports the dead letters still
+        says the sink is degraded, with its latest error."""
+        self.dead += events
+        self.failed = max(0, self.failed - events)
+        self.error = self.error or self.last_error or "the event sink refused these events"
 
     def take(self) -> tuple[int, int, int]:
         out = (self.delivered, self.failed, self.dead)
@@ -621,10 +638,11 @@ class DriverActivities:
         try:
             await self.sink.publish([Event.model_validate(e) for e in batch])
         except Exception as exc:
-            if count_failures:
-                self.stats.failed += len(batch)  # events, as on the native driver
-                self.stats.error = self.stats.error or f"{type(exc).__name__}: {exc}"
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            error = f"{type(exc).__name__}: {exc}"
+            # (events, as on the native driver; an uncounted failure is retried and counted
+            # by wfe.publish)
+            self.stats.refused(error, len(batch) if count_failures else 0)
+            return {"ok": False, "error": error}
         self.stats.delivered += len(batch)
         for k in keys:
             await store.delete(k)
@@ -648,8 +666,7 @@ class DriverActivities:
             try:
                 await self.sink.publish(batch)
             except Exception as exc:
-                self.stats.failed += len(batch)
-                self.stats.error = self.stats.error or f"{type(exc).__name__}: {exc}"
+                self.stats.refused(f"{type(exc).__name__}: {exc}", len(batch))
                 continue
             for k in keys:
                 await store.delete(k)
@@ -664,9 +681,7 @@ class DriverActivities:
             await self.claim.store.put(
                 dlq_key(e["run_id"], e["seq"], e["id"]), pydantic_core.to_json(e)
             )
-        self.stats.dead += len(events)
-        # disjoint from ``failed``: the attempt that gave these up is not a retry pending
-        self.stats.failed = max(0, self.stats.failed - len(events))
+        self.stats.dead_lettered(len(events))
 
     @activity.defn(name=READ_JOURNAL_ACTIVITY)
     async def read_journal(self, run_id: str, stage_id: str, redrive: int) -> list[dict[str, Any]]:

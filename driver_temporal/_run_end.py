@@ -103,8 +103,7 @@ class RunEnds:
             )
         except TimeoutError:
             res = {"ok": False, "error": "TimeoutError: the sink took over 1 s"}
-            acts.stats.failed += len(events)
-            acts.stats.error = acts.stats.error or res["error"]
+            acts.stats.refused(res["error"], len(events))
         if res.get("ok"):
             return
         error = str(res.get("error"))
@@ -136,9 +135,7 @@ class RunEnds:
             if not batch:
                 return
             if dead:
-                # (a flush_events() may have reported the failures already: one that reports
-                # the dead letters says the sink is degraded too)
-                acts.stats.error = acts.stats.error or error
+                acts.stats.last_error = error  # (what the dead letters are reported with)
                 await acts.dead_letter(batch)
             else:
                 assert acts.sink is not None
@@ -146,8 +143,7 @@ class RunEnds:
                     await acts.sink.publish([Event.model_validate(e) for e in batch])
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
-                    acts.stats.failed += len(batch)
-                    acts.stats.error = acts.stats.error or error
+                    acts.stats.refused(error, len(batch))
                     failures += 1
                     continue
                 acts.stats.delivered += len(batch)

@@ -127,3 +127,23 @@ async def test_dead_letters_are_reported_with_the_sinks_error() -> None:
     await store.put("outbox/r1/0000000001-to-0000000002.json", kept)
     await ends._retry("r1", {**RULE, "dead_after": 1}, "ConnectionError: down")
     assert stats.dead == 2 and stats.error == "ConnectionError: down"
+
+
+async def test_dead_letters_of_the_workflows_outbox_are_reported_with_the_sinks_error() -> None:
+    """The same through ``wfe.publish`` and ``wfe.dead_letter`` (the run's outbox while it
+    runs): a flush between the refusal and the dead letter took the error, and the flush that
+    reports the dead letters said the sink was healthy (conformance s17, Temporal, once in a
+    clean run)."""
+    sink = MemorySink()
+    sink.failing = True
+    stats = EventStats()
+    acts = DriverActivities(
+        Registry([]), ClaimCheck(MemoryBlobStore()), cast(StageRunner, None), sink, stats, 1.0
+    )
+    events = _events("r1", [1, 2])
+    assert not (await acts.deliver(events, False, count_failures=True))["ok"]
+    error, stats.error = stats.error, None  # what flush_events() does
+    assert stats.take() == (0, 2, 0) and error and "event sink unavailable" in error
+    await acts.dead_letter(events)
+    assert stats.take() == (0, 0, 2)
+    assert stats.error == error  # reported degraded, with the sink's error
