@@ -107,6 +107,25 @@ def _dropped(dialect: str) -> OperationalError:
     return OperationalError("INSERT INTO wfe_steps ...", {"result": SECRET}, orig)
 
 
+def _ack_lost_after(db: Any, commits: Callable[[Any], bool]) -> list[bool]:
+    """Make the first transaction of ``db`` whose function ``commits(fn)`` picks commit, then
+    lose its acknowledgement (the connection drops after COMMIT): the caller sees the drop and
+    re-runs it. Returns the list that records (one ``True``) that it happened."""
+    real_once = db._tx_once
+    lost: list[bool] = []
+    dialect = db.engine.dialect.name
+
+    def once(attempt: Any, fn: Any, *args: Any, **kw: Any) -> Any:
+        result = real_once(attempt, fn, *args, **kw)
+        if not lost and commits(fn):
+            lost.append(True)
+            raise _dropped(dialect)
+        return result
+
+    db._tx_once = once
+    return lost
+
+
 def _inject(
     engine: NativeEngine, fails: Callable[[Any, tuple[Any, ...]], bool], exc: BaseException
 ) -> list[str]:
@@ -333,20 +352,11 @@ async def test_an_outcome_committed_but_not_acknowledged_keeps_its_output(
     wf = _two_steps()
     engine = await make_engine(wf, spill_threshold_bytes=1)  # outputs go to the blob store
     db = engine.kernel.db
-    real_once = db._tx_once
-    lost: list[bool] = []
-    dialect = db.engine.dialect.name
-
-    def once(attempt: Any, fn: Any, *args: Any, **kw: Any) -> Any:
-        result = real_once(attempt, fn, *args, **kw)
-        if not lost and fn is _kernel._apply_and_read:
-            lost.append(True)
-            raise _dropped(dialect)  # committed, but the caller never hears of it
-        return result
-
-    db._tx_once = once  # type: ignore[method-assign]
+    # committed, but the caller never hears of it
+    lost = _ack_lost_after(db, lambda fn: fn is _kernel._apply_and_read)
     run = await engine.start(wf.id, {})
     assert await _run_jobs(engine) == ["discarded"]
+    assert lost == [True]
     info = await engine.get_run(run.id)
     assert info.status == "completed" and info.output == "one+4111"
 
@@ -362,18 +372,8 @@ async def test_a_signal_take_committed_but_not_acknowledged_is_not_taken_twice(
     rec = StepRecord(name="go", kind="signal", completed=False, signal="go")
     [job] = await engine.kernel.dispatch(ClaimPending("w", limit=1))  # (the take's lease)
     db = engine.kernel.db
-    real_once = db._tx_once
-    lost: list[bool] = []
-    dialect = db.engine.dialect.name
-
-    def once(attempt: Any, fn: Any, *args: Any, **kw: Any) -> Any:
-        result = real_once(attempt, fn, *args, **kw)
-        if not lost and fn is _consume:
-            lost.append(True)
-            raise _dropped(dialect)  # committed: the first signal is taken and journaled
-        return result
-
-    db._tx_once = once  # type: ignore[method-assign]
+    # committed: the first signal is taken and journaled
+    lost = _ack_lost_after(db, lambda fn: fn is _consume)
     assert await db.tx(_consume, run.id, "s", rec, Lease.of(job, "w")) == {"n": 1}
     assert lost == [True]
 
@@ -441,18 +441,7 @@ async def test_a_start_committed_but_not_acknowledged_returns_its_run(
     wf = _two_steps()
     engine = await make_engine(wf)
     db = engine.kernel.db
-    real_once = db._tx_once
-    lost: list[bool] = []
-    dialect = db.engine.dialect.name
-
-    def once(attempt: Any, fn: Any, *args: Any, **kw: Any) -> Any:
-        result = real_once(attempt, fn, *args, **kw)
-        if not lost and getattr(fn, "__name__", "") == "_create_run_once":
-            lost.append(True)
-            raise _dropped(dialect)
-        return result
-
-    db._tx_once = once  # type: ignore[method-assign]
+    lost = _ack_lost_after(db, lambda fn: getattr(fn, "__name__", "") == "_create_run_once")
     key = "k" if how == "idempotency_key" else None
     handle = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
     assert lost == [True]
@@ -468,18 +457,7 @@ async def test_a_command_key_taken_but_not_acknowledged_is_still_ours(
     engine = await make_engine(wf)
     run = await engine.start(wf.id, {})
     db = engine.kernel.db
-    real_once = db._tx_once
-    lost: list[bool] = []
-    dialect = db.engine.dialect.name
-
-    def once(attempt: Any, fn: Any, *args: Any, **kw: Any) -> Any:
-        result = real_once(attempt, fn, *args, **kw)
-        if not lost and getattr(fn, "__name__", "") == "_key_begin":
-            lost.append(True)
-            raise _dropped(dialect)
-        return result
-
-    db._tx_once = once  # type: ignore[method-assign]
+    lost = _ack_lost_after(db, lambda fn: getattr(fn, "__name__", "") == "_key_begin")
     assert await engine.kernel.dispatch(CancelRun(run.id), idempotency_key="cancel-1") is True
     assert lost == [True]
     assert (await engine.get_run(run.id)).status in ("compensating", "cancelled")
@@ -532,18 +510,8 @@ async def test_a_compensation_end_committed_but_not_acknowledged_is_not_a_lost_l
     the job gone because that commit deleted it, not because the lease was taken over."""
     engine = await make_engine(w.flaky)
     db = engine.kernel.db
-    real_once = db._tx_once
-    lost: list[bool] = []
-    dialect = db.engine.dialect.name
-
-    def once(attempt: Any, fn: Any, *args: Any, **kw: Any) -> Any:
-        result = real_once(attempt, fn, *args, **kw)
-        if not lost and fn is _progress.finish_compensation:
-            lost.append(True)
-            raise _dropped(dialect)  # committed, but the caller never hears of it
-        return result
-
-    db._tx_once = once  # type: ignore[method-assign]
+    # committed, but the caller never hears of it
+    lost = _ack_lost_after(db, lambda fn: fn is _progress.finish_compensation)
     run = await engine.start("it-flaky", {"n": 1, "note": "fatal"})
     assert await _run_jobs(engine) == ["completed", "failed", "compensated"]
     assert lost == [True]
