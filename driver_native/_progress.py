@@ -112,7 +112,15 @@ def _run_if_held(conn: Connection, job: Any, worker: str) -> Any:
 
 
 @functools.cache
-def _owned_stage_query() -> Any:
+def _owned_stage_query(postgres: bool) -> Any:
+    """The stage row (and whether it has a step ledger) of the job ``:job_id``, if the job is
+    still leased under the claim ``:token`` of ``:worker``. On PostgreSQL the job row is
+    locked FOR SHARE until the transaction ends, as ``_jobs.held`` does: the reaper and a
+    claim lock it FOR UPDATE SKIP LOCKED and take no run lock, so a plain read would let them
+    take the lease over (commit) between this check and the writes that follow it, and an
+    outcome would land under a lease that is gone; locked, they skip the job until this
+    transaction commits, and one that locked it first makes this check wait, then find the
+    lease gone. (SQLite: writers take turns, BEGIN IMMEDIATE.)"""
     joined = stages.join(
         jobs, sa.and_(jobs.c.run_id == stages.c.run_id, jobs.c.stage_id == stages.c.stage_id)
     )
@@ -121,7 +129,7 @@ def _owned_stage_query() -> Any:
         .where(steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id)
         .label("has_steps")
     )
-    return (
+    owned = (
         sa.select(stages, has_steps)
         .select_from(joined)
         .where(
@@ -134,6 +142,7 @@ def _owned_stage_query() -> Any:
             jobs.c.status == "leased",
         )
     )
+    return owned.with_for_update(read=True, of=jobs) if postgres else owned
 
 
 def _owned_params(job: Any, worker: str) -> dict[str, Any]:
@@ -164,12 +173,14 @@ def _run_and_owned_stage(
     is still held under the claim ``worker`` made it by (ids alone can be reused; a later
     claim of ``worker`` itself has another ``lease_token``): ownership check and stage
     read in one query, sent with the run's in one round trip on PostgreSQL, with the reads
-    ``more`` (their results third)."""
+    ``more`` (their results third). The job row stays locked FOR SHARE on PostgreSQL
+    (``_owned_stage_query``): the lease checked is still held when the writes land."""
     params = _owned_params(job, worker)
+    owned = _owned_stage_query(conn.dialect.name == "postgresql")
     if not more:
-        run, stage = run_and(conn, job.run_id, _owned_stage_query(), params)
+        run, stage = run_and(conn, job.run_id, owned, params)
         return run, None if run is None else stage.first(), []
-    calls = [(try_run_query(), {"k_id": job.run_id}), (_owned_stage_query(), params)]
+    calls = [(try_run_query(), {"k_id": job.run_id}), (owned, params)]
     got = execute_together(conn, calls + more)
     run = got[0].first()
     return run, None if run is None else got[1].first(), got[2:]
@@ -267,7 +278,8 @@ def begin_attempts(
     if not one_by_one:
         run_id = claimed[0].run_id
         calls = [(try_run_query(), {"k_id": run_id})]
-        calls += [(_owned_stage_query(), _owned_params(j, worker)) for j in claimed]
+        owned = _owned_stage_query(True)  # (the claim locked the jobs: no lock to wait for)
+        calls += [(owned, _owned_params(j, worker)) for j in claimed]
         calls += outputs_reads(run_id, shape.upstream(j.stage_id for j in claimed))
         got = execute_together(conn, calls)
         run = got[0].first()

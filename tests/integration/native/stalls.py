@@ -44,11 +44,15 @@ def _expire(job_id: int) -> Any:
     )
 
 
+async def expire(engine: NativeEngine, job_id: int) -> None:
+    """The stalled worker's lease runs out (without waiting for it); nobody has reaped it yet."""
+    await engine.kernel.db.tx(lambda c: c.execute(_expire(job_id)))
+
+
 async def expire_and_reap(engine: NativeEngine, job_id: int) -> None:
     """The stalled worker's lease runs out (without waiting for it) and is taken back."""
-    kernel = engine.kernel
-    await kernel.db.tx(lambda c: c.execute(_expire(job_id)))
-    assert await kernel.dispatch(ReapStaleLeases()) == 1
+    await expire(engine, job_id)
+    assert await engine.kernel.dispatch(ReapStaleLeases()) == 1
 
 
 async def take_over(engine: NativeEngine, job_id: int, taker: str | None) -> Any:

@@ -18,12 +18,21 @@ import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
 
-from driver_native import ClaimPending, ExecuteJob, Heartbeat, NativeEngine, ReleaseJobs, _progress
-from driver_native._schema import jobs
+from driver_native import (
+    ClaimPending,
+    ExecuteJob,
+    Heartbeat,
+    NativeEngine,
+    ReleaseJobs,
+    _jobs,
+    _progress,
+)
+from driver_native._schema import jobs, stages
 from engine_port import NonRetryableError, StageContext, Workflow
 
-from .conftest import MakeEngine, types
+from .conftest import MakeEngine, eventually, types
 from .stalls import BEATING, SETTINGS, Gates, take_over
+from .stalls import expire as _expire
 from .stalls import expire_and_reap as _expire_and_reap
 from .stalls import settle as _settle
 from .stalls import step_rows as _step_rows
@@ -252,6 +261,69 @@ async def test_the_outcome_of_the_stale_attempt_is_discarded_while_the_new_one_r
     assert (info.status, info.output) == ("completed", "call-1")
     assert info.stage("s").attempt == 1
     assert types(await engine.events(run.id), "s") == ["stage.started", "stage.completed"]
+
+
+def _blocking(side: sa.Engine, pid: int) -> bool:
+    """Whether a backend of the server waits for a lock that backend ``pid`` holds."""
+    with side.connect() as c:
+        q = "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+        return bool(c.execute(sa.text(q), {"pid": pid}).scalar_one())
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_lease_is_not_taken_over_between_the_outcomes_check_and_its_writes(
+    make_engine: MakeEngine, database_url: str
+) -> None:
+    """PostgreSQL (SQLite's writers take turns): the outcome's transaction checks the lease
+    in its first round trip and writes after it. Neither the reaper nor a claim takes the run
+    lock that transaction holds, so if the check only read the job row, a reap of the expired
+    lease and worker B's claim could commit in between, and the outcome would still be
+    recorded (deleting the job B had just claimed). Staged without timing: another connection
+    holds the stage row, so the outcome's transaction waits there, past its check, while the
+    reaper and B's claim run; the check must hold the job row until the outcome commits."""
+    gates = Gates()
+    wf = Workflow("lost-lease-check-race", input=In)
+
+    @wf.stage
+    async def s(ctx: StageContext[In]) -> str:
+        return f"call-{await gates.pass_()}"
+
+    engine = await make_engine(wf, **SETTINGS)
+    kernel = engine.kernel
+    run = await engine.start(wf.id, {"n": 1})
+    [job_a] = await kernel.dispatch(ClaimPending("worker-a", limit=1))
+    a = asyncio.create_task(kernel.dispatch(ExecuteJob(job_a, "worker-a")))
+    await asyncio.wait_for(gates.entered[0].wait(), 10)  # A runs the body, and stalls
+    await _expire(engine, job_a.id)  # A's lease runs out; the reaper has not come yet
+    side = sa.create_engine(database_url, poolclass=sa.NullPool)
+    try:
+        with side.connect() as holder:
+            row = stages.c.run_id == run.id, stages.c.stage_id == "s"
+            holder.execute(sa.select(stages.c.status).where(*row).with_for_update())
+            pid = holder.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            gates.open[0].set()  # A returns: its outcome checks the lease, then waits here
+
+            async def waiting() -> bool:
+                return _blocking(side, pid)
+
+            await eventually(waiting)
+            with side.begin() as c:  # meanwhile the reaper, then worker B's claim
+                reaped = [r.id for r in _jobs.reap_stale(c, kernel.now())]
+                claimed = [j.id for j in _jobs.claim(c, "worker-b", None, 1, 60.0, kernel.now())]
+            holder.rollback()
+        result = await _settle(a)
+    finally:
+        side.dispose()
+    # the reaper skipped the job whose lease the outcome's transaction held, and nothing was
+    # due for B: the outcome was recorded under a lease nobody took over
+    assert (reaped, claimed, result) == ([], [], "completed"), (
+        "the lease was taken over between the outcome's check and its writes"
+    )
+    info = await engine.get_run(run.id)
+    assert (info.status, info.output) == ("completed", "call-0")
+    assert types(await engine.events(run.id), "s") == ["stage.started", "stage.completed"]
+    assert await kernel.dispatch(ClaimPending("worker-b", limit=1)) == []
 
 
 def _saga(name: str, gates: Gates) -> Workflow[In]:
