@@ -20,6 +20,8 @@ so the checks below cost nothing on the normal path. What a re-run then sees:
 - a stage outcome: its lease is already given up, so it reports ``discarded`` (the kernel keeps
   the output blob that the first try stored); ``begin_attempt`` resumes the attempt it began;
 - a step write is an upsert; a signal take finds its step journaled and returns that payload;
+- a compensation's record finds the stage compensated (or its error kept) and writes nothing;
+  the compensation's end finds the run ended (and its job gone) and reports it compensated;
 - a start finds its own run (same id, input and creation time) and returns it; a command
   idempotency key finds itself taken at the same instant and goes on;
 - not made safe: a ``signal`` without ``idempotency_key`` is queued a second time (senders

@@ -751,11 +751,20 @@ def record_compensation(
 ) -> bool:
     """Record stage ``stage_id``'s compensation (``error``: it failed for good), if the
     compensation ``job`` is still held under the claim ``worker`` made it by; False (nothing
-    written) if not: the job is another claim's now, which compensates from here."""
+    written) if not: the job is another claim's now, which compensates from here.
+
+    Once per (run, stage, claim): a re-run after a commit whose acknowledgement was lost
+    finds the compensation recorded by that commit and writes nothing (no second event, which
+    the outbox would refuse as a duplicate id, nor a second compensation error), and returns
+    True as that commit did. A recorded compensation is this claim's own: the plan holds only
+    stages not recorded yet, only the claim's holder records, and a redrive (which clears
+    them) needs the run ended."""
     run = _run_if_held(conn, job, worker)
     if run is None:
         return False
     run_id = run.id
+    if commit_was_unknown() and _compensation_recorded(conn, run_id, stage_id):
+        return True
     if error is None:
         _set_stage(conn, run_id, stage_id, status=StageStatus.COMPENSATED)
         append_events(conn, run, [lc(run).stage_compensated(stage_id)], now)
@@ -765,6 +774,15 @@ def record_compensation(
         errors.append(error.model_dump())
         touch(conn, run_id, now, compensation_errors=errors)
     return True
+
+
+def _compensation_recorded(conn: Connection, run_id: str, stage_id: str) -> bool:
+    """Whether stage ``stage_id``'s compensation is recorded: compensated, or failed for good
+    (its error kept)."""
+    stage = _stage(conn, run_id, stage_id)
+    return stage is not None and (
+        stage.status == StageStatus.COMPENSATED or stage.compensation_error is not None
+    )
 
 
 def _ended(conn: Connection, run_id: str) -> bool:

@@ -518,3 +518,61 @@ async def test_a_compensation_end_committed_but_not_acknowledged_is_not_a_lost_l
     info = await engine.get_run(run.id)
     assert info.status == "failed" and info.stage("first").status == "compensated"
     assert w.COUNTS["undo_first"] == 1
+
+
+def _saga_undo(fails: bool) -> Workflow[In]:
+    """Stage a completes, stage b fails for good; a's compensation succeeds, or (``fails``)
+    fails for good."""
+    wf = Workflow(f"faults-saga-record-{'fails' if fails else 'ok'}", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> str:
+        return "reserved"
+
+    @a.compensation
+    async def release(ctx: StageContext[In], output: str) -> None:
+        RAN["undo"] += 1
+        if fails:
+            raise NonRetryableError("cannot release")
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[In]) -> str:
+        raise NonRetryableError("out of stock")
+
+    return wf
+
+
+@pytest.mark.parametrize("undo", ["compensated", "fails"])
+async def test_a_compensation_record_committed_but_not_acknowledged_is_not_recorded_twice(
+    make_engine: MakeEngine, undo: str
+) -> None:
+    """The connection drops after the COMMIT that recorded stage a's compensation: the re-run
+    of that transaction (the compensation job still held) finds it recorded and writes
+    nothing, and reports it recorded (the compensation goes on, not "discarded"): one
+    stage.compensated event, the one committed (the same id and place), or one compensation
+    error, not two."""
+    wf = _saga_undo(fails=undo == "fails")
+    engine = await make_engine(wf)
+    db = engine.kernel.db
+    # committed, but the caller never hears of it
+    lost = _ack_lost_after(db, lambda fn: fn is _progress.record_compensation)
+    run = await engine.start(wf.id, {})
+    assert await _run_jobs(engine) == ["completed", "failed", "compensated"]
+    assert lost == [True]
+    assert RAN["undo"] == 1
+    info = await engine.get_run(run.id)
+    assert info.status == "failed"
+    events = await engine.events(run.id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert len({e.id for e in events}) == len(events)
+    of_a = [e.type for e in events if e.stage == "a"]
+    if undo == "fails":
+        assert info.stage("a").status == "completed"
+        assert info.stage("a").compensation_error is not None
+        assert [e.message for e in info.compensation_errors] == ["cannot release"]
+        assert "stage.compensated" not in of_a
+    else:
+        assert info.stage("a").status == "compensated"
+        assert info.compensation_errors == []
+        assert of_a == ["stage.started", "stage.completed", "stage.compensated"]
+    assert events[-1].type == "run.failed"
