@@ -17,6 +17,7 @@ __all__ = [
     "ABORT_EXPORT_UPDATE",
     "COMPLETE_EXPORT_UPDATE",
     "DELIVERY_DECIDED",
+    "EVENTS_HANDED",
     "FREEZE_CANCELLED_QUERY",
     "FREEZE_UPDATE",
     "INTERNAL",
@@ -53,6 +54,9 @@ DELIVERY_DECIDED = "wfe.delivery_decided"
 # ... and the one through which a run's last workflow task has its worker record its end (its
 # final state, its last events: ``_run_end``)
 RUN_ENDED = "wfe.run_ended"
+# ... and the one through which a running run's workflow task hands its worker the events no
+# activity carries (``_outbox``, ``_run_end``)
+EVENTS_HANDED = "wfe.events_handed"
 
 # current name -> the name runs started before ``names`` also answer to
 OLD_NAMES = {

@@ -41,7 +41,7 @@ from engine_port.driver import sink_retry_delay
 
 from ._activities import DriverActivities, in_order, parked_events
 from ._journal import put_small
-from ._names import DELIVERY_DECIDED, RUN_ENDED
+from ._names import DELIVERY_DECIDED, EVENTS_HANDED, RUN_ENDED
 from ._waiters import DeliveryWaiters
 from ._wire import outbox_batch_key, outbox_prefix, state_key
 
@@ -51,6 +51,7 @@ __all__ = ["RunEnds", "WorkerExterns"]
 # BlobStore (the SDK fails a workflow task whose activation takes over 2 s as a deadlock)
 _DELIVER_WITHIN_S = 1.0
 _RECORD_WITHIN_S = 1.8
+_HAND_WITHIN_S = 0.5  # ... and for the events of a running run (``hand``)
 
 
 class RunEnds:
@@ -73,7 +74,7 @@ class RunEnds:
         thread.) Store the run's final state and deliver or keep its last events; raises when
         the BlobStore fails (the workflow task fails and is retried)."""
         done = asyncio.run_coroutine_threadsafe(
-            self._record(run_id, state, events, parked, rule), loop
+            self._record(run_id, state, events, parked, rule, _DELIVER_WITHIN_S), loop
         )
         try:
             done.result(_RECORD_WITHIN_S)
@@ -81,17 +82,41 @@ class RunEnds:
             done.cancel()
             raise
 
-    async def _record(
+    def hand(
         self,
+        loop: asyncio.AbstractEventLoop,
         run_id: str,
-        state: dict[str, Any],
         events: list[dict[str, Any]],
         parked: bool,
         rule: dict[str, float],
     ) -> None:
+        """(The ``EVENTS_HANDED`` extern function, bound to the worker's ``loop``; called on
+        the workflow's thread.) Deliver or keep the events a running run's workflow task
+        hands over, as ``record`` does its last ones (with a shorter wait for the sink: a
+        workflow task may hand events over and end its run in one activation, which the SDK
+        fails as a deadlock past 2 s); raises when the BlobStore fails."""
+        done = asyncio.run_coroutine_threadsafe(
+            self._record(run_id, None, events, parked, rule, _HAND_WITHIN_S), loop
+        )
+        try:
+            done.result(_RECORD_WITHIN_S - _DELIVER_WITHIN_S)
+        except TimeoutError:
+            done.cancel()
+            raise
+
+    async def _record(
+        self,
+        run_id: str,
+        state: dict[str, Any] | None,
+        events: list[dict[str, Any]],
+        parked: bool,
+        rule: dict[str, float],
+        within_s: float,
+    ) -> None:
         acts = self._acts
         store = acts.claim.store
-        await put_small(store, state_key(run_id), pydantic_core.to_json(state))
+        if state is not None:
+            await put_small(store, state_key(run_id), pydantic_core.to_json(state))
         if not events:
             return
         if acts.sink is None:
@@ -99,10 +124,10 @@ class RunEnds:
             return
         try:
             res = await asyncio.wait_for(
-                acts.deliver(events, parked, count_failures=True), _DELIVER_WITHIN_S
+                acts.deliver(events, parked, count_failures=True), within_s
             )
         except TimeoutError:
-            res = {"ok": False, "error": "TimeoutError: the sink took over 1 s"}
+            res = {"ok": False, "error": f"TimeoutError: the sink took over {within_s:g} s"}
             acts.stats.refused(res["error"], len(events))
         if res.get("ok"):
             return
@@ -175,9 +200,15 @@ class WorkerExterns(Interceptor):
 
         self._ended = ended
 
+        def handed(*args: Any) -> None:
+            ends.hand(loop, *args)
+
+        self._handed = handed
+
     def workflow_interceptor_class(
         self, input: WorkflowInterceptorClassInput
     ) -> type[WorkflowInboundInterceptor] | None:
         input.unsafe_extern_functions[DELIVERY_DECIDED] = self._decided
         input.unsafe_extern_functions[RUN_ENDED] = self._ended
+        input.unsafe_extern_functions[EVENTS_HANDED] = self._handed
         return None

@@ -30,6 +30,7 @@ from ._wire import (
     MEMO_WRITES_ON_CHANGE,
     OLD_OUTBOX_RULE,
     PARKING_WHEN_SLOW,
+    PUBLISH_BY_WORKER,
     RESULT_WITH_RUN_INFO,
     RUN_END_BY_WORKER,
     STAGE_ATTRIBUTE_WAITS,
@@ -76,6 +77,7 @@ class StartDocument(BaseModel):
     parking: str | None = None
     run_end: str | None = None
     memo_shape: str | None = None
+    publish: str | None = None
     # a redrive, an import: where the run picks up
     redrive: int = 0
     redrive_from: str | None = None
@@ -110,6 +112,7 @@ class StartDocument(BaseModel):
             parking=PARKING_WHEN_SLOW,
             run_end=RUN_END_BY_WORKER,
             memo_shape=MEMO_SHAPE_COMPACT,
+            publish=PUBLISH_BY_WORKER,
             **fields,
         )
 
@@ -166,6 +169,12 @@ class StartDocument(BaseModel):
         """Its last workflow task has its worker record its end (final state, last events)
         without a local activity (``_run_end``)."""
         return self.run_end == RUN_END_BY_WORKER
+
+    @property
+    def publishes_on_worker(self) -> bool:
+        """The events none of its activities carries are handed to the worker running the
+        workflow task, not published by the ``wfe.publish`` local activity (``_outbox``)."""
+        return self.publish == PUBLISH_BY_WORKER
 
     @property
     def compact_memo(self) -> bool:

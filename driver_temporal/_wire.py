@@ -23,6 +23,7 @@ __all__ = [
     "MEMO_WRITES_ON_CHANGE",
     "OLD_OUTBOX_RULE",
     "PARKING_WHEN_SLOW",
+    "PUBLISH_BY_WORKER",
     "RESULT_WITH_RUN_INFO",
     "RUN_END_BY_WORKER",
     "STAGE_ATTRIBUTE_WAITS",
@@ -77,6 +78,11 @@ PARKING_WHEN_SLOW = "when-slow"
 # final state and deliver their last events (the ``RUN_ENDED`` extern function, ``_run_end``)
 # before the task completes; absent: the ``wfe.save_state`` local activity does
 RUN_END_BY_WORKER = "worker"
+# the start document's ``publish`` of runs whose events no activity carries (a sibling of a
+# fan-out that ended, a stage that suspended) are handed to the worker running the workflow
+# task (the ``EVENTS_HANDED`` extern function, ``_run_end``), which delivers or keeps them
+# before the task completes; absent: the ``wfe.publish`` local activity does
+PUBLISH_BY_WORKER = "worker"
 # the start document's ``memo_shape`` of runs whose ``wfe_run`` memo lists each stage with its
 # id, status and the fields that are set only (``StageState.memo``): Temporal writes a run's
 # memo again at every change of the run; absent: every field of every stage

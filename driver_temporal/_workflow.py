@@ -413,6 +413,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._one_carrier = start.one_carrier
         self._park_when_slow = start.parks_when_slow
         self._ends_on_worker = start.ends_on_worker
+        self._hands_events = start.publishes_on_worker
         self._status = "pending"
         self._deadline: str | None = start.deadline
         if self._graph.timeout_s and self._deadline is None:

@@ -20,7 +20,9 @@ changes). ``run_end_by_worker_resume`` is the same scenario on the code whose ru
 a ``wfe.save_state`` local activity (``run_end="worker"``: the worker of the last workflow task
 records the run's end, ``_run_end``). ``graph_in_input_resume`` is the same scenario on the code
 whose runs carry their graph in the workflow input's metadata and write a compact ``wfe_run``
-memo (``_start.CARRIED``, ``memo_shape="compact"``). Recorded with
+memo (``_start.CARRIED``, ``memo_shape="compact"``). ``events_handed_resume`` is the same
+scenario on the code whose runs hand the events no activity carries to the worker running the
+workflow task instead of a ``wfe.publish`` local activity (``publish="worker"``). Recorded with
 ``histories/record_signals.py``.
 """
 
@@ -50,6 +52,7 @@ HISTORIES = Path(__file__).parent / "histories"
         "after_locals_resume",
         "run_end_by_worker_resume",
         "graph_in_input_resume",
+        "events_handed_resume",
     ],
 )
 async def test_recorded_history_replays(name: str) -> None:

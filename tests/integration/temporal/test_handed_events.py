@@ -1,0 +1,140 @@
+"""Events no stage activity carries (the siblings of a fan-out that end while others run, a
+stage that suspends) are handed to the worker running the workflow task (``publish =
+"worker"``, ``_outbox._hand_over``), which delivers them, or keeps them in the BlobStore and
+retries, before the task completes: no ``wfe.publish`` local activity in the history, and the
+sink still gets every event, each first delivery in sequence order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+from temporalio.api.enums.v1 import EventType
+
+from engine_port import Event, FolderBlobStore, MemorySink, Registry, StageContext, Workflow
+
+from .conftest import EngineFactory, trace, wait_for_event
+
+pytestmark = pytest.mark.temporal
+
+
+class In(BaseModel):
+    n: int = 0
+
+
+class FirstSeen(MemorySink):
+    """Remembers the sequence numbers in the order each event first arrived; fails every
+    delivery while ``failing``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: list[int] = []
+        self._ids: set[str] = set()
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        await super().publish(events)
+        for e in events:
+            if e.id not in self._ids:
+                self._ids.add(e.id)
+                self.first.append(e.seq)
+
+
+def fan_out(width: int) -> Workflow[In]:
+    wf = Workflow("handed-fan", input=In)
+
+    @wf.stage
+    async def head(ctx: StageContext[In]) -> int:
+        return 1
+
+    async def leaf(ctx: StageContext[In]) -> int:
+        i = int(ctx.stage_id[1:])
+        await asyncio.sleep(0.05 * i)  # they end one after another, each in its own task
+        return i
+
+    siblings = [wf.stage(leaf, id=f"f{i}", after=[head]) for i in range(width)]
+
+    @wf.stage(after=siblings)
+    async def join(ctx: StageContext[In]) -> str:
+        return "joined"
+
+    return wf
+
+
+async def _markers(engine: object, run_id: str) -> int:
+    handle = engine._conn.get_workflow_handle(run_id)  # type: ignore[attr-defined]
+    history = await handle.fetch_history()
+    return sum(e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED for e in history.events)
+
+
+async def test_a_fan_outs_events_reach_the_sink_in_order_without_a_local_activity(
+    make_engine: EngineFactory,
+) -> None:
+    sink = FirstSeen()
+    engine = make_engine(Registry([fan_out(6)]), sink=sink)
+    async with engine, engine.worker():
+        run = await engine.start("handed-fan", {})
+        assert (await engine.wait(run.id, timeout=60)).status == "completed"
+        await wait_for_event(sink, run.id, "run.completed")
+        assert await _markers(engine, run.id) == 0  # (it ran local activities: 1 per handing)
+        replayed = await engine.events(run.id)
+    types = trace(sink, run)
+    assert sorted(s for t, s in types if t == "stage.completed") == sorted(
+        ["head", "join", *[f"f{i}" for i in range(6)]]
+    )
+    assert sink.first == sorted(sink.first)  # each first delivery after every earlier one
+    assert replayed == sink.for_run(run.id)
+
+
+async def test_a_suspended_stages_event_reaches_the_sink_while_the_run_waits(
+    make_engine: EngineFactory,
+) -> None:
+    wf = Workflow("handed-wait", input=In)
+
+    @wf.stage
+    async def approve(ctx: StageContext[In]) -> object:
+        return await ctx.step.wait_for_signal("approval")
+
+    sink = FirstSeen()
+    engine = make_engine(Registry([wf]), sink=sink)
+    async with engine, engine.worker():
+        run = await engine.start("handed-wait", {})
+        await wait_for_event(sink, run.id, "stage.suspended")
+        assert await _markers(engine, run.id) == 0
+        await engine.signal(run.id, "approval", {"ok": True})
+        assert (await engine.wait(run.id, timeout=60)).output == {"ok": True}
+        await wait_for_event(sink, run.id, "run.completed")
+    assert sink.first == sorted(sink.first)
+    types = [t for t, _ in trace(sink, run)]
+    assert types.index("stage.suspended") < types.index("stage.completed")
+
+
+async def test_events_handed_during_a_sink_outage_are_kept_then_delivered_in_order(
+    make_engine: EngineFactory, blob_dir: Path
+) -> None:
+    sink = FirstSeen()
+    settings = {
+        "outbox_retry_initial_seconds": 0.05,
+        "outbox_retry_max_seconds": 0.2,
+        "dead_letter_after": 1000,
+    }
+    engine = make_engine(Registry([fan_out(4)]), sink=sink, **settings)
+    async with engine, engine.worker():
+        sink.failing = True
+        run = await engine.start("handed-fan", {})
+        assert (await engine.wait(run.id, timeout=60)).status == "completed"
+        kept = await FolderBlobStore(blob_dir).list(f"outbox/{run.id}/")
+        assert kept, "the undelivered events are not kept"
+        assert sink.for_run(run.id) == []
+        sink.failing = False
+        deadline = time.monotonic() + 30
+        while not any(e.type == "run.completed" for e in sink.for_run(run.id)):
+            assert time.monotonic() < deadline, "the kept events were never delivered"
+            await asyncio.sleep(0.05)
+        replayed = await engine.events(run.id)
+    assert sink.first == sorted(sink.first)
+    assert replayed == sink.for_run(run.id)
+    assert len(trace(sink, run)) == len(replayed)
