@@ -257,7 +257,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         address, ns = self.settings.temporal_address, self.settings.temporal_namespace
         try:
             client = await asyncio.wait_for(
-                Client.connect(address, namespace=ns), timeout=self.connect_timeout
+                Client.connect(
+                    address,
+                    namespace=ns,
+                    grpc_compression=_rpc.grpc_compression(
+                        self.settings.temporal_grpc_compression, address
+                    ),
+                ),
+                timeout=self.connect_timeout,
             )
             await asyncio.wait_for(
                 check_search_attributes(client, ns, address), timeout=self.connect_timeout

@@ -10,15 +10,16 @@ again with capped exponential backoff and jitter until its deadline, then raises
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import GrpcCompression, RPCError, RPCStatusCode
 
 from engine_port.errors import DriverUnavailableError
 
-__all__ = ["RETRYABLE", "call", "retryable"]
+__all__ = ["RETRYABLE", "call", "grpc_compression", "retryable"]
 
 T = TypeVar("T")
 
@@ -57,3 +58,18 @@ async def call(
                 ) from None
         await asyncio.sleep(delay * (0.5 + random.random() / 2))
         delay = min(delay * 2, max_s)
+
+
+def grpc_compression(mode: str, address: str) -> GrpcCompression:
+    """The connection's gRPC compression for ``EngineSettings.temporal_grpc_compression``:
+    "auto" is none for a loopback address (``localhost``, ``127.0.0.0/8``, ``[::1]``), where
+    gzip costs CPU on both ends for no bandwidth saved, and gzip (temporalio's default)
+    elsewhere."""
+    if mode == "auto":
+        host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:  # a host name
+            loopback = False
+        mode = "none" if loopback else "gzip"
+    return GrpcCompression.NONE if mode == "none" else GrpcCompression.GZIP

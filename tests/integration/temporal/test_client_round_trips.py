@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from temporalio.service import GrpcCompression
 
 from driver_temporal import TemporalEngine
 from driver_temporal import _engine as temporal_engine
@@ -340,3 +341,20 @@ async def test_signal_whose_in_process_answer_never_comes_falls_back_to_the_quer
         del caller._hosted[key]
         info = await host.wait(run.id, timeout=60)
         assert info.status == "completed" and info.output == [3, 1]
+
+
+async def test_the_connection_to_a_loopback_server_is_uncompressed(
+    make_engine: EngineFactory,
+) -> None:
+    """(``temporal_grpc_compression = "auto"``): temporalio's default gzip cost a fan-out ~11
+    ms of this process's CPU and ~5 ms of the dev server's per run on a loopback address."""
+    engine = make_engine(registry())
+    async with engine, engine.worker():
+        assert engine._conn.service_client.config.grpc_compression is GrpcCompression.NONE
+        run = await engine.start("rt-quick", {"n": 1})
+        assert (await engine.wait(run.id, timeout=30)).output == 2
+    gzip = make_engine(registry(), temporal_grpc_compression="gzip")
+    async with gzip, gzip.worker():
+        assert gzip._conn.service_client.config.grpc_compression is GrpcCompression.GZIP
+        run = await gzip.start("rt-quick", {"n": 2})
+        assert (await gzip.wait(run.id, timeout=30)).output == 3
