@@ -263,6 +263,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     grpc_compression=_rpc.grpc_compression(
                         self.settings.temporal_grpc_compression, address
                     ),
+                    payload_limits=_rpc.PAYLOAD_LIMITS,
                 ),
                 timeout=self.connect_timeout,
             )
