@@ -41,6 +41,7 @@ dead-letter rule. Runs started before keep publishing every activation's events 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -171,15 +172,23 @@ class EventOutbox:
         or a store that fails, fails the workflow task, which Temporal retries."""
         events, self._outbox = self._outbox, []
         self._finishing = False
+        record = self._worker_function(RUN_ENDED, "record the end")
+        if record is not None:
+            record(self._run_id, state, events, self._parked, self._rule())
+
+    def _worker_function(self, name: str, what: str) -> Callable[..., None] | None:
+        """The extern function ``name`` of the worker running this workflow task (None on a
+        replay: what it does was done); a worker without it (not this driver's) fails the
+        task, which Temporal hands to another."""
         if workflow.unsafe.is_replaying():
-            return
-        record = workflow.extern_functions().get(RUN_ENDED)
-        if record is None:
+            return None
+        fn: Callable[..., None] | None = workflow.extern_functions().get(name)
+        if fn is None:
             raise RuntimeError(
-                f"this worker cannot record the end of run {self._run_id!r}: run it on a "
-                "worker the wfe Temporal driver builds (engine.worker())"
+                f"this worker cannot {what} of run {self._run_id!r}: run it on a worker the "
+                "wfe Temporal driver builds (engine.worker())"
             )
-        record(self._run_id, state, events, self._parked, self._rule())
+        return fn
 
     def _rule(self) -> dict[str, float]:
         return {
@@ -200,15 +209,9 @@ class EventOutbox:
         batch is delivered after them."""
         events, self._outbox = self._outbox, []
         parked, self._parked = self._parked, True
-        if workflow.unsafe.is_replaying():
-            return
-        hand = workflow.extern_functions().get(EVENTS_HANDED)
-        if hand is None:
-            raise RuntimeError(
-                f"this worker cannot deliver the events of run {self._run_id!r}: run it on a "
-                "worker the wfe Temporal driver builds (engine.worker())"
-            )
-        hand(self._run_id, events, parked, self._rule())
+        hand = self._worker_function(EVENTS_HANDED, "deliver the events")
+        if hand is not None:
+            hand(self._run_id, events, parked, self._rule())
 
     # -- published by the workflow ------------------------------------------------------------
     async def _publisher(self) -> None:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import start_script
+
 pytestmark = pytest.mark.temporal
-_ROOT = Path(__file__).resolve().parents[3]
 
 _SCRIPT = textwrap.dedent(
     """
@@ -52,25 +51,12 @@ async def test_a_client_script_exits_with_code_0(
 ) -> None:
     script = tmp_path / "client.py"
     script.write_text(_SCRIPT)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
     # the crash hit about one short script in ten (3 of 35 measured): a few, two at a time;
     # a regression shows as a flaky failure here (6 scripts catch it about half the time)
     codes: list[tuple[int | None, bytes]] = []
     for _ in range(3):
         procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                str(script),
-                temporal_address,
-                str(blob_dir),
-                "exit-test",
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-            )
+            await start_script(script, temporal_address, str(blob_dir), "exit-test")
             for _ in range(2)
         ]
         for p in procs:

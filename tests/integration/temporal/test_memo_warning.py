@@ -6,15 +6,14 @@ process's stderr for each memo over 2 KiB it sends, and a 52-stage run's ``wfe_r
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import start_script
+
 pytestmark = pytest.mark.temporal
-_ROOT = Path(__file__).resolve().parents[3]
 
 _SCRIPT = textwrap.dedent(
     """
@@ -61,19 +60,8 @@ async def test_a_52_stage_run_draws_no_memo_size_warning(
 ) -> None:
     script = tmp_path / "wide.py"
     script.write_text(_SCRIPT)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(script),
-        temporal_address,
-        str(blob_dir),
-        "memo-warning",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
+    proc = await start_script(
+        script, temporal_address, str(blob_dir), "memo-warning", stdout=asyncio.subprocess.PIPE
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err[-2000:]
