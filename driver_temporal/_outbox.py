@@ -84,6 +84,8 @@ class EventOutbox:
     _park_when_slow: bool = False
     # ... whose events no activity carries are handed to the worker (``publish``)
     _hands_events: bool = False
+    # ... a hand-over that failed: raised from the workflow's top-level coroutine (``_watched``)
+    _broken: Exception | None = None
     # while the run's end is recorded: its last events ride with ``wfe.save_state``
     _finishing: bool = False
 
@@ -199,19 +201,28 @@ class EventOutbox:
         }
 
     # -- handed to the worker while the run runs ----------------------------------------------
-    def _hand_over(self) -> None:
+    def _hand_over(self) -> bool:
         """(Runs marked ``publish = "worker"``.) Have the worker running this workflow task
         deliver the outbox (or keep it in the BlobStore, retried in the background) before
         the task completes (its ``EVENTS_HANDED`` extern function, ``_run_end``), as at the
-        run's end: no command, no local activity. The events leave the outbox either way (a
-        replay has nothing done: they were); the run then counts on kept events until an
-        activity that carries events says there are none (``_parked``), so that each later
-        batch is delivered after them."""
+        run's end: no command, no local activity. The events leave the outbox (a replay has
+        nothing done: they were); the run then counts on kept events until an activity that
+        carries events says there are none (``_parked``), so that each later batch is
+        delivered after them. A hand-over that fails keeps them and returns False: the
+        workflow task fails (``GraphWorkflow._watched``) and Temporal runs it again."""
         events, self._outbox = self._outbox, []
         parked, self._parked = self._parked, True
-        hand = self._worker_function(EVENTS_HANDED, "deliver the events")
-        if hand is not None:
-            hand(self._run_id, events, parked, self._rule())
+        try:
+            hand = self._worker_function(EVENTS_HANDED, "deliver the events")
+            if hand is not None:
+                hand(self._run_id, events, parked, self._rule())
+        except Exception as exc:
+            # (this task's error would fail nothing: ``_watched`` raises it, failing the
+            # workflow task, whose next try runs this activation again, events and all)
+            self._outbox, self._parked = events, parked
+            self._broken = exc
+            return False
+        return True
 
     # -- published by the workflow ------------------------------------------------------------
     async def _publisher(self) -> None:
@@ -230,7 +241,8 @@ class EventOutbox:
             if not (self._due() or self._closing):
                 continue  # an activity scheduled meanwhile carries them
             if self._hands_events:
-                self._hand_over()
+                if not self._hand_over():
+                    return  # (``_watched`` fails the workflow task)
                 continue
             batch = list(self._outbox[:CARRY_MAX])
             try:

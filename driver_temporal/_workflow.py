@@ -292,7 +292,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             self._emit(self._lc.run_redriven(start.redrive_from or "start", self._version))
         self._ready = True
         self._sync()
-        outcome, error = await self._main()
+        outcome, error = await (self._watched() if self._hands_events else self._main())
         await _to_the_end(self._wind_up(outcome, error, publisher, syncer))
         return self._result(outcome, error)
 
@@ -313,6 +313,24 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         else:
             raw = conv.from_payload(args[0].payload, dict)
         return StartDocument.model_validate(raw)
+
+    async def _watched(self) -> tuple[str, dict[str, Any] | None]:
+        """``_main`` for runs whose events no activity carries are handed to the worker
+        (``_outbox._hand_over``, in the publisher's task): a hand-over that failed (the
+        worker's BlobStore, a worker not this driver's) is raised here, from the workflow's
+        top-level coroutine, where an error fails the workflow task (an error in another task
+        of the workflow fails nothing): Temporal runs the task again, and the events with it.
+        A cancel of the run reaches ``_main`` as before."""
+        main = asyncio.ensure_future(self._main())
+        while True:
+            try:
+                await workflow.wait_condition(lambda: main.done() or self._broken is not None)
+                break
+            except asyncio.CancelledError:
+                main.cancel()
+        if self._broken is not None:
+            raise self._broken
+        return main.result()
 
     async def _main(self) -> tuple[str, dict[str, Any] | None]:
         """Run the stages (within the run's timeout, if any): how the run ends (``completed``,

@@ -10,11 +10,13 @@ import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 
+from driver_temporal._run_end import RunEnds
 from engine_port import Event, FolderBlobStore, MemorySink, Registry, StageContext, Workflow
 
 from .conftest import EngineFactory, trace, wait_for_event
@@ -138,3 +140,33 @@ async def test_events_handed_during_a_sink_outage_are_kept_then_delivered_in_ord
     assert sink.first == sorted(sink.first)
     assert replayed == sink.for_run(run.id)
     assert len(trace(sink, run)) == len(replayed)
+
+
+async def test_a_hand_over_that_fails_fails_the_workflow_task_and_loses_no_event(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's store fails once while a task hands events over: the error fails that
+    workflow task (an error in the workflow's publisher task alone failed nothing, and the
+    events it had dropped from the outbox were lost), Temporal runs it again, and the sink
+    gets every event."""
+    real = RunEnds.hand
+    calls: list[int] = []
+
+    def failing_once(self: RunEnds, *args: Any) -> None:
+        calls.append(len(args[2]))
+        if len(calls) == 1:
+            raise OSError("the blob store is down")
+        real(self, *args)
+
+    monkeypatch.setattr(RunEnds, "hand", failing_once)
+    sink = FirstSeen()
+    engine = make_engine(Registry([fan_out(4)]), sink=sink)
+    async with engine, engine.worker():
+        run = await engine.start("handed-fan", {})
+        assert (await engine.wait(run.id, timeout=60)).status == "completed"
+        await wait_for_event(sink, run.id, "run.completed")
+        replayed = await engine.events(run.id)
+    assert len(calls) >= 2  # handed again by the task's next try
+    assert sink.first == sorted(sink.first)
+    assert len(trace(sink, run)) == len(replayed)  # (trace: seq 1..n, none missing)
+    assert replayed == sink.for_run(run.id)
