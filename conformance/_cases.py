@@ -91,6 +91,10 @@ class StageCase:
     # JSON text of a value the stage's step results and its output carry (big and negative
     # integers, extreme floats, -0.0, any unicode, nesting): it must come back as given
     value: str | None = None
+    # a ``local=True`` stage (drawn only for a stage alone in its group that waits for no
+    # signal: a local stage runs inside its run's workflow task on Temporal, where a signal
+    # sent meanwhile only arrives after it; consecutive ones run as one local activity)
+    local: bool = False
 
     def outcome(self, attempt: int) -> Outcome:
         return self.outcomes[attempt - 1] if attempt <= len(self.outcomes) else "ok"
@@ -178,6 +182,20 @@ def json_values() -> Any:
     return st.one_of(st.sampled_from(HARD_NUMBERS), scalars, nested)
 
 
+def _layers(sizes: list[int]) -> list[list[str]]:
+    """Stage ids by layer for layers of the drawn ``sizes``, at most 12 stages in all."""
+    total = 0
+    trimmed = []
+    for drawn in sizes:
+        size = min(drawn, 12 - total)
+        if size <= 0:
+            break
+        trimmed.append(size)
+        total += size
+    letters = iter("abcdefghijkl")
+    return [[next(letters) for _ in range(size)] for size in trimmed]
+
+
 def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
     """A hypothesis strategy of deterministic cases (1-12 stages, groups of up to 4)."""
     from hypothesis import strategies as st
@@ -185,11 +203,12 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
     value_json = st.none() | json_values().map(json.dumps)
 
     @st.composite
-    def _ops(draw: Any, sid: str, root: bool) -> tuple[Op, ...]:
+    def _ops(draw: Any, sid: str, root: bool, waits: bool) -> tuple[Op, ...]:
         n = draw(st.integers(0, 4))
         ops: list[Op] = []
         for i in range(n):
-            kind = draw(st.sampled_from(["run", "run", "sleep", "wait", "emit"]))
+            kinds = ["run", "run", "sleep", "wait", "emit"] if waits else ["run", "sleep", "emit"]
+            kind = draw(st.sampled_from(kinds))
             name = f"{sid}{i}"
             if kind == "run":
                 ops.append(RunStep(name, fails=draw(st.sampled_from([0, 0, 0, 1, 2]))))
@@ -213,19 +232,30 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         return tuple(ops)
 
     @st.composite
+    def _stage(draw: Any, sid: str, after: tuple[str, ...], root: bool, alone: bool) -> StageCase:
+        max_attempts = draw(st.integers(1, 3))
+        local = alone and draw(st.booleans())
+        ops = draw(_ops(sid, root, waits=not local))
+        return StageCase(
+            id=sid,
+            after=after,
+            max_attempts=max_attempts,
+            interval_ms=draw(st.sampled_from([20, 50])),
+            ops=ops,
+            outcomes=tuple(
+                draw(st.sampled_from(["ok", "ok", "ok", "ok", "error", "error", "fatal"]))
+                for _ in range(max_attempts)
+            ),
+            compensation=draw(st.sampled_from([None, None, "ok", "ok", "fail"])),
+            hold=not local and draw(st.sampled_from([False, False, False, True])),
+            value=draw(value_json),
+            local=local,
+        )
+
+    @st.composite
     def _case(draw: Any) -> Case:
         n_groups = draw(st.integers(1, 5))
-        sizes = [draw(st.integers(1, 4)) for _ in range(n_groups)]
-        total = 0
-        trimmed = []
-        for drawn in sizes:  # at most 12 stages
-            size = min(drawn, 12 - total)
-            if size <= 0:
-                break
-            trimmed.append(size)
-            total += size
-        letters = iter("abcdefghijkl")
-        layers = [[next(letters) for _ in range(size)] for size in trimmed]
+        layers = _layers([draw(st.sampled_from([1, 1, 1, 2, 3, 4])) for _ in range(n_groups)])
         stages: list[StageCase] = []
         for k, layer in enumerate(layers):
             for sid in layer:
@@ -235,24 +265,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                     earlier = [x for lay in layers[:k] for x in lay if x != first]
                     extra = draw(st.lists(st.sampled_from(earlier), max_size=2)) if earlier else []
                     after = tuple(sorted({first, *extra}))
-                max_attempts = draw(st.integers(1, 3))
-                outcomes = tuple(
-                    draw(st.sampled_from(["ok", "ok", "ok", "ok", "error", "error", "fatal"]))
-                    for _ in range(max_attempts)
-                )
-                stages.append(
-                    StageCase(
-                        id=sid,
-                        after=after,
-                        max_attempts=max_attempts,
-                        interval_ms=draw(st.sampled_from([20, 50])),
-                        ops=draw(_ops(sid, k == 0)),
-                        outcomes=outcomes,
-                        compensation=draw(st.sampled_from([None, None, "ok", "ok", "fail"])),
-                        hold=draw(st.sampled_from([False, False, False, True])),
-                        value=draw(value_json),
-                    )
-                )
+                stages.append(draw(_stage(sid, after, k == 0, len(layer) == 1)))
         order = tuple(x for layer in layers for x in draw(st.permutations(layer)))
         holders = [s.id for s in stages if s.hold]
         cancel = draw(st.sampled_from([None, None, *holders])) if holders else None

@@ -125,7 +125,7 @@ class _Runtime:
             }
             await self._until(lambda: before <= self.sent, "before signals sent")
         await self._until(
-            lambda: all(self.sink.has(run_id, "stage.started", x) for x in group),
+            lambda: all(self.sink.has(run_id, "stage.started", x) for x in group if x != sid),
             f"siblings of {sid} started",
         )
         order = [x for x in self.case.run_order() if x in group]
@@ -153,6 +153,7 @@ def _build(case: Case, rt: _Runtime) -> Workflow[Num]:
         stage = wf.stage(
             id=s.id,
             after=[built[d] for d in s.after],
+            local=s.local,
             retry=Retry(
                 max_attempts=s.max_attempts,
                 initial_interval=timedelta(milliseconds=s.interval_ms),

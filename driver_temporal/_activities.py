@@ -178,17 +178,43 @@ class _JournalLedger(InMemoryLedger):
         return done
 
 
+@dataclass(frozen=True)
+class _Recorded:
+    """The result document of a local try that had ended, read back from its journal: its
+    local activity runs again only because the workflow task that was to record it was lost
+    (a lost worker, a task timeout, or a completion Temporal refused because a signal reached
+    the run meanwhile), so the body does not run again."""
+
+    doc: dict[str, Any]
+
+
+def _outcome_name(info: activity.Info, task: dict[str, Any], compensation: bool) -> str | None:
+    """The journal record of a local try's result document (``_Recorded``); None for a
+    regular activity or a task of a run started before tries were numbered."""
+    if not info.is_local or "try" not in task:
+        return None
+    # (a compensation's attempts are numbered apart from the stage's; it never suspends)
+    return f"wfe.outcome.{'c' if compensation else 'a'}{task['attempt']}.t{task['try']}"
+
+
 async def _journaled_by_lost_try(
     log: StepJournal,
     records: dict[str, dict[str, Any]],
     journal: dict[str, dict[str, Any]],
     raw_signals: dict[str, list[Any]],
-) -> list[str]:
+    outcome: str | None,
+) -> tuple[list[str], dict[str, Any] | None]:
     """Merge the steps a lost try of this attempt journaled into ``records`` (and this try's
     ``journal``); returns the signal names it consumed from the task's queues (it took the
-    oldest of its name: it stays taken, removed from ``raw_signals``)."""
+    oldest of its name: it stays taken, removed from ``raw_signals``), and the result
+    document recorded as ``outcome`` by a try that ended, if any."""
     pre_consumed: list[str] = []
+    recorded: dict[str, Any] | None = None
     for r in await log.read():
+        if r.get("kind") == "outcome":
+            if r["name"] == outcome:
+                recorded = r["doc"]
+            continue
         via = r.pop("via", None)
         if records.get(r["name"]) == r:
             continue
@@ -200,7 +226,7 @@ async def _journaled_by_lost_try(
         if r.get("kind") == "signal" and r.get("completed") and raw_signals.get(sig):
             raw_signals[sig].pop(0)
             pre_consumed.append(sig)
-    return pre_consumed
+    return pre_consumed, recorded
 
 
 async def parked_events(store: BlobStore, keys: Sequence[str]) -> list[dict[str, Any]]:
@@ -229,25 +255,57 @@ def in_order(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(unique.values(), key=lambda e: e["seq"])
 
 
-def _failed_attempt(req: StageRequest, outcome: Failed, result: dict[str, Any]) -> ApplicationError:
-    """A failed stage attempt as Temporal shows a failed activity: the user's error type,
-    message and traceback. It is non-retryable for Temporal: the workflow applies the stage's
-    own retry policy (a new activity per attempt, each failure shown); ``retryable`` in the
-    details says whether the stage's policy may retry it."""
-    error = outcome.error
-    shown: dict[str, Any] = {
-        "stage": req.stage_id,
-        "attempt": req.attempt,
-        "retryable": outcome.retryable,
-    }
-    if error.traceback:
-        shown["traceback"] = error.traceback
+def _failed_attempt(
+    stage_id: str, attempt: int, doc: dict[str, Any], meta: dict[str, Any]
+) -> ApplicationError:
+    """A failed stage attempt (its result document ``doc``) as Temporal shows a failed
+    activity: the user's error type, message and traceback, with ``meta`` (the bookkeeping the
+    run reads) in the details' metadata. It is non-retryable for Temporal: the workflow applies
+    the stage's own retry policy (a new activity per attempt, each failure shown);
+    ``retryable`` in the details says whether the stage's policy may retry it."""
+    error = doc["error"]
+    shown: dict[str, Any] = {"stage": stage_id, "attempt": attempt, "retryable": doc["retryable"]}
+    if error.get("traceback"):
+        shown["traceback"] = error["traceback"]
     return ApplicationError(
-        error.message,
-        carry(shown, result, activity.payload_converter()),
-        type=error.type,
+        error["message"],
+        carry(shown, meta, activity.payload_converter()),
+        type=error["type"],
         non_retryable=True,
     )
+
+
+def _shaped(req: StageRequest, doc: dict[str, Any]) -> Any:
+    """A try's result document as the activity of a run of this driver returns it (``_carry``):
+    the output (a suspension: where it waits) with the rest in the payload's metadata; a
+    failed attempt raises."""
+    if doc["kind"] == "failed":
+        raise _failed_attempt(req.stage_id, req.attempt, doc, doc)
+    if doc["kind"] == "suspended":
+        shown: Any = {"suspended": doc["waiting_for"], "until": doc["until"]}
+    else:
+        shown = doc.pop("output")
+    return carry(shown, doc, activity.payload_converter())
+
+
+def _unconsumed(queues: dict[str, list[Any]], consumed: Sequence[str]) -> dict[str, list[Any]]:
+    """The signal ``queues`` an attempt was handed, less the oldest one of each name it
+    ``consumed`` (once per consumption)."""
+    left = {name: list(queue) for name, queue in queues.items()}
+    for name in consumed:
+        if left.get(name):
+            left[name].pop(0)
+    return {name: queue for name, queue in left.items() if queue}
+
+
+def _journal_of(task: dict[str, Any], compensation: bool) -> str:
+    """The journal prefix of ``task``'s stage (or its compensation)."""
+    what = "compensate" if compensation else "stage"
+    return journal_prefix(task["run_id"], task["stage_id"], task["redrive"], what)
+
+
+# what every stage of a run's local chain shares with the attempt that heads it
+_RUN_KEYS = ("run_id", "workflow_id", "version", "redrive", "input", "trace_context", "reset")
 
 
 class _Beat:
@@ -319,20 +377,80 @@ class DriverActivities:
             task = {**meta, "output": values[0], "input": values[1], "outputs": upstream}
         else:
             task = {**meta, "input": values[0], "outputs": values[1] if len(values) > 1 else {}}
+        chain = task.pop("chain", None)
+        if chain:
+            return await self._chain(info, task, chain)
         return await self._stage(info, task, compensation, carried=True)
+
+    async def _chain(
+        self, info: activity.Info, task: dict[str, Any], chain: list[dict[str, Any]]
+    ) -> Any:
+        """A ``local=True`` stage attempt (``task``) and, each time the last one completed,
+        the next stage of ``chain``: the fresh local stages after it, each alone in its group
+        (``GraphWorkflow._chain``), each at attempt 1 with the signals the earlier ones left
+        and the outputs they produced. The result is the first stage's, with the others'
+        documents under ``chained``, in order, up to the first that did not complete; a
+        chained stage that failed fails the local activity with its own error (shown red,
+        the details naming the stage), carrying the same bookkeeping. A cancel while a chained
+        stage runs ends it ``cancelled`` (the ones before it completed); a chained stage the
+        engine's storage failed is left out, and the run runs it again itself (the steps it
+        journaled replay)."""
+        outcome, req, head = await self._attempt(info, task, False)
+        head = await self._document(task, req, outcome, head, False, inline=True)
+        if head["kind"] != "completed":
+            return _shaped(req, head)
+        outputs = {req.stage_id: head["output"]}
+        queues = _unconsumed(task.get("signal_queues") or {}, head["consumed"])
+        ran: list[dict[str, Any]] = []
+        for link in chain:
+            sid = link["stage_id"]
+            sub = {k: task[k] for k in _RUN_KEYS if k in task}
+            sub.update(
+                stage_id=sid,
+                attempt=1,
+                steps=[],
+                signal_queues=queues,
+                output=None,
+                outputs={**link["outputs"], **{a: outputs[a] for a in link["chained"]}},
+            )
+            if "try" in task:
+                sub["try"] = 0  # (a fresh attempt's first try)
+            try:
+                outcome, sub_req, doc = await self._attempt(info, sub, False)
+            except asyncio.CancelledError:
+                ran.append({"stage_id": sid, "kind": "cancelled"})
+                break
+            except Exception:
+                break
+            doc = await self._document(sub, sub_req, outcome, doc, False, inline=True)
+            ran.append({"stage_id": sid, **doc})
+            if doc["kind"] != "completed":
+                break
+            outputs[sid] = doc["output"]
+            queues = _unconsumed(queues, doc["consumed"])
+        if ran and ran[-1]["kind"] == "failed":
+            raise _failed_attempt(ran[-1]["stage_id"], 1, ran[-1], {**head, "chained": ran})
+        output = head.pop("output")
+        return carry(output, {**head, "chained": ran}, activity.payload_converter())
 
     async def _stage(
         self, info: activity.Info, task: dict[str, Any], compensation: bool, *, carried: bool
     ) -> Any:
         """One stage attempt or compensation; ``carried``: the result is the stage's output
         (its bookkeeping in the payload's metadata) and a failure raises (see ``_carry``)."""
+        outcome, req, result = await self._attempt(info, task, compensation)
+        return await self._stage_result(task, req, outcome, result, compensation, carried)
+
+    async def _attempt(
+        self, info: activity.Info, task: dict[str, Any], compensation: bool
+    ) -> tuple[Completed | Failed | Suspended | _Recorded, StageRequest, dict[str, Any]]:
+        """Run the stage body (or its compensation) of ``task``: its outcome, its request and
+        the bookkeeping of its result (steps journaled, signals consumed, events published);
+        a local try that had ended already: its recorded result document."""
         req = await self._request(task)
         journal: dict[str, dict[str, Any]] = {}
         records = {r["name"]: r for r in task["steps"]}
-        prefix = journal_prefix(
-            req.run_id, req.stage_id, task["redrive"], "compensate" if compensation else "stage"
-        )
-        log = StepJournal(self.claim.store, prefix)
+        log = StepJournal(self.claim.store, _journal_of(task, compensation))
         # buffered payloads per signal name, oldest first (a task scheduled before signals
         # queued carries "signals": one payload per name)
         raw_signals: dict[str, list[Any]] = {
@@ -346,7 +464,14 @@ class DriverActivities:
             # a previous try of this attempt died: steps it journaled replay, never run again
             # (a local activity re-run after a lost worker starts again at try 1: always
             # look; after an operator's reset the run's ledger forgot steps: look too)
-            pre_consumed = await _journaled_by_lost_try(log, records, journal, raw_signals)
+            # (after a reset the operator asked for the stage again: its body runs)
+            outcome_name = None if task.get("reset") else _outcome_name(info, task, compensation)
+            pre_consumed, recorded = await _journaled_by_lost_try(
+                log, records, journal, raw_signals, outcome_name
+            )
+            if recorded is not None:
+                log.close()
+                return _Recorded(recorded), req, {}
         loaded = {name: await self._load_record(r, req.run_id) for name, r in records.items()}
         signals = {
             k: [await self.claim.load(v, run_id=req.run_id) for v in queue]
@@ -383,7 +508,7 @@ class DriverActivities:
         }
         if published is not None:
             result["published"] = published
-        return await self._stage_result(task, req, outcome, result, compensation, carried)
+        return outcome, req, result
 
     async def _request(self, task: dict[str, Any]) -> StageRequest:
         """The StageRunner's request for ``task`` (its values loaded from the claim check);
@@ -461,32 +586,67 @@ class DriverActivities:
         self,
         task: dict[str, Any],
         req: StageRequest,
-        outcome: Completed | Failed | Suspended,
+        outcome: Completed | Failed | Suspended | _Recorded,
         result: dict[str, Any],
         compensation: bool,
         carried: bool,
     ) -> Any:
         """What the activity returns for a completed, failed or suspended attempt: the
         ``result`` document (older runs) or the carried form (``_carry``)."""
+        doc = await self._document(task, req, outcome, result, compensation, inline=carried)
+        return _shaped(req, doc) if carried else doc
+
+    async def _document(
+        self,
+        task: dict[str, Any],
+        req: StageRequest,
+        outcome: Completed | Failed | Suspended | _Recorded,
+        result: dict[str, Any],
+        compensation: bool,
+        *,
+        inline: bool,
+    ) -> dict[str, Any]:
+        """``result`` completed with the outcome: ``kind`` and the output (stored: ``inline``
+        up to the spill threshold, DESIGN §5, so the UI shows it; else always a reference, as
+        older runs expect) and events, the error, or where the attempt waits. A local try's
+        document is journaled (``_Recorded``) before the workflow task records it."""
+        if isinstance(outcome, _Recorded):
+            return dict(outcome.doc)
+        await self._fill(task, req, outcome, result, compensation, inline=inline)
+        name = _outcome_name(activity.info(), task, compensation)
+        if name is not None:
+            record = StepJournal(self.claim.store, _journal_of(task, compensation))
+            try:
+                await record.append({"name": name, "kind": "outcome", "doc": result})
+            except Exception as exc:  # the store failed: a lost task then runs the try again
+                activity.logger.warning("local try's result not journaled: %s", exc)
+            finally:
+                record.close()
+        return result
+
+    async def _fill(
+        self,
+        task: dict[str, Any],
+        req: StageRequest,
+        outcome: Completed | Failed | Suspended,
+        result: dict[str, Any],
+        compensation: bool,
+        *,
+        inline: bool,
+    ) -> None:
         if isinstance(outcome, Completed):
             output = None
             if not compensation:
                 key = spill_key(
                     req.run_id, "outputs", req.stage_id, f"r{task['redrive']}-a{req.attempt}"
                 )
-                # inline up to the spill threshold (DESIGN §5), so the UI shows the output
-                output = await self.claim.dump(outcome.output, key, force=not carried)
+                output = await self.claim.dump(outcome.output, key, force=not inline)
             events = [{"type": e.type, "data": e.data} for e in outcome.events]
-            if carried:
-                result.update(kind="completed", events=events)
-                return carry(output, result, activity.payload_converter())
             result.update(kind="completed", output=output, events=events)
         elif isinstance(outcome, Failed):
             result.update(
                 kind="failed", error=outcome.error.model_dump(), retryable=outcome.retryable
             )
-            if carried:
-                raise _failed_attempt(req, outcome, result)
         else:
             result.update(
                 kind="suspended",
@@ -494,10 +654,6 @@ class DriverActivities:
                 until=None if outcome.until is None else outcome.until.isoformat(),
                 waiting_for=outcome.waiting_for,
             )
-            if carried:
-                shown = {"suspended": outcome.waiting_for, "until": result["until"]}
-                return carry(shown, result, activity.payload_converter())
-        return result
 
     async def _unless_frozen(
         self, info: activity.Info, task: dict[str, Any], body: Coroutine[Any, Any, T]

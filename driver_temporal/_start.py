@@ -25,6 +25,7 @@ from ._state import StageState
 from ._wire import (
     EVENTS_VIA_ACTIVITIES,
     EVENTS_VIA_ONE_CARRIER,
+    LOCAL_CHAINS,
     MEMO_SHAPE_COMPACT,
     MEMO_WRITES_AFTER_LOCALS,
     MEMO_WRITES_ON_CHANGE,
@@ -78,6 +79,7 @@ class StartDocument(BaseModel):
     run_end: str | None = None
     memo_shape: str | None = None
     publish: str | None = None
+    local: str | None = None
     # a redrive, an import: where the run picks up
     redrive: int = 0
     redrive_from: str | None = None
@@ -113,6 +115,7 @@ class StartDocument(BaseModel):
             run_end=RUN_END_BY_WORKER,
             memo_shape=MEMO_SHAPE_COMPACT,
             publish=PUBLISH_BY_WORKER,
+            local=LOCAL_CHAINS,
             **fields,
         )
 
@@ -175,6 +178,12 @@ class StartDocument(BaseModel):
         """The events none of its activities carries are handed to the worker running the
         workflow task, not published by the ``wfe.publish`` local activity (``_outbox``)."""
         return self.publish == PUBLISH_BY_WORKER
+
+    @property
+    def chains_locals(self) -> bool:
+        """Its consecutive ``local=True`` stages run as one local activity
+        (``GraphWorkflow._chain``)."""
+        return self.local == LOCAL_CHAINS
 
     @property
     def compact_memo(self) -> bool:

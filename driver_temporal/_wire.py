@@ -18,6 +18,7 @@ from engine_port import StepRecord
 __all__ = [
     "EVENTS_VIA_ACTIVITIES",
     "EVENTS_VIA_ONE_CARRIER",
+    "LOCAL_CHAINS",
     "MEMO_SHAPE_COMPACT",
     "MEMO_WRITES_AFTER_LOCALS",
     "MEMO_WRITES_ON_CHANGE",
@@ -83,6 +84,10 @@ RUN_END_BY_WORKER = "worker"
 # task (the ``EVENTS_HANDED`` extern function, ``_run_end``), which delivers or keeps them
 # before the task completes; absent: the ``wfe.publish`` local activity does
 PUBLISH_BY_WORKER = "worker"
+# the start document's ``local`` of runs whose consecutive ``local=True`` stages run as one
+# local activity (``GraphWorkflow._chain``: the stages after the first one that are alone in
+# their group and have not started yet); absent: one local activity per stage attempt
+LOCAL_CHAINS = "chains"
 # the start document's ``memo_shape`` of runs whose ``wfe_run`` memo lists each stage with its
 # id, status and the fields that are set only (``StageState.memo``): Temporal writes a run's
 # memo again at every change of the run; absent: every field of every stage

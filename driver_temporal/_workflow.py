@@ -10,7 +10,12 @@ start-to-close timeout (stage timeout + grace) and infrastructure retry policy, 
 worker itself, and no heartbeat timeout (a lost worker is noticed through the workflow task's
 timeout instead, after which another worker replays the history and runs the attempt again;
 steps it journaled are read back from the BlobStore, see ``_activities``). Keep local stages
-short: a workflow task stays open while one runs.
+short: a workflow task stays open while one runs. Consecutive local stages run as one local
+activity (``_chain``, runs started since 2026-12-03): an attempt of a local stage alone in its
+group goes on with the next groups' stages while each is alone, local, not started yet and the
+one before it completed; the run then records each as if it had scheduled it (same events,
+ids and order), and a chained stage that fails shows as the chain's failed local activity
+with its own error.
 The workflow holds each stage's step ledger, applies the stage's retry policy itself (the
 activity's own RetryPolicy only re-runs lost workers and timeouts, keeping the attempt number),
 sleeps on durable timers, waits on Temporal signals (buffered when sent early), runs saga
@@ -210,6 +215,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._frozen = False
         self._migrated_to: str | None = None
         self._inflight = 0  # stage attempts in flight (scheduled or running)
+        # the documents of stages a local chain ran (``_chain``) the run has not recorded yet
+        self._ahead: dict[str, dict[str, Any]] = {}
         self._locals = 0  # local stage activities in flight (attempts and compensations)
         # the stage activity in flight per stage: its token, handle and whether a freeze
         # cancelled it; the tokens a freeze cancelled (``wfe.internal.freeze_cancelled`` asks)
@@ -432,6 +439,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._park_when_slow = start.parks_when_slow
         self._ends_on_worker = start.ends_on_worker
         self._hands_events = start.publishes_on_worker
+        self._chains = start.chains_locals
         self._status = "pending"
         self._deadline: str | None = start.deadline
         if self._graph.timeout_s and self._deadline is None:
@@ -538,22 +546,32 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
     # -- one stage --------------------------------------------------------------------------
     async def _run_stage(self, sid: str) -> None:
         st = self._stages[sid]
-        fresh = await self._resume_imported(sid)
+        ahead = self._ahead.pop(sid, None)
+        fresh = ahead is not None or await self._resume_imported(sid)
         next_attempt = max(1, st.attempt)
         if st.status == "pending" and st.attempt > 0:
             next_attempt = st.attempt + 1  # imported between attempts: the retry is due
         while True:
-            await self._gate()
-            attempt = next_attempt if fresh else st.attempt
-            self._begin_stage(sid, attempt, fresh)
-            res = await self._call(sid, attempt, compensation=False)
+            if ahead is None:
+                await self._gate()
+                attempt = next_attempt if fresh else st.attempt
+                self._begin_stage(sid, attempt, fresh)
+                res = await self._call(sid, attempt, compensation=False)
+            else:  # it ran already, in the local chain of a stage before it (``_chain``)
+                attempt, res, ahead = 1, self._ran_ahead(sid, ahead), None
             if self._stop_reason is not None and not (
-                res["kind"] == "completed" and self._stop_reason == "failed"
+                res["kind"] == "completed"
+                and (
+                    self._stop_reason == "failed" or bool(res.get("chained") or res.get("went_on"))
+                )
             ):
                 # the run stops: an attempt that came back anyway (it suspended, failed or
                 # ignored the cancel) ends cancelled; one that returned after a sibling failed
                 # is completed and compensated (DESIGN §5), a late result of a cancel discarded
+                # (one a local chain went on from had completed before the chain heard of it)
                 raise _Stopped()
+            if res["kind"] == "cancelled":  # (a chained stage: only ever after a stop)
+                raise asyncio.CancelledError()
             kind = res["kind"]
             if kind == "completed":
                 self._stage_completed(sid, attempt, res)
@@ -715,6 +733,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         # the patch marker keeps runs started before local stages existed replaying
         in_process = bool(self._graph.stage(sid).local) and self._patched(_LOCAL_PATCH)
         task = self._task(sid, attempt, steps, compensation=compensation, in_process=in_process)
+        chain = self._chain(sid) if in_process and not compensation else []
+        if chain:
+            task["chain"] = chain
         call: dict[str, Any] | None = None
         if not compensation:
             self._inflight += 1
@@ -726,7 +747,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         args, result_type = self._activity_args(task, compensation)
         try:
             if in_process:
-                res = await self._call_local(sid, attempt, args, result_type, compensation)
+                res = await self._call_local(sid, attempt, args, result_type, compensation, chain)
             else:
                 handle = self._start_stage_activity(sid, attempt, args, result_type, compensation)
                 if not compensation:
@@ -748,12 +769,77 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         finally:
             self._call_ended(sid, call, carrier, res, compensation=compensation)
         assert res is not None
+        chained = res.get("chained") or []
+        for i, doc in enumerate(chained):
+            # (a freeze waits until the run recorded them)
+            self._ahead[doc["stage_id"]] = {**doc, "went_on": i < len(chained) - 1}
+            self._inflight += 1
+        self._took(sid, res, steps, compensation)
+        return res
+
+    def _took(
+        self, sid: str, res: dict[str, Any], steps: dict[str, Any], compensation: bool
+    ) -> None:
+        """Keep what a try of ``sid`` reported: the steps it journaled, the signals it
+        consumed."""
         for rec in res.get("steps") or ():
             steps[rec["name"]] = rec
         if not compensation:
             self._settle_lent(sid, res.get("consumed") or ())
             self._release_taken(sid, steps)
-        return res
+
+    def _chain(self, sid: str) -> list[dict[str, Any]]:
+        """The stages a ``local=True`` attempt of ``sid`` runs after it in its local activity,
+        one after another while each completes (``_activities.ActivityHost._chain``): one
+        local activity for a sequence of local stages (a no-op local stage costs the run
+        ~2.5 ms of local activity round trip in its workflow task). Those are the stages of
+        the groups after ``sid``'s, while each is alone in its group, ``local=True`` and
+        not started; none when ``sid`` has siblings. Each link names the outputs it reads
+        from before the chain (given) and from the chain (filled in as they come)."""
+        if not self._chains:
+            return []
+        groups = self._graph.groups
+        at = next(i for i, group in enumerate(groups) if sid in group)
+        if len(groups[at]) != 1:
+            return []
+        links: list[dict[str, Any]] = []
+        chained = {sid}
+        for group in groups[at + 1 :]:
+            nid = group[0]
+            st = self._stages[nid]
+            if len(group) != 1 or not self._graph.stage(nid).local:
+                break
+            if st.status != "pending" or st.attempt or nid in self._ahead:
+                break
+            before = self._ancestors(nid)
+            links.append(
+                {
+                    "stage_id": nid,
+                    "outputs": {a: self._stages[a].output for a in sorted(before - chained)},
+                    "chained": sorted(before & chained),
+                }
+            )
+            chained.add(nid)
+        return links
+
+    def _ran_ahead(self, sid: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """Record that attempt 1 of ``sid`` started and ran in a local chain (``_chain``):
+        its document, taken as the result of a try."""
+        self._inflight -= 1
+        self._begin_stage(sid, 1, True)
+        self._took(sid, doc, self._stages[sid].steps, False)
+        return doc
+
+    def _flush_ahead(self) -> None:
+        """The stages a local chain ran that the run stopped before recording (a cancel, the
+        run's timeout): each completed one is recorded so (and compensated), the last one is
+        the late result of the stop (it started; ``_cancel_active`` ends it cancelled)."""
+        left = list(self._ahead.items())
+        self._ahead.clear()
+        for sid, doc in left:
+            self._ran_ahead(sid, doc)
+            if doc["went_on"]:
+                self._stage_completed(sid, 1, doc)
 
     def _task(
         self,
@@ -780,6 +866,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "output": st.output if compensation else None,
             "trace_context": self._start.trace_context,
         }
+        if in_process:
+            # which try of the attempt this is: a local try's result is journaled under it
+            # (``_activities._Recorded``), so a lost workflow task does not run it again
+            task["try"] = 0 if compensation else st.suspensions
         wfi = workflow.info()
         if wfi.run_id != wfi.first_execution_run_id:
             # an operator reset this run (a new execution of the same chain): the stage's
@@ -803,18 +893,26 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         args: list[Any],
         result_type: type[Any],
         compensation: bool,
+        chain: list[dict[str, Any]],
     ) -> dict[str, Any]:
-        """A try of a ``local=True`` stage: a local activity, run by this worker."""
+        """A try of a ``local=True`` stage (and the stages ``chain``ed after it): a local
+        activity, run by this worker."""
         what = "compensation" if compensation else "attempt"
         name = sid + COMPENSATE_SUFFIX if compensation else sid
+        summary = f"{sid} {what} {attempt}"
+        timeout = self._timeout(sid)
+        if chain:
+            summary += ", then " + ", ".join(link["stage_id"] for link in chain)
+            for link in chain:
+                timeout += self._timeout(link["stage_id"])
         local = workflow.start_local_activity(
             name,
             args=args,
             result_type=result_type,
-            start_to_close_timeout=self._timeout(sid),
+            start_to_close_timeout=timeout,
             retry_policy=_INFRA_RETRY,
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            summary=f"{sid} {what} {attempt}",
+            summary=summary,
         )
         if not compensation:
             self._attempts[sid] = local
@@ -912,6 +1010,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
 
     # -- saga -------------------------------------------------------------------------------
     def _cancel_active(self) -> None:
+        self._flush_ahead()
         for sid in sorted(self._stages):
             st = self._stages[sid]
             if st.status in ("running", "suspended"):
