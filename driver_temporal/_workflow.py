@@ -440,6 +440,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._ends_on_worker = start.ends_on_worker
         self._hands_events = start.publishes_on_worker
         self._chains = start.chains_locals
+        self._group_of: dict[str, int] | None = None  # (``_chain``: built on first use)
         self._status = "pending"
         self._deadline: str | None = start.deadline
         if self._graph.timeout_s and self._deadline is None:
@@ -799,7 +800,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if not self._chains:
             return []
         groups = self._graph.groups
-        at = next(i for i, group in enumerate(groups) if sid in group)
+        if self._group_of is None:
+            self._group_of = {s: i for i, group in enumerate(groups) for s in group}
+        at = self._group_of[sid]
         if len(groups[at]) != 1:
             return []
         links: list[dict[str, Any]] = []
