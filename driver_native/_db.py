@@ -54,7 +54,7 @@ from engine_port.driver import redact_text, redact_url
 from engine_port.errors import DriverUnavailableError
 
 from . import _schema
-from ._pgbatch import send_batch
+from ._pgbatch import send_batch, send_commit
 
 if TYPE_CHECKING:
     from ._pgloop import LoopConnections
@@ -63,7 +63,9 @@ __all__ = [
     "Database",
     "commit_was_unknown",
     "commit_with_next",
+    "cursors",
     "defer",
+    "forget_cursors",
     "send_raw",
     "send_together",
     "shared",
@@ -328,7 +330,7 @@ class Database:
                 if conn.info.get(_TX):
                     # deferred writes go out with the COMMIT: one round trip (the commit
                     # SQLAlchemy sends next is then a no-op in psycopg)
-                    conn.exec_driver_sql("COMMIT")
+                    _commit(conn)
             return result
         finally:
             info.pop(_TX, None)  # (the pooled connection's info outlives this transaction)
@@ -534,6 +536,54 @@ def _send(
     send_batch(cursor, info, tail, [])
     cursor.executemany(statement, parameters)
     return True
+
+
+def _commit(conn: Connection) -> None:
+    """PostgreSQL, inside :meth:`Database.tx`: the deferred writes and COMMIT in one round
+    trip, on the DBAPI cursor (as ``_rawsql`` sends statements; SQLAlchemy's execute path, a
+    cursor made and closed and a result object, cost more client CPU than sending them), with
+    nothing of the result read. ``before_cursor_execute`` listeners see the COMMIT and a
+    DBAPI error is handled and wrapped by SQLAlchemy, as with ``exec_driver_sql``."""
+    statement, cursor, info = "COMMIT", None, conn.info
+    try:
+        if conn._has_events or conn.engine._has_events:
+            for fn in conn.dispatch.before_cursor_execute:
+                fn(conn, None, statement, None, None, False)
+        cursor = cursors(conn, 1)[0]
+        tail = info[_TX]
+        info[_TX] = None  # (committed: nothing is deferred or wrapped in BEGIN after it)
+        send_commit(cursor, info, tail)
+    except Exception as exc:
+        forget_cursors(conn)
+        conn._handle_dbapi_exception(exc, statement, None, cursor, None)
+        raise  # (not reached: SQLAlchemy raises its wrapped error)
+
+
+_CURSORS = "wfe_cursors"
+"""``conn.info`` key: the DBAPI connection and the cursors :func:`cursors` keeps on it."""
+
+
+def cursors(conn: Connection, n: int) -> list[Any]:
+    """``n`` cursors on ``conn``'s DBAPI connection, made once per connection and reused by
+    every statement (making and closing them per statement cost more client CPU than most
+    statements' own work: bench/README.md, 2026-12-01 late). Each caller reads all its
+    results before it returns, so no two calls share a cursor's result."""
+    raw: Any = conn.connection.driver_connection
+    held = conn.info.get(_CURSORS)
+    if held is None or held[0] is not raw:
+        held = conn.info[_CURSORS] = (raw, [])
+    have: list[Any] = held[1]
+    while len(have) < n:
+        have.append(raw.cursor())
+    return have[:n]
+
+
+def forget_cursors(conn: Connection) -> None:
+    """After an error: the cursors are not used again (the next statement makes new ones)."""
+    held = conn.info.pop(_CURSORS, None)
+    for cursor in held[1] if held is not None else ():
+        with contextlib.suppress(Exception):
+            cursor.close()
 
 
 def send_raw(

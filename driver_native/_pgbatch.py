@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["send_batch"]
+__all__ = ["send_batch", "send_commit"]
 
 Deferred = tuple[str, Any, bool]
 """A deferred write: SQL (psycopg's ``%(name)s`` placeholders), parameters, executemany."""
@@ -256,6 +256,23 @@ def send_batch(
     when it has not started yet and its deferred writes, in order (``tail`` is emptied); then
     ``last`` (SQL, parameters). The cursor is left on the result of the first of ``last``
     (``nextset()`` steps to the next). ``info``: the SQLAlchemy connection's ``info``."""
+    for _ in range(_send(cursor, info, tail, last)):
+        cursor.nextset()
+
+
+def send_commit(cursor: Any, info: dict[Any, Any], tail: list[Deferred]) -> None:
+    """:func:`send_batch` of the transaction's deferred writes ``tail`` and COMMIT, whose
+    results nobody reads (an error among them is raised all the same)."""
+    _send(cursor, info, tail, [("COMMIT", None)])
+
+
+def _send(
+    cursor: Any,
+    info: dict[Any, Any],
+    tail: list[Deferred] | None,
+    last: Sequence[tuple[str, Any]],
+) -> int:
+    """:func:`send_batch` up to its results: returns how many come before those of ``last``."""
     from psycopg.pq import TransactionStatus
 
     batch = _Text(cursor, info)
@@ -279,5 +296,4 @@ def send_batch(
         batch.state.names.clear()
     else:  # (only now: a failed batch may not have made them)
         batch.state.names.update(batch.fresh)
-    for _ in range(ahead):
-        cursor.nextset()
+    return ahead

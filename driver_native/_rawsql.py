@@ -16,7 +16,6 @@ Statements SQLAlchemy renders per call (expanding ``IN`` lists) are refused: the
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,7 +25,7 @@ from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ._db import send_raw, send_together
+from ._db import cursors, forget_cursors, send_raw, send_together
 
 __all__ = ["Rows", "execute", "execute_many", "execute_together", "fetched"]
 
@@ -170,34 +169,6 @@ def execute_many(
     _run(conn, prep, [prep.params(p) for p in params], later=later, many=True)
 
 
-_CURSORS = "wfe_cursors"
-"""``conn.info`` key: the DBAPI connection and the cursors :func:`_run` and
-:func:`execute_together` reuse on it."""
-
-
-def _cursors(conn: Connection, n: int) -> list[Any]:
-    """``n`` cursors on ``conn``'s DBAPI connection, made once per connection and reused by
-    every statement (making and closing them per statement cost more client CPU than most
-    statements' own work: bench/README.md, 2026-12-01 late). Each call reads all its results
-    before it returns, so no two calls share a cursor's result."""
-    raw: Any = conn.connection.driver_connection
-    held = conn.info.get(_CURSORS)
-    if held is None or held[0] is not raw:
-        held = conn.info[_CURSORS] = (raw, [])
-    have: list[Any] = held[1]
-    while len(have) < n:
-        have.append(raw.cursor())
-    return have[:n]
-
-
-def _forget_cursors(conn: Connection) -> None:
-    """After an error: the cursors are not used again (the next statement makes new ones)."""
-    held = conn.info.pop(_CURSORS, None)
-    for cursor in held[1] if held is not None else ():
-        with contextlib.suppress(Exception):
-            cursor.close()
-
-
 def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: bool) -> Rows:
     sql = prep.sql
     cursor: Any = None
@@ -205,13 +176,13 @@ def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: boo
         if conn._has_events or conn.engine._has_events:
             for fn in conn.dispatch.before_cursor_execute:
                 sql, args = fn(conn, None, sql, args, None, many)
-        cursor = _cursors(conn, 1)[0]
+        cursor = cursors(conn, 1)[0]
         if not send_raw(conn, cursor, sql, args, later=later, many=many):
             return _NO_ROWS
         rows = prep.rows(fetched(cursor), cursor) if prep.returns_rows else []
         return Rows(rows, cursor.rowcount)
     except Exception as exc:
-        _forget_cursors(conn)
+        forget_cursors(conn)
         conn._handle_dbapi_exception(exc, sql, args, cursor, None)
         raise  # (not reached: SQLAlchemy raises its wrapped error)
 
@@ -225,8 +196,8 @@ def execute_together(
     preps = [_prepare(stmt, conn.dialect) for stmt, _ in calls]
     sent: list[tuple[Any, str, Any]] = []
     try:
-        cursors = _cursors(conn, len(calls))
-        for prep, (_, params), cursor in zip(preps, calls, cursors, strict=True):
+        held = cursors(conn, len(calls))
+        for prep, (_, params), cursor in zip(preps, calls, held, strict=True):
             sql, args = prep.sql, prep.params(params)
             if conn._has_events or conn.engine._has_events:
                 for fn in conn.dispatch.before_cursor_execute:
@@ -239,6 +210,6 @@ def execute_together(
         return out
     except Exception as exc:
         sql, args = (sent[-1][1], sent[-1][2]) if sent else ("", None)
-        _forget_cursors(conn)
+        forget_cursors(conn)
         conn._handle_dbapi_exception(exc, sql, args, None, None)
         raise  # (not reached: SQLAlchemy raises its wrapped error)
