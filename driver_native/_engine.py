@@ -82,6 +82,15 @@ _LOCAL_POLL_S = 0.5
 wakes wait() at once; the read covers a run that moved elsewhere, e.g. after a shutdown)."""
 
 
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+    """``event.wait()`` for ``timeout`` seconds at most (then return all the same), in the
+    calling task: ``asyncio.wait_for`` wraps the wait in a task of its own, which costs two
+    more turns of the event loop before the caller resumes."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
 def _release(handed: list[tuple[Any, Any]], worker: str) -> ReleaseJobs:
     """Give back the leases of stages handed to ``worker`` (the claims they were handed by)."""
     ids = tuple(int(job.id) for job, _ in handed)
@@ -387,8 +396,7 @@ class NativeEngine(WorkflowEngine):
                 if skip_read:
                     skip_read = False
                     pause = _LOCAL_POLL_S if deadline is None else deadline - time.monotonic()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(event.wait(), max(min(pause, _LOCAL_POLL_S), 0.0))
+                    await _wait_event(event, max(min(pause, _LOCAL_POLL_S), 0.0))
                     continue
                 status = await self.kernel.db.read(_runs.run_status, run_id)
                 if RunStatus(status) in TERMINAL_RUN_STATUSES:
@@ -402,8 +410,7 @@ class NativeEngine(WorkflowEngine):
                 if run_id in self._local_runs and self._hosts:
                     delay = max(delay, _LOCAL_POLL_S)  # its end wakes us; the poll is a net
                 pause = delay if deadline is None else min(delay, deadline - time.monotonic())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), max(pause, 0.0))
+                await _wait_event(event, max(pause, 0.0))
                 delay = min(delay * 1.5, 0.1)
         finally:
             waiting = self._waiters.get(run_id, set())

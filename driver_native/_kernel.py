@@ -224,6 +224,63 @@ def _revive(command: Command, stored: Any) -> Any:
     return stored
 
 
+class _Beat:
+    """The heartbeats of a job's lease while ``task`` runs its attempt: one every
+    ``heartbeat_interval`` after the previous one ended; a lease found gone (or a stop
+    wanted) sets ``cancel`` and cancels ``task``. Between heartbeats a timer waits, not a
+    task: most attempts end before the first heartbeat, and a task made, cancelled and
+    awaited per attempt cost more CPU than a no-op stage's own work."""
+
+    def __init__(
+        self, kernel: Kernel, job: Any, worker: str, task: asyncio.Task[Any], cancel: asyncio.Event
+    ) -> None:
+        self.kernel, self.job, self.worker, self.task, self.cancel = (
+            kernel,
+            job,
+            worker,
+            task,
+            cancel,
+        )
+        self.loop = asyncio.get_running_loop()
+        self.beating: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self._next()
+
+    def _next(self) -> None:
+        self.timer = self.loop.call_later(self.kernel.settings.heartbeat_interval, self._due)
+
+    def _due(self) -> None:
+        self.timer = None
+        self.beating = asyncio.create_task(self._beat())
+
+    async def _beat(self) -> None:
+        job, worker = self.job, self.worker
+        try:
+            beat = Heartbeat(job.id, worker, job.lease_token)
+            alive, wants_stop = await self.kernel.dispatch(beat)
+        except Exception:  # a missed heartbeat is not fatal; the lease has slack
+            self._next()
+            return
+        if wants_stop or not alive:
+            if not alive:
+                self.kernel._lease_lost(job, worker)
+            self.cancel.set()
+            self.task.cancel()
+            return
+        self._next()
+
+    async def stop(self) -> None:
+        """No more heartbeats (one in flight is cancelled, and awaited)."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        beating = self.beating
+        if beating is not None:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+
 PURGE_BATCH = 500
 """Runs deleted per purge transaction: short transactions, bounded parameter lists."""
 
@@ -704,7 +761,7 @@ class Kernel:
             on_lost=lost,
         )
         task = asyncio.create_task(self.runner.run(request, ledger))
-        beat = asyncio.create_task(self._beat(job, worker, task, cancel, cmd.stop))
+        beat = _Beat(self, job, worker, task, cancel)
         try:
             outcome = await task
         except asyncio.CancelledError:
@@ -713,9 +770,7 @@ class Kernel:
                 raise  # the host is shutting down: it releases the lease
             return await self._transition(Transition(job, worker, None, cancelled=True))
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            await beat.stop()
         limit = cmd.handoff if cmd.on_handoff is not None else 0
         handoff = _progress.Handoff(worker, self.settings.lease_threshold, limit)
         waited = self.wants_final is not None and self.wants_final(job.run_id)
@@ -725,30 +780,6 @@ class Kernel:
         if (handoff.jobs or handoff.quiet) and cmd.on_handoff is not None:
             cmd.on_handoff(handoff.jobs)  # (an empty list: nothing was left for the queue)
         return result
-
-    async def _beat(
-        self,
-        job: Any,
-        worker: str,
-        task: asyncio.Task[Any] | None,
-        cancel: asyncio.Event | None,
-        stop: asyncio.Event | None,
-    ) -> None:
-        interval = self.settings.heartbeat_interval
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                beat = Heartbeat(job.id, worker, job.lease_token)
-                alive, wants_stop = await self.dispatch(beat)
-            except Exception:  # a missed heartbeat is not fatal; the lease has slack
-                continue
-            if task is not None and (wants_stop or not alive):
-                if not alive:
-                    self._lease_lost(job, worker)
-                if cancel is not None:
-                    cancel.set()
-                task.cancel()
-                return
 
     def _lease_lost(self, job: Any, worker: str) -> None:
         log.warning(
@@ -782,7 +813,7 @@ class Kernel:
             cancel.set()
 
         work = asyncio.create_task(self._compensate_plan(wf, plan, job, worker, cancel, on_lost))
-        beat = asyncio.create_task(self._beat(job, worker, work, cancel, None))
+        beat = _Beat(self, job, worker, work, cancel)
         try:
             await work
         except asyncio.CancelledError:
@@ -791,9 +822,7 @@ class Kernel:
                 raise  # (the host is shutting down: it releases the lease)
             return "discarded"
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            await beat.stop()
         self._run_finished(plan.run_id)
         return "compensated"
 
