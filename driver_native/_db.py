@@ -40,7 +40,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -114,6 +114,34 @@ class _Try:
 class _WriterBusy(Exception):
     """An inline SQLite try found the database busy before it did anything: the transaction
     goes to the database thread instead (which waits for the lock there)."""
+
+
+async def _shielded(coro: Coroutine[Any, Any, T]) -> T:
+    """``await asyncio.shield(coro)``: ``coro`` runs in a task of its own, which cancelling
+    the caller does not cancel, and its result or error is the caller's. With one turn of
+    the event loop less than ``asyncio.shield`` (whose task's end reaches the caller through
+    a done callback, itself scheduled for the next turn): the task hands its result over
+    itself."""
+    loop = asyncio.get_running_loop()
+    outer: asyncio.Future[T] = loop.create_future()
+
+    async def inner() -> None:
+        try:
+            result = await coro
+        except asyncio.CancelledError:
+            outer.cancel()  # (the task itself was cancelled: the loop is closing)
+            raise
+        except BaseException as exc:
+            if not outer.done():  # (else the caller is gone: as with shield, nobody hears)
+                outer.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not outer.done():
+                outer.set_result(result)
+
+    loop.create_task(inner())  # noqa: RUF006 (as with shield: what the task awaits holds it)
+    return await outer
 
 
 def _normalise_url(url: str) -> str:
@@ -263,7 +291,7 @@ class Database:
     async def _retrying(self, call: Callable[[_Try], T]) -> T:
         if self._loop_conns is not None:
             # (shielded: a transaction begun runs to its end, as on a database thread)
-            return await asyncio.shield(self._retrying_on_loop(self._loop_conns, call))
+            return await _shielded(self._retrying_on_loop(self._loop_conns, call))
         loop = asyncio.get_running_loop()
         inline = self._inline if self._inline is not None and self._inline.usable() else None
         started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try(inline)
