@@ -87,6 +87,11 @@ __all__ = ["Kernel"]
 log = logging.getLogger("wfe.kernel")
 
 
+def _token() -> str:
+    """A fresh part of a spilled value's key (12 hex digits)."""
+    return uuid.uuid4().hex[:12]
+
+
 class _CompensationAbandoned(Exception):
     """A compensation attempt hit a storage fault: its job is given back like a crashed one."""
 
@@ -449,7 +454,7 @@ class Kernel:
         fp = input_fingerprint(wf.id, value)
         run_id = cmd.run_id or uuid.uuid4().hex
         # a key of its own: a CreateRun naming an existing run id must not overwrite its input
-        stored = await self.claim.dump(value, f"runs/{run_id}/input-{uuid.uuid4().hex[:12]}")
+        stored = await self.claim.dump(value, lambda: f"runs/{run_id}/input-{_token()}")
         try:
             for attempt in range(3):
                 now = self.now()
@@ -655,8 +660,8 @@ class Kernel:
             # small outputs stay inline in the stage row (DESIGN §5); a spilled one gets a key
             # of its own per outcome: a late, discarded outcome must never overwrite the
             # output that another worker's completed attempt stored
-            spill = f"runs/{job.run_id}/stages/{job.stage_id}/output-{uuid.uuid4().hex[:12]}"
-            stored = await self.claim.dump(outcome.output, spill)
+            prefix = f"runs/{job.run_id}/stages/{job.stage_id}/output-"
+            stored = await self.claim.dump(outcome.output, lambda: prefix + _token())
             key = self.claim.key_of(stored)
             outcome = Completed(stored, outcome.events)
         args = (job, cmd.worker_id, outcome, shape, self.now(), cmd.cancelled, handoff)

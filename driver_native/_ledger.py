@@ -267,12 +267,16 @@ class SqlStepLedger:
         self.stage_id = stage_id
         self._lease = lease
         self._on_lost = on_lost
-        # in the keys of this ledger's spilled step results: a stale attempt's blob must never
-        # overwrite the one the new owner's journaled row refers to (same step, same key)
-        self._token = uuid.uuid4().hex[:8]
         self._cache = {r.name: step_record(r) for r in rows}
         # the stored form of each completed result read from the database, opened on first use
         self._stored = {n: rec.result for n, rec in self._cache.items() if rec.completed}
+
+    @functools.cached_property
+    def _token(self) -> str:
+        """In the keys of this ledger's spilled step results: a stale attempt's blob must
+        never overwrite the one the new owner's journaled row refers to (same step, same
+        key). Made at its first use (most stages spill nothing)."""
+        return uuid.uuid4().hex[:8]
 
     async def get(self, name: str) -> StepRecord | None:
         rec = self._cache.get(name)
@@ -285,7 +289,11 @@ class SqlStepLedger:
         stored = record.result
         if record.completed and record.result is not None:
             digest = hashlib.sha256(record.name.encode()).hexdigest()[:24]
-            key = f"runs/{self.run_id}/steps/{self.stage_id}/{digest}-{self._token}"
+            prefix = f"runs/{self.run_id}/steps/{self.stage_id}/{digest}-"
+
+            def key() -> str:  # (called only if the result spills)
+                return prefix + self._token
+
             stored = await self._claim.dump(record.result, key)
         row = _row(self.run_id, self.stage_id, record, stored)
         if not await self._db.tx(journal, row, self._lease):

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
@@ -177,12 +178,15 @@ class ClaimCheck:
         self.store = store
         self.threshold = threshold
 
-    async def dump(self, value: JSON, key: str, *, force: bool = False) -> JSON:
+    async def dump(self, value: JSON, key: str | Callable[[], str], *, force: bool = False) -> JSON:
         """Return the stored form of ``value``: itself (boxed if needed), or a spill
-        reference when it is large (or ``force``)."""
+        reference when it is large (or ``force``), stored under ``key`` (or the key that
+        ``key()`` makes: called only then, so an inline value costs no fresh key)."""
         data = dumps(value)
         if not force and len(data) <= self.threshold:
             return box_inline(value)
+        if not isinstance(key, str):
+            key = key()
         await self.store.put(key, data)
         return {
             SPILL_MARKER: {
