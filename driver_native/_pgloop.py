@@ -214,6 +214,7 @@ class LoopConnections:
             _drop(conn)
 
     def close(self) -> None:
+        self.runners.clear()
         idle, self.idle = self.idle, []
         for conn in idle:
             _drop(conn)
