@@ -439,7 +439,8 @@ class DriverActivities:
         """One stage attempt or compensation; ``carried``: the result is the stage's output
         (its bookkeeping in the payload's metadata) and a failure raises (see ``_carry``)."""
         outcome, req, result = await self._attempt(info, task, compensation)
-        return await self._stage_result(task, req, outcome, result, compensation, carried)
+        doc = await self._document(task, req, outcome, result, compensation, inline=carried)
+        return _shaped(req, doc) if carried else doc
 
     async def _attempt(
         self, info: activity.Info, task: dict[str, Any], compensation: bool
@@ -581,20 +582,6 @@ class DriverActivities:
             elif later is not None:
                 published = dict(HANDED_BACK)
         return outcome, published
-
-    async def _stage_result(
-        self,
-        task: dict[str, Any],
-        req: StageRequest,
-        outcome: Completed | Failed | Suspended | _Recorded,
-        result: dict[str, Any],
-        compensation: bool,
-        carried: bool,
-    ) -> Any:
-        """What the activity returns for a completed, failed or suspended attempt: the
-        ``result`` document (older runs) or the carried form (``_carry``)."""
-        doc = await self._document(task, req, outcome, result, compensation, inline=carried)
-        return _shaped(req, doc) if carried else doc
 
     async def _document(
         self,
