@@ -174,6 +174,7 @@ async def test_recorded_histories_give_every_event(name: str) -> None:
         "publish_per_task_resume",
         "after_locals_resume",
         "run_end_by_worker_resume",
+        "local_chain",
     ],
 )
 async def test_a_history_read_at_any_point_gives_a_prefix(name: str) -> None:

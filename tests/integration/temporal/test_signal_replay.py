@@ -22,7 +22,10 @@ records the run's end, ``_run_end``). ``graph_in_input_resume`` is the same scen
 whose runs carry their graph in the workflow input's metadata and write a compact ``wfe_run``
 memo (``_start.CARRIED``, ``memo_shape="compact"``). ``events_handed_resume`` is the same
 scenario on the code whose runs hand the events no activity carries to the worker running the
-workflow task instead of a ``wfe.publish`` local activity (``publish="worker"``). Recorded with
+workflow task instead of a ``wfe.publish`` local activity (``publish="worker"``).
+``local_chain`` is a chain of three ``local=True`` stages run as one local activity (``local:
+"chains"``): the first takes a buffered signal, the second runs a journaled step and fails its
+first attempt inside the chain, and its retry goes on with the third. Recorded with
 ``histories/record_signals.py``.
 """
 
@@ -53,6 +56,7 @@ HISTORIES = Path(__file__).parent / "histories"
         "run_end_by_worker_resume",
         "graph_in_input_resume",
         "events_handed_resume",
+        "local_chain",
     ],
 )
 async def test_recorded_history_replays(name: str) -> None:

@@ -8,6 +8,9 @@ of <tree> (its own Temporal dev server).
   sent while x is in its step, then x is released (the single-taker rule kept y suspended).
 - timeout: as resume, but y waits for b with a 3 s timeout (caught) and x is released once y
   completed (the single-taker rule let y time out although b came).
+- chain: gate -> x -> y -> z, all three ``local=True`` (one local activity for the chain): x
+  takes the buffered signal c, y runs a journaled step and fails its first attempt (its retry
+  is a local activity of its own, which goes on with z), z emits an event.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ def build(scenario: str, flags: dict[str, bool]) -> Workflow[Num]:
         await until(lambda: flags.get("gate", False), "gate")
         return "open"
 
+    if scenario == "chain":
+        return _chain(wf, gate)
+
     if scenario == "buffered":
 
         @wf.stage(id="x", after=[gate], retry=once)
@@ -95,6 +101,29 @@ def build(scenario: str, flags: dict[str, bool]) -> Workflow[Num]:
     return wf
 
 
+def _chain(wf: Workflow[Num], gate: Any) -> Workflow[Num]:
+    @wf.stage(after=[gate], local=True, retry=Retry(max_attempts=1))
+    async def x(ctx: StageContext[Num]) -> Any:
+        return await ctx.step.wait_for_signal("c")
+
+    @wf.stage(after=[x], local=True, retry=Retry(max_attempts=2, initial_interval=timedelta(0)))
+    async def y(ctx: StageContext[Num]) -> Any:
+        async def stamp() -> str:
+            return f"stamped in attempt {ctx.attempt}"
+
+        took = await ctx.step.run("stamp", stamp)
+        if ctx.attempt == 1:
+            raise RuntimeError("y fails its first attempt")
+        return {"took": took, "x": ctx.output_of("x")}
+
+    @wf.stage(after=[y], local=True, retry=Retry(max_attempts=1))
+    async def z(ctx: StageContext[Num]) -> str:
+        ctx.emit("chain.done", {"y": ctx.output_of("y")})
+        return "done"
+
+    return wf
+
+
 async def main(scenario: str, out: Path) -> None:
     flags: dict[str, bool] = {}
     server = roomy_dev_server(headless=True)
@@ -119,7 +148,10 @@ async def main(scenario: str, out: Path) -> None:
         async with engine, engine.worker():
             run = await engine.start(wf.id, {})
             await until(lambda: seen("stage.started", "gate"), "gate started")
-            if scenario == "buffered":
+            if scenario == "chain":
+                await engine.signal(run.id, "c", {"early": True})
+                flags["gate"] = True
+            elif scenario == "buffered":
                 await engine.signal(run.id, "a", {"n": 1})
                 await engine.signal(run.id, "a", {"n": 2})
                 flags["gate"] = True
