@@ -1,6 +1,11 @@
-"""``python -m bench [--quick] [--systems a,b] [--out DIR]``: every system, every workload,
-one process per system (so one system's crash or global state cannot touch another), one
-machine, one run; then one table of ratios, ``latest.json`` and ``latest.png``."""
+"""``python -m bench [--quick] [--systems a,b] [--rounds N] [--out DIR]``: every system, every
+workload, one process per system (so one system's crash or global state cannot touch another),
+one machine, one run; then one table of ratios, ``latest.json`` and ``latest.png``.
+
+With ``--rounds N`` the systems run N times, in the given order, then reversed, and so on
+(A B C, C B A, A B ...), and each number is the median over the rounds: on a shared machine
+whose speed drifts over minutes, a system measured only before or only after a slow spell is
+what makes a ratio swing; alternated rounds put every system on both sides of it."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ._common import WORKLOADS
+from ._common import WORKLOADS, combine_rounds
 from ._report import check_goals, machine_info, markdown, print_tables, write_png
 from ._systems import SYSTEMS
 
@@ -74,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="where latest.json/.png go")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per system")
     ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the systems N times in alternating order; each number is the median",
+    )
+    ap.add_argument(
         "--report",
         action="store_true",
         help="measure nothing: print the tables (and Markdown) of OUT/latest.json",
@@ -93,12 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=200)
     started = datetime.now(UTC)
     console.print(f"bench ({'quick' if args.quick else 'full'}): {len(names)} systems")
-    results = {n: run_system(n, args.quick, timeout, console) for n in names}
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    rounds: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        if args.rounds > 1:
+            console.print(f" round {r + 1} of {args.rounds}")
+        for n in names if r % 2 == 0 else names[::-1]:
+            rounds[n].append(run_system(n, args.quick, timeout, console))
+    results = {
+        n: runs[0] if args.rounds == 1 else combine_rounds(runs) for n, runs in rounds.items()
+    }
     doc = {
         "mode": "quick" if args.quick else "full",
+        "rounds": args.rounds,
         "started_at": started.isoformat(),
         "finished_at": datetime.now(UTC).isoformat(),
-        "command": "python -m bench" + (" --quick" if args.quick else ""),
+        "command": "python -m bench"
+        + (" --quick" if args.quick else "")
+        + (f" --rounds {args.rounds}" if args.rounds > 1 else ""),
         "machine": machine_info(),
         "results": results,
     }

@@ -17,6 +17,7 @@ from typing import Any
 __all__ = [
     "WORKLOADS",
     "Sizes",
+    "combine_rounds",
     "fresh_postgres_db",
     "guarded",
     "pause",
@@ -107,6 +108,33 @@ def summary_ms(samples_s: list[float]) -> dict[str, Any]:
         "mean_ms": statistics.fmean(ms) if ms else float("nan"),
         "n": len(ms),
     }
+
+
+def combine_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's result from the rounds of ``python -m bench --rounds N``: per workload,
+    each number is the median of that number over the rounds the workload ran in (``n`` and
+    ``wall_s`` add up); a workload that failed in every round keeps its first error. The
+    cells of each round stay under ``per_round``."""
+    out: dict[str, Any] = {}
+    for wl in dict.fromkeys(k for r in rounds for k in r):
+        cells = [r[wl] for r in rounds if wl in r]
+        ok = [c for c in cells if "error" not in c]
+        if not ok:
+            out[wl] = cells[0]
+            continue
+        cell: dict[str, Any] = {}
+        for key, first in ok[0].items():
+            values = [c[key] for c in ok if isinstance(c.get(key), int | float)]
+            if isinstance(first, bool) or not isinstance(first, int | float) or not values:
+                cell[key] = first
+            elif key in ("n", "wall_s"):
+                cell[key] = sum(values)
+            else:
+                cell[key] = statistics.median(values)
+        cell["rounds"] = len(ok)
+        cell["per_round"] = ok
+        out[wl] = cell
+    return out
 
 
 def step_growth(stamps: list[float]) -> dict[str, Any]:

@@ -188,12 +188,17 @@ def print_tables(doc: dict[str, Any], console: Console | None = None) -> None:
         console.print(errors)
 
 
+def _mode(doc: dict[str, Any]) -> str:
+    rounds = doc.get("rounds", 1)
+    return doc["mode"] + (f", median of {rounds} alternated rounds" if rounds > 1 else "")
+
+
 def _results_table(doc: dict[str, Any]) -> Table:
     results = doc["results"]
     mi = doc["machine"]
     table = Table(
         title=(
-            f"wfe bench ({doc['mode']}) - {mi['nproc']} vCPU {mi['cpu']}, Python {mi['python']}, "
+            f"wfe bench ({_mode(doc)}) - {mi['nproc']} vCPU {mi['cpu']}, Python {mi['python']}, "
             f"PostgreSQL {mi['postgresql']}, SQLite {mi['sqlite']}"
         ),
         caption=(
@@ -298,7 +303,7 @@ def write_png(doc: dict[str, Any], path: Path) -> None:
         ax.tick_params(axis="y", labelsize=8)
     mi = doc["machine"]
     fig.suptitle(
-        f"wfe bench ({doc['mode']}): {mi['nproc']} vCPU {mi['cpu']}, Python {mi['python']}, "
+        f"wfe bench ({_mode(doc)}): {mi['nproc']} vCPU {mi['cpu']}, Python {mi['python']}, "
         f"PostgreSQL {mi['postgresql']}"
     )
     fig.tight_layout()

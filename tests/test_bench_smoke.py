@@ -121,3 +121,21 @@ def test_temporal_goals_compare_the_driver_with_hand_written_temporalio() -> Non
     assert (local["ratio"], local["met"]) == (2.5, True)
     doc = {"results": results, "goals": check_goals(results)}
     assert "| temporal: driver throughput within 1.1x" in markdown(doc)
+
+
+def test_rounds_combine_to_medians() -> None:
+    """``--rounds N``: each number is the median over the rounds a workload ran in, a workload
+    that failed in one round keeps the others, one that failed in all keeps its error."""
+    from bench._common import combine_rounds
+
+    rounds = [
+        {"latency": {"p50_ms": 5.0, "n": 10, "wall_s": 1.0}, "signal": {"error": "x"}},
+        {"latency": {"p50_ms": 9.0, "n": 10, "wall_s": 2.0}, "signal": {"error": "y"}},
+        {"latency": {"error": "timed out"}, "signal": {"error": "z"}},
+        {"latency": {"p50_ms": 6.0, "n": 10, "wall_s": 1.5}},
+    ]
+    out = combine_rounds(rounds)
+    assert out["latency"]["p50_ms"] == 6.0
+    assert out["latency"]["n"] == 30 and out["latency"]["wall_s"] == 4.5
+    assert out["latency"]["rounds"] == 3 and len(out["latency"]["per_round"]) == 3
+    assert out["signal"] == {"error": "x"}
