@@ -73,7 +73,8 @@ def _start_document(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", NAMES)
 def test_every_recorded_memo_round_trips(name: str) -> None:
     memos = [memo for _, memo in _memos(name, "wfe_run")]
-    assert len(memos) >= 5  # the engine's first one and the workflow's
+    assert len(memos) >= 3  # the engine's first one and the workflow's (a run in one local
+    # chain writes three: at the start, after its first task, at its end)
     for memo in memos:
         assert RunMemo.model_validate(memo).to_json() == memo
     doc = _start_document(name)
