@@ -31,6 +31,33 @@ COLUMNS = [
 ]
 
 
+# the workloads of the paired Temporal system (``_temporal_paired``): its cells hold both sides
+PAIRED = [
+    ("latency", "p50_ms", "3-stage latency", False),
+    ("throughput", "runs_per_s", "throughput", True),
+    ("fanout", "p50_ms", "fan-out 1->50->1", False),
+    ("signal", "p50_ms", "signal round trip", False),
+]
+
+
+def _paired_rows(results: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """Per workload of ``temporal-paired``: its label and the cells driver, hand-written,
+    ratio of the p50s (driver cost / hand-written cost), p50 of the per-pair ratios."""
+    rows = []
+    for workload, metric, what, _ in PAIRED:
+        unit = "runs/s" if metric == "runs_per_s" else "ms p50"
+        values = [
+            _metric(results, "temporal-paired", workload, k)
+            for k in (metric, f"raw_{metric}", "ratio", "pair_ratio_p50")
+        ]
+        cells = ["-" if v is None else _fmt(v) for v in values]
+        if values[0] is not None:
+            cells[0] += f" {unit}"
+            cells[1] += f" {unit}"
+        rows.append((what, cells))
+    return rows
+
+
 def machine_info() -> dict[str, Any]:
     cpu = "?"
     try:
@@ -147,6 +174,14 @@ def check_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             "<= 1.1",
             lambda r: r <= 1.1,
         )
+    for workload, _m, what, _higher in PAIRED:
+        add(
+            f"temporal, paired: driver {what} within 1.1x of hand-written temporalio "
+            "(driver cost / hand-written cost, samples alternated in one process)",
+            _metric(results, "temporal-paired", workload, "ratio"),
+            "<= 1.1",
+            lambda r: r <= 1.1,
+        )
     add(
         "temporal: driver local=True stages at least 2x faster than hand-written activities "
         "(hand-written p50 / driver-local p50)",
@@ -182,6 +217,13 @@ def print_tables(doc: dict[str, Any], console: Console | None = None) -> None:
     and the cells that could not run."""
     console = console or Console(width=200)
     console.print(_results_table(doc))
+    if "temporal-paired" in doc["results"]:
+        pt = Table(title="Temporal driver and hand-written temporalio, paired (one process)")
+        for col in ("workload", "driver", "hand-written", "ratio", "p50 of per-pair ratios"):
+            pt.add_column(col)
+        for label, row in _paired_rows(doc["results"]):
+            pt.add_row(label, *row)
+        console.print(pt)
     console.print(_goals_table(doc["goals"]))
     errors = _errors_table(doc["results"])
     if errors is not None:
@@ -210,7 +252,7 @@ def _results_table(doc: dict[str, Any]) -> Table:
     for _, _, label, _ in COLUMNS:
         table.add_column(label, justify="right")
     for name, system in SYSTEMS.items():
-        if name not in results:
+        if name not in results or system.paired:
             continue
         row = [system.label]
         for workload, metric, _, higher in COLUMNS:
@@ -278,7 +320,7 @@ def write_png(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     results = doc["results"]
-    names = [n for n in SYSTEMS if n in results]
+    names = [n for n in SYSTEMS if n in results and not SYSTEMS[n].paired]
     colors = {"sqlite": "#4c72b0", "postgres": "#55a868", "temporal": "#c44e52"}
     cols = [c for c in COLUMNS if c[1] != "p99_ms"]
     fig, axes = plt.subplots(2, 3, figsize=(18, 10))
@@ -320,7 +362,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "|---" * (len(COLUMNS) + 1) + "|",
     ]
     for name, system in SYSTEMS.items():
-        if name not in results:
+        if name not in results or system.paired:
             continue
         ref = REFERENCE[system.group]
         row = [system.label]
@@ -336,6 +378,15 @@ def markdown(doc: dict[str, Any]) -> str:
                 text += f" (x{_fmt((r / v) if higher else (v / r))})"
             row.append(text)
         lines.append("| " + " | ".join(row) + " |")
+    if "temporal-paired" in results:
+        lines += [
+            "",
+            "| paired (one process, samples alternated) | driver | hand-written | ratio "
+            "| p50 of per-pair ratios |",
+            "|---|---|---|---|---|",
+        ]
+        for label, row in _paired_rows(results):
+            lines.append(f"| {label} | " + " | ".join(row) + " |")
     lines += ["", "| goal | ratio | target | status |", "|---|---|---|---|"]
     for g in doc["goals"]:
         status = "not measured" if g["met"] is None else ("met" if g["met"] else "**missed**")

@@ -21,6 +21,8 @@ class System:
     group: str  # sqlite | postgres | temporal: ratios compare within a group
     slow: bool = False  # fewer samples for the per-run workloads
     latency_only: bool = False
+    # both sides of a comparison in one process, samples alternated (its own table)
+    paired: bool = False
 
 
 SYSTEMS: dict[str, System] = {
@@ -41,6 +43,13 @@ SYSTEMS: dict[str, System] = {
             latency_only=True,
         ),
         System("temporal-raw", "hand-written temporalio", "temporal", slow=True),
+        System(
+            "temporal-paired",
+            "Temporal driver and hand-written temporalio, paired",
+            "temporal",
+            slow=True,
+            paired=True,
+        ),
         System(
             "temporal-raw-local",
             "hand-written temporalio, local activities",
@@ -72,6 +81,10 @@ def _runner(name: str) -> Callable[[Sizes], Awaitable[dict[str, Any]]]:
         from ._floor import run_floor
 
         return lambda s: run_floor(variant, s)
+    if variant == "paired":
+        from ._temporal_paired import run_temporal_paired
+
+        return run_temporal_paired
     from ._temporal import run_temporal_driver, run_temporal_raw
 
     fn = run_temporal_driver if variant.startswith("driver") else run_temporal_raw

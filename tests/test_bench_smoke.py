@@ -31,6 +31,7 @@ SYSTEMS = [
     pytest.param("temporal-driver-local", marks=pytest.mark.temporal),
     pytest.param("temporal-raw", marks=pytest.mark.temporal),
     pytest.param("temporal-raw-local", marks=pytest.mark.temporal),
+    pytest.param("temporal-paired", marks=pytest.mark.temporal),
 ]
 
 
@@ -44,9 +45,20 @@ def test_every_workload_produces_numbers(
         monkeypatch.setattr(bench._common, "PG_ADMIN", admin_url().replace("+psycopg", "", 1))
     result = run_one(system, quick=True)
     expected = ["latency"] if BENCH_SYSTEMS[system].latency_only else list(WORKLOADS)
+    if BENCH_SYSTEMS[system].paired:  # both sides in each cell, and their ratios
+        expected = ["latency", "throughput", "fanout", "signal"]
     assert set(result) == set(expected)
     for workload, cell in result.items():
         assert "error" not in cell, f"{system}/{workload}: {cell.get('traceback', cell)}"
+        if BENCH_SYSTEMS[system].paired:
+            metric = "runs_per_s" if workload == "throughput" else "p50_ms"
+            for key in (metric, f"raw_{metric}", "ratio", "pair_ratio_p50"):
+                assert math.isfinite(cell[key]) and cell[key] > 0, f"{workload}.{key}"
+            ours, theirs = cell[metric], cell[f"raw_{metric}"]
+            expect = theirs / ours if metric == "runs_per_s" else ours / theirs
+            assert cell["ratio"] == pytest.approx(expect)  # driver cost / hand-written cost
+    if BENCH_SYSTEMS[system].paired:
+        return
     for workload, metric in [
         ("latency", "p50_ms"),
         ("latency", "p99_ms"),
@@ -62,6 +74,38 @@ def test_every_workload_produces_numbers(
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (
             f"{system}/{workload}.{metric} = {value!r}"
         )
+
+
+@pytest.mark.temporal
+@pytest.mark.timeout(180)
+def test_temporal_systems_measure_every_workload_on_one_dev_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver and the hand-written system each measure throughput on the dev server their
+    other workloads used: a used dev server costs more CPU per run than a fresh one, and the
+    hand-written row alone got a fresh one (its ratio favoured it by ~0.15)."""
+    import asyncio
+    import contextlib
+    from collections.abc import AsyncIterator
+
+    import bench._temporal as T
+    from bench._common import Sizes
+
+    real = T.dev_server
+    started: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def counted() -> AsyncIterator[str]:
+        async with real() as address:
+            started.append(address)
+            yield address
+
+    monkeypatch.setattr(T, "dev_server", counted)
+    for run in (T.run_temporal_driver, T.run_temporal_raw):
+        started.clear()
+        out = asyncio.run(run(Sizes.quick()))
+        assert "error" not in out["throughput"], out["throughput"]
+        assert len(started) == 1, f"{run.__name__} started {len(started)} dev servers"
 
 
 def test_report_handles_missing_and_failed_cells(tmp_path: object) -> None:
@@ -121,6 +165,52 @@ def test_temporal_goals_compare_the_driver_with_hand_written_temporalio() -> Non
     assert (local["ratio"], local["met"]) == (2.5, True)
     doc = {"results": results, "goals": check_goals(results)}
     assert "| temporal: driver throughput within 1.1x" in markdown(doc)
+    paired = goals[
+        "temporal, paired: driver fan-out 1->50->1 within 1.1x of hand-written temporalio"
+    ]
+    assert (paired["ratio"], paired["met"]) == (None, None)  # no paired system in this run
+
+
+def test_paired_temporal_goals_read_the_paired_ratios() -> None:
+    """``temporal-paired``: each issue-13 goal judged on the cell's ratio (driver cost /
+    hand-written cost), shown in its own table, not among the systems."""
+    from bench._report import check_goals, markdown, print_tables
+
+    results = {
+        "temporal-paired": {
+            "latency": {
+                "p50_ms": 104.0,
+                "raw_p50_ms": 100.0,
+                "ratio": 1.04,
+                "pair_ratio_p50": 1.05,
+            },
+            "throughput": {
+                "runs_per_s": 15.0,
+                "raw_runs_per_s": 18.0,
+                "ratio": 1.2,
+                "pair_ratio_p50": 1.19,
+            },
+            "fanout": {"error": "TimeoutError: ..."},
+            "signal": {"p50_ms": 41.0, "raw_p50_ms": 40.0, "ratio": 1.025, "pair_ratio_p50": 1.0},
+        }
+    }
+    goals = {g["goal"].split(" (")[0]: g for g in check_goals(results)}
+    prefix = "temporal, paired: driver "
+    suffix = " within 1.1x of hand-written temporalio"
+    assert goals[prefix + "3-stage latency" + suffix]["met"] is True
+    assert goals[prefix + "throughput" + suffix]["met"] is False
+    assert goals[prefix + "fan-out 1->50->1" + suffix]["met"] is None
+    assert goals[prefix + "signal round trip" + suffix]["ratio"] == 1.025
+    doc = {
+        "mode": "full",
+        "machine": {"nproc": 2, "cpu": "x", "python": "3", "postgresql": "15", "sqlite": "3"},
+        "results": results,
+        "goals": check_goals(results),
+    }
+    md = markdown(doc)
+    assert "| 3-stage latency | 104 ms p50 | 100 ms p50 | 1.04 | 1.05 |" in md
+    assert "| Temporal driver and hand-written temporalio, paired |" not in md  # not a system row
+    print_tables(doc)
 
 
 def test_rounds_combine_to_medians() -> None:
