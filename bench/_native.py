@@ -79,19 +79,23 @@ async def _until_waiting(engine: WorkflowEngine, run_id: str) -> None:
     raise TimeoutError("the run never reached its signal wait")
 
 
+async def signal_once(engine: WorkflowEngine, sizes: Sizes) -> float:
+    """One signal round trip, in seconds: a run parked in its signal wait, the pause, then
+    ``signal()`` until ``wait()`` returns."""
+    run = await engine.start("bench-signal", {})
+    await _until_waiting(engine, run.id)
+    await pause(sizes)
+    t0 = time.perf_counter()
+    await engine.signal(run.id, "go", {"ok": True})
+    info = await engine.wait(run.id, timeout=60)
+    dt = time.perf_counter() - t0
+    if info.status != "completed":
+        raise RuntimeError(f"run ended {info.status}: {info.error}")
+    return dt
+
+
 async def signal(engine: WorkflowEngine, sizes: Sizes) -> dict[str, Any]:
-    samples = []
-    for _ in range(sizes.signal_runs):
-        run = await engine.start("bench-signal", {})
-        await _until_waiting(engine, run.id)
-        await pause(sizes)
-        t0 = time.perf_counter()
-        await engine.signal(run.id, "go", {"ok": True})
-        info = await engine.wait(run.id, timeout=60)
-        samples.append(time.perf_counter() - t0)
-        if info.status != "completed":
-            raise RuntimeError(f"run ended {info.status}: {info.error}")
-    return summary_ms(samples)
+    return summary_ms([await signal_once(engine, sizes) for _ in range(sizes.signal_runs)])
 
 
 async def run_engine_workloads(

@@ -89,7 +89,7 @@ async def run_temporal_paired(sizes: Sizes) -> dict[str, Any]:
 
     from . import _temporal_raw as R
     from . import _workflows as W
-    from ._native import _until_waiting
+    from ._native import signal_once
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-paired-") as d:
@@ -114,17 +114,6 @@ async def run_temporal_paired(sizes: Sizes) -> dict[str, Any]:
                         await client.execute_workflow(
                             wf, arg, id=uuid.uuid4().hex, task_queue=R.TASK_QUEUE
                         )
-                        return time.perf_counter() - t0
-
-                    async def driver_signal() -> float:
-                        run = await engine.start("bench-signal", {})
-                        await _until_waiting(engine, run.id)
-                        await pause(sizes)
-                        t0 = time.perf_counter()
-                        await engine.signal(run.id, "go", {"ok": True})
-                        info = await engine.wait(run.id, timeout=60)
-                        if info.status != "completed":
-                            raise RuntimeError(f"run ended {info.status}: {info.error}")
                         return time.perf_counter() - t0
 
                     async def raw_signal() -> float:
@@ -163,7 +152,9 @@ async def run_temporal_paired(sizes: Sizes) -> dict[str, Any]:
                     await guarded(
                         out,
                         "signal",
-                        lambda: _pairs(sizes, sizes.signal_runs, driver_signal, raw_signal),
+                        lambda: _pairs(
+                            sizes, sizes.signal_runs, lambda: signal_once(engine, sizes), raw_signal
+                        ),
                     )
 
                 # the in-process workers are gone: each side's two worker processes serve
