@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +67,7 @@ REFERENCE = {
 }
 
 
-def _runner(name: str) -> Callable[[Sizes], Awaitable[dict[str, Any]]]:
+def _runner(name: str) -> Callable[[Sizes], Coroutine[Any, Any, dict[str, Any]]]:
     kind, _, variant = name.partition("-")
     if kind == "native":
         from ._native import run_native

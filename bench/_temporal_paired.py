@@ -7,8 +7,9 @@ between two sets of the same code (``bench/README.md``, 2026-12-03), far more th
 being judged. Here both dev servers and both in-process workers run at once, and every sample of
 one side is followed by one of the other (A B, then B A, ...), each after the bench's pause; the
 throughput bursts alternate the same way (driver, raw, raw, driver), each with its two worker
-processes. Each cell keeps both sides' numbers, the ratio of their p50s (driver cost /
-hand-written cost) and the median of the per-pair ratios."""
+processes; ``local`` pairs the driver's ``local=True`` 3-stage run with the hand-written one's
+regular activities (issue 13: at least 2x faster). Each cell keeps both sides' numbers, the
+ratio of their p50s (driver cost / hand-written cost) and the median of the per-pair ratios."""
 
 from __future__ import annotations
 
@@ -136,6 +137,16 @@ async def run_temporal_paired(sizes: Sizes) -> dict[str, Any]:
                             sizes,
                             sizes.latency_runs,
                             lambda: driver_run("bench-seq3"),
+                            lambda: raw_run("bench_seq3", False),
+                        ),
+                    )
+                    await guarded(  # issue 13: local=True stages >= 2x hand-written activities
+                        out,
+                        "local",
+                        lambda: _pairs(
+                            sizes,
+                            sizes.latency_runs,
+                            lambda: driver_run("bench-seq3-local"),
                             lambda: raw_run("bench_seq3", False),
                         ),
                     )

@@ -46,7 +46,7 @@ def test_every_workload_produces_numbers(
     result = run_one(system, quick=True)
     expected = ["latency"] if BENCH_SYSTEMS[system].latency_only else list(WORKLOADS)
     if BENCH_SYSTEMS[system].paired:  # both sides in each cell, and their ratios
-        expected = ["latency", "throughput", "fanout", "signal"]
+        expected = ["latency", "local", "throughput", "fanout", "signal"]
     assert set(result) == set(expected)
     for workload, cell in result.items():
         assert "error" not in cell, f"{system}/{workload}: {cell.get('traceback', cell)}"
@@ -192,6 +192,7 @@ def test_paired_temporal_goals_read_the_paired_ratios() -> None:
             },
             "fanout": {"error": "TimeoutError: ..."},
             "signal": {"p50_ms": 41.0, "raw_p50_ms": 40.0, "ratio": 1.025, "pair_ratio_p50": 1.0},
+            "local": {"p50_ms": 40.0, "raw_p50_ms": 100.0, "ratio": 0.4, "pair_ratio_p50": 0.45},
         }
     }
     goals = {g["goal"].split(" (")[0]: g for g in check_goals(results)}
@@ -201,6 +202,10 @@ def test_paired_temporal_goals_read_the_paired_ratios() -> None:
     assert goals[prefix + "throughput" + suffix]["met"] is False
     assert goals[prefix + "fan-out 1->50->1" + suffix]["met"] is None
     assert goals[prefix + "signal round trip" + suffix]["ratio"] == 1.025
+    local = goals[
+        "temporal, paired: driver local=True stages at least 2x faster than hand-written activities"
+    ]
+    assert (local["ratio"], local["met"]) == (2.5, True)  # hand-written p50 / driver-local p50
     doc = {
         "mode": "full",
         "machine": {"nproc": 2, "cpu": "x", "python": "3", "postgresql": "15", "sqlite": "3"},
