@@ -56,11 +56,19 @@ with workflow.unsafe.imports_passed_through():
     from ._carry import compact
     from ._names import EVENTS_HANDED, RUN_ENDED
 
-__all__ = ["CARRY_MAX", "LAZY_MAX", "EventOutbox"]
+__all__ = ["CARRY_MAX", "LAZY_MAX", "EventOutbox", "WorkerFault"]
 
 CARRY_MAX = 200  # events per batch, carried or published
 LAZY_MAX = 32  # a carried batch up to this size may be handed back unparked (``parking``)
 _LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+
+
+class WorkerFault(RuntimeError):
+    """The worker running a workflow task could not do what the task handed it (its BlobStore
+    or event loop failed or was too slow). Raised from the workflow, it fails the workflow
+    *task*, which Temporal runs again: an infrastructure fault never fails the run (DESIGN §5).
+    (The worker's own error is not raised as is: temporalio fails the whole workflow on a
+    ``TimeoutError``, and a replay, which calls no worker, would not fail it again.)"""
 
 
 class EventOutbox:
@@ -176,7 +184,10 @@ class EventOutbox:
         self._finishing = False
         record = self._worker_function(RUN_ENDED, "record the end")
         if record is not None:
-            record(self._run_id, state, events, self._parked, self._rule())
+            try:
+                record(self._run_id, state, events, self._parked, self._rule())
+            except Exception as exc:
+                raise _fault(f"record the end of run {self._run_id!r}", exc) from exc
 
     def _worker_function(self, name: str, what: str) -> Callable[..., None] | None:
         """The extern function ``name`` of the worker running this workflow task (None on a
@@ -186,7 +197,7 @@ class EventOutbox:
             return None
         fn: Callable[..., None] | None = workflow.extern_functions().get(name)
         if fn is None:
-            raise RuntimeError(
+            raise WorkerFault(
                 f"this worker cannot {what} of run {self._run_id!r}: run it on a worker the "
                 "wfe Temporal driver builds (engine.worker())"
             )
@@ -220,7 +231,7 @@ class EventOutbox:
             # (this task's error would fail nothing: ``_watched`` raises it, failing the
             # workflow task, whose next try runs this activation again, events and all)
             self._outbox, self._parked = events, parked
-            self._broken = exc
+            self._broken = _fault(f"deliver the events of run {self._run_id!r}", exc)
             return False
         return True
 
@@ -280,3 +291,9 @@ class EventOutbox:
                     pass
             delay = sink_retry_delay(failures, self._retry_initial_s, self._retry_max_s)
             await workflow.sleep(delay, summary="event sink retry")
+
+
+def _fault(what: str, exc: Exception) -> WorkerFault:
+    if isinstance(exc, WorkerFault):
+        return exc
+    return WorkerFault(f"the worker could not {what}: {type(exc).__name__}: {exc}")

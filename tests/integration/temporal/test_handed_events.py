@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
+from temporalio.worker import Replayer
 
 from driver_temporal._run_end import RunEnds
+from driver_temporal._workflow import GraphWorkflow, workflow_runner
 from engine_port import Event, FolderBlobStore, MemorySink, Registry, StageContext, Workflow
 
 from .conftest import EngineFactory, trace, wait_for_event
@@ -142,20 +144,27 @@ async def test_events_handed_during_a_sink_outage_are_kept_then_delivered_in_ord
     assert len(trace(sink, run)) == len(replayed)
 
 
+# the worker's store is down, or the worker's event loop too starved to answer in time (a
+# TimeoutError, which temporalio would take as the workflow's own failure: the run failed, and
+# a later replay, which calls no worker, did not, so a query of it raised a nondeterminism error)
+_FAULTS = [OSError("the blob store is down"), TimeoutError()]
+
+
+@pytest.mark.parametrize("fault", _FAULTS, ids=["store-down", "worker-too-slow"])
 async def test_a_hand_over_that_fails_fails_the_workflow_task_and_loses_no_event(
-    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch, fault: Exception
 ) -> None:
-    """The worker's store fails once while a task hands events over: the error fails that
-    workflow task (an error in the workflow's publisher task alone failed nothing, and the
-    events it had dropped from the outbox were lost), Temporal runs it again, and the sink
-    gets every event."""
+    """The worker fails once while a task hands events over: the error fails that workflow
+    task (an error in the workflow's publisher task alone failed nothing, and the events it
+    had dropped from the outbox were lost), Temporal runs it again, and the sink gets every
+    event; the run completes (an infrastructure fault never fails it)."""
     real = RunEnds.hand
     calls: list[int] = []
 
     def failing_once(self: RunEnds, *args: Any) -> None:
         calls.append(len(args[2]))
         if len(calls) == 1:
-            raise OSError("the blob store is down")
+            raise fault
         real(self, *args)
 
     monkeypatch.setattr(RunEnds, "hand", failing_once)
@@ -169,4 +178,40 @@ async def test_a_hand_over_that_fails_fails_the_workflow_task_and_loses_no_event
     assert len(calls) >= 2  # handed again by the task's next try
     assert sink.first == sorted(sink.first)
     assert len(trace(sink, run)) == len(replayed)  # (trace: seq 1..n, none missing)
+    assert replayed == sink.for_run(run.id)
+
+
+@pytest.mark.parametrize("fault", _FAULTS, ids=["store-down", "worker-too-slow"])
+async def test_a_run_end_the_worker_fails_to_record_is_recorded_by_the_next_try(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch, fault: Exception
+) -> None:
+    """The worker fails once while the run's last workflow task records its end: that task
+    fails, Temporal runs it again, and the run completes with every event at the sink; its
+    history replays (a query of the closed run) without a nondeterminism error."""
+    real = RunEnds.record
+    calls: list[int] = []
+
+    def failing_once(self: RunEnds, *args: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise fault
+        real(self, *args)
+
+    monkeypatch.setattr(RunEnds, "record", failing_once)
+    sink = FirstSeen()
+    engine = make_engine(Registry([fan_out(2)]), sink=sink)
+    async with engine, engine.worker():
+        run = await engine.start("handed-fan", {})
+        assert (await engine.wait(run.id, timeout=60)).status == "completed"
+        await wait_for_event(sink, run.id, "run.completed")
+        replayed = await engine.events(run.id)
+        handle = engine._conn.get_workflow_handle(run.id)  # type: ignore[attr-defined]
+        history = await handle.fetch_history()
+    assert len(calls) == 2
+    closes = [e.event_type for e in history.events][-1]
+    assert closes == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    replayer = Replayer(workflows=[GraphWorkflow], workflow_runner=workflow_runner())
+    replay = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert replay.replay_failure is None
+    assert sink.first == sorted(sink.first)
     assert replayed == sink.for_run(run.id)
