@@ -91,7 +91,11 @@ _INFRA_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=20,
 )
-_LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+# a driver local activity whose failure would otherwise fail the run: a storage fault is
+# retried until the store answers (DESIGN §5)
+_STORE_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=5)
+)
 _LOCAL_PATCH = "wfe-local-stages"
 # runs started with this marker take every signal through ``wfe.internal.take_signal`` (or a
 # lent one), concurrently; a run started before keeps the single-taker rule (``SignalHandlers``)
@@ -1007,7 +1011,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             args=[self._run_id, sid, self._redrive],
             result_type=list,
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_LOCAL_RETRY,
+            retry_policy=_STORE_RETRY,
         )
         return records
 
@@ -1095,7 +1099,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "wfe.save_state",
             args=[self._run_id, self._state(), *last],
             start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=5)),
+            retry_policy=_STORE_RETRY,
         )
         if last:
             self._finishing = False

@@ -6,6 +6,7 @@ second ``stage.started``); a stage a worker did pick up is waited for, and runs 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from temporalio.api.enums.v1 import PendingActivityState
 from conformance import ExecutionLog
 from conformance._models import Num
 from driver_temporal import TemporalEngine
+from driver_temporal._activities import DriverActivities
 from engine_port import (
     EngineSettings,
     MemorySink,
@@ -124,9 +126,26 @@ async def test_export_takes_a_stage_scheduled_but_never_picked_up(
     assert len(sink.events) == len(sink.for_run(run.id))  # nothing delivered twice
 
 
+@pytest.mark.parametrize("journal_fails", [0, 4], ids=["store-up", "store-fails-4-times"])
 async def test_export_after_abort_runs_the_withdrawn_stage_once_on_the_source(
-    make_engine: EngineFactory, tmp_path: Path
+    make_engine: EngineFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    journal_fails: int,
 ) -> None:
+    """... also when the BlobStore fails the first reads of the withdrawn stage's journal (a
+    storage fault: retried, never the run's failure; three failures failed the whole run)."""
+    real = DriverActivities.read_journal
+    reads: list[int] = []
+
+    @functools.wraps(real)
+    async def flaky(self: DriverActivities, *args: Any) -> list[dict[str, Any]]:
+        reads.append(1)
+        if len(reads) <= journal_fails:
+            raise OSError("the blob store is down")
+        return await real(self, *args)
+
+    monkeypatch.setattr(DriverActivities, "read_journal", flaky)
     log = ExecutionLog(tmp_path / "log")
     wf = _workflow(log, "mig-abort")
     sink = MemorySink()
@@ -142,6 +161,7 @@ async def test_export_after_abort_runs_the_withdrawn_stage_once_on_the_source(
         ("a", "running", 1),  # started, and nobody runs it
         ("b", "pending", 0),
     ]
+    assert len(reads) == journal_fails + 1
     await source.abort_export(run.id)
     async with source.worker():
         info = await source.wait(run.id, timeout=60)
