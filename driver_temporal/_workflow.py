@@ -85,11 +85,16 @@ __all__ = [
 # input, which is the workflow's input (see ``GraphWorkflow.run``)
 START_MEMO = "wfe_start"
 _GRACE = 10.0  # seconds beyond a stage timeout before Temporal declares the attempt lost
+# Temporal's retries of a stage activity: only what is not the user's (the user's errors come
+# back non-retryable, and the workflow applies the stage's retry policy itself): a storage
+# fault (``InfrastructureFault``), a lost or hung worker (heartbeat, start-to-close). As on
+# native, they are retried for as long as they last, the attempt kept (DESIGN §5); a cap of 20
+# tries charged a storage outage of ~3 minutes to the stage as a failed attempt
 _INFRA_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=500),
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=10),
-    maximum_attempts=20,
+    maximum_attempts=0,  # unlimited
 )
 # a driver local activity whose failure would otherwise fail the run: a storage fault is
 # retried until the store answers (DESIGN §5)

@@ -74,7 +74,16 @@ async def test_a_journal_write_fault_keeps_the_attempt(temporal_address: str) ->
     async with engine, engine.worker():
         run = await engine.start(wf.id, {})
         info = await engine.wait(run.id, timeout=60)
+        history = await engine._conn.get_workflow_handle(run.id).fetch_history()
     assert store.failed == 1
+    # Temporal retries the stage's activity for as long as the fault lasts, as native does
+    # (20 tries, ~3 minutes of outage, charged it to the stage as a failed attempt)
+    (scheduled,) = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled.retry_policy.maximum_attempts == 0  # the Web UI: "Unlimited"
     assert info.status == "completed" and info.output == "onetwo"
     assert info.stage("s").attempt == 1
     assert (ran["one"], ran["two"]) == (1, 2)  # step one was journaled: replayed, not re-run
