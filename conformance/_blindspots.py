@@ -5,7 +5,8 @@ deliveries, every suspension and business event with its own id, ``ctx.attempt``
 takeover, the step ledger kept by a redrive from the last failure, cancel between a failed
 attempt and its retry, a failed step run again by the retry, the ``wait_for`` deadline, the
 type of a stage timeout, a signal sent while its stage is running,
-a run of a version no running worker serves left alone."""
+a run of a version no running worker serves left alone, a blob store that fails while an
+attempt spills a value (DESIGN §5: abandoned like a crash, never a failed attempt)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,21 @@ class ArrivalSink(MemorySink):
     async def publish(self, events: Sequence[Event]) -> None:
         await super().publish(events)
         self.arrivals.extend(events)
+
+
+class FailingPuts(MemoryBlobStore):
+    """A MemoryBlobStore that refuses its first ``fails`` writes of a value holding ``marker``,
+    as an unreachable store would."""
+
+    def __init__(self, marker: bytes, fails: int) -> None:
+        super().__init__()
+        self.marker, self.fails, self.refused = marker, fails, 0
+
+    async def put(self, key: str, data: bytes) -> None:
+        if self.marker in data and self.refused < self.fails:
+            self.refused += 1
+            raise OSError("blob store unreachable")
+        await super().put(key, data)
 
 
 class BlindSpotContract:
@@ -377,3 +393,42 @@ class BlindSpotContract:
         assert info.error is not None and info.error.type == "StageTimeoutError", info.error
         failed = [e for e in events if e.type == "stage.failed"]
         assert [e.data["error"]["type"] for e in failed] == ["StageTimeoutError"]
+
+    async def test_blob_store_fault_keeps_the_attempt(self, harness: Harness) -> None:
+        """The blob store refuses twice to take a step's spilled result: each time the
+        attempt is abandoned like a crash (DESIGN §5): no ``stage.failed``, no retry used up
+        (the stage allows none), the attempt number kept, the step body run again because it
+        was not journaled; then the run completes."""
+        if not harness.capabilities.claim_check:
+            pytest.skip("driver lacks capability claim_check")
+        wf = Workflow(unique_id("bs-store-fault"), input=Num)
+        attempts: list[int] = []
+
+        @wf.stage(retry=Retry(max_attempts=1))
+        async def a(ctx: StageContext[Num]) -> int:
+            attempts.append(ctx.attempt)
+            value = await ctx.step.run("big", lambda: "FAULTY" + "x" * 4000)
+            return len(value)
+
+        store = FailingPuts(b"FAULTY", fails=2)
+        sink = MemorySink()
+        async with (
+            harness.engine(
+                Registry([wf]), sink, blob_store=store, spill_threshold_bytes=1000
+            ) as engine,
+            engine.worker(),
+        ):
+            run = await engine.start(wf.id, {})
+            info = await engine.wait(run.id, timeout=90)
+            events = await wait_for_events(sink, run.id, "run.completed")
+        assert store.refused == 2
+        assert info.status == RunStatus.COMPLETED and info.output == 4006, info.error
+        assert info.stage("a").attempt == 1
+        assert attempts == [1, 1, 1]
+        assert [(e.type, e.stage) for e in events] == [
+            ("run.created", None),
+            ("run.started", None),
+            ("stage.started", "a"),
+            ("stage.completed", "a"),
+            ("run.completed", None),
+        ]
