@@ -72,4 +72,4 @@ class EventSinkContract:
             assert [e.seq for e in events] == sorted({e.seq for e in events})
             final = await engine.flush_events()
             _check(final)
-            assert final.sink_status == "healthy" and final.sink_error is None
+            assert final.sink_status == "healthy" and final.sink_error is None, (final, seen)

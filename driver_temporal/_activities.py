@@ -32,7 +32,8 @@ inside the run's own workflow task): a wait with nothing lent suspends and resum
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -124,6 +125,28 @@ class EventStats:
         out = (self.delivered, self.failed, self.dead)
         self.delivered = self.failed = self.dead = 0
         return out
+
+
+class KeptLocks:
+    """One deliverer at a time of the events kept for a run in this process (``outbox/<run>/``
+    in the BlobStore): each reads the kept batches, publishes or dead-letters them and deletes
+    them while holding the run's lock, so a retry that gives a batch up never dead-letters one
+    a ``flush_events()`` has just delivered (a dead letter reported after the sink recovered)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # run -> lock, holders
+
+    @contextlib.asynccontextmanager
+    async def holding(self, run_id: str) -> AsyncIterator[None]:
+        lock, users = self._locks.setdefault(run_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[run_id]
 
 
 # asks the run for the oldest signal of a name this attempt was not given: (step key, name)
@@ -352,6 +375,7 @@ class DriverActivities:
         self.heartbeat_every = heartbeat_every
         self.take_timeout = take_timeout  # seconds a wait asks its run for a signal, per try
         self.take_tries = take_tries  # tries when the ask gets no answer (timeout, busy)
+        self.kept = KeptLocks()
 
     def bookkeeping(self) -> list[Any]:
         """The small activities every worker that runs workflow tasks registers (they run as
@@ -771,13 +795,22 @@ class DriverActivities:
                 key = outbox_batch_key(events[0]["run_id"], events[0]["seq"], events[-1]["seq"])
                 await put_small(store, key, pydantic_core.to_json(events))
             return {"ok": True, "parked": parked or bool(events)}
-        keys: list[str] = []
-        batch = list(events)
-        if parked and events:
-            keys = await store.list(outbox_prefix(events[0]["run_id"]))
-            batch = in_order(await parked_events(store, keys) + batch)
-        if not batch:
+        if not events:
             return {"ok": True, "parked": parked}
+        if not parked:
+            return await self.publish_batch(events, count_failures=count_failures)
+        async with self.kept.holding(events[0]["run_id"]):
+            keys = await store.list(outbox_prefix(events[0]["run_id"]))
+            batch = in_order(await parked_events(store, keys) + list(events))
+            return await self.publish_batch(batch, keys, count_failures=count_failures)
+
+    async def publish_batch(
+        self, batch: list[dict[str, Any]], keys: Sequence[str] = (), *, count_failures: bool = True
+    ) -> dict[str, Any]:
+        """Publish ``batch`` to the sink, then delete the kept ``keys`` it includes (hold the
+        run's ``kept`` lock when there are any); ``{"ok": False, "error": ...}`` when the sink
+        refused it (counted as failed events when ``count_failures``)."""
+        assert self.sink is not None
         try:
             await self.sink.publish([Event.model_validate(e) for e in batch])
         except Exception as exc:
@@ -788,7 +821,7 @@ class DriverActivities:
             return {"ok": False, "error": error}
         self.stats.delivered += len(batch)
         for k in keys:
-            await store.delete(k)
+            await self.claim.store.delete(k)
         return {"ok": True, "parked": False}
 
     async def deliver_parked(self) -> int:
@@ -800,21 +833,16 @@ class DriverActivities:
         for k in await store.list("outbox/"):
             by_run.setdefault(k.split("/")[1], []).append(k)
         n = 0
-        for keys in by_run.values():
-            try:
-                kept = in_order(await parked_events(store, keys))
-            except Exception:  # (a worker retrying a run's end delivered them meanwhile)
-                continue
-            batch = [Event.model_validate(e) for e in kept]
-            try:
-                await self.sink.publish(batch)
-            except Exception as exc:
-                self.stats.refused(f"{type(exc).__name__}: {exc}", len(batch))
-                continue
-            for k in keys:
-                await store.delete(k)
-            n += len(batch)
-        self.stats.delivered += n
+        for run_id in by_run:
+            async with self.kept.holding(run_id):
+                # (listed again under the lock: a retry may have taken some meanwhile)
+                keys = await store.list(outbox_prefix(run_id))
+                try:
+                    kept = in_order(await parked_events(store, keys))
+                except Exception:  # (another process's worker delivered them meanwhile)
+                    continue
+                if kept and (await self.publish_batch(kept, keys))["ok"]:
+                    n += len(kept)
         return n
 
     @activity.defn(name="wfe.dead_letter")

@@ -36,7 +36,6 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
 )
 
-from engine_port import Event
 from engine_port.driver import sink_retry_delay
 
 from ._activities import DriverActivities, in_order, parked_events
@@ -146,35 +145,40 @@ class RunEnds:
         acts = self._acts
         store = acts.claim.store
         failures, first_failure = 1, time.monotonic()
-        while True:
+
+        def dead() -> bool:
             spanned = time.monotonic() - first_failure
-            dead = failures >= rule["dead_after"] and spanned >= rule["dead_min_s"]
-            if not dead:
+            return failures >= rule["dead_after"] and spanned >= rule["dead_min_s"]
+
+        while True:
+            if not dead():
                 delay = sink_retry_delay(failures, rule["retry_initial_s"], rule["retry_max_s"])
                 await asyncio.sleep(delay)
-            try:
-                keys = await store.list(outbox_prefix(run_id))
-                batch = in_order(await parked_events(store, keys))
-            except Exception:  # (another deliverer, flush_events(), took some meanwhile)
-                continue
-            if not batch:
-                return
-            if dead:
+            # the run's kept events, held while they are read, published or given up, and
+            # deleted: a flush_events() delivering them meanwhile waits, then finds them gone
+            # (or went first, and this finds none); and they are given up right after the
+            # failure that makes them dead, never on a decision taken before the sink came back
+            async with acts.kept.holding(run_id):
+                try:
+                    keys = await store.list(outbox_prefix(run_id))
+                    batch = in_order(await parked_events(store, keys))
+                except Exception:  # (another process's deliverer took some meanwhile)
+                    continue
+                if not batch:
+                    return
+                if not dead():
+                    res = await acts.publish_batch(batch, keys)
+                    if res["ok"]:
+                        return
+                    error = str(res["error"])
+                    failures += 1
+                    if not dead():
+                        continue
                 acts.stats.last_error = error  # (what the dead letters are reported with)
                 await acts.dead_letter(batch)
-            else:
-                assert acts.sink is not None
-                try:
-                    await acts.sink.publish([Event.model_validate(e) for e in batch])
-                except Exception as exc:
-                    error = f"{type(exc).__name__}: {exc}"
-                    acts.stats.refused(error, len(batch))
-                    failures += 1
-                    continue
-                acts.stats.delivered += len(batch)
-            for k in keys:
-                await store.delete(k)
-            return
+                for k in keys:
+                    await store.delete(k)
+                return
 
     async def aclose(self) -> None:
         """Stop the retries (their events stay kept: ``flush_events()`` delivers them)."""

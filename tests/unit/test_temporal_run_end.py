@@ -147,3 +147,40 @@ async def test_dead_letters_of_the_workflows_outbox_are_reported_with_the_sinks_
     await acts.dead_letter(events)
     assert stats.take() == (0, 0, 2)
     assert stats.error == error  # reported degraded, with the sink's error
+
+
+async def test_a_kept_batch_ends_in_one_place_when_a_flush_meets_its_dead_letter() -> None:
+    """The retry has given a kept batch up (refused ``dead_after`` times) and is writing its
+    dead letters when the sink comes back and ``flush_events()`` delivers what is kept: the
+    batch is dead-lettered or delivered, never both (conformance s17 on Temporal, beside a CPU
+    hog: the run's events reached the sink, were then dead-lettered, and the flush after that
+    said degraded)."""
+    store, sink = MemoryBlobStore(), MemorySink()
+    sink.failing = True
+    ends, stats = _ends(sink, store)
+    acts = ends._acts
+    gate, writing = asyncio.Event(), asyncio.Event()
+    real = acts.dead_letter
+
+    async def slow_dead_letter(events: list[dict[str, Any]]) -> None:
+        writing.set()
+        await gate.wait()
+        await real(events)
+
+    acts.dead_letter = slow_dead_letter  # type: ignore[method-assign]
+    await store.put(
+        "outbox/r1/0000000001-to-0000000002.json", pydantic_core.to_json(_events("r1", [1, 2]))
+    )
+    retry = asyncio.create_task(
+        ends._retry("r1", {**RULE, "dead_after": 2}, "ConnectionError: down")
+    )
+    await asyncio.wait_for(writing.wait(), 10)
+    sink.failing = False
+    flush = asyncio.create_task(acts.deliver_parked())
+    await asyncio.wait({flush}, timeout=1.0)  # (done at once when nothing keeps it waiting)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(retry, flush), 10)
+    delivered = [e.seq for e in sink.for_run("r1")]
+    dead = await store.list("dlq/r1/")
+    assert len(delivered) + len(dead) == 2, (delivered, dead)
+    assert stats.dead == len(dead)
