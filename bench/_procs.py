@@ -41,6 +41,10 @@ async def worker_processes(kind: str, args: dict[str, Any], count: int = 2) -> A
             except subprocess.TimeoutExpired:
                 p.kill()
                 await asyncio.to_thread(p.wait)
+        for p in procs:
+            if p.returncode not in (0, -signal.SIGKILL):
+                # (after its work: the measurement stands, but an exit crash is worth a line)
+                print(f"bench: a {kind} worker process exited with {p.returncode}", file=sys.stderr)
 
 
 def _spawn(kind: str, args: dict[str, Any]) -> subprocess.Popen[bytes]:
