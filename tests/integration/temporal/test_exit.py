@@ -14,33 +14,36 @@ from tests.support.scripts import start_script
 
 pytestmark = pytest.mark.temporal
 
-_SCRIPT = textwrap.dedent(
+# the workflow and the engine of both scripts (argv: address, blob folder, task queue)
+_ENGINE = """
+import asyncio, signal, sys
+from pydantic import BaseModel
+from engine_port import EngineSettings, FolderBlobStore, Registry, StageContext, Workflow
+from driver_temporal import create_temporal_engine
+
+class In(BaseModel):
+    n: int = 0
+
+wf = Workflow("exits", input=In)
+
+@wf.stage
+async def a(ctx: StageContext[In]) -> int:
+    return ctx.input.n
+
+def engine():
+    settings = EngineSettings(
+        driver="temporal", temporal_address=sys.argv[1], task_queue=sys.argv[3],
+        blob_url="file://" + sys.argv[2],
+    )
+    return create_temporal_engine(settings, Registry([wf]), blob_store=FolderBlobStore(sys.argv[2]))
+"""
+
+_SCRIPT = _ENGINE + textwrap.dedent(
     """
-    import asyncio, sys
-    from pydantic import BaseModel
-    from engine_port import EngineSettings, FolderBlobStore, Registry, StageContext, Workflow
-    from driver_temporal import create_temporal_engine
-
-    class In(BaseModel):
-        n: int = 0
-
-    wf = Workflow("exits", input=In)
-
-    @wf.stage
-    async def a(ctx: StageContext[In]) -> int:
-        return ctx.input.n
-
     async def main() -> None:
-        settings = EngineSettings(
-            driver="temporal", temporal_address=sys.argv[1], task_queue=sys.argv[3],
-            blob_url="file://" + sys.argv[2],
-        )
-        engine = create_temporal_engine(
-            settings, Registry([wf]), blob_store=FolderBlobStore(sys.argv[2])
-        )
-        async with engine:
-            run = await engine.start("exits", {"n": 1})
-            await engine.get_run(run.id)
+        async with engine() as e:
+            run = await e.start("exits", {"n": 1})
+            await e.get_run(run.id)
 
     if __name__ == "__main__":
         asyncio.run(main())
@@ -67,34 +70,13 @@ async def test_a_client_script_exits_with_code_0(
     assert [c for c, _ in codes] == [0] * len(codes), codes
 
 
-_WORKER = textwrap.dedent(
+_WORKER = _ENGINE + textwrap.dedent(
     """
-    import asyncio, signal, sys
-    from pydantic import BaseModel
-    from engine_port import EngineSettings, FolderBlobStore, Registry, StageContext, Workflow
-    from driver_temporal import create_temporal_engine
-
-    class In(BaseModel):
-        n: int = 0
-
-    wf = Workflow("exits-worker", input=In)
-
-    @wf.stage
-    async def a(ctx: StageContext[In]) -> int:
-        return ctx.input.n
-
     async def main() -> None:
-        settings = EngineSettings(
-            driver="temporal", temporal_address=sys.argv[1], task_queue=sys.argv[3],
-            blob_url="file://" + sys.argv[2],
-        )
-        engine = create_temporal_engine(
-            settings, Registry([wf]), blob_store=FolderBlobStore(sys.argv[2])
-        )
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        async with engine, engine.worker():
-            await engine.wait((await engine.start("exits-worker", {})).id, timeout=60)
+        async with engine() as e, e.worker():
+            await e.wait((await e.start("exits", {})).id, timeout=60)
             print("READY", flush=True)
             await stop.wait()
 
