@@ -288,12 +288,13 @@ class Database:
             time.sleep(wait)
             delay = min(delay * 2, _MAX_DELAY)
 
-    async def _retrying(self, call: Callable[[_Try], T]) -> T:
+    async def _retrying(self, call: Callable[[_Try], T], *, inline_ok: bool = True) -> T:
         if self._loop_conns is not None:
             # (shielded: a transaction begun runs to its end, as on a database thread)
             return await _shielded(self._retrying_on_loop(self._loop_conns, call))
         loop = asyncio.get_running_loop()
-        inline = self._inline if self._inline is not None and self._inline.usable() else None
+        inline = self._inline if inline_ok and self._inline is not None else None
+        inline = inline if inline is not None and inline.usable() else None
         started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try(inline)
         if inline is not None:
             await asyncio.sleep(0)  # (a suspension point, as the hop to the thread was)
@@ -413,6 +414,17 @@ class Database:
         self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
     ) -> T:
         return await self._retrying(lambda attempt: self._read_once(attempt, fn, *a, **k))
+
+    async def read_long(
+        self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
+    ) -> T:
+        """:meth:`read` for a read whose time grows with a table (a count of every pending
+        event for a gauge): on SQLite it runs on the database thread, never on the event
+        loop's inline connection, so the loop (heartbeats, claims, ``wait()``) does not stall
+        while it counts. On PostgreSQL the same as :meth:`read` (its waits yield the loop)."""
+        return await self._retrying(
+            lambda attempt: self._read_once(attempt, fn, *a, **k), inline_ok=False
+        )
 
     async def tx(self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs) -> T:
         """Run ``fn(conn, ...)`` in one transaction on the database thread pool (retried on

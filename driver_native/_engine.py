@@ -535,7 +535,7 @@ class NativeEngine(WorkflowEngine):
     async def outbox_counts(self) -> _outbox.OutboxCounts:
         """Undelivered events in the outbox: ``pending`` (not failed yet), ``retrying`` (the
         sink failed; waiting for a retry) and ``dead`` (dead letters; ``replay_dlq()``)."""
-        counts: _outbox.OutboxCounts = await self.kernel.db.read(_outbox.count_outbox)
+        counts: _outbox.OutboxCounts = await self.kernel.db.read_long(_outbox.count_outbox)
         return counts
 
     async def list_runs_page(
@@ -599,7 +599,7 @@ class NativeEngine(WorkflowEngine):
 
     async def gauges(self) -> dict[str, Any]:
         """Runs per (workflow, status) and the queue lag, for a worker's ``/metrics``."""
-        return await self.kernel.db.read(read_gauges, self.kernel.now())
+        return await self.kernel.db.read_long(read_gauges, self.kernel.now())
 
 
 def _seconds_of(value: timedelta | float) -> float:

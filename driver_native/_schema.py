@@ -207,6 +207,14 @@ outbox = Table(
     Column("claimed_until", Double),
     Index("ix_wfe_outbox_status", "status", "id"),
     Index("ix_wfe_outbox_run", "run_id", "seq"),
+    # events a sink failed (rare): the worker's gauge counts the retrying ones without
+    # reading every undelivered row (``_outbox.count_outbox``)
+    Index(
+        "ix_wfe_outbox_failing",
+        "status",
+        sqlite_where=sa.text("attempts > 0"),
+        postgresql_where=sa.text("attempts > 0"),
+    ),
 )
 
 command_keys = Table(
@@ -344,6 +352,15 @@ def _v11(conn: Connection) -> None:
         )
 
 
+def _v12(conn: Connection) -> None:
+    """v12 added a partial index of the outbox events a sink failed: the worker's outbox
+    gauge read every undelivered row to tell the retrying ones apart (0.75 s a count at a
+    million events, where no host has a sink)."""
+    next(i for i in outbox.indexes if i.name == "ix_wfe_outbox_failing").create(
+        conn, checkfirst=True
+    )
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -356,6 +373,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (9, "runs.group_open and jobs index on (run_id, status): transitions of wide graphs", _v9),
     (10, "runs.id pattern index for prefix search (PostgreSQL)", _v10),
     (11, "jobs.lease_token: lease checks name the claim, not only the worker", _v11),
+    (12, "outbox partial index of failed events: a cheap retrying count", _v12),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

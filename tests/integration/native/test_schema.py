@@ -55,6 +55,22 @@ def test_fresh_database_reaches_latest_version(database_url: str) -> None:
         db.dispose()
 
 
+def test_upgrade_from_v11_adds_the_index_of_failed_outbox_events(database_url: str) -> None:
+    db = Database(database_url)
+    try:
+        db.tx_sync(lambda c: _schema.upgrade(c, target=11))
+        # (v1 creates today's tables: a v11 database of old code had no such index)
+        db.tx_sync(lambda c: c.execute(sa.text("DROP INDEX ix_wfe_outbox_failing")))
+        assert db.upgrade() == [12]
+
+        def indexes(conn: sa.Connection) -> set[str]:
+            return {str(i["name"]) for i in sa.inspect(conn).get_indexes("wfe_outbox")}
+
+        assert "ix_wfe_outbox_failing" in db.tx_sync(indexes)
+    finally:
+        db.dispose()
+
+
 async def test_upgrade_from_v1_keeps_existing_runs(
     database_url: str, tmp_path: Path, make_engine: MakeEngine, request: pytest.FixtureRequest
 ) -> None:
