@@ -426,6 +426,16 @@ class Database:
             lambda attempt: self._read_once(attempt, fn, *a, **k), inline_ok=False
         )
 
+    async def tx_long(
+        self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
+    ) -> T:
+        """:meth:`tx` for a transaction that may read a lot before it writes (an outbox flush
+        looking past the events that wait for a retry): on SQLite on the database thread,
+        never inline on the event loop (see :meth:`read_long`)."""
+        return await self._retrying(
+            lambda attempt: self._tx_once(attempt, fn, *a, **k), inline_ok=False
+        )
+
     async def tx(self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs) -> T:
         """Run ``fn(conn, ...)`` in one transaction on the database thread pool (retried on
         transient connection errors, see the module docstring)."""

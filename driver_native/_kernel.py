@@ -581,6 +581,8 @@ class Kernel:
             except WorkflowNotFoundError:
                 return None
 
+        if not await self.db.read_long(_runs.any_stuck, self.now(), cmd.grace_seconds):
+            return 0  # (the common case: no write transaction, on SQLite no write lock)
         return await self.db.tx(_runs.reap_stuck, self.now(), cmd.grace_seconds, graphs)
 
     # -- jobs ------------------------------------------------------------------------------
@@ -926,7 +928,7 @@ class Kernel:
         if self.sink is None:
             return FlushResult()  # no sink here: events wait in the outbox for a host with one
         now = self.now()
-        pending, waiting = await self.db.tx(
+        pending, waiting = await self.db.tx_long(
             _outbox.pending_events,
             cmd.limit,
             None if cmd.force else now,

@@ -279,11 +279,9 @@ def pending_events(
     )
     waiting = 0
     if due_at is not None:
-        waiting = conn.execute(
-            sa.select(sa.func.count())
-            .select_from(outbox)
-            .where(outbox.c.status == "pending", outbox.c.next_attempt_at > due_at)
-        ).scalar_one()
+        # (only a failed event waits for a retry: counted by the partial index of those,
+        # not by reading every undelivered row)
+        waiting = conn.execute(_WAITING, {"due": due_at}).scalar_one()
     rows = conn.execute(query.order_by(outbox.c.id).limit(limit)).all()
     if rows:
         conn.execute(
@@ -383,6 +381,10 @@ def count_outbox(conn: Connection) -> OutboxCounts:
     )
 
 
+_WAITING = sa.text(
+    "SELECT count(*) FROM wfe_outbox WHERE attempts > 0 AND status = 'pending'"
+    " AND next_attempt_at > :due"
+)
 _BY_STATUS = sa.text(
     "SELECT status, count(*) FROM wfe_outbox WHERE status IN ('pending', 'dead') GROUP BY status"
 )

@@ -58,6 +58,7 @@ from ._shape import GraphShape
 from ._sql import lock_run, run_and, stages_of_run, try_run
 
 __all__ = [
+    "any_stuck",
     "cancel_run",
     "create_run",
     "list_steps",
@@ -609,21 +610,36 @@ def purge_runs(conn: Connection, finished_before: float, limit: int) -> list[str
     return ids
 
 
+def _overdue(now: float) -> sa.Select[Any]:
+    return sa.select(runs.c.id).where(
+        runs.c.status.in_(list(ACTIVE)),
+        runs.c.deadline < now,
+        runs.c.cancel_requested.is_(False),
+        runs.c.frozen.is_(False),
+    )
+
+
+def _orphans(now: float, grace: float) -> sa.Select[Any]:
+    return sa.select(runs.c.id, runs.c.status).where(
+        runs.c.status.in_([s.value for s in ACTIVE] + [RunStatus.COMPENSATING.value]),
+        runs.c.updated_at < now - grace,
+        runs.c.id.not_in(sa.select(jobs.c.run_id)),
+    )
+
+
+def any_stuck(conn: Connection, now: float, grace: float) -> bool:
+    """Whether :func:`reap_stuck` would find a run: a read (no write lock) that looks at
+    every active run, so that the write transaction is only taken when there is work."""
+    return any(
+        conn.execute(stmt.limit(1)).first() is not None
+        for stmt in (_overdue(now), _orphans(now, grace))
+    )
+
+
 def reap_stuck(conn: Connection, now: float, grace: float, graphs: Any) -> int:
     """Fail runs past their run timeout; re-schedule active runs that lost their jobs."""
     n = 0
-    overdue = (
-        conn.execute(
-            sa.select(runs.c.id).where(
-                runs.c.status.in_(list(ACTIVE)),
-                runs.c.deadline < now,
-                runs.c.cancel_requested.is_(False),
-                runs.c.frozen.is_(False),
-            )
-        )
-        .scalars()
-        .all()
-    )
+    overdue = conn.execute(_overdue(now)).scalars().all()
     for rid in overdue:
         run = lock_run(conn, rid)
         err = ErrorInfo.of(
@@ -635,14 +651,7 @@ def reap_stuck(conn: Connection, now: float, grace: float, graphs: Any) -> int:
         conn.execute(sa.update(runs).where(runs.c.id == rid).values(error=err.model_dump()))
         append_events(conn, run, begin_compensation(conn, lock_run(conn, rid), now), now)
         n += 1
-    with_jobs = sa.select(jobs.c.run_id)
-    orphans = conn.execute(
-        sa.select(runs.c.id, runs.c.status).where(
-            runs.c.status.in_([s.value for s in ACTIVE] + [RunStatus.COMPENSATING.value]),
-            runs.c.updated_at < now - grace,
-            runs.c.id.not_in(with_jobs),
-        )
-    ).all()
+    orphans = conn.execute(_orphans(now, grace)).all()
     for o in orphans:
         run = lock_run(conn, o.id)
         if o.status == RunStatus.COMPENSATING:

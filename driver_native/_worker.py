@@ -38,8 +38,12 @@ __all__ = ["WorkerHost"]
 log = logging.getLogger("wfe.worker")
 
 
-_GAUGE_SHARE = 0.02
-"""The most of the time a worker spends counting its outbox gauge."""
+_SURVEY_SHARE = 0.02
+"""The most of the time a worker spends on the whole-table parts of its maintenance."""
+
+
+_IDLE_FLUSH_SHARE = 0.1
+"""The most of the time a worker spends on flushes that find every event waiting for a retry."""
 
 
 class WorkerHost:
@@ -87,8 +91,8 @@ class WorkerHost:
         self._started_at = 0.0
         self.last_flush: Any = None
         self._outbox = OutboxCounts()
-        self._counting: asyncio.Task[None] | None = None  # the outbox gauge, refreshing
-        self._next_count = 0.0  # (monotonic) when the outbox gauge is refreshed next
+        self._surveying: asyncio.Task[None] | None = None  # ``_survey`` under way
+        self._next_survey = 0.0  # (monotonic) when ``_survey`` runs next
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -124,10 +128,10 @@ class WorkerHost:
         if self._loop_task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
-        if self._counting is not None:
-            self._counting.cancel()
-            await asyncio.gather(self._counting, return_exceptions=True)
-            self._counting = None
+        if self._surveying is not None:
+            self._surveying.cancel()
+            await asyncio.gather(self._surveying, return_exceptions=True)
+            self._surveying = None
         tasks = [t for _, t in self._active.values()]
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=self.shutdown_timeout)
@@ -153,7 +157,7 @@ class WorkerHost:
 
     def stats(self) -> dict[str, Any]:
         """What this worker did (counters), plus the outbox as last seen (refreshed every
-        ``maintenance_interval``, less often when counting takes long: ``_count_outbox``):
+        ``maintenance_interval``, less often when counting takes long: ``_survey``):
         ``outbox_pending`` (not failed yet), ``outbox_retrying``
         (the sink failed; waiting for a retry with backoff), ``outbox_dead`` (dead-lettered,
         waiting for ``replay_dlq()``); ``dead_lettered`` counts the events this worker gave up."""
@@ -200,12 +204,7 @@ class WorkerHost:
                     full = claimed >= free
                 now = time.monotonic()
                 if now >= next_flush:
-                    limit = self.kernel.settings.max_outbox_flush_per_tick
-                    flushed = await self.kernel.dispatch(FlushOutbox(limit=limit))
-                    self.last_flush = flushed
-                    self._counts["dead_lettered"] += flushed.dead_lettered
-                    full = flushed.published + flushed.failed + flushed.dead_lettered >= limit
-                    next_flush = now if full else now + self.flush_interval  # a backlog: go on
+                    full, next_flush = await self._flush(now)
                 if now >= next_maintenance:
                     await self._maintenance()
                     next_maintenance = now + self.maintenance_interval
@@ -229,6 +228,23 @@ class WorkerHost:
                     self._counts["woken_by_poll"] += 1
             else:
                 woken = full  # a full claim: more may be due (look without probing)
+
+    async def _flush(self, now: float) -> tuple[bool, float]:
+        """One outbox flush: whether it took all it may (a backlog: go on at once), and
+        when to flush next."""
+        limit = self.kernel.settings.max_outbox_flush_per_tick
+        flushed = await self.kernel.dispatch(FlushOutbox(limit=limit))
+        self.last_flush = flushed
+        self._counts["dead_lettered"] += flushed.dead_lettered
+        tried = flushed.published + flushed.failed + flushed.dead_lettered
+        if tried >= limit:
+            return True, now
+        pause = self.flush_interval
+        if not tried and flushed.sink_status == "degraded":
+            # every undelivered event waits behind a retry: looking past them all again at
+            # once would take the worker's time (and SQLite's write lock) for nothing
+            pause = max(pause, (time.monotonic() - now) / _IDLE_FLUSH_SHARE)
+        return False, now + pause
 
     async def _listen(self) -> None:
         """PostgreSQL LISTEN on the due-jobs channel (``_jobs.CHANNEL``): a notification for
@@ -275,29 +291,32 @@ class WorkerHost:
             delay = min(delay * 2, 30.0)
 
     async def _maintenance(self) -> None:
-        if time.monotonic() >= self._next_count and (
-            self._counting is None or self._counting.done()
+        if time.monotonic() >= self._next_survey and (
+            self._surveying is None or self._surveying.done()
         ):
-            self._counting = asyncio.create_task(self._count_outbox())
+            self._surveying = asyncio.create_task(self._survey())
         # (the kernel logs each job taken over, and whose lease it was)
         self._counts["reaped_leases"] += await self.kernel.dispatch(ReapStaleLeases())
-        self._counts["reaped_runs"] += await self.kernel.dispatch(ReapStuckRuns())
         if self.retention_seconds is not None:
             self._counts["purged"] += await self.kernel.dispatch(PurgeRuns(self.retention_seconds))
 
-    async def _count_outbox(self) -> None:
-        """Refresh the outbox gauge of :meth:`stats` beside the loop (it never waits for
-        the count), off the event loop (``read_long``), and at most ``_GAUGE_SHARE`` of the
-        time: a count of a million pending events (no sink anywhere) takes ~0.1 s, and is
-        then taken every few seconds instead of every ``maintenance_interval``."""
+    async def _survey(self) -> None:
+        """The parts of maintenance whose time grows with a table: the outbox gauge of
+        :meth:`stats` (every undelivered event: they pile up where no host has a sink) and
+        runs that lost their jobs (every active run: a backlog of a million pending runs).
+        Beside the loop (it never waits for them), off the event loop (``read_long``), and
+        at most ``_SURVEY_SHARE`` of the time: a survey that takes 0.1 s is taken every
+        few seconds instead of every ``maintenance_interval``."""
         started = time.monotonic()
         try:
             self._outbox = await self.kernel.db.read_long(count_outbox)
-        except Exception as exc:  # (a gauge: the loop's own work reports the database)
-            self._counts["gauge_errors"] += 1
-            log.warning("worker %s: counting the outbox failed: %s", self.worker_id, exc)
+            # (reaps only after a grace of a minute: no hurry)
+            self._counts["reaped_runs"] += await self.kernel.dispatch(ReapStuckRuns())
+        except Exception:
+            self._counts["loop_errors"] += 1
+            log.exception("worker %s: maintenance failed; retrying", self.worker_id)
         took = time.monotonic() - started
-        self._next_count = time.monotonic() + max(self.maintenance_interval, took / _GAUGE_SHARE)
+        self._next_survey = time.monotonic() + max(self.maintenance_interval, took / _SURVEY_SHARE)
 
     def _adopt(self, handed: list[tuple[Any, Any]]) -> None:
         """Run stages the kernel handed to this worker straight from a transition (already

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from driver_native import FlushOutbox, process_available_jobs
 from engine_port import Event, FakeClock, MemorySink
@@ -360,60 +358,3 @@ async def test_two_workers_flushing_one_outbox_deliver_each_event_once(
         for e in sink.events:
             seqs.setdefault(e.run_id, []).append(e.seq)
         assert all(s == sorted(s) for s in seqs.values())
-
-
-async def _pile_up(engine: Any, events: int) -> None:
-    """``events`` undelivered events of made-up runs, as an outbox with no sink anywhere
-    keeps them (one INSERT ... SELECT, SQLite and PostgreSQL alike)."""
-
-    def insert(conn: sa.Connection) -> None:
-        conn.execute(
-            sa.text(
-                "INSERT INTO wfe_outbox (event_id, run_id, workflow_id, seq, type, data,"
-                " business, created_at, status, attempts)"
-                " WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n)"
-                " SELECT 'pile-' || i, 'pile-run-' || (i / 9), 'pile', i, 'run.created',"
-                " CAST('{}' AS JSON), FALSE, 0.0, 'pending', 0 FROM g"
-            ),
-            {"n": events},
-        )
-
-    await engine.kernel.db.tx(insert)
-
-
-async def test_a_large_outbox_is_counted_beside_the_loop_and_seldom(
-    make_engine: MakeEngine, database_url: str
-) -> None:
-    # No sink anywhere: every event stays in the outbox, and the worker's gauge counted them
-    # all on every maintenance tick, on the event loop itself on SQLite (0.55 s a count at a
-    # million events, so a worker stalled half of every second: heartbeats, claims, wait()).
-    engine = await make_engine(w.linear)
-    await _pile_up(engine, 200_000)
-    loop_thread = threading.get_ident()
-    counted: list[int] = []  # the thread of each count of the outbox
-
-    def statement(_c: Any, _cur: Any, sql: str, *_: Any) -> None:
-        if "count(" in sql.lower() and "wfe_outbox" in sql:
-            counted.append(threading.get_ident())
-
-    sa.event.listen(engine.kernel.db.engine, "before_cursor_execute", statement)
-    try:
-        async with engine.worker(maintenance_interval=0.01, poll_interval=0.01) as host:
-            await eventually(lambda: _true(host.stats()["outbox_pending"] == 200_000))
-            first = len(counted)
-            await asyncio.sleep(1.0)  # (a window of maintenance ticks: ~100 of them)
-            again = len(counted) - first
-            run = await engine.start(w.linear, {"n": 1})  # the worker still works
-            assert (await engine.wait(run.id, timeout=30)).status == "completed"
-    finally:
-        sa.event.remove(engine.kernel.db.engine, "before_cursor_execute", statement)
-    # counted at most ~2 % of the time: a count of 200,000 events takes several ms anywhere,
-    # so the next one waits a quarter of a second or more (every 10 ms before)
-    assert again <= 8, f"the outbox was counted {again} times in a second"
-    if database_url.startswith("sqlite"):
-        assert loop_thread not in counted, "the outbox was counted on the event loop"
-    assert (await engine.outbox_counts()).pending >= 200_000
-
-
-async def _true(value: bool) -> bool:
-    return value

@@ -1,0 +1,153 @@
+"""Maintenance whose cost grows with a table (every undelivered event, every active run):
+taken beside the worker's loop, off the event loop, seldom when it is slow, and without a
+write transaction when it finds nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from driver_native import Database, ReapStuckRuns, _outbox
+from engine_port import Event, MemorySink
+
+from . import workflows as w
+from .conftest import MakeEngine, eventually
+
+
+async def _pile_up(engine: Any, events: int, *, failed: bool = False) -> None:
+    """``events`` undelivered events of made-up runs (nine each), as an outbox with no sink
+    anywhere keeps them (one INSERT ... SELECT, SQLite and PostgreSQL alike); ``failed``:
+    each run's first event failed and waits an hour for its retry (a sink outage), which
+    holds back the run's later events."""
+
+    def insert(conn: sa.Connection) -> None:
+        conn.execute(
+            sa.text(
+                "INSERT INTO wfe_outbox (event_id, run_id, workflow_id, seq, type, data,"
+                " business, created_at, status, attempts, next_attempt_at)"
+                " WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < :n)"
+                " SELECT 'pile-' || i, 'pile-run-' || (i / 9), 'pile', i % 9, 'run.created',"
+                " CAST('{}' AS JSON), FALSE, 0.0, 'pending',"
+                " CASE WHEN :failed AND i % 9 = 0 THEN 1 ELSE 0 END,"
+                " CASE WHEN :failed AND i % 9 = 0 THEN CAST(:retry AS DOUBLE PRECISION) END FROM g"
+            ),
+            {"n": events - 1, "failed": failed, "retry": time.time() + 3600},
+        )
+
+    await engine.kernel.db.tx(insert)
+
+
+async def test_a_large_outbox_is_counted_beside_the_loop_and_seldom(
+    make_engine: MakeEngine, database_url: str
+) -> None:
+    # No sink anywhere: every event stays in the outbox, and the worker's gauge counted them
+    # all on every maintenance tick, on the event loop itself on SQLite (0.55 s a count at a
+    # million events, so a worker stalled half of every second: heartbeats, claims, wait()).
+    engine = await make_engine(w.linear)
+    await _pile_up(engine, 200_000)
+    loop_thread = threading.get_ident()
+    counted: list[int] = []  # the thread of each count of the outbox
+
+    def statement(_c: Any, _cur: Any, sql: str, *_: Any) -> None:
+        if "count(" in sql.lower() and "wfe_outbox" in sql:
+            counted.append(threading.get_ident())
+
+    sa.event.listen(engine.kernel.db.engine, "before_cursor_execute", statement)
+    try:
+        async with engine.worker(maintenance_interval=0.01, poll_interval=0.01) as host:
+            await eventually(lambda: _true(host.stats()["outbox_pending"] == 200_000))
+            first = len(counted)
+            await asyncio.sleep(1.0)  # (a window of maintenance ticks: ~100 of them)
+            again = len(counted) - first
+            run = await engine.start(w.linear, {"n": 1})  # the worker still works
+            assert (await engine.wait(run.id, timeout=30)).status == "completed"
+    finally:
+        sa.event.remove(engine.kernel.db.engine, "before_cursor_execute", statement)
+    # counted at most ~2 % of the time: a count of 200,000 events takes several ms anywhere,
+    # so the next one waits a quarter of a second or more (every 10 ms before)
+    assert again <= 8, f"the outbox was counted {again} times in a second"
+    if database_url.startswith("sqlite"):
+        assert loop_thread not in counted, "the outbox was counted on the event loop"
+    assert (await engine.outbox_counts()).pending >= 200_000
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_reaping_stuck_runs_takes_a_write_transaction_only_for_a_stuck_run(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every worker looks for stuck runs (past their deadline, or active without a job) every
+    # second; that look read every active run inside a write transaction, which on SQLite
+    # held the database's only write lock while it read a backlog of pending runs.
+    engine = await make_engine(w.linear)
+    run = await engine.start(w.linear, {"n": 1})  # pending: its job waits for a worker
+    writes: Counter[str] = Counter()
+    original = Database._tx_once
+
+    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
+        writes[getattr(fn, "__name__", repr(fn))] += 1
+        return original(self, attempt, fn, *a, **k)
+
+    monkeypatch.setattr(Database, "_tx_once", counting)
+    assert await engine.kernel.dispatch(ReapStuckRuns()) == 0
+    assert not writes, f"write transactions for nothing: {dict(writes)}"
+
+    # the run loses its job (a bug, a hand-edited database) and nothing happens for a while
+    def lose_job(conn: sa.Connection) -> None:
+        conn.execute(sa.text("DELETE FROM wfe_jobs WHERE run_id = :r"), {"r": run.id})
+        conn.execute(
+            sa.text("UPDATE wfe_runs SET updated_at = :t WHERE id = :r"),
+            {"t": time.time() - 600, "r": run.id},
+        )
+
+    await engine.kernel.db.tx(lose_job)
+    writes.clear()
+    assert await engine.kernel.dispatch(ReapStuckRuns()) == 1
+    assert writes["reap_stuck"] == 1
+    async with engine.worker():
+        assert (await engine.wait(run.id, timeout=30)).status == "completed"
+
+
+class DownSink(MemorySink):
+    async def publish(self, events: Sequence[Event]) -> None:
+        raise ConnectionError("the sink is down")
+
+
+async def test_a_flush_that_finds_every_event_waiting_for_a_retry_looks_again_seldom(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sink outage with a backlog: every run's next event waits for its retry, so a flush
+    # reads past all of them to find nothing, then did so again 50 ms later, in a write
+    # transaction (on SQLite inline on the event loop, under the only write lock): the
+    # worker did little else. A failing sink must never block runs (DESIGN §5).
+    engine = await make_engine(w.linear, event_sink=DownSink())
+    await _pile_up(engine, 100_000, failed=True)
+    looks: list[tuple[float, float]] = []
+    original = _outbox.pending_events
+
+    def timed(*a: Any, **k: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return original(*a, **k)
+        finally:
+            looks.append((started, time.monotonic()))
+
+    monkeypatch.setattr(_outbox, "pending_events", timed)
+    async with engine.worker(flush_interval=0.01, poll_interval=0.01):
+        await eventually(lambda: _true(bool(looks)))
+        begin = looks[0][1]
+        await asyncio.sleep(2.0)  # (a window of flush ticks: ~200 of them)
+        end = time.monotonic()
+        run = await engine.start(w.linear, {"n": 1})  # runs go on
+        assert (await engine.wait(run.id, timeout=30)).status == "completed"
+    spent = sum(min(b, end) - max(a, begin) for a, b in looks if b > begin and a < end)
+    assert spent / (end - begin) < 0.5, f"looked for due events {spent:.2f}s of {end - begin:.2f}s"
