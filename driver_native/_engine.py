@@ -72,6 +72,7 @@ from ._db import Database
 from ._gauges import read_gauges
 from ._kernel import Kernel
 from ._progress import Handoff
+from ._watch import RunWatch
 from ._worker import WorkerHost
 
 __all__ = ["NativeEngine", "create_native_engine"]
@@ -142,6 +143,8 @@ class NativeEngine(WorkflowEngine):
         # run id -> its final state (``_runs.read_run``'s rows) read by the transaction that
         # completed it in this process, kept while someone waits for it
         self._finals: dict[str, tuple[Any, list[Any], GraphModel | None]] = {}
+        # the runs wait() looks at, all in one query per tick
+        self._watch = RunWatch(self._statuses)
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -173,6 +176,7 @@ class NativeEngine(WorkflowEngine):
     async def close(self) -> None:
         for host in list(self._hosts):
             await host.stop()
+        await self._watch.close()
         if self._kernel is not None:
             self._kernel.runner.close()
             self._kernel.db.dispose()
@@ -183,6 +187,9 @@ class NativeEngine(WorkflowEngine):
         if self._kernel is None:
             raise EngineError("the engine is not connected; use `async with engine:` first")
         return self._kernel
+
+    async def _statuses(self, run_ids: list[str]) -> dict[str, str]:
+        return await self.kernel.db.read(_runs.run_statuses, run_ids)
 
     def _wake(self) -> None:
         for host in self._hosts:
@@ -372,47 +379,49 @@ class NativeEngine(WorkflowEngine):
         return [await self._info(run, rows, graph, outputs=outputs) for run, rows, graph in found]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
-        """Wait for a terminal status: woken at once by this process's workers, and polling
-        for runs that workers in other processes execute."""
+        """Wait for a terminal status: woken at once by this process's workers, and looking
+        (with every other wait of this engine: ``_watch``) at runs that workers in other
+        processes execute."""
         timeout = check_wait_call(run_id, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         event = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(event)
-        delay = 0.01
         # a run handed to a worker of this process is still running (its end would have taken
-        # it out of ``_local_runs``): the first status read would find it running, so wait
-        # for that worker's word (or the safety-net poll) first
-        skip_read = run_id in self._local_runs and bool(self._hosts)
+        # it out of ``_local_runs``): a status read now would find it running, so wait for
+        # that worker's word, with a slow look as the safety net (it may move elsewhere)
+        local = run_id in self._local_runs and bool(self._hosts)
+        watched = None
         try:
-            while True:
-                if event.is_set():  # a local transition ended the run
-                    final = self._finals.get(run_id)
-                    if final is not None:  # its state, read by that transaction
-                        return await self._info(*final)
-                    info = await self.get_run(run_id)
-                    if info.status in TERMINAL_RUN_STATUSES:
-                        return info
-                event.clear()
-                if skip_read:
-                    skip_read = False
-                    pause = _LOCAL_POLL_S if deadline is None else deadline - time.monotonic()
-                    await _wait_event(event, max(min(pause, _LOCAL_POLL_S), 0.0))
-                    continue
+            if not local:
                 status = await self.kernel.db.read(_runs.run_status, run_id)
                 if RunStatus(status) in TERMINAL_RUN_STATUSES:
-                    self._local_runs.discard(run_id)
                     return await self.get_run(run_id)
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise WaitTimeoutError(
-                        f"run {run_id!r} is still {status} after {timeout}s; is a worker "
-                        "running for its workflow version? (engine.worker() or `wfe worker`)"
-                    )
-                if run_id in self._local_runs and self._hosts:
-                    delay = max(delay, _LOCAL_POLL_S)  # its end wakes us; the poll is a net
-                pause = delay if deadline is None else min(delay, deadline - time.monotonic())
-                await _wait_event(event, max(pause, 0.0))
-                delay = min(delay * 1.5, 0.1)
+            watched = self._watch.watch(run_id, event, every=_LOCAL_POLL_S if local else None)
+            while deadline is None or time.monotonic() < deadline:
+                if deadline is None:
+                    await event.wait()
+                else:
+                    await _wait_event(event, deadline - time.monotonic())
+                if not event.is_set():
+                    break  # the deadline
+                final = self._finals.get(run_id)
+                if final is not None:  # its state, read by the transaction that ended it
+                    return await self._info(*final)
+                info = await self.get_run(run_id)
+                if info.status in TERMINAL_RUN_STATUSES:
+                    self._local_runs.discard(run_id)
+                    return info
+                event.clear()
+            status = await self.kernel.db.read(_runs.run_status, run_id)
+            if RunStatus(status) in TERMINAL_RUN_STATUSES:
+                return await self.get_run(run_id)
+            raise WaitTimeoutError(
+                f"run {run_id!r} is still {status} after {timeout}s; is a worker "
+                "running for its workflow version? (engine.worker() or `wfe worker`)"
+            )
         finally:
+            if watched is not None:
+                self._watch.unwatch(watched)
             waiting = self._waiters.get(run_id, set())
             waiting.discard(event)
             if not waiting:

@@ -70,6 +70,7 @@ __all__ = [
     "reap_stuck",
     "redrive_run",
     "run_status",
+    "run_statuses",
     "runs_query",
     "save_definition",
     "set_drain",
@@ -479,6 +480,16 @@ def run_status(conn: Connection, run_id: str) -> str:
     if status is None:
         raise RunNotFoundError(run_id)
     return str(status)
+
+
+def run_statuses(conn: Connection, run_ids: list[str]) -> dict[str, str]:
+    """{run id: status} of those of ``run_ids`` that exist (``wait()``'s shared look)."""
+    out: dict[str, str] = {}
+    for i in range(0, len(run_ids), 500):
+        chunk = run_ids[i : i + 500]
+        rows = conn.execute(sa.select(runs.c.id, runs.c.status).where(runs.c.id.in_(chunk)))
+        out.update({str(r.id): str(r.status) for r in rows})
+    return out
 
 
 def read_run(
