@@ -198,3 +198,34 @@ def test_a_busy_metrics_port_is_a_configuration_error(tmp_path: Path) -> None:
         )
     assert done.returncode == 6, done.stderr  # bad configuration
     assert "choose a free --metrics-port" in done.stderr
+
+
+class _SlowGauges:
+    """An engine whose database gauges take 0.2 s to read (a million runs counted)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def gauges(self) -> dict[str, Any]:
+        self.reads += 1
+        await asyncio.sleep(0.2)
+        return {"queue_lag_s": 0.0, "runs": {("wf", "completed"): 1_000_000}}
+
+
+class _Counting:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def stats(self) -> dict[str, Any]:
+        self.calls += 1
+        return {"claimed": self.calls}
+
+
+async def test_slow_database_gauges_are_read_seldom_and_worker_counts_as_often_as_asked() -> None:
+    # Every worker serving /metrics read the runs per workflow and status every second,
+    # whatever that cost: 0.4 s at a million runs on SQLite, 40 % of a database thread.
+    engine, worker, metrics = _SlowGauges(), _Counting(), EngineMetrics()
+    async with serve_metrics(metrics, engine, worker, 0, addr="127.0.0.1", interval=0.05):
+        await asyncio.sleep(2.0)  # (a window of refreshes: ~8 of them read every gauge before)
+    assert engine.reads <= 2, f"the gauges were read {engine.reads} times in 2 s"
+    assert worker.calls >= 5  # the worker's own counts stay fresh
