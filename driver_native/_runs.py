@@ -58,6 +58,7 @@ from ._shape import GraphShape
 from ._sql import lock_run, run_and, stages_of_run, try_run
 
 __all__ = [
+    "any_purgeable",
     "any_stuck",
     "cancel_run",
     "create_run",
@@ -65,6 +66,7 @@ __all__ = [
     "list_versions",
     "load_graph",
     "purge_runs",
+    "purgeable",
     "read_run",
     "read_runs",
     "reap_stuck",
@@ -605,15 +607,27 @@ def list_versions(
     ]
 
 
+def purgeable(finished_before: float) -> sa.Select[Any]:
+    """Terminal runs finished before the cutoff. A run is created before it finishes, so
+    only runs created before the cutoff are looked at (the runs index by creation time):
+    the status index read every finished run, 0.15-0.2 s at a million, in a write
+    transaction every second where no run was old enough. (``status || ''`` keeps planners
+    off the status index, which every finished run matches.)"""
+    return sa.select(runs.c.id).where(
+        runs.c.created_at < finished_before,
+        runs.c.finished_at < finished_before,
+        runs.c.status.concat("").in_([str(s) for s in TERMINAL]),
+    )
+
+
+def any_purgeable(conn: Connection, finished_before: float) -> bool:
+    """Whether :func:`purge_runs` would find a run (a read: no write lock for nothing)."""
+    return conn.execute(purgeable(finished_before).limit(1)).first() is not None
+
+
 def purge_runs(conn: Connection, finished_before: float, limit: int) -> list[str]:
     """Delete up to ``limit`` terminal runs finished before the cutoff, with their rows."""
-    ids = list(
-        conn.execute(
-            sa.select(runs.c.id)
-            .where(runs.c.status.in_(list(TERMINAL)), runs.c.finished_at < finished_before)
-            .limit(limit)
-        ).scalars()
-    )
+    ids = list(conn.execute(purgeable(finished_before).limit(limit)).scalars())
     if ids:
         for table in (stages, steps, signals, staged_events, jobs, outbox, stage_archive):
             conn.execute(sa.delete(table).where(table.c.run_id.in_(ids)))
