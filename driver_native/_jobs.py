@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
 from ._rawsql import execute
-from ._schema import jobs, runs
+from ._schema import DUE_PREDICATE, jobs, runs
 from ._sql import db_clock, db_clock_sql, in_binds, in_params, lease_until
 
 __all__ = [
@@ -112,8 +112,7 @@ def claim(
 def _due(served: int | None) -> list[Any]:
     """Due jobs (of the ``served`` "workflow@version"s given as that many parameters)."""
     cond = [
-        jobs.c.status.in_([sa.literal("ready"), sa.literal("waiting")]),  # (not expanding)
-        jobs.c.available_at.is_not(None),
+        sa.text(DUE_PREDICATE),  # (in so many words: the partial index ix_wfe_jobs_due)
         jobs.c.available_at <= sa.bindparam("now", type_=sa.Float),
     ]
     if served is not None:

@@ -114,6 +114,10 @@ stage_archive = Table(
     Column("record", JSON, nullable=False),
 )
 
+DUE_PREDICATE = "status IN ('ready', 'waiting') AND available_at IS NOT NULL"
+"""Jobs a worker may claim once their time has come (``ix_wfe_jobs_due``; a query must say
+it in these literal words for a planner to use that partial index)."""
+
 jobs = Table(
     "wfe_jobs",
     metadata,
@@ -135,6 +139,17 @@ jobs = Table(
     Column("created_at", Double, nullable=False),
     UniqueConstraint("run_id", "stage_id", "kind", name="uq_wfe_jobs_stage"),
     Index("ix_wfe_jobs_claim", "status", "available_at"),
+    # the due jobs of each "workflow@version": a worker looks for work of the versions it
+    # serves without reading the queue of every other one (a drained version's backlog);
+    # partial, so a job leased to a worker at once (the local hand-off) never enters it
+    Index(
+        "ix_wfe_jobs_due",
+        "wfv",
+        "status",
+        "available_at",
+        sqlite_where=sa.text(DUE_PREDICATE),
+        postgresql_where=sa.text(DUE_PREDICATE),
+    ),
     # a run's jobs, and whether any is busy (leased/ready) or waiting, without a scan
     Index("ix_wfe_jobs_run_status", "run_id", "status"),
     sqlite_autoincrement=True,  # a reaped worker's late outcome must never match a new job
@@ -361,6 +376,13 @@ def _v12(conn: Connection) -> None:
     )
 
 
+def _v13(conn: Connection) -> None:
+    """v13 added a partial index of the due jobs by "workflow@version": a worker's look for
+    work read every due job of the versions it does not serve (25 ms every 50 ms poll at
+    200,000 jobs of a drained version on SQLite)."""
+    next(i for i in jobs.indexes if i.name == "ix_wfe_jobs_due").create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -374,6 +396,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (10, "runs.id pattern index for prefix search (PostgreSQL)", _v10),
     (11, "jobs.lease_token: lease checks name the claim, not only the worker", _v11),
     (12, "outbox partial index of failed events: a cheap retrying count", _v12),
+    (13, "jobs partial index of due jobs by version: claims skip other versions' queues", _v13),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -55,18 +55,25 @@ def test_fresh_database_reaches_latest_version(database_url: str) -> None:
         db.dispose()
 
 
-def test_upgrade_from_v11_adds_the_index_of_failed_outbox_events(database_url: str) -> None:
+def test_upgrade_from_v11_adds_the_partial_indexes_of_failed_events_and_due_jobs(
+    database_url: str,
+) -> None:
     db = Database(database_url)
     try:
         db.tx_sync(lambda c: _schema.upgrade(c, target=11))
-        # (v1 creates today's tables: a v11 database of old code had no such index)
-        db.tx_sync(lambda c: c.execute(sa.text("DROP INDEX ix_wfe_outbox_failing")))
-        assert db.upgrade() == [12]
+        # (v1 creates today's tables: a v11 database of old code had no such indexes)
+        for index in ("ix_wfe_outbox_failing", "ix_wfe_jobs_due"):
+            db.tx_sync(lambda c, i=index: c.execute(sa.text(f"DROP INDEX {i}")))
+        assert db.upgrade() == [12, 13]
 
         def indexes(conn: sa.Connection) -> set[str]:
-            return {str(i["name"]) for i in sa.inspect(conn).get_indexes("wfe_outbox")}
+            return {
+                str(i["name"])
+                for table in ("wfe_outbox", "wfe_jobs")
+                for i in sa.inspect(conn).get_indexes(table)
+            }
 
-        assert "ix_wfe_outbox_failing" in db.tx_sync(indexes)
+        assert {"ix_wfe_outbox_failing", "ix_wfe_jobs_due"} <= db.tx_sync(indexes)
     finally:
         db.dispose()
 
