@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import os
 import statistics
+import tempfile
 import time
 import traceback
 import uuid
@@ -20,6 +21,7 @@ __all__ = [
     "combine_rounds",
     "fresh_postgres_db",
     "guarded",
+    "native_database",
     "pause",
     "pct",
     "settle",
@@ -197,3 +199,15 @@ def fresh_postgres_db(prefix: str = "bench") -> Iterator[str]:
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def native_database(backend: str) -> Iterator[str]:
+    """A fresh database for a native engine: a SQLite file in a temporary folder, or a new
+    PostgreSQL database (``sqlite`` | ``postgres``); yields its SQLAlchemy URL."""
+    if backend == "postgres":
+        with fresh_postgres_db() as url:
+            yield url.replace("postgresql://", "postgresql+psycopg://", 1)
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            yield f"sqlite:///{d}/wfe.db"

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,7 +24,7 @@ from driver_native import PurgeRuns, ReapStuckRuns, _jobs, _outbox
 from engine_port import EngineSettings, create_engine
 
 from .. import _workflows as W
-from .._common import fresh_postgres_db
+from .._common import native_database
 
 _FILL = [
     # undelivered events, nine per made-up run; each run's first one failed (a sink outage)
@@ -50,16 +49,6 @@ _FILL = [
 ]
 
 
-@contextlib.contextmanager
-def _url(backend: str) -> Iterator[str]:
-    if backend == "postgres":
-        with fresh_postgres_db() as url:
-            yield url.replace("postgresql://", "postgresql+psycopg://", 1)
-    else:
-        with tempfile.TemporaryDirectory() as d:
-            yield f"sqlite:///{d}/wfe.db"
-
-
 async def _median_ms(call: Callable[[], Awaitable[Any]]) -> float:
     times = []
     for _ in range(3):
@@ -70,7 +59,7 @@ async def _median_ms(call: Callable[[], Awaitable[Any]]) -> float:
 
 
 async def main(backend: str, rows: int) -> None:
-    with _url(backend) as url, tempfile.TemporaryDirectory() as blobs:
+    with native_database(backend) as url, tempfile.TemporaryDirectory() as blobs:
         settings = EngineSettings(database_url=url, blob_url=f"file://{blobs}")
         async with create_engine(settings, W.registry()) as engine:
             kernel = engine.kernel  # type: ignore[attr-defined]

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import event
@@ -24,7 +22,7 @@ from driver_native._db import Database
 from engine_port import EngineSettings, create_engine
 
 from .. import _workflows as W
-from .._common import fresh_postgres_db
+from .._common import native_database
 
 
 class Counts:
@@ -141,16 +139,6 @@ def _install(counts: Counts) -> None:
     psycopg.Connection.rollback = ending(orig_rollback)  # type: ignore[method-assign]
 
 
-@contextlib.contextmanager
-def _url(backend: str) -> Iterator[str]:
-    if backend == "postgres":
-        with fresh_postgres_db() as url:
-            yield url.replace("postgresql://", "postgresql+psycopg://", 1)
-    else:
-        with tempfile.TemporaryDirectory() as d:
-            yield f"sqlite:///{d}/wfe.db"
-
-
 async def _one_signal(engine: Any, counts: Counts) -> float:
     """A run parked in its signal wait (not counted), then ``signal()`` -> run complete."""
     run = await engine.start("bench-signal", {})
@@ -171,7 +159,7 @@ async def _one_signal(engine: Any, counts: Counts) -> float:
 async def main(backend: str, runs: int, signal: bool = False) -> None:
     counts = Counts()
     _install(counts)
-    with _url(backend) as url, tempfile.TemporaryDirectory() as blobs:
+    with native_database(backend) as url, tempfile.TemporaryDirectory() as blobs:
         settings = EngineSettings(database_url=url, blob_url=f"file://{blobs}")
         async with create_engine(settings, W.registry()) as engine:
             db = engine.kernel.db  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from driver_native import NativeEngine
+from driver_native import Database, NativeEngine
 from engine_port import EngineSettings, Registry, Workflow, create_engine
 
 from . import workflows
@@ -164,3 +165,17 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[int]
     monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_exit)
     monkeypatch.setattr(psycopg.Connection, "commit", counted_commit)
     yield per_call
+
+
+@pytest.fixture
+def transactions(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Write transactions by the name of their function (autocommit reads not counted)."""
+    seen: Counter[str] = Counter()
+    original = Database._tx_once
+
+    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
+        seen[getattr(fn, "__name__", repr(fn))] += 1
+        return original(self, attempt, fn, *a, **k)
+
+    monkeypatch.setattr(Database, "_tx_once", counting)
+    return seen

@@ -20,20 +20,6 @@ from .conftest import MakeEngine
 
 
 @pytest.fixture
-def transactions(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Write transactions by the name of their function (autocommit reads not counted)."""
-    seen: Counter[str] = Counter()
-    original = Database._tx_once
-
-    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        seen[getattr(fn, "__name__", repr(fn))] += 1
-        return original(self, attempt, fn, *a, **k)
-
-    monkeypatch.setattr(Database, "_tx_once", counting)
-    return seen
-
-
-@pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Autocommit reads by the name of their function."""
     seen: Counter[str] = Counter()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from driver_native import Database, PurgeRuns, ReapStuckRuns, _jobs, _outbox, _runs
+from driver_native import PurgeRuns, ReapStuckRuns, _jobs, _outbox, _runs
 from engine_port import Event, MemorySink
 from engine_port.errors import RunNotFoundError
 
@@ -83,22 +83,36 @@ async def _true(value: bool) -> bool:
     return value
 
 
+def _timed(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[tuple[float, float]]:
+    """Record when each call of ``module.name`` began and ended (monotonic)."""
+    calls: list[tuple[float, float]] = []
+    original = getattr(module, name)
+
+    def timed(*a: Any, **k: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return original(*a, **k)
+        finally:
+            calls.append((started, time.monotonic()))
+
+    monkeypatch.setattr(module, name, timed)
+    return calls
+
+
+def _within(calls: list[tuple[float, float]], begin: float, end: float) -> float:
+    """Seconds of ``calls`` between ``begin`` and ``end``."""
+    return sum(min(b, end) - max(a, begin) for a, b in calls if b > begin and a < end)
+
+
 async def test_reaping_stuck_runs_takes_a_write_transaction_only_for_a_stuck_run(
-    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+    make_engine: MakeEngine, request: pytest.FixtureRequest
 ) -> None:
     # Every worker looks for stuck runs (past their deadline, or active without a job) every
     # second; that look read every active run inside a write transaction, which on SQLite
     # held the database's only write lock while it read a backlog of pending runs.
     engine = await make_engine(w.linear)
     run = await engine.start(w.linear, {"n": 1})  # pending: its job waits for a worker
-    writes: Counter[str] = Counter()
-    original = Database._tx_once
-
-    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        writes[getattr(fn, "__name__", repr(fn))] += 1
-        return original(self, attempt, fn, *a, **k)
-
-    monkeypatch.setattr(Database, "_tx_once", counting)
+    writes: Counter[str] = request.getfixturevalue("transactions")  # (counted from here)
     assert await engine.kernel.dispatch(ReapStuckRuns()) == 0
     assert not writes, f"write transactions for nothing: {dict(writes)}"
 
@@ -132,17 +146,7 @@ async def test_a_flush_that_finds_every_event_waiting_for_a_retry_looks_again_se
     # worker did little else. A failing sink must never block runs (DESIGN §5).
     engine = await make_engine(w.linear, event_sink=DownSink())
     await _pile_up(engine, 100_000, failed=True)
-    looks: list[tuple[float, float]] = []
-    original = _outbox.pending_events
-
-    def timed(*a: Any, **k: Any) -> Any:
-        started = time.monotonic()
-        try:
-            return original(*a, **k)
-        finally:
-            looks.append((started, time.monotonic()))
-
-    monkeypatch.setattr(_outbox, "pending_events", timed)
+    looks = _timed(monkeypatch, _outbox, "pending_events")
     async with engine.worker(flush_interval=0.01, poll_interval=0.01):
         await eventually(lambda: _true(bool(looks)))
         begin = looks[0][1]
@@ -150,12 +154,12 @@ async def test_a_flush_that_finds_every_event_waiting_for_a_retry_looks_again_se
         end = time.monotonic()
         run = await engine.start(w.linear, {"n": 1})  # runs go on
         assert (await engine.wait(run.id, timeout=30)).status == "completed"
-    spent = sum(min(b, end) - max(a, begin) for a, b in looks if b > begin and a < end)
+    spent = _within(looks, begin, end)
     assert spent / (end - begin) < 0.5, f"looked for due events {spent:.2f}s of {end - begin:.2f}s"
 
 
 async def test_retention_with_no_run_old_enough_writes_nothing_and_reads_by_creation_time(
-    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch, database_url: str
+    make_engine: MakeEngine, request: pytest.FixtureRequest, database_url: str
 ) -> None:
     # A worker with retention purges every second. Its query found the finished runs by the
     # status index, i.e. all of them, in a write transaction: 0.15-0.2 s at a million runs
@@ -164,14 +168,7 @@ async def test_retention_with_no_run_old_enough_writes_nothing_and_reads_by_crea
     run = await engine.start(w.linear, {"n": 1})
     async with engine.worker():
         assert (await engine.wait(run.id, timeout=30)).status == "completed"
-    writes: Counter[str] = Counter()
-    original = Database._tx_once
-
-    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        writes[getattr(fn, "__name__", repr(fn))] += 1
-        return original(self, attempt, fn, *a, **k)
-
-    monkeypatch.setattr(Database, "_tx_once", counting)
+    writes: Counter[str] = request.getfixturevalue("transactions")  # (counted from here)
     assert await engine.kernel.dispatch(PurgeRuns(3600)) == 0
     assert not writes, f"write transactions for nothing: {dict(writes)}"
     if database_url.startswith("sqlite"):
@@ -208,17 +205,7 @@ async def test_a_backlog_of_a_version_nobody_serves_costs_a_worker_nothing(
         )
 
     await engine.kernel.db.tx(backlog)
-    looks: list[tuple[float, float]] = []
-    original = _jobs.any_due
-
-    def timed(*a: Any, **k: Any) -> Any:
-        started = time.monotonic()
-        try:
-            return original(*a, **k)
-        finally:
-            looks.append((started, time.monotonic()))
-
-    monkeypatch.setattr(_jobs, "any_due", timed)
+    looks = _timed(monkeypatch, _jobs, "any_due")
     async with engine.worker(poll_interval=0.05):
         await eventually(lambda: _true(bool(looks)))
         begin = time.monotonic()
@@ -226,5 +213,5 @@ async def test_a_backlog_of_a_version_nobody_serves_costs_a_worker_nothing(
         end = time.monotonic()
         run = await engine.start(w.linear, {"n": 1})
         assert (await engine.wait(run.id, timeout=30)).status == "completed"
-    spent = sum(min(b, end) - max(a, begin) for a, b in looks if b > begin and a < end)
+    spent = _within(looks, begin, end)
     assert spent / (end - begin) < 0.2, f"looked for due jobs {spent:.2f}s of {end - begin:.2f}s"
