@@ -5,29 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any
-
-import pytest
 
 from driver_native._commands import CreateRun
-from driver_native._db import Database
 from engine_port.errors import RunExistsError
 
 from . import workflows as w
 from .conftest import MakeEngine
-
-
-@pytest.fixture
-def transactions(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    seen: Counter[str] = Counter()
-    original = Database._tx_once
-
-    def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        seen[getattr(fn, "__name__", repr(fn))] += 1
-        return original(self, attempt, fn, *a, **k)
-
-    monkeypatch.setattr(Database, "_tx_once", counting)
-    return seen
 
 
 async def test_concurrent_starts_share_transactions(
