@@ -50,7 +50,7 @@ class RunWatch:
         self.first = first
         self.longest = longest
         self._watched: set[Watched] = set()
-        self._changed = asyncio.Event()
+        self._changed = asyncio.Event()  # (made anew with each task: the caller's loop)
         self._task: asyncio.Task[None] | None = None
 
     def watch(self, run_id: str, event: asyncio.Event, *, every: float | None = None) -> Watched:
@@ -60,9 +60,10 @@ class RunWatch:
         entry = Watched(run_id, event, delay, self.longest if every is None else every)
         entry.due = time.monotonic() + delay
         self._watched.add(entry)
-        self._changed.set()
         if self._task is None or self._task.done():
+            self._changed = asyncio.Event()
             self._task = asyncio.create_task(self._run(), name="wfe-run-watch")
+        self._changed.set()
         return entry
 
     def unwatch(self, entry: Watched) -> None:
