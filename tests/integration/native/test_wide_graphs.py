@@ -22,7 +22,7 @@ from driver_native import (
     _rawsql,
     _schema,
 )
-from driver_native._db import Database
+from driver_native._db import Database, _WriterBusy
 from engine_port import StageContext, Workflow
 
 from .conftest import MakeEngine
@@ -104,12 +104,18 @@ def work(monkeypatch: pytest.MonkeyPatch) -> Iterator[Work]:
     original = Database._tx_once
 
     def counting(self: Database, attempt: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        before = (seen.statements, seen.rows)
+        before: tuple[int, int] | None = (seen.statements, seen.rows)
         try:
             return original(self, attempt, fn, *a, **k)
+        except _WriterBusy:
+            # (SQLite: a WAL checkpoint on the database thread held the writer lock; nothing
+            # ran here, the transaction goes to that thread)
+            before = None
+            raise
         finally:
-            cost = (seen.statements - before[0], seen.rows - before[1])
-            seen.per_call[getattr(fn, "__name__", repr(fn))].append(cost)
+            if before is not None:
+                cost = (seen.statements - before[0], seen.rows - before[1])
+                seen.per_call[getattr(fn, "__name__", repr(fn))].append(cost)
 
     monkeypatch.setattr(Database, "_tx_once", counting)
     _count_rows(monkeypatch, seen)
