@@ -3,13 +3,16 @@ statements and latency per 3-stage no-op run of the native driver (in-process wo
 with ``--signal`` per ``signal()`` -> completion of a run parked in its wait, counted with a
 wrapper around ``Database`` transaction entry points and SQLAlchemy's
 ``before_cursor_execute`` event, and on PostgreSQL the network round trips (psycopg's
-blocking waits outside a pipeline, plus one per pipeline sync). Prints the per-run averages
-and the busiest transaction functions."""
+blocking waits outside a pipeline, plus one per pipeline sync), and the CPU the PostgreSQL
+server spent per run (its processes on this host) beside the raw floor's 3-stage run
+(``bench/_floor.py``) in the same database. Prints the per-run averages and the busiest
+transaction functions."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -23,6 +26,7 @@ from engine_port import EngineSettings, create_engine
 
 from .. import _workflows as W
 from .._common import native_database
+from .._floor import Conn, one_run
 
 
 class Counts:
@@ -139,6 +143,40 @@ def _install(counts: Counts) -> None:
     psycopg.Connection.rollback = ending(orig_rollback)  # type: ignore[method-assign]
 
 
+def _postgres_cpu() -> float:
+    """User + system CPU seconds of every ``postgres`` process of this host (0 when the server
+    runs elsewhere): backends, WAL writer, checkpointer."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        if name.startswith("postgres"):
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _floor_server_cpu(url: str, runs: int) -> float:
+    """The PostgreSQL server's CPU per 3-stage run of the raw floor, in the same database."""
+    conn = Conn("postgres", url.replace("postgresql+psycopg://", "postgresql://"))
+    try:
+        conn.setup()
+        for _ in range(20):
+            one_run(conn, 3)
+        server0 = _postgres_cpu()
+        for _ in range(runs):
+            one_run(conn, 3)
+        return (_postgres_cpu() - server0) / runs
+    finally:
+        conn.close()
+
+
 async def _one_signal(engine: Any, counts: Counts) -> float:
     """A run parked in its signal wait (not counted), then ``signal()`` -> run complete."""
     run = await engine.start("bench-signal", {})
@@ -174,7 +212,7 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
                 await asyncio.sleep(0.3)
                 counts.reset()
                 samples = []
-                cpu0 = time.process_time()
+                cpu0, server0 = time.process_time(), _postgres_cpu()
                 for _ in range(runs):
                     if signal:
                         samples.append(await _one_signal(engine, counts))
@@ -184,10 +222,12 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
                     await engine.wait(run.id, timeout=60)
                     samples.append(time.perf_counter() - t0)
                 cpu = (time.process_time() - cpu0) / runs
+                server = (_postgres_cpu() - server0) / runs
                 if signal:
                     counts.take_marked()
                 tx, reads, statements = Counter(counts.tx), Counter(counts.reads), counts.statements
                 round_trips, split = counts.round_trips, counts.split(runs)
+            floor = _floor_server_cpu(url, runs) if backend == "postgres" and not signal else 0.0
     what = "signal() -> run complete of bench-signal" if signal else "runs of bench-seq3"
     print(f"{backend}: {runs} {what}, in-process worker")
     print(f"  p50 latency      {statistics.median(samples) * 1000:.2f} ms")
@@ -198,6 +238,11 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
     print(f"  statements/run   {statements / runs:.1f} (incl. BEGIN on SQLite)")
     if backend == "postgres":
         print(f"  round trips/run  {round_trips / runs:.1f} (BEGIN and COMMIT included)")
+        if server and not signal:
+            print(
+                f"  server CPU/run   {server * 1000:.2f} ms, the raw floor's {floor * 1000:.2f} ms "
+                "(every postgres process of this host: other clients count too)"
+            )
         if not signal:
             db_cpu, wait_cpu, wait_wall, waits = split
             print(
