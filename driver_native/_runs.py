@@ -269,6 +269,7 @@ def _wake_signalled() -> Any:
             jobs.c.waiting_for == sa.bindparam("waiting"),
         )
         .values(status="ready", available_at=sa.bindparam("now"))
+        .returning(jobs.c.id)
     )
 
 
@@ -355,8 +356,12 @@ def signal_and_claim(
     else:  # the wake and the lease of the job it makes ready: one round trip on PostgreSQL
         woken, leased = execute_together(conn, [wake, take])
         job = leased.first()
-    if woken.rowcount:
-        notify_due(conn)  # (the waiting stage's next worker may be in another process)
+    woken_ids = [r.id for r in woken]
+    if woken_ids:
+        if job is None or woken_ids != [job.id]:
+            # the waiting stage's next worker may be in another process; a job this
+            # transaction leased to the caller's worker is nobody else's to claim
+            notify_due(conn)
         # a job of the run is ready now: a suspended run runs (what refresh_status would
         # conclude from its jobs, without reading them)
         if run.status == RunStatus.SUSPENDED:

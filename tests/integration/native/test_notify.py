@@ -114,3 +114,37 @@ async def test_its_own_engines_notifications_do_not_wake_a_worker_twice(
         foreign = await other.start("it-linear", {"n": 1})
         assert (await other.wait(foreign.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
         assert host.stats()["woken_by_notify"] == 1  # the foreign start only
+
+
+async def test_a_signal_whose_stage_this_process_leases_wakes_no_other_process(
+    postgres_url: str, make_engine: MakeEngine
+) -> None:
+    """The stage a signal wakes is leased, in the signal's own transaction, to the sending
+    engine's worker when it serves the run: no other process can take that job, so their
+    workers are not woken for it (each would make an empty claim per signal)."""
+    engine = await make_engine()
+    elsewhere = await make_engine()  # another process's worker, idle
+    async with elsewhere.worker(poll_interval=POLL) as other:
+        async with engine.worker(poll_interval=POLL) as own:
+
+            async def listening() -> bool:
+                return own.listening.is_set() and other.listening.is_set()
+
+            await eventually(listening, timeout=30)
+            run = await engine.start("it-waiter", {})
+
+            async def suspended() -> bool:
+                info = await engine.get_run(run.id)
+                return any(s.id == "wait_go" and s.status == "suspended" for s in info.stages)
+
+            await eventually(suspended, timeout=POLL / 4)
+            before = other.stats().get("woken_by_notify", 0)
+            await engine.signal(run.id, "go", {"ok": True})
+            assert (await engine.wait(run.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
+        # a start committed after the signal, which only the other worker can run (its poll
+        # never comes due): once it completed, the other worker heard its NOTIFY, and every
+        # notification sent before it (they arrive in commit order)
+        starter = await make_engine()
+        fence = await starter.start("it-linear", {"n": 1})
+        assert (await starter.wait(fence.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
+        assert other.stats()["woken_by_notify"] == before + 1  # the fence's, not the signal's
