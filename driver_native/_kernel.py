@@ -186,17 +186,28 @@ def _signal_and_begin(
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own)
     claim = None
+    postgres = conn.dialect.name == "postgresql"
     if handoff is not None and handoff.limit > 0:
         worker, lease = handoff.worker, handoff.lease
 
-        def claim(run: Any) -> tuple[Any, dict[str, Any]] | None:
-            return _jobs.claim_woken(conn, run, f"signal:{name}", served, worker, lease, now)
+        def claim(run: Any, first: str | None) -> list[_runs.Call] | None:
+            take = _jobs.claim_woken(conn, run, f"signal:{name}", served, worker, lease, now)
+            if take is None or first is None or not postgres:
+                return None if take is None else [take]
+            # the begin's reads of the stage the lease should take, in the same round trip
+            shape = shape_for(version_key(run.workflow_id, run.version))
+            return [take, *_progress.begin_reads(run.id, first, shape)]
 
-    result, job, alone = _runs.signal_and_claim(
+    done = _runs.signal_and_claim(
         conn, run_id, name, stored, now, idempotency_key, max_pending, known, claim
     )
+    result, job, alone = done.result, done.job, done.alone
     if handoff is not None and job is not None:
-        begun, _ = _progress.begin_attempt(conn, job, handoff.worker, now, shape_for(job.wfv))
+        shape = shape_for(job.wfv)
+        if done.ahead and done.run is not None and job.stage_id == done.expected:
+            begun, _ = _progress.begin_read_ahead(conn, job, done.run, done.ahead, now, shape)
+        else:
+            begun, _ = _progress.begin_attempt(conn, job, handoff.worker, now, shape)
         if begun is not None:
             if alone:  # the resumed wait takes this signal now, not in a transaction of its own
                 steps = hand_over(conn, job.run_id, begun.stage_id, begun.steps, name, stored)

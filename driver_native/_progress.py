@@ -67,6 +67,8 @@ __all__ = [
     "begin_attempts",
     "begin_compensation",
     "begin_compensation_job",
+    "begin_read_ahead",
+    "begin_reads",
     "finish_compensation",
     "record_compensation",
     "refresh_status",
@@ -255,11 +257,45 @@ def begin_attempt(
         run, stage, _ = _run_and_owned_stage(conn, job, worker)
         return _begin_read(conn, job, run, stage, [], None, now, graph)
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
-    reads = [(_stage_steps(), {"run_id": job.run_id, "stage_id": job.stage_id})]
-    reads += outputs_reads(job.run_id, shape.upstream([job.stage_id]))
-    run, stage, more = _run_and_owned_stage(conn, job, worker, reads)
+    run, stage, more = _run_and_owned_stage(
+        conn, job, worker, _ledger_and_outputs(job.run_id, job.stage_id, shape)
+    )
     outputs = {r.stage_id: r.output for rows in more[1:] for r in rows}
     return _begin_read(conn, job, run, stage, more[:1], outputs, now, shape)
+
+
+def _ledger_and_outputs(run_id: str, stage_id: str, shape: GraphShape) -> list[Any]:
+    """The reads a resumed stage's begin needs besides its row: its step ledger, then the
+    stored outputs of its upstream."""
+    reads = [(_stage_steps(), {"run_id": run_id, "stage_id": stage_id})]
+    return reads + outputs_reads(run_id, shape.upstream([stage_id]))
+
+
+def begin_reads(run_id: str, stage_id: str, shape: GraphShape) -> list[Any]:
+    """The reads (statement, parameters) of :func:`begin_read_ahead` for stage ``stage_id``,
+    for a caller that sends them in a round trip of its own with statements they do not
+    depend on: its row, its step ledger, the stored outputs of its upstream."""
+    row = (_stage_row(), {"k_run_id": run_id, "k_stage_id": stage_id})
+    return [row, *_ledger_and_outputs(run_id, stage_id, shape)]
+
+
+def begin_read_ahead(
+    conn: Connection, job: Any, run: Any, ahead: list[Any], now: float, shape: GraphShape
+) -> tuple[Begin | None, list[EventDraft]]:
+    """``begin_attempt`` for a job this transaction itself leased with the run row locked (a
+    signal's wake), from the run row as the transaction left it and the results of
+    :func:`begin_reads` for the job's stage: no round trip of reads of its own."""
+    stage = ahead[0].first()
+    outputs = {r.stage_id: r.output for rows in ahead[2:] for r in rows}
+    return _begin_read(conn, job, run, stage, ahead[1:2], outputs, now, shape)
+
+
+@functools.cache
+def _stage_row() -> Any:
+    """``SELECT * FROM stages WHERE run_id = :k_run_id AND stage_id = :k_stage_id``."""
+    return sa.select(stages).where(
+        stages.c.run_id == sa.bindparam("k_run_id"), stages.c.stage_id == sa.bindparam("k_stage_id")
+    )
 
 
 def begin_attempts(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Collection, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
@@ -58,6 +58,8 @@ from ._shape import GraphShape
 from ._sql import lock_run, run_and, stages_of_run, try_run
 
 __all__ = [
+    "Call",
+    "Signalled",
     "any_purgeable",
     "any_stuck",
     "cancel_run",
@@ -256,6 +258,16 @@ def _signal_counts() -> Any:
         sa.select(sa.func.count())
         .where(signals.c.run_id == run_id, signals.c.name == name, signals.c.consumed.is_(False))
         .scalar_subquery(),
+        # the stage whose job a lease of the woken jobs takes first (``_jobs.claim_woken``)
+        sa.select(jobs.c.stage_id)
+        .where(
+            jobs.c.run_id == run_id,
+            jobs.c.status.in_([sa.literal("waiting"), sa.literal("ready")]),  # (not expanding)
+            jobs.c.waiting_for == sa.bindparam("waiting", type_=sa.String),
+        )
+        .order_by(jobs.c.id)
+        .limit(1)
+        .scalar_subquery(),
     )
 
 
@@ -284,15 +296,32 @@ def signal_run(
     known_graph: Callable[[str, str], GraphModel | None] | None = None,
 ) -> SignalResult:
     """Queue a signal (see :func:`signal_and_claim`)."""
-    result, _, _ = signal_and_claim(
+    return signal_and_claim(
         conn, run_id, name, payload, now, idempotency_key, max_pending, known_graph
-    )
-    return result
+    ).result
 
 
-Claim = Callable[[Any], "tuple[Any, dict[str, Any]] | None"]
-"""Given the locked run row, the statement (and parameters) that leases the job a signal
-wakes (``_jobs.claim_woken``), or None."""
+Call = tuple[Any, dict[str, Any]]
+
+Claim = Callable[[Any, "str | None"], "list[Call] | None"]
+"""Given the locked run row and the stage whose job the lease would take first (None: no job
+waits for the signal), the statement (and parameters) that leases the job a signal wakes
+(``_jobs.claim_woken``) and reads that do not depend on its result, sent with it (their
+results in :attr:`Signalled.ahead`); or None."""
+
+
+class Signalled(NamedTuple):
+    """What :func:`signal_and_claim` did: the caller's answer, the job the claim leased (or
+    None), whether the signal is the only unconsumed one of its name, the run row as this
+    transaction left it, the stage ``claim`` expected its lease to take, and the results of
+    the claim's reads ahead."""
+
+    result: SignalResult
+    job: Any
+    alone: bool
+    run: Any
+    expected: str | None
+    ahead: list[Any]
 
 
 def signal_and_claim(
@@ -305,16 +334,16 @@ def signal_and_claim(
     max_pending: int | None = None,
     known_graph: Callable[[str, str], GraphModel | None] | None = None,
     claim: Claim | None = None,
-) -> tuple[SignalResult, Any, bool]:
+) -> Signalled:
     """Queue a signal behind the run's earlier ones of its name (the run row is locked, so
     ids follow arrival order); a repeat of ``idempotency_key`` is not queued again. A run
     holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError).
     ``known_graph(workflow, version)``: the registry's graph, if it has it (else the stored
-    definition is read). Returns the result, the job ``claim`` leased (or None) and whether
-    the signal is the only unconsumed one of its name (the next wait for it takes this one)."""
+    definition is read); ``claim``: see :data:`Claim`."""
     waiting_for = f"signal:{name}"
     # the run (locked) and three counts in one round trip: unconsumed signals (for
-    # max_pending), suspended waits for this name, unconsumed signals of this name
+    # max_pending), suspended waits for this name, unconsumed signals of this name; and the
+    # stage whose job a lease after the wake would take first
     run, counts = run_and(
         conn, run_id, _signal_counts(), {"run_id": run_id, "name": name, "waiting": waiting_for}
     )
@@ -335,8 +364,8 @@ def signal_and_claim(
         ).first()
         if seen is not None:
             repeat = SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
-            return repeat, None, False
-    pending, waiting, queued = counts.first()
+            return Signalled(repeat, None, False, run, None, [])
+    pending, waiting, queued, first_waiting = counts.first()
     if max_pending is not None and pending >= max_pending:
         raise SignalQueueFullError(run_id, name, max_pending)
     signal = {
@@ -350,11 +379,12 @@ def signal_and_claim(
     # (sent with the update below, in one round trip)
     execute(conn, _insert(signals, tuple(signal)), signal, later=True)
     wake = (_wake_signalled(), {"run_id": run_id, "waiting": waiting_for, "now": now})
-    take = None if claim is None else claim(run)
+    take = None if claim is None else claim(run, first_waiting)
+    ahead: list[Any] = []
     if take is None:
         woken, job = execute(conn, *wake), None
-    else:  # the wake and the lease of the job it makes ready: one round trip on PostgreSQL
-        woken, leased = execute_together(conn, [wake, take])
+    else:  # the wake, the lease of the job it makes ready and the reads ahead: one round trip
+        woken, leased, *ahead = execute_together(conn, [wake, *take])
         job = leased.first()
     woken_ids = [r.id for r in woken]
     if woken_ids:
@@ -366,14 +396,16 @@ def signal_and_claim(
         # conclude from its jobs, without reading them)
         if run.status == RunStatus.SUSPENDED:
             touch(conn, run_id, now, status=RunStatus.RUNNING)
+            run = run._replace(status=RunStatus.RUNNING, updated_at=now)
     else:
         refresh_status(conn, run_id, now, run.status)  # (the locked row: no second read)
+        run = None  # (its status is what refresh_status made it: unknown here)
     # delivered: a suspended wait for this name is there to take it, i.e. more waits than
     # signals already queued ahead of it; else it stays buffered for a later wait
     result = SignalResult(
         run_id=run_id, name=name, delivered=waiting > queued, already_completed=False
     )
-    return result, job, queued == 0
+    return Signalled(result, job, queued == 0, run, first_waiting, ahead)
 
 
 def cancel_run(conn: Connection, run_id: str, now: float) -> bool:

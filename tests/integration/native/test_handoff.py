@@ -13,10 +13,10 @@ import sqlalchemy as sa
 
 from driver_native._db import Database
 from driver_native._schema import signals
-from engine_port import Lifecycle
+from engine_port import Lifecycle, StageContext, Workflow
 
 from . import workflows as w
-from .conftest import MakeEngine
+from .conftest import MakeEngine, eventually
 
 
 @pytest.fixture
@@ -108,8 +108,10 @@ async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
     # (a third, _consume, before the wait took the signal in the signal's transaction)
     assert transactions == Counter({"_signal_and_begin": 1, "_apply_and_read": 1}), transactions
     if engine.kernel.db.is_postgres:  # (9, 3, 5 before issue 12's "npg" changes; then 5, 2, 3)
-        # the resumed stage's run, stage, steps and upstream outputs: one round trip of reads
-        assert dict(round_trips) == {"_signal_and_begin": [4], "_apply_and_read": [2]}, dict(
+        # the run locked with the signal counts; the signal's insert, the wake and the lease
+        # with the resumed stage's row, steps and upstream outputs (read ahead: 4 until
+        # 2026-12-04); the writes with the COMMIT
+        assert dict(round_trips) == {"_signal_and_begin": [3], "_apply_and_read": [2]}, dict(
             round_trips
         )
     assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)
@@ -122,3 +124,48 @@ async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
         lambda c: c.execute(sa.select(signals.c.consumed).where(signals.c.run_id == run.id)).all()
     )
     assert [r.consumed for r in consumed] == [True]
+
+
+twins = Workflow("it-twin-waits", input=w.Item)
+
+
+@twins.stage
+async def seed(ctx: StageContext[w.Item]) -> int:
+    return ctx.input.n
+
+
+@twins.stage(after=[seed])
+async def left(ctx: StageContext[w.Item]) -> dict[str, Any]:
+    return {"seed": ctx.output_of("seed"), "got": await ctx.step.wait_for_signal("go")}
+
+
+@twins.stage(after=[seed])
+async def right(ctx: StageContext[w.Item]) -> dict[str, Any]:
+    return {"seed": ctx.output_of("seed"), "got": await ctx.step.wait_for_signal("go")}
+
+
+async def test_two_stages_waiting_for_one_name_each_resume_with_their_own_signal(
+    make_engine: MakeEngine,
+) -> None:
+    """A signal wakes every wait for its name; the local worker is handed the first woken
+    stage (its reads sent ahead with the lease) and the other goes back to waiting for the
+    next signal, which is handed the same way: each stage gets one signal, with its upstream
+    output, and none is lost."""
+    engine = await make_engine(twins)
+    async with engine.worker(poll_interval=0.05) as host:
+        run = await engine.start(twins, {"n": 7})
+
+        async def both_waiting() -> bool:
+            info = await engine.get_run(run.id)
+            return sum(s.status == "suspended" for s in info.stages) == 2
+
+        await eventually(both_waiting, timeout=30)
+        first = await engine.signal(run.id, "go", {"k": 1})
+        second = await engine.signal(run.id, "go", {"k": 2})
+        done = await engine.wait(run.id, timeout=30)
+        assert host.stats()["handed_off"] >= 4  # seed, left, right at start; then a resume
+    assert first.delivered and done.status == "completed", done
+    outputs = {s.id: s.output for s in done.stages}
+    assert outputs["left"]["seed"] == outputs["right"]["seed"] == 7
+    assert sorted([outputs["left"]["got"]["k"], outputs["right"]["got"]["k"]]) == [1, 2]
+    assert second.name == "go"
