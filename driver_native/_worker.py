@@ -41,6 +41,11 @@ log = logging.getLogger("wfe.worker")
 _SURVEY_SHARE = 0.02
 """The most of the time a worker spends on the whole-table parts of its maintenance."""
 
+_SURVEY_MAX_GAP = 5.0
+"""The longest a worker goes between surveys however long the last one took: the survey
+also fails runs past their run timeout, which must not wait for minutes because one look
+was slow (its time counts the waits for a database thread on a busy host, not only work)."""
+
 
 _IDLE_FLUSH_SHARE = 0.1
 """The most of the time a worker spends on flushes that find every event waiting for a retry."""
@@ -306,17 +311,20 @@ class WorkerHost:
         runs that lost their jobs (every active run: a backlog of a million pending runs).
         Beside the loop (it never waits for them), off the event loop (``read_long``), and
         at most ``_SURVEY_SHARE`` of the time: a survey that takes 0.1 s is taken every
-        few seconds instead of every ``maintenance_interval``."""
+        few seconds instead of every ``maintenance_interval``, and at least every
+        ``_SURVEY_MAX_GAP`` (run timeouts are enforced here)."""
         started = time.monotonic()
         try:
             self._outbox = await self.kernel.db.read_long(count_outbox)
-            # (reaps only after a grace of a minute: no hurry)
+            # runs past their run timeout fail; runs that lost their jobs (after a grace of a
+            # minute) are scheduled again
             self._counts["reaped_runs"] += await self.kernel.dispatch(ReapStuckRuns())
         except Exception:
             self._counts["loop_errors"] += 1
             log.exception("worker %s: maintenance failed; retrying", self.worker_id)
         took = time.monotonic() - started
-        self._next_survey = time.monotonic() + max(self.maintenance_interval, took / _SURVEY_SHARE)
+        gap = min(max(self.maintenance_interval, took / _SURVEY_SHARE), _SURVEY_MAX_GAP)
+        self._next_survey = time.monotonic() + gap
 
     def _adopt(self, handed: list[tuple[Any, Any]]) -> None:
         """Run stages the kernel handed to this worker straight from a transition (already

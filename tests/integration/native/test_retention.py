@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +59,30 @@ async def test_run_timeout_fails_the_run_and_compensates(make_engine: MakeEngine
     assert w.COUNTS["dawdle"] == 1
     evs = types(await engine.events(run.id))
     assert evs[-4:] == ["stage.suspended", "stage.cancelled", "stage.compensated", "run.failed"]
+
+
+async def test_a_slow_survey_does_not_hold_a_run_timeout_back(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker paces its whole-table looks by their cost, and the run timeout is enforced
+    by one of them: a first look that took long (a busy host: 0.4 s here, which paced the next
+    one 20 s away) must not leave a run past its timeout running for that long."""
+    import driver_native._worker as worker_module
+
+    slow = {"left": 1}
+    count = worker_module.count_outbox
+
+    def slow_count(conn: Any) -> Any:
+        if slow["left"]:
+            slow["left"] -= 1
+            time.sleep(0.4)
+        return count(conn)
+
+    monkeypatch.setattr(worker_module, "count_outbox", slow_count)
+    engine = await make_engine(w.timed)
+    run = await engine.start("it-timed", {"n": 1})
+    async with engine.worker(maintenance_interval=0.05):
+        info = await engine.wait(run.id, timeout=15)
+    assert not slow["left"]  # (the first survey was the slow one)
+    assert info.status == "failed"
+    assert info.error is not None and info.error.type == "RunTimeoutError"
