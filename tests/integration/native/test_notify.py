@@ -6,6 +6,7 @@ interval far longer than the test."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,18 @@ def postgres_url(database_url: str) -> str:
     if database_url.startswith("sqlite"):
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; on SQLite workers poll")
     return database_url
+
+
+async def _parked(engine: Any) -> Any:
+    """An ``it-waiter`` run started through ``engine``, once its stage waits for "go"."""
+    run = await engine.start("it-waiter", {})
+
+    async def suspended() -> bool:
+        info = await engine.get_run(run.id)
+        return any(s.id == "wait_go" and s.status == "suspended" for s in info.stages)
+
+    await eventually(suspended, timeout=POLL / 4)
+    return run
 
 
 async def test_a_worker_of_another_engine_is_woken_by_notify_not_by_its_poll(
@@ -43,13 +56,7 @@ async def test_a_worker_of_another_engine_is_woken_by_notify_not_by_its_poll(
             assert info.stages[-1].output == {"result": (n + 1) * 2 + 1}
 
         # a signal sent from the other engine makes the waiting stage due: notified too
-        run = await starter.start("it-waiter", {})
-
-        async def suspended() -> bool:
-            info = await starter.get_run(run.id)
-            return any(s.id == "wait_go" and s.status == "suspended" for s in info.stages)
-
-        await eventually(suspended, timeout=POLL / 4)
+        run = await _parked(starter)
         before = host.stats()["woken_by_notify"]
         await starter.signal(run.id, "go", {"ok": True})
         info = await starter.wait(run.id, timeout=POLL / 4)
@@ -99,13 +106,7 @@ async def test_its_own_engines_notifications_do_not_wake_a_worker_twice(
             return host.listening.is_set()
 
         await eventually(listening, timeout=30)
-        run = await engine.start("it-waiter", {})
-
-        async def suspended() -> bool:
-            info = await engine.get_run(run.id)
-            return any(s.id == "wait_go" and s.status == "suspended" for s in info.stages)
-
-        await eventually(suspended, timeout=POLL / 4)
+        run = await _parked(engine)
         await engine.signal(run.id, "go", {"ok": True})
         assert (await engine.wait(run.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
         # a foreign start, committed after the signal: once it is heard, the signal's NOTIFY
@@ -131,13 +132,7 @@ async def test_a_signal_whose_stage_this_process_leases_wakes_no_other_process(
                 return own.listening.is_set() and other.listening.is_set()
 
             await eventually(listening, timeout=30)
-            run = await engine.start("it-waiter", {})
-
-            async def suspended() -> bool:
-                info = await engine.get_run(run.id)
-                return any(s.id == "wait_go" and s.status == "suspended" for s in info.stages)
-
-            await eventually(suspended, timeout=POLL / 4)
+            run = await _parked(engine)
             before = other.stats().get("woken_by_notify", 0)
             await engine.signal(run.id, "go", {"ok": True})
             assert (await engine.wait(run.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
