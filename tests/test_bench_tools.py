@@ -1,5 +1,6 @@
 """The profiling tools of ``bench/tools`` that the bench README's conclusions rest on must run:
-``sql_replay`` replays what the engine sent, including what a busy SQLite makes it send twice."""
+``sql_replay`` replays what the engine sent, including what a busy SQLite makes it send twice;
+``pg_replay`` does the engine's PostgreSQL work again."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.tools import sql_replay
+from bench import _common
+from bench.tools import pg_replay, sql_replay
+from tests.support.databases import admin_url
 
 
 def test_a_begin_tried_again_after_busy_is_replayed_once(tmp_path: Path) -> None:
@@ -38,3 +41,41 @@ def test_sql_replay_prints_each_line(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     for line in ("engine", "its SQL replayed", "its writes, shaped", "raw floor"):
         assert f"  {line} " in out
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_pg_replay_does_the_engines_work_again(
+    pg_session: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The replay's time is a lower bound of the engine's only if it does the same work: every
+    # recorded run completes again in the copy of the database.
+    monkeypatch.setattr(_common, "PG_ADMIN", admin_url().replace("+psycopg", "", 1))
+    pg_replay.main(runs=5)
+    out = capsys.readouterr().out
+    assert "of the 5 runs, the replay completed 5, the writes alone 5" in out
+    assert "the writes alone added the replay's rows to every table: yes" in out
+    for line in ("engine", "its SQL replayed", "its writes alone", "raw floor"):
+        assert f"  {line} " in out
+
+
+def test_pg_replay_tells_reads_from_writes_per_connection() -> None:
+    # Each connection numbers its prepared statements from wfe_0: one connection's wfe_0 may
+    # read while another's writes. The writes alone keep the second's (they were dropped
+    # when the names were taken for the same statement on every connection).
+    rec = pg_replay._Recorder()
+    rec.seen(1, b"PREPARE wfe_0 AS SELECT 1\n;\nBEGIN\n;\nEXECUTE wfe_0( 1)", None, False)
+    rec.seen(
+        2, b"PREPARE wfe_0 AS UPDATE t SET v = $1\n;\nBEGIN\n;\nEXECUTE wfe_0( 1)", None, False
+    )
+    rec.on = True
+    rec.runs.append([])
+    rec.seen(1, b"BEGIN\n;\nEXECUTE wfe_0( 2)", None, False)
+    rec.seen(1, b"COMMIT", None, False)
+    rec.seen(2, b"BEGIN\n;\nEXECUTE wfe_0( 3)\n;\nCOMMIT", None, False)
+    assert rec.writes() == [
+        [
+            (1, b"BEGIN\n;\nCOMMIT", None, False),
+            (2, b"BEGIN\n;\nEXECUTE wfe_0( 3)\n;\nCOMMIT", None, False),
+        ]
+    ]
