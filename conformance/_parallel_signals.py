@@ -10,6 +10,9 @@ is running (or holding the signals it took) never keeps another stage's wait fro
 - ``resume``: in the group {x, y}, x consumes a buffered signal ``c`` and then runs a step that
   lasts until y completed; y suspends on ``b``. Sending ``b`` resumes y at once, before x
   returns.
+- ``last busy``: in the group {w, q}, w suspends on ``go`` and q returns only after that: once
+  q completed, nothing of the run is busy and the run is ``suspended``; ``go`` resumes w and
+  the run completes.
 
 Every barrier is a condition polled with a deadline (the in-process MemorySink, a flag the test
 sets), never a sleep that hopes something happened meanwhile. A driver that keeps a sibling
@@ -107,6 +110,30 @@ def resume_while_sibling_runs(
     return wf
 
 
+def last_busy_sibling(log: ExecutionLog, sink: MemorySink) -> Workflow[Num]:
+    """{w waits for go; q returns once w is suspended}."""
+    wf = Workflow(unique_id("psig-last"), input=Num)
+
+    @wf.stage(retry=ONCE)
+    async def w(ctx: StageContext[Num]) -> Any:
+        log.hit("w")
+        return await ctx.step.wait_for_signal("go")
+
+    @wf.stage(retry=ONCE)
+    async def q(ctx: StageContext[Num]) -> str:
+        log.hit("q")
+        await eventually(
+            lambda: any(
+                e.type == "stage.suspended" and e.stage == "w" for e in sink.for_run(ctx.run_id)
+            ),
+            BARRIER,
+            what="w to suspend",
+        )
+        return "q-out"
+
+    return wf
+
+
 class ParallelSignalContract:
     """Stages of one parallel group take buffered and late signals concurrently."""
 
@@ -199,3 +226,24 @@ class ParallelSignalContract:
             ["run.completed"],
         ]
         check_golden("par_signals_resume", {"trace": trace, "run": run_summary(info)})
+
+    async def test_a_run_is_suspended_once_its_last_busy_sibling_completes(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        sink = MemorySink()
+        wf = last_busy_sibling(log, sink)
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await wait_for_events(sink, run.id, "stage.completed")
+
+            async def suspended() -> bool:
+                return (await engine.get_run(run.id)).status == RunStatus.SUSPENDED
+
+            await eventually(suspended, BARRIER, what="the run suspended once q completed")
+            sent = await engine.signal(run.id, "go", {"ok": True})
+            assert (sent.delivered, sent.already_completed) == (True, False)
+            info = await engine.wait(run.id, timeout=90)
+        assert info.status == RunStatus.COMPLETED, run_summary(info)
+        assert info.stage("w").output == {"ok": True} and info.stage("q").output == "q-out"
+        assert log.counts() == {"w": 2, "q": 1}

@@ -42,7 +42,7 @@ from ._schedule import (
     touch,
     upstream_outputs,
 )
-from ._schema import jobs, signals, staged_events, stages, steps
+from ._schema import jobs, runs, signals, staged_events, stages, steps
 from ._shape import GraphShape
 from ._sql import (
     delete_later,
@@ -215,9 +215,11 @@ def _outputs(conn: Connection, run_id: str) -> dict[str, Any]:
 
 
 @functools.cache
-def _activity_query() -> Any:
-    """Whether the run has a busy job (leased or ready) and a waiting one: two index probes
-    of (run_id, status), not a count of every job of a wide run."""
+def _refresh_update() -> Any:
+    """The run's status recomputed from its jobs by the database: running while a stage job
+    is leased or ready (or none waits), suspended when all wait; written (with
+    ``updated_at``) only when it changes and only on a running or suspended run. Two index
+    probes of jobs (run_id, status), not a count of every job of a wide run."""
 
     def having(*statuses: str) -> Any:
         return sa.exists().where(
@@ -225,23 +227,28 @@ def _activity_query() -> Any:
             jobs.c.status.in_([sa.literal(s) for s in statuses]),  # (not expanding)
         )
 
-    return sa.select(having("leased", "ready").label("busy"), having("waiting").label("waiting"))
+    working = [sa.literal(s.value) for s in (RunStatus.RUNNING, RunStatus.SUSPENDED)]
+    status = sa.case(
+        (sa.or_(having("leased", "ready"), ~having("waiting")), working[0]), else_=working[1]
+    )
+    return (
+        sa.update(runs)
+        .where(
+            runs.c.id == sa.bindparam("run_id"), runs.c.status.in_(working), runs.c.status != status
+        )
+        .values(status=status, updated_at=sa.bindparam("now", type_=runs.c.updated_at.type))
+    )
 
 
 def refresh_status(conn: Connection, run_id: str, now: float, status: str | None = None) -> None:
     """running while a stage job is leased or ready, suspended when all wait. ``status``:
-    the run's status as this transaction left it, when the caller knows it."""
-    if status is None:
-        run = try_run(conn, run_id, lock=False)
-        if run is None:
-            return
-        status = run.status
-    if status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+    the run's status as this transaction left it, when the caller knows it. Decided by the
+    database in one write whose result nobody reads: on PostgreSQL it goes out with the
+    transaction's next statement or its commit, no round trip of its own (a sibling's
+    outcome in a fan-out took three: its reads, this read of the run's jobs, the commit)."""
+    if status is not None and status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
         return
-    activity = execute(conn, _activity_query(), {"run_id": run_id}).first()
-    new = RunStatus.RUNNING if activity.busy or not activity.waiting else RunStatus.SUSPENDED
-    if new != status:
-        touch(conn, run_id, now, status=new)
+    execute(conn, _refresh_update(), {"run_id": run_id, "now": now}, later=True)
 
 
 def begin_attempt(

@@ -404,3 +404,22 @@ async def test_round_trips_of_a_three_stage_run_are_pinned(
     info = await _drive(engine, wf, handoff=1)
     assert info.status == "completed" and info.output == 3
     assert dict(round_trips) == CHAIN3_ROUND_TRIPS, dict(round_trips)
+
+
+async def test_a_sibling_outcome_in_a_fan_out_takes_two_round_trips(
+    make_engine: MakeEngine, round_trips: dict[str, list[int]]
+) -> None:
+    # A middle stage that completes while its siblings are still open leaves the run's
+    # status to the database (running while a job is busy, suspended when all wait): a
+    # write sent with the COMMIT. It was a read of the run's jobs with a round trip of its
+    # own (3 per sibling outcome, 2 after this).
+    wf = fan(6)
+    engine = await make_engine(wf)
+    if not engine.kernel.db.is_postgres:
+        pytest.skip("SQLite has no network round trips")
+    round_trips.clear()
+    info = await _drive(engine, wf, handoff=0)
+    assert info.status == "completed"
+    outcomes = round_trips["_apply_and_read"]
+    assert len(outcomes) == 8  # src, the 6 middles, the sink
+    assert outcomes[1:6] == [2] * 5, outcomes  # (the last middle schedules the sink)
