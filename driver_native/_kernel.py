@@ -17,7 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from engine_port import (
     Abandoned,
@@ -107,6 +107,7 @@ def _create_run_once(
     trace_context: str | None = None,
     handoff: _progress.Handoff | None = None,
     define: bool = True,
+    ids: list[int] | None = None,
 ) -> tuple[str, bool]:
     """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
     the run this very call inserted (same id, input and creation time) is returned as created
@@ -118,7 +119,7 @@ def _create_run_once(
         if row is not None and row.input_fingerprint == fp and row.created_at == now:
             return run_id, True  # (its handed-off jobs run when their lease expires)
     return _runs.create_run(
-        conn, graph, run_id, stored, fp, key, now, trace_context, handoff, define
+        conn, graph, run_id, stored, fp, key, now, trace_context, handoff, define, ids
     )
 
 
@@ -327,6 +328,8 @@ class Kernel:
         # concurrent creations, and concurrent stage outcomes, share a write transaction
         # while one of their kind is in flight (``_batch``)
         self._creates = TxBatcher(db, _create_run_once)
+        # PostgreSQL: job ids reserved ahead for the creations of this kernel (``_runs.create_run``)
+        self._job_ids: list[int] | None = [] if db.is_postgres else None
         # "workflow@version"s whose definition a committed start of this kernel saved: later
         # starts do not write it again (a snapshot of the whole graph, ignored on conflict)
         self._defined: set[str] = set()
@@ -481,7 +484,7 @@ class Kernel:
                     wfv not in self._defined,
                 )
                 try:
-                    result = await self._creates.run(*args)
+                    result = await self._create_unread_first(args)
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
                         raise RunExistsError(cmd.run_id) from None
@@ -499,6 +502,18 @@ class Kernel:
             await self._drop_orphan_input(run_id, stored)
             raise
         raise AssertionError("unreachable")
+
+    async def _create_unread_first(self, args: tuple[Any, ...]) -> tuple[str, bool]:
+        """``_create_run_once``, with the job ids this kernel reserved ahead (PostgreSQL: no
+        read round trip before the writes), then, if its drain check refused it, without
+        them (the read then says whether and to what the workflow is drained)."""
+        ids = self._job_ids
+        try:
+            return await self._creates.run(*args, ids)
+        except DBAPIError as exc:
+            if ids is None or not _runs.refused_unread(exc):
+                raise
+        return await self._creates.run(*args, None)
 
     async def _run_exists(self, run_id: str) -> bool:
         row = await self.db.read(

@@ -145,32 +145,25 @@ def create_run(
     trace_context: str | None = None,
     handoff: Handoff | None = None,
     define: bool = True,
+    ids: list[int] | None = None,
 ) -> tuple[str, bool]:
     """Insert the run, its stages, run.created and the first group's jobs. With an
     idempotency key already used, return that run (or raise on a different input). With
     ``handoff``, the first stages are leased to that worker and begun in this transaction.
     ``define``: also save the graph's definition (False: a committed transaction of this
-    process saved it already; definitions are never deleted)."""
+    process saved it already; definitions are never deleted). ``ids`` (PostgreSQL): job ids
+    reserved by earlier transactions, taken from and refilled here; with enough of them and
+    no idempotency key the transaction reads nothing first (one round trip): the drain is
+    checked by its first statement, which fails the transaction (:func:`refused_unread`) and
+    the caller tries again without ``ids``."""
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     graph = shape.graph
     if handoff is not None:
         handoff.jobs.clear()  # (a re-run of this transaction hands off only its own jobs)
-    # the reads up front in one round trip on PostgreSQL: a drain, the idempotency key, and
-    # job ids for the stages handed off (their jobs then go out with the COMMIT)
-    calls = [(_drain_query(), {"wf": graph.workflow_id})]
-    if key is not None:
-        calls.append((_by_key_query(), {"key": key}))
     reserve = 0
     if handoff is not None and handoff.limit > 0 and conn.dialect.name == "postgresql":
         reserve = min(len(shape.groups[0]), JOBS_CHUNK) if shape.groups else 0
-    if reserve:
-        calls.append(reserve_ids(reserve))
-    got = execute_together(conn, calls) if len(calls) > 1 else [execute(conn, *calls[0])]
-    drain = got[0].first()
-    if drain is not None:
-        raise WorkflowDrainedError(graph.workflow_id, drain.target)
-    if handoff is not None:
-        handoff.reserved = reserved(got[-1]) if reserve else []
+    got = _creation_reads(conn, graph.workflow_id, key, reserve, handoff, ids)
     if key is not None:
         existing = got[1].first()
         if existing is not None:
@@ -231,6 +224,66 @@ def create_run(
         handoff.reserved = []  # (ids not used are gaps in the sequence, nothing more)
     append_events(conn, run, drafts, now, **run_values)
     return run_id, True
+
+
+def _creation_reads(
+    conn: Connection,
+    workflow_id: str,
+    key: str | None,
+    reserve: int,
+    handoff: Handoff | None,
+    ids: list[int] | None,
+) -> list[Any]:
+    """What :func:`create_run` reads before it writes, in one round trip on PostgreSQL: a
+    drain (raises WorkflowDrainedError), the run of the idempotency ``key`` (the second
+    result), and ``reserve`` job ids for the stages handed off (``handoff.reserved``: their
+    jobs then go out with the COMMIT) and ids ahead for the creations after this one. Given
+    enough ``ids`` and no key, nothing: the drain is checked by the first write, the handed
+    jobs take ids from ``ids``."""
+    postgres = conn.dialect.name == "postgresql"
+    if postgres and ids is not None and key is None and len(ids) >= reserve:
+        execute(conn, _drain_guard(), {"wf": workflow_id}, later=True)
+        if handoff is not None:
+            handoff.reserved = [(i, None) for i in ids[:reserve]]
+            del ids[:reserve]
+        return []
+    calls = [(_drain_query(), {"wf": workflow_id})]
+    if key is not None:
+        calls.append((_by_key_query(), {"key": key}))
+    refill = 0 if ids is None or not postgres else max(IDS_AHEAD - len(ids), 0)
+    if reserve + refill:
+        calls.append(reserve_ids(reserve + refill))
+    got = execute_together(conn, calls) if len(calls) > 1 else [execute(conn, *calls[0])]
+    drain = got[0].first()
+    if drain is not None:
+        raise WorkflowDrainedError(workflow_id, drain.target)
+    taken = reserved(got[-1]) if reserve + refill else []
+    if ids is not None:
+        ids += [i for i, _ in taken[reserve:]]
+    if handoff is not None:
+        handoff.reserved = taken[:reserve]
+    return got
+
+
+IDS_AHEAD = 32
+"""Job ids a creation reserves for the next ones of its process (PostgreSQL), when it reads
+anyway: those then need no read round trip of their own."""
+
+_REFUSED = "22012"
+"""The SQLSTATE of :func:`_drain_guard` refusing a creation (a division by zero)."""
+
+
+@functools.cache
+def _drain_guard() -> Any:
+    """PostgreSQL: fails (division by zero) when the workflow is drained, else one row."""
+    drained = sa.exists().where(drains.c.workflow_id == sa.bindparam("wf"))
+    return sa.select(sa.literal(1) / sa.cast(~drained, sa.Integer))
+
+
+def refused_unread(exc: BaseException) -> bool:
+    """Whether a creation given job ids failed on its drain check (and wrote nothing): tried
+    again without them, it reads the drain and raises WorkflowDrainedError."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == _REFUSED
 
 
 def _refuse_frozen(run: Any, action: str) -> None:

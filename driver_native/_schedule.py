@@ -45,6 +45,10 @@ __all__ = [
     "upstream_outputs",
 ]
 
+Reserved = list[tuple[int, float | None]]
+"""Job ids reserved ahead (PostgreSQL), each with the database clock when they were (None:
+the insert reads it, see :func:`_insert_reserved`)."""
+
 IN_CHUNK = 1000
 """Stage ids per ``IN (...)`` list: far below SQLite's and PostgreSQL's parameter limits."""
 
@@ -78,8 +82,9 @@ class Handoff:
     quiet: bool = False
     finished: bool = False  # the transition ended the run (completed)
     # job ids this transaction reserved ahead (PostgreSQL), each with the database clock when
-    # it did: jobs handed with them are inserted with the COMMIT, not read back (``Ahead``)
-    reserved: list[tuple[int, float]] = field(default_factory=list)
+    # it did (None: ids reserved by an earlier transaction, the insert reads the clock): jobs
+    # handed with them are inserted with the COMMIT, not read back (``Ahead``)
+    reserved: Reserved = field(default_factory=list)
 
 
 @dataclass
@@ -95,7 +100,7 @@ class Ahead:
     reserve: int = 0  # job ids to reserve for the next group (see ``Handoff.reserved``)
     rows: dict[str, Any] = field(default_factory=dict)
     staged_rows: list[Any] = field(default_factory=list)
-    reserved: list[tuple[int, float]] = field(default_factory=list)
+    reserved: Reserved = field(default_factory=list)
 
     @classmethod
     def plan(cls, shape: GraphShape, stage_id: str, handoff: Handoff | None) -> Ahead | None:
@@ -158,7 +163,7 @@ def reserve_ids(n: int) -> tuple[Any, dict[str, Any]]:
     return _reserve_query(False, n == 1), {"n": n}
 
 
-def reserved(rows: Any) -> list[tuple[int, float]]:
+def reserved(rows: Any) -> Reserved:
     return [(r.id, float(r.clock)) for r in rows]
 
 
@@ -359,7 +364,7 @@ def _enqueue(
     drafts: list[EventDraft] = []
     if new:
         wfv = version_key(run.workflow_id, run.version)
-        reserved: list[tuple[int, float]] = []
+        reserved: Reserved = []
         if handoff is not None and take and len(handoff.reserved) >= len(new):
             reserved, handoff.reserved = handoff.reserved, []
         inserted = _insert_jobs(
@@ -470,7 +475,7 @@ def _insert_jobs(
     conn: Connection,
     postgres: bool,
     new: list[dict[str, Any]],
-    reserved: list[tuple[int, float]],
+    reserved: Reserved,
     *,
     returning: bool,
 ) -> list[Any]:
@@ -497,30 +502,45 @@ def _job_row() -> Any:
     return namedtuple("JobRow", [c.name for c in jobs.c])
 
 
-def _insert_reserved(
-    conn: Connection, new: list[dict[str, Any]], reserved: list[tuple[int, float]]
-) -> list[Any]:
+def _insert_reserved(conn: Connection, new: list[dict[str, Any]], reserved: Reserved) -> list[Any]:
     """PostgreSQL: insert jobs with ids reserved ahead (a handed job's lease runs from the
-    database clock read then), sent with the COMMIT; their rows are made here."""
+    database clock read then, or read by the insert when the ids came without it), sent with
+    the COMMIT; their rows are made here (a lease the insert times is given the local clock's
+    expiry: the worker never reads it)."""
     make = _job_row()
     out: list[Any] = []
+    clocked = any(clock is None for _, clock in reserved[: len(new)])
+    leases: list[float | None] = []
     for (job_id, clock), given in zip(reserved, new, strict=False):
         row = {k: v for k, v in given.items() if k != "lease_for"}
         lease_for = given.get("lease_for")
-        row |= {"id": job_id, "lease_expires_at": None if lease_for is None else clock + lease_for}
+        leases.append(lease_for)
+        start = given["available_at"] if clock is None else clock
+        row |= {"id": job_id, "lease_expires_at": None if lease_for is None else start + lease_for}
         out.append(make(**{c.name: row.get(c.name) for c in jobs.c}))
     values = [r._asdict() for r in out]
+    if clocked:
+        for value, lease_for in zip(values, leases, strict=True):
+            del value["lease_expires_at"]
+            value["lease_for"] = lease_for
     for at in range(0, len(values), JOBS_CHUNK):
         chunk = values[at : at + JOBS_CHUNK]
         params = {f"{k}_{i}": v for i, row in enumerate(chunk) for k, v in row.items()}
-        execute(conn, _jobs_insert_ids(len(chunk)), params, later=True)
+        execute(conn, _jobs_insert_ids(len(chunk), clocked), params, later=True)
     return out
 
 
 @functools.cache
-def _jobs_insert_ids(n: int) -> Any:
-    """Insert ``n`` jobs whose every column is given (their ids reserved ahead)."""
-    rows = [{c.name: sa.bindparam(f"{c.name}_{i}", type_=c.type) for c in jobs.c} for i in range(n)]
+def _jobs_insert_ids(n: int, clocked: bool = False) -> Any:
+    """Insert ``n`` jobs whose every column is given (their ids reserved ahead); ``clocked``:
+    a lease expires ``lease_for`` seconds after the database's clock at the insert."""
+    rows = []
+    for i in range(n):
+        row: dict[str, Any] = {c.name: sa.bindparam(f"{c.name}_{i}", type_=c.type) for c in jobs.c}
+        if clocked:
+            lease_for = sa.bindparam(f"lease_for_{i}", type_=sa.Float)
+            row["lease_expires_at"] = db_clock_sql() + lease_for
+        rows.append(row)
     return jobs.insert().values(rows)
 
 

@@ -386,7 +386,9 @@ async def test_statements_of_a_three_stage_run_are_pinned(
 # stage, the next group's rows and job ids for them, at the end the staged events), its
 # writes with the COMMIT (4 each before: the next group's read and the job insert).
 CHAIN3_ROUND_TRIPS = {
-    "_create_run_once": [2],  # (3 before: its jobs were read back though none was handed)
+    # (3 before its jobs were no longer read back; 2 before it stopped reading the drain
+    # first: the drain is checked by its first statement, sent with the writes)
+    "_create_run_once": [1],
     "claim": [2],
     "begin_attempt": [2],
     "_apply_and_read": [2, 2, 2],
