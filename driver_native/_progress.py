@@ -797,8 +797,8 @@ def record_compensation(
     written) if not: the job is another claim's now, which compensates from here.
 
     Once per (run, stage, claim): a re-run after a commit whose acknowledgement was lost
-    finds the compensation recorded by that commit and writes nothing (no second event, which
-    the outbox would refuse as a duplicate id, nor a second compensation error), and returns
+    finds the compensation recorded by that commit and writes nothing (no second event with
+    the same id, nor a second compensation error), and returns
     True as that commit did. A recorded compensation is this claim's own: the plan holds only
     stages not recorded yet, only the claim's holder records, and a redrive (which clears
     them) needs the run ended."""

@@ -201,7 +201,9 @@ outbox = Table(
     "wfe_outbox",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("event_id", String(64), nullable=False, unique=True),
+    # not unique (v14): an id is a hash of the run and the event's place in it, so its index
+    # entries fell at random places of a B-tree nobody reads (a page written per event)
+    Column("event_id", String(64), nullable=False),
     Column("run_id", String(64), nullable=False),
     Column("workflow_id", String(200), nullable=False),
     Column("seq", Integer, nullable=False),
@@ -383,6 +385,33 @@ def _v13(conn: Connection) -> None:
     next(i for i in jobs.indexes if i.name == "ix_wfe_jobs_due").create(conn, checkfirst=True)
 
 
+def _v14(conn: Connection) -> None:
+    """v14 dropped the unique index of outbox.event_id: no query reads by it, and an event id
+    (a hash of the run and the event's place in it) put each insert at a random place of it,
+    one more page written per event (a fifth of a SQLite run's writes). The ids stay what
+    they were: deterministic, one per event of a run. SQLite cannot drop a table's UNIQUE, so
+    there the table is made again with its rows (ids kept)."""
+    unique = [
+        u["name"]
+        for u in inspect(conn).get_unique_constraints("wfe_outbox")
+        if u["column_names"] == ["event_id"]
+    ]
+    if not unique:
+        return
+    if conn.dialect.name == "postgresql":
+        for name in unique:
+            conn.execute(sa.text(f'ALTER TABLE wfe_outbox DROP CONSTRAINT "{name}"'))
+        return
+    have = [c["name"] for c in inspect(conn).get_columns("wfe_outbox")]
+    conn.execute(sa.text("ALTER TABLE wfe_outbox RENAME TO wfe_outbox_v13"))
+    for index in outbox.indexes:  # (their names stay with the renamed table)
+        conn.execute(sa.text(f"DROP INDEX IF EXISTS {index.name}"))
+    outbox.create(conn)
+    cols = ", ".join(c for c in have if c in outbox.c)
+    conn.execute(sa.text(f"INSERT INTO wfe_outbox ({cols}) SELECT {cols} FROM wfe_outbox_v13"))
+    conn.execute(sa.text("DROP TABLE wfe_outbox_v13"))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -397,6 +426,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (11, "jobs.lease_token: lease checks name the claim, not only the worker", _v11),
     (12, "outbox partial index of failed events: a cheap retrying count", _v12),
     (13, "jobs partial index of due jobs by version: claims skip other versions' queues", _v13),
+    (14, "outbox event ids not indexed as unique: no random index write per event", _v14),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -64,7 +64,7 @@ def test_upgrade_from_v11_adds_the_partial_indexes_of_failed_events_and_due_jobs
         # (v1 creates today's tables: a v11 database of old code had no such indexes)
         for index in ("ix_wfe_outbox_failing", "ix_wfe_jobs_due"):
             db.tx_sync(lambda c, i=index: c.execute(sa.text(f"DROP INDEX {i}")))
-        assert db.upgrade() == [12, 13]
+        assert db.upgrade()[:2] == [12, 13]
 
         def indexes(conn: sa.Connection) -> set[str]:
             return {
@@ -204,3 +204,51 @@ async def test_v11_adds_the_claim_token_to_the_jobs_of_a_v10_database(
     async with engine.worker():
         info = await engine.wait(run.id, timeout=20)
     assert (info.status, info.output) == ("completed", {"result": 5})
+
+
+async def test_v14_drops_the_unique_index_of_event_ids_and_keeps_the_events(
+    database_url: str, make_engine: MakeEngine
+) -> None:
+    """A v13 database (outbox event ids indexed as unique) with a run under way: the upgrade
+    drops that index (on SQLite by making the table again), keeps every event with its row id,
+    and the run completes with its events numbered on from where they were."""
+    old = await make_engine(w.linear)
+    run = await old.start("it-linear", {"n": 1})
+    before = [(e.id, e.seq) for e in await old.events(run.id)]
+    assert before
+    v13 = _schema.outbox.to_metadata(sa.MetaData())
+    v13.append_constraint(sa.UniqueConstraint("event_id"))
+
+    def back_to_v13(c: sa.Connection) -> None:  # the outbox of a v13 database
+        rows = [dict(r._mapping) for r in c.execute(sa.select(_schema.outbox))]
+        c.execute(sa.text("DROP TABLE wfe_outbox"))
+        v13.create(c)
+        c.execute(v13.insert(), rows)
+        if c.dialect.name == "postgresql":  # (its id sequence where a v13 one would be)
+            c.execute(sa.text("SELECT setval(pg_get_serial_sequence('wfe_outbox', 'id'), 100)"))
+        c.execute(sa.update(_schema.schema_info).values(version=13))
+
+    def shape(c: sa.Connection) -> tuple[list[list[str]], set[str], list[tuple[int, str]]]:
+        insp = sa.inspect(c)
+        uniques = [list(u["column_names"]) for u in insp.get_unique_constraints("wfe_outbox")]
+        indexes = {str(i["name"]) for i in insp.get_indexes("wfe_outbox")}
+        rows = c.execute(sa.select(_schema.outbox.c.id, _schema.outbox.c.event_id)).all()
+        return uniques, indexes, sorted((int(r[0]), str(r[1])) for r in rows)
+
+    await old.kernel.db.tx(back_to_v13)
+    uniques, _, rows_v13 = await old.kernel.db.read(shape)
+    assert uniques == [["event_id"]]
+    await old.close()
+
+    engine = await make_engine(w.linear)
+    assert engine.kernel.db.schema_version() == _schema.LATEST_SCHEMA_VERSION
+    uniques, indexes, rows = await engine.kernel.db.read(shape)
+    assert uniques == []
+    assert {i.name for i in _schema.outbox.indexes} <= indexes
+    assert rows == rows_v13  # every event kept, with its row id
+    async with engine.worker():
+        info = await engine.wait(run.id, timeout=20)
+    assert (info.status, info.output) == ("completed", {"result": 5})
+    events = [(e.id, e.seq) for e in await engine.events(run.id)]
+    assert events[: len(before)] == before
+    assert [seq for _, seq in events] == list(range(1, len(events) + 1))
