@@ -1,16 +1,17 @@
 """The profiling tools of ``bench/tools`` that the bench README's conclusions rest on must run:
 ``sql_replay`` replays what the engine sent, including what a busy SQLite makes it send twice;
-``pg_replay`` does the engine's PostgreSQL work again."""
+``pg_replay`` does the engine's PostgreSQL work again; ``txcount`` says what a run writes."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from bench import _common
-from bench.tools import pg_replay, sql_replay
+from bench.tools import pg_replay, sql_replay, txcount
 from tests.support.databases import admin_url
 
 
@@ -79,3 +80,46 @@ def test_pg_replay_tells_reads_from_writes_per_connection() -> None:
             (2, b"BEGIN\n;\nEXECUTE wfe_0( 3)\n;\nCOMMIT", None, False),
         ]
     ]
+
+
+@pytest.fixture
+def hooks_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """txcount wraps these for its counters: put back after the test, as they were."""
+    import psycopg
+
+    from driver_native._db import Database
+    from driver_native._pgloop import LoopConnection
+
+    for owner, name in [
+        (Database, "_tx_once"),
+        (Database, "_read_once"),
+        (LoopConnection, "wait"),
+        (psycopg.Cursor, "execute"),
+        (psycopg.Pipeline, "__exit__"),
+        (psycopg.Connection, "commit"),
+        (psycopg.Connection, "rollback"),
+    ]:
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+
+
+def _written_kib(out: str) -> float:
+    line = next(x for x in out.splitlines() if x.strip().startswith("written/run"))
+    return float(line.split()[1])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("hooks_restored")
+def test_txcount_says_what_a_sqlite_run_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    asyncio.run(txcount.main("sqlite", 5))
+    assert _written_kib(capsys.readouterr().out) > 0
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("hooks_restored")
+def test_txcount_says_how_much_wal_a_postgres_run_writes(
+    pg_session: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_common, "PG_ADMIN", admin_url().replace("+psycopg", "", 1))
+    asyncio.run(txcount.main("postgres", 5))
+    assert _written_kib(capsys.readouterr().out) > 0

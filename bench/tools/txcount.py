@@ -5,8 +5,9 @@ wrapper around ``Database`` transaction entry points and SQLAlchemy's
 ``before_cursor_execute`` event, and on PostgreSQL the network round trips (psycopg's
 blocking waits outside a pipeline, plus one per pipeline sync), and the CPU the PostgreSQL
 server spent per run (its processes on this host) beside the raw floor's 3-stage run
-(``bench/_floor.py``) in the same database. Prints the per-run averages and the busiest
-transaction functions."""
+(``bench/_floor.py``) in the same database; and what a run writes (PostgreSQL: WAL bytes;
+SQLite: the bytes this process wrote, WAL frames and checkpoints). Prints the per-run
+averages and the busiest transaction functions."""
 
 from __future__ import annotations
 
@@ -162,6 +163,23 @@ def _postgres_cpu() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _written(backend: str, url: str) -> int | None:
+    """Bytes written so far: PostgreSQL's WAL insert position, or on SQLite what this
+    process wrote (``wchar`` of ``/proc/self/io``: the WAL frames and the checkpoints that
+    copy them back); None where neither can be read."""
+    if backend == "postgres":
+        import psycopg
+
+        with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+            row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+        return None if row is None else int(row[0])
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def _floor_server_cpu(url: str, runs: int) -> float:
     """The PostgreSQL server's CPU per 3-stage run of the raw floor, in the same database."""
     conn = Conn("postgres", url.replace("postgresql+psycopg://", "postgresql://"))
@@ -194,6 +212,30 @@ async def _one_signal(engine: Any, counts: Counts) -> float:
     return time.perf_counter() - t0
 
 
+async def _measure(
+    engine: Any, counts: Counts, backend: str, url: str, runs: int, signal: bool
+) -> tuple[list[float], float, float, int | None]:
+    """``runs`` runs (or signals) counted: their latencies, this process's and the server's
+    CPU per run, and the bytes they wrote (None: not readable here)."""
+    samples = []
+    cpu0, server0 = time.process_time(), _postgres_cpu()
+    written0 = _written(backend, url)
+    for _ in range(runs):
+        if signal:
+            samples.append(await _one_signal(engine, counts))
+            continue
+        t0 = time.perf_counter()
+        run = await engine.start("bench-seq3", {})
+        await engine.wait(run.id, timeout=60)
+        samples.append(time.perf_counter() - t0)
+    cpu = (time.process_time() - cpu0) / runs
+    server = (_postgres_cpu() - server0) / runs
+    await asyncio.sleep(0.3)  # (the outbox flush of the last runs)
+    written1 = _written(backend, url)
+    written = None if written0 is None or written1 is None else written1 - written0
+    return samples, cpu, server, written
+
+
 async def main(backend: str, runs: int, signal: bool = False) -> None:
     counts = Counts()
     _install(counts)
@@ -211,18 +253,9 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
                     await engine.wait((await engine.start("bench-seq3", {})).id, timeout=60)
                 await asyncio.sleep(0.3)
                 counts.reset()
-                samples = []
-                cpu0, server0 = time.process_time(), _postgres_cpu()
-                for _ in range(runs):
-                    if signal:
-                        samples.append(await _one_signal(engine, counts))
-                        continue
-                    t0 = time.perf_counter()
-                    run = await engine.start("bench-seq3", {})
-                    await engine.wait(run.id, timeout=60)
-                    samples.append(time.perf_counter() - t0)
-                cpu = (time.process_time() - cpu0) / runs
-                server = (_postgres_cpu() - server0) / runs
+                samples, cpu, server, written = await _measure(
+                    engine, counts, backend, url, runs, signal
+                )
                 if signal:
                     counts.take_marked()
                 tx, reads, statements = Counter(counts.tx), Counter(counts.reads), counts.statements
@@ -236,6 +269,9 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
     print(f"  transactions/run {sum(tx.values()) / runs:.2f}")
     print(f"  autocommit reads/run {sum(reads.values()) / runs:.2f}")
     print(f"  statements/run   {statements / runs:.1f} (incl. BEGIN on SQLite)")
+    if written is not None and not signal:
+        kind = "WAL" if backend == "postgres" else "this process's writes: WAL, checkpoints"
+        print(f"  written/run      {written / runs / 1024:.1f} KiB ({kind})")
     if backend == "postgres":
         print(f"  round trips/run  {round_trips / runs:.1f} (BEGIN and COMMIT included)")
         if server and not signal:
