@@ -131,7 +131,61 @@ def load_graph(conn: Connection, workflow_id: str, version: str) -> GraphModel |
     return None if row is None else GraphModel.model_validate(row.graph)
 
 
-_STAGE_KEYS = ("run_id", "stage_id", "status", "attempt", "suspensions", "has_output")
+_STAGE_KEYS = ("run_id", "stage_id", "status", "attempt", "suspensions", "has_output", "started_at")
+
+
+def _insert_stages(
+    conn: Connection, run_id: str, ids: list[str], started: Collection[str], now: float
+) -> None:
+    """Insert the stage rows of a run being created: pending, those of ``started`` (handed
+    to a worker in this transaction) running their first attempt since ``now``. One
+    statement whatever their number, sent with the COMMIT."""
+    status = [StageStatus.RUNNING if s in started else StageStatus.PENDING for s in ids]
+    if conn.dialect.name == "postgresql":
+        params = {"run_id": run_id, "now": now, "s_ids": ids, "s_status": status}
+        execute(conn, _pg_stages_insert(), params, later=True)
+        return
+    rows = [
+        {
+            "run_id": run_id,
+            "stage_id": sid,
+            "status": st,
+            "attempt": int(st == StageStatus.RUNNING),
+            "suspensions": 0,
+            "has_output": False,
+            "started_at": now if st == StageStatus.RUNNING else None,
+        }
+        for sid, st in zip(ids, status, strict=True)
+    ]
+    execute_many(conn, _insert(stages, _STAGE_KEYS), rows, later=True)
+
+
+@functools.cache
+def _pg_stages_insert() -> Any:
+    """PostgreSQL: :func:`_insert_stages` as one statement of one shape (the ids and
+    statuses as arrays); a running stage is at attempt 1, started at ``now`` (as
+    ``_schedule.attempt_started`` makes it)."""
+    given = (
+        sa.func.unnest(
+            sa.bindparam("s_ids", type_=postgresql.ARRAY(sa.String)),
+            sa.bindparam("s_status", type_=postgresql.ARRAY(sa.String)),
+        )
+        .table_valued("stage_id", "status")
+        .render_derived()
+        .alias("given")
+    )
+    running = given.c.status == sa.literal_column(f"'{StageStatus.RUNNING.value}'")
+    now = sa.cast(sa.bindparam("now"), sa.Double)
+    rows = sa.select(
+        sa.bindparam("run_id", type_=sa.String),
+        given.c.stage_id,
+        given.c.status,
+        sa.case((running, sa.literal_column("1")), else_=sa.literal_column("0")),
+        sa.literal_column("0"),
+        sa.false(),
+        sa.case((running, now), else_=sa.null()),
+    )
+    return stages.insert().from_select(list(_STAGE_KEYS), rows)
 
 
 def create_run(
@@ -197,29 +251,17 @@ def create_run(
     )
     # (on PostgreSQL these inserts go out in one round trip with the next statement)
     execute(conn, _insert(runs, tuple(values)), values, later=True)
-    execute_many(
-        conn,
-        _insert(stages, _STAGE_KEYS),
-        [
-            {
-                "run_id": run_id,
-                "stage_id": s.id,
-                "status": StageStatus.PENDING,
-                "attempt": 0,
-                "suspensions": 0,
-                "has_output": False,
-            }
-            for s in graph.stages
-        ],
-        later=True,
-    )
     # the row just written, without reading it back (the schedule below needs its fields)
     run = SimpleNamespace(**values)
     run_values: dict[str, Any] = {}
     drafts = [Lifecycle(run_id).run_created(graph.version)]
     # (the stage rows just inserted are known: not read back)
     known = fresh_rows([s.id for s in graph.stages])
-    drafts += schedule(conn, run, shape, now, handoff, run_values=run_values, known=known)
+    drafts += schedule(
+        conn, run, shape, now, handoff, run_values=run_values, known=known, unwritten=True
+    )
+    started = set() if handoff is None else {job.stage_id for job, _ in handoff.jobs}
+    _insert_stages(conn, run_id, [s.id for s in graph.stages], started, now)
     if handoff is not None:
         handoff.reserved = []  # (ids not used are gaps in the sequence, nothing more)
     append_events(conn, run, drafts, now, **run_values)

@@ -305,6 +305,7 @@ def schedule(
     group_done: bool = False,
     known: dict[str, Any] | None = None,
     staged: list[Any] | None = None,
+    unwritten: bool = False,
 ) -> list[EventDraft]:
     """Enqueue the first group with unfinished stages; finish the run when none is left.
     With ``run_values``, run-row changes are collected there for the caller's one update.
@@ -312,7 +313,9 @@ def schedule(
     every stage of the run; ``group_done``: the caller saw the current group's last open
     stage complete, so the next group's rows are read in the same query. ``known``: stage
     rows the caller has (as ``_stage_rows`` reads them), not read again; ``staged``: the
-    run's staged events, when the caller has read them."""
+    run's staged events, when the caller has read them; ``unwritten``: the ``known`` rows
+    are not in the database yet (a run being created): stages handed off are not marked
+    running here, the caller inserts their rows running (``handoff.jobs``)."""
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
     groups = shape.groups
     values: dict[str, Any] = run_values if run_values is not None else {}
@@ -328,7 +331,7 @@ def schedule(
         seen.update(_stage_rows(conn, run.id, want - seen.keys()))
         open_stages = [sid for sid in groups[group] if seen[sid].status != StageStatus.COMPLETED]
         if open_stages:
-            drafts = _enqueue(conn, run, shape, open_stages, seen, now, handoff, values)
+            drafts = _enqueue(conn, run, shape, open_stages, seen, now, handoff, values, unwritten)
             values["group_open"] = len(open_stages)
             if group != run.current_group:
                 values["current_group"] = group
@@ -352,9 +355,10 @@ def _enqueue(
     now: float,
     handoff: Handoff | None,
     values: dict[str, Any],
+    unwritten: bool = False,
 ) -> list[EventDraft]:
     """Insert jobs for the group's open stages that have none, the first ``handoff.limit``
-    of them leased to the handoff's worker and begun."""
+    of them leased to the handoff's worker and begun (``unwritten``: see ``schedule``)."""
     new = [s for s in sorted(open_stages) if rows[s].job_id is None]
     take = set(new[: handoff.limit]) if handoff is not None else set()
     postgres = conn.dialect.name == "postgresql"
@@ -398,7 +402,7 @@ def _enqueue(
             notify_due(conn)  # jobs left for the queue: wake other processes
         if take and handoff is not None:
             handed = [j for j in inserted if j.stage_id in take]
-            drafts = _begin_handed(conn, run, shape, handed, handoff, rows, now)
+            drafts = _begin_handed(conn, run, shape, handed, handoff, rows, now, unwritten)
             if run.status == RunStatus.PENDING:  # handed from its creation
                 drafts.insert(0, lc(run).run_started())
                 values["status"] = RunStatus.RUNNING
@@ -415,13 +419,16 @@ def _begin_handed(
     handoff: Handoff,
     rows: dict[str, Any],
     now: float,
+    unwritten: bool = False,
 ) -> list[EventDraft]:
     """Mark freshly enqueued stages running for the worker they are handed to (their
-    ``stage.started`` goes out in the same transaction as the completion that freed them)."""
+    ``stage.started`` goes out in the same transaction as the completion that freed them;
+    ``unwritten``: their rows are inserted running by the caller, nothing to update)."""
     ids = sorted(j.stage_id for j in handed)
-    started = attempt_started(1, now)
-    params = {"k_run_id": run.id} | in_params(ids) | {f"v_{k}": v for k, v in started.items()}
-    execute(conn, _start_stages(tuple(started), len(ids)), params, later=True)
+    if not unwritten:
+        started = attempt_started(1, now)
+        params = {"k_run_id": run.id} | in_params(ids) | {f"v_{k}": v for k, v in started.items()}
+        execute(conn, _start_stages(tuple(started), len(ids)), params, later=True)
     outputs = upstream_outputs(conn, run.id, shape.upstream(ids), rows)
     step_rows: list[Any] = []
     if any(rows[sid].has_steps for sid in ids):  # a ledger kept by a redrive

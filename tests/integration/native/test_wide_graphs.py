@@ -455,3 +455,78 @@ async def test_a_sibling_outcome_in_a_fan_out_takes_two_round_trips(
     outcomes = round_trips["_apply_and_read"]
     assert len(outcomes) == 8  # src, the 6 middles, the sink
     assert outcomes[1:6] == [2] * 5, outcomes  # (the last middle schedules the sink)
+
+
+def _roots(n: int) -> Workflow[Any]:
+    """n stages with no upstream (the first group), then a join."""
+    from pydantic import BaseModel
+
+    class Empty(BaseModel):
+        pass
+
+    wf: Workflow[Any] = Workflow(f"it-roots-{n}", input=Empty)
+    roots = []
+    for i in range(n):
+
+        async def root(ctx: StageContext[Empty]) -> int:
+            return 1
+
+        root.__name__ = f"r{i}"
+        roots.append(wf.stage(id=f"r{i}")(root))
+
+    @wf.stage(id="join", after=roots)
+    async def join(ctx: StageContext[Empty]) -> int:
+        return sum(int(ctx.output_of(r)) for r in roots)
+
+    return wf
+
+
+async def test_creating_a_run_writes_each_stage_row_once_in_one_statement(
+    make_engine: MakeEngine,
+) -> None:
+    # A run created with its first stages handed to a local worker: their rows are inserted
+    # running (attempt 1), not inserted pending and then updated; on PostgreSQL all the
+    # stage rows go in one statement (one EXECUTE per row before: 6 here, and an UPDATE).
+    wf = _roots(5)
+    engine = await make_engine(wf)
+    kernel = engine.kernel
+    sent: list[tuple[str, bool]] = []
+
+    def stmt(_c: Any, _cur: Any, statement: str, _p: Any, _ctx: Any, many: bool) -> None:
+        sent.append((" ".join(statement.split()), many))
+
+    handoff = _progress.Handoff("w1", 30.0, 2)
+    event.listen(kernel.db.engine, "before_cursor_execute", stmt)
+    try:
+        run_id, _ = await kernel.dispatch(CreateRun(wf.id, {}, handoff=handoff))
+    finally:
+        event.remove(kernel.db.engine, "before_cursor_execute", stmt)
+    stage_writes = [(s, m) for s, m in sent if "wfe_stages" in s.split(" (")[0]]
+    assert [s.split(" (")[0] for s, _ in stage_writes] == ["INSERT INTO wfe_stages"], sent
+    if kernel.db.is_postgres:
+        assert not stage_writes[0][1], "one statement, not one execution per row"
+    assert sorted(job.stage_id for job, _ in handoff.jobs) == ["r0", "r1"]
+
+    rows = await kernel.db.read(
+        lambda conn: conn.execute(
+            sa.select(_schema.stages).where(_schema.stages.c.run_id == run_id)
+        ).all()
+    )
+    by_id = {r.stage_id: r for r in rows}
+    assert sorted(by_id) == ["join", "r0", "r1", "r2", "r3", "r4"]
+    for sid, r in by_id.items():
+        running = sid in ("r0", "r1")
+        assert (r.status, r.attempt, r.suspensions, r.has_output) == (
+            ("running", 1, 0, False) if running else ("pending", 0, 0, False)
+        ), sid
+        assert (r.started_at is not None) == running, sid
+        assert (r.error, r.waiting_for, r.wake_at, r.finished_at) == (None, None, None, None)
+
+    # the handed stages run on from there; the others through the queue
+    for job, begun in handoff.jobs:
+        await kernel.dispatch(ExecuteJob(job, "w1", begun=begun))
+    while claimed := await kernel.dispatch(ClaimPending("w1", limit=1)):
+        await kernel.dispatch(ExecuteJob(claimed[0], "w1"))
+    info = await engine.get_run(run_id)
+    assert info.status == "completed" and info.output == 5
+    assert [s.attempt for s in info.stages] == [1] * 6
