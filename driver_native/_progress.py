@@ -32,6 +32,7 @@ from ._jobs import Lease, held, notify_due
 from ._outbox import append_events
 from ._rawsql import execute, execute_many, execute_together
 from ._schedule import (
+    IN_CHUNK,
     Ahead,
     Begin,
     Handoff,
@@ -420,14 +421,8 @@ def abandon_job(conn: Connection, job: Any, worker: str, available_at: float) ->
 
 
 def _cancel_stage(conn: Connection, run: Any, stage: Any, now: float) -> list[EventDraft]:
-    if stage is None or stage.status not in (
-        StageStatus.RUNNING,
-        StageStatus.SUSPENDED,
-        StageStatus.PENDING,
-    ):
+    if stage is None or not _stoppable(stage):
         return []
-    if stage.status == StageStatus.PENDING and stage.attempt == 0:
-        return []  # never started: it ends skipped, with no event
     _set_stage(
         conn,
         run.id,
@@ -438,6 +433,39 @@ def _cancel_stage(conn: Connection, run: Any, stage: Any, now: float) -> list[Ev
         wake_at=None,
     )
     return [lc(run).stage_cancelled(stage.stage_id)]
+
+
+def _cancel_stages(conn: Connection, run: Any, ids: list[str], now: float) -> list[EventDraft]:
+    """:func:`_cancel_stage` of the stages ``ids`` (in this order), a read and an update per
+    chunk of them."""
+    cancelled: list[str] = []
+    for at in range(0, len(ids), IN_CHUNK):
+        chunk = ids[at : at + IN_CHUNK]
+        rows = conn.execute(
+            sa.select(stages.c.stage_id, stages.c.status, stages.c.attempt).where(
+                stages.c.run_id == run.id, stages.c.stage_id.in_(chunk)
+            )
+        ).all()
+        found = {r.stage_id: r for r in rows}
+        stop = [sid for sid in chunk if sid in found and _stoppable(found[sid])]
+        if stop:
+            conn.execute(
+                sa.update(stages)
+                .where(stages.c.run_id == run.id, stages.c.stage_id.in_(stop))
+                .values(
+                    status=StageStatus.CANCELLED, finished_at=now, waiting_for=None, wake_at=None
+                )
+            )
+        cancelled += stop
+    return [lc(run).stage_cancelled(sid) for sid in cancelled]
+
+
+def _stoppable(stage: Any) -> bool:
+    """Whether cancelling ``stage`` makes it ``cancelled`` (with an event): it is running,
+    suspended or waiting for a retry; a stage that never started ends skipped, silently."""
+    if stage.status == StageStatus.PENDING:
+        return bool(stage.attempt)
+    return stage.status in (StageStatus.RUNNING, StageStatus.SUSPENDED)
 
 
 @dataclass
@@ -716,16 +744,17 @@ def apply_outcome(
 
 
 def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraft]:
-    """Stop the run's other stages and enqueue its compensation job."""
-    drafts: list[EventDraft] = []
-    others = conn.execute(
-        sa.select(jobs).where(jobs.c.run_id == run.id, jobs.c.kind == "stage")
+    """Stop the run's other stages and enqueue its compensation job. The stage jobs no worker
+    holds are deleted and their stages cancelled in a few statements whatever their number
+    (a wide group's queue was two round trips a job); a leased job's worker sees the run
+    compensating and cancels its stage itself."""
+    gone = conn.execute(
+        sa.delete(jobs)
+        .where(jobs.c.run_id == run.id, jobs.c.kind == "stage", jobs.c.status != "leased")
+        .returning(jobs.c.id, jobs.c.stage_id)
     ).all()
-    for j in others:
-        if j.status == "leased":
-            continue  # its worker sees the run compensating and cancels the stage
-        drafts += _cancel_stage(conn, run, _stage(conn, run.id, j.stage_id), now)
-        conn.execute(sa.delete(jobs).where(jobs.c.id == j.id))
+    ids = list(dict.fromkeys(r.stage_id for r in sorted(gone, key=lambda r: r.id)))
+    drafts = _cancel_stages(conn, run, ids, now)
     touch(conn, run.id, now, status=RunStatus.COMPENSATING)
     exists = conn.execute(
         sa.select(jobs.c.id).where(jobs.c.run_id == run.id, jobs.c.kind == "compensate")

@@ -360,8 +360,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "N12-cancel-between-attempts-skipped",
         "native",
         "driver_native/_progress.py",
-        "    if stage.status == StageStatus.PENDING and stage.attempt == 0:",
-        "    if stage.status == StageStatus.PENDING:",
+        "        return bool(stage.attempt)",
+        "        return False",
         "a stage cancelled between a failed attempt and its retry ends skipped without "
         "stage.cancelled",
         "cancel",
