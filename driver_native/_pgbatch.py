@@ -147,15 +147,13 @@ _PREPARABLE = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|VALUES)\b", re.I
 @functools.lru_cache(maxsize=1024)
 def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
     """``sql`` with ``$1``, ``$2``, ... for its named placeholders, and their names in order."""
-    order: list[str] = []
+    order: dict[str, int] = {}  # (a dict: a statement may have thousands, an IN list)
 
     def number(m: re.Match[str]) -> str:
         name = m.group(1)
         if name is None:
             return "%"
-        if name not in order:
-            order.append(name)
-        return f"${order.index(name) + 1}"
+        return f"${order.setdefault(name, len(order) + 1)}"
 
     return _PLACEHOLDER.sub(number, sql), tuple(order)
 

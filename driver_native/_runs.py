@@ -536,17 +536,24 @@ def redrive_run(
         for r in conn.execute(sa.select(stages).where(stages.c.run_id == run_id)).all()
     }
     rerun = redrive_plan(graph, from_, {sid: r.status for sid, r in rows.items()}, run_id)
-    for sid in sorted(rerun):
-        r = rows[sid]
-        if r.attempt > 0:
-            record = {k: v for k, v in r._mapping.items() if k not in ("run_id",)}
-            conn.execute(
-                stage_archive.insert().values(
-                    run_id=run_id, redrive=run.redrive_count, stage_id=sid, record=record
-                )
-            )
-        if from_ != "last_failure":
-            conn.execute(sa.delete(steps).where(steps.c.run_id == run_id, steps.c.stage_id == sid))
+    # (a statement for all the stages, not one per stage: a wide run's redrive was two
+    # round trips a stage on PostgreSQL)
+    archived = [
+        {
+            "run_id": run_id,
+            "redrive": run.redrive_count,
+            "stage_id": sid,
+            "record": {k: v for k, v in rows[sid]._mapping.items() if k != "run_id"},
+        }
+        for sid in sorted(rerun)
+        if rows[sid].attempt > 0
+    ]
+    if archived:
+        conn.execute(stage_archive.insert(), archived)
+    if from_ != "last_failure":
+        conn.execute(
+            sa.delete(steps).where(steps.c.run_id == run_id, steps.c.stage_id.in_(sorted(rerun)))
+        )
     conn.execute(
         sa.update(stages)
         .where(stages.c.run_id == run_id, stages.c.stage_id.in_(sorted(rerun)))

@@ -185,3 +185,15 @@ def test_values_quoted_by_the_driver_read_as_psycopg_quotes_them(
             assert math.copysign(1, got[0]) == math.copysign(1, number)
         # a negative number written after a minus sign is a subtraction, never a comment
         assert raw.execute("SELECT 1 -" + state.quote(-5).decode()).fetchone() == (6,)
+
+
+def test_placeholders_are_numbered_in_the_order_of_their_first_use() -> None:
+    # (a pure function: the numbering behind PREPARE; thousands of placeholders, an IN
+    # list, are numbered in one pass)
+    from driver_native._pgbatch import _numbered
+
+    ids = ", ".join(f"%(id_{i})s" for i in range(3000))
+    text, order = _numbered(f"SELECT %(b)s, %(a)s, %(b)s, '%%' WHERE x IN ({ids})")
+    assert order[:3] == ("b", "a", "id_0") and len(order) == 3002
+    assert text.startswith("SELECT $1, $2, $1, '%' WHERE x IN ($3, $4, ")
+    assert text.endswith(", $3002)")
