@@ -4,6 +4,7 @@ wide graph completes."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
@@ -537,6 +538,32 @@ async def test_creating_a_run_writes_each_stage_row_once_in_one_statement(
     assert [s.status for s in info.stages[1:]] == ["completed"] * 4 + ["pending"]
 
 
+@contextlib.contextmanager
+def _statements(engine: NativeEngine) -> Iterator[list[str]]:
+    """The statements the engine's database is sent inside the block."""
+    sent: list[str] = []
+
+    def stmt(_c: Any, _cur: Any, statement: str, *_a: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine.kernel.db.engine, "before_cursor_execute", stmt)
+    try:
+        yield sent
+    finally:
+        event.remove(engine.kernel.db.engine, "before_cursor_execute", stmt)
+
+
+async def _same_statements(
+    make_engine: MakeEngine, scenario: Any, widths: tuple[int, ...]
+) -> list[tuple[Any, ...]]:
+    """``scenario(make_engine, width)`` (-> statements counted, then what it found) for each
+    width: the counts are the same; returns what each found."""
+    got = [await scenario(make_engine, width) for width in widths]
+    counts = [g[0] for g in got]
+    assert len(set(counts)) == 1, dict(zip(widths, counts, strict=True))
+    return [g[1:] for g in got]
+
+
 async def _cancelled(make_engine: MakeEngine, width: int) -> tuple[int, Any, list[Any]]:
     """A run of ``_roots(width)`` whose ``r0`` failed once and waits for its retry, the
     other roots queued; cancelled: the statements of the cancel, the run, its events."""
@@ -547,16 +574,8 @@ async def _cancelled(make_engine: MakeEngine, width: int) -> tuple[int, Any, lis
     claimed = await kernel.dispatch(ClaimPending("w1", limit=1))
     assert claimed[0].stage_id == "r0"
     await kernel.dispatch(ExecuteJob(claimed[0], "w1"))
-    sent: list[str] = []
-
-    def stmt(_c: Any, _cur: Any, statement: str, *_a: Any) -> None:
-        sent.append(statement)
-
-    event.listen(kernel.db.engine, "before_cursor_execute", stmt)
-    try:
+    with _statements(engine) as sent:
         await engine.cancel(run_id)
-    finally:
-        event.remove(kernel.db.engine, "before_cursor_execute", stmt)
     return len(sent), await engine.get_run(run_id), await engine.events(run_id)
 
 
@@ -566,10 +585,7 @@ async def test_cancelling_a_wide_run_takes_the_same_statements_whatever_its_queu
     # Stopping a run's stages (cancel, or a stage failing for good) read each queued job's
     # stage and deleted the job one statement at a time: 2,000 queued stages took 1.1 s on
     # PostgreSQL (two round trips each), in one transaction holding the run's lock.
-    small, info, events = await _cancelled(make_engine, 5)
-    big, info_big, events_big = await _cancelled(make_engine, 60)
-    assert big == small, (small, big)
-    for got, evs in ((info, events), (info_big, events_big)):
+    for got, evs in await _same_statements(make_engine, _cancelled, (5, 60)):
         assert got.stages[0].status == "cancelled"  # it had started: attempt 1 failed
         assert {s.status for s in got.stages[1:]} == {"pending"}, got.stages  # never started
         assert [e.stage for e in evs if e.type == "stage.cancelled"] == ["r0"]
@@ -583,16 +599,8 @@ async def _redriven(make_engine: MakeEngine, width: int) -> tuple[int, Any, Any]
     kernel = engine.kernel
     info = await _drive(engine, wf, handoff=1)
     assert info.status == "completed"
-    sent: list[str] = []
-
-    def stmt(_c: Any, _cur: Any, statement: str, *_a: Any) -> None:
-        sent.append(statement)
-
-    event.listen(kernel.db.engine, "before_cursor_execute", stmt)
-    try:
+    with _statements(engine) as sent:
         await engine.redrive(info.id, "start")
-    finally:
-        event.remove(kernel.db.engine, "before_cursor_execute", stmt)
     while claimed := await kernel.dispatch(ClaimPending("w1", limit=1)):
         await kernel.dispatch(ExecuteJob(claimed[0], "w1"))
     archive = _schema.stage_archive
@@ -611,10 +619,8 @@ async def test_redriving_a_wide_run_takes_the_same_statements_whatever_its_width
 ) -> None:
     # A redrive archived each stage and cleared its journal one statement at a time (two
     # round trips a stage on PostgreSQL: 2,000 stages 1.7 s, 0.45 s after).
-    small, info, archived = await _redriven(make_engine, 3)
-    big, info_big, archived_big = await _redriven(make_engine, 40)
-    assert big == small, (small, big)
-    for got, rows, width in ((info, archived, 3), (info_big, archived_big, 40)):
+    runs = await _same_statements(make_engine, _redriven, (3, 40))
+    for (got, rows), width in zip(runs, (3, 40), strict=True):
         assert got.status == "completed" and got.redrive_count == 1
         assert got.output == width * 2 + 1
         assert sorted(r.stage_id for r in rows) == sorted(s.id for s in got.stages)
