@@ -200,18 +200,21 @@ def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now:
             raise IdempotencyConflictError(snap.idempotency_key, other.id)
     save_definition(conn, graph, now)
     _insert_run(conn, snap, now)
-    for st in snap.stages:
-        _insert_stage(conn, snap, st, now)
+    _insert_stages(conn, snap, now)
     _insert_signals(conn, snap, now)
-    for entry in snap.redrive_history:
-        conn.execute(
-            stage_archive.insert().values(
-                run_id=snap.run_id,
-                redrive=entry["redrive"],
-                stage_id=entry["stage"],
-                record=entry["record"],
-            )
-        )
+    _insert_many(
+        conn,
+        stage_archive,
+        [
+            {
+                "run_id": snap.run_id,
+                "redrive": entry["redrive"],
+                "stage_id": entry["stage"],
+                "record": entry["record"],
+            }
+            for entry in snap.redrive_history
+        ],
+    )
     run = lock_run(conn, snap.run_id)
     append_events(conn, run, schedule(conn, run, graph, now), now)
     return True
@@ -242,93 +245,98 @@ def _insert_run(conn: Connection, snap: RunSnapshot, now: float) -> None:
     )
 
 
-def _insert_stage(conn: Connection, snap: RunSnapshot, st: SnapshotStage, now: float) -> None:
-    """One stage row, its step journal, its staged business events and the job that resumes
-    it (if it was suspended or between attempts)."""
-    conn.execute(
-        stages.insert().values(
-            run_id=snap.run_id,
-            stage_id=st.id,
-            status=st.status,
-            attempt=st.attempt,
-            suspensions=st.suspensions,
-            output=st.output,
-            has_output=st.has_output,
-            error=None if st.error is None else st.error.model_dump(),
-            compensation_error=(
-                None if st.compensation_error is None else st.compensation_error.model_dump()
-            ),
-            completed_order=st.completed_order,
-            waiting_for=st.waiting_for,
-            wake_at=_ts(st.wake_at),
-            started_at=_ts(st.started_at),
-            finished_at=_ts(st.finished_at),
-        )
+def _insert_many(conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """``rows`` into ``table`` in one statement (none when there are none): an imported
+    run's rows of a kind cost the same round trips whatever the run's width."""
+    if rows:
+        conn.execute(table.insert(), rows)
+
+
+def _insert_stages(conn: Connection, snap: RunSnapshot, now: float) -> None:
+    """The stage rows, their step journals, their staged business events and the jobs that
+    resume them (those suspended or between attempts): one statement a table."""
+    run_id = snap.run_id
+    _insert_many(
+        conn,
+        stages,
+        [
+            {
+                "run_id": run_id,
+                "stage_id": st.id,
+                "status": st.status,
+                "attempt": st.attempt,
+                "suspensions": st.suspensions,
+                "output": st.output,
+                "has_output": st.has_output,
+                "error": None if st.error is None else st.error.model_dump(),
+                "compensation_error": (
+                    None if st.compensation_error is None else st.compensation_error.model_dump()
+                ),
+                "completed_order": st.completed_order,
+                "waiting_for": st.waiting_for,
+                "wake_at": _ts(st.wake_at),
+                "started_at": _ts(st.started_at),
+                "finished_at": _ts(st.finished_at),
+            }
+            for st in snap.stages
+        ],
     )
-    if st.steps:
-        conn.execute(
-            steps.insert(),
-            [
-                {
-                    "run_id": snap.run_id,
-                    "stage_id": st.id,
-                    "name": s.name,
-                    "kind": s.kind,
-                    "completed": s.completed,
-                    "result": s.result,
-                    "deadline": _ts(s.deadline),
-                    "signal": s.signal,
-                }
-                for s in st.steps
-            ],
-        )
-    if st.staged_events:
-        conn.execute(
-            staged_events.insert(),
-            [
-                {
-                    "run_id": snap.run_id,
-                    "stage_id": st.id,
-                    "idx": i,
-                    "type": e["type"],
-                    "data": e["data"],
-                }
-                for i, e in enumerate(st.staged_events)
-            ],
-        )
-    job = _resume_job(snap, st, now)
-    if job is not None:
-        conn.execute(jobs.insert().values(**job))
+    _insert_many(
+        conn,
+        steps,
+        [
+            {
+                "run_id": run_id,
+                "stage_id": st.id,
+                "name": s.name,
+                "kind": s.kind,
+                "completed": s.completed,
+                "result": s.result,
+                "deadline": _ts(s.deadline),
+                "signal": s.signal,
+            }
+            for st in snap.stages
+            for s in st.steps
+        ],
+    )
+    _insert_many(
+        conn,
+        staged_events,
+        [
+            {"run_id": run_id, "stage_id": st.id, "idx": i, "type": e["type"], "data": e["data"]}
+            for st in snap.stages
+            for i, e in enumerate(st.staged_events)
+        ],
+    )
+    resumed = (_resume_job(snap, st, now) for st in snap.stages)
+    _insert_many(conn, jobs, [job for job in resumed if job is not None])
 
 
 def _insert_signals(conn: Connection, snap: RunSnapshot, now: float) -> None:
-    """The signals still queued at the source, and the idempotency keys of those it consumed."""
-    for sig in snap.signals:  # in arrival order: the ids keep it
-        conn.execute(
-            signals.insert().values(
-                run_id=snap.run_id,
-                name=sig.name,
-                payload=sig.payload,
-                idempotency_key=sig.idempotency_key,
-                consumed=False,
-                received_at=now,
-            )
-        )
+    """The signals still queued at the source (in arrival order: the ids keep it), and the
+    idempotency keys of those it consumed: a consumed row with no name keeps a repeat of
+    the key from being queued here."""
     queued_keys = {sig.idempotency_key for sig in snap.signals}
-    for key in dict.fromkeys(snap.signal_keys):
-        if key not in queued_keys:
-            # the key of a signal consumed at the source: a consumed row with no name keeps
-            # a repeat of the key from being queued here
-            conn.execute(
-                signals.insert().values(
-                    run_id=snap.run_id,
-                    name="",
-                    payload=None,
-                    idempotency_key=key,
-                    consumed=True,
-                    received_at=now,
-                )
-            )
+    consumed = [key for key in dict.fromkeys(snap.signal_keys) if key not in queued_keys]
+    row = {"run_id": snap.run_id, "received_at": now}
+    _insert_many(
+        conn,
+        signals,
+        [
+            {
+                **row,
+                "name": sig.name,
+                "payload": sig.payload,
+                "idempotency_key": sig.idempotency_key,
+                "consumed": False,
+            }
+            for sig in snap.signals
+        ]
+        + [
+            {**row, "name": "", "payload": None, "idempotency_key": key, "consumed": True}
+            for key in consumed
+        ],
+    )
 
 
 def _resume_job(snap: RunSnapshot, st: SnapshotStage, now: float) -> dict[str, Any] | None:
@@ -351,10 +359,12 @@ def _resume_job(snap: RunSnapshot, st: SnapshotStage, now: float) -> dict[str, A
             "waiting_for": st.waiting_for,
             "attempt": st.attempt,
         }
+    # (every job the same keys: they are inserted together)
+    ready = {**base, "status": "ready", "available_at": now, "waiting_for": None}
     if st.status == StageStatus.RUNNING and st.attempt > 0:
         # an attempt that started and that nobody runs at the snapshot (a lost worker's, or
         # one a freeze withdrew before any worker picked it up): it continues, journal kept
-        return {**base, "status": "ready", "available_at": now, "attempt": st.attempt}
+        return {**ready, "attempt": st.attempt}
     if st.status == StageStatus.PENDING and st.attempt > 0:  # a retry was scheduled
-        return {**base, "status": "ready", "available_at": now, "attempt": st.attempt + 1}
+        return {**ready, "attempt": st.attempt + 1}
     return None

@@ -627,3 +627,83 @@ async def test_redriving_a_wide_run_takes_the_same_statements_whatever_its_width
         assert {(r.redrive, r.record["status"], r.record["attempt"]) for r in rows} == {
             (0, "completed", 1)
         }
+
+
+def _waiters(n: int) -> Workflow[Any]:
+    """``w0..w{n-1}``, each journaling a step and emitting an event before it waits for its
+    own signal ``go-wI``, ``flaky`` whose first attempt fails (its retry a minute later), and
+    a join that waits for the signal ``early`` and returns it."""
+    from pydantic import BaseModel
+
+    class Empty(BaseModel):
+        pass
+
+    wf: Workflow[Any] = Workflow(f"it-waiters-{n}", input=Empty)
+    waiting = []
+    for i in range(n):
+
+        async def waiter(ctx: StageContext[Empty]) -> Any:
+            await ctx.step.run("prep", lambda: 1)
+            ctx.emit("it.prepared", {"stage": ctx.stage_id})
+            return await ctx.step.wait_for_signal(f"go-{ctx.stage_id}")
+
+        waiter.__name__ = f"w{i}"
+        waiting.append(wf.stage(id=f"w{i}")(waiter))
+
+    @wf.stage(id="flaky", retry=Retry(max_attempts=2, initial_interval=timedelta(minutes=1)))
+    async def flaky(ctx: StageContext[Empty]) -> int:
+        if ctx.attempt == 1:
+            raise RuntimeError("once")
+        return 1
+
+    @wf.stage(id="join", after=[*waiting, flaky])
+    async def join(ctx: StageContext[Empty]) -> Any:
+        return await ctx.step.wait_for_signal("early")
+
+    return wf
+
+
+async def _run_due(engine: NativeEngine) -> None:
+    while claimed := await engine.kernel.dispatch(ClaimPending("w1", limit=1)):
+        await engine.kernel.dispatch(ExecuteJob(claimed[0], "w1"))
+
+
+async def _imported(make_engine: MakeEngine, width: int) -> tuple[int, Any, Any, list[Any]]:
+    """A run of ``_waiters(width)`` exported with every kind of row a snapshot carries (a
+    completed stage, suspended ones with a journal and staged events, one between attempts,
+    a queued signal and a consumed one's key), imported again under another id: the
+    statements of the import, the source and the copy once it completed, the copy's events."""
+    wf = _waiters(width)
+    engine = await make_engine(wf)
+    run_id, _ = await engine.kernel.dispatch(CreateRun(wf.id, {}))
+    await _run_due(engine)
+    await engine.signal(run_id, "go-w0", "zero", idempotency_key="k0")
+    await _run_due(engine)
+    await engine.signal(run_id, "early", "first", idempotency_key="k1")
+    snapshot = await engine.export_run(run_id)
+    assert {s.status for s in snapshot.stages} == {"completed", "suspended", "pending"}
+    copy = snapshot.model_copy(update={"run_id": f"{run_id}-copy"})
+    with _statements(engine) as sent:
+        await engine.import_run(copy)
+    source = await engine.get_run(run_id)
+    await engine.signal(copy.run_id, "go-w0", "again", idempotency_key="k0")  # consumed there
+    for i in range(1, width):
+        await engine.signal(copy.run_id, f"go-w{i}", i)
+    await _run_due(engine)
+    return len(sent), source, await engine.get_run(copy.run_id), await engine.events(copy.run_id)
+
+
+async def test_importing_a_wide_run_takes_the_same_statements_whatever_its_width(
+    make_engine: MakeEngine,
+) -> None:
+    # Importing a migrated run wrote its stages, steps, staged events, jobs and signals one
+    # statement each (a round trip each on PostgreSQL).
+    runs = await _same_statements(make_engine, _imported, (3, 40))
+    for (source, got, events), width in zip(runs, (3, 40), strict=True):
+        assert source.status == "running"
+        assert got.status == "completed", got
+        assert got.output == "first"  # the signal queued at the source
+        assert [got.stage(f"w{i}").output for i in range(width)] == ["zero", *range(1, width)]
+        assert got.stage("flaky").attempt == 2
+        prepared = sorted(e.data["stage"] for e in events if e.type == "it.prepared")
+        assert prepared == sorted(f"w{i}" for i in range(width))
