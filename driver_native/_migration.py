@@ -3,6 +3,7 @@ migrated, unfreeze, and import a snapshot."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -114,12 +115,14 @@ def _snapshot_stages(conn: Connection, run_id: str) -> list[SnapshotStage]:
         .where(staged_events.c.run_id == run_id)
         .order_by(staged_events.c.idx)
     ).all()
+    steps_of: dict[str, list[Any]] = defaultdict(list)
+    for s in step_rows:
+        steps_of[s.stage_id].append(s)
+    events_of: dict[str, list[Any]] = defaultdict(list)
+    for e in event_rows:
+        events_of[e.stage_id].append(e)
     return [
-        _snapshot_stage(
-            r,
-            [s for s in step_rows if s.stage_id == r.stage_id],
-            [e for e in event_rows if e.stage_id == r.stage_id],
-        )
+        _snapshot_stage(r, steps_of.get(r.stage_id, []), events_of.get(r.stage_id, []))
         for r in stage_rows
     ]
 

@@ -5,6 +5,7 @@ wide graph completes."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
@@ -20,6 +21,7 @@ from driver_native import (
     CreateRun,
     ExecuteJob,
     NativeEngine,
+    _migration,
     _progress,
     _rawsql,
     _schema,
@@ -707,3 +709,59 @@ async def test_importing_a_wide_run_takes_the_same_statements_whatever_its_width
         assert got.stage("flaky").attempt == 2
         prepared = sorted(e.data["stage"] for e in events if e.type == "it.prepared")
         assert prepared == sorted(f"w{i}" for i in range(width))
+
+
+def _lines_in(module: Any, fn: Any) -> tuple[Any, list[int]]:
+    """``fn`` wrapped to count the lines of ``module`` it executes (in the thread it runs in:
+    the database's), and the count: a measure of work that a loaded machine cannot skew."""
+    count = [0]
+    path = module.__file__
+
+    def local(frame: Any, what: str, _arg: Any) -> Any:
+        if what == "line":
+            count[0] += 1
+        return local
+
+    def tracer(frame: Any, _what: str, _arg: Any) -> Any:
+        return local if frame.f_code.co_filename == path else None
+
+    def traced(*args: Any) -> Any:
+        before = sys.gettrace()
+        sys.settrace(tracer)
+        try:
+            return fn(*args)
+        finally:
+            sys.settrace(before)
+
+    return traced, count
+
+
+async def _export_lines(make_engine: MakeEngine, width: int) -> int:
+    """The lines of ``_migration`` run to export a run of ``_waiters(width)`` whose odd
+    stages completed (their events staged until the group ends) and even ones wait with a
+    journal."""
+    wf = _waiters(width)
+    engine = await make_engine(wf)
+    run_id, _ = await engine.kernel.dispatch(CreateRun(wf.id, {}))
+    await _run_due(engine)
+    for i in range(1, width, 2):
+        await engine.signal(run_id, f"go-w{i}", i)
+    await _run_due(engine)
+    traced, lines = _lines_in(_migration, _migration.freeze_and_snapshot)
+    snapshot = await engine.kernel.db.tx(traced, run_id)
+    waiting = {s.id: (len(s.steps), len(s.staged_events)) for s in snapshot.stages}
+    assert waiting == {
+        "flaky": (0, 0),
+        "join": (0, 0),
+        **{f"w{i}": (2, 0) if i % 2 == 0 else (2, 1) for i in range(width)},
+    }
+    return lines[0]
+
+
+async def test_exporting_a_run_does_the_same_work_per_stage_whatever_its_width(
+    make_engine: MakeEngine,
+) -> None:
+    # Exporting a run matched every stage against every journal entry and staged event of the
+    # run: 2,000 suspended stages took 7-10 s, holding the run's lock (and SQLite's writer).
+    lines = [await _export_lines(make_engine, width) for width in (4, 8, 16)]
+    assert lines[2] - lines[1] == 2 * (lines[1] - lines[0]), lines
