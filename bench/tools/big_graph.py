@@ -1,12 +1,14 @@
-"""``python -m bench.tools.big_graph [--run 200,10000] [--db sqlite,postgres]``: big graphs
-on the native driver.
+"""``python -m bench.tools.big_graph [--run 200,10000] [--migrate 2000] [--db sqlite,postgres]``:
+big graphs on the native driver.
 
 Prints how long a 3,000-stage chain and a 10,000-stage wide graph take to define and to
 register (``Registry`` + ``graph()``: validation and layering), and, for each width N given
 to ``--run`` and each database of ``--db``, one run of a 1 -> N-1 wide graph (N stages) with
 an in-process worker: its wall time (of it ``start()``'s: the run's creation), the wall time
 and this process's CPU time per stage transition (neither should grow with N; CPU is the
-steadier number on a shared machine)."""
+steadier number on a shared machine). ``--migrate N``: a run of a 1 -> N-1 wide graph whose
+stages each journal a step and wait for a signal, exported (frozen and read) and imported
+into a second database: the time of each (neither should grow faster than N)."""
 
 from __future__ import annotations
 
@@ -17,18 +19,29 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-from engine_port import EngineSettings, Registry, StageContext, Workflow, create_engine
+from engine_port import (
+    EngineSettings,
+    Registry,
+    StageContext,
+    Workflow,
+    WorkflowEngine,
+    create_engine,
+)
 
 from .._common import fresh_postgres_db
 from .._workflows import BenchIn
 
 
-def build(n: int, *, wide: bool) -> Workflow[BenchIn]:
-    wf = Workflow(f"big-{'wide' if wide else 'chain'}-{n}", input=BenchIn)
+def build(n: int, *, wide: bool, waiting: bool = False) -> Workflow[BenchIn]:
+    name = "waiting" if waiting else "wide" if wide else "chain"
+    wf = Workflow(f"big-{name}-{n}", input=BenchIn)
     prev = None
     for i in range(n):
 
         async def body(ctx: StageContext[BenchIn]) -> int:
+            if waiting and ctx.stage_id != "s0":
+                await ctx.step.run("prep", lambda: 1)
+                return int(await ctx.step.wait_for_signal(f"go-{ctx.stage_id}"))
             return 1
 
         body.__name__ = f"s{i}"
@@ -75,9 +88,46 @@ async def run_wide(n: int, db: str = "sqlite") -> None:
     )
 
 
+async def _until_suspended(engine: WorkflowEngine, run_id: str) -> None:
+    deadline = time.monotonic() + 3600
+    while time.monotonic() < deadline:
+        info = await engine.get_run(run_id)
+        if all(s.status == "suspended" for s in info.stages[1:]):
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError("the run's stages never all reached their signal waits")
+
+
+async def migrate_wide(n: int, db: str = "sqlite") -> None:
+    wf = build(n, wide=True, waiting=True)
+    with (
+        tempfile.TemporaryDirectory() as d,
+        tempfile.TemporaryDirectory() as d_to,
+        _database(db, d) as url,
+        _database(db, d_to) as url_to,
+    ):
+        blobs = f"file://{d}/b"
+        source = create_engine(EngineSettings(database_url=url, blob_url=blobs), Registry([wf]))
+        target = create_engine(EngineSettings(database_url=url_to, blob_url=blobs), Registry([wf]))
+        async with source, target:
+            async with source.worker():
+                run = await source.start(wf.id, {})
+                await _until_suspended(source, run.id)
+            t0 = time.perf_counter()
+            snapshot = await source.export_run(run.id)
+            t1 = time.perf_counter()
+            await target.import_run(snapshot)
+            t2 = time.perf_counter()
+    print(
+        f"migrate wide 1->{n - 1} (suspended) on {db}: export {t1 - t0:.3f} s, "
+        f"import {t2 - t1:.3f} s"
+    )
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--run", default="", help="comma-separated widths to run (e.g. 200,10000)")
+    ap.add_argument("--migrate", default="", help="comma-separated widths to export and import")
     ap.add_argument("--db", default="sqlite", help="comma-separated: sqlite, postgres")
     args = ap.parse_args()
     register(3000, wide=False)
@@ -85,3 +135,5 @@ if __name__ == "__main__":
     for db in [d for d in args.db.split(",") if d]:
         for width in [int(w) for w in args.run.split(",") if w]:
             asyncio.run(run_wide(width, db))
+        for width in [int(w) for w in args.migrate.split(",") if w]:
+            asyncio.run(migrate_wide(width, db))
