@@ -80,6 +80,9 @@ class StartDocument(BaseModel):
     memo_shape: str | None = None
     publish: str | None = None
     local: str | None = None
+    # the most stage activities in flight at once (``GraphWorkflow._slot``); None: a run
+    # started before the bound, whose stages all start at once as they did
+    stage_activities: int | None = None
     # a redrive, an import: where the run picks up
     redrive: int = 0
     redrive_from: str | None = None
@@ -116,6 +119,7 @@ class StartDocument(BaseModel):
             memo_shape=MEMO_SHAPE_COMPACT,
             publish=PUBLISH_BY_WORKER,
             local=LOCAL_CHAINS,
+            stage_activities=settings.temporal_max_stage_activities,
             **fields,
         )
 

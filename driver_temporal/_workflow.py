@@ -224,6 +224,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._frozen = False
         self._migrated_to: str | None = None
         self._inflight = 0  # stage attempts in flight (scheduled or running)
+        self._slots: asyncio.Semaphore | None = None  # (``_slot``)
         # the documents of stages a local chain ran (``_chain``) the run has not recorded yet
         self._ahead: dict[str, dict[str, Any]] = {}
         self._locals = 0  # local stage activities in flight (attempts and compensations)
@@ -437,6 +438,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         # the snapshot: {"redrive": n, "stage": id, "record": the stage record it replaced}
         self._redrive_history: list[dict[str, Any]] = list(start.redrive_history)
         self._lc = Lifecycle(self._run_id, self._redrive)
+        bound = start.stage_activities
+        self._slots = None if bound is None else asyncio.Semaphore(bound)
         self._seq: int = start.event_seq
         self._hb = timedelta(seconds=start.heartbeat_timeout_s)
         self._dead_after: int = start.dead_letter_after
@@ -563,10 +566,11 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             next_attempt = st.attempt + 1  # imported between attempts: the retry is due
         while True:
             if ahead is None:
-                await self._gate()
-                attempt = next_attempt if fresh else st.attempt
-                self._begin_stage(sid, attempt, fresh)
-                res = await self._call(sid, attempt, compensation=False)
+                async with self._slot():
+                    await self._gate()
+                    attempt = next_attempt if fresh else st.attempt
+                    self._begin_stage(sid, attempt, fresh)
+                    res = await self._call(sid, attempt, compensation=False)
             else:  # it ran already, in the local chain of a stage before it (``_chain``)
                 attempt, res, ahead = 1, self._ran_ahead(sid, ahead), None
             if self._stop_reason is not None and not (
@@ -598,6 +602,13 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             await self._stage_failed(sid, attempt, res)  # raises _StageFailed when final
             next_attempt = attempt + 1
             fresh = True
+
+    def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """Held by a stage attempt from its start until its try returns: at most
+        ``StartDocument.stage_activities`` attempts of the run in flight, the others pending
+        until one ends (in the order they asked). A free slot is taken without yielding, so a
+        run that never reaches the bound issues the commands it did before the bound."""
+        return self._slots if self._slots is not None else contextlib.nullcontext()
 
     async def _resume_imported(self, sid: str) -> bool:
         """Whether the stage's next attempt is a fresh one. A run imported mid-attempt

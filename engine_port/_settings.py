@@ -35,6 +35,11 @@ class EngineSettings(BaseSettings):
     # fan-out's client CPU and ~5 ms of the dev server's) and gzip elsewhere (temporalio's
     # default, which saves bandwidth to a remote cluster)
     temporal_grpc_compression: Literal["auto", "gzip", "none"] = "auto"
+    # the most stage activities one run has in flight on Temporal at once (more wait for a
+    # slot, as pending jobs wait for a native worker): Temporal refuses a workflow more than
+    # 2,000 pending activities by default, and each workflow task costs its server more the
+    # more it holds (a 1 -> 2,000 fan-out never finished; see the README's Temporal section)
+    temporal_max_stage_activities: int = Field(default=500, ge=1)
     task_queue: str = "wfe"
     # the Temporal Web UI (http://127.0.0.1:8233): `wfe ui` links each run to its history there
     temporal_ui_url: str | None = None

@@ -1,5 +1,5 @@
-"""``python -m bench.tools.big_graph [--run 200,10000] [--migrate 2000] [--db sqlite,postgres]``:
-big graphs on the native driver.
+"""``python -m bench.tools.big_graph [--run 200,10000] [--migrate 2000] [--db sqlite,postgres]
+[--temporal 1000,2000]``: big graphs on the native driver (and on Temporal).
 
 Prints how long a 3,000-stage chain and a 10,000-stage wide graph take to define and to
 register (``Registry`` + ``graph()``: validation and layering), and, for each width N given
@@ -8,7 +8,9 @@ an in-process worker: its wall time (of it ``start()``'s: the run's creation), t
 and this process's CPU time per stage transition (neither should grow with N; CPU is the
 steadier number on a shared machine). ``--migrate N``: a run of a 1 -> N-1 wide graph whose
 stages each journal a step and wait for a signal, exported (frozen and read) and imported
-into a second database: the time of each (neither should grow faster than N)."""
+into a second database: the time of each (neither should grow faster than N).
+``--temporal N``: one run of a 1 -> N-1 wide graph on the Temporal driver (its own dev
+server, an in-process worker): its wall time and its history's events and bytes."""
 
 from __future__ import annotations
 
@@ -124,10 +126,37 @@ async def migrate_wide(n: int, db: str = "sqlite") -> None:
     )
 
 
+async def run_wide_temporal(n: int) -> None:
+    from driver_temporal import TemporalDevServer, TemporalEngine
+
+    wf = build(n, wide=True)
+    with tempfile.TemporaryDirectory() as d:
+        async with TemporalDevServer(headless=True) as server:
+            settings = EngineSettings(
+                driver="temporal",
+                temporal_address=server.address,
+                blob_url=f"file://{d}/b",
+                task_queue="big",
+            )
+            async with create_engine(settings, Registry([wf])) as engine, engine.worker():
+                assert isinstance(engine, TemporalEngine)
+                t0 = time.perf_counter()
+                run = await engine.start(wf.id, {})
+                info = await engine.wait(run.id, timeout=3600)
+                wall = time.perf_counter() - t0
+                history = await engine._conn.get_workflow_handle(run.id).fetch_history()
+    size = sum(e.ByteSize() for e in history.events)
+    print(
+        f"run wide 1->{n - 1} on temporal: {info.status} in {wall:.1f} s, "
+        f"{len(history.events)} history events, {size / 1e6:.1f} MB"
+    )
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--run", default="", help="comma-separated widths to run (e.g. 200,10000)")
     ap.add_argument("--migrate", default="", help="comma-separated widths to export and import")
+    ap.add_argument("--temporal", default="", help="comma-separated widths to run on Temporal")
     ap.add_argument("--db", default="sqlite", help="comma-separated: sqlite, postgres")
     args = ap.parse_args()
     register(3000, wide=False)
@@ -137,3 +166,5 @@ if __name__ == "__main__":
             asyncio.run(run_wide(width, db))
         for width in [int(w) for w in args.migrate.split(",") if w]:
             asyncio.run(migrate_wide(width, db))
+    for width in [int(w) for w in args.temporal.split(",") if w]:
+        asyncio.run(run_wide_temporal(width))
