@@ -567,6 +567,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         while True:
             if ahead is None:
                 async with self._slot():
+                    if self._slots is not None and (self._failures or self._stop_reason):
+                        # a sibling failed for good while this stage waited for the slot it
+                        # freed (the stop follows): it never starts, as a native queued job
+                        raise _Stopped()
                     await self._gate()
                     attempt = next_attempt if fresh else st.attempt
                     self._begin_stage(sid, attempt, fresh)

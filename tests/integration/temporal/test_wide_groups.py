@@ -13,9 +13,9 @@ import pytest
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 
-from engine_port import Registry, StageContext, Workflow
+from engine_port import MemorySink, NonRetryableError, Registry, StageContext, Workflow
 
-from .conftest import EngineFactory
+from .conftest import EngineFactory, trace, wait_for_event
 
 pytestmark = pytest.mark.temporal
 
@@ -113,3 +113,35 @@ async def test_a_group_wider_than_the_bound_runs_a_bounded_number_of_activities_
     assert 1 < live.most <= BOUND, live.most
     history = await engine._conn.get_workflow_handle(run.id).fetch_history()
     assert _most_pending(list(history.events)) <= BOUND
+
+
+async def test_a_stage_failing_stops_the_stages_still_waiting_for_a_slot(
+    make_engine: EngineFactory,
+) -> None:
+    # (as a native run's queued jobs: they never start, no event, skipped when the run ends;
+    # the slot m0 freed must not start m2 before the stop)
+    wf = Workflow(f"wide-fail-{uuid.uuid4().hex[:8]}", input=In)
+    started: list[str] = []
+    for i in range(6):
+
+        async def body(ctx: StageContext[In]) -> int:
+            started.append(ctx.stage_id)
+            if ctx.stage_id == "m0":
+                raise NonRetryableError("m0 refuses")
+            await asyncio.sleep(0.3)
+            return 1
+
+        body.__name__ = f"m{i}"
+        wf.stage(id=f"m{i}")(body)
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink, temporal_max_stage_activities=2)
+    async with engine.worker():
+        run = await engine.start(wf.id, {})
+        info = await engine.wait(run.id, timeout=60)
+        await wait_for_event(sink, run.id, "run.failed")
+    assert info.status == "failed" and info.error is not None
+    assert info.error.message == "m0 refuses"
+    assert sorted(started) == ["m0", "m1"]
+    assert [s.status for s in info.stages[2:]] == ["skipped"] * 4, info.stages
+    assert sorted(st for kind, st in trace(sink, run.id) if kind == "stage.started") == ["m0", "m1"]
+    assert info.stage("m1").status in ("cancelled", "completed")
