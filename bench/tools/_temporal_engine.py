@@ -8,17 +8,17 @@ import tempfile
 from collections.abc import AsyncIterator
 
 from driver_temporal import TemporalDevServer, TemporalEngine
-from engine_port import EngineSettings, create_engine
+from engine_port import EngineSettings, Registry, create_engine
 
 from .. import _workflows as W
 
 
 @contextlib.asynccontextmanager
 async def driver_engine(
-    *, worker: bool = True
+    *, worker: bool = True, registry: Registry | None = None
 ) -> AsyncIterator[tuple[TemporalEngine, TemporalDevServer]]:
     """(the engine with its worker running unless ``worker=False``, the dev server it talks
-    to)."""
+    to); the bench's workflows unless ``registry`` names others."""
     with tempfile.TemporaryDirectory() as d:
         async with TemporalDevServer(headless=True) as server:
             settings = EngineSettings(
@@ -27,7 +27,7 @@ async def driver_engine(
                 blob_url=f"file://{d}/blobs",
                 task_queue="bench",
             )
-            async with create_engine(settings, W.registry()) as engine:
+            async with create_engine(settings, registry or W.registry()) as engine:
                 assert isinstance(engine, TemporalEngine)
                 if not worker:
                     yield engine, server

@@ -127,24 +127,15 @@ async def migrate_wide(n: int, db: str = "sqlite") -> None:
 
 
 async def run_wide_temporal(n: int) -> None:
-    from driver_temporal import TemporalDevServer, TemporalEngine
+    from ._temporal_engine import driver_engine
 
     wf = build(n, wide=True)
-    with tempfile.TemporaryDirectory() as d:
-        async with TemporalDevServer(headless=True) as server:
-            settings = EngineSettings(
-                driver="temporal",
-                temporal_address=server.address,
-                blob_url=f"file://{d}/b",
-                task_queue="big",
-            )
-            async with create_engine(settings, Registry([wf])) as engine, engine.worker():
-                assert isinstance(engine, TemporalEngine)
-                t0 = time.perf_counter()
-                run = await engine.start(wf.id, {})
-                info = await engine.wait(run.id, timeout=3600)
-                wall = time.perf_counter() - t0
-                history = await engine._conn.get_workflow_handle(run.id).fetch_history()
+    async with driver_engine(registry=Registry([wf])) as (engine, _server):
+        t0 = time.perf_counter()
+        run = await engine.start(wf.id, {})
+        info = await engine.wait(run.id, timeout=3600)
+        wall = time.perf_counter() - t0
+        history = await engine._conn.get_workflow_handle(run.id).fetch_history()
     size = sum(e.ByteSize() for e in history.events)
     print(
         f"run wide 1->{n - 1} on temporal: {info.status} in {wall:.1f} s, "

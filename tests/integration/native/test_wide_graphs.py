@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from pydantic import BaseModel
 from sqlalchemy import event
 from sqlalchemy.engine import cursor as sa_cursor
 
@@ -32,14 +33,13 @@ from engine_port import Retry, StageContext, Workflow
 from .conftest import MakeEngine
 
 
+class Empty(BaseModel):
+    """The input of this module's workflows."""
+
+
 def fan(width: int) -> Workflow[Any]:
     """src -> m0..m{width-1} -> sink: each middle stage reads src, the sink reads them all
     (and src, which it comes after transitively)."""
-    from pydantic import BaseModel
-
-    class Empty(BaseModel):
-        pass
-
     wf: Workflow[Any] = Workflow(f"it-fan-{width}", input=Empty)
 
     @wf.stage(id="src")
@@ -217,11 +217,6 @@ async def test_a_stage_gets_only_its_upstream_outputs(
 
 
 def _side_read() -> Workflow[Any]:
-    from pydantic import BaseModel
-
-    class Empty(BaseModel):
-        pass
-
     wf: Workflow[Any] = Workflow("it-side-read", input=Empty)
 
     @wf.stage(id="x")
@@ -325,11 +320,6 @@ def test_v9_adds_the_open_stage_count_and_indexes_jobs_by_run_and_status(
 
 
 def _chain3() -> Workflow[Any]:
-    from pydantic import BaseModel
-
-    class Empty(BaseModel):
-        pass
-
     wf: Workflow[Any] = Workflow("it-chain-3", input=Empty)
 
     @wf.stage(id="a")
@@ -464,11 +454,6 @@ async def test_a_sibling_outcome_in_a_fan_out_takes_two_round_trips(
 def _roots(n: int) -> Workflow[Any]:
     """n stages with no upstream (the first group), then a join. ``r0``'s first attempt
     fails, its retry a minute later."""
-    from pydantic import BaseModel
-
-    class Empty(BaseModel):
-        pass
-
     wf: Workflow[Any] = Workflow(f"it-roots-{n}", input=Empty)
     roots = []
     for i in range(n):
@@ -635,11 +620,6 @@ def _waiters(n: int) -> Workflow[Any]:
     """``w0..w{n-1}``, each journaling a step and emitting an event before it waits for its
     own signal ``go-wI``, ``flaky`` whose first attempt fails (its retry a minute later), and
     a join that waits for the signal ``early`` and returns it."""
-    from pydantic import BaseModel
-
-    class Empty(BaseModel):
-        pass
-
     wf: Workflow[Any] = Workflow(f"it-waiters-{n}", input=Empty)
     waiting = []
     for i in range(n):
