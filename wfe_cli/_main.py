@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -53,12 +53,13 @@ def root(
 
 def build_app() -> typer.Typer:
     """The ``wfe`` command with every command group (a new Typer app on each call)."""
-    app = typer.Typer(help=HELP, no_args_is_help=True, pretty_exceptions_enable=False)
-    db_app = typer.Typer(help="Native driver database schema.", no_args_is_help=True)
-    dev_app = typer.Typer(help="Development servers.", no_args_is_help=True)
-    dlq_app = typer.Typer(
-        help="Events the sink refused too often (dead letters).", no_args_is_help=True
-    )
+    # (help texts as Markdown: Rich markup would take ``wfe[ui]`` in a help text for a style
+    # tag and print ``wfe``, and would keep the docstrings' line breaks in the command list)
+    kw: dict[str, Any] = {"no_args_is_help": True, "rich_markup_mode": "markdown"}
+    app = typer.Typer(help=HELP, pretty_exceptions_enable=False, **kw)
+    db_app = typer.Typer(help="Native driver database schema.", **kw)
+    dev_app = typer.Typer(help="Development servers.", **kw)
+    dlq_app = typer.Typer(help="Events the sink refused too often (dead letters).", **kw)
     app.add_typer(db_app, name="db")
     app.add_typer(dev_app, name="dev")
     app.add_typer(dlq_app, name="dlq")

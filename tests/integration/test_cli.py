@@ -388,3 +388,19 @@ def test_read_commands_never_create_a_database_folder_or_table(
     engine.dispose()
     assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
     assert runner.invoke(app, ["runs"]).exit_code == 0
+
+
+def test_help_prints_the_extras_to_install_and_one_paragraph_per_command() -> None:
+    """Rich markup took ``wfe[ui]`` for a style tag: ``wfe ui --help`` told users to
+    ``pip install 'wfe'``, which installs no web view; and the command list kept the line
+    breaks of the docstrings (``--retention 30d`` with its RST backticks)."""
+    runner = CliRunner()
+    ui = runner.invoke(app, ["ui", "--help"], terminal_width=200)
+    assert ui.exit_code == 0, ui.output
+    assert "pip install 'wfe[ui]'" in ui.output
+    worker = runner.invoke(app, ["worker", "--help"], terminal_width=200)
+    assert "wfe[metrics]" in worker.output
+    listing = runner.invoke(app, ["--help"], env={"COLUMNS": "200"}).output
+    assert "``" not in listing
+    line = next(x for x in listing.splitlines() if " worker " in x)
+    assert "SIGINT/SIGTERM (graceful shutdown). It logs each stage attempt" in line
