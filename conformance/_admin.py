@@ -16,6 +16,7 @@ from engine_port.errors import (
     InvalidRedriveError,
     SerializationError,
     WaitTimeoutError,
+    WorkflowDrainedError,
     WorkflowNotFoundError,
 )
 
@@ -107,6 +108,32 @@ class VersionContract:
             assert done.output == "v1"
             drained = {(v.workflow_id, v.version): v for v in await e1.list_versions()}
             assert drained[(wid, "v1")].drained
+
+    async def test_list_versions_says_where_new_runs_of_a_drained_workflow_go(
+        self, harness: Harness
+    ) -> None:
+        """``drained`` is about a version's active runs; ``new_runs_to`` is what an operator
+        asks after ``drain()``: whether new runs still start here, and if not, where they go.
+        ``wfe versions`` showed only ``drained``, True for an idle version whose workflow
+        took new runs and False for a busy one whose workflow refused them."""
+        wid = unique_id("drained-to")
+        async with harness.engine(Registry([says_its_version(wid, "v1")]), MemorySink()) as e:
+
+            async def where() -> dict[str, str | None]:
+                return {
+                    v.version: v.new_runs_to
+                    for v in await e.list_versions()
+                    if v.workflow_id == wid
+                }
+
+            assert await where() == {"v1": None}
+            await e.drain([wid], "elsewhere")
+            assert await where() == {"v1": "elsewhere"}
+            with pytest.raises(WorkflowDrainedError) as refused:
+                await e.start(wid, {})
+            assert refused.value.target == "elsewhere"
+            await e.drain([wid], None)
+            assert await where() == {"v1": None}
 
     async def test_a_workflow_object_starts_its_own_version(
         self, harness: Harness, tmp_path: Path

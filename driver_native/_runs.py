@@ -733,6 +733,7 @@ def list_versions(
         for r in conn.execute(sa.select(definitions.c.workflow_id, definitions.c.version)).all()
     }
     keys = sorted(known | set(served) | set(active))
+    targets = {r.workflow_id: r.target for r in conn.execute(sa.select(drains)).all()}
     return [
         VersionInfo(
             workflow_id=w,
@@ -741,6 +742,7 @@ def list_versions(
             served_here=(w, v) in served,
             drained=active.get((w, v), 0) == 0,
             latest=latest.get(w) == v,
+            new_runs_to=targets.get(w),
         )
         for w, v in keys
     ]

@@ -1109,8 +1109,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     key = (ex.workflow_type, ver)
                     counts[key] = counts.get(key, 0) + 1
         served = self.registry.served()
+        keys = sorted(served | set(counts))
+        targets = {w: await _moving.drained(self, w) for w in dict.fromkeys(w for w, _ in keys)}
         out = []
-        for wf_id, ver in sorted(served | set(counts)):
+        for wf_id, ver in keys:
             latest = self.registry.has(wf_id) and self.registry.latest_version(wf_id) == ver
             n = counts.get((wf_id, ver), 0)
             out.append(
@@ -1121,6 +1123,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     served_here=(wf_id, ver) in served,
                     drained=n == 0,
                     latest=latest,
+                    new_runs_to=targets[wf_id],
                 )
             )
         return out

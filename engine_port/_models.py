@@ -144,12 +144,19 @@ class SignalResult(BaseModel):
 
 
 class VersionInfo(BaseModel):
+    """One version of a workflow: its active runs, whether this engine's workers serve it,
+    ``drained`` when no run of it is active any more (as Temporal says of a Worker Deployment
+    version), ``latest`` when it is the registry's newest, and ``new_runs_to``: the target
+    that ``drain()`` named when this engine stopped taking new runs of the workflow (None:
+    new runs start here)."""
+
     workflow_id: str
     version: str
     active_runs: int
     served_here: bool
     drained: bool
     latest: bool = False
+    new_runs_to: str | None = None
 
 
 class FlushResult(BaseModel):

@@ -182,6 +182,7 @@ class RoutingEngine(WorkflowEngine):
                         "served_here": old.served_here or v.served_here,
                         "drained": active == 0,
                         "latest": old.latest or v.latest,
+                        "new_runs_to": old.new_runs_to or v.new_runs_to,
                     }
                 )
         return sorted(merged.values(), key=lambda v: (v.workflow_id, v.version))

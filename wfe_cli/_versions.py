@@ -17,7 +17,8 @@ __all__ = ["drain_cmd", "versions_cmd"]
 
 
 def versions_cmd(app_: AppOpt = None, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:
-    """Workflow versions: active runs per version, served here, drained."""
+    """Workflow versions: active runs per version, served here, drained (no active run left),
+    and where new runs go (new_runs_to: the target of `wfe drain`; None: they start here)."""
     configured = settings(driver)
     initialised(configured)
     registry = app_registry(app_, configured, required=False)

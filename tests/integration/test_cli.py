@@ -288,8 +288,16 @@ def test_purge_drain_and_dlq_from_the_shell(env: dict[str, str], tmp_path: Path)
     bad = runner.invoke(app, ["purge", "--older-than", "soon"])
     assert bad.exit_code == 2 and "not a duration" in bad.output
 
+    def new_runs_to() -> set[str | None]:
+        listed = runner.invoke(app, ["versions", "--json"])
+        assert listed.exit_code == 0, listed.output
+        versions = [json.loads(line) for line in listed.stdout.splitlines()]
+        return {v["new_runs_to"] for v in versions if v["workflow_id"] == "cli-flaky"}
+
+    assert new_runs_to() == {None}
     drained = runner.invoke(app, ["drain", "cli-flaky", "--target", "temporal"])
     assert drained.exit_code == 0, drained.output
+    assert new_runs_to() == {"temporal"}  # (`versions` showed only "drained": no active run)
 
     async def start() -> None:
         from engine_port import create_engine, load_settings
@@ -303,6 +311,7 @@ def test_purge_drain_and_dlq_from_the_shell(env: dict[str, str], tmp_path: Path)
     with pytest.raises(WorkflowDrainedError):
         asyncio.run(start())
     assert runner.invoke(app, ["drain", "cli-flaky", "--lift"]).exit_code == 0
+    assert new_runs_to() == {None}
     asyncio.run(start())  # taken again
 
     replayed = runner.invoke(app, ["dlq", "replay", "--json"])
