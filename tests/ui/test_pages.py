@@ -139,6 +139,21 @@ def test_versions_and_outbox_pages(ro: TestClient) -> None:
     assert "Replay dead letters" not in outbox.text
 
 
+def test_versions_page_says_where_new_runs_of_a_drained_workflow_go(
+    ro: TestClient, sqlite_settings: EngineSettings
+) -> None:
+    async def drain(target: str | None) -> None:
+        async with create_engine(sqlite_settings, build_demo()) as engine:
+            await engine.drain(["demo-order"], target)
+
+    assert '<td class="new-runs">here</td>' in ro.get("/versions").text
+    asyncio.run(drain("temporal"))
+    try:
+        assert '<td class="new-runs">to temporal</td>' in ro.get("/versions").text
+    finally:
+        asyncio.run(drain(None))
+
+
 def test_read_only_refuses_every_post(ro: TestClient, runs: DemoRuns) -> None:
     for path in (f"/runs/{runs.waiting}/signal", f"/runs/{runs.waiting}/cancel", "/outbox/replay"):
         answer = ro.post(path, data={"name": "approval"})
