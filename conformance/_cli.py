@@ -95,6 +95,7 @@ class _Progress:
                 f"[{len(self.results)}/{self.total}] {escape(name)} "
                 f"[{colour}]{report.outcome}[/] {report.duration:.2f}s",
                 highlight=False,
+                markup=True,  # (the names and messages are escaped)
             )
 
 
@@ -190,10 +191,10 @@ def _report(
         sys.stdout.flush()
         return code
     for error in collector.collect_errors:
-        console.print(f"[red]collection error:[/red] {escape(error)}", highlight=False)
+        console.print(f"[red]collection error:[/red] {escape(error)}", highlight=False, markup=True)
     for r in results:
         if r.outcome == "failed":
-            console.print(f"[red]FAILED[/red] {escape(r.name)}: {escape(r.message)}")
+            console.print(f"[red]FAILED[/red] {escape(r.name)}: {escape(r.message)}", markup=True)
     line = (
         f"driver {settings.driver}: {summary['passed']} passed, {summary['failed']} failed, "
         f"{summary['skipped']} skipped of {summary['scenarios']} scenarios "

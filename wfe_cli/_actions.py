@@ -8,14 +8,13 @@ from typing import Annotated
 
 import typer
 from pydantic import BaseModel
-from rich.markup import escape
 
 from engine_port import RunInfo, create_engine
 
 from ._db import initialised
 from ._errors import EXIT_CODES, run_sync
 from ._options import AppOpt, DriverOpt, JsonOpt, RunIdArg, app_registry, resolve, seconds, settings
-from ._output import console, errors, json_line, show_json
+from ._output import console, error_line, json_line, show_json
 
 __all__ = ["cancel_cmd", "purge_cmd", "redrive_cmd", "signal_cmd"]
 
@@ -40,9 +39,7 @@ def signal_cmd(
     try:
         value = json.loads(payload)
     except json.JSONDecodeError as exc:
-        errors.print(
-            f"[red]error:[/red] the payload is not JSON ({escape(str(exc))}); quote it, e.g. '{{}}'"
-        )
+        error_line(f"the payload is not JSON ({exc}); quote it, e.g. '{{}}'")
         raise typer.Exit(EXIT_CODES["bad_input"]) from None
     configured = settings(driver)
     initialised(configured)

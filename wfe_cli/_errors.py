@@ -9,7 +9,6 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from rich.markup import escape
 
 from engine_port.errors import (
     AmbiguousRunIdError,
@@ -32,7 +31,7 @@ from engine_port.errors import (
     WorkflowNotFoundError,
 )
 
-from ._output import errors
+from ._output import error_line
 
 __all__ = ["EXIT_CODES", "exit_code", "fail", "reported", "run_sync"]
 
@@ -79,7 +78,7 @@ def exit_code(exc: EngineError) -> int:
 
 def fail(exc: EngineError) -> NoReturn:
     """Print ``exc`` on stderr and exit with its code."""
-    errors.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    error_line(str(exc))
     raise typer.Exit(exit_code(exc))
 
 

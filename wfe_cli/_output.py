@@ -12,14 +12,21 @@ from typing import Any
 
 from pydantic import BaseModel
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-__all__ = ["console", "errors", "json_line", "plain", "rows", "show_json", "when"]
+__all__ = ["console", "error_line", "errors", "json_line", "plain", "rows", "show_json", "when"]
 
-# rich reads sys.stdout / sys.stderr when it writes, so a test runner's capture still works
-console = Console()  # results (stdout)
-errors = Console(stderr=True)  # errors and progress (stderr)
+# rich reads sys.stdout / sys.stderr when it writes, so a test runner's capture still works.
+# No markup: what is printed holds user data (workflow and stage ids, error messages), which
+# Rich would read as style tags (``a[b]`` printed ``a``; ``[/x]`` raised MarkupError)
+console = Console(markup=False)  # results (stdout)
+errors = Console(stderr=True, markup=False)  # errors and progress (stderr)
+
+
+def error_line(message: str) -> None:
+    """``error: <message>`` on stderr (the prefix in red on a terminal)."""
+    errors.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
 
 
 def json_line(value: Any) -> None:
@@ -46,7 +53,7 @@ def rows(columns: Sequence[str], body: Sequence[Sequence[str]], title: str | Non
     if console.is_terminal:
         table = Table(*columns, title=title)
         for row in body:
-            table.add_row(*(escape(c) for c in row))
+            table.add_row(*row)
         console.print(table)
         return
     sys.stdout.write("\t".join(columns) + "\n")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from engine_port import RunInfo, WorkflowEngine, create_engine
 from engine_port.errors import UnsupportedFeatureError
@@ -150,8 +150,8 @@ def _print_history(result: dict[str, Any]) -> None:
     )
     for a in result["attempts"]:
         if a.error is not None and a.error.traceback:
-            console.print(f"[bold]{a.stage} attempt {a.attempt}[/bold]", highlight=False)
-            console.print(escape(a.error.traceback), highlight=False)
+            console.print(Text(f"{a.stage} attempt {a.attempt}", style="bold"))
+            console.print(a.error.traceback, highlight=False)
     rows(
         ("seq", "at", "type", "stage", "data"),
         [

@@ -413,3 +413,17 @@ def test_help_prints_the_extras_to_install_and_one_paragraph_per_command() -> No
     assert "``" not in listing
     line = next(x for x in listing.splitlines() if " worker " in x)
     assert "SIGINT/SIGTERM (graceful shutdown). It logs each stage attempt" in line
+
+
+def test_ids_that_look_like_markup_print_as_given(env: dict[str, str]) -> None:
+    """What the CLI prints holds user data; Rich markup read ``a[b]`` as ``a`` plus a style
+    tag, and ``wfe drain '[/x]'`` drained the workflow and then died with a MarkupError
+    traceback instead of saying so."""
+    runner = CliRunner()
+    drained = runner.invoke(app, ["drain", "a[b]", "[/x]", "--target", "temporal"])
+    assert drained.exit_code == 0, drained.output
+    assert "a[b], [/x]" in drained.output
+    lifted = runner.invoke(app, ["drain", "a[b]", "[/x]", "--lift"])
+    assert lifted.exit_code == 0 and "a[b], [/x]" in lifted.output
+    missing = runner.invoke(app, ["show", "[/x]"])
+    assert missing.exit_code != 0 and "no run with id '[/x]'" in missing.output
