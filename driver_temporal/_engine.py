@@ -1096,18 +1096,18 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     # -- versions -----------------------------------------------------------------------------
     async def list_versions(self) -> list[VersionInfo]:
         counts: dict[tuple[str, str], int] = {}
-        ids = self.registry.workflow_ids()
-        if ids:
-            types = ", ".join(f"'{_quote(w)}'" for w in ids)
-            query = (
-                f"{self._scope()} AND WorkflowType IN ({types}) AND ExecutionStatus = 'Running' "
-                "AND WfeStatus IN (" + ", ".join(f"'{s}'" for s in _ACTIVE) + ")"
-            )
-            async for ex in self._conn.list_workflows(query):
-                ver = ex.typed_search_attributes.get(SA_VERSION)
-                if ver is not None:
-                    key = (ex.workflow_type, ver)
-                    counts[key] = counts.get(key, 0) + 1
+        # the active runs of every workflow of this engine's task queues, whether its registry
+        # holds the workflow or not (as the native driver lists every version its database
+        # knows): `wfe versions` without --app listed nothing here
+        query = (
+            f"{self._scope()} AND ExecutionStatus = 'Running' "
+            "AND WfeStatus IN (" + ", ".join(f"'{s}'" for s in _ACTIVE) + ")"
+        )
+        async for ex in self._conn.list_workflows(query):
+            ver = ex.typed_search_attributes.get(SA_VERSION)
+            if ver is not None:
+                key = (ex.workflow_type, ver)
+                counts[key] = counts.get(key, 0) + 1
         served = self.registry.served()
         keys = sorted(served | set(counts))
         targets = {w: await _moving.drained(self, w) for w in dict.fromkeys(w for w, _ in keys)}

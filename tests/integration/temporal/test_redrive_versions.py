@@ -161,3 +161,27 @@ async def test_s13_pinned_versions(make_engine: EngineFactory, temporal_address:
         f"{dep}:v2",
     )
     assert (await pinned_to(temporal_address, stranded2.id))[2] == f"{dep}:v2"
+
+
+async def test_list_versions_without_the_workflow_in_the_registry(
+    make_engine: EngineFactory,
+) -> None:
+    """``wfe versions`` without --app (an engine whose registry is empty) listed no version
+    on Temporal, runs waiting or not; the native driver lists every version it knows."""
+    e1 = make_engine(Registry([versioned("v1")]))
+    bare = make_engine(Registry([]))
+    async with e1, bare:
+        run = await e1.start("pinned", {})  # no worker: it stays pending, an active run
+        await e1.drain(["pinned"], "native")
+        listed: list[tuple[str, str, int, bool, str | None]] = []
+        for _ in range(100):  # (visibility is eventually consistent)
+            listed = [
+                (v.workflow_id, v.version, v.active_runs, v.served_here, v.new_runs_to)
+                for v in await bare.list_versions()
+            ]
+            if listed:
+                break
+            await asyncio.sleep(0.1)
+        assert listed == [("pinned", "v1", 1, False, "native")]
+        await e1.drain(["pinned"], None)
+        await e1.cancel(run.id)
