@@ -496,9 +496,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             created_at=created,
             trace_context=telemetry.current_traceparent(),
         )
-        initial = self._initial_info(
-            run_id, wf.id, graph.version, input_ref, idempotency_key, created_at=created
-        )
+        initial = self._initial_info(run_id, graph, input_ref, idempotency_key, created_at=created)
         pairs = _pairs(graph.version, idempotency_key)
         # (a run of this idempotency key exists already: read below)
         with suppress(WorkflowAlreadyStartedError):
@@ -525,19 +523,17 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     def _initial_info(
         self,
         run_id: str,
-        wf_id: str,
-        version: str,
+        graph: GraphModel,
         input_ref: Any,
         key: str | None,
         **more: Any,
     ) -> dict[str, Any]:
         """The run's first ``wfe_run`` memo (until the workflow's first save), with ``more``
         of its fields (``created_at``, a redrive's ``redrive_count``)."""
-        graph = self.registry.graph(wf_id, version)
         return RunMemo(
             id=run_id,
-            workflow_id=wf_id,
-            version=version,
+            workflow_id=graph.workflow_id,
+            version=graph.version,
             status="pending",
             input=input_ref,
             stages=[MemoStage(id=sid, status="pending") for group in graph.groups for sid in group],
@@ -1002,8 +998,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             target_version = self.registry.latest_version(info.workflow_id)
         elif version is not None:
             target_version = version
-        wf = self.registry.get(info.workflow_id, target_version)
-        graph = wf.graph()
+        graph = None
+        if version is None and not self.registry.has(info.workflow_id, target_version):
+            # (a redrive in its own version needs no code of it here: `wfe redrive` without
+            # --app, as on the native driver, whose database keeps the definitions)
+            graph = await self._started_graph(run_id)
+        if graph is None:
+            graph = self.registry.graph(info.workflow_id, target_version)
+        wf_id = info.workflow_id
         stages = {sid: StageState.model_validate(st) for sid, st in state["stages"].items()}
         statuses = {sid: st.status for sid, st in stages.items()}
         # the stages the run has must be the target version's; bad input: raise, change nothing
@@ -1020,7 +1022,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             self.settings,
             self.heartbeat_timeout,
             run_id=run_id,
-            workflow_id=wf.id,
+            workflow_id=wf_id,
             version=graph.version,
             graph=graph.model_dump(mode="json"),
             input=state["input"],
@@ -1038,8 +1040,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         )
         initial = self._initial_info(
             run_id,
-            wf.id,
-            graph.version,
+            graph,
             state["input"],
             state.get("idempotency_key"),
             redrive_count=redrive,
@@ -1048,7 +1049,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         pairs = _pairs(graph.version, state.get("idempotency_key"))
         try:
             await self._start_pinned(
-                wf.id,
+                wf_id,
                 graph.version,
                 start,
                 id=run_id,
@@ -1056,11 +1057,28 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 memo={"wfe_run": initial, "wfe_fp": state.get("fingerprint")},
                 search_attributes=TypedSearchAttributes(pairs),
-                static_summary=f"{wf.id} {graph.version} (redrive {redrive} from {from_})",
+                static_summary=f"{wf_id} {graph.version} (redrive {redrive} from {from_})",
             )
         except WorkflowAlreadyStartedError:
             raise EngineError(f"run {run_id!r} was redriven concurrently") from None
         return await self.get_run(run_id)
+
+    async def _started_graph(self, run_id: str) -> GraphModel | None:
+        """The graph the run's latest execution started with (its input's metadata, or on
+        runs of the oldest shape the input itself); None when Temporal has no such history."""
+        handle = self._conn.get_workflow_handle(run_id)
+        with suppress(RPCError):
+            async for ev in handle.fetch_history_events(page_size=1):
+                payloads = ev.workflow_execution_started_event_attributes.input.payloads
+                if not payloads:
+                    return None
+                meta: Any = meta_of(payloads[0])
+                if meta is None:  # (the oldest shape: the input is the start document)
+                    with suppress(ValueError):
+                        meta = pydantic_core.from_json(payloads[0].data)
+                graph = meta.get("graph") if isinstance(meta, dict) else None
+                return None if graph is None else GraphModel.model_validate(graph)
+        return None
 
     async def _redrive_state(
         self, run_id: str, memo: Any, status: WorkflowExecutionStatus | None, info: RunInfo

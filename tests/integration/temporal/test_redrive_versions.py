@@ -185,3 +185,33 @@ async def test_list_versions_without_the_workflow_in_the_registry(
         assert listed == [("pinned", "v1", 1, False, "native")]
         await e1.drain(["pinned"], None)
         await e1.cancel(run.id)
+
+
+async def test_redrive_without_the_workflow_in_the_registry(make_engine: EngineFactory) -> None:
+    """``wfe redrive RUN`` without --app (an engine whose registry is empty) raised "no
+    workflow is registered" on Temporal; the run's own version is redriven from the graph
+    it started with (as the native driver reads it from its database), and a worker of
+    that version runs it."""
+    calls: list[int] = []
+    wf = Workflow("fails-once", input=In)
+
+    @wf.stage(retry=Retry(max_attempts=1, initial_interval=timedelta(0)))
+    async def only(ctx: StageContext[In]) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the first try fails")
+        return "ok"
+
+    e1 = make_engine(Registry([wf]))
+    bare = make_engine(Registry([]))
+    async with e1, bare:
+        async with e1.worker():
+            run = await e1.start("fails-once", {})
+            assert (await e1.wait(run.id, timeout=30)).status == "failed"
+        with pytest.raises(InvalidRedriveError):
+            await bare.redrive(run.id, from_="no-such-stage")  # checked against that graph
+        again = await bare.redrive(run.id)
+        assert (again.version, again.redrive_count) == (run.version, 1)
+        async with e1.worker():
+            done = await e1.wait(run.id, timeout=30)
+        assert (done.status, done.output, len(calls)) == ("completed", "ok", 2)
