@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +290,37 @@ class BadInputContract:
             mine = await _listed(engine, wf.id, [RunStatus.COMPLETED, "failed"])
             assert [r.id for r in mine] == [run.id]
             assert await _listed(engine, wf.id, "running") == []
+
+    async def test_s16_bad_purge_ages(self, harness: Harness) -> None:
+        """``purge(older_than=...)`` takes a timedelta or seconds, finite and 0 or more: a
+        negative age put the cutoff in the future and purged every finished run on both
+        drivers; text or None raised a bare ValueError or TypeError from inside them. A
+        refused call purges nothing."""
+        wf = Workflow(unique_id("s16p"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> int:
+            return ctx.input.n
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+            async with engine.worker():
+                run = await engine.start(wf.id, {"n": 1})
+                assert (await engine.wait(run.id, timeout=60)).status == RunStatus.COMPLETED
+            bads: list[Any] = [
+                -1,
+                -0.5,
+                timedelta(seconds=-5),
+                math.nan,
+                math.inf,
+                "7d",
+                None,
+                True,
+            ]
+            for bad in bads:
+                with pytest.raises(InvalidInputError):
+                    await engine.purge(bad)
+            assert (await engine.get_run(run.id)).status == RunStatus.COMPLETED
+            assert await engine.purge(timedelta(days=1)) == 0  # (it finished a moment ago)
 
     async def test_s16_bad_wait_timeouts(self, harness: Harness) -> None:
         """``wait(timeout=...)`` takes seconds, 0 or more, or None: anything else is a typed

@@ -38,6 +38,7 @@ from engine_port.driver import (
     StepEntry,
     check_export_target,
     check_list_call,
+    check_purge_call,
     check_run_call,
     check_signal_call,
     check_start_input,
@@ -600,19 +601,13 @@ class NativeEngine(WorkflowEngine):
         *,
         older_than_seconds: float | None = None,
     ) -> int:
-        seconds = older_than_seconds if older_than is None else _seconds_of(older_than)
-        if seconds is None:
-            raise TypeError("purge() needs older_than")
+        seconds = check_purge_call(older_than_seconds if older_than is None else older_than)
         n: int = await self.kernel.dispatch(PurgeRuns(seconds))
         return n
 
     async def gauges(self) -> dict[str, Any]:
         """Runs per (workflow, status) and the queue lag, for a worker's ``/metrics``."""
         return await self.kernel.db.read_long(read_gauges, self.kernel.now())
-
-
-def _seconds_of(value: timedelta | float) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
 def create_native_engine(

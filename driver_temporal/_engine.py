@@ -98,6 +98,7 @@ from engine_port.driver import (
     check_export_target,
     check_list_call,
     check_payload_size,
+    check_purge_call,
     check_run_call,
     check_signal_call,
     check_signal_known,
@@ -1200,8 +1201,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     async def purge(self, older_than: timedelta | float) -> int:
         from ._purge import purge_runs
 
-        span = older_than if isinstance(older_than, timedelta) else timedelta(seconds=older_than)
-        return await purge_runs(self, span)
+        return await purge_runs(self, timedelta(seconds=check_purge_call(older_than)))
 
     async def replay_dlq(self) -> int:
         """Deliver dead-lettered events (kept under ``dlq/`` in the BlobStore) to the sink, in

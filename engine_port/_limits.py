@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ._models import RunStatus
@@ -46,6 +47,7 @@ __all__ = [
     "check_idempotency_key",
     "check_json",
     "check_list_call",
+    "check_purge_call",
     "check_run_call",
     "check_run_id",
     "check_signal_call",
@@ -340,6 +342,30 @@ def check_wait_call(run_id: Any, timeout: Any) -> float | None:
             "timeout", "timeout must be 0 or more seconds, or None to wait as long as it takes"
         )
     return None if math.isinf(timeout) else float(timeout)
+
+
+def check_purge_call(older_than: Any) -> float:
+    """The argument of ``engine.purge``: how long ago a run must have finished to go, a
+    ``timedelta`` or seconds, finite and 0 or more; returns it in seconds. A negative age
+    would have purged every finished run (the cutoff in the future), a string or None
+    raised a bare ValueError or TypeError."""
+    if isinstance(older_than, timedelta):
+        seconds = older_than.total_seconds()
+    elif isinstance(older_than, int | float) and not isinstance(older_than, bool):
+        seconds = float(older_than)
+    else:
+        raise _invalid(
+            "older_than",
+            f"older_than must be a timedelta or a number of seconds (e.g. timedelta(days=7)), "
+            f"not {_kind(older_than)}",
+        )
+    if not math.isfinite(seconds) or seconds < 0:
+        raise _invalid(
+            "older_than",
+            f"older_than must be 0 or more (and finite), not {seconds}: runs that finished "
+            "longer ago than this are purged",
+        )
+    return seconds
 
 
 def check_run_call(run_id: Any) -> str:

@@ -49,6 +49,7 @@ from ._history import StepEntry
 from ._limits import (
     check_export_target,
     check_list_call,
+    check_purge_call,
     check_run_call,
     check_signal_call,
     check_start_call,
@@ -111,6 +112,7 @@ __all__ = [
     "check_key",
     "check_list_call",
     "check_payload_size",
+    "check_purge_call",
     "check_run_call",
     "check_signal_call",
     "check_signal_known",
