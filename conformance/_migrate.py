@@ -24,6 +24,7 @@ from engine_port import (
     WorkflowEngine,
     migrate_run,
 )
+from engine_port.errors import InvalidInputError
 
 from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
@@ -134,6 +135,30 @@ class MigrationContract:
         trace = normalise(events, wf.graph())
         assert trace == EXPECTED
         check_golden("mig_pending", {"trace": trace})
+
+    async def test_import_takes_a_snapshot_as_json_and_refuses_anything_else(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        """``import_run`` of something that is not a snapshot raised an AttributeError from
+        inside the driver; a snapshot's JSON form (written to a file and read back between
+        the two engines) is as good as the object."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "plain")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            bad: list[Any] = [None, "a snapshot", {}, {"run_id": 5}]
+            for value in bad:
+                with pytest.raises(InvalidInputError):
+                    await target.import_run(value)
+            run = await source.start(wf.id, {"n": 1})
+            snapshot = await source.export_run(run.id, wait=30)
+            moved = await target.import_run(snapshot.model_dump(mode="json"))
+            assert moved.id == run.id
+            await source.complete_export(run.id, target.driver_name)
+            async with target.worker():
+                info = await target.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED and info.output == ["b", "c"]
+        assert log.counts() == {"a": 1, "b": 1, "c": 1, "d": 1, "x": 1}
 
     async def test_move_during_sleep(
         self, migration_pair: tuple[Harness, Harness], tmp_path: Path

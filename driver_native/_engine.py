@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,6 +37,7 @@ from engine_port.driver import (
     Clock,
     StepEntry,
     check_export_target,
+    check_import_call,
     check_list_call,
     check_purge_call,
     check_run_call,
@@ -508,8 +509,8 @@ class NativeEngine(WorkflowEngine):
         await self.kernel.db.tx(_migration.abort_export, run_id)
         self._wake()
 
-    async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
-        check_run_call(snapshot.run_id)
+    async def import_run(self, snapshot: RunSnapshot | Mapping[str, Any]) -> RunInfo:
+        snapshot = check_import_call(snapshot)
         if snapshot.graph is not None:
             graph = GraphModel.model_validate(snapshot.graph)
         else:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from datetime import timedelta
 from typing import Any
@@ -96,6 +96,7 @@ from engine_port.driver import (
     TERMINAL_RUN_STATUSES,
     GraphModel,
     check_export_target,
+    check_import_call,
     check_list_call,
     check_payload_size,
     check_purge_call,
@@ -1167,9 +1168,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         check_run_call(run_id)
         await _moving.abort_export(self, run_id)
 
-    async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
-        check_run_call(snapshot.run_id)
-        return await _moving.import_run(self, snapshot)
+    async def import_run(self, snapshot: RunSnapshot | Mapping[str, Any]) -> RunInfo:
+        return await _moving.import_run(self, check_import_call(snapshot))
 
     async def _helper(self, workflow_id: str, version: str) -> None:
         await _moving.helper(self, workflow_id, version)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from types import TracebackType
@@ -126,9 +126,10 @@ class WorkflowEngine(abc.ABC):
         raise UnsupportedFeatureError(f"the {self.driver_name} driver cannot migrate runs")
 
     @abc.abstractmethod
-    async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
-        """Create the run from a snapshot and resume it; importing a run that is already
-        here returns it (a rerun migration never duplicates)."""
+    async def import_run(self, snapshot: RunSnapshot | Mapping[str, Any]) -> RunInfo:
+        """Create the run from a snapshot (what ``export_run`` returned, or its JSON form
+        ``model_dump(mode="json")``) and resume it; importing a run that is already here
+        returns it (a rerun migration never duplicates)."""
 
     @abc.abstractmethod
     def worker(self, **options: Any) -> AbstractAsyncContextManager[Any]:

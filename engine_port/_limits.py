@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._models import RunStatus
+from pydantic import ValidationError
+
+from ._models import RunSnapshot, RunStatus
 from ._serde import JSON, to_json_value
 from .errors import DefinitionError, EngineError, InvalidInputError
 
@@ -45,6 +47,7 @@ __all__ = [
     "check_export_target",
     "check_hook_name",
     "check_idempotency_key",
+    "check_import_call",
     "check_json",
     "check_list_call",
     "check_purge_call",
@@ -342,6 +345,30 @@ def check_wait_call(run_id: Any, timeout: Any) -> float | None:
             "timeout", "timeout must be 0 or more seconds, or None to wait as long as it takes"
         )
     return None if math.isinf(timeout) else float(timeout)
+
+
+def check_import_call(snapshot: Any) -> RunSnapshot:
+    """The argument of ``engine.import_run``: the ``RunSnapshot`` that ``export_run`` returned,
+    or its JSON form (``snapshot.model_dump(mode="json")``, e.g. read back from a file).
+    Anything else raised an AttributeError from inside the driver."""
+    if isinstance(snapshot, Mapping):
+        try:
+            snapshot = RunSnapshot.model_validate(snapshot)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "<root>"
+            raise _invalid(
+                "snapshot",
+                f"snapshot is not a run snapshot ({where}: {first['msg']}); pass what "
+                "export_run() returned, or its model_dump(mode='json')",
+            ) from None
+    if not isinstance(snapshot, RunSnapshot):
+        raise _invalid(
+            "snapshot",
+            f"snapshot must be the RunSnapshot that export_run() returned, not {_kind(snapshot)}",
+        )
+    check_run_id(snapshot.run_id)
+    return snapshot
 
 
 def check_purge_call(older_than: Any) -> float:

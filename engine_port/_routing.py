@@ -12,7 +12,7 @@ from typing import Any
 
 from ._engine import WorkflowEngine
 from ._graph import Workflow
-from ._limits import check_wait_call
+from ._limits import check_import_call, check_wait_call
 from ._models import (
     Event,
     FlushResult,
@@ -191,7 +191,8 @@ class RoutingEngine(WorkflowEngine):
         engine, _ = await self._locate(run_id)
         return await engine.export_run(run_id, wait=wait)
 
-    async def import_run(self, snapshot: RunSnapshot) -> RunInfo:
+    async def import_run(self, snapshot: RunSnapshot | Mapping[str, Any]) -> RunInfo:
+        snapshot = check_import_call(snapshot)
         engine = self.engines[self.routes.get(snapshot.workflow_id, self.default)]
         return await engine.import_run(snapshot)
 

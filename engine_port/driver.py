@@ -48,6 +48,7 @@ from ._graph import GraphModel, RetryModel, StageSpec
 from ._history import StepEntry
 from ._limits import (
     check_export_target,
+    check_import_call,
     check_list_call,
     check_purge_call,
     check_run_call,
@@ -109,6 +110,7 @@ __all__ = [
     "UnsupportedFeatureError",
     "WorkflowEngine",
     "check_export_target",
+    "check_import_call",
     "check_key",
     "check_list_call",
     "check_payload_size",

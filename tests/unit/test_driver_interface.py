@@ -42,6 +42,7 @@ INTERFACE = [
     "WORKING_RUN_STATUSES",
     "WorkflowEngine",
     "check_export_target",
+    "check_import_call",
     "check_key",
     "check_list_call",
     "check_payload_size",

@@ -59,7 +59,8 @@ REQUIRED_CHECKS = {
     "complete_export": {"check_export_target", "check_run_call"},
     "drain": {"check_export_target", "check_workflow_ids"},
     "abort_export": {"check_run_call"},
-    "import_run": {"check_run_call"},
+    "import_run": {"check_import_call"},
+    "purge": {"check_purge_call"},
 }
 
 
