@@ -54,6 +54,7 @@ from engine_port.errors import (
     EngineError,
     InvalidInputError,
     MigrationError,
+    RunNotFoundError,
     UnsupportedFeatureError,
     WaitTimeoutError,
 )
@@ -74,6 +75,7 @@ from ._db import Database
 from ._gauges import read_gauges
 from ._kernel import Kernel
 from ._progress import Handoff
+from ._sql import try_run
 from ._watch import RunWatch
 from ._worker import WorkerHost
 
@@ -539,9 +541,10 @@ class NativeEngine(WorkflowEngine):
 
     # -- native extras ---------------------------------------------------------------------
     async def events(self, run_id: str) -> list[Event]:
-        """Every event the run wrote to its outbox, in sequence order (delivered or not)."""
+        """Every event the run wrote to its outbox, in sequence order (delivered or not).
+        Raises RunNotFoundError for a run that is not here (as on Temporal)."""
         check_run_call(run_id)
-        return await self.kernel.db.read(_outbox.load_events, run_id)
+        return await self.kernel.db.read(_run_events, run_id)
 
     async def outbox_counts(self) -> _outbox.OutboxCounts:
         """Undelivered events in the outbox: ``pending`` (not failed yet), ``retrying`` (the
@@ -609,6 +612,13 @@ class NativeEngine(WorkflowEngine):
     async def gauges(self) -> dict[str, Any]:
         """Runs per (workflow, status) and the queue lag, for a worker's ``/metrics``."""
         return await self.kernel.db.read_long(read_gauges, self.kernel.now())
+
+
+def _run_events(conn: Any, run_id: str) -> list[Event]:
+    found = _outbox.load_events(conn, run_id)
+    if not found and try_run(conn, run_id, lock=False) is None:
+        raise RunNotFoundError(run_id)  # (a run writes run.created as it is created)
+    return found
 
 
 def create_native_engine(

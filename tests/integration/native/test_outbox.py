@@ -366,3 +366,15 @@ async def test_two_workers_flushing_one_outbox_deliver_each_event_once(
         for e in sink.events:
             seqs.setdefault(e.run_id, []).append(e.seq)
         assert all(s == sorted(s) for s in seqs.values())
+
+
+async def test_events_of_an_unknown_run_is_an_error_as_on_temporal(make_engine: MakeEngine) -> None:
+    """``events(run_id)`` of a run that is not here returned [] on native (and raised
+    RunNotFoundError on Temporal): a typo read as a run without events."""
+    from engine_port.errors import RunNotFoundError
+
+    engine = await make_engine(w.linear)
+    with pytest.raises(RunNotFoundError):
+        await engine.events("no-such-run-0123")
+    run = await engine.start("it-linear", {"n": 1})
+    assert [e.type for e in await engine.events(run.id)] == ["run.created"]
