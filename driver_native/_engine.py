@@ -39,6 +39,7 @@ from engine_port.driver import (
     check_export_target,
     check_import_call,
     check_list_call,
+    check_page_call,
     check_purge_call,
     check_run_call,
     check_signal_call,
@@ -571,6 +572,7 @@ class NativeEngine(WorkflowEngine):
         database (one ``version``, created at or after ``created_after``, ``id_prefix``, one
         ``idempotency_key``), so a match older than any number of newer runs is found."""
         statuses = check_list_call(workflow_id, status, limit, id_prefix)
+        created_after = check_page_call(after, version, created_after, idempotency_key)
         before = _parse_cursor(after) if after is not None else None
         since = None if created_after is None else created_after.timestamp()
         found = await self.kernel.db.read(

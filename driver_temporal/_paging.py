@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from engine_port import RunInfo, RunStatus, is_spill_ref
-from engine_port.driver import check_list_call, check_run_call
+from engine_port.driver import check_list_call, check_page_call, check_run_call
 from engine_port.errors import InvalidInputError
 
 from ._query import runs_query
@@ -77,6 +77,7 @@ class PagedRuns:
         on the last one): Temporal's own ``next_page_token``, so every filter is applied by
         the visibility query and a page costs the same however deep it is."""
         statuses = check_list_call(workflow_id, status, limit, id_prefix)
+        created_after = check_page_call(after, version, created_after, idempotency_key)
         if limit == 0:
             return [], None
         query = runs_query(

@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -50,6 +50,7 @@ __all__ = [
     "check_import_call",
     "check_json",
     "check_list_call",
+    "check_page_call",
     "check_purge_call",
     "check_run_call",
     "check_run_id",
@@ -327,6 +328,32 @@ def check_list_call(workflow_id: Any, status: Any, limit: Any, id_prefix: Any) -
                 "status", f"a status asked for is not a run status; use one of {_STATUSES}"
             ) from None
     return wanted
+
+
+def check_page_call(
+    after: Any, version: Any, created_after: Any, idempotency_key: Any
+) -> datetime | None:
+    """The arguments a driver's ``list_runs_page`` adds to :func:`check_list_call`; returns
+    ``created_after`` with a time zone (a naive one is taken as UTC, as Temporal's clock is,
+    whatever the host's zone). A cursor or a date of the wrong type raised an AttributeError
+    from inside the driver, a version or key of the wrong type listed nothing."""
+    if after is not None and not isinstance(after, str):
+        raise _invalid(
+            "after", f"after must be the cursor string the previous page gave, not {_kind(after)}"
+        )
+    if version is not None:
+        check_version(version)
+    if idempotency_key is not None:
+        check_idempotency_key(idempotency_key)
+    if created_after is None:
+        return None
+    if not isinstance(created_after, datetime):
+        raise _invalid(
+            "created_after",
+            f"created_after must be a datetime (e.g. datetime.now(UTC) - timedelta(hours=1)), "
+            f"not {_kind(created_after)}",
+        )
+    return created_after if created_after.tzinfo else created_after.replace(tzinfo=UTC)
 
 
 def check_wait_call(run_id: Any, timeout: Any) -> float | None:

@@ -100,6 +100,18 @@ def check_pages(settings: EngineSettings, runs: DemoRuns) -> None:
         assert "Signal delivered to the step waiting for it." in sent.text
 
 
+async def test_bad_page_arguments_are_typed_errors(settings: EngineSettings) -> None:
+    """``list_runs_page`` (what the view pages with) refuses a cursor, date, version or key
+    of the wrong type with InvalidInputError on every driver."""
+    from engine_port.errors import InvalidInputError
+    from tests.integration.native.test_list_runs import BAD_PAGE_ARGUMENTS
+
+    async with create_engine(settings, build_demo()) as engine:
+        for bad in BAD_PAGE_ARGUMENTS:
+            with pytest.raises(InvalidInputError):
+                await engine.list_runs_page(**bad)  # type: ignore[attr-defined]
+
+
 async def test_the_view_on_postgres_and_temporal(settings: EngineSettings) -> None:
     async with create_engine(settings, build_demo()) as engine, engine.worker():
         runs = await drive_demo(engine)

@@ -45,6 +45,7 @@ INTERFACE = [
     "check_import_call",
     "check_key",
     "check_list_call",
+    "check_page_call",
     "check_payload_size",
     "check_purge_call",
     "check_run_call",

@@ -50,7 +50,7 @@ REQUIRED_CHECKS = {
     "start": {"start_definition", "check_start_input"},
     "get_run": {"check_run_call"},
     "list_runs": {"check_list_call"},
-    "list_runs_page": {"check_list_call"},
+    "list_runs_page": {"check_list_call", "check_page_call"},
     "wait": {"check_wait_call"},
     "signal": {"check_signal_call"},
     "cancel": {"check_run_call"},

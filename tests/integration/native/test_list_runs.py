@@ -12,6 +12,13 @@ from engine_port.errors import InvalidInputError
 from tests.ui.runs import drive_demo
 from wfe_cli._demo import build_demo
 
+BAD_PAGE_ARGUMENTS = [
+    {"after": 5},
+    {"created_after": "yesterday"},
+    {"version": 5},
+    {"idempotency_key": 5},
+]
+
 
 async def test_list_runs_is_get_run_for_each_newest_first(
     database_url: str, tmp_path: Path
@@ -53,3 +60,7 @@ async def test_list_runs_page_walks_every_run_once_by_cursor(
         assert seen == list(reversed(made)) and pages == 3
         with pytest.raises(InvalidInputError, match="page cursor"):
             await engine.list_runs_page(after="not-a-cursor")
+        # (each raised an AttributeError from inside the driver, or listed nothing)
+        for bad in BAD_PAGE_ARGUMENTS:
+            with pytest.raises(InvalidInputError):
+                await engine.list_runs_page(**bad)
