@@ -322,6 +322,35 @@ class BadInputContract:
             assert (await engine.get_run(run.id)).status == RunStatus.COMPLETED
             assert await engine.purge(timedelta(days=1)) == 0  # (it finished a moment ago)
 
+    async def test_s16_bad_worker_options(self, harness: Harness) -> None:
+        """``worker(**options)`` refuses an option its driver does not take (code moved from
+        the other driver got a bare TypeError) and a number out of range (native
+        ``concurrency=-1`` started a worker that never ran a stage: the run waited for
+        ever) with InvalidInputError, before any worker starts."""
+        wf = Workflow(unique_id("s16o"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> int:
+            return ctx.input.n
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+            bad: list[dict[str, Any]] = [
+                {"no_such_option": 1},
+                {"concurrency": -1},
+                {"concurrency": "5"},
+                {"poll_interval": -1.0},
+                {"shutdown_timeout": math.nan},
+                {"max_concurrent_activities": 0},
+                {"graceful_shutdown_timeout": -1},
+            ]
+            for options in bad:
+                with pytest.raises(InvalidInputError):
+                    async with engine.worker(**options):
+                        pass
+            async with engine.worker():
+                run = await engine.start(wf.id, {"n": 2})
+                assert (await engine.wait(run.id, timeout=60)).output == 2
+
     async def test_s16_bad_wait_timeouts(self, harness: Harness) -> None:
         """``wait(timeout=...)`` takes seconds, 0 or more, or None: anything else is a typed
         error on every driver (text raised a TypeError from inside both drivers, NaN a bare

@@ -46,6 +46,7 @@ from engine_port.driver import (
     check_start_input,
     check_version,
     check_wait_call,
+    check_worker_options,
     check_workflow_ids,
     start_definition,
     telemetry,
@@ -524,6 +525,7 @@ class NativeEngine(WorkflowEngine):
 
     @contextlib.asynccontextmanager
     async def worker(self, **options: Any) -> AsyncIterator[WorkerHost]:
+        check_worker_options(self.driver_name, options, WORKER_NUMBERS, WORKER_OTHERS)
         host = WorkerHost(self.kernel, **options)
         self._hosts.append(host)
         try:
@@ -614,6 +616,18 @@ class NativeEngine(WorkflowEngine):
     async def gauges(self) -> dict[str, Any]:
         """Runs per (workflow, status) and the queue lag, for a worker's ``/metrics``."""
         return await self.kernel.db.read_long(read_gauges, self.kernel.now())
+
+
+# ``worker(**options)``: the numbers (whole?, minimum) and the other options of a WorkerHost
+WORKER_NUMBERS = {
+    "concurrency": (True, 1),
+    "poll_interval": (False, 0),
+    "maintenance_interval": (False, 0),
+    "flush_interval": (False, 0),
+    "retention_seconds": (False, 0),
+    "shutdown_timeout": (False, 0),
+}
+WORKER_OTHERS = ("worker_id", "served", "on_job_done", "listen")
 
 
 def _run_events(conn: Any, run_id: str) -> list[Event]:

@@ -106,6 +106,7 @@ from engine_port.driver import (
     check_start_input,
     check_version,
     check_wait_call,
+    check_worker_options,
     check_workflow_ids,
     input_fingerprint,
     redrive_plan,
@@ -1181,6 +1182,15 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     def worker(self, **options: Any) -> AbstractAsyncContextManager[Any]:
         from ._worker import EngineWorker
 
+        check_worker_options(
+            self.driver_name,
+            options,
+            {
+                "graceful_shutdown_timeout": (False, 0),
+                "max_concurrent_activities": (True, 1),
+                "sticky_queue_timeout": (False, 0.001),
+            },
+        )
         return EngineWorker(self, **options)
 
     async def flush_events(self) -> FlushResult:

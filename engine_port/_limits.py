@@ -64,6 +64,7 @@ __all__ = [
     "check_text",
     "check_version",
     "check_wait_call",
+    "check_worker_options",
     "check_workflow_id",
     "check_workflow_ids",
     "definition_error",
@@ -420,6 +421,35 @@ def check_purge_call(older_than: Any) -> float:
             "longer ago than this are purged",
         )
     return seconds
+
+
+def check_worker_options(
+    driver: str,
+    options: Mapping[str, Any],
+    numbers: Mapping[str, tuple[bool, float]],
+    others: Iterable[str] = (),
+) -> None:
+    """The options of ``engine.worker(**options)``: each a name the driver's worker takes
+    (``numbers`` and ``others``: code moving between drivers got a bare TypeError), and each
+    number option (``name -> (whole, minimum)``) a finite number, a whole one when ``whole``,
+    of at least ``minimum``; None keeps the default. ``concurrency=-1`` started a worker that
+    never ran a stage, a negative poll interval one that polled without a pause."""
+    known = sorted({*numbers, *others})
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise _invalid(
+            "options",
+            f"the {driver} driver's worker takes {', '.join(known)}; not {', '.join(unknown)}",
+        )
+    for name, (whole, minimum) in numbers.items():
+        value = options.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+            what = "a whole number" if whole else "a number of seconds"
+            raise _invalid(name, f"{name} must be {what}, not {_kind(value)}")
+        if not math.isfinite(value) or value < minimum:
+            raise _invalid(name, f"{name} must be {minimum:g} or more, not {value}")
 
 
 def check_run_call(run_id: Any) -> str:

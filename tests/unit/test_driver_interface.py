@@ -55,6 +55,7 @@ INTERFACE = [
     "check_start_input",
     "check_version",
     "check_wait_call",
+    "check_worker_options",
     "check_workflow_id",
     "check_workflow_ids",
     "delete_prefixes",
