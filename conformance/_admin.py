@@ -265,16 +265,9 @@ class BadInputContract:
         every driver (a misspelled status listed nothing; a negative limit listed every run on
         native and none on Temporal; a limit given as text raised a TypeError from inside the
         Temporal driver); ``limit=0`` lists nothing and statuses are matched as given."""
-        wf = Workflow(unique_id("s16l"), input=Num)
-
-        @wf.stage
-        async def a(ctx: StageContext[Num]) -> int:
-            return ctx.input.n
-
+        wf = _echo("s16l")
         async with harness.engine(Registry([wf]), MemorySink()) as engine:
-            async with engine.worker():
-                run = await engine.start(wf.id, {"n": 1})
-                assert (await engine.wait(run.id, timeout=60)).status == RunStatus.COMPLETED
+            run = await _completed(engine, wf)
             for bad in (
                 {"status": "complete"},
                 {"status": ["completed", "done"]},
@@ -296,16 +289,9 @@ class BadInputContract:
         negative age put the cutoff in the future and purged every finished run on both
         drivers; text or None raised a bare ValueError or TypeError from inside them. A
         refused call purges nothing."""
-        wf = Workflow(unique_id("s16p"), input=Num)
-
-        @wf.stage
-        async def a(ctx: StageContext[Num]) -> int:
-            return ctx.input.n
-
+        wf = _echo("s16p")
         async with harness.engine(Registry([wf]), MemorySink()) as engine:
-            async with engine.worker():
-                run = await engine.start(wf.id, {"n": 1})
-                assert (await engine.wait(run.id, timeout=60)).status == RunStatus.COMPLETED
+            run = await _completed(engine, wf)
             bads: list[Any] = [
                 -1,
                 -0.5,
@@ -327,12 +313,7 @@ class BadInputContract:
         the other driver got a bare TypeError) and a number out of range (native
         ``concurrency=-1`` started a worker that never ran a stage: the run waited for
         ever) with InvalidInputError, before any worker starts."""
-        wf = Workflow(unique_id("s16o"), input=Num)
-
-        @wf.stage
-        async def a(ctx: StageContext[Num]) -> int:
-            return ctx.input.n
-
+        wf = _echo("s16o")
         async with harness.engine(Registry([wf]), MemorySink()) as engine:
             bad: list[dict[str, Any]] = [
                 {"no_such_option": 1},
@@ -347,9 +328,7 @@ class BadInputContract:
                 with pytest.raises(InvalidInputError):
                     async with engine.worker(**options):
                         pass
-            async with engine.worker():
-                run = await engine.start(wf.id, {"n": 2})
-                assert (await engine.wait(run.id, timeout=60)).output == 2
+            assert (await _completed(engine, wf)).output == 1
 
     async def test_s16_bad_wait_timeouts(self, harness: Harness) -> None:
         """``wait(timeout=...)`` takes seconds, 0 or more, or None: anything else is a typed
@@ -428,6 +407,26 @@ class BadInputContract:
         async with harness.engine(Registry(), MemorySink()) as engine:
             with pytest.raises(RunNotFoundError):
                 await engine.wait("missing", timeout=1)
+
+
+def _echo(prefix: str) -> Workflow[Num]:
+    """A one-stage workflow whose output is its input's ``n``."""
+    wf = Workflow(unique_id(prefix), input=Num)
+
+    @wf.stage
+    async def a(ctx: StageContext[Num]) -> int:
+        return ctx.input.n
+
+    return wf
+
+
+async def _completed(engine: Any, wf: Workflow[Num]) -> Any:
+    """One run of ``wf`` (n = 1) started and completed with a worker of this engine."""
+    async with engine.worker():
+        run = await engine.start(wf.id, {"n": 1})
+        done = await engine.wait(run.id, timeout=60)
+    assert done.status == RunStatus.COMPLETED
+    return done
 
 
 async def _listed(engine: Any, workflow_id: str, status: Any) -> list[Any]:
