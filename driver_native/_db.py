@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import Connection, event
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
 from engine_port.driver import redact_text, redact_url
-from engine_port.errors import DriverUnavailableError
+from engine_port.errors import ConfigurationError, DriverUnavailableError
 
 from . import _schema
 from ._pgbatch import send_batch, send_commit
@@ -163,7 +163,13 @@ class Database:
         error instead of being created."""
         self.url = _normalise_url(url)
         self.retry_seconds = retry_seconds
-        parsed = make_url(self.url)
+        try:
+            parsed = make_url(self.url)
+        except ArgumentError:
+            raise ConfigurationError(
+                f"database_url {redact_url(url)!r} is not a URL; use sqlite:///PATH or "
+                "postgresql+psycopg://USER@HOST:PORT/DB"
+            ) from None
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         self.is_postgres = parsed.get_backend_name() == "postgresql"
         if not (self.is_sqlite or self.is_postgres):

@@ -115,6 +115,7 @@ from engine_port.driver import (
     telemetry,
 )
 from engine_port.errors import (
+    ConfigurationError,
     DriverUnavailableError,
     EngineError,
     IdempotencyConflictError,
@@ -275,6 +276,11 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             )
         except EngineError:
             raise
+        except ValueError as exc:  # (temporalio's "invalid target URL" of an address)
+            raise ConfigurationError(
+                f"temporal_address {address!r} is not a Temporal address ({exc}); use HOST:PORT, "
+                "e.g. 127.0.0.1:7233 (WFE_TEMPORAL_ADDRESS, wfe.toml)"
+            ) from None
         except (TimeoutError, RuntimeError, RPCError, OSError) as exc:
             raise DriverUnavailableError(
                 f"cannot reach Temporal at {address} (namespace {ns!r}): "

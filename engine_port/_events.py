@@ -88,18 +88,26 @@ class JsonlFileSink:
 def open_event_sink(spec: str) -> EventSink:
     """``jsonl:///path/events.jsonl`` or ``package.module:factory`` (a sink, or a zero-argument
     callable returning one)."""
-    from .errors import EngineError
+    from .errors import ConfigurationError
 
     if spec.startswith("jsonl://"):
-        return JsonlFileSink(spec.removeprefix("jsonl://"))
+        path = spec.removeprefix("jsonl://")
+        if not path or Path(path).is_dir():
+            # (every delivery would fail and the events end as dead letters)
+            raise ConfigurationError(
+                f"event_sink {spec!r} names no file; use jsonl:///PATH/events.jsonl"
+            )
+        return JsonlFileSink(path)
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise EngineError(f"event_sink {spec!r} must be jsonl:///PATH or 'package.module:factory'")
+        raise ConfigurationError(
+            f"event_sink {spec!r} must be jsonl:///PATH or 'package.module:factory'"
+        )
     try:
         target = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise EngineError(f"cannot load event sink {spec!r}: {exc}") from None
+        raise ConfigurationError(f"cannot load event sink {spec!r}: {exc}") from None
     sink = target() if callable(target) and not hasattr(target, "publish") else target
     if not hasattr(sink, "publish"):
-        raise EngineError(f"event sink {spec!r} has no async publish(events) method")
+        raise ConfigurationError(f"event sink {spec!r} has no async publish(events) method")
     return sink  # type: ignore[no-any-return]

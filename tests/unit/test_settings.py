@@ -252,3 +252,21 @@ def test_create_engine_passes_settings_registry_and_ports_to_the_factory(
         "clock": None,
         "extra_option": 1,
     }
+
+
+async def test_unusable_urls_and_addresses_are_configuration_errors(clean_env: Path) -> None:
+    """A database_url that is no URL was SQLAlchemy's ArgumentError, a temporal_address with a
+    bad port temporalio's ValueError; an event_sink ``jsonl://`` naming no file (or a folder)
+    was taken, and every event delivery then failed until it was a dead letter."""
+    (clean_env / "folder").mkdir()
+    cases = [
+        ({"database_url": "not a url"}, "database_url 'not a url' is not a URL"),
+        ({"driver": "temporal", "temporal_address": "nohost:99999"}, "use HOST:PORT"),
+        ({"event_sink": "jsonl://"}, "names no file"),
+        ({"event_sink": f"jsonl://{clean_env / 'folder'}"}, "names no file"),
+        ({"event_sink": "no_such_module_x:factory"}, "cannot load event sink"),
+    ]
+    for values, says in cases:
+        with pytest.raises(ConfigurationError, match=says):
+            async with create_engine(load_settings(**values), Registry([])):
+                pass
