@@ -264,6 +264,56 @@ class RetryContract:
             assert info.error is not None and info.error.type == etype
         assert log.count("a") == 2
 
+    async def test_bodies_that_exit_or_raise_a_base_exception_fail_their_attempt(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """A stage body that calls ``sys.exit()`` (async, or sync in the worker's thread pool)
+        or raises a ``BaseException`` that is not an ``Exception`` fails its attempt under the
+        stage's retry policy, and the worker goes on serving runs: natively ``SystemExit``
+        stopped the worker's event loop, and a ``BaseException`` left the stage running until
+        its lease expired, then again, for ever (Temporal failed the activity). A coroutine
+        given to ``ctx.step.run`` instead of the function is a StepError, never retried."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("exit"), input=Num)
+        twice = Retry(max_attempts=2, initial_interval=timedelta(milliseconds=20))
+
+        class Stop(BaseException):
+            pass
+
+        async def work() -> int:
+            return 1
+
+        @wf.stage(retry=twice)
+        async def a(ctx: StageContext[Num]) -> int:
+            log.hit(f"a{ctx.input.n}")
+            if ctx.input.n == 1:
+                raise SystemExit(3)
+            if ctx.input.n == 2:
+                raise Stop("stop")
+            if ctx.input.n == 3:
+                return int(await ctx.step.run("work", work()))  # type: ignore[arg-type]
+            return 0
+
+        @wf.stage(after=[a], retry=twice)
+        def b(ctx: StageContext[Num]) -> int:
+            log.hit(f"b{ctx.input.n}")
+            if ctx.input.n == 4:
+                raise SystemExit("done")
+            return 0
+
+        expected = {1: "StageExitError", 2: "Stop", 3: "StepError", 4: "StageExitError"}
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            for n, etype in expected.items():
+                run = await engine.start(wf.id, {"n": n})
+                info = await engine.wait(run.id, timeout=60)
+                assert info.status == RunStatus.FAILED, (n, info.status)
+                assert info.error is not None and info.error.type == etype, info.error
+                if n in (1, 4):
+                    assert "sys.exit" in info.error.message
+            run = await engine.start(wf.id, {"n": 0})
+            assert (await engine.wait(run.id, timeout=60)).status == RunStatus.COMPLETED
+        assert log.counts() == {"a0": 1, "a1": 2, "a2": 2, "a3": 1, "a4": 1, "b0": 1, "b4": 2}
+
 
 class SleepContract:
     """S6: durable sleep; the step before it is replayed from the ledger."""

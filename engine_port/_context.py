@@ -94,6 +94,13 @@ class Steps:
         """Run ``fn(*args, **kwargs)`` once; later replays return its journaled result."""
         self._claim(name)
         check_step_name(name)  # before fn runs: a name no backend can journal fails at once
+        if not callable(fn):
+            if inspect.iscoroutine(fn):
+                fn.close()  # (never awaited: no "coroutine was never awaited" warning)
+            raise StepError(
+                f"step {name!r}: ctx.step.run takes the function and its arguments, got "
+                f"{type(fn).__name__}; write ctx.step.run({name!r}, f, x), not f(x)"
+            )
         return await self._run(name, fn, *args, **kwargs)
 
     async def _run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

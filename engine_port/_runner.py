@@ -36,6 +36,7 @@ from .errors import (
     DefinitionError,
     InvalidInputError,
     SerializationError,
+    StageExitError,
     StageTimeoutError,
     StepError,
 )
@@ -118,6 +119,24 @@ Outcome = Completed | Suspended | Failed | Abandoned
 # InvalidInputError (PayloadTooLargeError too): a name or value over a backend's limits never
 # fits on a retry either
 _NEVER_RETRY = (SerializationError, StepError, DefinitionError, InvalidInputError)
+
+
+async def _no_exit(body: Awaitable[Any]) -> Any:
+    """``await body``, its ``SystemExit`` turned into ``StageExitError`` in the body's own
+    task (a task that raises ``SystemExit`` stops the event loop)."""
+    try:
+        return await body
+    except SystemExit as exc:
+        raise StageExitError(exc) from None
+
+
+def _body_error(exc: BaseException) -> BaseException:
+    """What a body raised, as the attempt's error: cancellation and an interrupt of the
+    process go on; any other ``BaseException`` fails the attempt (it would otherwise leave
+    the stage running until its lease expired, and then again, for ever)."""
+    if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit):
+        raise exc
+    return StageExitError(exc) if isinstance(exc, SystemExit) else exc
 
 
 def _error_info(exc: BaseException, stage: str, fn: Any = None) -> ErrorInfo:
@@ -310,7 +329,7 @@ class StageRunner:
         ``cancel_grace`` seconds to stop; a body that ignores cancellation longer is left
         behind (it cannot be killed) and the cancellation goes on, so no body holds the
         engine. A body that catches the cancellation and returns in time has returned."""
-        task: asyncio.Future[Any] = asyncio.ensure_future(body)
+        task: asyncio.Future[Any] = asyncio.ensure_future(_no_exit(body))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -402,8 +421,8 @@ class StageRunner:
                 )
                 return Failed(ErrorInfo.of(err, stage.id), retryable=True)
             return self._failed(stage, exc, stage.fn)
-        except Exception as exc:
-            return self._failed(stage, exc, stage.fn)
+        except BaseException as exc:
+            return self._failed(stage, _body_error(exc), stage.fn)
         try:
             output = to_json_value(result, f"output of stage {stage.id!r}")
             check_json(output, f"output of stage {stage.id!r}")
@@ -482,6 +501,6 @@ class StageRunner:
                 "to completion, use ctx.step.run only"
             )
             return Failed(ErrorInfo.of(err, stage.id), retryable=False)
-        except Exception as exc:
-            return self._failed(stage, exc, stage.compensation_fn)
+        except BaseException as exc:
+            return self._failed(stage, _body_error(exc), stage.compensation_fn)
         return Completed(None)

@@ -28,6 +28,7 @@ __all__ = [
     "SerializationError",
     "SignalQueueFullError",
     "SpilledPayloadUnavailableError",
+    "StageExitError",
     "StageTimeoutError",
     "StepError",
     "StepTimeoutError",
@@ -212,6 +213,20 @@ class IdempotencyConflictError(EngineError):
 
 class NonRetryableError(EngineError):
     """Raise from a stage body to fail the stage at once, without retries."""
+
+
+class StageExitError(EngineError):
+    """A stage body or compensation raised ``SystemExit`` (``sys.exit()``, or a CLI library's
+    command called in a stage). The attempt fails with it like with any error (retried under
+    the stage's policy; list it in ``Retry(non_retryable=...)`` to stop that) instead of
+    ending the worker process, as an activity's does on Temporal."""
+
+    def __init__(self, exc: SystemExit) -> None:
+        super().__init__(
+            f"the stage body raised SystemExit({exc.code!r}) (sys.exit?); a stage cannot end the "
+            "worker process: return a value or raise an exception"
+        )
+        self.__traceback__ = exc.__traceback__
 
 
 class StepError(EngineError):

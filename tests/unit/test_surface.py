@@ -111,6 +111,7 @@ ERRORS = [
     "SerializationError",
     "SignalQueueFullError",
     "SpilledPayloadUnavailableError",
+    "StageExitError",
     "StageTimeoutError",
     "StepError",
     "StepTimeoutError",
