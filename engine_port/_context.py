@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -120,14 +121,12 @@ class Steps:
         """A durable sleep: the stage suspends and resumes once ``duration`` has passed."""
         self._claim(name)
         check_step_name(name)
-        seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
-        rec = await self._ledger.get(name)
         now = self._clock.now()
+        deadline = _later(now, duration, f"sleep {name!r}: the duration")
+        rec = await self._ledger.get(name)
         if rec is None:
-            rec = StepRecord(
-                name=name, kind="sleep", completed=False, deadline=now + timedelta(seconds=seconds)
-            )
-            if seconds > 0:
+            rec = StepRecord(name=name, kind="sleep", completed=False, deadline=deadline)
+            if deadline > now:
                 await self._ledger.put(rec)
         if rec.completed:
             return
@@ -158,14 +157,16 @@ class Steps:
         self._signal_waits[name] = k
         key = name if k == 1 else f"{name}#{k}"
         self._claim(key)
+        now = self._clock.now()
+        deadline = (
+            None if timeout is None else _later(now, timeout, f"signal wait {name!r}: timeout")
+        )
         rec = await self._ledger.get(key)
         if rec is not None and rec.completed:
             if _timed_out(rec):
                 raise _signal_timeout(name, rec)
             return rec.result
         if rec is None:
-            now = self._clock.now()
-            deadline = None if timeout is None else now + _td(timeout)
             rec = StepRecord(
                 name=key, kind="signal", completed=False, deadline=deadline, signal=name
             )
@@ -196,14 +197,16 @@ class Steps:
         False; that value is journaled and returned."""
         self._claim(name)
         check_step_name(name)
+        now = self._clock.now()
+        what = f"wait_for {name!r}"
+        deadline = None if timeout is None else _later(now, timeout, f"{what}: timeout")
+        _later(now, interval, f"{what}: interval", positive=True)
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
             if _timed_out(rec):
                 raise _poll_timeout(name, rec)
             return rec.result
-        now = self._clock.now()
         if rec is None:
-            deadline = None if timeout is None else now + _td(timeout)
             rec = StepRecord(name=name, kind="poll", completed=False, deadline=deadline)
             await self._ledger.put(rec)
         value = await _call(check)
@@ -240,6 +243,23 @@ def _poll_timeout(name: str, rec: StepRecord) -> StepTimeoutError:
 
 def _td(value: timedelta | float) -> timedelta:
     return value if isinstance(value, timedelta) else timedelta(seconds=float(value))
+
+
+def _later(now: datetime, value: Any, what: str, *, positive: bool = False) -> datetime:
+    """``now`` plus the duration ``value`` (a timedelta or a number of seconds), checked before
+    anything is journaled: text, NaN, infinity and a time past the year 9999 were a
+    ``ValueError`` or ``OverflowError`` from inside the step (retried as the body's own
+    error), and text was read as seconds. ``positive``: more than zero (a poll interval of
+    0 polls without a pause)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value if number else None
+    if seconds is None or not math.isfinite(seconds) or (positive and seconds <= 0):
+        kind = "more than 0 seconds" if positive else "a finite number of seconds"
+        raise StepError(f"{what} must be a timedelta or {kind}, got {value!r}")
+    try:
+        return now + timedelta(seconds=seconds)
+    except OverflowError:
+        raise StepError(f"{what} {value!r} ends after the year 9999; give a shorter one") from None
 
 
 def _run_on_loop(loop: asyncio.AbstractEventLoop, coro: Any, what: str) -> Any:

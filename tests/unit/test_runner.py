@@ -902,3 +902,49 @@ async def test_a_new_signal_wait_suspends_once_even_if_its_deadline_passed_meanw
     first = suspended(await h.run("s"))
     assert first.waiting_for == "signal:go"
     assert "StepTimeoutError" in failed(await h.run("s")).error.type
+
+
+# -- durations a body can get wrong ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda s: s.sleep("z", float("inf")), "finite number of seconds, got inf"),
+        (lambda s: s.sleep("z", float("nan")), "got nan"),
+        (lambda s: s.sleep("z", "5"), "got '5'"),
+        (lambda s: s.sleep("z", True), "got True"),
+        (lambda s: s.sleep("z", 1e20), "after the year 9999"),
+        (lambda s: s.sleep("z", timedelta.max), "after the year 9999"),
+        (lambda s: s.wait_for_signal("q", timeout=float("inf")), "timeout must be"),
+        (lambda s: s.wait_for_signal("q", timeout="1"), "got '1'"),
+        (lambda s: s.wait_for("w", lambda: None, timeout=float("nan")), "timeout must be"),
+        (lambda s: s.wait_for("w", lambda: True, interval=0), "more than 0 seconds"),
+        (lambda s: s.wait_for("w", lambda: True, interval=float("nan")), "got nan"),
+    ],
+)
+async def test_a_duration_that_is_not_one_fails_the_step_before_anything_is_journaled(
+    h: Harness, call: Any, says: str
+) -> None:
+    """NaN, infinity and a time past the year 9999 were a ValueError or OverflowError from
+    inside the step (retried as the body's own error), text was read as seconds, and a poll
+    interval of 0 (or NaN, with a check that is met at once) was taken."""
+
+    @h.wf.stage
+    async def p(ctx: StageContext[In]) -> Any:
+        return await call(ctx.step)
+
+    f = failed(await h.run("p"))
+    assert f.error.type == "StepError" and says in f.error.message and not f.retryable
+    assert h.ledger.written == []
+
+
+async def test_a_negative_sleep_or_signal_timeout_has_already_passed(h: Harness) -> None:
+    @h.wf.stage
+    async def p(ctx: StageContext[In]) -> Any:
+        await ctx.step.sleep("z", -5)
+        return await ctx.step.wait_for_signal("q", timeout=timedelta(seconds=-1))
+
+    assert suspended(await h.run("p")).reason == "signal"  # (a new wait suspends once)
+    f = failed(await h.run("p"))
+    assert f.error.type == "StepTimeoutError"
