@@ -4,6 +4,7 @@ callable returning one) or just ``module`` (its Registry, else every Workflow it
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from typing import Any
@@ -19,8 +20,23 @@ def _as_registry(target: Any, app: str) -> Registry:
         return target
     if isinstance(target, Workflow):
         return Registry([target])
-    if callable(target):
+    if callable(target) and not isinstance(target, type):
+        try:
+            inspect.signature(target).bind()
+        except TypeError:
+            raise ConfigurationError(
+                f"app {app!r} is a function that needs arguments; point --app (or WFE_APP) at "
+                "the Registry, or at a function that builds it without arguments"
+            ) from None
+        except ValueError:
+            pass  # (a builtin without a signature: call it and see)
         made = target()
+        if inspect.iscoroutine(made):
+            made.close()
+            raise ConfigurationError(
+                f"app {app!r} is an async function; make the function that builds the Registry "
+                "a plain def, or point --app at the Registry itself"
+            )
         if isinstance(made, Registry | Workflow):
             return _as_registry(made, app)
     raise ConfigurationError(
@@ -45,9 +61,16 @@ def load_registry(app: str | None) -> Registry:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        missing = getattr(exc, "name", None) or ""
+        if missing and (module_name + ".").startswith(missing + "."):
+            raise ConfigurationError(
+                f"cannot import {module_name!r} for app {app!r}: {exc}; run from the folder "
+                "that holds it or add that folder to PYTHONPATH"
+            ) from None
+        # the app's module was found, and an import inside it failed (a missing dependency)
         raise ConfigurationError(
-            f"cannot import {module_name!r} for app {app!r}: {exc}; run from the folder that "
-            "holds it or add that folder to PYTHONPATH"
+            f"importing {module_name!r} for app {app!r} failed inside it: {exc}; install what "
+            "it imports, or fix that import"
         ) from None
     if attr:
         target = getattr(module, attr, None)

@@ -336,6 +336,32 @@ def test_app_is_imported_from_the_current_directory_as_module_or_workflow(
     assert "is not a Registry, a Workflow" in result.stderr
 
 
+def test_an_app_that_cannot_be_built_is_a_configuration_error_saying_why(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A factory that needs arguments was a TypeError traceback, an async one "not a
+    Registry" with a never-awaited warning, and a module whose own import of a dependency
+    failed was reported as not found ("run from the folder that holds it")."""
+    from engine_port.errors import ConfigurationError
+    from wfe_cli._apps import load_registry
+
+    (tmp_path / "cliapp3.py").write_text(
+        "from engine_port import Registry\n"
+        "def needs(x): return Registry([])\n"
+        "async def later(): return Registry([])\n"
+    )
+    (tmp_path / "cliapp4.py").write_text("import no_such_dependency_x\n")
+    with pytest.raises(ConfigurationError, match="is a function that needs arguments"):
+        load_registry("cliapp3:needs")
+    with pytest.raises(ConfigurationError, match="is an async function"):
+        load_registry("cliapp3:later")
+    with pytest.raises(ConfigurationError, match="failed inside it: No module named 'no_such_"):
+        load_registry("cliapp4")
+    result = CliRunner().invoke(app, ["worker", "--app", "json:loads"])
+    assert result.exit_code == EXIT_CODES["bad_config"], result.output
+    assert "needs arguments" in result.stderr
+
+
 def _flaky_version() -> str:
     """The version the app module's workflow gets (its graph fingerprint)."""
     import importlib
