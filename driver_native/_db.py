@@ -495,12 +495,25 @@ class Database:
 
     # -- schema -----------------------------------------------------------------------------
     def upgrade(self) -> list[int]:
+        """Bring the schema up to this code's version; a database a newer wfe wrote (a
+        schema version this code does not know) is refused, not used."""
+
         def run(conn: Connection) -> list[int]:
             if self.is_postgres:
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(724401)"))
+            self.check_not_newer(_schema.schema_version(conn))
             return _schema.upgrade(conn)
 
         return self.tx_sync(run)
+
+    def check_not_newer(self, version: int) -> None:
+        latest = _schema.LATEST_SCHEMA_VERSION
+        if version > latest:
+            raise DriverUnavailableError(
+                f"the database at {self.safe_url} is at schema version {version}, which a newer "
+                f"wfe wrote (this one knows up to {latest}); upgrade wfe on this host (every "
+                "worker and the CLI need the same or a newer version)"
+            )
 
     def schema_version(self) -> int:
         return self.tx_sync(_schema.schema_version)

@@ -28,6 +28,7 @@ def initialised(settings: EngineSettings) -> None:
         db = Database(settings.database_url.reveal(), create=False)
         try:
             version, latest = db.schema_status()
+            db.check_not_newer(version)
         finally:
             db.dispose()
         if version < latest:

@@ -55,6 +55,36 @@ def test_fresh_database_reaches_latest_version(database_url: str) -> None:
         db.dispose()
 
 
+async def test_a_database_a_newer_wfe_wrote_is_refused_not_used(
+    database_url: str, tmp_path: Path
+) -> None:
+    """An older wfe (a host not upgraded, a rolled-back deploy) used a database at a schema
+    version it does not know as if it were its own: create_engine(), the CLI and
+    ``wfe db upgrade`` now refuse it with a DriverUnavailableError saying to upgrade wfe."""
+    from typer.testing import CliRunner
+
+    from engine_port import create_engine
+    from engine_port.errors import DriverUnavailableError
+    from wfe_cli import app
+
+    db = Database(database_url)
+    try:
+        db.upgrade()
+        newer = _schema.LATEST_SCHEMA_VERSION + 1
+        db.tx_sync(lambda c: c.execute(_schema.schema_info.update().values(version=newer)))
+        with pytest.raises(DriverUnavailableError, match=f"schema version {newer}, which a newer"):
+            db.upgrade()
+    finally:
+        db.dispose()
+    settings = EngineSettings(database_url=database_url, blob_url=f"file://{tmp_path}/blobs")
+    with pytest.raises(DriverUnavailableError, match="upgrade wfe"):
+        async with create_engine(settings, Registry([])):
+            pass
+    for args in (["runs"], ["db", "upgrade"]):
+        result = CliRunner().invoke(app, args, env={"WFE_DATABASE_URL": database_url})
+        assert result.exit_code != 0 and "which a newer wfe wrote" in result.stderr, args
+
+
 def test_upgrade_from_v11_adds_the_partial_indexes_of_failed_events_and_due_jobs(
     database_url: str,
 ) -> None:
