@@ -75,9 +75,12 @@ async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 class Steps:
     """Durable steps: each outcome is journaled; a replay returns the recorded result."""
 
-    def __init__(self, ledger: StepLedger, clock: Clock) -> None:
+    def __init__(
+        self, ledger: StepLedger, clock: Clock, declared: Callable[[], set[str]] | None = None
+    ) -> None:
         self._ledger = ledger
         self._clock = clock
+        self._declared = declared  # the signal names the workflow declares (engine.signal's)
         self._used: set[str] = set()
         self._signal_waits: dict[str, int] = {}
 
@@ -153,6 +156,14 @@ class Steps:
         if not isinstance(name, str) or not name:
             raise StepError("a signal wait needs a non-empty string name")
         check_signal_name(name)
+        known = set() if self._declared is None else self._declared()
+        if known and name not in known:
+            # engine.signal refuses the name (UnknownSignalError): the wait could never end
+            raise StepError(
+                f"the stage waits for signal {name!r}, which no stage of its workflow declares "
+                f"(declared: {', '.join(sorted(known))}), so engine.signal refuses it; add it to "
+                "the stage's signals=[...]"
+            )
         k = self._signal_waits.get(name, 0) + 1
         self._signal_waits[name] = k
         key = name if k == 1 else f"{name}#{k}"

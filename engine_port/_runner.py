@@ -288,7 +288,11 @@ class StageRunner:
             stage_id=req.stage_id,
             attempt=req.attempt,
             workflow=wf,
-            step=Steps(SizeCheckedLedger(ledger, self.max_payload_bytes), self.clock),
+            step=Steps(
+                SizeCheckedLedger(ledger, self.max_payload_bytes),
+                self.clock,
+                lambda: {name for stage in wf.stages.values() for name in stage.signals},
+            ),
             registry=self.registry,
             outputs=req.outputs,
             cancel_event=req.cancel_event,

@@ -948,3 +948,32 @@ async def test_a_negative_sleep_or_signal_timeout_has_already_passed(h: Harness)
     assert suspended(await h.run("p")).reason == "signal"  # (a new wait suspends once)
     f = failed(await h.run("p"))
     assert f.error.type == "StepTimeoutError"
+
+
+async def test_a_wait_for_a_signal_the_workflow_does_not_declare_fails_at_once(h: Harness) -> None:
+    """Once a workflow declares its signals, engine.signal refuses any other name, so a wait
+    for one (a typo: "aproval") waited until its timeout, or for ever."""
+
+    @h.wf.stage(signals=["approval"])
+    async def p(ctx: StageContext[In]) -> Any:
+        return await ctx.step.wait_for_signal("approval")
+
+    @h.wf.stage(after=[p])
+    async def q(ctx: StageContext[In]) -> Any:
+        return await ctx.step.wait_for_signal("aproval")
+
+    assert suspended(await h.run("p")).waiting_for == "signal:approval"
+    f = failed(await h.run("q"))
+    assert f.error.type == "StepError" and not f.retryable
+    assert "'aproval', which no stage of its workflow declares (declared: approval)" in (
+        f.error.message
+    )
+    assert [r.name for r in h.ledger.written] == ["approval"]
+
+
+async def test_a_workflow_that_declares_no_signals_waits_for_any_name(h: Harness) -> None:
+    @h.wf.stage
+    async def p(ctx: StageContext[In]) -> Any:
+        return await ctx.step.wait_for_signal("anything")
+
+    assert suspended(await h.run("p")).waiting_for == "signal:anything"
