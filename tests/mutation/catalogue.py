@@ -124,10 +124,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "P09-sleep-deadline-slides",
         "port",
         "engine_port/_context.py",
-        "        if rec is None:\n            rec = StepRecord(\n"
-        '                name=name, kind="sleep"',
-        "        if rec is None or not rec.completed:\n            rec = StepRecord(\n"
-        '                name=name, kind="sleep"',
+        "        if rec is None:\n"
+        '            rec = StepRecord(name=name, kind="sleep"',
+        "        if rec is None or not rec.completed:\n"
+        '            rec = StepRecord(name=name, kind="sleep"',
         "a durable sleep's deadline is recomputed on every replay (it never ends)",
         "s6 or sleep",
     ),
@@ -136,10 +136,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "port",
         "engine_port/_context.py",
         "        if rec is None:\n"
-        "            deadline = None if timeout is None else now + _td(timeout)\n"
         '            rec = StepRecord(name=name, kind="poll"',
         "        if rec is None or not rec.completed:\n"
-        "            deadline = None if timeout is None else now + _td(timeout)\n"
         '            rec = StepRecord(name=name, kind="poll"',
         "a wait_for deadline is recomputed on every replay (fixed on first execution)",
         "wait_for",
