@@ -266,11 +266,34 @@ class Stage:
         """Declare ``fn(ctx, output)`` as this stage's compensation (run on saga rollback)."""
         if self.compensation_fn is not None:
             raise DefinitionError(f"stage {self.id!r} already has a compensation")
+        if not callable(fn):
+            raise DefinitionError(
+                f"the compensation of stage {self.id!r} must be a function, not {type(fn).__name__}"
+            )
+        what = f"the compensation of stage {self.id!r}"
+        _check_handler(fn, what, "two arguments (ctx, output)", 2)
         self.compensation_fn = fn
         return fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
+
+
+def _check_handler(fn: Handler, what: str, takes: str, count: int) -> None:
+    """At definition, what would fail every call: a generator (a stage returns its output),
+    or a signature that cannot take the ``count`` arguments the runner passes. Found when a
+    run reached the stage, a compensation's only when a later stage failed."""
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise DefinitionError(f"{what} is a generator; return its result instead of yielding it")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # (a builtin without a signature: it shows when called)
+    try:
+        signature.bind(*([None] * count))
+    except TypeError:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise DefinitionError(f"{what} must take {takes}; it is {name}{signature}") from None
 
 
 def _return_hint_only(fn: Handler) -> dict[str, Any]:
@@ -425,10 +448,15 @@ class Workflow(Generic[InT]):
             raise DefinitionError(f"retry= must be a Retry(...), not {type(retry).__name__}")
 
         def register(f: Handler) -> Stage:
-            stage_id = self._new_stage_id(id if id is not None else getattr(f, "__name__", ""))
-            deps = self._dependencies(stage_id, after)
             if not callable(f):
-                raise DefinitionError(f"stage {stage_id!r} must be a function")
+                named = "" if id is None else f" {id!r}"
+                raise DefinitionError(
+                    f"stage{named} of workflow {self.id!r} must be a function, not "
+                    f"{type(f).__name__}"
+                )
+            stage_id = self._new_stage_id(id if id is not None else getattr(f, "__name__", ""))
+            _check_handler(f, f"stage {stage_id!r}", "one argument (ctx)", 1)
+            deps = self._dependencies(stage_id, after)
             if timeout is not None and (
                 not isinstance(timeout, timedelta) or timeout <= timedelta(0)
             ):

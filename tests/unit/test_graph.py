@@ -593,3 +593,47 @@ def test_check_signal_known() -> None:
     check_signal_known(None, "r1", "anything")  # the version is not known here
     with pytest.raises(UnknownSignalError, match=r"it declares 'approval'"):
         check_signal_known(wf.graph(), "r1", "aproval")
+
+
+# -- handlers that could never be called -------------------------------------------------------
+
+
+def test_a_stage_or_compensation_that_cannot_take_its_arguments_is_refused_at_definition() -> None:
+    """These failed every attempt at run time, a compensation's only once a later stage
+    had failed (the saga could then not undo the stage); a generator stage failed with a
+    SerializationError of its output; a stage that is not a function said its id was ''."""
+    wf = Workflow("handlers", input=In)
+
+    async def none() -> int:
+        return 1
+
+    async def two(ctx: StageContext[In], extra: int) -> int:
+        return 1
+
+    async def gen(ctx: StageContext[In]) -> Any:
+        yield 1
+
+    for body, says in (
+        (none, "stage 'none' must take one argument (ctx); it is none()"),
+        (two, "must take one argument (ctx); it is two(ctx: 'StageContext[In]', extra: 'int')"),
+        (gen, "stage 'gen' is a generator"),
+        (5, "stage of workflow 'handlers' must be a function, not int"),
+    ):
+        with pytest.raises(DefinitionError) as err:
+            wf.stage(body)
+        assert says in str(err.value)
+    assert wf.stages == {}
+
+    @wf.stage
+    async def a(ctx: StageContext[In], *more: Any, **kw: Any) -> int:
+        return 1
+
+    with pytest.raises(DefinitionError, match=r"must take two arguments \(ctx, output\)"):
+
+        @a.compensation
+        async def undo(ctx: StageContext[In]) -> None: ...
+
+    @a.compensation
+    def release(ctx: StageContext[In], output: int, reason: str = "") -> None: ...
+
+    assert a.compensation_fn is release
