@@ -107,10 +107,12 @@ class FolderBlobStore:
     async def list(self, prefix: str = "") -> list[str]:
         if prefix:
             check_key(prefix.rstrip("/"))
-        if not self.root.exists():
+        # walk only the folder the prefix names (a run's blobs, not the whole store)
+        folder = self.root / prefix.rpartition("/")[0] if "/" in prefix else self.root
+        if not folder.is_dir():
             return []
         keys = []
-        for p in self.root.rglob("*"):
+        for p in folder.rglob("*"):
             if p.is_file() and not (p.name.startswith(".") and p.name.endswith(_TMP_SUFFIX)):
                 key = p.relative_to(self.root).as_posix()
                 if key.startswith(prefix):

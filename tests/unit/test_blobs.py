@@ -69,6 +69,29 @@ async def test_folder_store_lists_keys_that_start_with_a_dot(tmp_path: Path) -> 
     assert await store.list() == [".hidden", "x/.also"]
 
 
+async def test_folder_store_lists_a_prefix_by_walking_only_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's listing (the Temporal driver's outbox, dead letters, step journals) walked the
+    whole store, every run's files, on the event loop."""
+    store = FolderBlobStore(tmp_path)
+    for key in ("runs/r1/a", "runs/r1/s/b", "runs/r10/a", "runs/r2/a", "dlq/x"):
+        await store.put(key, b"1")
+    walked: list[str] = []
+    rglob = Path.rglob
+
+    def spy(self: Path, pattern: str) -> Any:
+        walked.append(self.relative_to(tmp_path).as_posix())
+        return rglob(self, pattern)
+
+    monkeypatch.setattr(Path, "rglob", spy)
+    assert await store.list("runs/r1/") == ["runs/r1/a", "runs/r1/s/b"]
+    assert await store.list("runs/r1") == ["runs/r1/a", "runs/r1/s/b", "runs/r10/a"]
+    assert await store.list("runs/none/") == []
+    assert await store.list("dl") == ["dlq/x"]
+    assert walked == ["runs/r1", "runs", "."]
+
+
 async def test_folder_store_concurrent_puts_of_one_key(tmp_path: Path) -> None:
     store = FolderBlobStore(tmp_path)
     payloads = [bytes([i]) * 1000 for i in range(16)]
