@@ -407,6 +407,8 @@ class BadInputContract:
         async with harness.engine(Registry(), MemorySink()) as engine:
             with pytest.raises(RunNotFoundError):
                 await engine.wait("missing", timeout=1)
+            with pytest.raises(RunNotFoundError):
+                await engine.steps("missing")
 
 
 def _echo(prefix: str) -> Workflow[Num]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from engine_port import (
     StageContext,
     Workflow,
 )
+from engine_port.driver import StepEntry
 from engine_port.errors import RunNotActiveError
 
 from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
@@ -68,6 +70,44 @@ def saga(
 
     a.compensation(comp("a"))
     b.compensation(comp("b"))
+    return wf
+
+
+def journaled(log: ExecutionLog, flags: dict[str, bool]) -> Workflow[Num]:
+    """a -> b -> c with durable steps, each logged when its body runs: a reserves (its
+    compensation releases), b charges and waits for the signal ``approve``, c packs, breaks
+    until ``flags["fixed"]``, then ships."""
+    wf = Workflow(unique_id("steps"), input=Num)
+
+    def step(name: str) -> Any:
+        def body() -> str:
+            log.hit(name)
+            return name
+
+        return body
+
+    @wf.stage(retry=QUICK)
+    async def a(ctx: StageContext[Num]) -> str:
+        reserved: str = await ctx.step.run("reserve", step("reserve"))
+        return reserved
+
+    @a.compensation
+    async def release(ctx: StageContext[Num], output: str) -> None:
+        await ctx.step.run("release", step("release"))
+
+    @wf.stage(after=[a], signals=["approve"], retry=QUICK)
+    async def b(ctx: StageContext[Num]) -> Any:
+        await ctx.step.run("charge", step("charge"))
+        return await ctx.step.wait_for_signal("approve")
+
+    @wf.stage(after=[b], retry=QUICK)
+    async def c(ctx: StageContext[Num]) -> str:
+        await ctx.step.run("pack", step("pack"))
+        if not flags.get("fixed"):
+            raise NonRetryableError("c broke")
+        shipped: str = await ctx.step.run("ship", step("ship"))
+        return shipped
+
     return wf
 
 
@@ -378,6 +418,104 @@ class RedriveContract:
             assert final.status == RunStatus.COMPLETED and final.redrive_count == 3
             counts = log.counts()
             assert (counts["a"], counts["b"], counts["c"], counts["d"]) == (2, 3, 4, 3)
+
+    async def test_steps_after_compensation_and_redrives(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """``engine.steps(run)`` lists each stage's journaled steps by stage and name, a
+        compensation's under ``<stage>#compensation``, a signal wait with its signal name and
+        whether it completed. A redrive from the last failure keeps the failed stage's steps
+        (c's pack is not run again); one from a stage journals the stages it re-runs anew;
+        the kept stages' steps stay listed, an earlier compensation's do not (a compensation
+        after a redrive is a new one)."""
+        if not harness.capabilities.redrive:
+            pytest.skip("driver lacks capability redrive")
+        log = ExecutionLog(tmp_path / "log")
+        flags: dict[str, bool] = {}
+        wf = journaled(log, flags)
+
+        def ran(stage: str, name: str) -> StepEntry:
+            return StepEntry(stage=stage, name=name, kind="run", completed=True)
+
+        def approve(completed: bool) -> StepEntry:
+            return StepEntry(
+                stage="b", name="approve", kind="signal", completed=completed, signal="approve"
+            )
+
+        reserve, release = ran("a", "reserve"), ran("a#compensation", "release")
+        charge, pack, ship = ran("b", "charge"), ran("c", "pack"), ran("c", "ship")
+
+        def suspensions() -> int:
+            return sum(e.type == "stage.suspended" for e in sink.for_run(run.id))
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {"n": 1})
+            await wait_for_events(sink, run.id, "stage.suspended")
+            assert await engine.steps(run.id) == [reserve, approve(False), charge]
+            await engine.signal(run.id, "approve", {"ok": True})
+            failed = await engine.wait(run.id, timeout=60)
+            assert failed.status == RunStatus.FAILED
+            assert failed.stage("a").status == "compensated"
+            assert await engine.steps(run.id) == [reserve, release, approve(True), charge, pack]
+
+            flags["fixed"] = True
+            await engine.redrive(run.id, from_="last_failure")
+            done = await engine.wait(run.id, timeout=60)
+            assert done.status == RunStatus.COMPLETED
+            assert await engine.steps(run.id) == [
+                reserve,
+                approve(True),
+                charge,
+                pack,
+                ship,
+            ]
+
+            await engine.redrive(run.id, from_="b")
+            await eventually(lambda: suspensions() == 2, what="b to wait again")
+            assert await engine.steps(run.id) == [reserve, approve(False), charge]
+            await engine.signal(run.id, "approve", {"ok": True})
+            final = await engine.wait(run.id, timeout=60)
+            assert final.status == RunStatus.COMPLETED
+            assert await engine.steps(run.id) == [
+                reserve,
+                approve(True),
+                charge,
+                pack,
+                ship,
+            ]
+        assert log.counts() == {"reserve": 1, "charge": 2, "pack": 2, "release": 1, "ship": 2}
+
+    async def test_a_failure_after_a_redrive_compensates_again(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """A run redriven after its compensation, failing again, compensates its completed
+        stages again, running the compensation's steps anew. Natively a redrive wrote the
+        stages' ``compensation_error`` as JSON 'null', which read as "its compensation
+        failed": the second failure compensated nothing (stage a stayed ``completed``), and
+        the compensation's journaled steps would have been replayed, not run."""
+        if not harness.capabilities.redrive:
+            pytest.skip("driver lacks capability redrive")
+        log = ExecutionLog(tmp_path / "log")
+        wf = journaled(log, {})
+        sink = MemorySink()
+
+        def at_least(event_type: str, n: int) -> bool:
+            return sum(e.type == event_type for e in sink.for_run(run.id)) >= n
+
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {"n": 1})
+            for cycle in (1, 2):
+                if cycle == 2:
+                    await engine.redrive(run.id, from_="b")
+                await eventually(partial(at_least, "stage.suspended", cycle), what="b's wait")
+                await engine.signal(run.id, "approve", {"ok": cycle})
+                info = await engine.wait(run.id, timeout=60)
+                assert info.status == RunStatus.FAILED, cycle
+                assert info.stage("a").status == "compensated", cycle
+                assert log.count("release") == cycle
+                await eventually(partial(at_least, "stage.compensated", cycle), what="events")
+        assert [e.type for e in sink.for_run(run.id)].count("stage.compensated") == 2
 
     async def test_redrive_bad_input(self, harness: Harness) -> None:
         if not harness.capabilities.redrive:

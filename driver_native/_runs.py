@@ -554,6 +554,12 @@ def redrive_run(
         conn.execute(
             sa.delete(steps).where(steps.c.run_id == run_id, steps.c.stage_id.in_(sorted(rerun)))
         )
+    # a compensation after this redrive is a new one: it runs its steps again (as on
+    # Temporal, whose compensation journals are per redrive), never replays the last one's
+    # (stage ids cannot hold '#': only compensation ledgers end so)
+    conn.execute(
+        sa.delete(steps).where(steps.c.run_id == run_id, steps.c.stage_id.like("%#compensation"))
+    )
     conn.execute(
         sa.update(stages)
         .where(stages.c.run_id == run_id, stages.c.stage_id.in_(sorted(rerun)))

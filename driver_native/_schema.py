@@ -47,6 +47,12 @@ definitions = Table(
     Column("created_at", Double, nullable=False),
 )
 
+# a JSON column where None means "none" (an error, the compensation errors): written as SQL
+# NULL, so that ``IS NULL`` finds it. (A plain JSON column writes None as the JSON text 'null':
+# a redrive's ``compensation_error=None`` made every stage look compensated already, and a
+# later failure compensated nothing.) Outputs keep plain JSON: a stage may return None.
+_ABSENT_AS_NULL = JSON(none_as_null=True)
+
 runs = Table(
     "wfe_runs",
     metadata,
@@ -58,8 +64,8 @@ runs = Table(
     Column("input_fingerprint", String(64)),
     Column("idempotency_key", String(300), unique=True),
     Column("output", JSON),
-    Column("error", JSON),
-    Column("compensation_errors", JSON),
+    Column("error", _ABSENT_AS_NULL),
+    Column("compensation_errors", _ABSENT_AS_NULL),
     Column("current_group", Integer, nullable=False, default=0),
     # stages of the current group not completed yet (NULL: unknown, counted again by the
     # next transition that schedules): a completion elsewhere in a wide group is O(1)
@@ -95,8 +101,8 @@ stages = Table(
     Column("suspensions", Integer, nullable=False, default=0),
     Column("output", JSON),
     Column("has_output", Boolean, nullable=False, default=False),
-    Column("error", JSON),
-    Column("compensation_error", JSON),
+    Column("error", _ABSENT_AS_NULL),
+    Column("compensation_error", _ABSENT_AS_NULL),
     Column("completed_order", Integer),
     Column("waiting_for", String(300)),
     Column("wake_at", Double),
@@ -412,6 +418,24 @@ def _v14(conn: Connection) -> None:
     conn.execute(sa.text("DROP TABLE wfe_outbox_v13"))
 
 
+def _v15(conn: Connection) -> None:
+    """The errors written as the JSON text 'null' (a redrive's reset, before these columns
+    wrote None as SQL NULL) become SQL NULL: such a stage was taken for one whose compensation
+    had failed, and a later failure of its run compensated nothing."""
+    for table, column in (
+        ("wfe_stages", "compensation_error"),
+        ("wfe_stages", "error"),
+        ("wfe_runs", "compensation_errors"),
+        ("wfe_runs", "error"),
+    ):
+        conn.execute(
+            sa.text(
+                f"UPDATE {table} SET {column} = NULL "
+                f"WHERE {column} IS NOT NULL AND CAST({column} AS TEXT) = 'null'"
+            )
+        )
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -427,6 +451,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (12, "outbox partial index of failed events: a cheap retrying count", _v12),
     (13, "jobs partial index of due jobs by version: claims skip other versions' queues", _v13),
     (14, "outbox event ids not indexed as unique: no random index write per event", _v14),
+    (15, "errors reset to JSON 'null' by a redrive become SQL NULL", _v15),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

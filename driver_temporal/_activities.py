@@ -64,7 +64,7 @@ from engine_port import (
 from engine_port.errors import EngineError
 
 from ._carry import carry, meta_of, whole
-from ._journal import StepJournal, put_small
+from ._journal import StepJournal, put_small, step_records
 from ._names import FREEZE_CANCELLED_QUERY, TAKE_SIGNAL_UPDATE
 from ._wire import (
     dlq_key,
@@ -859,8 +859,10 @@ class DriverActivities:
         """The step records a stage's attempts journaled (see the module docstring)."""
         log = StepJournal(self.claim.store, journal_prefix(run_id, stage_id, redrive, "stage"))
         try:
-            # without the mark of a signal taken from the run: it only guides a retried try
-            return [{k: v for k, v in r.items() if k != "via"} for r in await log.read()]
+            # without the mark of a signal taken from the run (it only guides a retried try),
+            # nor a local try's result document: not a step (a ledger holding one failed the
+            # redrive of a terminated run whose local stage had not completed)
+            return step_records(await log.read())
         finally:
             log.close()
 

@@ -95,6 +95,7 @@ from engine_port import (
 from engine_port.driver import (
     TERMINAL_RUN_STATUSES,
     GraphModel,
+    StepEntry,
     check_export_target,
     check_import_call,
     check_list_call,
@@ -142,6 +143,7 @@ from ._helpers import (
     _state_from_memo,
 )
 from ._history_events import run_events
+from ._journal import read_run_journals
 from ._paging import PagedRuns
 from ._query import runs_query
 from ._run_end import RunEnds, WorkerExterns
@@ -149,6 +151,7 @@ from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_QUERY, SIGNAL_STATUS_UPDATE
 from ._start import StartDocument
 from ._state import MemoStage, RunMemo, StageState
+from ._steps import run_steps
 from ._waiters import DeliveryWaiters
 from ._wire import (
     deployment_for,
@@ -1073,21 +1076,27 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return await self.get_run(run_id)
 
     async def _started_graph(self, run_id: str) -> GraphModel | None:
-        """The graph the run's latest execution started with (its input's metadata, or on
-        runs of the oldest shape the input itself); None when Temporal has no such history."""
+        """The graph the run's latest execution started with; None when Temporal has no such
+        history."""
+        graph = (await self._started_with(run_id)).get("graph")
+        return None if graph is None else GraphModel.model_validate(graph)
+
+    async def _started_with(self, run_id: str) -> dict[str, Any]:
+        """The ``StartDocument.carried`` keys the run's latest execution started with (the
+        graph, where each stage was): its input's metadata, or on runs of the oldest shape
+        the input itself; empty when Temporal has no such history."""
         handle = self._conn.get_workflow_handle(run_id)
         with suppress(RPCError):
             async for ev in handle.fetch_history_events(page_size=1):
                 payloads = ev.workflow_execution_started_event_attributes.input.payloads
                 if not payloads:
-                    return None
+                    return {}
                 meta: Any = meta_of(payloads[0])
                 if meta is None:  # (the oldest shape: the input is the start document)
                     with suppress(ValueError):
                         meta = pydantic_core.from_json(payloads[0].data)
-                graph = meta.get("graph") if isinstance(meta, dict) else None
-                return None if graph is None else GraphModel.model_validate(graph)
-        return None
+                return meta if isinstance(meta, dict) else {}
+        return {}
 
     async def _redrive_state(
         self, run_id: str, memo: Any, status: WorkflowExecutionStatus | None, info: RunInfo
@@ -1252,6 +1261,18 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         driver's ``events``: rebuilt from its workflow histories (``_history_events``)."""
         check_run_call(run_id)
         return await run_events(self._conn, run_id)
+
+    async def steps(self, run_id: str) -> list[StepEntry]:
+        """The run's journaled steps (without their results), by stage and name, as the
+        native driver lists them (``_steps``): read from the step journals in the BlobStore
+        (the run's own folder) and the steps its latest execution started with; no worker
+        need be up."""
+        check_run_call(run_id)
+        memo, _ = await self._describe(run_id, settle=False)  # RunNotFoundError
+        run = RunMemo.model_validate(memo["wfe_run"])
+        started = (await self._started_with(run_id)).get("stages") or {}
+        journals = await read_run_journals(self.blob_store, run_id)
+        return run_steps([s.id for s in run.stages], run.redrive_count, started, journals)
 
     async def dead_letters(self, limit: int = 1000) -> list[Event]:
         """Dead-lettered events (kept under ``dlq/`` in the BlobStore), per run in order."""

@@ -12,7 +12,8 @@ by a crash mid-write is ignored on read (that step had not returned, so it runs 
 next try starts its first record on a new line. Other
 BlobStores (S3, memory) cannot append: there each record is one ``put`` of its own key
 (``<prefix><step>.json``), constant per step too. Reading lists only the journal's own folder
-(never the whole store); the later record of a step wins.
+(never the whole store); the later record of a step wins. ``read_run_journals`` reads every
+journal of a run (``TemporalEngine.steps``), listing only the run's own journal folder.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +30,23 @@ import pydantic_core
 
 from engine_port import BlobStore, FolderBlobStore
 
-from ._wire import journal_key, journal_log_key
+from ._wire import journal_key, journal_log_key, journal_run_prefix
 
-__all__ = ["INLINE_PUT_MAX", "StepJournal", "put_small"]
+__all__ = [
+    "INLINE_PUT_MAX",
+    "JournalKey",
+    "StepJournal",
+    "put_small",
+    "read_run_journals",
+    "step_records",
+]
+
+# the folders of a run's journals under ``journal_run_prefix``: ``<stage>/r<redrive>/<kind>/``
+# (spilled step results live beside them, under ``<stage>/<hash>/``)
+_KINDS = ("stage", "compensate")
+_REDRIVE = re.compile(r"r([0-9]+)")
+# (stage folder (``journal_stage_part``), redrive, kind) of one journal of a run
+JournalKey = tuple[str, int, str]
 
 # the largest blob ``put_small`` writes on the event loop (a folder store's temp file and rename
 # of a few KiB take tens of microseconds; the thread hop ``FolderBlobStore.put`` makes costs
@@ -99,18 +116,7 @@ class StepJournal:
         else:
             for key in await self._store.list(self._prefix):
                 blobs.append(await self._store.get(key))
-        out: list[dict[str, Any]] = []
-        for blob in blobs:
-            for line in blob.splitlines():
-                if not line.strip():
-                    continue
-                try:
-                    rec = pydantic_core.from_json(line)
-                except ValueError:
-                    continue  # torn by a crash mid-write: that step never returned
-                if isinstance(rec, dict) and "name" in rec:
-                    out.append(rec)
-        return out
+        return _records(blobs)
 
     @staticmethod
     def _read_dir(folder: str) -> list[bytes]:
@@ -118,13 +124,97 @@ class StepJournal:
             names = os.listdir(folder)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        log = journal_log_key("")
-        # one-file-per-step records (older driver versions) first, then the log in write order
-        files = sorted(n for n in names if n.endswith(".json") and not n.startswith("."))
-        if log in names:
-            files.append(log)
         blobs = []
-        for name in files:
+        for name in _in_order(names):
             with contextlib.suppress(FileNotFoundError):
                 blobs.append(Path(folder, name).read_bytes())
         return blobs
+
+
+def _in_order(names: Iterable[str]) -> list[str]:
+    """The blobs of one journal folder in the order they are read: one-file-per-step records
+    (older driver versions, and stores that cannot append) first, then the log in write
+    order."""
+    log = journal_log_key("")
+    files = sorted(n for n in names if n.endswith(".json") and not n.startswith("."))
+    if log in names:
+        files.append(log)
+    return files
+
+
+def _records(blobs: Iterable[bytes]) -> list[dict[str, Any]]:
+    """The records in a journal's blobs, oldest first."""
+    out: list[dict[str, Any]] = []
+    for blob in blobs:
+        for line in blob.splitlines():
+            if not line.strip():
+                continue
+            try:
+                rec = pydantic_core.from_json(line)
+            except ValueError:
+                continue  # torn by a crash mid-write: that step never returned
+            if isinstance(rec, dict) and "name" in rec:
+                out.append(rec)
+    return out
+
+
+def step_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps among a journal's ``records``: without the result documents of local tries
+    (kind ``outcome``, ``_activities._Recorded``) and without the mark of a signal taken from
+    the run (``via``: it only guides a retried try)."""
+    return [
+        {k: v for k, v in r.items() if k != "via"} for r in records if r.get("kind") != "outcome"
+    ]
+
+
+async def read_run_journals(
+    store: BlobStore, run_id: str
+) -> dict[JournalKey, list[dict[str, Any]]]:
+    """Every step journal of run ``run_id`` (each stage's and compensation's, of each redrive),
+    its records oldest first (as ``StepJournal.read`` reads one). Only the run's own journal
+    folder is listed, never the whole store; spilled step results beside the journals are
+    not read."""
+    prefix = journal_run_prefix(run_id)
+    if isinstance(store, FolderBlobStore):
+        root = os.path.join(store.root, prefix)
+        if not os.path.isdir(root):  # noqa: ASYNC240 (a stat: cheaper than the hop)
+            return {}
+        found = await asyncio.to_thread(_read_run_dir, root)
+        return {where: _records(blobs) for where, blobs in found.items()}
+    names: dict[JournalKey, list[str]] = {}
+    for key in await store.list(prefix):
+        parts = key[len(prefix) :].split("/")
+        where = _journal_of(parts[:-1])
+        if where is not None:
+            names.setdefault(where, []).append(parts[-1])
+    out: dict[JournalKey, list[dict[str, Any]]] = {}
+    for (stage, redrive, kind), files in names.items():
+        folder = f"{prefix}{stage}/r{redrive}/{kind}/"
+        blobs = [await store.get(folder + name) for name in _in_order(files)]
+        out[(stage, redrive, kind)] = _records(blobs)
+    return out
+
+
+def _journal_of(folders: list[str]) -> JournalKey | None:
+    """The journal whose folder is ``<stage>/r<redrive>/<kind>`` (relative to the run's
+    journals); None for any other folder."""
+    if len(folders) != 3 or folders[2] not in _KINDS:
+        return None
+    redrive = _REDRIVE.fullmatch(folders[1])
+    return None if redrive is None else (folders[0], int(redrive[1]), folders[2])
+
+
+def _read_run_dir(root: str) -> dict[JournalKey, list[bytes]]:
+    """``read_run_journals`` on a folder store: the blobs of each journal folder under
+    ``root`` (the run's journals)."""
+    out: dict[JournalKey, list[bytes]] = {}
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for stage in os.listdir(root):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for redrive in os.listdir(os.path.join(root, stage)):
+                    for kind in _KINDS:
+                        where = _journal_of([stage, redrive, kind])
+                        folder = os.path.join(root, stage, redrive, kind)
+                        if where is not None and os.path.isdir(folder):
+                            out[where] = StepJournal._read_dir(folder)
+    return out

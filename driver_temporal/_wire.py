@@ -34,6 +34,8 @@ __all__ = [
     "journal_key",
     "journal_log_key",
     "journal_prefix",
+    "journal_run_prefix",
+    "journal_stage_part",
     "new_run_id",
     "outbox_batch_key",
     "outbox_key",
@@ -136,9 +138,20 @@ def _safe(part: str) -> str:
     return part if part and _UNSAFE.sub("", part) == part else _hash(part)
 
 
+def journal_run_prefix(run_id: str) -> str:
+    """Where every step journal of a run lives (each stage's, each redrive's)."""
+    return f"runs/{_safe(run_id)}/steps/"
+
+
+def journal_stage_part(stage_id: str) -> str:
+    """The folder of a stage's journals under ``journal_run_prefix``."""
+    return _safe(stage_id)
+
+
 def journal_prefix(run_id: str, stage_id: str, redrive: int, kind: str) -> str:
-    """Where one stage's step journal lives (``kind`` = ``stage`` or ``compensate``)."""
-    return f"runs/{_safe(run_id)}/steps/{_safe(stage_id)}/r{int(redrive)}/{kind}/"
+    """Where one stage's step journal lives (``kind`` = ``stage`` or ``compensate``):
+    ``<journal_run_prefix><journal_stage_part>/r<redrive>/<kind>/``."""
+    return f"{journal_run_prefix(run_id)}{journal_stage_part(stage_id)}/r{int(redrive)}/{kind}/"
 
 
 def journal_key(prefix: str, step_name: str) -> str:

@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from ._graph import Workflow
+from ._history import StepEntry
 from ._models import Event, FlushResult, RunInfo, RunSnapshot, RunStatus, SignalResult, VersionInfo
 from ._registry import Registry
 from .errors import UnsupportedFeatureError
@@ -102,6 +103,14 @@ class WorkflowEngine(abc.ABC):
 
     @abc.abstractmethod
     async def list_versions(self) -> list[VersionInfo]: ...
+
+    async def steps(self, run_id: str) -> list[StepEntry]:
+        """The run's journaled durable steps, without their results (``wfe show --steps``),
+        sorted by (stage, name): a stage's under its id, its compensation's under
+        ``<stage id>#compensation``. After a redrive: the steps a re-run stage journaled
+        (from the last failure, with those it had; from a stage or the start, anew) and the
+        kept stages' earlier ones. Unknown run: RunNotFoundError."""
+        raise UnsupportedFeatureError(f"the {self.driver_name} driver does not list steps")
 
     @abc.abstractmethod
     async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:

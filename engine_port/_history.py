@@ -8,7 +8,9 @@ __all__ = ["StepEntry"]
 
 
 class StepEntry(BaseModel):
-    """A journaled step of a stage (its result is not shown)."""
+    """A journaled step of a stage (its result is not shown). ``stage``: the stage id, or
+    ``<stage id>#compensation`` for a step of its compensation; ``kind``: ``run``, ``sleep``,
+    ``signal`` or ``poll``; ``signal``: the signal name a ``signal`` step waits for."""
 
     stage: str
     name: str

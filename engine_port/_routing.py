@@ -12,6 +12,7 @@ from typing import Any
 
 from ._engine import WorkflowEngine
 from ._graph import Workflow
+from ._history import StepEntry
 from ._limits import check_import_call, check_wait_call
 from ._models import (
     Event,
@@ -165,6 +166,10 @@ class RoutingEngine(WorkflowEngine):
     ) -> RunInfo:
         engine, _ = await self._locate(run_id)
         return await engine.redrive(run_id, from_, version=version)
+
+    async def steps(self, run_id: str) -> list[StepEntry]:
+        engine, _ = await self._locate(run_id)
+        return await engine.steps(run_id)
 
     async def list_versions(self) -> list[VersionInfo]:
         merged: dict[tuple[str, str], VersionInfo] = {}

@@ -111,7 +111,7 @@ def show_cmd(
                 out["attempts"] = attempt_history(found, info)
                 out["events"] = found
             if steps:
-                out["steps"] = await _extra(engine, "steps", info.id)
+                out["steps"] = await engine.steps(info.id)
             return out
 
     result = run_sync(show())
@@ -163,12 +163,12 @@ def _print_history(result: dict[str, Any]) -> None:
 
 
 async def _extra(engine: WorkflowEngine, name: str, run_id: str) -> Any:
-    """A driver's reading beyond the port (the native driver keeps events and steps in its
-    database; Temporal keeps them in the workflow's history)."""
+    """A driver's reading beyond the port: ``events`` (both shipped drivers list a run's
+    events, the Temporal one from the workflow's history; a driver from another package or
+    the routing engine may not). The journaled steps are the port's (``engine.steps``)."""
     method = getattr(engine, name, None)
     if method is None:
         raise UnsupportedFeatureError(
-            f"the {engine.driver_name} driver does not keep the run's {name}; read them in the "
-            "workflow's history (Temporal Web UI, or 'temporal workflow show --workflow-id ID')"
+            f"the {engine.driver_name} driver does not list a run's {name}"
         )
     return await method(run_id)

@@ -124,8 +124,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "P09-sleep-deadline-slides",
         "port",
         "engine_port/_context.py",
-        "        if rec is None:\n"
-        '            rec = StepRecord(name=name, kind="sleep"',
+        '        if rec is None:\n            rec = StepRecord(name=name, kind="sleep"',
         "        if rec is None or not rec.completed:\n"
         '            rec = StepRecord(name=name, kind="sleep"',
         "a durable sleep's deadline is recomputed on every replay (it never ends)",
@@ -135,8 +134,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "P10-waitfor-deadline-slides",
         "port",
         "engine_port/_context.py",
-        "        if rec is None:\n"
-        '            rec = StepRecord(name=name, kind="poll"',
+        '        if rec is None:\n            rec = StepRecord(name=name, kind="poll"',
         "        if rec is None or not rec.completed:\n"
         '            rec = StepRecord(name=name, kind="poll"',
         "a wait_for deadline is recomputed on every replay (fixed on first execution)",

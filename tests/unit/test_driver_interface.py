@@ -77,6 +77,24 @@ INTERFACE = [
     "version_key",
 ]
 
+# what every driver implements: the port's abstract engine methods (the conformance suite
+# proves how they behave)
+ENGINE_METHODS = [
+    "cancel",
+    "close",
+    "connect",
+    "export_run",
+    "get_run",
+    "import_run",
+    "list_runs",
+    "list_versions",
+    "redrive",
+    "signal",
+    "start",
+    "wait",
+    "worker",
+]
+
 # what drivers and the conformance kit may import from the port
 PUBLIC_PORT_MODULES = {
     "engine_port",
@@ -105,6 +123,10 @@ def _imported_modules(path: Path) -> list[str]:
 def test_driver_interface_names_are_frozen() -> None:
     assert sorted(driver.__all__) == sorted(INTERFACE)
     assert len(driver.__all__) == len(set(driver.__all__))
+
+
+def test_the_engine_methods_every_driver_implements_are_frozen() -> None:
+    assert sorted(driver.WorkflowEngine.__abstractmethods__) == ENGINE_METHODS
 
 
 @pytest.mark.parametrize("name", INTERFACE)

@@ -61,6 +61,7 @@ REQUIRED_CHECKS = {
     "abort_export": {"check_run_call"},
     "import_run": {"check_import_call"},
     "purge": {"check_purge_call"},
+    "steps": {"check_run_call"},
 }
 
 

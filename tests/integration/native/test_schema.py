@@ -85,6 +85,57 @@ async def test_a_database_a_newer_wfe_wrote_is_refused_not_used(
         assert result.exit_code != 0 and "which a newer wfe wrote" in result.stderr, args
 
 
+async def test_v15_turns_errors_reset_to_json_null_into_sql_null(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A redrive of older code reset the stages' compensation_error to the JSON text 'null'
+    (not SQL NULL), so a later failure of the run compensated nothing; v15 repairs such
+    rows (and the other error columns) and leaves real errors and outputs alone."""
+    db = Database(database_url)
+    try:
+        db.upgrade()
+        settings = EngineSettings(database_url=database_url)
+        claim = ClaimCheck(FolderBlobStore(tmp_path / "blobs"))
+        kernel = Kernel(db, Registry([w.linear]), settings, claim, SystemClock(), None)
+        run_id, _ = await kernel.dispatch(CreateRun("it-linear", {"n": 1}))
+
+        def reset_as_old_code_did(conn: sa.Connection) -> None:
+            conn.execute(
+                sa.text("UPDATE wfe_stages SET compensation_error = 'null', error = 'null'")
+            )
+            conn.execute(
+                sa.text("UPDATE wfe_stages SET error = '{\"type\": \"E\"}' WHERE stage_id = 'b'")
+            )
+            conn.execute(
+                sa.text("UPDATE wfe_runs SET error = 'null', compensation_errors = 'null'")
+            )
+            conn.execute(sa.text("UPDATE wfe_schema SET version = 14"))
+
+        def nulls(conn: sa.Connection) -> list[tuple[str, bool, bool]]:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT stage_id, compensation_error IS NULL, error IS NULL FROM wfe_stages "
+                    "WHERE run_id = :r ORDER BY stage_id"
+                ),
+                {"r": run_id},
+            ).all()
+            run = conn.execute(
+                sa.text("SELECT error IS NULL, compensation_errors IS NULL FROM wfe_runs")
+            ).one()
+            return [(r[0], bool(r[1]), bool(r[2])) for r in rows] + [("run", *map(bool, run))]
+
+        db.tx_sync(reset_as_old_code_did)
+        assert db.upgrade() == [15]
+        assert db.tx_sync(nulls) == [
+            ("a", True, True),
+            ("b", True, False),
+            ("c", True, True),
+            ("run", True, True),
+        ]
+    finally:
+        db.dispose()
+
+
 def test_upgrade_from_v11_adds_the_partial_indexes_of_failed_events_and_due_jobs(
     database_url: str,
 ) -> None:

@@ -493,3 +493,36 @@ async def test_a_fan_out_delivers_each_event_about_once(make_engine: EngineFacto
         delivered = [e for e in sink.events if e.run_id == run.id]
         assert any(e.type == "run.completed" for e in delivered)
         assert len(delivered) <= 2 * len(unique), (len(delivered), len(unique))
+
+
+async def test_redrive_after_a_terminate_of_a_waiting_local_stage_runs_it_again(
+    make_engine: EngineFactory,
+) -> None:
+    """A ``local=True`` stage journals its try's result document (kind ``outcome``) beside its
+    steps; redriving a run an operator terminated while such a stage waited carried that
+    document into the stage's ledger as a step, and every try of the redriven stage then
+    failed with ``KeyError: 'completed'``."""
+    wf = Workflow("held-local", input=Order)
+    charges = {"n": 0}
+
+    @wf.stage(local=True)
+    async def hold(ctx: StageContext[Order]) -> Any:
+        def charge_card() -> str:
+            charges["n"] += 1
+            return "charged"
+
+        await ctx.step.run("charge-card", charge_card)
+        return await ctx.step.wait_for_signal("release")
+
+    engine = make_engine(Registry([wf]))
+    async with engine:
+        run = await engine.start("held-local", {"item": "book", "qty": 1})
+        async with engine.worker():
+            await _until(engine, run.id, "signal:release")
+        await engine._conn.get_workflow_handle(run.id).terminate(reason="ops")
+        await engine.redrive(run.id)
+        async with engine.worker():
+            await _until(engine, run.id, "signal:release")
+            await engine.signal(run.id, "release", "now")
+            done = await engine.wait(run.id, timeout=30)
+    assert (done.status, done.output, charges["n"]) == ("completed", "now", 1)
