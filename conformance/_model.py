@@ -344,8 +344,9 @@ def _expect_redriven(
     where: str,
 ) -> Expected | None:
     """The runner redrives a run that failed at ``where`` from its last failure: what every
-    driver observes when the redriven attempt and the groups after it complete, else None
-    (the case is then expected to end failed, without a redrive)."""
+    driver observes when the redriven attempt and the groups after it complete, or when a
+    later stage fails for good (no sibling held), else None (the case is then expected to end
+    failed, without a redrive)."""
     trial = copy.deepcopy(sim)
     t_trace = copy.deepcopy(trace)
     trial.stop([], t_trace)
@@ -359,9 +360,27 @@ def _expect_redriven(
     gi = next(i for i, g in enumerate(groups) if where in g)
     rest = [[where], *groups[gi + 1 :]]
     try:
-        t_end, _, _, _ = trial.run_groups(rest, t_trace, redriven=where)
+        t_end, t_where, t_error, t_stopped = trial.run_groups(rest, t_trace, redriven=where)
     except ModelError:
         return None
+    if t_end == "failed" and not t_stopped:
+        # a later stage fails for good: the run compensates its completed stages again, the
+        # kept ones too, each compensation running anew
+        comps += _comp_order(trial)
+        comp_errors = trial.stop([], t_trace)
+        t_trace.append(["run.failed", t_error, None])
+        return Expected(
+            status="failed",
+            stages=dict(sorted(trial.status.items())),
+            error=[t_error, t_where],
+            compensation_errors=comp_errors,
+            output=None,
+            trace=t_trace,
+            counts=dict(sorted(trial.counts.items())),
+            compensations=comps,
+            redrive=True,
+            failed_stage=where,
+        )
     if t_end != "completed":
         return None
     t_trace.extend(trial.business)

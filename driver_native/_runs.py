@@ -855,11 +855,12 @@ def list_steps(conn: Connection, run_id: str) -> list[StepEntry]:
     rows = conn.execute(
         sa.select(steps.c.stage_id, steps.c.name, steps.c.kind, steps.c.completed, steps.c.signal)
         .where(steps.c.run_id == run_id)
-        .order_by(steps.c.stage_id, steps.c.name)
     ).all()
+    # sorted here, by code point as on every driver: PostgreSQL's ORDER BY follows the
+    # database's collation ("a#compensation" and "ab" change places under en_US)
     return [
         StepEntry(
             stage=r.stage_id, name=r.name, kind=r.kind, completed=bool(r.completed), signal=r.signal
         )
-        for r in rows
+        for r in sorted(rows, key=lambda r: (r.stage_id, r.name))
     ]
