@@ -853,8 +853,9 @@ def list_steps(conn: Connection, run_id: str) -> list[StepEntry]:
     if try_run(conn, run_id, lock=False) is None:
         raise RunNotFoundError(run_id)
     rows = conn.execute(
-        sa.select(steps.c.stage_id, steps.c.name, steps.c.kind, steps.c.completed, steps.c.signal)
-        .where(steps.c.run_id == run_id)
+        sa.select(
+            steps.c.stage_id, steps.c.name, steps.c.kind, steps.c.completed, steps.c.signal
+        ).where(steps.c.run_id == run_id)
     ).all()
     # sorted here, by code point as on every driver: PostgreSQL's ORDER BY follows the
     # database's collation ("a#compensation" and "ab" change places under en_US)
