@@ -39,7 +39,7 @@ from .errors import DefinitionError, InvalidInputError, InvalidRedriveError, Non
 if TYPE_CHECKING:
     from ._context import StageContext
 
-__all__ = ["GraphModel", "Retry", "RetryModel", "Stage", "StageSpec", "Workflow"]
+__all__ = ["GraphModel", "Retry", "RetryModel", "Stage", "StageSpec", "Workflow", "check_handler"]
 
 InT = TypeVar("InT", bound=BaseModel)
 _MAX_DELAY_S = 365 * 24 * 3600.0
@@ -271,7 +271,7 @@ class Stage:
                 f"the compensation of stage {self.id!r} must be a function, not {type(fn).__name__}"
             )
         what = f"the compensation of stage {self.id!r}"
-        _check_handler(fn, what, "two arguments (ctx, output)", 2)
+        check_handler(fn, what, "two arguments (ctx, output)", 2)
         self.compensation_fn = fn
         return fn
 
@@ -279,7 +279,7 @@ class Stage:
         return self.fn(*args, **kwargs)
 
 
-def _check_handler(fn: Handler, what: str, takes: str, count: int) -> None:
+def check_handler(fn: Handler, what: str, takes: str, count: int) -> None:
     """At definition, what would fail every call: a generator (a stage returns its output),
     or a signature that cannot take the ``count`` arguments the runner passes. Found when a
     run reached the stage, a compensation's only when a later stage failed."""
@@ -455,7 +455,7 @@ class Workflow(Generic[InT]):
                     f"{type(f).__name__}"
                 )
             stage_id = self._new_stage_id(id if id is not None else getattr(f, "__name__", ""))
-            _check_handler(f, f"stage {stage_id!r}", "one argument (ctx)", 1)
+            check_handler(f, f"stage {stage_id!r}", "one argument (ctx)", 1)
             deps = self._dependencies(stage_id, after)
             if timeout is not None and (
                 not isinstance(timeout, timedelta) or timeout <= timedelta(0)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ._graph import GraphModel, Workflow
+from ._graph import GraphModel, Workflow, check_handler
 from ._limits import check_hook_name, definition_error
 from .errors import DefinitionError, DefinitionVersionConflictError, WorkflowNotFoundError
 
@@ -54,6 +54,9 @@ class Registry:
         handler_name = name or getattr(fn, "__qualname__", None) or repr(fn)
         check_hook_name(hook, error=definition_error)
         check_hook_name(handler_name, "hook handler name", error=definition_error)
+        if not callable(fn):
+            raise DefinitionError(f"the handler of hook {hook!r} must be a function")
+        check_handler(fn, f"hook handler {handler_name!r}", "two arguments (ctx, payload)", 2)
         handlers = self._hooks.setdefault(hook, [])
         if any(h.name == handler_name for h in handlers):
             raise DefinitionError(

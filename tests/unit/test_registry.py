@@ -187,3 +187,16 @@ def test_an_unknown_workflow_id_suggests_the_closest_registered_one() -> None:
 
 class _Suggest(BaseModel):
     pass
+
+
+def test_a_hook_handler_that_cannot_take_ctx_and_payload_is_refused_at_registration() -> None:
+    """It failed the stage that ran the hook, at every attempt, on every driver."""
+    registry = Registry()
+
+    def one(ctx: Any) -> None: ...
+
+    with pytest.raises(DefinitionError, match=r"must take two arguments \(ctx, payload\)"):
+        registry.register_hook("order.charged", one)
+    with pytest.raises(DefinitionError, match="must be a function"):
+        registry.register_hook("order.charged", "not a function", name="x")  # type: ignore[arg-type]
+    assert registry.hook_handlers("order.charged") == []
