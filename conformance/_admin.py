@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from datetime import timedelta
 from pathlib import Path
@@ -409,6 +410,29 @@ class BadInputContract:
                 await engine.wait("missing", timeout=1)
             with pytest.raises(RunNotFoundError):
                 await engine.steps("missing")
+
+    async def test_calls_on_a_closed_engine_say_to_connect(self, harness: Harness) -> None:
+        """Every driver raises DriverUnavailableError (the native one raised a bare
+        EngineError) and a second worker of one engine in a process either runs (native)
+        or is refused with UnsupportedFeatureError (Temporal's one worker per version and
+        process: it was temporalio's RuntimeError "Failed creating worker")."""
+        from engine_port.errors import DriverUnavailableError, UnsupportedFeatureError
+
+        wf = _echo("closed")
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            with contextlib.suppress(UnsupportedFeatureError):
+                async with engine.worker():
+                    pass
+            run = await engine.start(wf.id, {"n": 1})  # the first worker still serves
+            assert (await engine.wait(run.id, timeout=60)).status == RunStatus.COMPLETED
+        for call in (
+            engine.get_run(run.id),
+            engine.start(wf.id, {"n": 1}),
+            engine.list_runs(),
+            engine.signal(run.id, "go", 1),
+        ):
+            with pytest.raises(DriverUnavailableError, match="not connected"):
+                await call
 
 
 def _echo(prefix: str) -> Workflow[Num]:

@@ -53,7 +53,7 @@ from engine_port.driver import (
     version_key,
 )
 from engine_port.errors import (
-    EngineError,
+    DriverUnavailableError,
     InvalidInputError,
     MigrationError,
     RunNotFoundError,
@@ -191,7 +191,9 @@ class NativeEngine(WorkflowEngine):
     @property
     def kernel(self) -> Kernel:
         if self._kernel is None:
-            raise EngineError("the engine is not connected; use `async with engine:` first")
+            raise DriverUnavailableError(
+                "the engine is not connected; use `async with engine:` first"
+            )
         return self._kernel
 
     async def _statuses(self, run_ids: list[str]) -> dict[str, str]:

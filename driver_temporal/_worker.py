@@ -20,6 +20,8 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from engine_port.errors import UnsupportedFeatureError
+
 from . import _rpc
 from ._purge import retention
 from ._workflow import GraphWorkflow, workflow_runner
@@ -99,7 +101,19 @@ class EngineWorker:
                 # a helper of the version must stop first: Temporal refuses a second worker
                 # of one task queue and build id in a process (even a workflow-only one)
                 await eng._drop_helper(key)
-            workers = self._workers()
+            try:
+                workers = self._workers()
+            except RuntimeError as exc:
+                if "multiple workers" not in str(exc):
+                    raise
+                # (Temporal's core: one worker per namespace, task queue and build id in a
+                # process; natively any number of workers may run in one process)
+                raise UnsupportedFeatureError(
+                    "a worker for these workflow versions already runs in this process (another "
+                    "engine.worker() of this or another engine); the Temporal driver runs one "
+                    "per process: use that one (max_concurrent_activities= sets how many stages "
+                    "it runs at once), or start another process"
+                ) from None
             for w in workers:
                 await stack.enter_async_context(w)
             await stack.enter_async_context(retention(eng))  # the retention setting (issue 16)
