@@ -279,6 +279,21 @@ class Stage:
         return self.fn(*args, **kwargs)
 
 
+# the longest timeout: a Temporal timer's or activity timeout's deadline is computed from the
+# workflow's clock, and ``timedelta.max`` overflowed there (every workflow task of the run
+# failed); a century is past any deadline a run has
+_MAX_TIMEOUT = timedelta(days=36525)
+
+
+def _check_timeout(timeout: object, what: str) -> None:
+    if timeout is None:
+        return
+    if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
+        raise DefinitionError(f"{what}: timeout must be a positive timedelta")
+    if timeout > _MAX_TIMEOUT:
+        raise DefinitionError(f"{what}: timeout must be at most 100 years (timedelta(days=36525))")
+
+
 def check_handler(fn: Handler, what: str, takes: str, count: int) -> None:
     """At definition, what would fail every call: a generator (a stage returns its output),
     or a signature that cannot take the ``count`` arguments the runner passes. Found when a
@@ -383,8 +398,7 @@ class Workflow(Generic[InT]):
             raise DefinitionError(f"workflow {id!r}: version must be a non-empty string")
         if version is not None:
             check_version(version, error=definition_error)
-        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
-            raise DefinitionError(f"workflow {id!r}: timeout must be a positive timedelta")
+        _check_timeout(timeout, f"workflow {id!r}")
         self.id = id
         self.input = input
         self.version_ = version
@@ -457,10 +471,7 @@ class Workflow(Generic[InT]):
             stage_id = self._new_stage_id(id if id is not None else getattr(f, "__name__", ""))
             check_handler(f, f"stage {stage_id!r}", "one argument (ctx)", 1)
             deps = self._dependencies(stage_id, after)
-            if timeout is not None and (
-                not isinstance(timeout, timedelta) or timeout <= timedelta(0)
-            ):
-                raise DefinitionError(f"stage {stage_id!r}: timeout must be a positive timedelta")
+            _check_timeout(timeout, f"stage {stage_id!r}")
             out = _return_type(f)
             stage = Stage(
                 id=stage_id,

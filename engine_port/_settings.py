@@ -20,7 +20,12 @@ __all__ = ["EngineSettings"]
 
 class EngineSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="WFE_", toml_file="wfe.toml", extra="forbid", frozen=True
+        # (no NaN or infinity: a timeout, lease or interval of either is no duration)
+        env_prefix="WFE_",
+        toml_file="wfe.toml",
+        extra="forbid",
+        frozen=True,
+        allow_inf_nan=False,
     )
 
     # any installed driver: a "wfe.drivers" entry point (native, temporal, memory built in)
@@ -70,7 +75,9 @@ class EngineSettings(BaseSettings):
     sync_stage_threads: int = Field(default=16, ge=1)
     # seconds an attempt of a stage without its own timeout= may run (None: no limit); one
     # day, the start-to-close the Temporal driver always used for such stages
-    default_stage_timeout: float | None = Field(default=86400.0, gt=0)
+    # at most 100 years, as a stage's own timeout= (a Temporal activity timeout past that
+    # failed every workflow task of the run)
+    default_stage_timeout: float | None = Field(default=86400.0, gt=0, le=36525 * 86400)
     # signals buffered (sent, not yet consumed) per run; the next one raises SignalQueueFullError
     max_pending_signals: int = Field(default=1000, ge=1)
     # largest JSON value (run input, signal payload, step result, stage output) accepted

@@ -637,3 +637,14 @@ def test_a_stage_or_compensation_that_cannot_take_its_arguments_is_refused_at_de
     def release(ctx: StageContext[In], output: int, reason: str = "") -> None: ...
 
     assert a.compensation_fn is release
+
+
+def test_a_timeout_past_a_century_is_refused_at_definition() -> None:
+    """``timedelta.max`` as a stage's or a run's timeout ran natively, and on Temporal failed
+    every workflow task of the run with an OverflowError (the run never went on)."""
+    wf = Workflow("timeouts", input=In)
+    with pytest.raises(DefinitionError, match="at most 100 years"):
+        wf.stage(lambda ctx: 1, id="a", timeout=timedelta.max)
+    with pytest.raises(DefinitionError, match="at most 100 years"):
+        Workflow("whole", input=In, timeout=timedelta(days=36526))
+    wf.stage(lambda ctx: 1, id="b", timeout=timedelta(days=36525))  # a century is taken

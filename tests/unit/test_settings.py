@@ -270,3 +270,17 @@ async def test_unusable_urls_and_addresses_are_configuration_errors(clean_env: P
         with pytest.raises(ConfigurationError, match=says):
             async with create_engine(load_settings(**values), Registry([])):
                 pass
+
+
+def test_durations_are_finite_and_a_default_stage_timeout_at_most_a_century() -> None:
+    """NaN or infinity was taken for every duration setting (a lease of NaN seconds), and a
+    default stage timeout past Temporal's range failed every workflow task of a run."""
+    for values in (
+        {"default_stage_timeout": float("inf")},
+        {"lease_seconds": float("nan")},
+        {"poll_interval_seconds": float("inf")},
+        {"default_stage_timeout": 1e12},
+    ):
+        with pytest.raises(ConfigurationError):
+            load_settings(**values)
+    assert load_settings(default_stage_timeout=36525 * 86400).default_stage_timeout > 0
