@@ -880,9 +880,13 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         info = await self._info_from_memo(memo, status, run_id, values=False)
         if info.terminal:
             raise RunNotActiveError(run_id, info.status, "signal")
-        check_signal_known(
-            served_graph(self.registry, info.workflow_id, info.version), run_id, name
-        )
+        graph = served_graph(self.registry, info.workflow_id, info.version)
+        if graph is None:
+            # a version not served here (`wfe signal` without --app): the graph the run's
+            # execution started with, as the native driver reads its version's from its
+            # database (a mistyped name was queued where no wait could ever take it)
+            graph = await self._started_graph(run_id)
+        check_signal_known(graph, run_id, name)
         if (memo.get("wfe_run") or {}).get("frozen"):
             raise MigrationError(
                 f"run {run_id!r} is frozen for migration; signal it once the move completed "
@@ -1290,9 +1294,13 @@ def _status_of(raw: DescribeWorkflowExecutionResponse) -> WorkflowExecutionStatu
 
 
 def _declares(registry: Registry, live: tuple[str, str], name: str) -> bool:
-    """Whether the served workflow version ``live`` declares the signal ``name``."""
+    """Whether the served workflow version ``live`` declares the signal ``name`` (a version
+    not served here: unknown, ``_signal_target`` reads the graph the run started with)."""
+    graph = served_graph(registry, *live)
+    if graph is None:
+        return False
     try:
-        check_signal_known(served_graph(registry, *live), "", name)
+        check_signal_known(graph, "", name)
     except EngineError:
         return False
     return True

@@ -35,7 +35,7 @@ def signal_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Send a signal to a run (signals of one name queue in arrival order). A name that no
-    stage of the run's version declares is refused (on Temporal when --app is given)."""
+    stage of the run's version declares is refused."""
     try:
         value = json.loads(payload)
     except json.JSONDecodeError as exc:

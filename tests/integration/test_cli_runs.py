@@ -235,9 +235,11 @@ def test_prefix_ids_and_declared_signals_on_temporal(
     shown = runner.invoke(app, ["show", run_id[:8], "--json"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["id"] == run_id
-    wrong = runner.invoke(app, ["signal", run_id[:8], "aproval", "{}", "--app", module])
-    assert wrong.exit_code == EXIT_CODES["bad_input"], wrong.output
-    assert "no stage of its workflow version waits for" in wrong.stderr
+    for app_args in (["--app", module], []):
+        # without --app too: the graph the run started with (it was queued for ever)
+        wrong = runner.invoke(app, ["signal", run_id[:8], "aproval", "{}", *app_args])
+        assert wrong.exit_code == EXIT_CODES["bad_input"], (app_args, wrong.output)
+        assert "no stage of its workflow version waits for" in wrong.stderr
     # the run's events are read back from its history (TemporalEngine.events), its journaled
     # steps from the BlobStore (TemporalEngine.steps)
     events = runner.invoke(app, ["show", run_id[:8], "--events", "--steps", "--json"])
