@@ -463,13 +463,8 @@ class RedriveContract:
             await engine.redrive(run.id, from_="last_failure")
             done = await engine.wait(run.id, timeout=60)
             assert done.status == RunStatus.COMPLETED
-            assert await engine.steps(run.id) == [
-                reserve,
-                approve(True),
-                charge,
-                pack,
-                ship,
-            ]
+            shipped = [reserve, approve(True), charge, pack, ship]
+            assert await engine.steps(run.id) == shipped
 
             await engine.redrive(run.id, from_="b")
             await eventually(lambda: suspensions() == 2, what="b to wait again")
@@ -477,13 +472,7 @@ class RedriveContract:
             await engine.signal(run.id, "approve", {"ok": True})
             final = await engine.wait(run.id, timeout=60)
             assert final.status == RunStatus.COMPLETED
-            assert await engine.steps(run.id) == [
-                reserve,
-                approve(True),
-                charge,
-                pack,
-                ship,
-            ]
+            assert await engine.steps(run.id) == shipped
         assert log.counts() == {"reserve": 1, "charge": 2, "pack": 2, "release": 1, "ship": 2}
 
     async def test_a_failure_after_a_redrive_compensates_again(

@@ -38,6 +38,13 @@ def _copy_v1_rows(source: Database, target: Database) -> None:
     target.tx_sync(copy)
 
 
+def _kernel(db: Database, url: str, tmp_path: Path) -> Kernel:
+    """A kernel of the linear test workflow on ``db`` (blobs in ``tmp_path``)."""
+    settings = EngineSettings(database_url=url)
+    claim = ClaimCheck(FolderBlobStore(tmp_path / "blobs"))
+    return Kernel(db, Registry([w.linear]), settings, claim, SystemClock(), None)
+
+
 def _tables(db: Database) -> set[str]:
     return set(db.tx_sync(lambda c: sa.inspect(c).get_table_names()))
 
@@ -94,10 +101,9 @@ async def test_v15_turns_errors_reset_to_json_null_into_sql_null(
     db = Database(database_url)
     try:
         db.upgrade()
-        settings = EngineSettings(database_url=database_url)
-        claim = ClaimCheck(FolderBlobStore(tmp_path / "blobs"))
-        kernel = Kernel(db, Registry([w.linear]), settings, claim, SystemClock(), None)
-        run_id, _ = await kernel.dispatch(CreateRun("it-linear", {"n": 1}))
+        run_id, _ = await _kernel(db, database_url, tmp_path).dispatch(
+            CreateRun("it-linear", {"n": 1})
+        )
 
         def reset_as_old_code_did(conn: sa.Connection) -> None:
             conn.execute(
@@ -171,9 +177,7 @@ async def test_upgrade_from_v1_keeps_existing_runs(
     source = Database(source_url)
     try:
         source.upgrade()
-        settings = EngineSettings(database_url=source_url)
-        claim = ClaimCheck(FolderBlobStore(tmp_path / "blobs"))
-        kernel = Kernel(source, Registry([w.linear]), settings, claim, SystemClock(), None)
+        kernel = _kernel(source, source_url, tmp_path)
         done_id, _ = await kernel.dispatch(CreateRun("it-linear", {"n": 1}))
         for _ in range(3):
             (job,) = await kernel.dispatch(ClaimPending("v1-host"))

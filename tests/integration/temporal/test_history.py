@@ -253,17 +253,7 @@ _README_FAILED = (
 async def test_terminate_by_an_operator_is_what_the_engine_reports(
     make_engine: EngineFactory,
 ) -> None:
-    wf = Workflow("held", input=Order)
-    charges = {"n": 0}
-
-    @wf.stage
-    async def hold(ctx: StageContext[Order]) -> Any:
-        def charge_card() -> str:
-            charges["n"] += 1
-            return "charged"
-
-        await ctx.step.run("charge-card", charge_card)
-        return await ctx.step.wait_for_signal("release")
+    wf, charges = _held("held", local=False)
 
     engine = make_engine(Registry([wf]))
     async with engine:
@@ -502,17 +492,7 @@ async def test_redrive_after_a_terminate_of_a_waiting_local_stage_runs_it_again(
     steps; redriving a run an operator terminated while such a stage waited carried that
     document into the stage's ledger as a step, and every try of the redriven stage then
     failed with ``KeyError: 'completed'``."""
-    wf = Workflow("held-local", input=Order)
-    charges = {"n": 0}
-
-    @wf.stage(local=True)
-    async def hold(ctx: StageContext[Order]) -> Any:
-        def charge_card() -> str:
-            charges["n"] += 1
-            return "charged"
-
-        await ctx.step.run("charge-card", charge_card)
-        return await ctx.step.wait_for_signal("release")
+    wf, charges = _held("held-local", local=True)
 
     engine = make_engine(Registry([wf]))
     async with engine:
@@ -526,3 +506,20 @@ async def test_redrive_after_a_terminate_of_a_waiting_local_stage_runs_it_again(
             await engine.signal(run.id, "release", "now")
             done = await engine.wait(run.id, timeout=30)
     assert (done.status, done.output, charges["n"]) == ("completed", "now", 1)
+
+
+def _held(wf_id: str, *, local: bool) -> tuple[Workflow[Order], dict[str, int]]:
+    """One stage that charges a card (a journaled step, counted) and waits for ``release``."""
+    wf = Workflow(wf_id, input=Order)
+    charges = {"n": 0}
+
+    @wf.stage(local=local)
+    async def hold(ctx: StageContext[Order]) -> Any:
+        def charge_card() -> str:
+            charges["n"] += 1
+            return "charged"
+
+        await ctx.step.run("charge-card", charge_card)
+        return await ctx.step.wait_for_signal("release")
+
+    return wf, charges
