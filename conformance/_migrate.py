@@ -23,8 +23,9 @@ from engine_port import (
     Workflow,
     WorkflowEngine,
     migrate_run,
+    migrate_runs,
 )
-from engine_port.errors import InvalidInputError
+from engine_port.errors import InvalidInputError, MigrationError
 
 from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
@@ -322,3 +323,75 @@ class MigrationContract:
         assert info.redrive_count == 1
         # d: the failed attempt, the redriven one up to its wait, its replay after the signal
         assert log.counts() == {"a": 1, "b": 1, "c": 1, "d": 3, "x": 1}
+
+    async def test_a_run_moved_back_runs_again_where_it_started(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        """Source -> target -> source: the run is live again at the source, where it left a
+        ``migrated`` record. The native import took that record for "already imported", so
+        the run ended up ``migrated`` on both sides and nothing ran it again."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "signal")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            async with source.worker():
+                run = await source.start(wf.id, {"n": 1}, idempotency_key=unique_id("k"))
+                await wait_for_events(sink, run.id, "stage.suspended")
+                await eventually(lambda: log.count("c") == 1)
+            await _moved(source, target, run.id)
+            await _moved(target, source, run.id)
+            back = await source.get_run(run.id)
+            assert back.status not in (RunStatus.MIGRATED, RunStatus.COMPLETED), back.status
+            assert back.stage("c").status == "completed" and back.stage("c").output == "c"
+            same = await source.start(wf.id, {"n": 1}, idempotency_key=run.idempotency_key)
+            assert same.id == run.id  # the idempotency key came back with it
+            assert (await source.signal(run.id, "go", "home")).delivered
+            async with source.worker():
+                info = await source.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED and info.output == ["home", "c"]
+        assert (log.count("a"), log.count("c"), log.count("d"), log.count("x")) == (1, 1, 1, 1)
+
+    async def test_moving_a_run_to_the_engine_it_is_on_is_refused(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        """``migrate_run(engine, engine, ...)`` marked the run migrated to where it already
+        was (the import found it there) and nothing ran it again."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "plain")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, _target):
+            run = await source.start(wf.id, {"n": 1})
+            with pytest.raises(MigrationError, match="same engine"):
+                await migrate_run(source, source, run.id)
+            with pytest.raises(MigrationError, match="same engine"):
+                await migrate_runs(source, source, workflow_ids=[wf.id], drain=True)
+            assert (await source.get_run(run.id)).status == RunStatus.PENDING
+            async with source.worker():
+                info = await source.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED and info.output == ["b", "c"]
+
+    async def test_a_wait_that_is_not_a_number_of_seconds_is_refused(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        """``wait=nan`` made a deadline that never passes (``export_run`` and ``wfe migrate
+        --wait nan`` waited for ever while a stage ran, ``--drain-timeout nan`` drained for
+        ever) and a string raised a TypeError: refused before anything is frozen."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "plain")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            run = await source.start(wf.id, {"n": 1})
+            bad_waits: list[Any] = [float("nan"), -1, "5"]
+            for bad in bad_waits:
+                with pytest.raises(InvalidInputError, match="wait must be"):
+                    await source.export_run(run.id, wait=bad)
+                with pytest.raises(InvalidInputError, match="wait must be"):
+                    await migrate_run(source, target, run.id, wait=bad)
+            with pytest.raises(InvalidInputError, match="drain_timeout must be"):
+                await migrate_runs(
+                    source, target, workflow_ids=[wf.id], drain=True, drain_timeout=float("nan")
+                )
+            await _moved(source, target, run.id)  # nothing was frozen, nor drained
+            async with target.worker():
+                info = await target.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED and info.output == ["b", "c"]

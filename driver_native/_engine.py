@@ -46,6 +46,7 @@ from engine_port.driver import (
     check_start_input,
     check_version,
     check_wait_call,
+    check_wait_seconds,
     check_worker_options,
     check_workflow_ids,
     start_definition,
@@ -486,7 +487,7 @@ class NativeEngine(WorkflowEngine):
 
     async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
         check_run_call(run_id)
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + check_wait_seconds(wait)
         while True:
             snapshot = await self.kernel.db.tx(_migration.freeze_and_snapshot, run_id)
             if snapshot is not None:

@@ -76,7 +76,8 @@ class HandleJobResult(_SeedModel):
 
     outcome: HandleOutcome
     error: str | None = None
-    dead: bool = False  # dead: orphan, malformed, gone, not served, lease lost, run cancelled
+    dead: bool = False  # dead: orphan, malformed, gone, not served, lease lost, run cancelled,
+    # run being moved to another driver (frozen)
     will_retry: bool = False  # willRetry
     attempt: int | None = None
     max_attempts: int | None = None  # maxAttempts
@@ -85,7 +86,7 @@ class HandleJobResult(_SeedModel):
     detail: str = Field(
         description="the kernel's outcome: completed, suspended, retrying, failed, cancelled, "
         "compensated, deferred, skipped, discarded, abandoned, busy, not_due, gone, "
-        "not_served, malformed, mismatch"
+        "not_served, malformed, mismatch, frozen"
     )
     job_id: int | None = None  # jobId
     workflow_run_id: str | None = None  # workflowRunId

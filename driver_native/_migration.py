@@ -191,10 +191,20 @@ def abort_export(conn: Connection, run_id: str) -> None:
 
 
 def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now: float) -> bool:
-    """Create the run from ``snap``; False when it is already here (a rerun)."""
+    """Create the run from ``snap``; False when it is already here (a rerun). A run that
+    moved away from here earlier and comes back replaces what it left here (its events
+    stay). A run this database is exporting is refused: the target is the source."""
     existing = try_run(conn, snap.run_id)
     if existing is not None:
-        return False
+        if existing.frozen:
+            raise MigrationError(
+                f"run {snap.run_id!r} is being exported from this very database: the target "
+                "is the source. Import it into another database or driver (abort_export() "
+                "lets the run go on here; migrate_run does that itself)"
+            )
+        if existing.status != RunStatus.MIGRATED:
+            return False
+        _drop_left_behind(conn, snap.run_id)
     if snap.idempotency_key is not None:
         other = conn.execute(
             sa.select(runs.c.id).where(runs.c.idempotency_key == snap.idempotency_key)
@@ -221,6 +231,16 @@ def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now:
     run = lock_run(conn, snap.run_id)
     append_events(conn, run, schedule(conn, run, graph, now), now)
     return True
+
+
+def _drop_left_behind(conn: Connection, run_id: str) -> None:
+    """The rows a run left here when it moved away (its ``migrated`` record): it comes back
+    with its whole state in the snapshot. Treating that record as "already imported" marked
+    the run migrated on both sides, and nothing ran it again. Its outbox rows stay: the
+    snapshot's ``event_seq`` continues after them."""
+    for table in (stages, steps, signals, staged_events, jobs, stage_archive):
+        conn.execute(sa.delete(table).where(table.c.run_id == run_id))
+    conn.execute(sa.delete(runs).where(runs.c.id == run_id))
 
 
 def _insert_run(conn: Connection, snap: RunSnapshot, now: float) -> None:

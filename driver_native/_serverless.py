@@ -43,7 +43,14 @@ from pydantic import ValidationError
 from sqlalchemy import Connection
 
 from engine_port import FlushResult
-from engine_port.driver import TERMINAL_RUN_STATUSES, version_key
+from engine_port.driver import (
+    TERMINAL_RUN_STATUSES,
+    check_numbers,
+    check_run_call,
+    check_start_call,
+    version_key,
+)
+from engine_port.errors import InvalidInputError
 
 from ._commands import (
     CreateRun,
@@ -81,6 +88,10 @@ log = logging.getLogger("wfe.serverless")
 _TERMINAL = TERMINAL_RUN_STATUSES
 OUTBOX_FLUSH_TIMEOUT_S = 10.0
 """Seed ``outboxFlushTimeoutMs``: the bound on the flush after a job."""
+# the largest job id each database can hold (``wfe_jobs.id``: INTEGER on PostgreSQL, a 64-bit
+# rowid on SQLite): a message naming a larger one names no job, and reading it raised the
+# driver's overflow error (OverflowError, psycopg's NumericValueOutOfRange) to the consumer
+_MAX_JOB_ID_PG, _MAX_JOB_ID_SQLITE = 2_147_483_647, 9_223_372_036_854_775_807
 
 
 def _default_worker_id() -> str:
@@ -217,6 +228,8 @@ async def resolve_job_message(kernel: Kernel, message: Any) -> tuple[JobMessage,
     :class:`JobMessageError` when the message is malformed or contradicts the row (a stale
     message whose id now names another job)."""
     msg = parse_job_message(message)
+    if msg.job_id > (_MAX_JOB_ID_PG if kernel.db.is_postgres else _MAX_JOB_ID_SQLITE):
+        return msg, None  # no job can have that id
     row = await kernel.db.read(_job_row, msg.job_id)
     if row is None:
         return msg, None
@@ -260,7 +273,7 @@ _SEED_OUTCOME = {
 # failed, but the job is due again: the consumer re-delivers the message after the delay
 _RETRY = {"retrying", "deferred", "abandoned", "busy", "not_due"}
 # already failed and acknowledged, never retry (the seed's ``dead``)
-_DEAD = {"discarded", "cancelled", "gone", "not_served", "malformed", "mismatch"}
+_DEAD = {"discarded", "cancelled", "gone", "not_served", "malformed", "mismatch", "frozen"}
 _ERRORS = {
     "retrying": "the stage failed; another attempt is scheduled",
     "failed": "the stage failed for good; the run compensates",
@@ -272,6 +285,8 @@ _ERRORS = {
     "cancelled": "the run was cancelled",
     "gone": "the job no longer exists (done, or its run was purged)",
     "not_served": "this build does not serve the run's workflow version",
+    "frozen": "the run is being moved to another driver; if the move is aborted, "
+    "process_available_jobs or a worker runs the job",
 }
 
 
@@ -354,6 +369,7 @@ async def handle_job(
     call). Errors of the engine itself (database unreachable) propagate, so the platform
     retries the invocation.
     """
+    check_numbers({"outbox_flush_timeout": (outbox_flush_timeout, False, 0.001)})
     worker = worker_id or _default_worker_id()
     if hasattr(message, "run_id") and hasattr(message, "lease_owner"):
         result = await _execute(kernel, message, worker_id or str(message.lease_owner))
@@ -394,6 +410,15 @@ async def _handle_message(kernel: Kernel, message: Any, worker: str) -> HandleJo
         row = await kernel.db.read(_job_row, msg.job_id)
         if row is None:
             return _result(kernel, None, "gone", None, [], now)
+        if row.status == "waiting" and row.available_at is None:
+            # parked on a signal (a re-delivery of the message that suspended it): no time to
+            # retry at -- it was will_retry with no delay, re-delivered at once until the
+            # signal came. Acknowledged: the signal makes the job due, and it is found again
+            # by process_available_jobs or a worker (the database is the queue)
+            return _result(kernel, row, "suspended", row, [], now)
+        if row.status == "frozen":  # (was not_due with no delay: re-delivered at once, for
+            # as long as the move took, or for ever after an interrupted one)
+            return _result(kernel, row, "frozen", row, [], now)
         return _result(kernel, row, "busy" if row.status == "leased" else "not_due", row, [], now)
     return await _execute(kernel, leased[0], worker)
 
@@ -413,6 +438,12 @@ async def process_available_jobs(
     A job that fails inside the engine counts as failed; its lease expires and another
     invocation takes it over.
     """
+    check_numbers(
+        {
+            "max_jobs": (max_jobs, True, 1),
+            "outbox_flush_timeout": (outbox_flush_timeout, False, 0.001),
+        }
+    )
     worker = worker_id or _default_worker_id()
     results: list[HandleJobResult] = []
     served = _served(kernel)
@@ -448,6 +479,9 @@ async def run_maintenance_tick(
     leases of dead workers, flushes up to ``max_outbox_flush_per_tick`` events, repairs stuck
     runs and, with ``retention`` (seconds; default the ``retention`` setting), purges finished
     runs older than that. Does not execute jobs: that is ``process_available_jobs``."""
+    check_numbers({"stuck_grace_seconds": (stuck_grace_seconds, False, 0)})
+    if retention is not None:
+        check_numbers({"retention": (retention, False, 0)})
     s = kernel.settings
     woken = int(await kernel.db.tx(_wake_suspended, kernel.now(), s.max_suspended_checks_per_tick))
     released = int(await kernel.dispatch(ReapStaleLeases()))
@@ -505,6 +539,16 @@ async def run_to_completion(
     unlike the seed's). Only while its next job is held by another worker does a round claim
     up to ``claims_per_round`` other due jobs and run them (``foreign_jobs_processed``).
     """
+    _check_create(command)
+    check_numbers(
+        {
+            "max_jobs": (max_jobs, True, 1),
+            "max_claim_rounds": (max_claim_rounds, True, 0),
+            "claims_per_round": (claims_per_round, True, 1),
+        }
+    )
+    if max_outbox_flush is not None:
+        check_numbers({"max_outbox_flush": (max_outbox_flush, True, 1)})
     worker = worker_id or _default_worker_id()
     run_id, created = await kernel.dispatch(command)
     drive = _Drive(
@@ -534,6 +578,23 @@ async def run_to_completion(
         suspended_stage_id=drive.suspended_stage,
         created=bool(created),
     )
+
+
+def _check_create(command: Any) -> None:
+    """The command of ``run_to_completion``, checked as ``engine.start`` checks its arguments
+    (the kernel trusts its callers): anything else raised a KeyError naming its type, a run
+    id that is not a string a TypeError, and a key too long for its column PostgreSQL's
+    DataError (SQLite stored it)."""
+    if not isinstance(command, CreateRun):
+        raise InvalidInputError(
+            None,
+            f"run_to_completion takes a CreateRun command, not {type(command).__name__}: "
+            "pass CreateRun(workflow_id, input, idempotency_key=...)",
+            ("command",),
+        )
+    check_start_call(command.workflow_id, command.idempotency_key, command.version)
+    if command.run_id is not None:
+        check_run_call(command.run_id)
 
 
 @dataclass(kw_only=True)

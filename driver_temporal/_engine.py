@@ -107,6 +107,7 @@ from engine_port.driver import (
     check_start_input,
     check_version,
     check_wait_call,
+    check_wait_seconds,
     check_worker_options,
     check_workflow_ids,
     input_fingerprint,
@@ -1177,7 +1178,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
 
     async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
         check_run_call(run_id)
-        return await _moving.export_run(self, run_id, wait=wait)
+        return await _moving.export_run(self, run_id, wait=check_wait_seconds(wait))
 
     async def complete_export(self, run_id: str, target: str) -> RunInfo:
         check_run_call(run_id)

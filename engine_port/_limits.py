@@ -375,6 +375,18 @@ def check_wait_call(run_id: Any, timeout: Any) -> float | None:
     return None if math.isinf(timeout) else float(timeout)
 
 
+def check_wait_seconds(value: Any, name: str = "wait") -> float:
+    """How long a migration call waits (``export_run(wait=)``, ``migrate_runs(wait=,
+    drain_timeout=)``): seconds, 0 or more (infinity: as long as it takes). NaN made the
+    deadline one that never passes -- a hang while a stage ran, a drain that never ended --
+    and a string raised a bare TypeError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _invalid(name, f"{name} must be a number of seconds, not {_kind(value)}")
+    if math.isnan(value) or value < 0:
+        raise _invalid(name, f"{name} must be 0 or more seconds, not {value}")
+    return float(value)
+
+
 def check_import_call(snapshot: Any) -> RunSnapshot:
     """The argument of ``engine.import_run``: the ``RunSnapshot`` that ``export_run`` returned,
     or its JSON form (``snapshot.model_dump(mode="json")``, e.g. read back from a file).
@@ -441,10 +453,21 @@ def check_worker_options(
             "options",
             f"the {driver} driver's worker takes {', '.join(known)}; not {', '.join(unknown)}",
         )
-    for name, (whole, minimum) in numbers.items():
-        value = options.get(name)
-        if value is None:
-            continue
+    check_numbers(
+        {
+            name: (options[name], whole, minimum)
+            for name, (whole, minimum) in numbers.items()
+            if options.get(name) is not None
+        }
+    )
+
+
+def check_numbers(values: Mapping[str, tuple[Any, bool, float]]) -> None:
+    """Number arguments, ``name -> (value, whole, minimum)``: each a finite number (a whole
+    one when ``whole``; never a bool) of at least ``minimum``, else InvalidInputError naming
+    it (a string was a bare TypeError from inside, ``1.5`` jobs ran two, a negative age
+    purged everything)."""
+    for name, (value, whole, minimum) in values.items():
         if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
             what = "a whole number" if whole else "a number of seconds"
             raise _invalid(name, f"{name} must be {what}, not {_kind(value)}")

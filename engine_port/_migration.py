@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from ._blobs import INLINE_MARKER, BlobStore, ClaimCheck, run_prefix
 from ._engine import WorkflowEngine
+from ._limits import check_wait_seconds
 from ._models import ACTIVE_RUN_STATUSES, RunSnapshot, RunStatus
 from .errors import EngineError, MigrationError, RunNotFoundError
 
@@ -64,6 +65,16 @@ async def copy_blobs(snapshot: RunSnapshot, source: BlobStore, target: BlobStore
     return len(keys)
 
 
+def _check_two_engines(source: WorkflowEngine, target: WorkflowEngine) -> None:
+    """One engine as source and target marked each run migrated to where it already was
+    (the import found it there, "already moved"), and nothing ran it again."""
+    if source is target:
+        raise MigrationError(
+            "the source and the target are the same engine; pass an engine on another "
+            "driver (or another database) as the target"
+        )
+
+
 async def migrate_run(
     source: WorkflowEngine,
     target: WorkflowEngine,
@@ -74,6 +85,8 @@ async def migrate_run(
 ) -> RunMove:
     """Move one run: freeze and export it at a safe point, import it into ``target``, then mark
     it migrated on ``source``. Rerunning after a crash at any point completes the move once."""
+    _check_two_engines(source, target)
+    check_wait_seconds(wait)
     info = await source.get_run(run_id)
     if info.status == RunStatus.MIGRATED:
         return RunMove(
@@ -124,6 +137,9 @@ async def migrate_runs(
     ``drain`` first stops ``source`` from taking new runs of the selected workflows (new starts
     must go to ``target``: route them there) and keeps migrating until none is left there.
     """
+    _check_two_engines(source, target)
+    check_wait_seconds(wait)
+    check_wait_seconds(drain_timeout, "drain_timeout")
     report = MigrationReport(source=source.driver_name, target=target.driver_name, dry_run=dry_run)
     if drain and dry_run:
         raise EngineError("--drain and --dry-run cannot be combined")

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from driver_native import (
@@ -26,6 +28,7 @@ from driver_native import (
 )
 from driver_native._engine import NativeEngine
 from engine_port import FakeClock, MemorySink
+from engine_port.errors import InvalidInputError
 
 from . import workflows as w
 from .conftest import MakeEngine, eventually, types
@@ -333,3 +336,87 @@ async def test_tick_applies_retention(make_engine: MakeEngine) -> None:
     assert await engine.list_runs() == []
     payload = json.dumps((await run_maintenance_tick(engine.kernel)).model_dump(by_alias=True))
     assert '"purged": 0' in payload
+
+
+async def test_handle_job_acks_a_job_parked_on_a_signal_or_being_moved(
+    make_engine: MakeEngine,
+) -> None:
+    """A re-delivered message for a job that waits for a signal was ``will_retry`` with no
+    delay: the consumer re-delivered it at once, again and again, until the signal came. One
+    for a job frozen by a migration did the same for as long as the move took (for ever after
+    an interrupted one). Both are acked now; the database still finds the job when it is due."""
+    engine = await make_engine(w.waiter, w.linear)
+    k = engine.kernel
+    parked = await run_to_completion(k, CreateRun("it-waiter", {"n": 1}))
+    (job,) = await _jobs_of(engine, parked.workflow_run_id)
+    again = await handle_job(k, job_message(job).model_dump(by_alias=True))
+    assert (again.outcome, again.detail, again.will_retry, again.ack) == (
+        "suspended",
+        "suspended",
+        False,
+        True,
+    )
+    assert again.retry_delay_ms is None and again.stage_id == "wait_go"
+    await engine.signal(parked.workflow_run_id, "go", {"ok": True})
+    woke = await process_available_jobs(k, 5)  # the acked job is found again once due
+    assert woke.processed >= 1
+    assert (await engine.get_run(parked.workflow_run_id)).stage("wait_go").status == "completed"
+
+    moving = await engine.start("it-linear", {"n": 1})
+    (frozen,) = await _jobs_of(engine, moving.id)
+    await engine.export_run(moving.id)
+    held = await handle_job(k, job_message(frozen))
+    assert (held.detail, held.dead, held.will_retry, held.ack) == ("frozen", True, False, True)
+    assert "moved to another driver" in (held.error or "") and w.COUNTS["a"] == 0
+    await engine.abort_export(moving.id)
+    await process_available_jobs(k, 5)  # an aborted move: the job is found again
+    assert w.COUNTS["a"] == 1
+
+
+async def test_handle_job_with_an_id_no_job_can_have_is_gone(make_engine: MakeEngine) -> None:
+    """A job id beyond the id column (PostgreSQL's INTEGER, SQLite's 64-bit rowid) raised the
+    driver's OverflowError / NumericValueOutOfRange to the consumer: the platform retried the
+    poison message for ever. It names no job: ``gone``, acked."""
+    engine = await make_engine(w.linear)
+    for message in (
+        {"jobId": 2**31},
+        {"jobId": 2**63},
+        '{"jobId": 99999999999999999999999}',
+    ):
+        result = await handle_job(engine.kernel, message)
+        assert (result.detail, result.dead, result.ack) == ("gone", True, True), message
+
+
+async def test_entry_points_refuse_arguments_that_are_not_what_they_take(
+    make_engine: MakeEngine,
+) -> None:
+    """Strings raised a bare TypeError from inside, ``max_jobs=1.5`` ran two jobs, a negative
+    ``retention`` purged every finished run, a dict for the command a KeyError naming its
+    type, a run id that is not a string a TypeError and an idempotency key too long for its
+    column a DataError on PostgreSQL: each is an InvalidInputError naming the argument."""
+    engine = await make_engine(w.linear)
+    k = engine.kernel
+    done = await run_to_completion(k, CreateRun("it-linear", {"n": 1}))
+    assert done.outcome == "completed"
+    linear = CreateRun("it-linear", {"n": 1})
+    bad: list[tuple[Callable[[], Awaitable[Any]], str]] = [
+        (lambda: process_available_jobs(k, "3"), "max_jobs must be a whole number, not str"),
+        (lambda: process_available_jobs(k, 0), "max_jobs must be 1 or more, not 0"),
+        (lambda: process_available_jobs(k, None), "max_jobs must be a whole number, not None"),
+        (lambda: handle_job(k, {"jobId": 1}, outbox_flush_timeout="9"), "outbox_flush_timeout"),
+        (lambda: run_maintenance_tick(k, retention=-1), "retention must be 0 or more, not -1"),
+        (lambda: run_maintenance_tick(k, stuck_grace_seconds="x"), "stuck_grace_seconds must"),
+        (lambda: run_to_completion(k, linear, max_jobs=1.5), "max_jobs must be a whole number"),
+        (lambda: run_to_completion(k, linear, claims_per_round=-1), "claims_per_round must be"),
+        (lambda: run_to_completion(k, {"workflow_id": "it-linear"}), "takes a CreateRun command"),
+        (lambda: run_to_completion(k, replace(linear, run_id=7)), "run id must be"),
+        (
+            lambda: run_to_completion(k, replace(linear, idempotency_key="k" * 301)),
+            "idempotency_key is 301 characters",
+        ),
+    ]
+    for call, words in bad:
+        with pytest.raises(InvalidInputError, match=words):
+            await call()
+    assert (await engine.get_run(done.workflow_run_id)).status == "completed"  # not purged
+    assert len(await engine.list_runs()) == 1  # nothing was created
