@@ -350,6 +350,10 @@ class MigrationContract:
                 info = await source.wait(run.id, timeout=60)
         assert info.status == RunStatus.COMPLETED and info.output == ["home", "c"]
         assert (log.count("a"), log.count("c"), log.count("d"), log.count("x")) == (1, 1, 1, 1)
+        # each move has its own run.migrated event: the second had the first's id, and a sink
+        # that drops repeated ids (as MemorySink.for_run does) lost it
+        moves = [e for e in sink.for_run(run.id) if e.type == "run.migrated"]
+        assert [e.data["target"] for e in moves] == [target.driver_name, source.driver_name]
 
     async def test_moving_a_run_to_the_engine_it_is_on_is_refused(
         self, migration_pair: tuple[Harness, Harness], tmp_path: Path

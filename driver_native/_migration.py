@@ -177,7 +177,8 @@ def complete_export(conn: Connection, run_id: str, target: str, now: float) -> N
             updated_at=now,
         )
     )
-    append_events(conn, run, [Lifecycle(run.id, run.redrive_count).run_migrated(target)], now)
+    moved = Lifecycle(run.id, run.redrive_count).run_migrated(target, run.event_seq + 1)
+    append_events(conn, run, [moved], now)
 
 
 def abort_export(conn: Connection, run_id: str) -> None:

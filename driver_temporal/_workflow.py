@@ -1078,7 +1078,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if outcome == "migrated":
             # the run lives on its target now; this copy ends here, frozen as it was exported
             assert self._migrated_to is not None
-            self._emit(self._lc.run_migrated(self._migrated_to))
+            self._emit(self._lc.run_migrated(self._migrated_to, self._seq + 1))
             self._status = "migrated"
             self._final = True
             self._frozen = False

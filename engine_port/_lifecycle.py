@@ -134,8 +134,9 @@ class Lifecycle:
             {"from": from_, "redrive": self.redrive, "version": version},
         )
 
-    def run_migrated(self, target: str) -> EventDraft:
-        return EventDraft(self._id("run.migrated"), "run.migrated", None, {"target": target})
+    def run_migrated(self, target: str, seq: int) -> EventDraft:
+        """``seq``: the event's own sequence number (a run may move away several times)."""
+        return EventDraft(self._id("run.migrated", seq), "run.migrated", None, {"target": target})
 
 
 def run_output(sinks: list[str], outputs: dict[str, Any]) -> Any:
