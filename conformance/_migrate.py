@@ -25,7 +25,7 @@ from engine_port import (
     migrate_run,
     migrate_runs,
 )
-from engine_port.errors import InvalidInputError, MigrationError
+from engine_port.errors import InvalidInputError, MigrationError, RunNotFoundError
 
 from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
@@ -373,6 +373,31 @@ class MigrationContract:
             async with source.worker():
                 info = await source.wait(run.id, timeout=60)
         assert info.status == RunStatus.COMPLETED and info.output == ["b", "c"]
+
+    async def test_a_selection_that_names_nothing_movable_is_refused(
+        self, migration_pair: tuple[Harness, Harness], tmp_path: Path
+    ) -> None:
+        """``migrate_runs`` (``wfe migrate``) naming a run that is not on the source, a
+        misspelled status, or one id given as a string selected nothing and reported an
+        empty move ("moved: 0"); each is an error now, and nothing moves."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = _workflow(log, "plain")
+        sink = MemorySink()
+        async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
+            run = await source.start(wf.id, {"n": 1})
+            with pytest.raises(RunNotFoundError):
+                await migrate_runs(source, target, run_ids=[run.id, "no-such-run"])
+            bad: list[dict[str, Any]] = [
+                {"statuses": ["runing"]},
+                {"workflow_ids": wf.id},
+                {"run_ids": run.id},
+            ]
+            for selection in bad:
+                with pytest.raises(InvalidInputError):
+                    await migrate_runs(source, target, **selection)
+            assert (await source.get_run(run.id)).status == RunStatus.PENDING
+            with pytest.raises(RunNotFoundError):
+                await target.get_run(run.id)
 
     async def test_a_wait_that_is_not_a_number_of_seconds_is_refused(
         self, migration_pair: tuple[Harness, Harness], tmp_path: Path

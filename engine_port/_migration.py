@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Literal
 
@@ -13,9 +13,15 @@ from pydantic import BaseModel, Field
 
 from ._blobs import INLINE_MARKER, BlobStore, ClaimCheck, run_prefix
 from ._engine import WorkflowEngine
-from ._limits import check_wait_seconds
+from ._limits import (
+    check_list_call,
+    check_run_call,
+    check_version,
+    check_wait_seconds,
+    check_workflow_ids,
+)
 from ._models import ACTIVE_RUN_STATUSES, RunSnapshot, RunStatus
-from .errors import EngineError, MigrationError, RunNotFoundError
+from .errors import EngineError, InvalidInputError, MigrationError, RunNotFoundError
 
 __all__ = ["MigrationReport", "RunMove", "migrate_run", "migrate_runs"]
 
@@ -140,6 +146,7 @@ async def migrate_runs(
     _check_two_engines(source, target)
     check_wait_seconds(wait)
     check_wait_seconds(drain_timeout, "drain_timeout")
+    await _check_selection(source, workflow_ids, version, run_ids, statuses)
     report = MigrationReport(source=source.driver_name, target=target.driver_name, dry_run=dry_run)
     if drain and dry_run:
         raise EngineError("--drain and --dry-run cannot be combined")
@@ -202,6 +209,32 @@ async def _left_by_timeout(source: WorkflowEngine, left: list[str]) -> list[RunM
             )
         )
     return moves
+
+
+async def _check_selection(
+    source: WorkflowEngine,
+    workflow_ids: Sequence[str] | None,
+    version: str | None,
+    run_ids: Sequence[str] | None,
+    statuses: Sequence[RunStatus] | None,
+) -> None:
+    """What ``migrate_runs`` selects by, checked before anything moves: a misspelled status,
+    an id given as a string instead of a list, or a run that is not on ``source`` selected
+    nothing and reported an empty move (``wfe migrate --run nope``: "moved: 0")."""
+    if workflow_ids is not None:
+        check_workflow_ids(workflow_ids)
+    if version is not None:
+        check_version(version)
+    if statuses is not None:
+        check_list_call(None, statuses, 0, None)
+    if run_ids is None:
+        return
+    if isinstance(run_ids, str | bytes) or not isinstance(run_ids, Iterable):
+        raise InvalidInputError(
+            None, f"run_ids must be a list of run ids, not {type(run_ids).__name__}", ("run_ids",)
+        )
+    for run_id in run_ids:
+        await source.get_run(check_run_call(run_id))  # RunNotFoundError: say which
 
 
 async def _select(
