@@ -45,8 +45,8 @@ from sqlalchemy import Connection
 from engine_port import FlushResult
 from engine_port.driver import (
     TERMINAL_RUN_STATUSES,
+    check_new_run_id,
     check_numbers,
-    check_run_call,
     check_start_call,
     version_key,
 )
@@ -594,7 +594,7 @@ def _check_create(command: Any) -> None:
         )
     check_start_call(command.workflow_id, command.idempotency_key, command.version)
     if command.run_id is not None:
-        check_run_call(command.run_id)
+        check_new_run_id(command.run_id)
 
 
 @dataclass(kw_only=True)

@@ -131,6 +131,23 @@ def check_run_id(run_id: Any) -> str:
     )
 
 
+_NEW_RUN_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def check_new_run_id(run_id: Any) -> str:
+    """A run id a caller chooses for a new run (a serverless ``CreateRun(run_id=...)``):
+    letters, digits, '_' and '-' only. A run's blobs live under ``runs/<run id>/``: a '/'
+    put one run's blobs inside another's prefix, '..' outside its own."""
+    check_run_id(run_id)
+    if not _NEW_RUN_ID.fullmatch(run_id):
+        raise _invalid(
+            "run_id",
+            f"run id {run_id!r} may hold only letters, digits, '_' and '-'; leave it out to get "
+            "a generated one",
+        )
+    return str(run_id)
+
+
 def check_workflow_id(workflow_id: Any, *, error: Raise = _invalid) -> str:
     return check_text(workflow_id, "workflow id", MAX_WORKFLOW_ID_LENGTH, error=error)
 

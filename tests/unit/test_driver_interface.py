@@ -45,6 +45,7 @@ INTERFACE = [
     "check_import_call",
     "check_key",
     "check_list_call",
+    "check_new_run_id",
     "check_numbers",
     "check_page_call",
     "check_payload_size",

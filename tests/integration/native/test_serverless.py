@@ -410,6 +410,8 @@ async def test_entry_points_refuse_arguments_that_are_not_what_they_take(
         (lambda: run_to_completion(k, linear, claims_per_round=-1), "claims_per_round must be"),
         (lambda: run_to_completion(k, {"workflow_id": "it-linear"}), "takes a CreateRun command"),
         (lambda: run_to_completion(k, replace(linear, run_id=7)), "run id must be"),
+        (lambda: run_to_completion(k, replace(linear, run_id="../x")), "only letters, digits"),
+        (lambda: run_to_completion(k, replace(linear, run_id="a/b")), "only letters, digits"),
         (
             lambda: run_to_completion(k, replace(linear, idempotency_key="k" * 301)),
             "idempotency_key is 301 characters",
