@@ -42,14 +42,18 @@ class IdempotencyContract:
             log.hit("a")
             return ctx.input.n
 
+        other = _echo("s11o")
         key = unique_id("order")
-        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+        async with harness.engine(Registry([wf, other]), MemorySink()) as engine:
             first = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
             second = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
             assert second.id == first.id
             assert first.idempotency_key == key
             with pytest.raises(IdempotencyConflictError):
                 await engine.start(wf.id, {"n": 2}, idempotency_key=key)
+            # the key with another workflow (the message said "a different input")
+            with pytest.raises(IdempotencyConflictError, match="different workflow or input"):
+                await engine.start(other.id, {"n": 1}, idempotency_key=key)
             key2 = unique_id("burst")
             runs = await asyncio.gather(
                 *(engine.start(wf.id, {"n": 5}, idempotency_key=key2) for _ in range(8))

@@ -204,8 +204,9 @@ class SignalQueueFullError(EngineError):
 class IdempotencyConflictError(EngineError):
     def __init__(self, key: str, run_id: str) -> None:
         super().__init__(
-            f"idempotency key {key!r} already started run {run_id!r} with a different input; "
-            "use a new key for a different input"
+            f"idempotency key {key!r} already started run {run_id!r} with a different "
+            "workflow or input; use a new key for a different request (get_run shows what "
+            "that run was started with)"
         )
         self.key = key
         self.run_id = run_id
