@@ -237,6 +237,14 @@ async def import_run(engine: TemporalEngine, snapshot: RunSnapshot) -> RunInfo:
     except RunNotFoundError:
         pass
     else:
+        if (memo.get("wfe_run") or {}).get("frozen"):
+            # (the run being exported from this very namespace: taken for "already imported",
+            # it was marked migrated to where it was, and never ran again)
+            raise MigrationError(
+                f"run {run_id!r} is being exported from this very Temporal namespace: the "
+                "target is the source. Import it into another driver or namespace "
+                "(abort_export() lets the run go on here; migrate_run does that itself)"
+            )
         existing = await engine._info_from_memo(memo, status)
         if existing.status != RunStatus.MIGRATED:
             return existing  # a rerun migration never duplicates

@@ -26,6 +26,7 @@ from engine_port import (
     StageContext,
     Workflow,
     create_engine,
+    migrate_run,
     migrate_runs,
 )
 from engine_port._routing import RoutingEngine
@@ -64,6 +65,31 @@ class TestNativeTemporalMigration(MigrationContract):
     ) -> tuple[Harness, Harness]:
         native, temporal = _pair(tmp_path, temporal_server)
         return (native, temporal) if request.param == "native->temporal" else (temporal, native)
+
+
+@pytest.mark.temporal
+async def test_moving_a_run_into_the_namespace_it_is_in_is_refused(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    """Two Temporal engines on one namespace: the import found the run being exported and
+    took it for "already imported", so the run was marked migrated to where it was and never
+    ran again. Now the import refuses, the export is aborted and the run goes on (as on two
+    native engines on one database)."""
+    _, harness = _pair(tmp_path, temporal_server)
+    wf = _mixed_workflow(ExecutionLog(tmp_path / "log"), "plain", uuid.uuid4().hex[:6])
+    registry = Registry([wf])
+    async with (
+        create_engine(harness.settings, registry) as one,
+        create_engine(harness.settings, registry) as two,
+    ):
+        run = await one.start(wf.id, {"n": 1})
+        with pytest.raises(MigrationError, match="this very Temporal namespace"):
+            await migrate_run(one, two, run.id)
+        # (still here and active: the export's helper worker may have begun it)
+        assert (await one.get_run(run.id)).status in (RunStatus.PENDING, RunStatus.RUNNING)
+        async with one.worker():
+            info = await one.wait(run.id, timeout=60)
+    assert info.status == RunStatus.COMPLETED and info.output == [1, "b"]
 
 
 # -- a live workload drained from native (PostgreSQL) to Temporal -------------------------------
