@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from driver_native import PurgeRuns, ReapStuckRuns, _jobs, _outbox
+from driver_native import PurgeRuns, ReapStuckRuns, _jobs, _outbox, _schema
 from engine_port import EngineSettings, create_engine
 
 from .. import _workflows as W
@@ -71,7 +71,8 @@ async def main(backend: str, rows: int) -> None:
 
             await db.tx(fill)
             if db.is_postgres:
-                await db.tx(lambda c: c.execute(sa.text("ANALYZE")))
+                tables = ", ".join(t.name for t in _schema.metadata.sorted_tables)
+                await db.tx(lambda c: c.execute(sa.text(f"ANALYZE {tables}")))
             served = kernel.served()
             looks: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
                 ("outbox gauge (stats)", lambda: db.read_long(_outbox.count_outbox)),

@@ -48,3 +48,28 @@ def test_cloned_runs_read_like_their_templates(pg_session: Any) -> None:
                 ]
 
     asyncio.run(check())
+
+
+@pytest.mark.postgres
+def test_the_clone_analyzes_only_the_engines_tables(pg_session: Any) -> None:
+    """Its bare ANALYZE locked every table of the database in one transaction; the test
+    session's database holds a schema per test, and once the suite had enough of them the
+    clone failed with "out of shared memory" (max_locks_per_transaction)."""
+    import sqlalchemy as sa
+
+    other = pg_session.new_schema()  # another test's schema, with a table of its own
+    engine = sa.create_engine(other.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE bystander (a int)"))
+    url = pg_session.new_schema()
+    templates = asyncio.run(ui_pages.make_templates(EngineSettings(database_url=url)))
+    ui_pages.clone(url, templates, 10)
+    with engine.begin() as conn:
+        analyzed = conn.execute(
+            sa.text(
+                "SELECT last_analyze FROM pg_stat_user_tables "
+                "WHERE relname = 'bystander' AND schemaname = current_schema()"
+            )
+        ).scalar_one()
+    engine.dispose()
+    assert analyzed is None
