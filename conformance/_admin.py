@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, field_validator
 
 from engine_port import MemorySink, Registry, RunStatus, StageContext, Workflow
 from engine_port.errors import (
@@ -242,6 +243,19 @@ class VersionContract:
         assert [s.id for s in after.stages] == ["a"]
 
 
+class _Looked(BaseModel):
+    """An input model whose validators raise what user code raises by mistake."""
+
+    region: str
+
+    @field_validator("region")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value == "venus":
+            raise TypeError("regions are looked up by code")
+        return {"eu": "eu", "us": "us"}[value]  # KeyError for any other region
+
+
 class BadInputContract:
     pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
@@ -264,6 +278,25 @@ class BadInputContract:
                 await engine.start(wf.id, {"total": 1.0})
             assert await engine.list_runs(workflow_id=wf.id) == []
         assert log.entries() == []
+
+    async def test_s16_an_input_validator_raising_any_error_is_bad_input(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """An input model whose validator raises something other than ValueError (a KeyError
+        of a lookup table, a TypeError) refused the input with that raw exception from inside
+        pydantic on every driver; it is ``InvalidInputError`` naming the model and the error,
+        and no run is created."""
+        wf = Workflow(unique_id("s16v"), input=_Looked)
+
+        @wf.stage
+        async def a(ctx: StageContext[_Looked]) -> str:
+            return ctx.input.region
+
+        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+            for bad in ("mars", "venus"):
+                with pytest.raises(InvalidInputError, match=r"_Looked raised (KeyError|TypeError)"):
+                    await engine.start(wf.id, {"region": bad})
+            assert await engine.list_runs(workflow_id=wf.id) == []
 
     async def test_s16_bad_listing_arguments(self, harness: Harness) -> None:
         """``list_runs`` arguments a caller can get wrong are refused with a typed error on

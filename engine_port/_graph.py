@@ -34,7 +34,13 @@ from ._limits import (
     definition_error,
 )
 from ._models import StageStatus
-from .errors import DefinitionError, InvalidInputError, InvalidRedriveError, NonRetryableError
+from .errors import (
+    DefinitionError,
+    EngineError,
+    InvalidInputError,
+    InvalidRedriveError,
+    NonRetryableError,
+)
 
 if TYPE_CHECKING:
     from ._context import StageContext
@@ -640,6 +646,14 @@ class Workflow(Generic[InT]):
                 for e in exc.errors()
             )
             raise InvalidInputError(self.id, detail, fields) from None
+        except EngineError:
+            raise
+        except Exception as exc:  # a validator of the input model that raised something else
+            detail = (
+                f"the input model {self.input.__name__} raised {type(exc).__name__}: {exc} "
+                "(its validators should raise ValueError for input they refuse)"
+            )
+            raise InvalidInputError(self.id, detail) from exc
 
     def __repr__(self) -> str:
         return f"Workflow({self.id!r}, stages={list(self._stages)})"
