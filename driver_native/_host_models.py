@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from engine_port.errors import EngineError
@@ -59,6 +59,14 @@ class JobMessage(_SeedModel):
     # payload: the seed carries the run's config here; the native driver keeps it in the
     # database, so a payload is accepted and ignored (never spilled: nothing to unpack)
     payload: dict[str, Any] | None = None
+
+    @field_validator("job_id", "attempt", mode="before")
+    @classmethod
+    def _not_a_flag(cls, value: Any) -> Any:
+        # a queue's string id ("12") is a number; `true` is not job 1
+        if isinstance(value, bool):
+            raise ValueError("a number, not true/false")
+        return value
 
 
 HandleOutcome = Literal["completed", "suspended", "failed"]

@@ -169,8 +169,13 @@ async def test_handle_job_busy_stale_and_claimed(make_engine: MakeEngine) -> Non
     # a message whose ids contradict the row is dead, and runs nothing
     stale = await handle_job(k, {"jobId": job.id, "workflowRunId": "someone-else"})
     assert (stale.dead, stale.detail) == (True, "mismatch") and w.COUNTS["a"] == 0
+    # `true` is not job 1, nor attempt 1: dead and malformed, nothing runs (a queue's string
+    # id is a number: the seed's Cloudflare consumer sends msg.id)
+    for flag in ({"jobId": True}, {"jobId": job.id, "attempt": True}):
+        wrong = await handle_job(k, flag)
+        assert (wrong.dead, wrong.detail) == (True, "malformed") and w.COUNTS["a"] == 0
     (claimed,) = await k.dispatch(ClaimPending("other-fn", limit=1))
-    busy = await handle_job(k, {"jobId": job.id})
+    busy = await handle_job(k, {"jobId": str(job.id)})
     # leased elsewhere: re-deliver when that lease ends (never lost, never run twice)
     assert (busy.outcome, busy.will_retry, busy.dead, busy.detail) == (
         "failed",
