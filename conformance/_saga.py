@@ -246,7 +246,10 @@ class CancelContract:
         async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
             run = await engine.start(wf.id, {})
             await wait_for_events(sink, run.id, "stage.suspended")
-            await engine.cancel(run.id)
+            # with a worker serving the run, cancel() returns it once it has ended (native
+            # returned it `compensating`, Temporal `cancelled`)
+            first = await engine.cancel(run.id)
+            assert first.status == RunStatus.CANCELLED, run_summary(first)
             info = await engine.wait(run.id, timeout=60)
             events = await wait_for_events(sink, run.id, "run.cancelled")
             again = await engine.cancel(run.id)  # a no-op

@@ -123,7 +123,8 @@ def _parse_cursor(cursor: str) -> tuple[float, str]:
 
 
 class NativeEngine(WorkflowEngine):
-    """The native driver: SQLite (embedded default) or PostgreSQL, plus a blob store."""
+    """The native driver: SQLite (embedded default) or PostgreSQL, plus a blob store.
+    Option: ``cancel_wait`` (seconds cancel() waits for a worker to end the run; 10)."""
 
     driver_name = "native"
 
@@ -135,12 +136,15 @@ class NativeEngine(WorkflowEngine):
         event_sink: EventSink | None = None,
         blob_store: BlobStore | None = None,
         clock: Clock | None = None,
+        cancel_wait: float = 10.0,
     ) -> None:
         super().__init__(registry)
         self.settings = settings
         self.event_sink = event_sink
         self.blob_store = blob_store
         self.clock: Clock = clock or SystemClock()
+        # how long cancel() waits for a worker to carry the cancellation out (as on Temporal)
+        self.cancel_wait = check_wait_seconds(cancel_wait)
         self._kernel: Kernel | None = None
         self._hosts: list[WorkerHost] = []
         self._waiters: dict[str, set[asyncio.Event]] = {}
@@ -463,11 +467,16 @@ class NativeEngine(WorkflowEngine):
 
     async def cancel(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
-        await self.kernel.dispatch(CancelRun(run_id))
+        requested = await self.kernel.dispatch(CancelRun(run_id))
         self._wake()
         info = await self.get_run(run_id)
         if info.status in TERMINAL_RUN_STATUSES:
             self._job_done(run_id)  # ended here and now: wake this process's wait() calls
+        elif requested and self.cancel_wait > 0:
+            # a worker (of this process or another) compensates and ends it: as on Temporal,
+            # cancel() returns the run once it has ended, or its status after cancel_wait
+            with contextlib.suppress(WaitTimeoutError):
+                info = await self.wait(run_id, timeout=self.cancel_wait)
         return info
 
     async def redrive(
@@ -649,10 +658,9 @@ def create_native_engine(
     clock: Clock | None = None,
     **options: Any,
 ) -> NativeEngine:
-    if options:
-        raise UnsupportedFeatureError(
-            f"the native driver does not support the options {sorted(options)}"
-        )
+    unknown = sorted(set(options) - {"cancel_wait"})
+    if unknown:
+        raise UnsupportedFeatureError(f"the native driver does not support the options {unknown}")
     return NativeEngine(
-        settings, registry, event_sink=event_sink, blob_store=blob_store, clock=clock
+        settings, registry, event_sink=event_sink, blob_store=blob_store, clock=clock, **options
     )

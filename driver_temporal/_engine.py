@@ -193,7 +193,8 @@ _IN_PROCESS_GRACE_S = 0.005
 class TemporalEngine(PagedRuns, WorkflowEngine):
     """The Temporal driver. Options: ``heartbeat_timeout`` (seconds, how fast a lost worker is
     noticed), ``connect_timeout``, ``signal_timeout`` (how long signal() waits for a worker to
-    answer before buffering the signal on the server)."""
+    answer before buffering the signal on the server), ``cancel_wait`` (seconds cancel()
+    waits for the run to end; 10)."""
 
     driver_name = "temporal"
 

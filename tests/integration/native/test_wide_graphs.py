@@ -18,6 +18,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import cursor as sa_cursor
 
 from driver_native import (
+    CancelRun,
     ClaimPending,
     CreateRun,
     ExecuteJob,
@@ -561,8 +562,8 @@ async def _cancelled(make_engine: MakeEngine, width: int) -> tuple[int, Any, lis
     claimed = await kernel.dispatch(ClaimPending("w1", limit=1))
     assert claimed[0].stage_id == "r0"
     await kernel.dispatch(ExecuteJob(claimed[0], "w1"))
-    with _statements(engine) as sent:
-        await engine.cancel(run_id)
+    with _statements(engine) as sent:  # (the cancel's own transaction: no worker ends it)
+        await kernel.dispatch(CancelRun(run_id))
     return len(sent), await engine.get_run(run_id), await engine.events(run_id)
 
 
