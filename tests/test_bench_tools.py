@@ -52,12 +52,12 @@ def test_pg_replay_does_the_engines_work_again(
     # The replay's time is a lower bound of the engine's only if it does the same work: every
     # recorded run completes again in the copy of the database.
     monkeypatch.setattr(_common, "PG_ADMIN", admin_url().replace("+psycopg", "", 1))
-    pg_replay.main(runs=5)
+    pg_replay.main(runs=5, drop_index=["ix_wfe_runs_status"])
     out = capsys.readouterr().out
     assert "of the 5 runs, the replay completed 5, the writes alone 5" in out
     assert "the writes alone added the replay's rows to every table: yes" in out
-    for line in ("engine", "its SQL replayed", "its writes alone", "raw floor"):
-        assert f"  {line} " in out
+    for line in ("engine", "its SQL replayed", "its writes alone", "without 1 index", "raw floor"):
+        assert f"  {line}" in out
 
 
 def test_pg_replay_tells_reads_from_writes_per_connection() -> None:

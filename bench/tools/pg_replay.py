@@ -238,12 +238,22 @@ def _floor(runs: int) -> tuple[list[float], float]:
             conn.close()
 
 
-def main(runs: int) -> None:
+def _without(url: str, indexes: list[str]) -> None:
+    with psycopg.connect(url, autocommit=True) as c:
+        for name in indexes:
+            c.execute(f'DROP INDEX "{name}"')
+
+
+def main(runs: int, drop_index: list[str]) -> None:
     recorder = _Recorder()
+    dropped = f"without {len(drop_index)} index(es)"
     with fresh_postgres_db("replay") as plain:
         url = plain.replace("postgresql://", "postgresql+psycopg://", 1)
         engine, engine_server = asyncio.run(_engine_runs(url, runs, None))
         copies = [_copy(plain, "replay"), _copy(plain, "writes")]
+        if drop_index:
+            copies.append(_copy(plain, "noidx"))
+            _without(copies[2], drop_index)
         try:
             uninstall = recorder.install()
             try:
@@ -253,19 +263,23 @@ def main(runs: int) -> None:
             replayed, replay_server, added = _replay(copies[0], recorder, recorder.runs)
             writes = recorder.writes()
             written, writes_server, added_writes = _replay(copies[1], recorder, writes)
+            if drop_index:
+                bare, bare_server, _ = _replay(copies[2], recorder, recorder.runs)
         finally:
             for copy in copies:
                 _drop(copy)
     floor, floor_server = _floor(runs)
     queries = [len(r) for r in recorder.runs]
     sets = {"engine": engine, "its SQL replayed": replayed, "its writes alone": written}
-    sets["raw floor"] = floor
     servers = {
         "engine": engine_server,
         "its SQL replayed": replay_server,
         "its writes alone": writes_server,
         "raw floor": floor_server,
     }
+    if drop_index:
+        sets[dropped], servers[dropped] = bare, bare_server
+    sets["raw floor"] = floor
     p50 = {k: statistics.median(v) * 1000 for k, v in sets.items()}
     print(f"postgres: {runs} runs of bench-seq3, in-process worker")
     print(
@@ -277,7 +291,7 @@ def main(runs: int) -> None:
     )
     for what, ms in p50.items():
         print(
-            f"  {what:<17}p50 {ms:.3f} ms ({ms / p50['raw floor']:.2f}x the floor's), "
+            f"  {what:<24}p50 {ms:.3f} ms ({ms / p50['raw floor']:.2f}x the floor's), "
             f"server CPU {servers[what] * 1000:.2f} ms/run"
         )
     print(
@@ -291,5 +305,11 @@ def main(runs: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument(
+        "--drop-index",
+        action="append",
+        default=[],
+        help="replay the SQL once more on a copy without this index (repeatable)",
+    )
     args = ap.parse_args()
-    main(args.runs)
+    main(args.runs, args.drop_index)
