@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from ._models import RunSnapshot, RunStatus
 from ._serde import JSON, to_json_value
-from .errors import DefinitionError, EngineError, InvalidInputError
+from .errors import DefinitionError, EngineError, InvalidInputError, SerializationError
 
 if TYPE_CHECKING:
     from ._graph import Workflow
@@ -248,16 +248,20 @@ def _check_json_scalar(v: Any, field: str, path: str, error: Raise) -> None:
         raise error(field, f"{_at(field, path)} is a {_kind(v)}, which is not JSON data")
 
 
+def _too_deep(field: str, error: Raise) -> EngineError:
+    return error(
+        field,
+        f"{field} is nested more than {MAX_JSON_DEPTH} levels deep; the limit is "
+        f"{MAX_JSON_DEPTH}; flatten it",
+    )
+
+
 def _json_children(
     v: dict[Any, Any] | list[Any] | tuple[Any, ...], field: str, path: str, depth: int, error: Raise
 ) -> list[tuple[Any, str, int]]:
     """The items of a JSON object or array, each with its path, once its keys are checked."""
     if depth >= MAX_JSON_DEPTH:
-        raise error(
-            field,
-            f"{field} is nested more than {MAX_JSON_DEPTH} levels deep; the limit is "
-            f"{MAX_JSON_DEPTH}; flatten it",
-        )
+        raise _too_deep(field, error)
     if not isinstance(v, dict):
         return [(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(v)]
     children = []
@@ -502,7 +506,26 @@ def check_signal_call(run_id: Any, name: Any, payload: Any, idempotency_key: Any
     check_run_id(run_id)
     check_signal_name(name)
     check_signal_key(idempotency_key)
-    return check_json(to_json_value(payload, f"payload of signal {name!r}"), "signal payload")
+    return _caller_json(payload, "signal payload")
+
+
+def _caller_json(value: Any, field: str) -> JSON:
+    """A JSON value a caller gives the engine (a signal payload), as JSON data: pydantic
+    models and dataclasses converted; nested too deep, NaN/Infinity or not JSON at all is
+    ``InvalidInputError`` (the caller's input), never the ``SerializationError`` meant for
+    what a stage returns."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:  # (before the conversion, which gives up deep down with a vaguer error)
+        v, depth = stack.pop()
+        if isinstance(v, dict | list | tuple):
+            if depth >= MAX_JSON_DEPTH:
+                raise _too_deep(field, _invalid)
+            stack.extend((item, depth + 1) for item in (v.values() if isinstance(v, dict) else v))
+    try:
+        plain = to_json_value(value, field)
+    except SerializationError as exc:
+        raise _invalid(field, f"{exc}; send JSON data") from None
+    return check_json(plain, field)
 
 
 # -- error records --------------------------------------------------------------------------

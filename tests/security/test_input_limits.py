@@ -254,6 +254,26 @@ PUBLIC_CASES: list[tuple[str, Call, str, str]] = [
         "signal payload",
         "limit is 64",
     ),
+    # deeper, a NaN, an object: the caller's input too (they were the SerializationError a
+    # stage's output gets, telling the caller to "return pydantic models")
+    (
+        "signal very deep payload",
+        lambda e, r: e.signal(r, "go", _nested(300)),
+        "signal payload",
+        "limit is 64",
+    ),
+    (
+        "signal NaN payload",
+        lambda e, r: e.signal(r, "go", {"x": float("nan")}),
+        "signal payload",
+        "signal payload.x contains nan, which JSON cannot carry",
+    ),
+    (
+        "signal non-JSON payload",
+        lambda e, r: e.signal(r, "go", object()),
+        "signal payload",
+        "send JSON data",
+    ),
     ("get_run long id", lambda e, r: e.get_run("x" * 65), "run id", "limit is 64"),
     ("get_run NUL id", lambda e, r: e.get_run("a\x00"), "run id", "NUL"),
     ("wait NUL id", lambda e, r: e.wait("a\x00", timeout=1), "run id", "NUL"),
