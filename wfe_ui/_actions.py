@@ -16,7 +16,7 @@ from starlette.routing import Route
 from engine_port.errors import EngineError
 
 from ._context import UiContext, quote_path, status_code
-from ._inputs import BadRequestError, check_name, check_run_id, parse_payload
+from ._inputs import BadRequestError, check_name, check_run_id, check_submission, parse_payload
 from ._pages import render_run
 
 __all__ = ["action_routes"]
@@ -36,7 +36,14 @@ async def _checked_form(ctx: UiContext, request: Request) -> Any:
         raise HTTPException(403, "cross-site requests are refused")
     if origin is not None and origin != "null" and urlsplit(origin).netloc != host:
         raise HTTPException(403, "requests from another origin are refused")
-    form = await request.form()
+    try:
+        form = await request.form()
+    except HTTPException as exc:  # Starlette's limits: 1 MiB a field, 1,000 fields
+        raise HTTPException(
+            exc.status_code,
+            f"the form could not be read ({exc.detail}); send it from the page's own form "
+            "(a signal payload sent from this page can be at most 1 MiB)",
+        ) from None
     token = form.get("csrf")
     if not isinstance(token, str) or not hmac.compare_digest(token, ctx.csrf):
         raise HTTPException(403, "the form's token is missing or stale; reload the page")
@@ -45,21 +52,29 @@ async def _checked_form(ctx: UiContext, request: Request) -> Any:
 
 def _field(form: Any, name: str) -> str:
     value = form.get(name, "")
-    return value if isinstance(value, str) else ""
+    if not isinstance(value, str):  # a file upload: never read as an empty field
+        raise BadRequestError(f"{name} must be a text field, not a file upload")
+    return value
 
 
 async def _act(
-    ctx: UiContext, request: Request, run_id: str, action: Callable[[], Awaitable[str]]
+    ctx: UiContext,
+    request: Request,
+    run_id: str,
+    action: Callable[[], Awaitable[str]],
+    signal_form: dict[str, str] | None = None,
 ) -> Response:
     """Run ``action`` on the run; back to its page with what was done, or the page again
-    with why it was refused."""
+    with why it was refused (and the signal form as the user filled it)."""
     try:
         done = await action()
     except EngineError as exc:
         code = status_code(exc)
         if code in (404, 503):
             raise
-        return await render_run(ctx, request, run_id, 0, None, str(exc), code)
+        return await render_run(
+            ctx, request, run_id, 0, None, str(exc), code, signal_form=signal_form
+        )
     return RedirectResponse(
         f"/runs/{quote_path(run_id)}?{urlencode({'done': done})}", status_code=303
     )
@@ -71,19 +86,25 @@ def action_routes(ctx: UiContext) -> list[Route]:
     async def signal(request: Request) -> Response:
         run_id = check_run_id(request.path_params["run_id"])
         form = await _checked_form(ctx, request)
+        typed = {f: _field(form, f) for f in ("name", "payload", "idempotency_key")}
 
         async def send() -> str:
-            name = check_name(_field(form, "name").strip(), "the signal name")
-            payload = parse_payload(_field(form, "payload"))
-            key = _field(form, "idempotency_key").strip() or None
+            name = check_name(typed["name"].strip(), "the signal name")
+            payload = parse_payload(typed["payload"])
+            key = typed["idempotency_key"].strip() or None
             if key is not None:
                 check_name(key, "the idempotency key", 300)
+            else:
+                # one rendered form sends one signal: a double click (or a resubmission
+                # of the same page) repeats the form's token and is not queued again
+                submission = check_submission(_field(form, "submission"))
+                key = f"ui-form-{submission}" if submission else None
             result = await engine.signal(run_id, name, payload, idempotency_key=key)
             if result.already_completed:
-                return "signal-repeat"
+                return "signal-repeat" if typed["idempotency_key"].strip() else "signal-resent"
             return "signal-delivered" if result.delivered else "signal-buffered"
 
-        return await _act(ctx, request, run_id, send)
+        return await _act(ctx, request, run_id, send, typed)
 
     async def cancel(request: Request) -> Response:
         run_id = check_run_id(request.path_params["run_id"])

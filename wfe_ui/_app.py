@@ -18,12 +18,13 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from engine_port import Registry, RunStatus, WorkflowEngine
+from engine_port.driver import describe_fault, is_storage_fault
 from engine_port.errors import EngineError
 
 from ._actions import action_routes
@@ -116,9 +117,48 @@ def create_app(
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return ctx.page(
-            request, "error.html", status_code=exc.status_code, problem=exc.detail, title="Error"
+        problem = exc.detail
+        headers = dict(exc.headers or {})
+        if exc.status_code == 404 and problem == "Not Found":
+            problem = (
+                "there is no page at this address; the runs are at /runs and a run's page "
+                "is /runs/RUN_ID (a run id has no '/')"
+            )
+        elif exc.status_code == 405 and problem == "Method Not Allowed":
+            allowed = headers.get("Allow", "")
+            problem = f"{request.method} is not accepted at this address (it takes {allowed}); " + (
+                "use the buttons on the run's page"
+                if "POST" in allowed
+                else "open it in the browser"
+            )
+        response = ctx.page(
+            request, "error.html", status_code=exc.status_code, problem=problem, title="Error"
         )
+        response.headers.update(headers)  # Allow on a 405, as HTTP requires
+        return response
+
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        """What the page says when the engine fails in a way it did not translate (a database
+        error leaking out of a driver): no traceback on the page (the server log has it); 503
+        when the storage is unreachable or failing (retrying later may work), else 500."""
+        unavailable = is_storage_fault(exc)
+        problem = f"the web view could not answer: {describe_fault(exc)}. " + (
+            "The engine's storage is unreachable or failing: check that the database "
+            "runs and that database_url is right, then reload the page."
+            if unavailable
+            else "This is a fault of the server or its database, not of your request; "
+            "the server log has the details."
+        )
+        code = 503 if unavailable else 500
+        try:
+            response = ctx.page(
+                request, "error.html", status_code=code, problem=problem, title="Error"
+            )
+        except Exception:  # the page itself cannot be drawn: say it in plain text
+            response = PlainTextResponse(problem, status_code=code)
+        # answered outside the middleware (by Starlette's outermost one): the same headers
+        response.raw_headers.extend(_HEADERS)
+        return response
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -139,6 +179,10 @@ def create_app(
     return Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers={EngineError: engine_error, HTTPException: http_error},
+        exception_handlers={
+            EngineError: engine_error,
+            HTTPException: http_error,
+            Exception: unexpected_error,
+        },
         lifespan=lifespan,
     )

@@ -21,6 +21,7 @@ __all__ = [
     "RunFilter",
     "check_name",
     "check_run_id",
+    "check_submission",
     "parse_payload",
     "parse_run_filter",
 ]
@@ -28,8 +29,10 @@ __all__ = [
 LIMITS = (20, 50, 100, 200)
 REFRESH_SECONDS = (0, 2, 5, 10, 30)
 _TEXT = re.compile(r"^[^\x00-\x1f\x7f]+$")
-_DURATION = re.compile(r"^(\d{1,6})([smhd])$")
+_DURATION = re.compile(r"^([0-9]{1,6})([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_SINCE_DAYS = 36500  # 100 years: an older cutoff is before the first date a datetime holds
+_SUBMISSION = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 
 
 class BadRequestError(InvalidInputError):
@@ -58,7 +61,8 @@ def check_name(value: str, field: str, limit: int = 200) -> str:
 def _int_choice(raw: str | None, field: str, choices: tuple[int, ...], default: int) -> int:
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or int(raw) not in choices:
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+    if not (raw.isascii() and raw.isdigit()) or int(raw) not in choices:
         raise BadRequestError(f"{field} must be one of {', '.join(map(str, choices))}")
     return int(raw)
 
@@ -125,6 +129,10 @@ def parse_run_filter(params: Any) -> RunFilter:
         if m is None:
             raise BadRequestError("since must be a number and a unit: 30m, 12h, 7d")
         since_seconds = int(m.group(1)) * _UNIT[m.group(2)]
+        if since_seconds > MAX_SINCE_DAYS * 86400:
+            raise BadRequestError(
+                f"since must be at most {MAX_SINCE_DAYS}d (100 years); leave it empty for all runs"
+            )
     return RunFilter(
         workflow=one("workflow", 200),
         statuses=tuple(dict.fromkeys(statuses)),
@@ -149,11 +157,28 @@ def _cursor(raw: str | None) -> str | None:
     return raw
 
 
+def check_submission(raw: str) -> str | None:
+    """The token a rendered form carries (``submission``): one per page load, so that a
+    double click on one form sends one signal. Anything else is ignored (no token)."""
+    return raw if _SUBMISSION.match(raw) else None
+
+
 def parse_payload(raw: str) -> Any:
-    """A signal payload typed in a form: JSON, empty meaning null."""
+    """A signal payload typed in a form: JSON, empty meaning null; refused (400) when it is
+    not JSON or Python cannot read it (the engine refuses NaN and deep nesting itself)."""
     if raw.strip() == "":
         return None
     try:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise BadRequestError(f'the payload is not JSON ({exc}); e.g. {{"ok": true}}') from None
+    except RecursionError:  # nested far deeper than the engine's limit
+        raise BadRequestError(
+            "the payload is nested far deeper than the engine stores (objects or arrays "
+            "inside each other, thousands of levels); flatten it"
+        ) from None
+    except ValueError as exc:  # an integer literal over Python's digit limit
+        raise BadRequestError(
+            f"the payload has a number JSON tools cannot read ({str(exc).split(';')[0]}); "
+            "send it as a string"
+        ) from None

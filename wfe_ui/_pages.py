@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +33,10 @@ DONE = {
     "signal-delivered": "Signal delivered to the step waiting for it.",
     "signal-buffered": "Signal queued: the next wait for that name takes it.",
     "signal-repeat": "That idempotency key was seen before: the signal was not queued again.",
+    "signal-resent": (
+        "This form was sent before (a double click?): the signal was not sent again. "
+        "Send another one from the form below."
+    ),
     "cancelled": "Run cancelled (completed stages are compensated).",
     "redriven": "Run redriven: a worker serving its version runs it.",
     "replayed": "Dead letters queued for delivery again.",
@@ -179,8 +184,10 @@ async def render_run(
     message: str | None,
     problem: str | None,
     status_code: int,
+    signal_form: dict[str, str] | None = None,
 ) -> Response:
-    """One run's page (also after an action, with what it did or why it was refused)."""
+    """One run's page (also after an action, with what it did or why it was refused, and
+    the signal form as it was filled in)."""
     # spilled values stay in the blob store until asked for (a link to /value)
     lazy = getattr(ctx.engine, "get_run_lazy", None)
     spilled: dict[str, int] = {}
@@ -221,6 +228,8 @@ async def render_run(
         redrive_from=["last_failure", "start", *(s.id for s in info.stages)],
         message=message,
         problem=problem,
+        signal_form=signal_form,
+        submission=secrets.token_urlsafe(18),
         refresh=refresh,
         title=f"Run {info.id}",
     )
