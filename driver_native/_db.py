@@ -306,16 +306,22 @@ class Database:
     # -- transactions -----------------------------------------------------------------------
     def _unavailable(self, exc: DBAPIError, waited: float | None = None) -> DriverUnavailableError:
         tried = "" if waited is None else f" (retried for {waited:.1f}s)"
-        return DriverUnavailableError(
-            f"cannot reach the database at {self.safe_url}{tried}: "
-            f"{redact_text(_first_line(exc), self.url)}; check "
+        remedy = (
             "that the server runs, that database_url is right and that this host can reach it"
+            if self.is_postgres
+            else "that database_url names a wfe SQLite file (or a new one) this process may "
+            "read and write, and that no other program holds it locked or wrote over it"
+        )
+        return DriverUnavailableError(
+            f"cannot {'reach' if self.is_postgres else 'use'} the database at "
+            f"{self.safe_url}{tried}: "
+            f"{redact_text(_first_line(exc), self.url)}; check {remedy}"
         )
 
     def _retry_or_raise(self, exc: DBAPIError, started: float, delay: float) -> float:
         """Whether to try ``exc``'s transaction again: returns the delay to wait first, or
         raises (the error itself, or DriverUnavailableError once the retry budget is spent)."""
-        if isinstance(exc, OperationalError) and _is_config_error(exc):
+        if (isinstance(exc, OperationalError) and _is_config_error(exc)) or _not_sqlite(exc):
             raise self._unavailable(exc) from None
         if not _is_transient(exc):
             raise exc
@@ -769,6 +775,14 @@ def _is_config_error(exc: DBAPIError) -> bool:
     retry will help."""
     text = str(exc.orig).lower()
     return any(s in text for s in _CONFIG_ERRORS)
+
+
+def _not_sqlite(exc: DBAPIError) -> bool:
+    """SQLite: the file is not a database, or a corrupt one (no retry will help)."""
+    text = str(exc.orig)
+    return type(exc.orig).__module__.startswith("sqlite3") and (
+        "file is not a database" in text or "database disk image is malformed" in text
+    )
 
 
 def _is_transient(exc: DBAPIError) -> bool:

@@ -15,7 +15,6 @@ from engine_port.errors import (
     InvalidInputError,
     RunNotActiveError,
     RunNotFoundError,
-    SerializationError,
     UnsafeBlobKeyError,
     WorkflowNotFoundError,
 )
@@ -70,7 +69,7 @@ async def test_bad_input_writes_nothing(make_engine: MakeEngine, blobs: str) -> 
         engine.start("it-linear", {"n": 2, "note": "x" * 500}, idempotency_key="k-1"),
         IdempotencyConflictError,
     )
-    await _writes_nothing(engine, engine.signal(active.id, "go", object()), SerializationError)
+    await _writes_nothing(engine, engine.signal(active.id, "go", object()), InvalidInputError)
     await _writes_nothing(
         engine,
         engine.kernel.dispatch(CreateRun("no-such-wf", {}), idempotency_key="kk"),

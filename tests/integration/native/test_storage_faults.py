@@ -432,6 +432,21 @@ async def test_an_unreachable_sqlite_file_is_not_retried(tmp_path: Path) -> None
         await engine.connect()
 
 
+async def test_a_file_that_is_not_a_database_is_a_typed_error(tmp_path: Path) -> None:
+    """A corrupt file, or one that is not SQLite at all, was a raw SQLAlchemy DatabaseError
+    from the first statement; the advice is for a file, not for a server."""
+    (tmp_path / "wfe.db").write_bytes(b"not a database at all " * 200)
+    engine = create_engine(
+        EngineSettings(
+            database_url=f"sqlite:///{tmp_path / 'wfe.db'}", blob_url=f"file://{tmp_path}"
+        ),
+        Registry([_two_steps()]),
+    )
+    with pytest.raises(DriverUnavailableError, match="file is not a database") as err:
+        await engine.connect()
+    assert "names a wfe SQLite file" in str(err.value) and "server" not in str(err.value)
+
+
 @pytest.mark.parametrize("how", ["plain", "idempotency_key"])
 async def test_a_start_committed_but_not_acknowledged_returns_its_run(
     make_engine: MakeEngine, how: str
