@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import importlib
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -60,9 +61,18 @@ class JsonlFileSink:
     def _append(self, events: Sequence[Event]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = "".join(e.model_dump_json() + "\n" for e in events).encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, data)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        except PermissionError:  # a write-only file: appended to as it is
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if _torn(fd):
+                # a writer died mid-line (its events were not acknowledged, so they come
+                # again): start on a line of our own instead of gluing onto its fragment
+                data = b"\n" + data
+            view = memoryview(data)
+            while view:  # os.write may write less than asked
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
 
@@ -72,10 +82,20 @@ class JsonlFileSink:
 
     @property
     def events(self) -> list[Event]:
+        """Every complete line's event. A line still being appended (no newline yet) and
+        the fragment a writer left when it died mid-line are skipped: their events were not
+        acknowledged, so they are delivered again (at least once)."""
         if not self.path.exists():
             return []
-        lines = self.path.read_text().splitlines()
-        return [Event.model_validate_json(line) for line in lines if line.strip()]
+        out: list[Event] = []
+        for line in self.path.read_bytes().split(b"\n")[:-1]:
+            if not line.strip():
+                continue
+            try:
+                out.append(Event.model_validate_json(line))
+            except ValueError:
+                continue  # a torn write (see above)
+        return out
 
     def for_run(self, run_id: str) -> list[Event]:
         seen: dict[str, Event] = {}
@@ -83,6 +103,17 @@ class JsonlFileSink:
             if e.run_id == run_id and e.id not in seen:
                 seen[e.id] = e
         return sorted(seen.values(), key=lambda e: e.seq)
+
+
+def _torn(fd: int) -> bool:
+    """Whether the regular file ``fd`` ends inside a line (not for pipes or terminals)."""
+    try:
+        st = os.fstat(fd)
+        return (
+            stat.S_ISREG(st.st_mode) and st.st_size > 0 and os.pread(fd, 1, st.st_size - 1) != b"\n"
+        )
+    except OSError:
+        return False
 
 
 def open_event_sink(spec: str) -> EventSink:

@@ -64,12 +64,30 @@ class RoutingEngine(WorkflowEngine):
         return [self.engines[n] for n in names]
 
     async def connect(self) -> None:
-        for engine in self.engines.values():
-            await engine.connect()
+        connected: list[WorkflowEngine] = []
+        try:
+            for engine in self.engines.values():
+                await engine.connect()
+                connected.append(engine)
+        except BaseException:
+            # (``async with`` calls no close() when connect() raises: the engines that did
+            # connect would stay connected, with their pools and background tasks)
+            for engine in reversed(connected):
+                with contextlib.suppress(Exception):
+                    await engine.close()
+            raise
 
     async def close(self) -> None:
+        """Close every engine, even when one of them fails to close (its error is raised
+        once the others are closed)."""
+        first: BaseException | None = None
         for engine in self.engines.values():
-            await engine.close()
+            try:
+                await engine.close()
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     async def _locate(self, run_id: str) -> tuple[WorkflowEngine, RunInfo]:
         """The engine that holds the live copy of the run (following migrated pointers)."""
@@ -136,7 +154,10 @@ class RoutingEngine(WorkflowEngine):
             ):
                 if info.status != RunStatus.MIGRATED or info.id not in out:
                     out[info.id] = info
-        return list(out.values())[:limit]
+        # newest first across the drivers, as each driver lists its own (the first engine's
+        # runs must not push a newer run of another driver past ``limit``)
+        merged = sorted(out.values(), key=_newest_first)
+        return merged[:limit]
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         timeout = check_wait_call(run_id, timeout)
@@ -196,6 +217,22 @@ class RoutingEngine(WorkflowEngine):
         engine, _ = await self._locate(run_id)
         return await engine.export_run(run_id, wait=wait)
 
+    async def complete_export(self, run_id: str, target: str) -> RunInfo:
+        engine, _ = await self._locate(run_id)
+        return await engine.complete_export(run_id, target)
+
+    async def abort_export(self, run_id: str) -> None:
+        engine, _ = await self._locate(run_id)
+        await engine.abort_export(run_id)
+
+    async def drain(self, workflow_ids: Sequence[str], target: str | None) -> None:
+        """Drain ``workflow_ids`` on every driver but ``target`` (their new runs then go to
+        ``target``: ``start`` follows WorkflowDrainedError there); ``target=None`` lifts the
+        drain on every driver."""
+        for name, engine in self.engines.items():
+            if target is None or name != target:
+                await engine.drain(workflow_ids, target)
+
     async def import_run(self, snapshot: RunSnapshot | Mapping[str, Any]) -> RunInfo:
         snapshot = check_import_call(snapshot)
         engine = self.engines[self.routes.get(snapshot.workflow_id, self.default)]
@@ -226,4 +263,11 @@ class RoutingEngine(WorkflowEngine):
         return sum([await e.replay_dlq() for e in self.engines.values()])
 
     async def dead_letters(self, limit: int = 1000) -> list[Event]:
-        return [ev for e in self.engines.values() for ev in await e.dead_letters(limit)][:limit]
+        # oldest first across the drivers, as each driver returns its own
+        events = [ev for e in self.engines.values() for ev in await e.dead_letters(limit)]
+        return sorted(events, key=lambda ev: ev.at)[:limit]
+
+
+def _newest_first(info: RunInfo) -> tuple[float, str]:
+    created = info.created_at
+    return (-created.timestamp() if created is not None else 0.0, info.id)
