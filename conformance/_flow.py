@@ -398,6 +398,62 @@ class HookContract:
         info, _ = await _run(harness, bare, {})
         assert info.output == []
 
+    async def test_s15_events_staged_in_a_step_survive_a_later_suspension(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """Business events a hook handler, a step's function (sync or async) or a wait_for
+        check stages are released when the run completes, also when the stage suspends
+        after them: the replay returns the journaled results without running the functions,
+        and the events they staged were lost (DESIGN §5, business events)."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = Workflow(unique_id("s15e"), input=Num, hooks=["order.charged"])
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> str:
+            ctx.emit("before", {"n": ctx.input.n})
+            await ctx.hook("order.charged", {"n": ctx.input.n})
+
+            def charge() -> str:
+                log.hit("charge")
+                ctx.emit("charged", {"sync": True})
+                return "txn-1"
+
+            async def receipt() -> str:
+                ctx.emit("receipt", {"async": True})
+                return "r-1"
+
+            def ready() -> bool:
+                ctx.emit("polled")
+                return True
+
+            txn: str = await ctx.step.run("charge", charge)
+            await ctx.step.run("receipt", receipt)
+            await ctx.step.wait_for("ready", ready)
+            await ctx.step.sleep("settle", timedelta(milliseconds=50))  # forces a replay
+            ctx.emit("after", {"txn": txn})
+            return txn
+
+        registry = Registry([wf])
+
+        def notify(ctx: StageContext[Num], payload: dict[str, int]) -> str:
+            log.hit("notify")
+            ctx.emit("notified", payload)
+            return "sent"
+
+        registry.register_hook("order.charged", notify)
+        info, events = await _run(harness, wf, {"n": 3}, registry=registry)
+        assert info.status == RunStatus.COMPLETED, info.error
+        business = [(e.type, e.data) for e in events if e.business]
+        assert business == [
+            ("before", {"n": 3}),
+            ("notified", {"n": 3}),
+            ("charged", {"sync": True}),
+            ("receipt", {"async": True}),
+            ("polled", {}),
+            ("after", {"txn": "txn-1"}),
+        ]
+        assert log.counts() == {"notify": 1, "charge": 1}
+
 
 class ClaimCheckContract:
     """S14: large values go through the blob store and round-trip unchanged."""

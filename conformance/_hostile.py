@@ -9,6 +9,7 @@ content of a blob, and reading runs must keep working.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -117,6 +118,31 @@ class HostileDataContract:
                 }
                 assert info.output == forged
             assert len(await engine.list_runs(workflow_id=echo.id)) == len(bad)
+
+    async def test_user_json_shaped_like_a_timed_out_wait_is_a_value(
+        self, harness: Harness
+    ) -> None:
+        """A timed-out wait was journaled as the result ``{"$wfe_step_timeout": ...}``: a
+        signal payload or a wait_for value of that shape was a value the first time and a
+        ``StepTimeoutError`` once the stage replayed (a later sleep), on both drivers."""
+        forged = {"$wfe_step_timeout": "2026-12-05T00:00:00+00:00"}
+        wf = Workflow(unique_id("marker"), input=Loose)
+
+        @wf.stage
+        async def waits(ctx: StageContext[Loose]) -> Any:
+            got = await ctx.step.wait_for_signal("forged", timeout=timedelta(minutes=5))
+            polled = await ctx.step.wait_for("poll", lambda: dict(forged))
+            await ctx.step.sleep("replay", timedelta(milliseconds=50))
+            return [got, polled]
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await wait_for_events(sink, run.id, "stage.suspended")
+            await engine.signal(run.id, "forged", forged)
+            info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED, info.error
+        assert info.output == [forged, forged]
 
     async def test_numbers_come_back_exactly(self, harness: Harness) -> None:
         """A number a stage returns, a step journals or a signal carries comes back as the

@@ -41,7 +41,17 @@ _MISSING = object()
 _LOST = object()
 """What a ledger write returns when the job is no longer leased to the writing worker."""
 
-_COLUMNS = ("run_id", "stage_id", "name", "kind", "completed", "result", "deadline", "signal")
+_COLUMNS = (
+    "run_id",
+    "stage_id",
+    "name",
+    "kind",
+    "completed",
+    "result",
+    "deadline",
+    "signal",
+    "meta",
+)
 _KEYS = ("run_id", "stage_id", "name")
 
 
@@ -61,6 +71,7 @@ def step_record(row: Any) -> StepRecord:
         result=row.result,
         deadline=_dt(row.deadline),
         signal=row.signal,
+        meta=row.meta,
     )
 
 
@@ -74,6 +85,7 @@ def _row(run_id: str, stage_id: str, rec: StepRecord, result: Any) -> dict[str, 
         "result": result,
         "deadline": _ts(rec.deadline),
         "signal": rec.signal,
+        "meta": rec.meta,
     }
 
 
@@ -240,7 +252,9 @@ def hand_over(
     rec = step_record(rows[i]).done(payload)
     execute(conn, _take_named(), {"run_id": run_id, "name": name}, later=True)
     upsert(conn, steps, _row(run_id, stage_id, rec, payload), ("run_id", "stage_id", "name"))
-    taken = SimpleNamespace(**{**rows[i]._asdict(), "completed": True, "result": payload})
+    taken = SimpleNamespace(
+        **{**rows[i]._asdict(), "completed": True, "result": payload, "meta": rec.meta}
+    )
     return [*rows[:i], taken, *rows[i + 1 :]]
 
 
@@ -281,7 +295,7 @@ class SqlStepLedger:
     async def get(self, name: str) -> StepRecord | None:
         rec = self._cache.get(name)
         if rec is not None and name in self._stored:
-            rec = rec.done(await self._claim.load(self._stored.pop(name), run_id=self.run_id))
+            rec = rec.loaded(await self._claim.load(self._stored.pop(name), run_id=self.run_id))
             self._cache[name] = rec
         return rec
 

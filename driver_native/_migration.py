@@ -152,6 +152,7 @@ def _snapshot_stage(r: Any, step_rows: list[Any], event_rows: list[Any]) -> Snap
                 result=s.result,
                 deadline=_dt(s.deadline),
                 signal=s.signal,
+                meta=s.meta,
             )
             for s in step_rows
         ],
@@ -318,6 +319,7 @@ def _insert_stages(conn: Connection, snap: RunSnapshot, now: float) -> None:
                 "result": s.result,
                 "deadline": _ts(s.deadline),
                 "signal": s.signal,
+                "meta": s.meta,
             }
             for st in snap.stages
             for s in st.steps

@@ -172,6 +172,9 @@ steps = Table(
     Column("result", JSON),
     Column("deadline", Double),
     Column("signal", String(300)),
+    # the engine's note about the step, apart from the user's result (StepRecord.meta); NULL:
+    # journaled before v16
+    Column("meta", _ABSENT_AS_NULL),
 )
 
 # Signals of one name queue per run in arrival order: ``id`` (increasing, assigned while the
@@ -436,6 +439,16 @@ def _v15(conn: Connection) -> None:
         )
 
 
+def _v16(conn: Connection) -> None:
+    """v16 added steps.meta, the engine's note about a step kept apart from its result: a
+    timed-out wait was the result ``{"$wfe_step_timeout": ...}``, so a signal payload or a
+    wait's value of that shape replayed as a timeout; and the business events a step's
+    function staged were lost when its stage suspended later. Existing rows keep NULL (read
+    as before)."""
+    if "meta" not in {c["name"] for c in inspect(conn).get_columns("wfe_steps")}:
+        conn.execute(sa.text("ALTER TABLE wfe_steps ADD COLUMN meta JSON"))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -452,6 +465,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (13, "jobs partial index of due jobs by version: claims skip other versions' queues", _v13),
     (14, "outbox event ids not indexed as unique: no random index write per event", _v14),
     (15, "errors reset to JSON 'null' by a redrive become SQL NULL", _v15),
+    (16, "steps.meta: timeouts and a step's business events apart from its result", _v16),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -754,7 +754,7 @@ class DriverActivities:
     async def _load_record(self, data: dict[str, Any], run_id: str) -> StepRecord:
         rec = record_from_json(data)
         if rec.completed:
-            rec = rec.done(await self.claim.load(rec.result, run_id=run_id))
+            rec = rec.loaded(await self.claim.load(rec.result, run_id=run_id))
         return rec
 
     # -- events -------------------------------------------------------------------------------

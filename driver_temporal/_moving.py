@@ -318,6 +318,7 @@ def _imported_stages(snapshot: RunSnapshot) -> dict[str, StageState]:
                     "result": s.result,
                     "deadline": None if s.deadline is None else s.deadline.isoformat(),
                     "signal": s.signal,
+                    "meta": s.meta,
                 }
                 for s in st.steps
             },

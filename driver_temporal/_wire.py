@@ -198,6 +198,7 @@ def record_to_json(rec: StepRecord) -> dict[str, Any]:
         "result": rec.result,
         "deadline": None if rec.deadline is None else rec.deadline.isoformat(),
         "signal": rec.signal,
+        "meta": rec.meta,
     }
 
 
@@ -209,6 +210,7 @@ def record_from_json(data: dict[str, Any]) -> StepRecord:
         result=data.get("result"),
         deadline=parse_time(data.get("deadline")),
         signal=data.get("signal"),
+        meta=data.get("meta"),  # (absent: journaled before StepRecord.meta)
     )
 
 

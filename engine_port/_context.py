@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import logging
 import math
@@ -47,12 +49,16 @@ class Suspend(BaseException):
         self.waiting_for = waiting_for
 
 
-# A timed-out wait is journaled as completed with this marker as its result, so a replay
-# raises StepTimeoutError again even if the signal (or the condition) turns up later.
+# A timed-out wait is journaled as completed with ``meta={"timeout": deadline}``, so a replay
+# raises StepTimeoutError again even if the signal (or the condition) turns up later. Before
+# ``meta``, its result was ``{TIMEOUT_MARKER: deadline}``: read so only in records of then
+# (``meta`` None), as any JSON, this one too, may be a signal payload or a wait's value.
 TIMEOUT_MARKER = "$wfe_step_timeout"
 
 
 def _timed_out(rec: StepRecord) -> bool:
+    if rec.meta is not None:
+        return "timeout" in rec.meta
     r = rec.result
     return isinstance(r, dict) and len(r) == 1 and TIMEOUT_MARKER in r
 
@@ -61,6 +67,26 @@ def _timed_out(rec: StepRecord) -> bool:
 class BusinessEvent:
     type: str
     data: dict[str, Any]
+
+
+# The business events staged while a step's function runs (``ctx.emit`` in it, or in a hook
+# handler): journaled with the step, and staged again when a replay returns its result
+# instead of running it (a later suspension replays the body; without them they were lost).
+_STEP_EVENTS: contextvars.ContextVar[list[BusinessEvent] | None] = contextvars.ContextVar(
+    "wfe_step_events", default=None
+)
+
+
+def _events_meta(events: list[BusinessEvent]) -> dict[str, JSON]:
+    return {"events": [{"type": e.type, "data": e.data} for e in events]} if events else {}
+
+
+def _stage(events: list[BusinessEvent], event: BusinessEvent) -> None:
+    """Stage ``event`` in the stage's ``events``, and note it for the step running it."""
+    events.append(event)
+    mine = _STEP_EVENTS.get()
+    if mine is not None:
+        mine.append(event)
 
 
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -76,13 +102,37 @@ class Steps:
     """Durable steps: each outcome is journaled; a replay returns the recorded result."""
 
     def __init__(
-        self, ledger: StepLedger, clock: Clock, declared: Callable[[], set[str]] | None = None
+        self,
+        ledger: StepLedger,
+        clock: Clock,
+        declared: Callable[[], set[str]] | None = None,
+        events: list[BusinessEvent] | None = None,
     ) -> None:
         self._ledger = ledger
         self._clock = clock
         self._declared = declared  # the signal names the workflow declares (engine.signal's)
         self._used: set[str] = set()
         self._signal_waits: dict[str, int] = {}
+        # the stage's staged business events (the StageContext's ``events``)
+        self._events: list[BusinessEvent] = [] if events is None else events
+
+    def _replayed(self, rec: StepRecord) -> None:
+        """A completed step returns its result without running: stage again the business
+        events its function staged when it ran."""
+        for e in (rec.meta or {}).get("events") or []:
+            assert isinstance(e, dict)
+            _stage(self._events, BusinessEvent(str(e["type"]), dict(e["data"])))
+
+    async def _staging(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, JSON]]:
+        """``fn(*args)`` with the business events it stages noted: (its value, the meta
+        that journals them)."""
+        mine: list[BusinessEvent] = []
+        token = _STEP_EVENTS.set(mine)
+        try:
+            value = await _call(fn, *args)
+        finally:
+            _STEP_EVENTS.reset(token)
+        return value, _events_meta(mine)
 
     def _claim(self, name: str) -> None:
         if not isinstance(name, str) or not name:
@@ -112,12 +162,15 @@ class Steps:
         out_type = _return_type(fn)
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
+            self._replayed(rec)
             return validate_as(out_type, rec.result)
         with step_span(name):
-            result = await _call(fn, *args, **kwargs)
+            result, meta = await self._staging(functools.partial(fn, *args, **kwargs))
         value = to_json_value(result, f"result of step {name!r}")
         check_json(value, f"result of step {name!r}")  # before it is journaled
-        await self._ledger.put(StepRecord(name=name, kind="run", completed=True, result=value))
+        await self._ledger.put(
+            StepRecord(name=name, kind="run", completed=True, result=value, meta=meta)
+        )
         return validate_as(out_type, value)
 
     async def sleep(self, name: str, duration: timedelta | float) -> None:
@@ -193,7 +246,7 @@ class Steps:
             if taken is not None:
                 return taken.result
         if rec.deadline is not None and self._clock.now() >= rec.deadline:
-            await self._ledger.put(rec.done({TIMEOUT_MARKER: rec.deadline.isoformat()}))
+            await self._ledger.put(rec.done(None, timeout=rec.deadline.isoformat()))
             raise _signal_timeout(name, rec)
         raise Suspend("signal", rec.deadline, f"signal:{name}")
 
@@ -216,19 +269,20 @@ class Steps:
         if rec is not None and rec.completed:
             if _timed_out(rec):
                 raise _poll_timeout(name, rec)
+            self._replayed(rec)
             return rec.result
         if rec is None:
             rec = StepRecord(name=name, kind="poll", completed=False, deadline=deadline)
             await self._ledger.put(rec)
-        value = await _call(check)
+        value, meta = await self._staging(check)
         if value is not None and value is not False:
             result = to_json_value(value, f"result of wait_for step {name!r}")
             check_json(result, f"result of wait_for step {name!r}")
-            await self._ledger.put(rec.done(result))
+            await self._ledger.put(rec.done(result, **meta))
             return result
         now = self._clock.now()
         if rec.deadline is not None and now >= rec.deadline:
-            await self._ledger.put(rec.done({TIMEOUT_MARKER: rec.deadline.isoformat()}))
+            await self._ledger.put(rec.done(None, timeout=rec.deadline.isoformat()))
             raise _poll_timeout(name, rec)
         until = now + _td(interval)
         if rec.deadline is not None:
@@ -375,7 +429,7 @@ class StageContext(Generic[InT]):
         check_json(value, f"data of event {type!r}")
         if not isinstance(value, dict):
             value = {"value": value}
-        self.events.append(BusinessEvent(type, value))
+        _stage(self.events, BusinessEvent(type, value))
 
     async def hook(self, name: str, payload: Any = None) -> list[Any]:
         """Run every handler registered for hook point ``name`` as a durable step, in

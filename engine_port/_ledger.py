@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -17,7 +17,13 @@ StepKind = Literal["run", "sleep", "signal", "poll"]
 @dataclass(frozen=True)
 class StepRecord:
     """One journaled step. ``deadline`` is a sleep's wake time or a wait's timeout, fixed at
-    the step's first execution; ``completed`` steps replay ``result``."""
+    the step's first execution; ``completed`` steps replay ``result``.
+
+    ``meta`` is the engine's own note about the step, kept apart from ``result`` (the user's
+    value, any JSON at all): ``{"timeout": iso}`` for a wait that timed out, ``{"events":
+    [{"type", "data"}, ...]}`` for the business events a step's function staged (replayed
+    with its result). ``None``: journaled before ``meta`` existed (a timeout then was the
+    result ``{"$wfe_step_timeout": iso}``)."""
 
     name: str
     kind: StepKind
@@ -25,9 +31,15 @@ class StepRecord:
     result: JSON = None
     deadline: datetime | None = None
     signal: str | None = None
+    meta: dict[str, JSON] | None = field(default_factory=dict)
 
-    def done(self, result: JSON) -> StepRecord:
-        return replace(self, completed=True, result=result)
+    def done(self, result: JSON, **meta: JSON) -> StepRecord:
+        """The step completed now, with ``result`` and the engine's ``meta`` about it."""
+        return replace(self, completed=True, result=result, meta=meta)
+
+    def loaded(self, result: JSON) -> StepRecord:
+        """The same record with its result read back (a spilled result opened)."""
+        return replace(self, result=result)
 
 
 class StepLedger(Protocol):

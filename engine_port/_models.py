@@ -216,6 +216,11 @@ class SnapshotStep(BaseModel):
         default=None, description="a sleep's wake time or a wait's timeout, fixed at first run"
     )
     signal: str | None = None
+    meta: dict[str, Any] | None = Field(
+        default=None,
+        description="the engine's note about the step (a wait's timeout, the business events "
+        "its function staged); None: journaled before such notes",
+    )
 
 
 class SnapshotSignal(BaseModel):

@@ -282,6 +282,7 @@ class StageRunner:
 
     def _context(self, req: StageRequest, ledger: StepLedger, slog: StageLog) -> StageContext[Any]:
         wf = req.workflow
+        events: list[BusinessEvent] = []
         return StageContext(
             input=wf.validate_input(req.input),
             run_id=req.run_id,
@@ -292,7 +293,9 @@ class StageRunner:
                 SizeCheckedLedger(ledger, self.max_payload_bytes),
                 self.clock,
                 lambda: {name for stage in wf.stages.values() for name in stage.signals},
+                events,
             ),
+            events=events,
             registry=self.registry,
             outputs=req.outputs,
             cancel_event=req.cancel_event,

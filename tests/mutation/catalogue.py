@@ -97,8 +97,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "P07-step-not-journaled",
         "port",
         "engine_port/_context.py",
-        '        await self._ledger.put(StepRecord(name=name, kind="run", completed=True, '
-        "result=value))",
+        "        await self._ledger.put(\n"
+        '            StepRecord(name=name, kind="run", completed=True, result=value, meta=meta)\n'
+        "        )",
         "        pass",
         "a step result is not journaled (the step re-runs on replay)",
         "s6 or s17 or hooks or redrive",
@@ -107,15 +108,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "P08-failed-step-journaled",
         "port",
         "engine_port/_context.py",
-        "        result = await _call(fn, *args, **kwargs)\n"
+        "            result, meta = await self._staging(functools.partial(fn, *args, **kwargs))\n"
         '        value = to_json_value(result, f"result of step {name!r}")',
-        "        try:\n"
-        "            result = await _call(fn, *args, **kwargs)\n"
-        "        except Exception:\n"
-        "            await self._ledger.put(\n"
-        '                StepRecord(name=name, kind="run", completed=True, result=None)\n'
-        "            )\n"
-        "            raise\n"
+        "            try:\n"
+        "                result, meta = await self._staging(\n"
+        "                    functools.partial(fn, *args, **kwargs)\n"
+        "                )\n"
+        "            except Exception:\n"
+        "                await self._ledger.put(\n"
+        '                    StepRecord(name=name, kind="run", completed=True, result=None)\n'
+        "                )\n"
+        "                raise\n"
         '        value = to_json_value(result, f"result of step {name!r}")',
         "a failed step is journaled as done (its retry replays a result it never produced)",
         "retr or redrive",

@@ -8,7 +8,9 @@ import pytest
 import sqlalchemy as sa
 
 from driver_native import ClaimPending, CreateRun, Database, ExecuteJob, Kernel, _schema
+from driver_native._ledger import step_record
 from engine_port import ClaimCheck, EngineSettings, FolderBlobStore, Registry, SystemClock
+from engine_port._context import _timed_out
 
 from . import workflows as w
 from .conftest import MakeEngine
@@ -131,13 +133,48 @@ async def test_v15_turns_errors_reset_to_json_null_into_sql_null(
             return [(r[0], bool(r[1]), bool(r[2])) for r in rows] + [("run", *map(bool, run))]
 
         db.tx_sync(reset_as_old_code_did)
-        assert db.upgrade() == [15]
+        assert db.upgrade() == [15, 16]
         assert db.tx_sync(nulls) == [
             ("a", True, True),
             ("b", True, False),
             ("c", True, True),
             ("run", True, True),
         ]
+    finally:
+        db.dispose()
+
+
+async def test_v16_adds_step_meta_and_reads_older_steps_as_they_were_written(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A timed-out wait of older code is the result ``{"$wfe_step_timeout": ...}`` with no
+    meta: after v16 it still replays as a timeout; a step journaled now with that result
+    and its meta is a value (a signal payload may have any shape)."""
+    db = Database(database_url)
+    try:
+        db.upgrade()
+        run_id, _ = await _kernel(db, database_url, tmp_path).dispatch(
+            CreateRun("it-linear", {"n": 1})
+        )
+        marker = '{"$wfe_step_timeout": "2026-01-01T00:00:00+00:00"}'
+
+        def as_v15(conn: sa.Connection) -> None:
+            conn.execute(sa.text("ALTER TABLE wfe_steps DROP COLUMN meta"))
+            conn.execute(
+                sa.text(
+                    "INSERT INTO wfe_steps (run_id, stage_id, name, kind, completed, result) "
+                    "VALUES (:r, 'a', 'go', 'signal', true, :m)"
+                ),
+                {"r": run_id, "m": marker},
+            )
+            conn.execute(sa.text("UPDATE wfe_schema SET version = 15"))
+
+        db.tx_sync(as_v15)
+        assert db.upgrade() == [16]
+        [old] = db.tx_sync(lambda c: c.execute(sa.select(_schema.steps)).all())
+        record = step_record(old)
+        assert record.meta is None and _timed_out(record)
+        assert not _timed_out(record.done(record.result))  # journaled now: a value
     finally:
         db.dispose()
 
