@@ -458,6 +458,11 @@ class TimeoutContract:
             events = await wait_for_events(sink, run.id, "run.failed")
         assert info.status == RunStatus.FAILED
         assert info.error is not None and info.error.type == "RunTimeoutError"
+        # the same message on every driver (native said "exceeded its run timeout")
+        assert info.error.message == (
+            f"run {run.id!r} ran longer than its timeout of 0.5s; raise the workflow "
+            "timeout= or speed it up"
+        )
         assert log.count("undo-a") == 1
         assert [e.type for e in events[-3:]] == [
             "stage.cancelled",

@@ -814,12 +814,8 @@ def reap_stuck(conn: Connection, now: float, grace: float, graphs: Any) -> int:
     overdue = conn.execute(_overdue(now)).scalars().all()
     for rid in overdue:
         run = lock_run(conn, rid)
-        err = ErrorInfo.of(
-            RunTimeoutError(
-                f"run {rid!r} exceeded its run timeout; raise the workflow timeout= or make "
-                "it faster"
-            )
-        )
+        # (the run's own timeout: its deadline was fixed at its start)
+        err = ErrorInfo.of(RunTimeoutError(rid, run.deadline - run.created_at))
         conn.execute(sa.update(runs).where(runs.c.id == rid).values(error=err.model_dump()))
         append_events(conn, run, begin_compensation(conn, lock_run(conn, rid), now), now)
         n += 1

@@ -50,6 +50,7 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from engine_port import ErrorInfo, GraphModel, Lifecycle, run_output
+    from engine_port.errors import RunTimeoutError
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
     from ._carry import carried_failure, carry, carry_info, meta_of
@@ -371,12 +372,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             return "failed", failed.error
         except TimeoutError:
             self._cancel_active()
-            return "failed", {
-                "type": "RunTimeoutError",
-                "message": f"run {self._run_id!r} ran longer than its timeout of "
-                f"{self._graph.timeout_s:g}s; raise the workflow timeout= or speed it up",
-                "stage": None,
-            }
+            timeout = RunTimeoutError(self._run_id, self._graph.timeout_s or 0.0)
+            return "failed", {"type": "RunTimeoutError", "message": str(timeout), "stage": None}
         except asyncio.CancelledError:
             self._cancel_active()
             return "cancelled", None

@@ -243,7 +243,15 @@ class StageTimeoutError(EngineError):
 
 
 class RunTimeoutError(EngineError):
-    """A run ran longer than its run ``timeout``."""
+    """A run ran longer than its run ``timeout`` (the same message on every driver)."""
+
+    def __init__(self, run_id: str, timeout_s: float) -> None:
+        super().__init__(
+            f"run {run_id!r} ran longer than its timeout of {timeout_s:g}s; raise the "
+            "workflow timeout= or speed it up"
+        )
+        self.run_id = run_id
+        self.timeout_s = timeout_s
 
 
 class WaitTimeoutError(EngineError):
