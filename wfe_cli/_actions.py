@@ -4,7 +4,9 @@ runs."""
 from __future__ import annotations
 
 import json
-from typing import Annotated
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import BaseModel
@@ -22,7 +24,13 @@ __all__ = ["cancel_cmd", "purge_cmd", "redrive_cmd", "signal_cmd"]
 def signal_cmd(
     run_id: RunIdArg,
     name: str,
-    payload: Annotated[str, typer.Argument(help="the payload as JSON")] = "null",
+    payload: Annotated[
+        str,
+        typer.Argument(
+            help="the payload as JSON; - reads it from stdin, @FILE from a file (for a payload "
+            "too large for a command line)"
+        ),
+    ] = "null",
     driver: DriverOpt = None,
     idempotency_key: Annotated[
         str | None,
@@ -36,11 +44,7 @@ def signal_cmd(
 ) -> None:
     """Send a signal to a run (signals of one name queue in arrival order). A name that no
     stage of the run's version declares is refused."""
-    try:
-        value = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        error_line(f"the payload is not JSON ({exc}); quote it, e.g. '{{}}'")
-        raise typer.Exit(EXIT_CODES["bad_input"]) from None
+    value = _payload(payload)
     configured = settings(driver)
     initialised(configured)
     registry = app_registry(app_, configured, required=False)
@@ -52,6 +56,42 @@ def signal_cmd(
             )
 
     show_json(run_sync(send()), as_json)
+
+
+def _payload(given: str) -> Any:
+    """The JSON value of a payload argument: the text itself, ``-`` for stdin, ``@FILE``."""
+    source = "the payload"
+    text = given
+    try:
+        if given == "-":
+            source = "the payload read from stdin"
+            text = sys.stdin.read()
+        elif given.startswith("@"):
+            path = Path(given[1:]).expanduser()
+            source = f"the payload in {str(path)!r}"
+            text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        _bad(f"{source} cannot be read: there is no such file; check the path after @")
+    except IsADirectoryError:
+        _bad(f"{source} cannot be read: it is a folder; give a file after @")
+    except UnicodeDecodeError:
+        _bad(f"{source} is not UTF-8 text; save the JSON as UTF-8")
+    except OSError as exc:
+        _bad(f"{source} cannot be read: {exc.strerror or exc}")
+    if not text.strip():
+        _bad(f"{source} is empty; give JSON, e.g. '{{}}' or null")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = "" if source != "the payload" else "; quote it, e.g. '{}' (or - for stdin, @FILE)"
+        _bad(f"{source} is not JSON ({exc}){hint}")
+    except RecursionError:
+        _bad(f"{source} is nested too deeply to read")
+
+
+def _bad(message: str) -> NoReturn:
+    error_line(message)
+    raise typer.Exit(EXIT_CODES["bad_input"])
 
 
 def cancel_cmd(run_id: RunIdArg, driver: DriverOpt = None, as_json: JsonOpt = False) -> None:

@@ -7,12 +7,31 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
+from types import ModuleType
 from typing import Any
 
 from engine_port import Registry, Workflow
 from engine_port.errors import ConfigurationError
 
 __all__ = ["load_registry"]
+
+
+def _described(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (it called sys.exit({exc.code!r}))"
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of the user's code (outside importlib), as ' at FILE:LINE'."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith("<frozen") and "importlib" not in f.filename
+    ]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _as_registry(target: Any, app: str) -> Registry:
@@ -30,7 +49,13 @@ def _as_registry(target: Any, app: str) -> Registry:
             ) from None
         except ValueError:
             pass  # (a builtin without a signature: call it and see)
-        made = target()
+        try:
+            made = target()
+        except Exception as exc:
+            raise ConfigurationError(
+                f"app {app!r}: calling it to build the Registry raised {_described(exc)}; "
+                "fix that function, or point --app (or WFE_APP) at the Registry itself"
+            ) from None
         if inspect.iscoroutine(made):
             made.close()
             raise ConfigurationError(
@@ -45,21 +70,29 @@ def _as_registry(target: Any, app: str) -> Registry:
     )
 
 
-def load_registry(app: str | None) -> Registry:
-    if not app:
-        raise ConfigurationError(
-            "no application given; pass --app module:registry or set WFE_APP (or app= in "
-            "wfe.toml) to the Registry that holds your workflows"
-        )
-    module_name, _, attr = app.partition(":")
+def _check_name(module_name: str, attr: str, app: str) -> None:
+    """A module name Python can import: not empty, not a file path, not relative."""
     if not module_name:
         raise ConfigurationError(f"app {app!r} must look like 'package.module:registry'")
-    # like `python -m`, the current directory is importable (the app's own folder)
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    a_file = module_name.endswith(".py") and os.path.isfile(module_name)
+    if a_file or "/" in module_name or "\\" in module_name:
+        dotted = module_name.removesuffix(".py").strip("./\\").replace("/", ".")
+        dotted = dotted.replace("\\", ".")
+        raise ConfigurationError(
+            f"app {app!r} names a file; name the module instead, as Python imports it: "
+            f"--app {dotted}{':' + attr if attr else ''} (run from the folder that holds it)"
+        )
+    if module_name.startswith("."):
+        raise ConfigurationError(
+            f"app {app!r} is a relative module name; give the full one, e.g. "
+            "'package.module:registry'"
+        )
+
+
+def _import(module_name: str, app: str) -> ModuleType:
+    """Import the app's module; any failure is a ConfigurationError saying where and why."""
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ImportError as exc:
         missing = getattr(exc, "name", None) or ""
         if missing and (module_name + ".").startswith(missing + "."):
@@ -72,6 +105,31 @@ def load_registry(app: str | None) -> Registry:
             f"importing {module_name!r} for app {app!r} failed inside it: {exc}; install what "
             "it imports, or fix that import"
         ) from None
+    except SyntaxError as exc:
+        where = f"{exc.filename}, line {exc.lineno}" if exc.filename else module_name
+        raise ConfigurationError(
+            f"app {app!r}: {module_name!r} has a syntax error ({exc.msg}, {where}); fix it"
+        ) from None
+    except (Exception, SystemExit) as exc:
+        raise ConfigurationError(
+            f"app {app!r}: importing {module_name!r} raised {_described(exc)}{_where(exc)}; "
+            "fix the module (importing it must not fail), or point --app at another one"
+        ) from None
+
+
+def load_registry(app: str | None) -> Registry:
+    if not app:
+        raise ConfigurationError(
+            "no application given; pass --app module:registry or set WFE_APP (or app= in "
+            "wfe.toml) to the Registry that holds your workflows"
+        )
+    module_name, _, attr = app.partition(":")
+    _check_name(module_name, attr, app)
+    # like `python -m`, the current directory is importable (the app's own folder)
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    module = _import(module_name, app)
     if attr:
         target = getattr(module, attr, None)
         if target is None:

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from ._errors import reported
+from ._errors import EXIT_CODES, reported
 from ._options import DriverOpt, JsonOpt, settings
-from ._output import console, errors
+from ._output import console, error_line, errors
 
 __all__ = ["conformance_cmd"]
 
@@ -49,4 +49,20 @@ def conformance_cmd(
             containers=containers,
             search_attributes=attributes,
         )
-    raise typer.Exit(code)
+    raise typer.Exit(_exit_code(code))
+
+
+def _exit_code(pytest_code: int) -> int:
+    """The suite's pytest exit code as wfe's: pytest's own numbers said "wrong usage" (2) for
+    Ctrl-C, "wrong state" (4) for a malformed -k and "unavailable" (5) for a -k that matches
+    no scenario."""
+    if pytest_code == 2:  # pytest.ExitCode.INTERRUPTED
+        error_line("interrupted; the summary counts only the scenarios that ran")
+        return EXIT_CODES["interrupted"]
+    if pytest_code == 4:  # USAGE_ERROR: a -k expression pytest cannot parse
+        error_line("the -k expression is malformed; e.g. -k 's1_linear or signals'")
+        return 2
+    if pytest_code == 5:  # NO_TESTS_COLLECTED
+        error_line("no scenario matches -k; run without -k to list them all")
+        return EXIT_CODES["bad_input"]
+    return 0 if pytest_code == 0 else 1

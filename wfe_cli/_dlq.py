@@ -10,14 +10,16 @@ from engine_port import Event, create_engine
 
 from ._db import initialised
 from ._errors import run_sync
-from ._options import DriverOpt, JsonOpt, settings
+from ._options import MAX_LIMIT, DriverOpt, JsonOpt, settings
 from ._output import console, json_line, rows, when
 
 __all__ = ["dlq_list", "dlq_replay"]
 
 
 def dlq_list(
-    limit: Annotated[int, typer.Option(min=1, help="at most this many events")] = 1000,
+    limit: Annotated[
+        int, typer.Option(min=1, max=MAX_LIMIT, help="at most this many events")
+    ] = 1000,
     driver: DriverOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

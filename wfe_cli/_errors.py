@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Iterator
-from typing import Any, NoReturn, TypeVar
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 
@@ -33,9 +37,10 @@ from engine_port.errors import (
 
 from ._output import error_line
 
-__all__ = ["EXIT_CODES", "exit_code", "fail", "reported", "run_sync"]
+__all__ = ["EXIT_CODES", "exit_code", "fail", "guarded", "reported", "run_sync"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # exit codes: 0 ok, 1 any other engine error, 2 wrong usage (typer/click)
 EXIT_CODES: dict[str, int] = {
@@ -44,6 +49,7 @@ EXIT_CODES: dict[str, int] = {
     "unavailable": 5,  # the database, blob store or Temporal cluster cannot be reached
     "bad_config": 6,  # settings, wfe.toml, --app
     "bad_input": 7,  # an argument or payload the engine refuses
+    "interrupted": 130,  # Ctrl-C (SIGINT), as a shell reports it
 }
 _KINDS: tuple[tuple[tuple[type[EngineError], ...], str], ...] = (
     ((RunNotFoundError, WorkflowNotFoundError), "not_found"),
@@ -95,3 +101,30 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine to its end, reporting an EngineError it raises."""
     with reported():
         return asyncio.run(coro)
+
+
+def guarded(command: Callable[P, T]) -> Callable[P, T]:
+    """Wrap a command so that nothing reaches the user as a Python traceback: Ctrl-C exits
+    130 with one line, and an error the command does not expect is one line naming it (the
+    traceback is printed with WFE_TRACEBACK=1, for a bug report)."""
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise  # typer.Exit, usage errors: click reports them
+        except KeyboardInterrupt:
+            error_line("interrupted")
+            raise typer.Exit(EXIT_CODES["interrupted"]) from None
+        except Exception as exc:
+            if os.environ.get("WFE_TRACEBACK"):
+                traceback.print_exc(file=sys.stderr)
+            message = " ".join(str(exc).split()) or "(no message)"
+            error_line(
+                f"unexpected {type(exc).__name__}: {message}; this is a bug: please report "
+                "it with the command you ran (WFE_TRACEBACK=1 prints the traceback)"
+            )
+            raise typer.Exit(1) from None
+
+    return run

@@ -19,6 +19,7 @@ from ._db import db_upgrade
 from ._demo import demo
 from ._dev import dev_temporal
 from ._dlq import dlq_list, dlq_replay
+from ._errors import guarded
 from ._migrate import migrate_cmd
 from ._runs import runs_cmd, show_cmd
 from ._ui import ui_cmd
@@ -64,23 +65,23 @@ def build_app() -> typer.Typer:
     app.add_typer(dev_app, name="dev")
     app.add_typer(dlq_app, name="dlq")
     app.callback()(root)
-    db_app.command("upgrade")(db_upgrade)
-    dev_app.command("temporal")(dev_temporal)
-    dlq_app.command("list")(dlq_list)
-    dlq_app.command("replay")(dlq_replay)
-    app.command("demo")(demo)
-    app.command("worker")(worker)
-    app.command("runs")(runs_cmd)
-    app.command("show")(show_cmd)
-    app.command("signal")(signal_cmd)
-    app.command("cancel")(cancel_cmd)
-    app.command("redrive")(redrive_cmd)
-    app.command("versions")(versions_cmd)
-    app.command("purge")(purge_cmd)
-    app.command("drain")(drain_cmd)
-    app.command("conformance")(conformance_cmd)
-    app.command("migrate")(migrate_cmd)
-    app.command("ui")(ui_cmd)
+    db_app.command("upgrade")(guarded(db_upgrade))
+    dev_app.command("temporal")(guarded(dev_temporal))
+    dlq_app.command("list")(guarded(dlq_list))
+    dlq_app.command("replay")(guarded(dlq_replay))
+    app.command("demo")(guarded(demo))
+    app.command("worker")(guarded(worker))
+    app.command("runs")(guarded(runs_cmd))
+    app.command("show")(guarded(show_cmd))
+    app.command("signal")(guarded(signal_cmd))
+    app.command("cancel")(guarded(cancel_cmd))
+    app.command("redrive")(guarded(redrive_cmd))
+    app.command("versions")(guarded(versions_cmd))
+    app.command("purge")(guarded(purge_cmd))
+    app.command("drain")(guarded(drain_cmd))
+    app.command("conformance")(guarded(conformance_cmd))
+    app.command("migrate")(guarded(migrate_cmd))
+    app.command("ui")(guarded(ui_cmd))
     return app
 
 

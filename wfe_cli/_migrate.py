@@ -8,12 +8,17 @@ import typer
 from rich.progress import Progress
 
 from engine_port import MigrationReport, create_engine, migrate_runs
+from engine_port.errors import ConfigurationError
 
-from ._errors import run_sync
-from ._options import JsonOpt, settings, status_list
+from ._db import initialised
+from ._errors import fail, reported, run_sync
+from ._options import JsonOpt, driver_settings, status_list
 from ._output import console, errors, json_line, rows
 
 __all__ = ["migrate_cmd"]
+
+# drivers whose runs live only as long as the engine object (nothing survives the command)
+_THROWAWAY = frozenset({"memory"})
 
 
 def migrate_cmd(
@@ -32,14 +37,40 @@ def migrate_cmd(
     """Move live runs between drivers at safe points (rerunning it never duplicates a run)."""
     if from_ == to:
         raise typer.BadParameter("--from and --to name the same driver", param_hint="--to")
+    if drain and dry_run:
+        raise typer.BadParameter(
+            "--drain moves runs; leave it out of a --dry-run", param_hint="--drain"
+        )
+    if drain and not workflow:
+        raise typer.BadParameter(
+            "say which workflows to drain (--workflow W)", param_hint="--drain"
+        )
     statuses = status_list(status)
-    source_settings, target_settings = settings(from_), settings(to)
-
-    async def move() -> MigrationReport:
+    source_settings = driver_settings(from_, "--from")
+    target_settings = driver_settings(to, "--to")
+    initialised(source_settings)  # never create an empty source database (a wrong folder)
+    with reported():
         source = create_engine(source_settings, None)
         target = create_engine(target_settings, None)
+    for engine, option in ((source, "--from"), (target, "--to")):
+        if engine.driver_name in _THROWAWAY:
+            # a run moved there would be marked migrated here and gone when the command ends
+            what = (
+                "a run moved there would be marked migrated here and lost"
+                if option == "--to"
+                else "it never holds a run another process started"
+            )
+            fail(
+                ConfigurationError(
+                    f"{option} {engine.driver_name}: that driver keeps runs only in the process "
+                    f"that made them (a throwaway store), so {what}; migrate between drivers "
+                    "that keep their runs (native, temporal)"
+                )
+            )
+
+    async def move() -> MigrationReport:
         async with source, target:
-            with Progress(console=errors, transient=True) as bar:
+            with Progress(console=errors, transient=True, disable=not errors.is_terminal) as bar:
                 task = bar.add_task(f"{from_} -> {to}", total=None)
                 return await migrate_runs(
                     source,

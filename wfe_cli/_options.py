@@ -3,23 +3,26 @@ loaded with errors a person can act on, run id prefixes, durations and status fi
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
 import typer
 
 from engine_port import EngineSettings, Registry, RunStatus, WorkflowEngine, load_settings
-from engine_port.errors import AmbiguousRunIdError
+from engine_port.errors import AmbiguousRunIdError, EngineError
 
 from ._apps import load_registry
-from ._errors import reported
+from ._errors import fail, reported
 
 __all__ = [
+    "MAX_LIMIT",
     "AppOpt",
     "DriverOpt",
     "JsonOpt",
     "RunIdArg",
     "app_registry",
+    "driver_settings",
     "resolve",
     "seconds",
     "settings",
@@ -35,6 +38,8 @@ DriverOpt = Annotated[
 ]
 RunIdArg = Annotated[str, typer.Argument(help="a run id, or a unique prefix of one")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (JSON lines for listings)")]
+# the largest --limit: a bigger number overflowed the database's integer (a traceback)
+MAX_LIMIT = 1_000_000
 
 
 def settings(driver: str | None = None, **extra: Any) -> EngineSettings:
@@ -44,6 +49,15 @@ def settings(driver: str | None = None, **extra: Any) -> EngineSettings:
         values["driver"] = driver
     with reported():
         return load_settings(**values)
+
+
+def driver_settings(name: str, option: str) -> EngineSettings:
+    """The settings with ``driver`` set from an option that names a driver (``--from``,
+    ``--to``, ``--target``): an unknown name is one line naming the option."""
+    try:
+        return load_settings(driver=name)
+    except EngineError as exc:
+        fail(type(exc)(f"{option} {name!r}: {exc}"))
 
 
 def app_registry(app: str | None, settings: EngineSettings, required: bool) -> Registry | None:
@@ -79,7 +93,10 @@ def seconds(text: str, option: str) -> float:
             f"{text!r} is not a duration; use a number of seconds or e.g. 30m, 12h, 7d",
             param_hint=option,
         )
-    return float(match.group(1)) * _UNIT[match.group(2)]
+    value = float(match.group(1)) * _UNIT[match.group(2)]
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{text!r} is too long a duration", param_hint=option)
+    return value
 
 
 def status_list(values: list[str] | None) -> list[RunStatus] | None:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -20,8 +21,10 @@ __all__ = ["console", "error_line", "errors", "json_line", "plain", "rows", "sho
 # rich reads sys.stdout / sys.stderr when it writes, so a test runner's capture still works.
 # No markup: what is printed holds user data (workflow and stage ids, error messages), which
 # Rich would read as style tags (``a[b]`` printed ``a``; ``[/x]`` raised MarkupError)
-console = Console(markup=False)  # results (stdout)
-errors = Console(stderr=True, markup=False)  # errors and progress (stderr)
+# soft_wrap: a line of text is never cut into lines at the console's width (80 columns when
+# piped: "applied: [1, ..., 14, \n15]"); tables still fit the terminal.
+console = Console(markup=False, soft_wrap=True)  # results (stdout)
+errors = Console(stderr=True, markup=False, soft_wrap=True)  # errors and progress (stderr)
 
 
 def error_line(message: str) -> None:
@@ -54,12 +57,46 @@ def rows(columns: Sequence[str], body: Sequence[Sequence[str]], title: str | Non
         table = Table(*columns, title=title)
         for row in body:
             table.add_row(*row)
-        console.print(table)
+        if _narrowest(columns, body) <= console.width:
+            console.print(table)
+        else:  # too narrow: Rich cut every value to "…" (run ids too); one record per row
+            _records(columns, body, title)
         return
     sys.stdout.write("\t".join(columns) + "\n")
     for row in body:
         sys.stdout.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in row) + "\n")
     sys.stdout.flush()
+
+
+def _narrowest(columns: Sequence[str], body: Sequence[Sequence[str]]) -> int:
+    """The width a table needs to show every value whole (its longest words fit; Rich wraps
+    at spaces): each column's longest word, its padding and rules."""
+    widest = [
+        max(
+            (cell_len(w) for cell in (c, *(row[i] for row in body)) for w in cell.split()),
+            default=1,
+        )
+        for i, c in enumerate(columns)
+    ]
+    return sum(widest) + 3 * len(columns) + 1
+
+
+def _records(columns: Sequence[str], body: Sequence[Sequence[str]], title: str | None) -> None:
+    """Rows as records, ``column  value`` on a line each, for a terminal narrower than the
+    table (like psql's expanded display): every value is shown whole, folded if need be."""
+    if title:
+        console.print(Text(title, style="bold"))
+    for i, row in enumerate(body):
+        if i:
+            console.print()
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for column, value in zip(columns, row, strict=False):
+            grid.add_row(column, value)
+        console.print(grid)
+    if not body:
+        console.print(Text("(none)", style="dim"))
 
 
 def when(value: datetime | None) -> str:

@@ -16,6 +16,7 @@ from ._attempts import attempt_history
 from ._db import initialised
 from ._errors import run_sync
 from ._options import (
+    MAX_LIMIT,
     AppOpt,
     DriverOpt,
     JsonOpt,
@@ -41,13 +42,13 @@ def runs_cmd(
     since: Annotated[
         str | None, typer.Option(help="only runs created in the last DURATION (30m, 12h, 7d)")
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, help="at most this many runs")] = 20,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_LIMIT, help="at most this many runs")] = 20,
     driver: DriverOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List recent runs, newest first."""
     statuses = status_list(status)
-    cutoff = datetime.now(UTC) - timedelta(seconds=seconds(since, "--since")) if since else None
+    cutoff = _created_after(seconds(since, "--since")) if since else None
     configured = settings(driver)
     initialised(configured)
     registry = app_registry(app_, configured, required=False)
@@ -86,6 +87,15 @@ def runs_cmd(
     )
     if workflow and not runs and not as_json:
         errors.print(f"no runs of workflow {workflow!r} match", highlight=False)
+
+
+def _created_after(age: float) -> datetime | None:
+    """The creation time a run listed with ``--since`` is younger than (None: any run, for
+    an age beyond the calendar, e.g. 99999999999d)."""
+    try:
+        return datetime.now(UTC) - timedelta(seconds=age)
+    except (OverflowError, ValueError):
+        return None
 
 
 def show_cmd(

@@ -10,8 +10,8 @@ from engine_port import VersionInfo, create_engine
 
 from ._db import initialised
 from ._errors import run_sync
-from ._options import AppOpt, DriverOpt, JsonOpt, app_registry, settings
-from ._output import console, json_line, rows
+from ._options import AppOpt, DriverOpt, JsonOpt, app_registry, driver_settings, settings
+from ._output import console, errors, json_line, rows
 
 __all__ = ["drain_cmd", "versions_cmd"]
 
@@ -57,12 +57,30 @@ def drain_cmd(
             param_hint="--target",
         )
     configured = settings(driver)
+    if target is not None:
+        # a misspelt target drained the workflow towards nothing (new runs refused for good)
+        named = driver_settings(target, "--target").driver
+        if named == configured.driver:
+            raise typer.BadParameter(
+                f"new runs of these workflows already start on {named}; name the driver they "
+                "should go to instead",
+                param_hint="--target",
+            )
 
-    async def drain() -> None:
+    async def drain() -> set[str]:
         async with create_engine(configured, None) as engine:
             await engine.drain(workflows, None if lift else target)
+            return {v.workflow_id for v in await engine.list_versions()}
 
-    run_sync(drain())
+    known = run_sync(drain())
+    unknown = [w for w in workflows if w not in known]
+    if unknown and not lift:
+        errors.print(
+            f"note: no run of {', '.join(map(repr, unknown))} is known here; check the "
+            "workflow id (the drain applies to runs started from now on)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if as_json:
         json_line({"workflows": workflows, "drained": not lift, "target": target})
     else:

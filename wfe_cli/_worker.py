@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import sys
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any
 
@@ -12,10 +14,10 @@ import typer
 
 from engine_port import EngineMetrics, WorkflowEngine, attach_metrics, create_engine, serve_metrics
 
-from ._errors import reported, run_sync
+from ._errors import EXIT_CODES, reported, run_sync
 from ._logging import configure_logging
 from ._options import AppOpt, DriverOpt, app_registry, seconds, settings
-from ._output import console
+from ._output import console, errors
 
 __all__ = ["worker"]
 
@@ -90,8 +92,23 @@ def worker(
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        up = False
+
+        def on_signal() -> None:
+            # the first signal stops gracefully; a second one (an impatient Ctrl-C while
+            # stages finish, or while a down database is retried) stops at once: the
+            # attempts it abandons are retried after their lease, as after a crash
+            if stop.is_set():
+                errors.print("stopping now (second signal)", highlight=False)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(EXIT_CODES["interrupted"])
+            stop.set()
+            what = "letting running stages finish" if up else "once the engine is up"
+            errors.print(f"stopping ({what}); Ctrl-C again to stop now", highlight=False)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         async with contextlib.AsyncExitStack() as stack:
             engine = await stack.enter_async_context(create_engine(configured, registry))
             worker = await stack.enter_async_context(engine.worker())
@@ -103,6 +120,7 @@ def worker(
                 f"worker up: driver={configured.driver}, workflows={sorted(registry.served())}",
                 highlight=False,
             )
+            up = True
             await stop.wait()
         console.print("worker stopped")
 
