@@ -11,14 +11,110 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import BaseModel
 
-from engine_port import RunInfo, create_engine
+from engine_port import RunInfo, RunStatus, WorkflowEngine, create_engine
+from engine_port.errors import WaitTimeoutError
 
 from ._db import initialised
 from ._errors import EXIT_CODES, run_sync
 from ._options import AppOpt, DriverOpt, JsonOpt, RunIdArg, app_registry, resolve, seconds, settings
 from ._output import console, error_line, json_line, show_json
 
-__all__ = ["cancel_cmd", "purge_cmd", "redrive_cmd", "signal_cmd"]
+__all__ = ["cancel_cmd", "purge_cmd", "redrive_cmd", "signal_cmd", "start_cmd", "wait_cmd"]
+
+_WaitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--wait",
+        help="wait up to this long for the run to end (30, 5m, ...); exit 4 if it is still "
+        "active then, 1 if it failed",
+        show_default=False,
+    ),
+]
+
+
+def start_cmd(
+    workflow: Annotated[str, typer.Argument(help="the workflow id (its latest version)")],
+    payload: Annotated[
+        str,
+        typer.Argument(help="the input as JSON; - reads it from stdin, @FILE from a file"),
+    ] = "{}",
+    app_: AppOpt = None,
+    version: Annotated[
+        str | None, typer.Option(help="start this version of the app's workflow")
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="a repeat with the same key returns the same run"),
+    ] = None,
+    wait: _WaitOpt = None,
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a run of a workflow of the app (a worker serving its version runs it)."""
+    value = _payload(payload)
+    limit = None if wait is None else seconds(wait, "--wait")
+    configured = settings(driver)
+    registry = app_registry(app_, configured, required=True)
+
+    async def start() -> RunInfo:
+        async with create_engine(configured, registry) as engine:
+            run = await engine.start(
+                workflow, value, idempotency_key=idempotency_key, version=version
+            )
+            if limit is None:
+                return run
+            return await _waited(engine, run.id, limit)
+
+    _ended(run_sync(start()), as_json, waited=limit is not None)
+
+
+def wait_cmd(
+    run_id: RunIdArg,
+    timeout: Annotated[
+        str, typer.Option("--timeout", help="how long to wait (30, 5m, ...)")
+    ] = "60",
+    driver: DriverOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait for a run to end and print it: exit 0 completed, 1 failed, 4 cancelled or still
+    active after --timeout."""
+    limit = seconds(timeout, "--timeout")
+    configured = settings(driver)
+    initialised(configured)
+
+    async def wait() -> RunInfo:
+        async with create_engine(configured, None) as engine:
+            return await _waited(engine, await resolve(engine, run_id), limit)
+
+    _ended(run_sync(wait()), as_json, waited=True)
+
+
+async def _waited(engine: WorkflowEngine, run_id: str, limit: float) -> RunInfo:
+    """The run once it ended, or as it is after ``limit`` seconds."""
+    try:
+        return await engine.wait(run_id, timeout=limit)
+    except WaitTimeoutError:
+        return await engine.get_run(run_id)
+
+
+def _ended(info: RunInfo, as_json: bool, *, waited: bool) -> None:
+    """Print the run; after a wait, exit with what its end means to a script."""
+    if as_json:
+        json_line(info)
+    else:
+        line = f"{info.id}: {info.status.value} (version {info.version})"
+        if info.status == RunStatus.COMPLETED:
+            line += f"; output {json.dumps(info.output, ensure_ascii=False)}"
+        elif info.error is not None:
+            line += f"; {info.error.type}: {info.error.message}"
+        console.print(line, highlight=False, soft_wrap=True)
+    if not waited or info.status == RunStatus.COMPLETED:
+        return
+    if info.status == RunStatus.FAILED:
+        raise typer.Exit(1)
+    if not info.terminal:
+        error_line(f"run {info.id} is still {info.status.value}; is a worker running for it?")
+    raise typer.Exit(EXIT_CODES["wrong_state"])
 
 
 def signal_cmd(

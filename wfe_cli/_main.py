@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ._actions import cancel_cmd, purge_cmd, redrive_cmd, signal_cmd
+from ._actions import cancel_cmd, purge_cmd, redrive_cmd, signal_cmd, start_cmd, wait_cmd
 from ._conformance import conformance_cmd
 from ._db import db_upgrade
 from ._demo import demo
@@ -73,6 +73,8 @@ def build_app() -> typer.Typer:
     app.command("worker")(guarded(worker))
     app.command("runs")(guarded(runs_cmd))
     app.command("show")(guarded(show_cmd))
+    app.command("start")(guarded(start_cmd))
+    app.command("wait")(guarded(wait_cmd))
     app.command("signal")(guarded(signal_cmd))
     app.command("cancel")(guarded(cancel_cmd))
     app.command("redrive")(guarded(redrive_cmd))

@@ -453,3 +453,53 @@ def test_ids_that_look_like_markup_print_as_given(env: dict[str, str]) -> None:
     assert lifted.exit_code == 0 and "a[b], [/x]" in lifted.output
     missing = runner.invoke(app, ["show", "[/x]"])
     assert missing.exit_code != 0 and "no run with id '[/x]'" in missing.output
+
+
+def test_start_and_wait_from_the_shell(env: dict[str, str], tmp_path: Path) -> None:
+    """`wfe start` (as `temporal workflow start`) and `wfe wait`, whose exit code tells a script
+    how the run ended: 0 completed, 1 failed, 4 still active after --timeout."""
+    import json
+
+    (tmp_path / "cliapp.py").write_text(APP_MODULE)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["start", "cli-flaky", "--app", "cliapp", "--json"])
+    assert ok.exit_code == 0, ok.output
+    ok_id = json.loads(ok.stdout)["id"]
+    keyed = ["start", "cli-flaky", '{"fail": true}', "--app", "cliapp", "--idempotency-key", "k"]
+    bad_id = runner.invoke(app, keyed).stdout.split(":")[0]
+    assert runner.invoke(app, keyed).stdout.split(":")[0] == bad_id  # the same run again
+    # refused before anything is written
+    wrong = runner.invoke(app, ["start", "cli-flaky", '{"fail": [1]}', "--app", "cliapp"])
+    assert wrong.exit_code == EXIT_CODES["bad_input"] and "fail" in wrong.stderr
+    assert (
+        runner.invoke(app, ["start", "nope", "--app", "cliapp"]).exit_code
+        == (EXIT_CODES["not_found"])
+    )
+    assert runner.invoke(app, ["start", "cli-flaky"]).exit_code != 0  # no --app: says so
+    # no worker yet: still pending after the timeout
+    early = runner.invoke(app, ["wait", ok_id[:8], "--timeout", "0.2"])
+    assert early.exit_code == EXIT_CODES["wrong_state"], early.output
+    assert "still pending" in early.stderr and "worker" in early.stderr
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wfe_cli", "worker", "--app", "cliapp"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        done = runner.invoke(app, ["wait", ok_id, "--timeout", "60"])
+        assert done.exit_code == 0, done.output
+        assert done.stdout.startswith(f"{ok_id}: completed") and 'output "two"' in done.stdout
+        failed = runner.invoke(app, ["wait", bad_id, "--timeout", "60"])
+        assert failed.exit_code == 1 and "NonRetryableError: told to fail" in failed.stdout
+        waited = runner.invoke(app, ["start", "cli-flaky", "--app", "cliapp", "--wait", "60"])
+        assert waited.exit_code == 0 and ": completed" in waited.stdout, waited.output
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
