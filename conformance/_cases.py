@@ -73,6 +73,7 @@ class Wait:
 class Emit:
     type: str
     n: int = 0
+    in_step: bool = False  # staged by a step's function (journaled with it, replayed)
 
 
 Op = RunStep | Sleep | Wait | Emit
@@ -215,7 +216,9 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
             elif kind == "sleep":
                 ops.append(Sleep(name, ms=draw(st.sampled_from([20, 50, 200]))))
             elif kind == "emit":
-                ops.append(Emit(f"{sid}.e{i}", n=draw(st.integers(0, 9))))
+                ops.append(
+                    Emit(f"{sid}.e{i}", n=draw(st.integers(0, 9)), in_step=draw(st.booleans()))
+                )
             else:
                 modes = ["after", "after", "timeout"]
                 modes += [] if root else ["before"]

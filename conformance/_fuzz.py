@@ -179,6 +179,16 @@ def _step_fn(s: StageCase, op: RunStep, rt: _Runtime) -> Any:
     return step
 
 
+async def _emit(ctx: StageContext[Num], op: Emit) -> None:
+    def stage() -> None:
+        ctx.emit(op.type, {"n": op.n})
+
+    if op.in_step:  # (a replay returns the step's journaled result and stages it again)
+        await ctx.step.run(f"emit-{op.type}", stage)
+    else:
+        stage()
+
+
 def _body(s: StageCase, rt: _Runtime) -> Any:
     async def body(ctx: StageContext[Num]) -> dict[str, Any]:
         await rt.barrier(ctx.run_id, s.id)
@@ -190,7 +200,7 @@ def _body(s: StageCase, rt: _Runtime) -> Any:
             elif isinstance(op, Sleep):
                 await ctx.step.sleep(op.name, timedelta(milliseconds=op.ms))
             elif isinstance(op, Emit):
-                ctx.emit(op.type, {"n": op.n})
+                await _emit(ctx, op)
             elif isinstance(op, Wait):
                 if op.mode == "during":
                     await rt._until(lambda name=op.name: name in rt.sent, f"{op.name} sent")
