@@ -18,6 +18,7 @@ from ._harness import (
     unique_id,
     wait_for_events,
 )
+from ._hooks import HookEdgeContract
 from ._hostile import HostileDataContract
 from ._listing import ListingContract
 from ._migrate import MigrationContract
@@ -42,6 +43,7 @@ __all__ = [
     "FlowContract",
     "Harness",
     "HookContract",
+    "HookEdgeContract",
     "HostileDataContract",
     "IdempotencyContract",
     "ListingContract",
@@ -69,6 +71,7 @@ class AllContracts(
     RetryContract,
     SleepContract,
     HookContract,
+    HookEdgeContract,
     ClaimCheckContract,
     CompensationContract,
     CancelContract,

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
-from engine_port import FlushResult, MemorySink, Registry, StageContext, Workflow
+from engine_port import (
+    FlushResult,
+    JsonlFileSink,
+    MemorySink,
+    Registry,
+    RunStatus,
+    StageContext,
+    Workflow,
+)
 
 from ._harness import Harness, eventually, unique_id, wait_for_events
+from ._hooks import run_to
 from ._models import Num
 
 __all__ = ["EventSinkContract"]
@@ -73,3 +84,35 @@ class EventSinkContract:
             final = await engine.flush_events()
             _check(final)
             assert final.sink_status == "healthy" and final.sink_error is None, (final, seen)
+
+    async def test_jsonl_sink_survives_a_torn_line(self, harness: Harness, tmp_path: Path) -> None:
+        """A worker that died mid-append (or one still appending) leaves a line without its end.
+        The next events must still be readable: ``for_run`` used to fail on the fragment with a
+        ValidationError, and the next append glued ``run.created`` onto it (lost for readers)."""
+        path = tmp_path / "events.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(fd, b'{"id":"0f","run_id":"another-run","seq":1,"ty')  # a writer killed here
+        os.close(fd)
+        sink = JsonlFileSink(path)
+        wf = Workflow(unique_id("jsonl"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> str:
+            ctx.emit("order.noted", {"who": "Zoë ✓"})  # non-ASCII data round-trips
+            return "done"
+
+        info, events = await run_to(harness, Registry([wf]), wf, "run.completed", sink=sink)
+        assert info.status == RunStatus.COMPLETED
+        assert [e.type for e in events] == [
+            "run.created",
+            "run.started",
+            "stage.started",
+            "stage.completed",
+            "order.noted",
+            "run.completed",
+        ]
+        assert events[4].data == {"who": "Zoë ✓"}
+        # a line being appended right now (no newline yet) is not read as a broken file
+        with path.open("ab") as f:
+            f.write(b'{"id":"1f","run_id":"')
+        assert [e.type for e in sink.for_run(info.id)] == [e.type for e in events]

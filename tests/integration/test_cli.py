@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.integration.conftest import CliProcess
 from wfe_cli import EXIT_CODES, app
-
-
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {
-        "WFE_DATABASE_URL": f"sqlite:///{tmp_path / 'wfe.db'}",
-        "WFE_BLOB_URL": f"file://{tmp_path / 'blobs'}",
-    }
-    for k, v in values.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
-    return values
 
 
 def test_demo_runs_and_prints_the_run_its_stages_and_events(env: dict[str, str]) -> None:
@@ -61,28 +47,17 @@ def test_bad_input_is_a_clear_error_not_a_traceback(env: dict[str, str]) -> None
     assert "no application given" in str(result.output) + str(result.exception)
 
 
-def test_worker_process_shuts_down_gracefully_on_sigterm(env: dict[str, str]) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wfe_cli", "worker", "--app", "wfe_cli._demo:build_demo"],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 30
-        line = ""
-        while "worker up" not in line and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-        assert "worker up" in line
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert "worker stopped" in proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def test_worker_process_shuts_down_gracefully_on_sigterm(cli_process: CliProcess) -> None:
+    proc = cli_process("worker", "--app", "wfe_cli._demo:build_demo")
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    line = ""
+    while "worker up" not in line and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+    assert "worker up" in line
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert "worker stopped" in proc.stdout.read()
 
 
 def test_conformance_command_prints_a_table(env: dict[str, str]) -> None:
@@ -455,7 +430,7 @@ def test_ids_that_look_like_markup_print_as_given(env: dict[str, str]) -> None:
     assert missing.exit_code != 0 and "no run with id '[/x]'" in missing.output
 
 
-def test_start_and_wait_from_the_shell(env: dict[str, str], tmp_path: Path) -> None:
+def test_start_and_wait_from_the_shell(tmp_path: Path, cli_process: CliProcess) -> None:
     """`wfe start` (as `temporal workflow start`) and `wfe wait`, whose exit code tells a script
     how the run ended: 0 completed, 1 failed, 4 still active after --timeout."""
     import json
@@ -481,25 +456,11 @@ def test_start_and_wait_from_the_shell(env: dict[str, str], tmp_path: Path) -> N
     assert early.exit_code == EXIT_CODES["wrong_state"], early.output
     assert "still pending" in early.stderr and "worker" in early.stderr
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wfe_cli", "worker", "--app", "cliapp"],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        done = runner.invoke(app, ["wait", ok_id, "--timeout", "60"])
-        assert done.exit_code == 0, done.output
-        assert done.stdout.startswith(f"{ok_id}: completed") and 'output "two"' in done.stdout
-        failed = runner.invoke(app, ["wait", bad_id, "--timeout", "60"])
-        assert failed.exit_code == 1 and "NonRetryableError: told to fail" in failed.stdout
-        waited = runner.invoke(app, ["start", "cli-flaky", "--app", "cliapp", "--wait", "60"])
-        assert waited.exit_code == 0 and ": completed" in waited.stdout, waited.output
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    cli_process("worker", "--app", "cliapp")
+    done = runner.invoke(app, ["wait", ok_id, "--timeout", "60"])
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith(f"{ok_id}: completed") and 'output "two"' in done.stdout
+    failed = runner.invoke(app, ["wait", bad_id, "--timeout", "60"])
+    assert failed.exit_code == 1 and "NonRetryableError: told to fail" in failed.stdout
+    waited = runner.invoke(app, ["start", "cli-flaky", "--app", "cliapp", "--wait", "60"])
+    assert waited.exit_code == 0 and ": completed" in waited.stdout, waited.output

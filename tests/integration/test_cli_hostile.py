@@ -12,11 +12,9 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,6 +24,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from engine_port import EngineSettings, Registry, StageContext, Workflow, create_engine
+from tests.integration.conftest import CliProcess
 from tests.support.entry_points import write_dist_info
 from wfe_cli import EXIT_CODES, app
 
@@ -42,18 +41,6 @@ def _registry() -> Registry:
         return await ctx.step.wait_for_signal("approval")
 
     return Registry([gate])
-
-
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {
-        "WFE_DATABASE_URL": f"sqlite:///{tmp_path / 'wfe.db'}",
-        "WFE_BLOB_URL": f"file://{tmp_path / 'blobs'}",
-    }
-    for k, v in values.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
-    return values
 
 
 def _start(n: int = 1) -> list[str]:
@@ -293,19 +280,7 @@ def _lines_until(stream: IO[str], text: str, deadline: float) -> str:
     raise AssertionError(f"{text!r} never came: {seen}")
 
 
-@pytest.fixture
-def process() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def test_a_second_ctrl_c_stops_a_worker_at_once(
-    env: dict[str, str], tmp_path: Path, process: list[subprocess.Popen[str]]
-) -> None:
+def test_a_second_ctrl_c_stops_a_worker_at_once(tmp_path: Path, cli_process: CliProcess) -> None:
     """With a stage running, Ctrl-C waited for it (10 s of graceful shutdown) and a second
     Ctrl-C was ignored; now the first says so and the second stops the worker (130)."""
     (tmp_path / "slowapp.py").write_text(SLOW_APP)
@@ -316,15 +291,7 @@ def test_a_second_ctrl_c_stops_a_worker_at_once(
             await engine.start("hostile-slow", {})
 
     asyncio.run(start())
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wfe_cli", "worker", "--app", "slowapp"],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=tmp_path,
-    )
-    process.append(proc)
+    proc = cli_process("worker", "--app", "slowapp")
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
     _lines_until(proc.stdout, "stage started", deadline)
@@ -358,7 +325,7 @@ def test_ui_on_a_port_in_use_is_one_line_and_exit_unavailable(env: dict[str, str
 
 
 def test_ui_on_the_ipv6_loopback_keeps_refusing_other_host_names(
-    env: dict[str, str], process: list[subprocess.Popen[str]]
+    env: dict[str, str], cli_process: CliProcess
 ) -> None:
     """``--host [::1]`` (the usual spelling) was not taken for loopback: the page answered any
     Host header (no DNS-rebinding guard), and the URL printed was ``http://[[::1]]:PORT/``."""
@@ -366,14 +333,15 @@ def test_ui_on_the_ipv6_loopback_keeps_refusing_other_host_names(
         pytest.skip("no IPv6 here")
     assert CliRunner().invoke(app, ["db", "upgrade"]).exit_code == 0
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wfe_cli", "ui", "--host", "[::1]", "--port", str(port)],
-        env={**os.environ, **env},
+    proc = cli_process(
+        "ui",
+        "--host",
+        "[::1]",
+        "--port",
+        str(port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
     )
-    process.append(proc)
     assert proc.stderr is not None
     line = proc.stderr.readline()
     assert f"http://[::1]:{port}/" in line, line
