@@ -195,25 +195,39 @@ def test_a_corrupt_database_is_an_error_page_without_a_traceback(tmp_path: Path)
             c.get("/versions"),
             c.post("/outbox/flush", data={"csrf": token}),
         ):
-            assert answer.status_code == 500
+            # (the driver's DriverUnavailableError since 1bbcb5f: the storage is failing)
+            assert answer.status_code == 503
             assert answer.headers["content-type"].startswith("text/html")
             assert "file is not a database" in problem_of(answer.text)
+            assert "names a wfe SQLite file" in problem_of(answer.text)
             assert "Traceback" not in answer.text
             assert answer.headers["x-frame-options"] == "DENY"
 
 
-def test_an_unreachable_storage_is_a_503_that_says_to_retry(
-    shared: tuple[EngineSettings, DemoRuns], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("fault", "code", "says"),
+    [
+        (ConnectionResetError(104, "Connection reset by peer"), 503, "unreachable or failing"),
+        (KeyError("stage"), 500, "not of your request"),
+    ],
+)
+def test_an_error_a_driver_lets_through_is_a_page_without_a_traceback(
+    shared: tuple[EngineSettings, DemoRuns],
+    monkeypatch: pytest.MonkeyPatch,
+    fault: Exception,
+    code: int,
+    says: str,
 ) -> None:
-    """A network error a driver lets through (not translated to DriverUnavailableError)."""
+    """A network error a driver lets through (not translated to DriverUnavailableError) says
+    to retry (503); any other is the server's fault (500); neither shows a traceback."""
     engine = create_engine(shared[0], build_demo())
 
-    async def reset(*args: object, **kwargs: object) -> object:
-        raise ConnectionResetError(104, "Connection reset by peer")
+    async def failing(*args: object, **kwargs: object) -> object:
+        raise fault
 
-    monkeypatch.setattr(engine, "list_versions", reset)
+    monkeypatch.setattr(engine, "list_versions", failing)
     with TestClient(create_app(engine), raise_server_exceptions=False) as c:
         answer = c.get("/versions")
-    assert answer.status_code == 503
-    assert "unreachable or failing" in problem_of(answer.text)
-    assert "Connection reset by peer" in answer.text
+    assert answer.status_code == code
+    assert says in problem_of(answer.text)
+    assert type(fault).__name__ in answer.text and "Traceback" not in answer.text
