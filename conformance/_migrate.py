@@ -37,10 +37,6 @@ __all__ = ["MigrationContract"]
 def _workflow(log: ExecutionLog, kind: str) -> Workflow[Num]:
     wf = Workflow(unique_id(f"mig-{kind}"), input=Num, version="m1")
 
-    def x() -> str:
-        log.hit("x")
-        return "x"
-
     @wf.stage
     async def a(ctx: StageContext[Num]) -> str:
         log.hit("a")
@@ -50,6 +46,12 @@ def _workflow(log: ExecutionLog, kind: str) -> Workflow[Num]:
     @wf.stage(after=[a])
     async def b(ctx: StageContext[Num]) -> Any:
         log.hit("b")
+
+        def x() -> str:
+            log.hit("x")
+            ctx.emit("x.done")  # journaled with the step: it must survive the move
+            return "x"
+
         await ctx.step.run("x", x)
         if kind == "sleep":
             await ctx.step.sleep("nap", timedelta(milliseconds=1500))
@@ -109,6 +111,7 @@ EXPECTED = [
     ["stage.started", "c", 1], ["stage.completed", "c", 1],
     ["stage.started", "d", 1], ["stage.completed", "d", 1],
     ["business", "a.done", "a", {"n": 1}],
+    ["business", "x.done", "b", {}],
     ["run.completed"],
 ]  # fmt: skip
 
