@@ -94,6 +94,7 @@ from engine_port import (
 )
 from engine_port.driver import (
     TERMINAL_RUN_STATUSES,
+    WORKING_RUN_STATUSES,
     GraphModel,
     StepEntry,
     check_export_target,
@@ -178,6 +179,11 @@ _PEEKS_PER_S = 10.0
 # how many such runs an engine remembers
 _LIVE = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 _MAX_LIVE = 4096
+# the memo entry ``_describe`` adds (no run writes it) when Temporal holds a cancel request
+# for the run's execution: the run is being cancelled, as the native driver's cancel() marks
+# it at once, even while no worker has acted on the request yet (``_info_from_memo``)
+_CANCEL_REQUESTED = "wfe_cancel_requested"
+_WORKING = frozenset(s.value for s in WORKING_RUN_STATUSES)
 # signal() to a run whose version a worker of this engine serves: how long it waits for the
 # answer from that worker's signal handler (``_waiters``) before it also asks with the query
 # (the run may be cached on a worker of another process). The answer comes when the worker
@@ -596,6 +602,11 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         run = RunMemo.model_validate(info)
         if run.status in _ACTIVE and status not in (None, WorkflowExecutionStatus.RUNNING):
             info = await self._ended_outside(info, status, run_id or run.id)
+        elif memo.get(_CANCEL_REQUESTED) and run.status in _WORKING:
+            # cancelled (by engine.cancel, or an operator's `temporal workflow cancel`) while
+            # no worker has acted on it yet: compensating, as on the native driver, so that
+            # signal() refuses it and a second cancel() is the no-op it is there
+            info["status"] = RunStatus.COMPENSATING.value
         return await self._resolve(info, values=values)
 
     async def _ended_outside(
@@ -697,6 +708,11 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         memo = await self._memo_of(raw)
         if "wfe_run" not in memo:
             raise RunNotFoundError(run_id)
+        if (
+            status == WorkflowExecutionStatus.RUNNING
+            and raw.workflow_extended_info.cancel_requested
+        ):
+            memo[_CANCEL_REQUESTED] = True
         return memo, status
 
     async def get_run(self, run_id: str) -> RunInfo:
@@ -855,6 +871,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             if info is None:
                 memo, status = await self._describe(run_id, settle=False)
                 info = await self._info_from_memo(memo, status, run_id, values=False)
+                if info.status not in WORKING_RUN_STATUSES:
+                    # (cancelled meanwhile: the run drops it when a worker acts on the cancel)
+                    raise RunNotActiveError(run_id, info.status, "signal")
             return self._buffered(run_id, name, info)
         rejected = res.get("rejected")
         if rejected == "MigrationError":
@@ -880,7 +899,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         version's signals, or the error ``signal`` raises."""
         memo, status = await self._describe(run_id, settle=False)
         info = await self._info_from_memo(memo, status, run_id, values=False)
-        if info.terminal:
+        if info.status not in WORKING_RUN_STATUSES:
+            # ended, or rolling back (after a failure or a cancel): as on the native driver
             raise RunNotActiveError(run_id, info.status, "signal")
         graph = served_graph(self.registry, info.workflow_id, info.version)
         if graph is None:

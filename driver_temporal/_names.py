@@ -27,6 +27,7 @@ __all__ = [
     "RUN_INFO_QUERY",
     "SIGNAL_STATUS_QUERY",
     "SIGNAL_STATUS_UPDATE",
+    "SIGNAL_STORED",
     "SIGNAL_UPDATE",
     "TAKE_SIGNAL_UPDATE",
 ]
@@ -57,6 +58,9 @@ RUN_ENDED = "wfe.run_ended"
 # ... and the one through which a running run's workflow task hands its worker the events no
 # activity carries (``_outbox``, ``_run_end``)
 EVENTS_HANDED = "wfe.events_handed"
+# ... and the one through which a workflow task has its worker store an operator's signal too
+# large to queue inline (``SignalHandlers.on_signal``)
+SIGNAL_STORED = "wfe.signal_stored"
 
 # current name -> the name runs started before ``names`` also answer to
 OLD_NAMES = {

@@ -40,7 +40,7 @@ from engine_port.driver import sink_retry_delay
 
 from ._activities import DriverActivities, in_order, parked_events
 from ._journal import put_small
-from ._names import DELIVERY_DECIDED, EVENTS_HANDED, RUN_ENDED
+from ._names import DELIVERY_DECIDED, EVENTS_HANDED, RUN_ENDED, SIGNAL_STORED
 from ._waiters import DeliveryWaiters
 from ._wire import outbox_batch_key, outbox_prefix, state_key
 
@@ -99,6 +99,18 @@ class RunEnds:
         )
         try:
             done.result(_RECORD_WITHIN_S - _DELIVER_WITHIN_S)
+        except TimeoutError:
+            done.cancel()
+            raise
+
+    def store_signal(self, loop: asyncio.AbstractEventLoop, key: str, data: bytes) -> None:
+        """(The ``SIGNAL_STORED`` extern function, bound to the worker's ``loop``; called on
+        the workflow's thread.) Store an operator's signal payload too large to queue inline
+        under ``key``; raises when the BlobStore fails (the workflow task fails and is
+        retried, and the signal with it)."""
+        done = asyncio.run_coroutine_threadsafe(self._acts.claim.store.put(key, data), loop)
+        try:
+            done.result(_RECORD_WITHIN_S)
         except TimeoutError:
             done.cancel()
             raise
@@ -192,8 +204,8 @@ class RunEnds:
 
 class WorkerExterns(Interceptor):
     """Gives the workflows of one worker its engine's extern functions: what became of a
-    signal (``_waiters``) and the recording of a run's end (above), bound to the worker's
-    event loop (built on it)."""
+    signal (``_waiters``), the recording of a run's end and events (above) and the storing
+    of a large operator signal, bound to the worker's event loop (built on it)."""
 
     def __init__(self, waiters: DeliveryWaiters, ends: RunEnds) -> None:
         loop = asyncio.get_running_loop()
@@ -209,10 +221,16 @@ class WorkerExterns(Interceptor):
 
         self._handed = handed
 
+        def stored(*args: Any) -> None:
+            ends.store_signal(loop, *args)
+
+        self._stored = stored
+
     def workflow_interceptor_class(
         self, input: WorkflowInterceptorClassInput
     ) -> type[WorkflowInboundInterceptor] | None:
         input.unsafe_extern_functions[DELIVERY_DECIDED] = self._decided
         input.unsafe_extern_functions[RUN_ENDED] = self._ended
         input.unsafe_extern_functions[EVENTS_HANDED] = self._handed
+        input.unsafe_extern_functions[SIGNAL_STORED] = self._stored
         return None

@@ -41,15 +41,17 @@ is handed the whole queue (``_lease_signals``) and is the only taker until it re
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+import pydantic_core
 from temporalio import workflow
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from engine_port import box_inline
+    from engine_port import ClaimCheck, box_inline
 
     from ._carry import meta_of
     from ._freezing import migration_error
@@ -58,10 +60,13 @@ with workflow.unsafe.imports_passed_through():
         INTERNAL,
         SIGNAL_STATUS_QUERY,
         SIGNAL_STATUS_UPDATE,
+        SIGNAL_STORED,
         SIGNAL_UPDATE,
         TAKE_SIGNAL_UPDATE,
     )
+    from ._outbox import WorkerFault
     from ._start import StartDocument
+    from ._wire import SIGNALS_CHECKED, spill_key
 
 __all__ = [
     "SIGNAL_STATUS_QUERY",
@@ -73,6 +78,7 @@ __all__ = [
 
 # a signal's payload is JSON (or empty): anything else (bytes, protobuf) is rejected
 _JSON_ENCODINGS = frozenset({b"json/plain", b"binary/null"})
+_WINDING_DOWN = "the run is compensating (it failed or was cancelled): it takes no more signals"
 
 
 def _is_wrapped(value: Any) -> bool:
@@ -108,6 +114,25 @@ class SignalHandlers:
     _holder_rule: bool = False
     _signal_holder: str | None = None
     _rejected: list[dict[str, Any]]
+    _status: str
+    # runs started with ``signal_rule`` (read from the start memo in ``__init__``: a signal
+    # may be handled before ``run``): they refuse signals while compensating, and keep an
+    # operator's signal over ``_raw_inline_max`` bytes in the BlobStore
+    _checks_signals: bool = False
+    _raw_inline_max: int | None = None
+
+    def _read_signal_rule(self, start_memo: Any) -> None:
+        """(``__init__``) The signal rule of the run, from its ``wfe_start`` memo entry."""
+        if not isinstance(start_memo, dict) or start_memo.get("signal_rule") != SIGNALS_CHECKED:
+            return
+        self._checks_signals = True
+        threshold = start_memo.get("spill_threshold")
+        self._raw_inline_max = threshold if isinstance(threshold, int) else None
+
+    def _winding_down(self) -> bool:
+        """The run compensates (a stage failed for good, or it was cancelled) and, started
+        with the signal rule, takes no more signals, as on the native driver."""
+        return self._checks_signals and self._status == "compensating"
 
     @workflow.signal(dynamic=True)
     def on_signal(self, name: str, args: Sequence[RawValue]) -> None:
@@ -143,14 +168,50 @@ class SignalHandlers:
             self._deliver(
                 name, value.get("payload"), value.get("delivery"), value.get("idempotency_key")
             )
+        elif self._winding_down():
+            self._reject(name, _WINDING_DOWN)
         else:
             # the operator's JSON is user data: boxed, so it is never read as a reference
-            self._deliver(name, box_inline(value), None, None)
+            self._deliver(name, self._stored_raw(value), None, None)
+
+    def _stored_raw(self, value: Any) -> Any:
+        """The stored form of an operator's signal payload: inline (boxed) up to the run's
+        spill threshold; above it a claim-check reference to the payload, which the worker
+        running this workflow task stores in the BlobStore (the ``SIGNAL_STORED`` extern
+        function; a replay only rebuilds the reference: the key is the payload's hash), so
+        that the activities that take it never carry it (DESIGN §5: no Temporal payload
+        carries a large value; one near Temporal's 2 MiB limit made every workflow task that
+        lent it to a stage fail). A store that fails fails the workflow task, which Temporal
+        runs again, signal and all."""
+        limit = self._raw_inline_max
+        if limit is None:
+            return box_inline(value)
+        data = pydantic_core.to_json(value)
+        if len(data) <= limit:
+            return box_inline(value)
+        digest = hashlib.sha256(data).hexdigest()
+        run_id = self._run_id or workflow.info().workflow_id
+        key = spill_key(run_id, "signals", f"raw-{digest[:32]}")
+        if not workflow.unsafe.is_replaying():
+            store = workflow.extern_functions().get(SIGNAL_STORED)
+            if store is None:
+                raise WorkerFault(
+                    f"this worker cannot store a signal of run {run_id!r}: run it on a worker "
+                    "the wfe Temporal driver builds (engine.worker())"
+                )
+            try:
+                store(key, data)
+            except Exception as exc:
+                raise WorkerFault(
+                    f"the worker could not store a signal of run {run_id!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        return ClaimCheck.reference(key, data)
 
     def _refusal(self, delivery: Any, key: Any) -> str | None:
         """Why an engine-sent signal is not queued (the engine's ``signal`` reports it), or
         None: the run ended or is frozen, or its queue is full."""
-        if self._final or self._migrated_to is not None:
+        if self._final or self._migrated_to is not None or self._winding_down():
             return "RunNotActiveError"
         if self._frozen:
             return "MigrationError"

@@ -34,6 +34,7 @@ from ._wire import (
     PUBLISH_BY_WORKER,
     RESULT_WITH_RUN_INFO,
     RUN_END_BY_WORKER,
+    SIGNALS_CHECKED,
     STAGE_ATTRIBUTE_WAITS,
 )
 
@@ -80,6 +81,10 @@ class StartDocument(BaseModel):
     memo_shape: str | None = None
     publish: str | None = None
     local: str | None = None
+    signal_rule: str | None = None
+    # the starting engine's ``spill_threshold_bytes`` (runs with ``signal_rule``: what an
+    # operator's raw signal is stored inline up to)
+    spill_threshold: int | None = None
     # the most stage activities in flight at once (``GraphWorkflow._slot``); None: a run
     # started before the bound, whose stages all start at once as they did
     stage_activities: int | None = None
@@ -119,6 +124,8 @@ class StartDocument(BaseModel):
             memo_shape=MEMO_SHAPE_COMPACT,
             publish=PUBLISH_BY_WORKER,
             local=LOCAL_CHAINS,
+            signal_rule=SIGNALS_CHECKED,
+            spill_threshold=settings.spill_threshold_bytes,
             stage_activities=settings.temporal_max_stage_activities,
             **fields,
         )
@@ -188,6 +195,12 @@ class StartDocument(BaseModel):
         """Its consecutive ``local=True`` stages run as one local activity
         (``GraphWorkflow._chain``)."""
         return self.local == LOCAL_CHAINS
+
+    @property
+    def checks_signals(self) -> bool:
+        """It refuses signals once it winds down (compensating), and keeps an operator's
+        signal over ``spill_threshold`` in the BlobStore (``SignalHandlers.on_signal``)."""
+        return self.signal_rule == SIGNALS_CHECKED
 
     @property
     def compact_memo(self) -> bool:

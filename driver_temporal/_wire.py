@@ -27,6 +27,7 @@ __all__ = [
     "PUBLISH_BY_WORKER",
     "RESULT_WITH_RUN_INFO",
     "RUN_END_BY_WORKER",
+    "SIGNALS_CHECKED",
     "STAGE_ATTRIBUTE_WAITS",
     "deployment_for",
     "dlq_key",
@@ -94,6 +95,11 @@ LOCAL_CHAINS = "chains"
 # id, status and the fields that are set only (``StageState.memo``): Temporal writes a run's
 # memo again at every change of the run; absent: every field of every stage
 MEMO_SHAPE_COMPACT = "compact"
+# the start document's ``signal_rule`` of runs that refuse a signal once they wind down
+# (compensating after a failure or a cancel: the native driver refuses it too) and keep an
+# operator's raw signal over their ``spill_threshold`` in the BlobStore, behind a reference,
+# like one ``engine.signal`` sends (``SignalHandlers.on_signal``); absent: both queued as given
+SIGNALS_CHECKED = "checked"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

@@ -249,6 +249,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         meta = workflow.memo_value(START_MEMO, None)
         if not (isinstance(meta, dict) and meta.get("names") == NAMES_MARK):
             self._serve_old_names()  # a run started before the wfe.internal.* names
+        self._read_signal_rule(meta)
 
     # -- handlers ---------------------------------------------------------------------------
     @workflow.query(name=RUN_INFO_QUERY, description=INTERNAL)

@@ -190,6 +190,12 @@ class ClaimCheck:
         if not isinstance(key, str):
             key = key()
         await self.store.put(key, data)
+        return self.reference(key, data)
+
+    @staticmethod
+    def reference(key: str, data: bytes) -> JSON:
+        """The reference to ``data`` (a value's JSON) stored under ``key``: what :meth:`dump`
+        returns for a large value, for a caller that stored it itself."""
         return {
             SPILL_MARKER: {
                 "key": key,
