@@ -265,8 +265,19 @@ async def _drive(
     sink = rt.sink
     run = await _start(engine, wf, rt)
     waits = [(s, op) for s in case.stages for op in s.ops if isinstance(op, Wait)]
+    answers: dict[str, list[list[bool]]] = {}
+
+    async def send(name: str) -> None:
+        # every signal carries an idempotency key (a sender's retry is safe, DESIGN §5)
+        res = await engine.signal(run.id, name, signal_payload(name), idempotency_key=name)
+        answers.setdefault(name, []).append([res.delivered, res.already_completed])
+
     for _, op in waits:
-        if op.mode in ("before", "during"):
+        if op.mode == "before":
+            await send(op.name)
+            await send(op.name)  # a sender's retry: not queued again
+            rt.sent.add(op.name)
+        elif op.mode == "during":
             with contextlib.suppress(RunNotActiveError):
                 await engine.signal(run.id, op.name, signal_payload(op.name))
             rt.sent.add(op.name)
@@ -280,7 +291,7 @@ async def _drive(
         for name, sid in list(pending.items()):
             if sink.has(run.id, "stage.suspended", sid, waiting_for=f"signal:{name}"):
                 del pending[name]
-                await engine.signal(run.id, name, signal_payload(name))
+                await send(name)
         if case.cancel and not cancelled:
             target = case.stage(case.cancel)
             if sink.has(
@@ -302,6 +313,7 @@ async def _drive(
     events = sink.run_events(run.id)
     entries = rt.log.entries()
     return {
+        "signals": dict(sorted(answers.items())),
         "run": run_summary(info),
         "output": info.output if info.status == RunStatus.COMPLETED else None,
         "trace": canonical(normalise(events, wf.graph())),

@@ -81,9 +81,12 @@ class Expected:
     held_when_failed: bool = False  # a sibling was suspended when a stage failed for good
     stopped: list[str] = field(default_factory=list)  # stages cancelled when the run stopped
     failed_stage: str | None = None
+    # what each ``engine.signal`` call returned, by signal name: [delivered, already_completed]
+    signals: dict[str, list[list[bool]]] = field(default_factory=dict)
 
     def observation(self) -> dict[str, Any]:
         return {
+            "signals": self.signals,
             "run": {
                 "status": self.status,
                 "stages": self.stages,
@@ -289,6 +292,32 @@ def _comp_order(sim: _Sim) -> list[str]:
 
 def expect(case: Case) -> Expected:
     """What every driver must observe for ``case``."""
+    exp = _expect(case)
+    exp.signals = signal_answers(case, exp.trace)
+    return exp
+
+
+def signal_answers(case: Case, trace: list[list[Any]]) -> dict[str, list[list[bool]]]:
+    """What ``engine.signal`` answers ([delivered, already_completed]) for the signals the
+    runner sends with a result fixed by the contract (DESIGN §5): a ``before`` signal, sent
+    before any stage of its later group can run, is buffered, and its repeat with the same
+    idempotency key is not queued again (``already_completed``); an ``after`` signal, sent
+    once its stage is suspended on the wait (only if the trace has that suspension), is
+    delivered. (``during`` signals race with the body: not compared.)"""
+    suspended = {e[3] for e in trace if e[0] == "stage.suspended"}
+    answers: dict[str, list[list[bool]]] = {}
+    for s in case.stages:
+        for op in s.ops:
+            if not isinstance(op, Wait):
+                continue
+            if op.mode == "before":
+                answers[op.name] = [[False, False], [False, True]]
+            elif op.mode == "after" and f"signal:{op.name}" in suspended:
+                answers[op.name] = [[True, False]]
+    return dict(sorted(answers.items()))
+
+
+def _expect(case: Case) -> Expected:
     groups = groups_of(case)
     sinks = sorted(s.id for s in case.stages if not any(s.id in o.after for o in case.stages))
     sim = _Sim(case)

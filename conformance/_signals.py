@@ -116,6 +116,35 @@ class SignalContract:
             info = await engine.wait(run.id, timeout=60)
         assert info.output == 3 and info.stage("w").output == 1
 
+    async def test_s7_repeated_key_before_any_stage_ended(self, harness: Harness) -> None:
+        """A sender's retry of a keyed signal is reported ``already_completed`` however early
+        it comes: here while the run's first stage (a ``local=True`` one, which on Temporal
+        runs before the run publishes any state) still runs, so no stage waits yet."""
+        wf = Workflow(unique_id("sigk"), input=Num)
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        @wf.stage(local=True)
+        async def first(ctx: StageContext[Num]) -> int:
+            entered.set()
+            await asyncio.wait_for(release.wait(), 60)
+            return 1
+
+        @wf.stage(after=[first])
+        async def w(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("go")
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await asyncio.wait_for(entered.wait(), 60)
+            sent = await engine.signal(run.id, "go", {"n": 1}, idempotency_key="k1")
+            again = await engine.signal(run.id, "go", {"n": 1}, idempotency_key="k1")
+            release.set()
+            info = await engine.wait(run.id, timeout=60)
+        assert (sent.delivered, sent.already_completed) == (False, False)
+        assert (again.delivered, again.already_completed) == (False, True)
+        assert info.output == {"n": 1}
+
     async def test_s7b_signals_of_one_name_queue_across_stages(
         self, harness: Harness, tmp_path: Path
     ) -> None:

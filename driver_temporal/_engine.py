@@ -857,8 +857,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             except RPCError:
                 status_now = (await self.get_run(run_id)).status
                 raise RunNotActiveError(run_id, status_now, "signal") from None
-            if info is not None and info.status == RunStatus.PENDING:
-                # no stage has run yet, so no wait can take it: buffered on the server
+            if info is not None and info.status == RunStatus.PENDING and idempotency_key is None:
+                # no stage has run yet, so no wait can take it: buffered on the server (with
+                # a key, the run's answer tells whether the key was seen before: a sender's
+                # retry is reported already_completed however early it comes)
                 return self._buffered(run_id, name, info)
             res = await self._delivery(handle, delivery, answer)
         finally:
