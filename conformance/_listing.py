@@ -29,7 +29,11 @@ class ListingContract:
                 return [r.id for r in runs]
 
             async def all_listed() -> bool:  # Temporal's visibility store catches up
-                return sorted(await listed()) == sorted(ids)
+                runs = await engine.list_runs(workflow_id=wf.id, outputs=False)
+                # (ids first, the runs' last status a moment later: both caught up)
+                return sorted(r.id for r in runs) == sorted(ids) and all(
+                    r.status.value == "completed" for r in runs
+                )
 
             await eventually(all_listed, timeout=30, what="all three runs listed")
             prefix = ids[1][: len(ids[1]) - 4]
