@@ -19,8 +19,9 @@ __all__ = ["db_upgrade", "initialised"]
 
 def initialised(settings: EngineSettings) -> None:
     """Commands that read or act on existing runs never create a database, a folder or a
-    table: on the native driver they first check that the schema is there and current."""
-    if settings.driver != "native" or settings.routes:
+    table: when the native driver serves them (configured, or named by a route of a routing
+    engine) they first check that its database exists and its schema is there and current."""
+    if "native" not in {settings.driver, *settings.routes.values()}:
         return
     from driver_native import Database
 

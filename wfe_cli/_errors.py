@@ -35,6 +35,7 @@ from engine_port.errors import (
     WorkflowNotFoundError,
 )
 
+from ._entry import INTERRUPTED, command_started
 from ._output import error_line
 
 __all__ = ["EXIT_CODES", "exit_code", "fail", "guarded", "reported", "run_sync"]
@@ -49,7 +50,7 @@ EXIT_CODES: dict[str, int] = {
     "unavailable": 5,  # the database, blob store or Temporal cluster cannot be reached
     "bad_config": 6,  # settings, wfe.toml, --app
     "bad_input": 7,  # an argument or payload the engine refuses
-    "interrupted": 130,  # Ctrl-C (SIGINT), as a shell reports it
+    "interrupted": INTERRUPTED,  # Ctrl-C (SIGINT), as a shell reports it (130)
 }
 _KINDS: tuple[tuple[tuple[type[EngineError], ...], str], ...] = (
     ((RunNotFoundError, WorkflowNotFoundError), "not_found"),
@@ -111,6 +112,7 @@ def guarded(command: Callable[P, T]) -> Callable[P, T]:
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
+            command_started()  # Ctrl-C is a KeyboardInterrupt again, handled below
             return command(*args, **kwargs)
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise  # typer.Exit, usage errors: click reports them

@@ -26,7 +26,7 @@ from ._ui import ui_cmd
 from ._versions import drain_cmd, versions_cmd
 from ._worker import worker
 
-__all__ = ["app", "build_app", "main"]
+__all__ = ["app", "build_app"]
 
 HELP = "wfe: durable workflows on SQLite, PostgreSQL or Temporal."
 
@@ -87,9 +87,4 @@ def build_app() -> typer.Typer:
     return app
 
 
-app = build_app()  # what `wfe` runs (tests invoke it with typer's CliRunner)
-
-
-def main() -> None:
-    """The ``wfe`` console script (and ``python -m wfe_cli``)."""
-    app()
+app = build_app()  # what `wfe` runs (_entry.main; tests invoke it with typer's CliRunner)

@@ -66,6 +66,7 @@ def drain_cmd(
                 "should go to instead",
                 param_hint="--target",
             )
+    initialised(configured)  # a drain in the wrong folder created an empty database there
 
     async def drain() -> set[str]:
         async with create_engine(configured, None) as engine:

@@ -421,6 +421,7 @@ def test_ids_that_look_like_markup_print_as_given(env: dict[str, str]) -> None:
     tag, and ``wfe drain '[/x]'`` drained the workflow and then died with a MarkupError
     traceback instead of saying so."""
     runner = CliRunner()
+    assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0  # (drain creates no database)
     drained = runner.invoke(app, ["drain", "a[b]", "[/x]", "--target", "temporal"])
     assert drained.exit_code == 0, drained.output
     assert "a[b], [/x]" in drained.output
