@@ -1,5 +1,10 @@
 """An engine over several drivers for a mixed (migration) period: new runs are routed per
-workflow id by configuration, and every other call finds the run wherever it lives."""
+workflow id by configuration, and every other call finds the run wherever it lives.
+
+An idempotency key is the drivers' own (each finds its runs by key), so a start whose key
+already started a run on another driver (the routes changed between the two starts, or the
+workflow was drained there) asks the other drivers first: see :meth:`RoutingEngine.start`.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from typing import Any
 from ._engine import WorkflowEngine
 from ._graph import Workflow
 from ._history import StepEntry
-from ._limits import check_import_call, check_wait_call
+from ._limits import check_import_call, check_start_input, check_wait_call
 from ._models import (
     Event,
     FlushResult,
@@ -24,8 +29,11 @@ from ._models import (
     VersionInfo,
 )
 from ._registry import Registry
+from ._rules import start_definition
+from ._serde import input_fingerprint
 from .errors import (
     EngineError,
+    IdempotencyConflictError,
     RunNotFoundError,
     UnsupportedFeatureError,
     WaitTimeoutError,
@@ -116,20 +124,70 @@ class RoutingEngine(WorkflowEngine):
         idempotency_key: str | None = None,
         version: str | None = None,
     ) -> RunInfo:
+        """Start on the driver the workflow is routed to (or, when it is drained there, on
+        the drain's target). With ``idempotency_key``, a run another driver already holds
+        for that key is returned (or IdempotencyConflictError raised for a different input)
+        instead of a second run: the routes may have changed since that run started."""
         wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
-        driver = self.routes.get(wf_id, self.default)
-        engine = self.engines[driver]
+        engine = self.engines[self.routes.get(wf_id, self.default)]
+        if idempotency_key is not None:
+            others = [e for e in self._order() if e is not engine]
+            held = await self._keyed(workflow, input, idempotency_key, version, others)
+            if held is not None:
+                return held
         try:
-            return await engine.start(
+            info = await engine.start(
                 workflow, input, idempotency_key=idempotency_key, version=version
             )
         except WorkflowDrainedError as exc:
             other = self.engines.get(exc.target)
             if other is None or other is engine:
                 raise
-            return await other.start(
+            if idempotency_key is not None:
+                # (a driver checks its drain before the key: a run of the key there is
+                # returned, not started again on the target)
+                held = await self._keyed(workflow, input, idempotency_key, version, [engine])
+                if held is not None:
+                    return held
+            info = await other.start(
                 workflow, input, idempotency_key=idempotency_key, version=version
             )
+        return await self._live(info)
+
+    async def _keyed(
+        self,
+        workflow: str | Workflow[Any],
+        input: Any,
+        key: str,
+        version: str | None,
+        engines: Sequence[WorkflowEngine],
+    ) -> RunInfo | None:
+        """The run one of ``engines`` holds for idempotency key ``key`` (its live copy),
+        checked as a driver's own ``start`` checks a repeat: the same workflow and input
+        fingerprint (the rule every driver shares), else IdempotencyConflictError. A driver
+        without ``list_runs_page(idempotency_key=...)`` (both shipped drivers have it; the
+        port's ``list_runs`` cannot filter by key) is not asked."""
+        wf = start_definition(self.registry, workflow, key, version)  # (the start's checks)
+        for engine in engines:
+            page = getattr(engine, "list_runs_page", None)
+            if page is None:
+                continue
+            found, _ = await page(idempotency_key=key, limit=1)
+            if not found:
+                continue
+            held: RunInfo = found[0]
+            value = check_start_input(wf, input)
+            if input_fingerprint(wf.id, value) != input_fingerprint(held.workflow_id, held.input):
+                raise IdempotencyConflictError(key, held.id)
+            return await self._live(held)
+        return None
+
+    async def _live(self, info: RunInfo) -> RunInfo:
+        """``info``, or the live copy of the run when ``info`` is the copy a migration left
+        behind (an idempotent start on the source driver returns that one)."""
+        if info.status != RunStatus.MIGRATED:
+            return info
+        return (await self._locate(info.id))[1]
 
     async def get_run(self, run_id: str) -> RunInfo:
         return (await self._locate(run_id))[1]

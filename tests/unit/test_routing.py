@@ -28,7 +28,11 @@ from engine_port import (
     create_engine,
 )
 from engine_port._routing import RoutingEngine
-from engine_port.errors import DriverUnavailableError
+from engine_port.errors import (
+    DriverUnavailableError,
+    IdempotencyConflictError,
+    InvalidInputError,
+)
 
 
 class In(BaseModel):
@@ -180,6 +184,76 @@ class _Broken(WorkflowEngine):
 
     start = get_run = list_runs = wait = signal = cancel = redrive = _never
     list_versions = export_run = import_run = worker = _never
+
+
+# -- an idempotency key across drivers --------------------------------------------------------
+
+
+def _two_natives(
+    tmp_path: Path, registry: Registry, routes: dict[str, str] | None = None
+) -> RoutingEngine:
+    """A routing engine over two native drivers (two SQLite files), ``old`` the default; new
+    engine objects on each call, over the same files (a process started with other routes)."""
+    engines = {name: _native(tmp_path / name, registry, MemorySink()) for name in ("old", "new")}
+    return RoutingEngine(registry, engines, default="old", routes=routes)
+
+
+async def test_a_repeated_key_after_the_routes_changed_returns_the_first_run(
+    tmp_path: Path, wfs: tuple[Workflow[In], Workflow[In]]
+) -> None:
+    """start(..., idempotency_key=k) twice returns the same run (§5), also when the workflow
+    was routed to another driver between the two starts: the second start started a second
+    run there."""
+    wf, _ = wfs
+    registry = Registry([wf])
+    async with _two_natives(tmp_path, registry) as before:
+        first = await before.start(wf.id, {"n": 1}, idempotency_key="order-1")
+    async with _two_natives(tmp_path, registry, routes={wf.id: "new"}) as after:
+        again = await after.start(wf.id, {"n": 1}, idempotency_key="order-1")
+        assert again.id == first.id and again.status == RunStatus.PENDING
+        assert await after.engines["new"].list_runs() == []
+        # a different input under the key is a conflict, as on one driver
+        with pytest.raises(IdempotencyConflictError) as conflict:
+            await after.start(wf.id, {"n": 2}, idempotency_key="order-1")
+        assert conflict.value.run_id == first.id
+        with pytest.raises(InvalidInputError):  # (the input is checked first, as a driver does)
+            await after.start(wf.id, {"n": "two"}, idempotency_key="order-1")
+        # a new key, and no key, start on the new route
+        other = await after.start(wf.id, {"n": 1}, idempotency_key="order-2")
+        bare = await after.start(wf.id, {"n": 1})
+        assert {r.id for r in await after.engines["new"].list_runs()} == {other.id, bare.id}
+        assert [r.id for r in await after.engines["old"].list_runs()] == [first.id]
+
+
+async def test_a_repeated_key_of_a_drained_workflow_returns_the_first_run(
+    tmp_path: Path, wfs: tuple[Workflow[In], Workflow[In]]
+) -> None:
+    """A drain sends new runs to its target; a repeat of a key whose run started before the
+    drain is not a new run."""
+    wf, _ = wfs
+    async with _two_natives(tmp_path, Registry([wf])) as engine:
+        first = await engine.start(wf.id, {"n": 1}, idempotency_key="order-1")
+        await engine.drain([wf.id], "new")
+        again = await engine.start(wf.id, {"n": 1}, idempotency_key="order-1")
+        assert again.id == first.id
+        assert await engine.engines["new"].list_runs() == []
+        drained = await engine.start(wf.id, {"n": 1}, idempotency_key="order-2")
+        assert [r.id for r in await engine.engines["new"].list_runs()] == [drained.id]
+
+
+async def test_a_repeated_key_of_a_migrated_run_returns_its_live_copy(
+    routing: tuple[RoutingEngine, MemorySink], wfs: tuple[Workflow[In], Workflow[In]]
+) -> None:
+    """The source driver's start returns the copy a migration left behind (``migrated``);
+    the routing engine returns the run where it lives now."""
+    engine, _ = routing
+    on_native, _ = wfs
+    first = await engine.start(on_native.id, {"n": 1}, idempotency_key="order-1")
+    snapshot = await engine.export_run(first.id)
+    await engine.complete_export(first.id, "memory")
+    await engine.engines["memory"].import_run(snapshot)
+    again = await engine.start(on_native.id, {"n": 1}, idempotency_key="order-1")
+    assert again.id == first.id and again.status == RunStatus.PENDING
 
 
 @pytest.fixture
