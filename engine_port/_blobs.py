@@ -112,9 +112,13 @@ class FolderBlobStore:
         if not folder.is_dir():
             return []
         keys = []
-        for p in folder.rglob("*"):
-            if p.is_file() and not (p.name.startswith(".") and p.name.endswith(_TMP_SUFFIX)):
-                key = p.relative_to(self.root).as_posix()
+        # os.walk, not Path.rglob: a folder removed while it walks (a purge elsewhere) is
+        # skipped, where rglob raised FileNotFoundError
+        for parent, _, names in os.walk(folder):
+            for name in names:
+                if name.startswith(".") and name.endswith(_TMP_SUFFIX):
+                    continue
+                key = Path(parent, name).relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     keys.append(key)
         return sorted(keys)

@@ -77,19 +77,46 @@ async def test_folder_store_lists_a_prefix_by_walking_only_its_folder(
     store = FolderBlobStore(tmp_path)
     for key in ("runs/r1/a", "runs/r1/s/b", "runs/r10/a", "runs/r2/a", "dlq/x"):
         await store.put(key, b"1")
+    import os
+
     walked: list[str] = []
-    rglob = Path.rglob
+    walk = os.walk
 
-    def spy(self: Path, pattern: str) -> Any:
-        walked.append(self.relative_to(tmp_path).as_posix())
-        return rglob(self, pattern)
+    def spy(top: Any, *args: Any, **kwargs: Any) -> Any:
+        walked.append(Path(top).relative_to(tmp_path).as_posix())
+        return walk(top, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "rglob", spy)
+    monkeypatch.setattr(os, "walk", spy)
     assert await store.list("runs/r1/") == ["runs/r1/a", "runs/r1/s/b"]
     assert await store.list("runs/r1") == ["runs/r1/a", "runs/r1/s/b", "runs/r10/a"]
     assert await store.list("runs/none/") == []
     assert await store.list("dl") == ["dlq/x"]
     assert walked == ["runs/r1", "runs", "."]
+
+
+async def test_folder_store_list_skips_a_folder_deleted_while_it_walks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A purge (another worker's retention) removes a run's folder while ``list`` walks the
+    store: the folder's keys are gone, not an error (a FileNotFoundError failed a worker's
+    retention once)."""
+    import os
+    import shutil
+
+    store = FolderBlobStore(tmp_path)
+    for run in ("r1", "r2", "r3"):
+        await store.put(f"runs/{run}/outputs/a.json", b"1")
+    real = os.scandir
+    doomed = (tmp_path / "runs" / "r2").resolve()
+
+    def scandir(path: Any = ".") -> Any:
+        if isinstance(path, str | os.PathLike) and Path(path).resolve() == doomed:
+            shutil.rmtree(doomed, ignore_errors=True)  # purged just before it is read
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    keys = await store.list("runs/")
+    assert keys == ["runs/r1/outputs/a.json", "runs/r3/outputs/a.json"]
 
 
 async def test_folder_store_concurrent_puts_of_one_key(tmp_path: Path) -> None:
