@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from ._settings import EngineSettings
 from .errors import ConfigurationError
@@ -28,6 +30,14 @@ def load_settings(**values: Any) -> EngineSettings:
     except ValidationError as exc:
         problems = [_describe(err, values, toml) for err in exc.errors()]
         raise ConfigurationError("; ".join(problems)) from None
+    except SettingsError as exc:
+        # a setting whose value is a JSON document (routes) that does not parse
+        found = re.search(r'field "(\w+)"', str(exc))
+        field = found.group(1) if found else "?"
+        raise ConfigurationError(
+            f"{_source(field, values, toml)} is not valid JSON; give it as a JSON document "
+            f"of the setting's shape ({field}: {_shape(field)})"
+        ) from None
 
 
 def _read_toml() -> dict[str, Any]:
@@ -40,6 +50,12 @@ def _read_toml() -> dict[str, Any]:
         raise ConfigurationError(
             f"{path.resolve()} is not valid TOML ({exc}); fix it or remove it"
         ) from None
+
+
+def _shape(field: str) -> str:
+    """A setting's type as a person reads it (``dict[str, str]``)."""
+    info = EngineSettings.model_fields.get(field)
+    return "unknown" if info is None else str(info.annotation).removeprefix("typing.")
 
 
 def _source(field: str, values: dict[str, Any], toml: dict[str, Any]) -> str:

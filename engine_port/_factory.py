@@ -6,6 +6,7 @@ from typing import Any
 
 from ._blobs import BlobStore
 from ._clock import Clock
+from ._config import load_settings
 from ._drivers import load_driver
 from ._engine import WorkflowEngine
 from ._events import EventSink
@@ -28,7 +29,8 @@ def create_engine(
     (workflow id -> driver), build a routing engine over ``settings.driver`` and every driver
     a route names: new runs go where their workflow is routed, and every other call finds the
     run on whichever driver holds it."""
-    settings = settings or EngineSettings()
+    # (from WFE_ variables and wfe.toml: a bad one is a ConfigurationError, never pydantic's)
+    settings = settings or load_settings()
     registry = registry if registry is not None else Registry()
     if event_sink is None and settings.event_sink:
         from ._events import open_event_sink

@@ -284,3 +284,21 @@ def test_durations_are_finite_and_a_default_stage_timeout_at_most_a_century() ->
         with pytest.raises(ConfigurationError):
             load_settings(**values)
     assert load_settings(default_stage_timeout=36525 * 86400).default_stage_timeout > 0
+
+
+@pytest.mark.parametrize("value", ["", "{bad", "not json"])
+def test_a_routes_variable_that_is_not_json_is_one_configuration_error(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """pydantic-settings parses WFE_ROUTES as JSON and raised its own SettingsError ("wfe
+    runs": "unexpected SettingsError ... this is a bug"); create_engine() without settings
+    let pydantic's errors through."""
+    monkeypatch.setenv("WFE_ROUTES", value)
+    with pytest.raises(ConfigurationError, match=r"WFE_ROUTES is not valid JSON.*dict"):
+        load_settings()
+    with pytest.raises(ConfigurationError, match="WFE_ROUTES"):
+        create_engine(None, Registry())
+    monkeypatch.setenv("WFE_ROUTES", "{}")
+    monkeypatch.setenv("WFE_POLL_INTERVAL_SECONDS", "soon")
+    with pytest.raises(ConfigurationError, match="WFE_POLL_INTERVAL_SECONDS is invalid"):
+        create_engine(None, Registry())
