@@ -145,6 +145,43 @@ class SignalContract:
         assert (again.delivered, again.already_completed) == (False, True)
         assert info.output == {"n": 1}
 
+    async def test_a_compensating_run_takes_no_signal(self, harness: Harness) -> None:
+        """Once a run rolls back (here: cancelled, its compensation still running) a signal
+        raises RunNotActiveError naming the status, with or without an idempotency key."""
+        wf = Workflow(unique_id("sigc"), input=Num)
+        undoing, release = asyncio.Event(), asyncio.Event()
+
+        @wf.stage
+        async def reserve(ctx: StageContext[Num]) -> str:
+            return "held"
+
+        @reserve.compensation
+        async def unreserve(ctx: StageContext[Num], output: str) -> None:
+            undoing.set()
+            await asyncio.wait_for(release.wait(), 60)
+
+        @wf.stage(after=[reserve])
+        async def w(ctx: StageContext[Num]) -> Any:
+            return await ctx.step.wait_for_signal("go")
+
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await wait_for_events(sink, run.id, "stage.suspended")
+            cancelling = asyncio.ensure_future(engine.cancel(run.id))
+            try:
+                await asyncio.wait_for(undoing.wait(), 60)
+                with pytest.raises(RunNotActiveError, match="compensating"):
+                    await engine.signal(run.id, "go", 1)
+                with pytest.raises(RunNotActiveError, match="compensating"):
+                    await engine.signal(run.id, "go", 1, idempotency_key="k1")
+                assert (await engine.get_run(run.id)).status == RunStatus.COMPENSATING
+            finally:
+                release.set()
+            await cancelling
+            info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.CANCELLED
+
     async def test_s7b_signals_of_one_name_queue_across_stages(
         self, harness: Harness, tmp_path: Path
     ) -> None:
