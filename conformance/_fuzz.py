@@ -34,7 +34,15 @@ from engine_port.errors import RunNotActiveError, StepTimeoutError
 
 from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of
 from ._harness import ExecutionLog, Harness, unique_id
-from ._model import Expected, canonical, expect, signal_payload, stage_output, step_result
+from ._model import (
+    Expected,
+    canonical,
+    expect,
+    repeats_before_signals,
+    signal_payload,
+    stage_output,
+    step_result,
+)
 from ._models import Num
 from ._trace import normalise, run_summary
 
@@ -259,28 +267,43 @@ async def _start(engine: Any, wf: Workflow[Num], rt: _Runtime) -> Any:
     raise AssertionError("unreachable")
 
 
+@dataclass
+class _Signals:
+    """The case's signals to one run, and what each ``engine.signal`` answered
+    ([delivered, already_completed] by name: compared with ``Expected.signals``)."""
+
+    engine: Any
+    run_id: str
+    answers: dict[str, list[list[bool]]] = field(default_factory=dict)
+
+    async def send(self, name: str, key: str | None = None) -> None:
+        res = await self.engine.signal(self.run_id, name, signal_payload(name), idempotency_key=key)
+        self.answers.setdefault(name, []).append([res.delivered, res.already_completed])
+
+    async def early(self, case: Case, rt: _Runtime, waits: list[Wait]) -> None:
+        """The ``before`` signals (each repeated with its key, see
+        ``repeats_before_signals``) and the ``during`` ones, right after the start."""
+        repeat = repeats_before_signals(case)
+        for op in waits:
+            if op.mode == "before":
+                await self.send(op.name, key=op.name if repeat else None)
+                if repeat:
+                    await self.send(op.name, key=op.name)  # a sender's retry: not queued again
+                rt.sent.add(op.name)
+            elif op.mode == "during":
+                with contextlib.suppress(RunNotActiveError):
+                    await self.engine.signal(self.run_id, op.name, signal_payload(op.name))
+                rt.sent.add(op.name)
+
+
 async def _drive(
     case: Case, wf: Workflow[Num], rt: _Runtime, exp: Expected, engine: Any
 ) -> dict[str, Any]:
     sink = rt.sink
     run = await _start(engine, wf, rt)
     waits = [(s, op) for s in case.stages for op in s.ops if isinstance(op, Wait)]
-    answers: dict[str, list[list[bool]]] = {}
-
-    async def send(name: str) -> None:
-        # every signal carries an idempotency key (a sender's retry is safe, DESIGN §5)
-        res = await engine.signal(run.id, name, signal_payload(name), idempotency_key=name)
-        answers.setdefault(name, []).append([res.delivered, res.already_completed])
-
-    for _, op in waits:
-        if op.mode == "before":
-            await send(op.name)
-            await send(op.name)  # a sender's retry: not queued again
-            rt.sent.add(op.name)
-        elif op.mode == "during":
-            with contextlib.suppress(RunNotActiveError):
-                await engine.signal(run.id, op.name, signal_payload(op.name))
-            rt.sent.add(op.name)
+    signals = _Signals(engine, run.id)
+    await signals.early(case, rt, [op for _, op in waits])
     pending = {op.name: s.id for s, op in waits if op.mode == "after"}
     cancelled = False
     terminals = 2 if exp.redrive else 1
@@ -291,7 +314,7 @@ async def _drive(
         for name, sid in list(pending.items()):
             if sink.has(run.id, "stage.suspended", sid, waiting_for=f"signal:{name}"):
                 del pending[name]
-                await send(name)
+                await signals.send(name, key=name)
         if case.cancel and not cancelled:
             target = case.stage(case.cancel)
             if sink.has(
@@ -313,7 +336,7 @@ async def _drive(
     events = sink.run_events(run.id)
     entries = rt.log.entries()
     return {
-        "signals": dict(sorted(answers.items())),
+        "signals": dict(sorted(signals.answers.items())),
         "run": run_summary(info),
         "output": info.output if info.status == RunStatus.COMPLETED else None,
         "trace": canonical(normalise(events, wf.graph())),
