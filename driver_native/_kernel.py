@@ -259,6 +259,9 @@ class _Beat:
             cancel,
         )
         self.loop = asyncio.get_running_loop()
+        # set once the body has returned: its outcome is recorded as it is (the record checks
+        # the lease); the heartbeats go on only to keep the lease while it is stored
+        self.settled = False
         self.beating: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self._next()
@@ -281,6 +284,10 @@ class _Beat:
         if wants_stop or not alive:
             if not alive:
                 self.kernel._lease_lost(job, worker)
+            if self.settled:
+                if alive:
+                    self._next()
+                return
             self.cancel.set()
             self.task.cancel()
             return
@@ -677,23 +684,31 @@ class Kernel:
         result, _final = await self._record(cmd, handoff, False)
         return result
 
+    async def _spill(self, job: Any, outcome: Any) -> tuple[Any, str | None]:
+        """The outcome as it is recorded (a completed one's output through the claim check)
+        and the blob key of its spilled output (None: inline, or not completed)."""
+        if not isinstance(outcome, Completed):
+            return outcome, None
+        # small outputs stay inline in the stage row (DESIGN §5); a spilled one gets a key
+        # of its own per outcome: a late, discarded outcome must never overwrite the
+        # output that another worker's completed attempt stored
+        prefix = f"runs/{job.run_id}/stages/{job.stage_id}/output-"
+        stored = await self.claim.dump(outcome.output, lambda: prefix + _token())
+        return Completed(stored, outcome.events), self.claim.key_of(stored)
+
     async def _record(
-        self, cmd: Transition, handoff: _progress.Handoff | None, read_final: bool
+        self,
+        cmd: Transition,
+        handoff: _progress.Handoff | None,
+        read_final: bool,
+        spilled: tuple[Any, str | None] | None = None,
     ) -> tuple[str, Any]:
         """Record a transition; with ``read_final``, a transition that finishes the run
-        returns its final state too (else None)."""
+        returns its final state too (else None). ``spilled``: what :meth:`_spill` made of
+        the outcome already (under the attempt's heartbeats)."""
         job = cmd.job
         shape = self.shape_for(job.wfv)
-        outcome = cmd.outcome
-        key = None
-        if isinstance(outcome, Completed):
-            # small outputs stay inline in the stage row (DESIGN §5); a spilled one gets a key
-            # of its own per outcome: a late, discarded outcome must never overwrite the
-            # output that another worker's completed attempt stored
-            prefix = f"runs/{job.run_id}/stages/{job.stage_id}/output-"
-            stored = await self.claim.dump(outcome.output, lambda: prefix + _token())
-            key = self.claim.key_of(stored)
-            outcome = Completed(stored, outcome.events)
+        outcome, key = spilled if spilled is not None else await self._spill(job, cmd.outcome)
         args = (job, cmd.worker_id, outcome, shape, self.now(), cmd.cancelled, handoff)
         known = self._registry_graph if read_final else None
         result, final = await self._outcomes.run(*args, known)
@@ -766,20 +781,6 @@ class Kernel:
             return "skipped"
         wf = self.registry.get(begin.workflow_id, begin.version)
         cancel = asyncio.Event()
-        request = StageRequest(
-            run_id=begin.run_id,
-            workflow=wf,
-            stage_id=begin.stage_id,
-            attempt=begin.attempt,
-            input=await self.claim.load(begin.input, run_id=begin.run_id),
-            outputs={
-                k: await self.claim.load(v, run_id=begin.run_id) for k, v in begin.outputs.items()
-            },
-            cancel_event=cancel,
-            resumed=bool(begin.steps),
-            trace_context=begin.trace_context,
-            version=begin.version,
-        )
 
         def lost() -> None:  # a ledger write found the lease gone: stop as _beat would
             self._lease_lost(job, worker)
@@ -795,10 +796,35 @@ class Kernel:
             lease=_jobs.Lease.of(job, worker),
             on_lost=lost,
         )
-        task = asyncio.create_task(self.runner.run(request, ledger))
+
+        async def attempt() -> tuple[Any, tuple[Any, str | None]]:
+            # the blob reads of the attempt's input and outputs and the write of its output
+            # are part of it, under its heartbeats: a slow blob store (a large value, a
+            # struggling S3) must not let the lease lapse while this worker is still at it,
+            # or another claim runs the stage body a second time beside this one
+            request = StageRequest(
+                run_id=begin.run_id,
+                workflow=wf,
+                stage_id=begin.stage_id,
+                attempt=begin.attempt,
+                input=await self.claim.load(begin.input, run_id=begin.run_id),
+                outputs={
+                    k: await self.claim.load(v, run_id=begin.run_id)
+                    for k, v in begin.outputs.items()
+                },
+                cancel_event=cancel,
+                resumed=bool(begin.steps),
+                trace_context=begin.trace_context,
+                version=begin.version,
+            )
+            outcome = await self.runner.run(request, ledger)
+            beat.settled = True
+            return outcome, await self._spill(job, outcome)
+
+        task = asyncio.create_task(attempt())
         beat = _Beat(self, job, worker, task, cancel)
         try:
-            outcome = await task
+            outcome, spilled = await task
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -809,7 +835,8 @@ class Kernel:
         limit = cmd.handoff if cmd.on_handoff is not None else 0
         handoff = _progress.Handoff(worker, self.settings.lease_threshold, limit)
         waited = self.wants_final is not None and self.wants_final(job.run_id)
-        result, final = await self._record(Transition(job, worker, outcome), handoff, waited)
+        transition = Transition(job, worker, outcome)
+        result, final = await self._record(transition, handoff, waited, spilled)
         if handoff.finished:
             self._run_finished(job.run_id, final)
         if (handoff.jobs or handoff.quiet) and cmd.on_handoff is not None:
