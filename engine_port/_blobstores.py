@@ -86,6 +86,28 @@ def _s3_credentials(
     )
 
 
+# seconds an S3 request may wait for the server's answer (each of its 3 tries): a server that
+# accepts connections but does not answer is a storage fault within ~2 minutes, not ~8
+DEFAULT_S3_READ_TIMEOUT = 30.0
+
+
+def _seconds(url: str, q: Mapping[str, str], name: str, default: float) -> float:
+    """The positive number of seconds of query parameter ``name`` of blob_url ``url``."""
+    raw = q.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigurationError(
+            f"blob_url {redact_url(url)!r} has {name}={raw!r}; give a positive number of "
+            f"seconds (e.g. {name}=30)"
+        )
+    return value
+
+
 def open_blob_store(url: str | SecretUrl, *, env: Mapping[str, str] | None = None) -> BlobStore:
     """The BlobStore ``url`` names (``env`` defaults to ``os.environ``, for S3 keys)."""
     url = url.reveal() if isinstance(url, SecretUrl) else url
@@ -120,6 +142,7 @@ def open_blob_store(url: str | SecretUrl, *, env: Mapping[str, str] | None = Non
             secure=q.get("secure", "false").lower() in _TRUE,
             region=q.get("region"),
             prefix=parsed.path.strip("/"),
+            read_timeout=_seconds(url, q, "timeout", DEFAULT_S3_READ_TIMEOUT),
         )
     raise ConfigurationError(
         f"blob_url {redact_url(url)!r} has an unknown scheme; use file://FOLDER, memory:// or "

@@ -53,7 +53,7 @@ class S3BlobStore:
         region: str | None = None,
         prefix: str = "",
         connect_timeout: float = 5.0,
-        read_timeout: float = 120.0,
+        read_timeout: float = 30.0,
         max_retries: int = 3,
         http_client: urllib3.PoolManager | None = None,
     ) -> None:

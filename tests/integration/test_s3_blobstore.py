@@ -298,3 +298,29 @@ async def test_temporal_engine_spills_to_s3(s3_server: str, temporal_server: Any
     assert info.status == "completed" and info.output == 200 * 1024
     assert info.stage("make").output["big"] == "b" * (200 * 1024)
     assert len(keys) >= 2, keys  # the step result and the stage output, under the run's prefix
+
+
+async def test_a_server_that_never_answers_is_a_storage_fault_within_the_url_timeout() -> None:
+    """An S3 endpoint that accepts connections but never answers (a hung proxy, an
+    overloaded server) held a worker's attempt for ~8 minutes (a 120 s read timeout, tried
+    4 times) before it became a storage fault; ``timeout=`` in blob_url bounds each try."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # accepted by the kernel, never read nor answered
+    endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        store = open_blob_store(s3_url(endpoint, "bucket", timeout="0.5"))
+        started = time.monotonic()
+        with pytest.raises(DriverUnavailableError, match=endpoint):
+            await asyncio.wait_for(store.get("runs/r1/out"), 60)
+        assert time.monotonic() - started < 30
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "soon", "inf", "nan"])
+def test_a_timeout_that_is_not_a_positive_number_is_a_configuration_error(bad: str) -> None:
+    with pytest.raises(EngineError, match="positive number of seconds"):
+        open_blob_store(s3_url("127.0.0.1:9", "bucket", timeout=bad))
