@@ -24,7 +24,14 @@ from engine_port.errors import (
     WorkflowNotFoundError,
 )
 
-from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, unique_id, wait_for_events
+from ._harness import (
+    CONTRACT_MARKS,
+    ExecutionLog,
+    Harness,
+    eventually,
+    unique_id,
+    wait_for_events,
+)
 from ._models import Num, Order, says_its_version
 from ._trace import check_golden, normalise, run_summary
 
@@ -68,6 +75,57 @@ class IdempotencyContract:
             again = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
             assert again.id == first.id and again.status == RunStatus.COMPLETED
         assert log.count("a") == 2
+
+    async def test_s11_a_purged_run_is_gone_and_its_key_starts_a_new_run(
+        self, harness: Harness
+    ) -> None:
+        """Once ``purge`` has counted a run, the run is gone on every driver: ``get_run`` and
+        ``wait`` raise RunNotFoundError, ``list_runs`` does not list it, and a start with its
+        idempotency key starts a new run (even with another input) instead of returning the
+        purged one. On Temporal, which deletes executions asynchronously, ``get_run`` read the
+        purged run for 30 s or more and a keyed start returned it. (The new run's id may be
+        the purged one's: Temporal derives it from the key; native gives a new id.)"""
+        from engine_port.errors import RunNotFoundError
+
+        wf = _echo("s11p")
+        key = unique_id("purged")
+        async with harness.engine(Registry([wf]), MemorySink()) as engine:
+            async with engine.worker():
+                keyed = await engine.start(wf.id, {"n": 1}, idempotency_key=key)
+                plain = await engine.start(wf.id, {"n": 1})
+                for run in (keyed, plain):
+                    assert (await engine.wait(run.id, timeout=60)).status == RunStatus.COMPLETED
+            kept = await engine.start(wf.id, {"n": 3})  # pending (no worker): not purged
+            await _listed(engine, wf.id, RunStatus.COMPLETED)
+            purged: list[int] = []
+
+            async def purge() -> bool:
+                # (Temporal: the listing purge reads catches up with a run's end a moment
+                # after it ended; a purge right after may find nothing yet)
+                purged.append(await engine.purge(older_than=0))
+                return sum(purged) >= 2
+
+            await eventually(purge, timeout=90, interval=0.2, what="both runs to be purged")
+            assert sum(purged) == 2
+            for run in (keyed, plain):
+                with pytest.raises(RunNotFoundError):
+                    await engine.get_run(run.id)
+                with pytest.raises(RunNotFoundError):
+                    await engine.wait(run.id, timeout=1)
+            listed = {r.id for r in await engine.list_runs(workflow_id=wf.id)}
+            assert not listed & {keyed.id, plain.id}, listed
+            assert (await engine.get_run(kept.id)).status == RunStatus.PENDING
+            # the key is free again: a new run, with the new input (no IdempotencyConflict)
+            again = await engine.start(wf.id, {"n": 2}, idempotency_key=key)
+            assert again.status == RunStatus.PENDING
+            assert again.input == {"n": 2} and again.idempotency_key == key
+            assert again.created_at and keyed.created_at
+            assert again.created_at > keyed.created_at
+            repeat = await engine.start(wf.id, {"n": 2}, idempotency_key=key)
+            assert repeat.id == again.id  # and it is idempotent again
+            async with engine.worker():
+                done = await engine.wait(again.id, timeout=60)
+            assert done.status == RunStatus.COMPLETED and done.output == 2
 
 
 class VersionContract:

@@ -12,7 +12,9 @@ import pytest
 from pydantic import BaseModel
 
 from conformance import eventually
+from driver_temporal import _purge
 from engine_port import FolderBlobStore, MemorySink, Registry, StageContext, Workflow
+from engine_port.errors import DriverUnavailableError, RunNotFoundError
 
 from .conftest import EngineFactory, wait_for_event
 
@@ -60,8 +62,11 @@ async def test_purge_deletes_finished_runs_and_their_blobs(
 
         await eventually(purge_now, timeout=30, what="the finished run to be purged")
         assert sum(purged) == 1
-        assert await store.list(f"runs/{done.id}/") == []  # (Temporal deletes the
-        # execution asynchronously, up to ~30 s later on the dev server: not waited for here)
+        assert await store.list(f"runs/{done.id}/") == []
+        # Temporal deletes an execution asynchronously (~30 s after its close on the dev
+        # server): purge counted the run once it was gone
+        with pytest.raises(RunNotFoundError):
+            await engine.get_run(done.id)
         # the suspended run is untouched and still finishes
         await engine.signal(active.id, "go")
         assert (await engine.wait(active.id, timeout=60)).status == "completed"
@@ -118,3 +123,49 @@ async def test_purge_deletes_a_run_an_operator_terminated(
                 await asyncio.sleep(0.2)
         assert purged == 1
         assert await store.list(f"runs/{run.id}/") == []
+
+
+async def test_a_purge_temporal_does_not_carry_out_in_time_says_to_call_it_again(
+    make_engine: EngineFactory, blob_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Purge counts a run only once Temporal has deleted it; when Temporal has not within
+    ``CONFIRM_S`` (here: its deletions never reach it), purge raises DriverUnavailableError
+    saying to call it again, and the next purge finishes the job."""
+    wf = Workflow("purge-late", input=In)
+
+    @wf.stage
+    async def big(ctx: StageContext[In]) -> str:
+        return ctx.input.pad * 2
+
+    store = FolderBlobStore(blob_dir)
+    engine = make_engine(Registry([wf]), spill_threshold_bytes=1024)
+    async with engine:
+        async with engine.worker():
+            run = await engine.start(wf.id, {"pad": "x" * 4096})
+            assert (await engine.wait(run.id, timeout=60)).status == "completed"
+
+        async def lost(*_: object) -> None:
+            return None  # the deletion never reaches Temporal
+
+        monkeypatch.setattr(_purge, "CONFIRM_S", 0.5)
+        monkeypatch.setattr(_purge, "_delete_execution", lost)
+        raised: list[DriverUnavailableError] = []
+
+        async def purge_late() -> bool:
+            try:
+                assert await engine.purge(older_than=0) == 0  # (not listed yet)
+            except DriverUnavailableError as exc:
+                raised.append(exc)
+            return bool(raised)
+
+        await eventually(purge_late, timeout=30, what="the purge to give up waiting")
+        assert "1 of the 1 run(s)" in str(raised[0])
+        assert "call purge again" in str(raised[0])
+        assert await store.list(f"runs/{run.id}/") == []  # its data is gone already
+        listed = await engine.list_runs(workflow_id=wf.id, outputs=False)
+        assert [r.id for r in listed] == [run.id]  # (still in Temporal)
+        monkeypatch.undo()
+        assert await engine.purge(older_than=0) == 1
+        with pytest.raises(RunNotFoundError):
+            await engine.get_run(run.id)
+        assert run.id not in {r.id for r in await engine.list_runs(workflow_id=wf.id)}
