@@ -61,15 +61,26 @@ def _interrupted(command: list[str], delay: float, cwd: Path) -> tuple[int, str,
     """Start ``command``, send it SIGINT ``delay`` seconds after the interpreter can take one,
     and return its exit code, stdout and stderr."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WFE_")}
-    proc = subprocess.Popen(
-        command,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-        env=env,
-    )
+    # started as from a terminal: a test run started in the background by a script (CI's
+    # `.ci/run &`) has SIGINT ignored, which a child inherits across exec (a handler is not
+    # inherited), and a command started with SIGINT ignored rightly keeps ignoring it (the
+    # test below)
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+            env=env,
+        )
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         # a loaded machine can take long to reach the interpreter's own handler; before it,
         # SIGINT kills any Python process (no code of wfe has run)

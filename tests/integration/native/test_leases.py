@@ -77,9 +77,11 @@ async def test_worker_dying_mid_stage_keeps_attempt_and_started_event(
 
 
 async def test_heartbeats_keep_a_long_stage_leased(make_engine: MakeEngine) -> None:
-    engine = await make_engine(w.held, lease_seconds=0.5)
+    # (a lease of 1.2 s, a heartbeat every 0.4 s: 0.8 s of slack for a loop or a database
+    # slowed by a busy machine; 0.5 s left 0.33 s, and CI's load once ate it)
+    engine = await make_engine(w.held, lease_seconds=1.2)
     w.BLOCK["slow_for"] = True
-    run = await engine.start("it-held", {"n": 16})  # the stage runs 1.6 s > 3 leases
+    run = await engine.start("it-held", {"n": 40})  # the stage runs 4 s > 3 leases
     reaped = 0
     expiries: set[float] = set()
 
@@ -96,7 +98,7 @@ async def test_heartbeats_keep_a_long_stage_leased(make_engine: MakeEngine) -> N
     r = asyncio.create_task(reaper())
     try:
         async with engine.worker(maintenance_interval=0.1):
-            info = await engine.wait(run.id, timeout=10)
+            info = await engine.wait(run.id, timeout=30)
     finally:
         r.cancel()
         with contextlib.suppress(asyncio.CancelledError):
