@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
 from rich.progress import Progress
 
-from engine_port import MigrationReport, create_engine, migrate_runs
-from engine_port.errors import ConfigurationError
+from engine_port import (
+    MigrationReport,
+    RunMove,
+    RunStatus,
+    WorkflowEngine,
+    create_engine,
+    migrate_runs,
+)
+from engine_port.errors import ConfigurationError, RunNotFoundError
 
 from ._db import initialised
-from ._errors import fail, reported, run_sync
+from ._errors import EXIT_CODES, fail, reported, run_sync
 from ._options import JsonOpt, driver_settings, status_list
-from ._output import console, errors, json_line, rows
+from ._output import console, error_line, errors, json_line, rows
 
 __all__ = ["migrate_cmd"]
 
@@ -68,27 +79,48 @@ def migrate_cmd(
                 )
             )
 
+    moves: list[RunMove] = []
+    stopping = asyncio.Event()
+
     async def move() -> MigrationReport:
         async with source, target:
             with Progress(console=errors, transient=True, disable=not errors.is_terminal) as bar:
                 task = bar.add_task(f"{from_} -> {to}", total=None)
-                return await migrate_runs(
-                    source,
-                    target,
-                    workflow_ids=workflow,
-                    version=version,
-                    run_ids=run,
-                    statuses=statuses,
-                    dry_run=dry_run,
-                    drain=drain,
-                    wait=wait,
-                    drain_timeout=drain_timeout,
-                    progress=lambda _move: bar.advance(task),
-                )
+
+                def moved(one: RunMove) -> None:
+                    moves.append(one)
+                    bar.advance(task)
+                    if stopping.is_set():
+                        raise _Stopped
+
+                with _first_interrupt_stops(stopping):
+                    try:
+                        report = await migrate_runs(
+                            source,
+                            target,
+                            workflow_ids=workflow,
+                            version=version,
+                            run_ids=run,
+                            statuses=statuses,
+                            dry_run=dry_run,
+                            drain=drain,
+                            wait=wait,
+                            drain_timeout=drain_timeout,
+                            progress=moved,
+                        )
+                    except _Stopped:
+                        report = MigrationReport(
+                            source=source.driver_name, target=target.driver_name, dry_run=dry_run
+                        )
+                        report.moves = list(moves)
+                        return report
+                    report.moves += await _unselected(source, run, report)
+                    return report
 
     report = run_sync(move())
     if as_json:
         json_line(report)
+        _exit_if_interrupted(stopping)
         return
     title = f"{'dry run: ' if dry_run else ''}{from_} -> {to}"
     rows(
@@ -98,3 +130,69 @@ def migrate_cmd(
     )
     counts = (f"{o}: {report.count(o)}" for o in ("moved", "would_move", "skipped", "left"))
     console.print(", ".join(counts), highlight=False)
+    _exit_if_interrupted(stopping)
+
+
+def _exit_if_interrupted(stopping: asyncio.Event) -> None:
+    if stopping.is_set():
+        error_line(
+            "interrupted: the runs listed above are done; the others were not touched "
+            "(run the same command again to move them)"
+        )
+        raise typer.Exit(EXIT_CODES["interrupted"])
+
+
+class _Stopped(Exception):
+    """The operator pressed Ctrl-C: stop once the run being moved has moved."""
+
+
+@contextmanager
+def _first_interrupt_stops(stopping: asyncio.Event) -> Iterator[None]:
+    """The first Ctrl-C lets the run being moved finish its move (interrupting a move between
+    the target's import and the source's mark left the run active on both drivers until the
+    command was rerun), then stops; a second one interrupts at once."""
+    loop = asyncio.get_running_loop()
+
+    def interrupt() -> None:
+        if stopping.is_set():
+            loop.remove_signal_handler(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            return
+        stopping.set()
+        error_line("stopping after the run being moved (Ctrl-C again to interrupt now)")
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+    except (NotImplementedError, RuntimeError):  # (no signal handlers here: Ctrl-C as before)
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _unselected(
+    source: WorkflowEngine, run_ids: list[str] | None, report: MigrationReport
+) -> list[RunMove]:
+    """A row for each run named with ``--run`` that was not moved because it is not active
+    (ended, or moved earlier): the table said "moved: 0" and nothing about why."""
+    listed = {m.run_id for m in report.moves}
+    extra = []
+    for run_id in dict.fromkeys(run_ids or []):
+        if run_id in listed:
+            continue
+        try:
+            info = await source.get_run(run_id)
+        except RunNotFoundError:
+            continue
+        if info.status == RunStatus.MIGRATED:
+            reason = f"already moved to {info.migrated_to}"
+        elif info.terminal:
+            reason = f"{info.status.value} runs stay where they are"
+        else:
+            reason = f"{info.status.value}: not selected (--workflow, --version, --status)"
+        extra.append(
+            RunMove(run_id=run_id, workflow_id=info.workflow_id, outcome="skipped", reason=reason)
+        )
+    return extra
