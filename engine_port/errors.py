@@ -180,6 +180,16 @@ class RunNotActiveError(EngineError):
                 "only a completed, failed or cancelled run can be redriven; wait for it to end "
                 "(engine.wait) or cancel it first"
             )
+        elif status == "migrated":
+            remedy = (
+                "it moved to another driver (get_run(...).migrated_to names it); "
+                f"{action} it through that driver's engine, or a routing engine over both"
+            )
+        elif status == "compensating":
+            remedy = (
+                "it is rolling back (a stage failed for good, or it was cancelled) and takes no "
+                "more; wait for it to end (engine.wait), then redrive() it to run it again"
+            )
         else:
             remedy = "only active runs accept this (use redrive() to re-run a terminal run)"
         super().__init__(f"cannot {action} run {run_id!r}: it is {status}; {remedy}")

@@ -48,3 +48,13 @@ def test_a_refused_redrive_says_to_wait_for_the_run_to_end() -> None:
     assert "use redrive() to re-run a terminal run" in str(
         RunNotActiveError("r1", "completed", "signal")
     )
+
+
+def test_a_refused_call_to_a_moved_or_rolling_back_run_says_what_to_do_instead() -> None:
+    """A signal to a run moved to another driver advised "use redrive() to re-run a terminal
+    run" (a migrated run cannot be redriven where it was); one to a compensating run too."""
+    moved = str(RunNotActiveError("r1", RunStatus.MIGRATED, "signal"))
+    assert "it is migrated" in moved and "migrated_to" in moved
+    assert "signal it through that driver's engine" in moved and "redrive" not in moved
+    rolling = str(RunNotActiveError("r1", RunStatus.COMPENSATING, "cancel"))
+    assert "rolling back" in rolling and "engine.wait" in rolling
