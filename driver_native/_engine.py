@@ -497,16 +497,24 @@ class NativeEngine(WorkflowEngine):
     async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
         check_run_call(run_id)
         deadline = time.monotonic() + check_wait_seconds(wait)
-        while True:
-            snapshot = await self.kernel.db.tx(_migration.freeze_and_snapshot, run_id)
-            if snapshot is not None:
-                return snapshot
-            if time.monotonic() >= deadline:
-                raise MigrationError(
-                    f"run {run_id!r} has a stage running; it is not at a safe point (wait "
-                    "longer, or migrate it later)"
-                )
-            await asyncio.sleep(0.05)
+        first = True
+        try:
+            while True:
+                snapshot = await self.kernel.db.tx(_migration.freeze_and_snapshot, run_id)
+                if snapshot is not None:
+                    return snapshot
+                first = False
+                if time.monotonic() >= deadline:
+                    raise MigrationError(
+                        f"run {run_id!r} has a stage running; it is not at a safe point (wait "
+                        "longer, or migrate it later)"
+                    )
+                await asyncio.sleep(0.05)
+        except BaseException:
+            if not first:  # (frozen while its stage ran: it goes on here)
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.abort_export(run_id))
+            raise
 
     async def complete_export(self, run_id: str, target: str) -> RunInfo:
         check_run_call(run_id)

@@ -90,20 +90,20 @@ def _check_can_migrate(run: sa.Row[Any]) -> None:
 
 
 def _freeze(conn: Connection, run_id: str) -> bool:
-    """Park the run's jobs so no worker picks them up; False (nothing changed) while a worker
-    holds one of them."""
-    busy = conn.execute(
-        sa.select(jobs.c.id).where(jobs.c.run_id == run_id, jobs.c.status == "leased")
-    ).first()
-    if busy is not None:
-        return False
+    """Park the run's jobs so no worker picks them up; False while a worker still holds one
+    of them (the run is frozen all the same: what its running stage schedules next waits
+    frozen instead of being handed on, so the next look finds it at a safe point; a freeze
+    that is given up is undone by :func:`abort_export`)."""
     conn.execute(
         sa.update(jobs)
         .where(jobs.c.run_id == run_id, jobs.c.status.in_(("ready", "waiting")))
         .values(status="frozen")
     )
     conn.execute(sa.update(runs).where(runs.c.id == run_id).values(frozen=True))
-    return True
+    busy = conn.execute(
+        sa.select(jobs.c.id).where(jobs.c.run_id == run_id, jobs.c.status == "leased")
+    ).first()
+    return busy is None
 
 
 def _snapshot_stages(conn: Connection, run_id: str) -> list[SnapshotStage]:

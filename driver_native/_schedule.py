@@ -360,7 +360,10 @@ def _enqueue(
     """Insert jobs for the group's open stages that have none, the first ``handoff.limit``
     of them leased to the handoff's worker and begun (``unwritten``: see ``schedule``)."""
     new = [s for s in sorted(open_stages) if rows[s].job_id is None]
-    take = set(new[: handoff.limit]) if handoff is not None else set()
+    # a run being frozen for migration (``_migration.freeze_and_snapshot`` waits for its
+    # running stage): the next stages' jobs wait frozen, neither handed on nor queued
+    frozen = bool(getattr(run, "frozen", False))
+    take = set(new[: handoff.limit]) if handoff is not None and not frozen else set()
     postgres = conn.dialect.name == "postgresql"
     lease_until = None
     if take and handoff is not None and not postgres:
@@ -380,7 +383,7 @@ def _enqueue(
                     "stage_id": s,
                     "kind": "stage",
                     "wfv": wfv,
-                    "status": "leased" if s in take else "ready",
+                    "status": "leased" if s in take else "frozen" if frozen else "ready",
                     "lease_owner": handoff.worker if handoff and s in take else None,
                     "lease_token": 1 if handoff and s in take else 0,  # (its first claim)
                     # (on PostgreSQL: the database clock + "lease_for", in the insert)
@@ -398,7 +401,7 @@ def _enqueue(
             reserved,
             returning=bool(take),
         )
-        if len(take) < len(new):
+        if len(take) < len(new) and not frozen:
             notify_due(conn)  # jobs left for the queue: wake other processes
         if take and handoff is not None:
             handed = [j for j in inserted if j.stage_id in take]
