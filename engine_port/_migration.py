@@ -211,6 +211,10 @@ async def _left_by_timeout(source: WorkflowEngine, left: list[str]) -> list[RunM
     return moves
 
 
+# the statuses a run can move in (a compensating run finishes where it is)
+_MOVABLE = tuple(s for s in ACTIVE_RUN_STATUSES if s != RunStatus.COMPENSATING)
+
+
 async def _check_selection(
     source: WorkflowEngine,
     workflow_ids: Sequence[str] | None,
@@ -227,6 +231,14 @@ async def _check_selection(
         check_version(version)
     if statuses is not None:
         check_list_call(None, statuses, 0, None)
+        ended = [str(s) for s in statuses if RunStatus(s) not in _MOVABLE]
+        if ended:
+            raise InvalidInputError(
+                None,
+                f"runs that are {', '.join(ended)} never move (only active runs do); select "
+                f"among {', '.join(s.value for s in _MOVABLE)}",
+                ("statuses",),
+            )
     if run_ids is None:
         return
     if isinstance(run_ids, str | bytes) or not isinstance(run_ids, Iterable):
