@@ -240,7 +240,7 @@ async def resolve_job_message(kernel: Kernel, message: Any) -> tuple[JobMessage,
     }
     for name, (given, actual) in expected.items():
         if given is not None and given != actual:
-            problem = f"{name} is {given!r} but job {msg.job_id} has {actual!r}"
+            problem = f"{name} is {given!r:.120} but job {msg.job_id} has {actual!r:.120}"
             raise JobMessageError(message, problem, mismatch=True)
     return msg, row
 

@@ -169,6 +169,10 @@ async def test_handle_job_busy_stale_and_claimed(make_engine: MakeEngine) -> Non
     # a message whose ids contradict the row is dead, and runs nothing
     stale = await handle_job(k, {"jobId": job.id, "workflowRunId": "someone-else"})
     assert (stale.dead, stale.detail) == (True, "mismatch") and w.COUNTS["a"] == 0
+    # a huge contradicting field is not copied whole into the error (and the log line)
+    huge = await handle_job(k, {"jobId": job.id, "stageId": "s" * 100_000})
+    assert (huge.dead, huge.detail) == (True, "mismatch") and huge.error is not None
+    assert len(huge.error) < 1_000, len(huge.error)
     # `true` is not job 1, nor attempt 1: dead and malformed, nothing runs (a queue's string
     # id is a number: the seed's Cloudflare consumer sends msg.id)
     for flag in ({"jobId": True}, {"jobId": job.id, "attempt": True}):
