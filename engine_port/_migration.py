@@ -212,7 +212,7 @@ async def _left_by_timeout(source: WorkflowEngine, left: list[str]) -> list[RunM
 
 
 # the statuses a run can move in (a compensating run finishes where it is)
-_MOVABLE = tuple(s for s in ACTIVE_RUN_STATUSES if s != RunStatus.COMPENSATING)
+_MOVABLE = tuple(s for s in RunStatus if s in ACTIVE_RUN_STATUSES and s != RunStatus.COMPENSATING)
 
 
 async def _check_selection(
