@@ -30,6 +30,9 @@ log = logging.getLogger("wfe.metrics")
 REFRESH_INTERVAL_S = 1.0
 """How often a worker copies the database's and its own counts into its metrics."""
 
+FIRST_REFRESH_TIMEOUT_S = 10.0
+"""How long serving metrics waits for their first refresh (the database's gauges)."""
+
 GAUGES_SHARE = 0.02
 """The most of the time a worker's metrics spend reading the database's gauges (runs per
 workflow and status, queue lag): slow gauges are read less often than every refresh."""
@@ -125,6 +128,7 @@ class EngineMetrics:
             registry=reg,
         )
         self._seen: dict[str, float] = {}
+        self._runs_labels: set[tuple[str, str]] = set()
 
     # -- from the StageRunner ------------------------------------------------------------
     def stage_outcome(
@@ -179,9 +183,15 @@ class EngineMetrics:
             return
         now = await read()
         self.queue_lag.set(float(now["queue_lag_s"]))
-        self.runs.clear()
-        for (wf, status), n in now["runs"].items():
-            self.runs.labels(wf, status).set(n)
+        # set the new counts first, then drop the series gone since: /metrics is scraped from
+        # another thread, and a clear() first showed a scrape no wfe_runs at all meanwhile
+        counts = {(str(wf), str(status)): n for (wf, status), n in now["runs"].items()}
+        for labels, n in counts.items():
+            self.runs.labels(*labels).set(n)
+        for labels in self._runs_labels - counts.keys():
+            with contextlib.suppress(KeyError):
+                self.runs.remove(*labels)
+        self._runs_labels = set(counts)
 
 
 def attach_metrics(engine: Any, metrics: EngineMetrics) -> None:
@@ -209,29 +219,37 @@ async def serve_metrics(
     """Serve ``metrics`` on ``http://addr:port/metrics`` (port 0: a free one, yielded) while
     refreshing them every ``interval`` seconds."""
     pc = _client()
+    clock = asyncio.get_running_loop().time
+    next_gauges = 0.0
+
+    async def step() -> None:
+        nonlocal next_gauges
+        began = clock()
+        with_gauges = began >= next_gauges
+        try:
+            await metrics.refresh(engine, worker, gauges=with_gauges)
+        except Exception as exc:  # a missed refresh shows on the next one
+            log.debug("metrics refresh failed: %s", exc)
+        if with_gauges:
+            # the database's gauges count every run (0.4 s at a million on SQLite):
+            # read them at most GAUGES_SHARE of the time; the worker's counts are free
+            next_gauges = began + max(interval, (clock() - began) / GAUGES_SHARE)
+
+    async def refresh() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await step()
+
+    # the first refresh before the first scrape: served at once, /metrics showed no runs and
+    # a queue lag of 0 (a backlog waiting) until the first read of the database ended
+    with contextlib.suppress(TimeoutError):  # (a database that hangs: serve without)
+        await asyncio.wait_for(step(), FIRST_REFRESH_TIMEOUT_S)
     try:
         server, thread = pc.start_http_server(port, addr=addr, registry=metrics.registry)
-    except OSError as exc:
+    except (OSError, OverflowError, ValueError) as exc:  # busy, or no port (70000, -1)
         raise ConfigurationError(
             f"cannot serve metrics on {addr}:{port} ({exc}); choose a free --metrics-port"
         ) from None
-
-    async def refresh() -> None:
-        clock = asyncio.get_running_loop().time
-        next_gauges = 0.0
-        while True:
-            began = clock()
-            with_gauges = began >= next_gauges
-            try:
-                await metrics.refresh(engine, worker, gauges=with_gauges)
-            except Exception as exc:  # a missed refresh shows on the next one
-                log.debug("metrics refresh failed: %s", exc)
-            if with_gauges:
-                # the database's gauges count every run (0.4 s at a million on SQLite):
-                # read them at most GAUGES_SHARE of the time; the worker's counts are free
-                next_gauges = began + max(interval, (clock() - began) / GAUGES_SHARE)
-            await asyncio.sleep(interval)
-
     task = asyncio.create_task(refresh())
     try:
         yield int(server.server_address[1])

@@ -54,15 +54,21 @@ _stage_attrs: contextvars.ContextVar[Mapping[str, AttrValue] | None] = contextva
 
 
 @functools.cache
-def _otel() -> tuple[ModuleType, ModuleType, ModuleType] | None:
-    """(trace, propagate, context) of the OpenTelemetry API, or None when not installed."""
+def _otel() -> tuple[ModuleType, Any, ModuleType] | None:
+    """(trace, propagator, context) of the OpenTelemetry API, or None when not installed.
+
+    The propagator is always W3C Trace Context, never the global one: what is stored with a
+    run is a ``traceparent``, and an application whose global propagator is another one
+    (``OTEL_PROPAGATORS=b3``, ``jaeger``, ``xray``) would store nothing (its inject writes
+    other headers) or read nothing back (its extract ignores ``traceparent``): every stage
+    attempt would start a trace of its own."""
     try:
         trace = importlib.import_module("opentelemetry.trace")
-        propagate = importlib.import_module("opentelemetry.propagate")
         context = importlib.import_module("opentelemetry.context")
+        tracecontext = importlib.import_module("opentelemetry.trace.propagation.tracecontext")
     except ImportError:
         return None
-    return trace, propagate, context
+    return trace, tracecontext.TraceContextTextMapPropagator(), context
 
 
 def _recording(trace: ModuleType) -> bool:
@@ -123,8 +129,8 @@ def span(
     if otel is None or not _recording(otel[0]):
         yield SpanHandle()
         return
-    trace, propagate, _context = otel
-    ctx = None if parent is None else propagate.extract({"traceparent": parent})
+    trace, propagator, _context = otel
+    ctx = None if parent is None else propagator.extract({"traceparent": parent})
     tracer = trace.get_tracer(TRACER_NAME)
     token = _stage_attrs.set(attrs) if stage else None
     try:

@@ -44,6 +44,7 @@ def _root_logger_restored() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    logging.captureWarnings(False)  # (wfe worker sends Python warnings to its log handler)
 
 
 @pytest.fixture(scope="session")

@@ -36,8 +36,9 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Send log records at ``level`` and above to stderr in format ``fmt`` (text or json),
-    through one handler on the root logger (replacing handlers set up before)."""
+    """Send log records at ``level`` and above to stderr in format ``fmt`` (text or json,
+    any case), through one handler on the root logger (replacing handlers set up before),
+    Python warnings included (logger ``py.warnings``)."""
     name = level.strip().upper()
     numeric = logging.getLevelNamesMapping().get(name)
     if numeric is None:
@@ -45,12 +46,16 @@ def configure_logging(level: str, fmt: str) -> None:
             f"unknown log level {level!r}; use one of DEBUG, INFO, WARNING, ERROR, CRITICAL "
             "(--log-level or WFE_LOG_LEVEL)"
         )
-    if fmt not in LOG_FORMATS:
+    fmt_name = fmt.strip().lower()
+    if fmt_name not in LOG_FORMATS:
         raise ConfigurationError(f"unknown log format {fmt!r}; use --log-format text or json")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt_name == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    # Python warnings (a stage's "coroutine ... was never awaited", a library's deprecation)
+    # go through this handler too: printed on their own they broke one-JSON-object-per-line
+    logging.captureWarnings(True)
