@@ -108,6 +108,32 @@ def _seconds(url: str, q: Mapping[str, str], name: str, default: float) -> float
     return value
 
 
+def _s3_endpoint(url: str, q: Mapping[str, str]) -> tuple[str, bool]:
+    """``(host:port, secure)`` from an ``s3://`` blob_url's ``endpoint`` (``host:port``, or
+    ``http://host:port`` / ``https://host:port`` as AWS SDKs write it) and ``secure``."""
+    endpoint = q.get("endpoint", "127.0.0.1:9000")
+    secure = q.get("secure", "false").lower() in _TRUE
+    scheme, sep, rest = endpoint.partition("://")
+    if sep:
+        if scheme.lower() not in ("http", "https"):
+            raise ConfigurationError(
+                f"blob_url {redact_url(url)!r} has endpoint scheme {scheme!r}; give "
+                "endpoint=HOST:PORT (or http:// or https:// before it)"
+            )
+        if "secure" in q and secure != (scheme.lower() == "https"):
+            raise ConfigurationError(
+                f"blob_url {redact_url(url)!r} has an {scheme} endpoint and secure="
+                f"{q['secure']}; drop secure= (the endpoint's scheme says it)"
+            )
+        endpoint, secure = rest, scheme.lower() == "https"
+    if not endpoint or "/" in endpoint.rstrip("/"):
+        raise ConfigurationError(
+            f"blob_url {redact_url(url)!r} has endpoint {endpoint!r}; give HOST:PORT with no "
+            "path (the bucket is the URL's host: s3://BUCKET?endpoint=HOST:PORT)"
+        )
+    return endpoint.rstrip("/"), secure
+
+
 def open_blob_store(url: str | SecretUrl, *, env: Mapping[str, str] | None = None) -> BlobStore:
     """The BlobStore ``url`` names (``env`` defaults to ``os.environ``, for S3 keys)."""
     url = url.reveal() if isinstance(url, SecretUrl) else url
@@ -133,13 +159,14 @@ def open_blob_store(url: str | SecretUrl, *, env: Mapping[str, str] | None = Non
         access, secret, token = _s3_credentials(
             url, userinfo, q, os.environ if env is None else env
         )
+        endpoint, secure = _s3_endpoint(url, q)
         return S3BlobStore(
             bucket=bucket,
-            endpoint=q.get("endpoint", "127.0.0.1:9000"),
+            endpoint=endpoint,
             access_key=access,
             secret_key=secret,
             session_token=token,
-            secure=q.get("secure", "false").lower() in _TRUE,
+            secure=secure,
             region=q.get("region"),
             prefix=parsed.path.strip("/"),
             read_timeout=_seconds(url, q, "timeout", DEFAULT_S3_READ_TIMEOUT),

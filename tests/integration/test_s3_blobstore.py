@@ -324,3 +324,22 @@ async def test_a_server_that_never_answers_is_a_storage_fault_within_the_url_tim
 def test_a_timeout_that_is_not_a_positive_number_is_a_configuration_error(bad: str) -> None:
     with pytest.raises(EngineError, match="positive number of seconds"):
         open_blob_store(s3_url("127.0.0.1:9", "bucket", timeout=bad))
+
+
+def test_an_endpoint_written_as_a_url_is_taken_as_aws_sdks_take_it() -> None:
+    """``endpoint=http://host:9000`` (as AWS SDKs and MinIO's docs write it) raised minio's
+    "ValueError: path in endpoint is not allowed" ("unexpected ValueError ... this is a bug"
+    in the CLI)."""
+    plain = open_blob_store(s3_url("http://127.0.0.1:9000", "bucket"))
+    assert isinstance(plain, S3BlobStore) and not plain.secure
+    assert plain.endpoint == "127.0.0.1:9000"
+    tls = open_blob_store(s3_url("https://s3.example.com/", "bucket"))
+    assert isinstance(tls, S3BlobStore) and tls.secure and tls.endpoint == "s3.example.com"
+    for bad, says in (
+        ("ftp://host:21", "endpoint scheme"),
+        ("host:9000/some/path", "no path"),
+    ):
+        with pytest.raises(EngineError, match=says):
+            open_blob_store(s3_url(bad, "bucket"))
+    with pytest.raises(EngineError, match="drop secure="):
+        open_blob_store(s3_url("http://127.0.0.1:9000", "bucket", secure="true"))
