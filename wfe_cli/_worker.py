@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -94,18 +95,25 @@ def worker(
         loop = asyncio.get_running_loop()
         up = False
 
+        def say(message: str) -> None:
+            # (stderr carries the log: with --log-format json, one JSON object per line)
+            if log_format.strip().lower() == "json":
+                logging.getLogger("wfe.worker").warning(message)
+            else:
+                errors.print(message, highlight=False)
+
         def on_signal() -> None:
             # the first signal stops gracefully; a second one (an impatient Ctrl-C while
             # stages finish, or while a down database is retried) stops at once: the
             # attempts it abandons are retried after their lease, as after a crash
             if stop.is_set():
-                errors.print("stopping now (second signal)", highlight=False)
+                say("stopping now (second signal)")
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(EXIT_CODES["interrupted"])
             stop.set()
             what = "letting running stages finish" if up else "once the engine is up"
-            errors.print(f"stopping ({what}); Ctrl-C again to stop now", highlight=False)
+            say(f"stopping ({what}); Ctrl-C again to stop now")
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)

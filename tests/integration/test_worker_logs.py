@@ -250,9 +250,15 @@ def test_wfe_worker_log_format_json_prints_one_object_per_line(tmp_path: Path) -
         assert any(d["level"] == "ERROR" and d["wfe_stage"] == "lookup" for d in mine)
         user = [d for d in mine if d["logger"] == "wfe.stage.user"]  # ctx.log, INFO by default
         assert user[0]["level"] == "INFO" and user[0]["message"].endswith("reserving")
-    finally:
+        # stopping is logged as JSON too (it was a plain "stopping (...)" line)
         proc.terminate()
-        proc.wait(timeout=30)
+        rest = proc.communicate(timeout=60)[1].splitlines()
+        stopping = [json.loads(line) for line in rest if line.strip()]
+        assert any(d["message"].startswith("stopping (") for d in stopping), rest
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 def test_a_bad_log_level_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
