@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -19,7 +16,7 @@ from pydantic import BaseModel
 from engine_port import EngineSettings, Registry, StageContext, Workflow, create_engine
 from engine_port.errors import WaitTimeoutError
 
-HERE = Path(__file__).resolve()
+from .test_worker_logs import json_worker
 
 
 class In(BaseModel):
@@ -38,21 +35,8 @@ def build() -> Registry:
 
 
 def test_json_logs_stay_json_when_a_stage_warns(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "WFE_DATABASE_URL": f"sqlite:///{tmp_path / 'wfe.db'}",
-        "WFE_BLOB_URL": f"file://{tmp_path / 'blobs'}",
-        "PYTHONPATH": str(HERE.parents[2]),
-    }
-    env.pop("PYTHONWARNINGS", None)
-    app = "tests.integration.test_probe_observability_logs:build"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wfe_cli", "worker", "--app", app, "--log-format", "JSON"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+    proc, env = json_worker(
+        tmp_path, "tests.integration.test_probe_observability_logs:build", "JSON"
     )
     try:
 

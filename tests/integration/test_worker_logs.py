@@ -200,22 +200,31 @@ async def test_cancelling_a_running_stage_is_logged(
     ]
 
 
-def test_wfe_worker_log_format_json_prints_one_object_per_line(tmp_path: Path) -> None:
+def json_worker(
+    tmp_path: Path, app: str, log_format: str = "json"
+) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """``wfe worker --app APP --log-format json`` on a new SQLite database in ``tmp_path``
+    (stderr piped, no PYTHONWARNINGS from outside), and the environment it runs with."""
     env = {
         **os.environ,
         "WFE_DATABASE_URL": f"sqlite:///{tmp_path / 'wfe.db'}",
         "WFE_BLOB_URL": f"file://{tmp_path / 'blobs'}",
         "PYTHONPATH": str(HERE.parents[2]),
     }
-    app = "tests.integration.test_worker_logs:build"
+    env.pop("PYTHONWARNINGS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wfe_cli", "worker", "--app", app, "--log-format", "json"],
+        [sys.executable, "-m", "wfe_cli", "worker", "--app", app, "--log-format", log_format],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
     )
+    return proc, env
+
+
+def test_wfe_worker_log_format_json_prints_one_object_per_line(tmp_path: Path) -> None:
+    proc, env = json_worker(tmp_path, "tests.integration.test_worker_logs:build")
     try:
 
         async def start() -> str:
