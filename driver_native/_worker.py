@@ -247,8 +247,12 @@ class WorkerHost:
         pause = self.flush_interval
         if not tried and flushed.sink_status == "degraded":
             # every undelivered event waits behind a retry: looking past them all again at
-            # once would take the worker's time (and SQLite's write lock) for nothing
-            pause = max(pause, (time.monotonic() - now) / _IDLE_FLUSH_SHARE)
+            # once would take the worker's time (and SQLite's write lock) for nothing; but a
+            # retry is due within the longest retry delay, so never pause past that (one slow
+            # look on a loaded machine must not stretch an outage into dead letters)
+            cost = time.monotonic() - now
+            longest = self.kernel.settings.outbox_retry_max_seconds
+            pause = max(pause, min(cost / _IDLE_FLUSH_SHARE, longest))
         return False, now + pause
 
     async def _listen(self) -> None:

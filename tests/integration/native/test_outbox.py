@@ -140,11 +140,11 @@ async def test_an_outage_shorter_than_the_minimum_span_loses_nothing_and_keeps_o
     make_engine: MakeEngine,
 ) -> None:
     # Each run's events fail 4 times: more than dead_letter_after=2 attempts (the old rule
-    # dead-lettered after 5 flushes, 0.25 s), but spanning less than the minimum (5 s here, so
+    # dead-lettered after 5 flushes, 0.25 s), but spanning less than the minimum (10 s here, so
     # that a loaded machine's slow retries cannot reach it; the test ends when the sink is back).
     sink = FlakySink(4)
     engine = await make_engine(
-        w.linear, event_sink=sink, **{**SHORT, "outbox_dead_letter_min_seconds": 5.0}
+        w.linear, event_sink=sink, **{**SHORT, "outbox_dead_letter_min_seconds": 10.0}
     )
     async with engine.worker(flush_interval=0.01):
         runs = [await engine.start("it-linear", {"n": i}) for i in range(3)]
@@ -160,6 +160,43 @@ async def test_an_outage_shorter_than_the_minimum_span_loses_nothing_and_keeps_o
     for run in runs:
         # delivered once each (a failed batch delivers nothing), in sequence order
         assert [e.seq for e in sink.events if e.run_id == run.id] == list(range(1, 11))
+
+
+async def test_a_slow_empty_flush_never_holds_a_retry_past_its_longest_delay(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loaded machine made one flush that found nothing due take 0.8 s; the worker then
+    # paced its next look by that cost (10x: 8 s), so events waiting 0.1 s for their retry
+    # were tried again only after the 5 s span and dead-lettered after 3 attempts (CI,
+    # 2026-12-05). A retry is due within outbox_retry_max_seconds: the worker looks by then.
+    from driver_native import _outbox
+
+    real = _outbox.pending_events
+    slowed: list[float] = []
+
+    def slow_when_nothing_is_due(*args: Any, **kwargs: Any) -> Any:
+        found, waiting = real(*args, **kwargs)
+        if not found and waiting and not slowed:
+            slowed.append(time.monotonic())
+            time.sleep(0.8)
+        return found, waiting
+
+    monkeypatch.setattr(_outbox, "pending_events", slow_when_nothing_is_due)
+    sink = FlakySink(3)
+    engine = await make_engine(
+        w.linear, event_sink=sink, **{**SHORT, "outbox_dead_letter_min_seconds": 5.0}
+    )
+    async with engine.worker(flush_interval=0.01):
+        run = await engine.start("it-linear", {"n": 1})
+        assert (await engine.wait(run.id, timeout=20)).status == "completed"
+
+        async def delivered_or_dead() -> bool:
+            return len(sink.for_run(run.id)) == 10 or (await engine.outbox_counts()).dead > 0
+
+        await poll(delivered_or_dead, "every event delivered or one dead")
+        assert slowed, "no flush found every event waiting for a retry"
+        assert await count_rows(engine, "wfe_outbox", status="dead") == 0
+    assert [e.seq for e in sink.events if e.run_id == run.id] == list(range(1, 11))
 
 
 async def test_a_sink_that_keeps_failing_dead_letters_after_the_span_logs_and_counts(
