@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any
 
@@ -119,11 +120,13 @@ def worker(
             loop.add_signal_handler(sig, on_signal)
         async with contextlib.AsyncExitStack() as stack:
             engine = await stack.enter_async_context(create_engine(configured, registry))
-            worker = await stack.enter_async_context(engine.worker())
+            # metrics first: a port that cannot be served stops the worker before it claims
+            stats = _LateStats()
             if metrics_port is not None:
-                served = _metrics_served(engine, worker, metrics_port)
+                served = _metrics_served(engine, stats, metrics_port)
                 port = await stack.enter_async_context(served)
                 console.print(f"metrics on http://0.0.0.0:{port}/metrics", highlight=False)
+            stats.worker = await stack.enter_async_context(engine.worker())
             console.print(
                 f"worker up: driver={configured.driver}, workflows={sorted(registry.served())}",
                 highlight=False,
@@ -133,6 +136,16 @@ def worker(
         console.print("worker stopped")
 
     run_sync(serve())
+
+
+class _LateStats:
+    """The worker's ``stats()`` for its metrics, served before the worker is up (none yet)."""
+
+    worker: Any = None
+
+    def stats(self) -> Mapping[str, Any]:
+        stats = getattr(self.worker, "stats", None)
+        return {} if stats is None else stats()
 
 
 def _metrics_served(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import socket
@@ -183,12 +184,23 @@ def test_a_busy_metrics_port_is_a_configuration_error(tmp_path: Path) -> None:
         "PYTHONPATH": str(HERE.parents[2]),
     }
     app = "tests.integration.test_observability_metrics:build"
+    wfe = [sys.executable, "-m", "wfe_cli"]
+    started = subprocess.run(
+        [*wfe, "start", "metered", "--app", app, "--json"],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    run_id = json.loads(started.stdout)["id"]
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
         busy.listen()
         port = str(busy.getsockname()[1])
         done = subprocess.run(
-            [sys.executable, "-m", "wfe_cli", "worker", "--app", app, "--metrics-port", port],
+            [*wfe, "worker", "--app", app, "--metrics-port", port],
             check=False,
             env=env,
             capture_output=True,
@@ -198,6 +210,21 @@ def test_a_busy_metrics_port_is_a_configuration_error(tmp_path: Path) -> None:
         )
     assert done.returncode == 6, done.stderr  # bad configuration
     assert "choose a free --metrics-port" in done.stderr
+    # refused before the worker began: it claimed nothing (it ran the first stage, whose
+    # failed attempt then waited for a retry, before the port was found busy)
+    assert "worker up" not in done.stdout
+    shown = subprocess.run(
+        [*wfe, "show", run_id],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    run = json.loads(shown.stdout)
+    assert run["status"] == "pending", run
+    assert all(stage["attempt"] == 0 for stage in run["stages"]), run
 
 
 class _SlowGauges:
