@@ -248,7 +248,8 @@ async def serve_metrics(
         server, thread = pc.start_http_server(port, addr=addr, registry=metrics.registry)
     except (OSError, OverflowError, ValueError) as exc:  # busy, or no port (70000, -1)
         raise ConfigurationError(
-            f"cannot serve metrics on {addr}:{port} ({exc}); choose a free --metrics-port"
+            f"cannot serve metrics on {addr}:{port} ({exc}); choose a free --metrics-port "
+            "and a --metrics-host address of this machine"
         ) from None
     task = asyncio.create_task(refresh())
     try:

@@ -64,9 +64,17 @@ def worker(
             "--metrics-port",
             envvar="WFE_METRICS_PORT",
             min=0,
-            help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (needs wfe[metrics])",
+            help="serve Prometheus metrics on http://HOST:PORT/metrics (needs wfe[metrics])",
         ),
     ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            "--metrics-host",
+            envvar="WFE_METRICS_HOST",
+            help="the address /metrics listens on (127.0.0.1: this host only)",
+        ),
+    ] = "0.0.0.0",
 ) -> None:
     """Run a worker for the app's registry until SIGINT/SIGTERM (graceful shutdown). It logs
     each stage attempt, suspension, failure and compensation to stderr. ``--retention 30d``
@@ -123,9 +131,10 @@ def worker(
             # metrics first: a port that cannot be served stops the worker before it claims
             stats = _LateStats()
             if metrics_port is not None:
-                served = _metrics_served(engine, stats, metrics_port)
+                served = _metrics_served(engine, stats, metrics_port, metrics_host)
                 port = await stack.enter_async_context(served)
-                console.print(f"metrics on http://0.0.0.0:{port}/metrics", highlight=False)
+                shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
+                console.print(f"metrics on http://{shown}:{port}/metrics", highlight=False)
             stats.worker = await stack.enter_async_context(engine.worker())
             console.print(
                 f"worker up: driver={configured.driver}, workflows={sorted(registry.served())}",
@@ -149,9 +158,9 @@ class _LateStats:
 
 
 def _metrics_served(
-    engine: WorkflowEngine, host: Any, port: int
+    engine: WorkflowEngine, worker: Any, port: int, addr: str
 ) -> AbstractAsyncContextManager[int]:
     """``wfe worker --metrics-port``: the worker's metrics on /metrics (issue 14)."""
     metrics = EngineMetrics()
     attach_metrics(engine, metrics)
-    return serve_metrics(metrics, engine, host, port)
+    return serve_metrics(metrics, engine, worker, port, addr)

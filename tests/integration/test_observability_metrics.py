@@ -39,6 +39,7 @@ pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve()
+WORKER = [sys.executable, "-m", "wfe_cli", "worker"]
 
 
 class In(BaseModel):
@@ -88,7 +89,7 @@ def test_wfe_worker_serves_metrics(tmp_path: Path) -> None:
     }
     app = "tests.integration.test_observability_metrics:build"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wfe_cli", "worker", "--app", app, "--metrics-port", "0"],
+        [*WORKER, "--app", app, "--metrics-port", "0", "--metrics-host", "127.0.0.1"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -102,9 +103,9 @@ def test_wfe_worker_serves_metrics(tmp_path: Path) -> None:
         while url is None and time.monotonic() < deadline:
             line = proc.stdout.readline()
             assert line, "the worker exited"
-            found = re.search(r"metrics on http://[^:]+:(\d+)/metrics", line)
+            found = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", line)
             if found:
-                url = f"http://127.0.0.1:{found.group(1)}/metrics"
+                url = found.group(1)
         assert url is not None
 
         async def drive() -> list[str]:
@@ -174,6 +175,24 @@ async def test_temporal_worker_serves_the_same_stage_metrics(
             assert [d.status for d in done] == ["completed", "completed", "failed"]
             m = await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}/metrics")
     check_stage_counters(m)
+
+
+def test_a_metrics_host_not_of_this_machine_is_a_configuration_error(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(HERE.parents[2])}
+    env |= {"WFE_DATABASE_URL": f"sqlite:///{tmp_path / 'wfe.db'}"}
+    app = "tests.integration.test_observability_metrics:build"
+    done = subprocess.run(  # (203.0.113.0/24: documentation addresses, never local)
+        [*WORKER, "--app", app, "--metrics-port", "0", "--metrics-host", "203.0.113.7"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 6, done.stderr  # bad configuration
+    assert "--metrics-host address of this machine" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_a_busy_metrics_port_is_a_configuration_error(tmp_path: Path) -> None:
