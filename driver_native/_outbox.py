@@ -360,7 +360,15 @@ def log_dead(dead: Sequence[DeadLetter], rule: RetryRule) -> None:
             d.attempts,
             rule.min_seconds,
             d.error,
-            extra={"event_id": d.event_id, "run_id": d.run_id, "sink_error": d.error},
+            extra={  # (wfe_*: the fields `wfe worker --log-format json` writes)
+                "wfe_run_id": d.run_id,
+                "wfe_event_id": d.event_id,
+                "wfe_event_seq": d.seq,
+                "wfe_sink_error": d.error,
+                "event_id": d.event_id,  # (the names before 2026-12-05)
+                "run_id": d.run_id,
+                "sink_error": d.error,
+            },
         )
 
 

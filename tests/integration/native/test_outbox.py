@@ -224,6 +224,9 @@ async def test_a_sink_that_keeps_failing_dead_letters_after_the_span_logs_and_co
         message = record.getMessage()
         assert event.id in message and run.id in message
         assert "ConnectionError: event sink unavailable" in message
+        # the fields a JSON log carries (`wfe worker --log-format json` writes wfe_* extras)
+        assert (record.wfe_run_id, record.wfe_event_id) == (run.id, event.id)  # type: ignore[attr-defined]
+        assert record.wfe_event_seq == event.seq  # type: ignore[attr-defined]
     # given up only once the attempts spanned the minimum time since the first failure
     first_failure = sink.failures[run.id][0]
     assert records[0].created - first_failure >= SHORT["outbox_dead_letter_min_seconds"]
