@@ -134,6 +134,7 @@ from . import _moving, _rpc
 from ._activities import DriverActivities, EventStats
 from ._carry import carry, meta_of
 from ._current import current_memo
+from ._ended import announced_seq
 from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
@@ -1138,6 +1139,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         ):
             # ended outside the engine: no final state was saved; rebuild it from the memo
             state = _state_from_memo(memo)
+            # ... after the closing event a worker published for it (``_ended``)
+            closing = await announced_seq(self.blob_store, run_id)
+            state["event_seq"] = max(int(state.get("event_seq") or 0), closing)
             for sid, st in state["stages"].items():
                 if st.get("status") != "completed":
                     records = await self._activities.read_journal(

@@ -103,6 +103,14 @@ class RunEnds:
             done.cancel()
             raise
 
+    async def deliver_outside(
+        self, run_id: str, events: list[dict[str, Any]], rule: dict[str, float], within_s: float
+    ) -> None:
+        """Deliver or keep (and retry with ``rule``) events of a run that Temporal ended
+        outside the engine (``_ended``), after any events kept for it, as a run's last events
+        are; raises when the BlobStore fails."""
+        await self._record(run_id, None, events, True, rule, within_s)
+
     def store_signal(self, loop: asyncio.AbstractEventLoop, key: str, data: bytes) -> None:
         """(The ``SIGNAL_STORED`` extern function, bound to the worker's ``loop``; called on
         the workflow's thread.) Store an operator's signal payload too large to queue inline

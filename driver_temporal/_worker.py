@@ -23,6 +23,7 @@ from temporalio.worker import Worker
 from engine_port.errors import UnsupportedFeatureError
 
 from . import _rpc
+from ._ended import noticing
 from ._purge import retention
 from ._workflow import GraphWorkflow, workflow_runner
 
@@ -117,6 +118,8 @@ class EngineWorker:
             for w in workers:
                 await stack.enter_async_context(w)
             await stack.enter_async_context(retention(eng))  # the retention setting (issue 16)
+            # runs Temporal ended outside the engine: their closing event (``_ended``)
+            await stack.enter_async_context(noticing(eng, [tq for tq, _ in self._keys]))
             current = asyncio.create_task(self._make_current())
             stack.push_async_callback(_cancelled, current)
         except BaseException:

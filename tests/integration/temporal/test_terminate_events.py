@@ -1,0 +1,170 @@
+"""A run an operator terminates in Temporal (``temporal workflow terminate``) could not emit its
+closing event itself: the engine's workers notice it (``_ended``) and publish its ``run.failed``
+(error ``RunTerminatedError`` with the operator's reason), once, as the native driver's run
+would have, so a consumer of the event stream hears that the run ended."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from driver_temporal import _ended
+from engine_port import MemorySink, Registry, StageContext, Workflow
+
+from .conftest import EngineFactory, trace, wait_for_event
+
+pytestmark = pytest.mark.temporal
+
+
+class In(BaseModel):
+    n: int = 0
+
+
+class Passes:
+    """Counts the passes of the workers' ``EndedOutside.scan``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.n = 0
+        scan = _ended.EndedOutside.scan
+
+        async def counted(ended: _ended.EndedOutside) -> int:
+            try:
+                return await scan(ended)
+            finally:
+                self.n += 1
+
+        monkeypatch.setattr(_ended.EndedOutside, "scan", counted)
+        monkeypatch.setattr(_ended, "SCAN_EVERY_S", 0.2)
+
+    async def more(self, k: int, timeout: float = 60.0) -> None:
+        """Wait until ``k`` more passes have run."""
+        loop = asyncio.get_running_loop()
+        target, deadline = self.n + k, loop.time() + timeout
+        while self.n < target:
+            assert loop.time() < deadline, f"only {self.n} of {target} passes ran"
+            await asyncio.sleep(0.05)
+
+
+def _held(wf_id: str) -> Workflow[In]:
+    wf = Workflow(wf_id, input=In)
+
+    @wf.stage
+    async def hold(ctx: StageContext[In]) -> Any:
+        return await ctx.step.wait_for_signal("release")
+
+    return wf
+
+
+def _closing(sink: MemorySink, run_id: str) -> list[Any]:
+    return [e for e in sink.events if e.run_id == run_id and e.type == "run.failed"]
+
+
+async def test_a_terminated_run_publishes_its_closing_event_once(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    passes = Passes(monkeypatch)
+    sink = MemorySink()
+    engine = make_engine(Registry([_held("term-ev")]), sink=sink)
+    async with engine:
+        async with engine.worker():
+            run = await engine.start("term-ev", {})
+            await wait_for_event(sink, run.id, "stage.suspended", timeout=60)
+            await engine._conn.get_workflow_handle(run.id).terminate(
+                reason="stuck order, ops ticket 42"
+            )
+            await wait_for_event(sink, run.id, "run.failed", timeout=60)
+            await passes.more(3)
+        info = await engine.get_run(run.id)
+        # a worker started later (nothing in memory) does not send it again either
+        async with engine.worker():
+            await passes.more(3)
+    assert info.status == "failed" and info.error is not None
+    assert trace(sink, run) == [
+        ("run.created", None),
+        ("run.started", None),
+        ("stage.started", "hold"),
+        ("stage.suspended", "hold"),
+        ("run.failed", None),
+    ]
+    [closing] = _closing(sink, run.id)
+    assert closing.data == {
+        "error": {"type": "RunTerminatedError", "message": info.error.message, "stage": None}
+    }
+    assert "stuck order, ops ticket 42" in closing.data["error"]["message"]
+    assert info.error.type == "RunTerminatedError"
+
+
+async def test_a_run_terminated_while_no_worker_runs_is_announced_by_the_next(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    passes = Passes(monkeypatch)
+    sink = MemorySink()
+    engine = make_engine(Registry([_held("term-ev-later")]), sink=sink)
+    async with engine:
+        async with engine.worker():
+            run = await engine.start("term-ev-later", {})
+            await wait_for_event(sink, run.id, "stage.suspended", timeout=60)
+        await engine._conn.get_workflow_handle(run.id).terminate(reason="ops")
+        assert _closing(sink, run.id) == []
+        async with engine.worker():
+            await wait_for_event(sink, run.id, "run.failed", timeout=60)
+            await passes.more(3)
+    assert [t for t, _ in trace(sink, run)][-1] == "run.failed"
+    assert len(_closing(sink, run.id)) == 1
+
+
+async def test_a_redriven_run_is_not_announced_late(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Terminated and redriven before any worker looked: the redrive's events follow, and no
+    run.failed comes after them."""
+    passes = Passes(monkeypatch)
+    sink = MemorySink()
+    engine = make_engine(Registry([_held("term-ev-redrive")]), sink=sink)
+    async with engine:
+        async with engine.worker():
+            run = await engine.start("term-ev-redrive", {})
+            await wait_for_event(sink, run.id, "stage.suspended", timeout=60)
+        await engine._conn.get_workflow_handle(run.id).terminate(reason="ops")
+        await engine.redrive(run.id)
+        async with engine.worker():
+            await wait_for_event(sink, run.id, "run.redriven", timeout=60)
+            await engine.signal(run.id, "release", "go")
+            done = await engine.wait(run.id, timeout=60)
+            await passes.more(3)
+    assert done.status == "completed"
+    assert _closing(sink, run.id) == []
+
+
+async def test_a_redrive_after_the_closing_event_numbers_its_events_after_it(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on the native driver: run.failed, then the redrive's run.redriven, one sequence."""
+    Passes(monkeypatch)
+    sink = MemorySink()
+    engine = make_engine(Registry([_held("term-ev-after")]), sink=sink)
+    async with engine, engine.worker():
+        run = await engine.start("term-ev-after", {})
+        await wait_for_event(sink, run.id, "stage.suspended", timeout=60)
+        await engine._conn.get_workflow_handle(run.id).terminate(reason="ops")
+        await wait_for_event(sink, run.id, "run.failed", timeout=60)
+        await engine.redrive(run.id)
+        await wait_for_event(sink, run.id, "stage.suspended", timeout=60)
+        await engine.signal(run.id, "release", "go")
+        done = await engine.wait(run.id, timeout=60)
+    assert done.status == "completed"
+    assert [t for t, _ in trace(sink, run)] == [
+        "run.created",
+        "run.started",
+        "stage.started",
+        "stage.suspended",
+        "run.failed",
+        "run.redriven",
+        "stage.started",
+        "stage.suspended",
+        "stage.completed",
+        "run.completed",
+    ]
