@@ -34,7 +34,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 from temporalio.client import WorkflowExecution, WorkflowExecutionStatus
@@ -51,7 +51,7 @@ from ._wire import _safe
 if TYPE_CHECKING:
     from ._engine import TemporalEngine
 
-__all__ = ["EndedOutside", "announced_seq", "ended_key", "noticing"]
+__all__ = ["EndedOutside", "announced", "announced_seq", "ended_key", "noticing"]
 
 log = logging.getLogger("wfe.worker")
 
@@ -69,15 +69,22 @@ def ended_key(run_id: str, execution_id: str) -> str:
     return f"runs/{_safe(run_id)}/ended-outside/{_safe(execution_id)}.json"
 
 
-async def announced_seq(store: BlobStore, run_id: str) -> int:
-    """The sequence number of the last closing event a worker published for the run's
-    executions (0: none), which a redrive's events follow."""
-    seqs = [0]
+async def announced(store: BlobStore, run_id: str) -> list[dict[str, Any]]:
+    """The closing events workers published for the run's executions (``engine.events``
+    lists them with the events its histories replay)."""
+    out = []
     for key in await store.list(f"runs/{_safe(run_id)}/ended-outside/"):
         with suppress(Exception):  # (deleted meanwhile: a purge)
             record = pydantic_core.from_json(await store.get(key))
-            seqs.append(int(record.get("seq") or 0))
-    return max(seqs)
+            if isinstance(record.get("event"), dict):
+                out.append(record["event"])
+    return out
+
+
+async def announced_seq(store: BlobStore, run_id: str) -> int:
+    """The sequence number of the last closing event a worker published for the run's
+    executions (0: none), which a redrive's events follow."""
+    return max((int(e.get("seq") or 0) for e in await announced(store, run_id)), default=0)
 
 
 class EndedOutside:
@@ -160,7 +167,7 @@ class EndedOutside:
             "retry_max_s": settings.outbox_retry_max_seconds,
         }
         await eng._ends.deliver_outside(run_id, [event], rule, _DELIVER_WITHIN_S)
-        record = {"event_id": event["id"], "seq": seq, "execution": ex.run_id}
+        record = {"event_id": event["id"], "seq": seq, "execution": ex.run_id, "event": event}
         await put_small(store, marker, pydantic_core.to_json(record))
         log.info("run %s ended in Temporal as %s: published its run.failed", run_id, status.name)
         return True

@@ -134,7 +134,7 @@ from . import _moving, _rpc
 from ._activities import DriverActivities, EventStats
 from ._carry import carry, meta_of
 from ._current import current_memo
-from ._ended import announced_seq
+from ._ended import announced, announced_seq
 from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
@@ -1292,7 +1292,15 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         """Every event the run emitted, in sequence order (delivered or not), as the native
         driver's ``events``: rebuilt from its workflow histories (``_history_events``)."""
         check_run_call(run_id)
-        return await run_events(self._conn, run_id)
+        replayed = await run_events(self._conn, run_id)
+        # with the closing event a worker published for a run Temporal ended (``_ended``)
+        seen = {e.id for e in replayed}
+        closing = [
+            Event.model_validate(e)
+            for e in await announced(self.blob_store, run_id)
+            if e.get("id") not in seen
+        ]
+        return sorted([*replayed, *closing], key=lambda e: e.seq) if closing else replayed
 
     async def steps(self, run_id: str) -> list[StepEntry]:
         """The run's journaled steps (without their results), by stage and name, as the

@@ -78,6 +78,9 @@ async def test_a_terminated_run_publishes_its_closing_event_once(
             await wait_for_event(sink, run.id, "run.failed", timeout=60)
             await passes.more(3)
         info = await engine.get_run(run.id)
+        # engine.events lists it too, as on native (the histories alone end before it)
+        listed = [(e.id, e.seq) for e in await engine.events(run.id)]
+        assert listed == [(e.id, e.seq) for e in sink.events if e.run_id == run.id]
         # a worker started later (nothing in memory) does not send it again either
         async with engine.worker():
             await passes.more(3)
