@@ -22,7 +22,7 @@ from sqlalchemy import Connection
 from sqlalchemy.dialects import postgresql
 
 from engine_port import EngineSettings, Event, EventDraft
-from engine_port.driver import sink_retry_delay
+from engine_port.driver import log_dead_letter, sink_retry_delay
 
 from ._rawsql import execute, execute_many
 from ._schema import outbox, runs
@@ -350,25 +350,14 @@ def mark_flushed(
 
 def log_dead(dead: Sequence[DeadLetter], rule: RetryRule) -> None:
     for d in dead:
-        log.warning(
-            "outbox: event %s (seq %d) of run %s dead-lettered after %d failed deliveries "
-            "over at least %gs; last sink error: %s. Fix the sink, then replay_dlq() "
-            "re-queues it",
-            d.event_id,
-            d.seq,
-            d.run_id,
-            d.attempts,
-            rule.min_seconds,
-            d.error,
-            extra={  # (wfe_*: the fields `wfe worker --log-format json` writes)
-                "wfe_run_id": d.run_id,
-                "wfe_event_id": d.event_id,
-                "wfe_event_seq": d.seq,
-                "wfe_sink_error": d.error,
-                "event_id": d.event_id,  # (the names before 2026-12-05)
-                "run_id": d.run_id,
-                "sink_error": d.error,
-            },
+        log_dead_letter(
+            log,
+            event_id=d.event_id,
+            seq=d.seq,
+            run_id=d.run_id,
+            error=d.error,
+            attempts=d.attempts,
+            min_seconds=rule.min_seconds,
         )
 
 

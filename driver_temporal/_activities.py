@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -61,6 +62,7 @@ from engine_port import (
     StepRecord,
     Suspended,
 )
+from engine_port.driver import log_dead_letter
 from engine_port.errors import EngineError
 
 from ._carry import carry, meta_of, whole
@@ -93,6 +95,9 @@ T = TypeVar("T")
 _TRANSIENT = frozenset(
     {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED}
 )
+
+
+_log = logging.getLogger("wfe.outbox")
 
 
 @dataclass
@@ -847,12 +852,21 @@ class DriverActivities:
 
     @activity.defn(name="wfe.dead_letter")
     async def dead_letter(self, events: list[dict[str, Any]]) -> None:
-        """Keep undeliverable events in the shared BlobStore under ``dlq/`` (replay_dlq)."""
+        """Keep undeliverable events in the shared BlobStore under ``dlq/`` (replay_dlq), and
+        warn about each as the native outbox does."""
         for e in events:
             await self.claim.store.put(
                 dlq_key(e["run_id"], e["seq"], e["id"]), pydantic_core.to_json(e)
             )
         self.stats.dead_lettered(len(events))
+        for e in events:
+            log_dead_letter(
+                _log,
+                event_id=e["id"],
+                seq=int(e["seq"]),
+                run_id=e["run_id"],
+                error=self.stats.last_error,
+            )
 
     @activity.defn(name=READ_JOURNAL_ACTIVITY)
     async def read_journal(self, run_id: str, stage_id: str, redrive: int) -> list[dict[str, Any]]:

@@ -20,7 +20,8 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
   (``Retry.delay_after``), ``redrive_plan``, ``sink_retry_delay``, ``version_key``,
   ``start_definition`` (which definition a ``start()`` runs), and the argument checks
   ``check_*`` (typed errors, one message per problem; ``check_signal_known`` with
-  ``served_graph`` refuses a signal name no stage of the run's version declares);
+  ``served_graph`` refuses a signal name no stage of the run's version declares), and
+  ``log_dead_letter`` (the warning for an event given up);
 - ``telemetry``: the OpenTelemetry hooks: decorate ``start()`` with ``traced_start`` and
   ``signal()`` with ``traced_signal``, store ``current_traceparent()`` (taken in ``start()``)
   with the run and give it back as ``StageRequest.trace_context``; the StageRunner makes the
@@ -40,6 +41,7 @@ from . import _telemetry as telemetry
 from ._blobs import BlobStore, ClaimCheck, check_key
 from ._blobstores import delete_prefixes, open_blob_store
 from ._clock import Clock, SystemClock
+from ._dead_letters import log_dead_letter
 from ._drivers import ENTRY_POINT_GROUP, DriverEntry, installed_drivers
 from ._engine import WorkflowEngine
 from ._events import EventSink
@@ -140,6 +142,7 @@ __all__ = [
     "input_fingerprint",
     "installed_drivers",
     "is_storage_fault",
+    "log_dead_letter",
     "open_blob_store",
     "redact_text",
     "redact_url",

@@ -67,6 +67,7 @@ INTERFACE = [
     "input_fingerprint",
     "installed_drivers",
     "is_storage_fault",
+    "log_dead_letter",
     "open_blob_store",
     "redact_text",
     "redact_url",

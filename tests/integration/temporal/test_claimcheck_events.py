@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -88,7 +89,10 @@ async def test_s14_large_values_go_through_the_blob_store(
             await empty.get_run(run.id)
 
 
-async def test_failing_sink_degrades_dead_letters_and_replays(make_engine: EngineFactory) -> None:
+async def test_failing_sink_degrades_dead_letters_and_replays(
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="wfe.outbox")
     wf = Workflow("sinkless", input=In)
 
     @wf.stage
@@ -118,6 +122,12 @@ async def test_failing_sink_degrades_dead_letters_and_replays(make_engine: Engin
             await asyncio.sleep(0.05)
         assert degraded and dead == 5
         assert sink.events == []
+        # each dead letter is a warning, as on native: the run, the event, the sink's error
+        warned = [r for r in caplog.records if r.name == "wfe.outbox"]
+        assert sorted(r.wfe_event_seq for r in warned) == [1, 2, 3, 4, 5]  # type: ignore[attr-defined]
+        assert {r.wfe_run_id for r in warned} == {run.id}  # type: ignore[attr-defined]
+        assert all("Fix the sink, then replay_dlq()" in r.getMessage() for r in warned)
+        assert all(r.wfe_sink_error and "ConnectionError" in r.wfe_sink_error for r in warned)  # type: ignore[attr-defined]
         sink.failing = False
         assert await engine.replay_dlq() == 5
         assert await engine.replay_dlq() == 0
