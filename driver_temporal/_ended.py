@@ -42,7 +42,7 @@ from temporalio.service import RPCError
 
 from engine_port import BlobStore, ErrorInfo, Lifecycle
 
-from ._helpers import _ACTIVE, _quote
+from ._helpers import _ACTIVE, _quote, in_background
 from ._history_events import replay_events
 from ._journal import put_small
 from ._state import RunMemo
@@ -201,10 +201,5 @@ async def noticing(engine: TemporalEngine, task_queues: list[str]) -> AsyncItera
                 log.warning("ended runs: a pass failed; trying again later", exc_info=True)
             await asyncio.sleep(SCAN_EVERY_S)
 
-    task = asyncio.create_task(loop(), name="wfe-ended-outside")
-    try:
+    async with in_background(loop(), "wfe-ended-outside"):
         yield
-    finally:
-        task.cancel()
-        with suppress(asyncio.CancelledError):
-            await task

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import suppress
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,6 +45,7 @@ __all__ = [
     "_settle",
     "_sha",
     "_state_from_memo",
+    "in_background",
 ]
 
 
@@ -164,3 +167,16 @@ def _state_from_memo(memo: Any) -> dict[str, Any]:
         "signal_keys": [],
         "run_started": info.run_started,
     }
+
+
+@asynccontextmanager
+async def in_background(work: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
+    """Run ``work`` (a worker's periodic loop) as a task while the block runs; cancel it at
+    the end."""
+    task = asyncio.create_task(work, name=name)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task

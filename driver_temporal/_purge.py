@@ -47,7 +47,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from engine_port.driver import delete_prefixes
 from engine_port.errors import DriverUnavailableError
 
-from ._helpers import _quote
+from ._helpers import _quote, in_background
 from ._wire import _safe
 
 if TYPE_CHECKING:
@@ -147,13 +147,8 @@ async def retention(engine: TemporalEngine) -> AsyncIterator[None]:
                 log.warning("retention: purge failed; trying again later", exc_info=True)
             await asyncio.sleep(min(RETENTION_EVERY_S, keep))
 
-    task = asyncio.create_task(loop(), name="wfe-retention")
-    try:
+    async with in_background(loop(), "wfe-retention"):
         yield
-    finally:
-        task.cancel()
-        with suppress(asyncio.CancelledError):
-            await task
 
 
 async def _bounded(gate: asyncio.Semaphore, call: Awaitable[T]) -> T:

@@ -42,6 +42,19 @@ HERE = Path(__file__).resolve()
 WORKER = [sys.executable, "-m", "wfe_cli", "worker"]
 
 
+def wfe(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``wfe ARGS`` in a child process, its output captured (exit code not checked)."""
+    return subprocess.run(
+        [sys.executable, "-m", "wfe_cli", *args],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+    )
+
+
 class In(BaseModel):
     fail: bool = False
 
@@ -181,15 +194,9 @@ def test_a_metrics_host_not_of_this_machine_is_a_configuration_error(tmp_path: P
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[2])}
     env |= {"WFE_DATABASE_URL": f"sqlite:///{tmp_path / 'wfe.db'}"}
     app = "tests.integration.test_observability_metrics:build"
-    done = subprocess.run(  # (203.0.113.0/24: documentation addresses, never local)
-        [*WORKER, "--app", app, "--metrics-port", "0", "--metrics-host", "203.0.113.7"],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-    )
+    # (203.0.113.0/24: documentation addresses, never local)
+    args = ["--app", app, "--metrics-port", "0", "--metrics-host", "203.0.113.7"]
+    done = wfe("worker", *args, env=env, cwd=tmp_path)
     assert done.returncode == 6, done.stderr  # bad configuration
     assert "--metrics-host address of this machine" in done.stderr
     assert "Traceback" not in done.stderr
@@ -203,44 +210,21 @@ def test_a_busy_metrics_port_is_a_configuration_error(tmp_path: Path) -> None:
         "PYTHONPATH": str(HERE.parents[2]),
     }
     app = "tests.integration.test_observability_metrics:build"
-    wfe = [sys.executable, "-m", "wfe_cli"]
-    started = subprocess.run(
-        [*wfe, "start", "metered", "--app", app, "--json"],
-        check=True,
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-    )
+    started = wfe("start", "metered", "--app", app, "--json", env=env, cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
     run_id = json.loads(started.stdout)["id"]
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
         busy.listen()
         port = str(busy.getsockname()[1])
-        done = subprocess.run(
-            [*wfe, "worker", "--app", app, "--metrics-port", port],
-            check=False,
-            env=env,
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=60,
-        )
+        done = wfe("worker", "--app", app, "--metrics-port", port, env=env, cwd=tmp_path)
     assert done.returncode == 6, done.stderr  # bad configuration
     assert "choose a free --metrics-port" in done.stderr
     # refused before the worker began: it claimed nothing (it ran the first stage, whose
     # failed attempt then waited for a retry, before the port was found busy)
     assert "worker up" not in done.stdout
-    shown = subprocess.run(
-        [*wfe, "show", run_id],
-        check=True,
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-    )
+    shown = wfe("show", run_id, env=env, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
     run = json.loads(shown.stdout)
     assert run["status"] == "pending", run
     assert all(stage["attempt"] == 0 for stage in run["stages"]), run
