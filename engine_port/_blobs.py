@@ -4,6 +4,7 @@ spill reference format."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import uuid
@@ -12,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from ._serde import JSON, dumps, loads
-from .errors import SpilledPayloadUnavailableError, UnsafeBlobKeyError
+from .errors import DriverUnavailableError, SpilledPayloadUnavailableError, UnsafeBlobKeyError
 
 __all__ = [
     "DEFAULT_SPILL_THRESHOLD",
@@ -24,6 +25,7 @@ __all__ = [
     "MemoryBlobStore",
     "box_inline",
     "check_key",
+    "is_disk_full",
     "is_spill_ref",
     "run_prefix",
 ]
@@ -33,6 +35,13 @@ SPILL_MARKER = "$wfe_spill"
 # wraps an inline user value that has the shape of engine metadata, so it is never taken for it
 INLINE_MARKER = "$wfe_inline"
 _TMP_SUFFIX = ".wfe-tmp"
+# what a write to a full filesystem raises: no space left, or the user's disk quota used up
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is an OS error that says the filesystem is full (ENOSPC, EDQUOT)."""
+    return isinstance(exc, OSError) and exc.errno in _DISK_FULL
 
 
 def check_key(key: str) -> str:
@@ -77,12 +86,23 @@ class FolderBlobStore:
         from the event loop, where the hop costs more than the write (a temp file and a
         rename of a few KiB; no fsync either way)."""
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         # unique per write: two concurrent puts of one key must not share a temp file
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # a write that fails midway (a full disk) leaves no blob under the key: only the
+            # rename of a complete temp file makes one
             tmp.write_bytes(data)
             os.replace(tmp, path)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DriverUnavailableError(
+                f"the blob store folder {str(self.root)!r} is on a full disk ({exc.strerror}; "
+                f"writing a blob of {len(data)} bytes): free disk space there, or move "
+                "blob_url to a larger disk, then retry; runs waiting to write continue by "
+                "themselves once there is room"
+            ) from None
         finally:
             tmp.unlink(missing_ok=True)
 
