@@ -341,6 +341,11 @@ class Kernel:
         # starts do not write it again (a snapshot of the whole graph, ignored on conflict)
         self._defined: set[str] = set()
         self._outcomes = TxBatcher(db, _apply_and_read)
+        # job id -> (job, worker): attempts abandoned while the database was unreachable,
+        # whose lease could not be given back then; a worker gives them back as soon as the
+        # database answers again (``return_leases``), so they do not wait for the lease to
+        # expire (30 s) after an outage longer than ``database_retry_seconds``
+        self._unreturned: dict[int, tuple[Any, str]] = {}
         self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         # "workflow@version" -> (its Workflow, its indexed graph): built once, not per stage
         # transition (``Workflow.graph()`` checks the whole definition on every call)
@@ -762,13 +767,30 @@ class Kernel:
         except Exception as again:
             if not is_storage_fault(again):
                 raise
+            self._unreturned[int(job.id)] = (job, worker)
             log.warning(
-                "job %s of run %s: could not give its lease back (%s); it is taken over when "
-                "the lease expires",
+                "job %s of run %s: could not give its lease back (%s); a worker gives it back "
+                "when the database answers again (else it is taken over when the lease expires)",
                 job.id,
                 job.run_id,
                 describe_fault(again),
             )
+
+    async def return_leases(self) -> int:
+        """Give back the leases of attempts abandoned while the database was unreachable (see
+        ``_abandon``): their jobs are due at once. Returns how many were given back; stops at
+        the first storage fault (the database is still away: the next call tries again)."""
+        returned = 0
+        for key, (job, worker) in list(self._unreturned.items()):
+            try:
+                returned += await self.db.tx(_progress.abandon_job, job, worker, self.now())
+            except Exception as exc:
+                if not is_storage_fault(exc):
+                    self._unreturned.pop(key, None)
+                    raise
+                break
+            self._unreturned.pop(key, None)
+        return returned
 
     async def _execute_stage(self, cmd: ExecuteJob) -> str:
         job, worker = cmd.job, cmd.worker_id

@@ -17,7 +17,7 @@ from typing import Any, Self
 
 from sqlalchemy.engine import make_url
 
-from engine_port.driver import redact_text
+from engine_port.driver import describe_fault, is_storage_fault, redact_text
 
 from ._commands import (
     SKIPPED,
@@ -49,6 +49,10 @@ was slow (its time counts the waits for a database thread on a busy host, not on
 
 _IDLE_FLUSH_SHARE = 0.1
 """The most of the time a worker spends on flushes that find every event waiting for a retry."""
+
+_LISTEN_MAX_DELAY = 4.0
+"""The longest pause between two attempts to open the LISTEN connection again (the delay
+doubles from 0.5 s): it is back within that of the server's return."""
 
 
 class WorkerHost:
@@ -98,6 +102,7 @@ class WorkerHost:
         self._outbox = OutboxCounts()
         self._surveying: asyncio.Task[None] | None = None  # ``_survey`` under way
         self._next_survey = 0.0  # (monotonic) when ``_survey`` runs next
+        self._away_since: float | None = None  # (monotonic) the database stopped answering
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -185,28 +190,7 @@ class WorkerHost:
         while not self._stopping:
             claimed, full = 0, False
             try:
-                free = min(
-                    self.concurrency - len(self._active), self.kernel.settings.max_claims_per_tick
-                )
-                if free > 0:
-                    jobs = await self.kernel.dispatch(
-                        ClaimPending(
-                            self.worker_id,
-                            limit=free,
-                            served=self.served,
-                            begin=True,
-                            probe=not woken,
-                        )
-                    )
-                    for job, begun in jobs:
-                        if begun == SKIPPED:
-                            self._counts["skipped"] += 1
-                            continue
-                        task = asyncio.create_task(self._run_job(job, begun))
-                        self._active[job.id] = (job, task)
-                    claimed = len(jobs)
-                    self._counts["claimed"] += claimed
-                    full = claimed >= free
+                claimed, full = await self._claim(woken)
                 now = time.monotonic()
                 if now >= next_flush:
                     full, next_flush = await self._flush(now)
@@ -215,10 +199,11 @@ class WorkerHost:
                     next_maintenance = now + self.maintenance_interval
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("worker %s: loop iteration failed; retrying", self.worker_id)
-                self._counts["loop_errors"] += 1
+            except Exception as exc:
+                self._loop_failed(exc, "loop iteration")
                 await asyncio.sleep(self.poll_interval)
+            else:
+                self._database_back()
             if not claimed and not self._stopping:
                 self._wake.clear()
                 pause = self.poll_interval
@@ -233,6 +218,54 @@ class WorkerHost:
                     self._counts["woken_by_poll"] += 1
             else:
                 woken = full  # a full claim: more may be due (look without probing)
+
+    async def _claim(self, woken: bool) -> tuple[int, bool]:
+        """Lease and begin what is due, up to the free slots: (how many, whether that filled
+        them)."""
+        # attempts abandoned during an outage, whose leases could not be given back then:
+        # given back now, so they run again at once (no-op when there are none)
+        if returned := await self.kernel.return_leases():
+            self._counts["leases_returned"] += returned
+        free = min(self.concurrency - len(self._active), self.kernel.settings.max_claims_per_tick)
+        if free <= 0:
+            return 0, False
+        jobs = await self.kernel.dispatch(
+            ClaimPending(
+                self.worker_id, limit=free, served=self.served, begin=True, probe=not woken
+            )
+        )
+        for job, begun in jobs:
+            if begun == SKIPPED:
+                self._counts["skipped"] += 1
+                continue
+            task = asyncio.create_task(self._run_job(job, begun))
+            self._active[job.id] = (job, task)
+        self._counts["claimed"] += len(jobs)
+        return len(jobs), len(jobs) >= free
+
+    def _loop_failed(self, exc: Exception, what: str) -> None:
+        """A loop iteration or a survey raised: the database did not answer within its retry
+        budget (an outage, a restart: one WARNING, without a traceback, per outage; the calls
+        go on retrying), or something else (logged with its traceback)."""
+        self._counts["loop_errors"] += 1
+        if not is_storage_fault(exc):
+            log.exception("worker %s: %s failed; retrying", self.worker_id, what)
+        elif self._away_since is None:
+            self._away_since = time.monotonic()
+            log.warning(
+                "worker %s: the database is unreachable (%s); retrying until it is back",
+                self.worker_id,
+                describe_fault(exc),
+            )
+
+    def _database_back(self) -> None:
+        if self._away_since is not None:
+            log.info(
+                "worker %s: the database answers again (unreachable for %.1fs)",
+                self.worker_id,
+                time.monotonic() - self._away_since,
+            )
+            self._away_since = None
 
     async def _flush(self, now: float) -> tuple[bool, float]:
         """One outbox flush: whether it took all it may (a backlog: go on at once), and
@@ -264,7 +297,7 @@ class WorkerHost:
 
         url = make_url(self.kernel.db.url).set(drivername="postgresql")
         conninfo = url.render_as_string(hide_password=False)
-        delay = 0.5
+        delay, failures = 0.5, 0
         while not self._stopping:
             try:
                 conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
@@ -275,7 +308,9 @@ class WorkerHost:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
                     self.listening.set()
                     self._wake.set()  # what became due while nobody listened
-                    delay = 0.5
+                    if failures:
+                        log.info("worker %s: the LISTEN connection is back", self.worker_id)
+                    delay, failures = 0.5, 0
                     own = self.kernel.db  # (its NOTIFYs: this process wakes its workers itself)
                     async for note in conn.notifies():
                         if note.payload == schema and note.pid not in own.own_backends:
@@ -285,7 +320,10 @@ class WorkerHost:
                 raise
             except Exception as exc:
                 self._counts["listen_errors"] += 1
-                log.warning(
+                failures += 1
+                # one WARNING per outage; the reconnection attempts after it at DEBUG
+                log.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
                     "worker %s: the LISTEN connection for due jobs failed (%s); polling every "
                     "%gs until it is back",
                     self.worker_id,
@@ -297,7 +335,9 @@ class WorkerHost:
             finally:
                 self.listening.clear()
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+            # (capped low: a connection attempt is cheap, and the LISTEN connection should be
+            # back within seconds of the server, not up to half a minute later)
+            delay = min(delay * 2, _LISTEN_MAX_DELAY)
 
     async def _maintenance(self) -> None:
         if time.monotonic() >= self._next_survey and (
@@ -323,9 +363,8 @@ class WorkerHost:
             # runs past their run timeout fail; runs that lost their jobs (after a grace of a
             # minute) are scheduled again
             self._counts["reaped_runs"] += await self.kernel.dispatch(ReapStuckRuns())
-        except Exception:
-            self._counts["loop_errors"] += 1
-            log.exception("worker %s: maintenance failed; retrying", self.worker_id)
+        except Exception as exc:
+            self._loop_failed(exc, "maintenance")
         took = time.monotonic() - started
         gap = min(max(self.maintenance_interval, took / _SURVEY_SHARE), _SURVEY_MAX_GAP)
         self._next_survey = time.monotonic() + gap
