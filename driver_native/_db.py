@@ -318,9 +318,19 @@ class Database:
             f"{redact_text(_first_line(exc), self.url)}; check {remedy}"
         )
 
+    def _disk_full(self, exc: DBAPIError) -> DriverUnavailableError:
+        where = "the database server's disk" if self.is_postgres else "the database file's disk"
+        return DriverUnavailableError(
+            f"{where} is full ({self.safe_url}: {redact_text(_first_line(exc), self.url)}): "
+            "free disk space there (or move database_url to a larger disk), then retry; "
+            "workers go on by themselves once there is room"
+        )
+
     def _retry_or_raise(self, exc: DBAPIError, started: float, delay: float) -> float:
         """Whether to try ``exc``'s transaction again: returns the delay to wait first, or
         raises (the error itself, or DriverUnavailableError once the retry budget is spent)."""
+        if _is_disk_full(exc):  # (no retry frees space: the caller's storage fault)
+            raise self._disk_full(exc) from None
         if (isinstance(exc, OperationalError) and _is_config_error(exc)) or _not_sqlite(exc):
             raise self._unavailable(exc) from None
         if not _is_transient(exc):
@@ -783,6 +793,19 @@ def _not_sqlite(exc: DBAPIError) -> bool:
     return type(exc.orig).__module__.startswith("sqlite3") and (
         "file is not a database" in text or "database disk image is malformed" in text
     )
+
+
+_SQLITE_FULL = 13  # "database or disk is full" (the primary result code)
+_PG_DISK_FULL = "53100"  # disk_full ("could not extend file ...: No space left on device")
+
+
+def _is_disk_full(exc: DBAPIError) -> bool:
+    """The disk under the database is full: SQLite's SQLITE_FULL, PostgreSQL's disk_full."""
+    orig = exc.orig
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
+        return True
+    return getattr(orig, "sqlstate", None) == _PG_DISK_FULL
 
 
 def _is_transient(exc: DBAPIError) -> bool:

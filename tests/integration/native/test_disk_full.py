@@ -280,18 +280,13 @@ async def test_a_full_disk_mid_run_is_not_charged_to_the_stage(
     assert disk.leftovers() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="driver_native/_db.py raises SQLite's 'database or disk is full' as a raw "
-    "sqlalchemy OperationalError; it should be a DriverUnavailableError that says to free space",
-)
 async def test_start_on_a_full_database_disk_raises_typed(
     disk: SmallDisk, engines: Callable[..., Awaitable[NativeEngine]]
 ) -> None:
     eng = await engines(disk.path / "wfe.db", disk.path / "blobs")
     disk.fill()
     try:
-        with pytest.raises(DriverUnavailableError, match="full"):
+        with pytest.raises(DriverUnavailableError, match=r"disk is full.*free disk space"):
             await eng.start(WF, {"blob": "small"})
     finally:
         disk.free()
