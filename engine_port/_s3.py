@@ -12,13 +12,14 @@ import asyncio
 import io
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 import certifi
 import urllib3
 from minio import Minio
-from minio.error import MinioException, S3Error
+from minio.error import MinioException, S3Error, ServerError
 from minio.helpers import check_bucket_name
 from urllib3.util import Retry, Timeout
 
@@ -35,6 +36,36 @@ _MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchBucket", "Resour
 _AUTH_CODES = frozenset(
     {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"}
 )
+# Failures worth another try of the same request: the network, or the server's 5xx.
+_TRANSIENT = (urllib3.exceptions.HTTPError, ServerError, OSError)
+
+
+def _describe(exc: BaseException, timeout: Timeout) -> str:
+    """One short line saying what went wrong talking to the server, without urllib3's
+    ``HTTPConnectionPool(...)``/``Max retries exceeded`` wrapping."""
+    err = exc
+    while isinstance(err, urllib3.exceptions.MaxRetryError) and err.reason is not None:
+        err = err.reason
+    if isinstance(err, urllib3.exceptions.NewConnectionError):
+        cause = err.__cause__ or err.__context__
+        if isinstance(cause, ConnectionRefusedError):
+            return "cannot connect (connection refused)"
+        reason = getattr(cause, "strerror", None) or type(cause).__name__
+        return f"cannot connect ({reason})"
+    if isinstance(err, urllib3.exceptions.ConnectTimeoutError):
+        return f"cannot connect (no answer within {timeout.connect_timeout}s)"
+    if isinstance(err, urllib3.exceptions.ReadTimeoutError):
+        return f"no answer within {timeout.read_timeout}s"
+    if isinstance(err, urllib3.exceptions.ProtocolError):
+        return "the connection was lost mid-request"
+    if isinstance(err, ServerError):
+        return f"server error (HTTP {err.status_code})"
+    if isinstance(err, ConnectionRefusedError):
+        return "cannot connect (connection refused)"
+    text = " ".join(str(err).split())
+    if len(text) > 160:
+        text = text[:160] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class S3BlobStore:
@@ -55,6 +86,7 @@ class S3BlobStore:
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
         max_retries: int = 3,
+        retry_backoff: float = 0.2,
         http_client: urllib3.PoolManager | None = None,
     ) -> None:
         try:
@@ -71,19 +103,20 @@ class S3BlobStore:
         self.endpoint = endpoint
         self.secure = secure
         self.prefix = prefix
+        self.max_retries = max(0, max_retries)
+        self.retry_backoff = retry_backoff
+        self._timeout = Timeout(connect=connect_timeout, read=read_timeout)
         if http_client is None:
             # minio's default waits 5 minutes to connect and retries 5 times; an unreachable
-            # server must be reported promptly instead.
+            # server must be reported promptly instead. The store retries a failed request
+            # itself (``_run``): urllib3's own retries log a WARNING with a raw error per try
+            # (three per blob call for as long as S3 is down).
             http_client = urllib3.PoolManager(
-                timeout=Timeout(connect=connect_timeout, read=read_timeout),
+                timeout=self._timeout,
                 maxsize=10,
                 cert_reqs="CERT_REQUIRED",
                 ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
-                retries=Retry(
-                    total=max_retries,
-                    backoff_factor=0.2,
-                    status_forcelist=(500, 502, 503, 504),
-                ),
+                retries=Retry(total=0, redirect=0, raise_on_status=False),
             )
         self._client = Minio(
             endpoint,
@@ -118,7 +151,7 @@ class S3BlobStore:
             else:
                 hint = "check the bucket name, region and the server's logs"
         else:
-            detail = f"{type(exc).__name__}: {exc}"
+            detail = _describe(exc, self._timeout)
             hint = (
                 "check that the S3/MinIO server is running and reachable at that host:port, "
                 "and that secure= matches it (false for http, true for https)"
@@ -149,8 +182,16 @@ class S3BlobStore:
         """Run ``fn`` in a thread after making sure the bucket exists; translate failures."""
 
         def call() -> T:
-            self._ensure_bucket()
-            return fn()
+            tries = 0
+            while True:
+                try:
+                    self._ensure_bucket()
+                    return fn()
+                except _TRANSIENT:
+                    if tries >= self.max_retries:
+                        raise
+                    time.sleep(self.retry_backoff * 2**tries)
+                    tries += 1
 
         try:
             return await asyncio.to_thread(call)
@@ -165,7 +206,18 @@ class S3BlobStore:
         name = self._name(key)
 
         def put() -> None:
-            self._client.put_object(self.bucket, name, io.BytesIO(data), length=len(data))
+            try:
+                self._client.put_object(self.bucket, name, io.BytesIO(data), length=len(data))
+            except S3Error as exc:
+                if exc.code != "NoSuchBucket":
+                    raise
+                # The bucket went away after we made sure of it (an S3 server restarted
+                # without its data, a bucket deleted by hand): create it again, or every
+                # write would fail until the process restarts.
+                with self._bucket_lock:
+                    self._bucket_ready = False
+                self._ensure_bucket()
+                self._client.put_object(self.bucket, name, io.BytesIO(data), length=len(data))
 
         await self._run(put)
 
