@@ -201,7 +201,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     """The Temporal driver. Options: ``heartbeat_timeout`` (seconds, how fast a lost worker is
     noticed), ``connect_timeout``, ``signal_timeout`` (how long signal() waits for a worker to
     answer before buffering the signal on the server), ``cancel_wait`` (seconds cancel()
-    waits for the run to end; 10)."""
+    waits for the run to end; 10), ``unavailable_timeout`` (seconds start() and signal() keep
+    trying while Temporal is down, restarting or overloaded before they raise
+    ``DriverUnavailableError``; 30)."""
 
     driver_name = "temporal"
 
@@ -217,6 +219,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         connect_timeout: float = 5.0,
         signal_timeout: float = 5.0,
         cancel_wait: float = 10.0,
+        unavailable_timeout: float = 30.0,
     ) -> None:
         super().__init__(registry)
         self.settings = settings
@@ -230,6 +233,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         self.connect_timeout = connect_timeout
         self.signal_timeout = signal_timeout
         self.cancel_wait = cancel_wait
+        self.unavailable_timeout = unavailable_timeout
         self.stats = EventStats()
         self._client: Client | None = None
         # keyed by (task queue, version): the Worker Deployment version they poll as
@@ -444,7 +448,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         arg = carry(start.input, start.carried(), self._conn.data_converter.payload_converter)
         await self._ensure_version(workflow_id, version)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30.0
+        deadline = loop.time() + self.unavailable_timeout
         while True:
             try:
                 return await self._conn.start_workflow(
@@ -458,7 +462,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     **kw,
                 )
             except RPCError as exc:
-                if _rpc.retryable(exc) and loop.time() < deadline:
+                if _rpc.retryable(exc):
+                    if loop.time() >= deadline:  # down (or restarting) for that long
+                        raise _rpc.unavailable(
+                            exc,
+                            self.settings.temporal_address,
+                            f"a start of workflow {workflow_id!r} for "
+                            f"{self.unavailable_timeout:g}s",
+                        ) from None
                     await asyncio.sleep(0.2)  # Temporal asked to try again later
                     continue
                 if "is not present in task queue" not in str(exc):
@@ -478,6 +489,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
 
     # -- start --------------------------------------------------------------------------------
     @telemetry.traced_start
+    @_rpc.surfaced("starting a run")
     async def start(
         self,
         workflow: str | Workflow[Any],
@@ -690,8 +702,13 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             except RPCError as exc:
                 if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
                     raise RunNotFoundError(run_id) from None
+                if exc.status in _rpc.UNREACHABLE:
+                    raise _rpc.unavailable(
+                        exc, self.settings.temporal_address, f"a describe of run {run_id!r}"
+                    ) from None
                 raise DriverUnavailableError(
-                    f"Temporal describe of {run_id!r} failed: {exc}"
+                    f"Temporal describe of {run_id!r} failed: {exc}; check the server's health "
+                    "and retry"
                 ) from None
             status = _status_of(raw)
             # A workflow task in progress may already have published events (local activities
@@ -716,6 +733,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             memo[_CANCEL_REQUESTED] = True
         return memo, status
 
+    @_rpc.surfaced("get_run")
     async def get_run(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
@@ -724,6 +742,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         self._remember(memo, info)
         return info
 
+    @_rpc.surfaced("list_runs")
     async def list_runs(
         self,
         *,
@@ -748,6 +767,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 break
         return out
 
+    @_rpc.surfaced("wait")
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         """One round trip for a run that completes within ``_FIRST_PEEK_S``: the long poll on
         its close event, whose result carries the run's final RunInfo (``_info_from_close``);
@@ -830,6 +850,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
 
     # -- signals and cancel ---------------------------------------------------------------------
     @telemetry.traced_signal
+    @_rpc.surfaced("a signal")
     async def signal(
         self, run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None
     ) -> SignalResult:
@@ -854,6 +875,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 await _rpc.call(
                     f"signalling run {run_id!r}",
                     lambda: handle.signal(name, carry(value, meta, converter)),
+                    deadline_s=self.unavailable_timeout,
                 )
             except RPCError:
                 status_now = (await self.get_run(run_id)).status
@@ -1003,6 +1025,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         waiting = any(s.waiting_for == f"signal:{name}" for s in info.stages)
         return SignalResult(run_id=run_id, name=name, delivered=waiting)
 
+    @_rpc.surfaced("cancel")
     async def cancel(self, run_id: str) -> RunInfo:
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
@@ -1019,6 +1042,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return await self.get_run(run_id)
 
     # -- redrive ------------------------------------------------------------------------------
+    @_rpc.surfaced("redrive")
     async def redrive(
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
@@ -1162,6 +1186,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return state
 
     # -- versions -----------------------------------------------------------------------------
+    @_rpc.surfaced("list_versions")
     async def list_versions(self) -> list[VersionInfo]:
         counts: dict[tuple[str, str], int] = {}
         # the active runs of every workflow of this engine's task queues, whether its registry
@@ -1197,25 +1222,30 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return out
 
     # -- migration (driver_temporal/_moving.py) --------------------------------------------------
+    @_rpc.surfaced("drain")
     async def drain(self, workflow_ids: Sequence[str], target: str | None) -> None:
         check_workflow_ids(workflow_ids)
         if target is not None:
             check_export_target(target)
         await _moving.drain(self, workflow_ids, target)
 
+    @_rpc.surfaced("export_run")
     async def export_run(self, run_id: str, *, wait: float = 0.0) -> RunSnapshot:
         check_run_call(run_id)
         return await _moving.export_run(self, run_id, wait=check_wait_seconds(wait))
 
+    @_rpc.surfaced("complete_export")
     async def complete_export(self, run_id: str, target: str) -> RunInfo:
         check_run_call(run_id)
         check_export_target(target)
         return await _moving.complete_export(self, run_id, target)
 
+    @_rpc.surfaced("abort_export")
     async def abort_export(self, run_id: str) -> None:
         check_run_call(run_id)
         await _moving.abort_export(self, run_id)
 
+    @_rpc.surfaced("import_run")
     async def import_run(self, snapshot: RunSnapshot | Mapping[str, Any]) -> RunInfo:
         return await _moving.import_run(self, check_import_call(snapshot))
 
@@ -1240,6 +1270,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         )
         return EngineWorker(self, **options)
 
+    @_rpc.surfaced("flush_events")
     async def flush_events(self) -> FlushResult:
         """Events are delivered by the workers' publish activities; this delivers the events
         that sinkless workers kept in the BlobStore, then reports what was delivered, failed
@@ -1255,11 +1286,13 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             sink_error=error,
         )
 
+    @_rpc.surfaced("purge")
     async def purge(self, older_than: timedelta | float) -> int:
         from ._purge import purge_runs
 
         return await purge_runs(self, timedelta(seconds=check_purge_call(older_than)))
 
+    @_rpc.surfaced("replay_dlq")
     async def replay_dlq(self) -> int:
         """Deliver dead-lettered events (kept under ``dlq/`` in the BlobStore) to the sink, in
         per-run order; delivered ones leave the DLQ. Returns how many were delivered."""
@@ -1288,6 +1321,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             n += len(events)
         return n
 
+    @_rpc.surfaced("events")
     async def events(self, run_id: str) -> list[Event]:
         """Every event the run emitted, in sequence order (delivered or not), as the native
         driver's ``events``: rebuilt from its workflow histories (``_history_events``)."""
@@ -1302,6 +1336,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         ]
         return sorted([*replayed, *closing], key=lambda e: e.seq) if closing else replayed
 
+    @_rpc.surfaced("steps")
     async def steps(self, run_id: str) -> list[StepEntry]:
         """The run's journaled steps (without their results), by stage and name, as the
         native driver lists them (``_steps``): read from the step journals in the BlobStore
@@ -1314,6 +1349,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         journals = await read_run_journals(self.blob_store, run_id)
         return run_steps([s.id for s in run.stages], run.redrive_count, started, journals)
 
+    @_rpc.surfaced("dead_letters")
     async def dead_letters(self, limit: int = 1000) -> list[Event]:
         """Dead-lettered events (kept under ``dlq/`` in the BlobStore), per run in order."""
         keys = sorted(await self.blob_store.list("dlq/"))[:limit]

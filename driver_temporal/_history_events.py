@@ -37,6 +37,7 @@ from temporalio.worker import (
 from engine_port import Event, EventDraft
 from engine_port.errors import DriverUnavailableError, EngineError, RunNotFoundError
 
+from . import _rpc
 from ._workflow import GraphWorkflow, workflow_runner
 
 __all__ = ["committed", "replay_events", "replay_info", "run_events"]
@@ -175,6 +176,12 @@ def _from_task(event: HistoryEvent, task: int) -> bool:
     return getattr(attrs, "workflow_task_completed_event_id", None) == task
 
 
+def _failed(exc: RPCError, what: str) -> DriverUnavailableError:
+    if exc.status in _rpc.UNREACHABLE:
+        return _rpc.unavailable(exc, None, what)
+    return DriverUnavailableError(f"Temporal refused {what}: {exc}; check the server's health")
+
+
 async def _histories(client: Client, run_id: str) -> list[WorkflowHistory]:
     """The history of every execution of the run's workflow id, oldest first (the
     latest one even when visibility does not list it yet)."""
@@ -183,13 +190,13 @@ async def _histories(client: Client, run_id: str) -> list[WorkflowHistory]:
         async for ex in client.list_workflows(f'WorkflowId = "{run_id}"'):
             executions.append(ex.run_id)
     except RPCError as exc:
-        raise DriverUnavailableError(f"Temporal list of {run_id!r} failed: {exc}") from None
+        raise _failed(exc, f"the list of run {run_id!r}") from None
     try:
         latest = (await client.get_workflow_handle(run_id).describe()).run_id
     except RPCError as exc:
         if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
             raise RunNotFoundError(run_id) from None
-        raise DriverUnavailableError(f"Temporal describe of {run_id!r} failed: {exc}") from None
+        raise _failed(exc, f"the describe of run {run_id!r}") from None
     runs = [r for r in reversed(executions) if r != latest] + [latest]
     histories: list[WorkflowHistory] = []
     for handle in (client.get_workflow_handle(run_id, run_id=r) for r in runs):
@@ -198,7 +205,7 @@ async def _histories(client: Client, run_id: str) -> list[WorkflowHistory]:
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 continue
-            raise DriverUnavailableError(f"Temporal history of {run_id!r} failed: {exc}") from None
+            raise _failed(exc, f"the history of run {run_id!r}") from None
         histories.append(history)
     if not histories:
         raise RunNotFoundError(run_id)

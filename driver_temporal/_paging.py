@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from engine_port import RunInfo, RunStatus, is_spill_ref
+from engine_port import EngineSettings, RunInfo, RunStatus, is_spill_ref
 from engine_port.driver import check_list_call, check_page_call, check_run_call
 from engine_port.errors import InvalidInputError
 
+from . import _rpc
 from ._query import runs_query
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class PagedRuns:
     """Mixed into :class:`TemporalEngine`, which has what these declare."""
 
     if TYPE_CHECKING:
+        settings: EngineSettings
 
         def _scope(self) -> str: ...
 
@@ -60,6 +62,7 @@ class PagedRuns:
             values: bool = True,
         ) -> RunInfo: ...
 
+    @_rpc.surfaced("list_runs_page")
     async def list_runs_page(
         self,
         *,
@@ -99,6 +102,7 @@ class PagedRuns:
                 page.append(await self._info_from_memo(memo, ex.status, values=outputs))
         return page, _cursor(listing.next_page_token)
 
+    @_rpc.surfaced("get_run_lazy")
     async def get_run_lazy(self, run_id: str) -> tuple[RunInfo, dict[str, int]]:
         """:meth:`get_run` without reading the blob store: a spilled value is None in the
         RunInfo and its size in bytes is in the dict, under ``input``, ``stage:ID`` or

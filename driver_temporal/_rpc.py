@@ -10,24 +10,39 @@ again with capped exponential backoff and jitter until its deadline, then raises
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import random
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from temporalio.service import GrpcCompression, PayloadLimitsConfig, RPCError, RPCStatusCode
 
+from engine_port import EngineSettings
 from engine_port.errors import DriverUnavailableError
 
-__all__ = ["PAYLOAD_LIMITS", "RETRYABLE", "call", "grpc_compression", "retryable"]
+__all__ = [
+    "PAYLOAD_LIMITS",
+    "RETRYABLE",
+    "UNREACHABLE",
+    "call",
+    "grpc_compression",
+    "retryable",
+    "surfaced",
+    "unavailable",
+]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # temporalio warns (TMPRL1103, once per write) past a 2 KiB memo; the driver's ``wfe_run``
 # memo lists each stage (``memo_shape = "compact"``), ~8 KiB at the end of a 52-stage run,
 # whose size measured no cost at that scale (``bench/README.md``): warn past 32 KiB instead
 PAYLOAD_LIMITS = PayloadLimitsConfig(memo_warn_size=32 * 1024)
 RETRYABLE = frozenset({RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE})
+# what a call that reached no healthy server ends with: down or restarting (UNAVAILABLE: "tcp
+# connect error"), overloaded, or silent past the call's deadline
+UNREACHABLE = RETRYABLE | {RPCStatusCode.DEADLINE_EXCEEDED}
 
 
 def retryable(exc: BaseException) -> bool:
@@ -55,13 +70,60 @@ async def call(
             if exc.status not in RETRYABLE:
                 raise
             if loop.time() + delay > end:
-                raise DriverUnavailableError(
-                    f"Temporal kept refusing {what} for {deadline_s:g}s "
-                    f"({exc.status.name if exc.status else '?'}: {exc.message}); the server is "
-                    "overloaded: retry later or give it more capacity"
-                ) from None
+                if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
+                    raise DriverUnavailableError(
+                        f"Temporal kept refusing {what} for {deadline_s:g}s "
+                        f"({exc.status.name}: {exc.message}); the server is overloaded: retry "
+                        "later or give it more capacity"
+                    ) from None
+                raise unavailable(exc, None, f"{what} for {deadline_s:g}s") from None
         await asyncio.sleep(delay * (0.5 + random.random() / 2))
         delay = min(delay * 2, max_s)
+
+
+def unavailable(exc: RPCError, address: str | None, what: str) -> DriverUnavailableError:
+    """The error a client call raises when Temporal is down, restarting or overloaded (an
+    ``UNREACHABLE`` status): what failed and what to do, never temporalio's raw ``RPCError``."""
+    status = exc.status.name if exc.status else "?"
+    where = f" at {address}" if address else ""
+    return DriverUnavailableError(
+        f"Temporal{where} did not answer {what} ({status}: {exc.message}); check that the "
+        "Temporal server is running and reachable (`wfe dev temporal`, WFE_TEMPORAL_ADDRESS), "
+        "then retry: runs already started are kept and go on once it is back"
+    )
+
+
+class _Engine(Protocol):
+    settings: EngineSettings
+
+
+S = TypeVar("S", bound=_Engine)
+
+
+def surfaced(
+    what: str,
+) -> Callable[
+    [Callable[Concatenate[S, P], Coroutine[Any, Any, T]]],
+    Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+]:
+    """Decorates a client method of the engine: an ``UNREACHABLE`` ``RPCError`` that escapes
+    it (Temporal down or restarting) reaches the caller as ``DriverUnavailableError``."""
+
+    def decorate(
+        fn: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+    ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]:
+        @functools.wraps(fn)
+        async def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return await fn(self, *args, **kwargs)
+            except RPCError as exc:
+                if exc.status not in UNREACHABLE:
+                    raise
+                raise unavailable(exc, self.settings.temporal_address, what) from None
+
+        return wrapper
+
+    return decorate
 
 
 def grpc_compression(mode: str, address: str) -> GrpcCompression:

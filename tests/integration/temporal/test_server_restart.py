@@ -1,0 +1,271 @@
+"""The Temporal server restarts (SIGTERM, SIGKILL) or stays down 8-15 s under a stream of runs,
+with its state in a database file: no run is lost or stuck, no stage attempt is charged (no
+``stage.failed``, attempt 1 everywhere), no journaled step runs twice, both workers (one in
+process, one a ``run_worker_forever`` subprocess) recover on their own and the subprocess
+neither exits nor floods its log, events reach the sink with stable ids, and every client call
+made while the server is down raises ``DriverUnavailableError`` (never temporalio's
+``RPCError``) within a bound, saying what to do.
+
+Run as a module (``python -m tests.integration.temporal.test_server_restart``), this file is
+the subprocess worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from driver_temporal import TemporalDevServer, create_temporal_engine
+from engine_port import EngineSettings, FolderBlobStore, Registry, StageContext, Workflow
+from engine_port.errors import DriverUnavailableError
+
+from .crash_app import FileSink
+
+pytestmark = pytest.mark.temporal
+
+ROOT = Path(__file__).resolve().parents[3]
+RECOVER_S = 40.0  # after the server answers again, every run ends within this
+DOWN_CALL_S = 25.0  # a client call while the server is down raises within this
+
+
+class In(BaseModel):
+    n: int = 0
+
+
+def _bump(run_id: str, step: str) -> int:
+    with (Path(os.environ["WFE_TEST_COUNT_DIR"]) / f"{run_id}-{step}").open("a") as f:
+        f.write("1\n")
+    return 1
+
+
+def build_registry() -> Registry:
+    wf = Workflow("restarts", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        return int(await ctx.step.run("ax", _bump, ctx.run_id, "ax"))
+
+    @wf.stage(after=[a])
+    async def b(ctx: StageContext[In]) -> int:
+        await ctx.step.run("bx", _bump, ctx.run_id, "bx")
+        got = await ctx.step.wait_for_signal("go")
+        await ctx.step.sleep("nap", 0.5)
+        await ctx.step.run("by", _bump, ctx.run_id, "by")
+        return int(got["n"])
+
+    return Registry([wf])
+
+
+class RestartableServer(TemporalDevServer):
+    """A dev server (state in a database file) the test stops with a signal of its choice."""
+
+    async def down(self, sig: signal.Signals) -> None:
+        proc = self._proc
+        assert proc is not None and proc.poll() is None
+        proc.send_signal(sig)
+        await asyncio.to_thread(proc.wait, 15)
+        await self.stop()  # (forgets the exited process, closes its log)
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[RestartableServer]:
+    srv = RestartableServer(
+        db_filename=tmp_path / "temporal.db", headless=True, log_file=tmp_path / "server.log"
+    )
+    await srv.start()
+    try:
+        yield srv
+    finally:
+        await srv.stop()
+
+
+def _count(counts: Path, run_id: str, step: str) -> int:
+    p = counts / f"{run_id}-{step}"
+    return len(p.read_text().splitlines()) if p.exists() else 0
+
+
+async def _signal_soon(engine: Any, run_id: str, deadline_s: float = RECOVER_S) -> None:
+    """A signal as an operator's client sends it after a restart: retried while the server
+    says it is unavailable (typed), until a deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            await engine.signal(run_id, "go", {"n": 1})
+            return
+        except DriverUnavailableError:
+            if time.monotonic() > end:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def _finish(engine: Any, batch: list[str], signalled: int = 0) -> None:
+    """Signals the runs of ``batch`` (but its first ``signalled``) once the server is back,
+    then waits for them all to end, in a bounded time."""
+    t0 = time.monotonic()
+    for run_id in batch[signalled:]:
+        await _signal_soon(engine, run_id)
+    for run_id in batch:
+        info = await engine.wait(run_id, timeout=RECOVER_S)
+        assert info.status == "completed", info
+    assert time.monotonic() - t0 < RECOVER_S
+
+
+async def _restart(engine: Any, server: RestartableServer, sig: signal.Signals) -> list[str]:
+    """Runs in flight while the server is stopped with ``sig`` and started again at once."""
+    batch = [(await engine.start("restarts", {})).id for _ in range(3)]
+    await engine.signal(batch[0], "go", {"n": 1})
+    await server.down(sig)
+    await asyncio.sleep(1.0)  # down ~1-2 s, as a restart is
+    await server.start()
+    await _finish(engine, batch, signalled=1)
+    return batch
+
+
+async def _outage(
+    engine: Any, server: RestartableServer, proc: asyncio.subprocess.Process
+) -> list[str]:
+    """Runs in flight while the server is down 8-15 s (at least as long as the calls below
+    take); every client call meanwhile raises DriverUnavailableError within a bound, saying
+    what to do."""
+    batch = [(await engine.start("restarts", {})).id for _ in range(3)]
+    await server.down(signal.SIGKILL)
+    down_at = time.monotonic()
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
+        "start": lambda: engine.start("restarts", {}),
+        "signal": lambda: engine.signal(batch[0], "go", {"n": 1}),
+        "get_run": lambda: engine.get_run(batch[1]),
+        "wait": lambda: engine.wait(batch[2], timeout=2.0),
+        "list_runs": engine.list_runs,
+    }
+
+    async def down_call(name: str) -> tuple[str, BaseException | None, float]:
+        t = time.monotonic()
+        try:
+            await asyncio.wait_for(calls[name](), DOWN_CALL_S)
+        except BaseException as exc:
+            return name, exc, time.monotonic() - t
+        return name, None, time.monotonic() - t
+
+    for name, exc, took in await asyncio.gather(*(down_call(n) for n in calls)):
+        assert isinstance(exc, DriverUnavailableError), (name, repr(exc), took)
+        assert "check that the Temporal server is running" in str(exc), (name, exc)
+    while time.monotonic() - down_at < 8.0:  # (a deadline, checked every tick)
+        assert proc.returncode is None, "the worker process exited while Temporal was down"
+        await asyncio.sleep(0.5)
+    await server.start()
+    await _finish(engine, batch)
+    return batch
+
+
+async def _check_runs(engine: Any, sink: FileSink, counts: Path, runs: list[str]) -> None:
+    """No attempt charged, no journaled step run twice, events complete with stable ids."""
+    for run_id in runs:
+        info = await engine.get_run(run_id)
+        assert [(s.id, s.status, s.attempt) for s in info.stages] == [
+            ("a", "completed", 1),
+            ("b", "completed", 1),
+        ], info
+        for step in ("ax", "bx", "by"):
+            assert _count(counts, run_id, step) == 1, (run_id, step)
+        events = sink.events(run_id)  # deduplicated by id
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        types = [e.type for e in events]
+        assert "stage.failed" not in types and types[-1] == "run.completed", types
+
+
+async def _worker_up(proc: asyncio.subprocess.Process, log: Path, timeout: float = 30.0) -> None:
+    """Until the subprocess worker polls (its banner), before the server goes down."""
+    deadline = time.monotonic() + timeout
+    while "wfe worker (temporal)" not in (text := await asyncio.to_thread(log.read_text)):
+        assert proc.returncode is None, text[-3000:]
+        assert time.monotonic() < deadline, "the worker process did not start"
+        await asyncio.sleep(0.1)
+
+
+async def test_runs_survive_server_restarts_and_outage(
+    server: RestartableServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counts, blobs = tmp_path / "counts", tmp_path / "blobs"
+    counts.mkdir()
+    sink = FileSink(tmp_path / "events.jsonl")
+    settings = EngineSettings(
+        driver="temporal",
+        temporal_address=server.address,
+        task_queue=f"restart-{os.getpid()}",
+        blob_url=f"file://{blobs}",
+    )
+    monkeypatch.setenv("WFE_TEST_COUNT_DIR", str(counts))
+    engine = create_temporal_engine(
+        settings,
+        build_registry(),
+        event_sink=sink,
+        blob_store=FolderBlobStore(blobs),
+        heartbeat_timeout=3.0,
+        unavailable_timeout=5.0,
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "WFE_TEMPORAL_ADDRESS": server.address,
+        "WFE_TASK_QUEUE": settings.task_queue,
+        "WFE_BLOB_URL": f"file://{blobs}",
+        "WFE_TEST_EVENTS": str(tmp_path / "events.jsonl"),
+    }
+    worker_log = tmp_path / "worker.log"
+    with worker_log.open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.integration.temporal.test_server_restart",
+            env=env,
+            cwd=str(ROOT),
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    runs: list[str] = []
+    try:
+        await _worker_up(proc, worker_log)
+        async with engine, engine.worker(sticky_queue_timeout=2.0):
+            for scenario in (signal.SIGTERM, signal.SIGKILL):
+                runs += await _restart(engine, server, scenario)
+            runs += await _outage(engine, server, proc)
+            await _check_runs(engine, sink, counts, runs)
+        assert proc.returncode is None, "the worker process exited"
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 20)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+    text = worker_log.read_text(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    assert len(text.splitlines()) < 300, f"{len(text.splitlines())} log lines: {text[-3000:]}"
+
+
+async def _worker_main() -> None:
+    from driver_temporal import run_worker_forever
+
+    settings = EngineSettings(driver="temporal")  # WFE_TEMPORAL_ADDRESS, WFE_TASK_QUEUE, ...
+    engine = create_temporal_engine(
+        settings,
+        build_registry(),
+        event_sink=FileSink(Path(os.environ["WFE_TEST_EVENTS"])),
+        blob_store=FolderBlobStore(settings.blob_url.reveal().removeprefix("file://")),
+        heartbeat_timeout=3.0,
+    )
+    await run_worker_forever(engine, sticky_queue_timeout=2.0)
+
+
+if __name__ == "__main__":
+    asyncio.run(_worker_main())
