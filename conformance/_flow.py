@@ -507,3 +507,57 @@ class ClaimCheckContract:
         ) as other:
             with pytest.raises(SpilledPayloadUnavailableError):
                 await other.get_run(info.id)
+
+    async def test_s14_a_stage_whose_spilled_input_vanished_fails_once(
+        self, harness: Harness
+    ) -> None:
+        """A stage whose upstream output is missing from the blob store (deleted by hand, a
+        store restarted without its data, a host pointed at another store) fails with
+        ``SpilledPayloadUnavailableError``, once and for good: the data does not come back by
+        itself (an unreachable store is a storage fault instead: the attempt is abandoned and
+        retried). Before, both drivers took the stage again forever, failing in the engine."""
+        if not harness.capabilities.claim_check:
+            pytest.skip("driver lacks capability claim_check")
+        from engine_port import MemoryBlobStore
+
+        class Forgetful(MemoryBlobStore):
+            """Says it wrote the blob, keeps nothing."""
+
+            async def put(self, key: str, data: bytes) -> None:
+                return None
+
+        wf = Workflow(unique_id("s14v"), input=Num)
+
+        @wf.stage
+        async def big(ctx: StageContext[Num]) -> str:
+            return "z" * (200 * 1024)
+
+        undone: list[int] = []
+
+        @big.compensation
+        async def undo(ctx: StageContext[Num], output: str) -> None:
+            undone.append(len(output))  # (never: its output is gone too)
+
+        @wf.stage(
+            after=[big], retry=Retry(max_attempts=3, initial_interval=timedelta(milliseconds=10))
+        )
+        async def use(ctx: StageContext[Num]) -> int:
+            return len(ctx.output_of(big))
+
+        sink = MemorySink()
+        async with (
+            harness.engine(Registry([wf]), sink, blob_store=Forgetful()) as engine,
+            engine.worker(),
+        ):
+            run = await engine.start(wf.id, {})
+            events = await wait_for_events(sink, run.id, "run.failed")
+        failed = [e for e in events if e.type == "stage.failed"]
+        assert [(e.stage, e.data["attempt"]) for e in failed] == [("use", 1)]
+        assert failed[0].data["error"]["type"] == "SpilledPayloadUnavailableError"
+        assert failed[0].data["will_retry"] is False
+        ended = next(e for e in events if e.type == "run.failed")
+        assert ended.data["error"]["type"] == "SpilledPayloadUnavailableError"
+        assert "blob_url" in ended.data["error"]["message"]
+        # the compensation that needs the vanished output fails once, and the run ends
+        assert undone == []
+        assert not [e for e in events if e.type == "stage.compensated"]

@@ -28,6 +28,7 @@ from engine_port import (
     Failed,
     FlushResult,
     GraphModel,
+    Outcome,
     Registry,
     SignalResult,
     StageRequest,
@@ -51,6 +52,7 @@ from engine_port.errors import (
     CommandInProgressError,
     IdempotencyConflictError,
     RunExistsError,
+    SpilledPayloadUnavailableError,
     WorkflowNotFoundError,
 )
 
@@ -829,17 +831,25 @@ class Kernel:
                 workflow=wf,
                 stage_id=begin.stage_id,
                 attempt=begin.attempt,
-                input=await self.claim.load(begin.input, run_id=begin.run_id),
-                outputs={
-                    k: await self.claim.load(v, run_id=begin.run_id)
-                    for k, v in begin.outputs.items()
-                },
+                input=None,
                 cancel_event=cancel,
                 resumed=bool(begin.steps),
                 trace_context=begin.trace_context,
                 version=begin.version,
             )
-            outcome = await self.runner.run(request, ledger)
+            try:
+                request = dataclasses.replace(
+                    request,
+                    input=await self.claim.load(begin.input, run_id=begin.run_id),
+                    outputs={
+                        k: await self.claim.load(v, run_id=begin.run_id)
+                        for k, v in begin.outputs.items()
+                    },
+                )
+            except SpilledPayloadUnavailableError as exc:
+                outcome: Outcome = self.runner.values_missing(request, exc)
+            else:
+                outcome = await self.runner.run(request, ledger)
             beat.settled = True
             return outcome, await self._spill(job, outcome)
 
@@ -921,18 +931,35 @@ class Kernel:
     ) -> None:
         """The compensations of ``plan``, newest first, then the run's end; each write made
         under ``job``'s claim by ``worker`` (``on_lost`` and CancelledError when it is gone)."""
-        run_input = await self.claim.load(plan.input, run_id=plan.run_id)
-        outputs = {k: await self.claim.load(v, run_id=plan.run_id) for k, v in plan.outputs.items()}
+        run_input: Any = None
+        outputs: dict[str, Any] = {}
+        missing: SpilledPayloadUnavailableError | None = None
+        if plan.todo:
+            try:
+                run_input = await self.claim.load(plan.input, run_id=plan.run_id)
+                outputs = {
+                    k: await self.claim.load(v, run_id=plan.run_id) for k, v in plan.outputs.items()
+                }
+            except SpilledPayloadUnavailableError as exc:
+                missing = exc  # (each compensation fails with it: see values_missing)
         for stage_id, stored in plan.todo:
+            output = None
+            lacking = missing
+            if lacking is None:
+                try:
+                    output = await self.claim.load(stored, run_id=plan.run_id)
+                except SpilledPayloadUnavailableError as exc:
+                    lacking = exc
             await self._compensate_stage(
                 wf,
                 plan.run_id,
                 stage_id,
                 run_input,
                 outputs,
-                await self.claim.load(stored, run_id=plan.run_id),
+                output,
                 plan.trace_context,
                 lease=(job, worker, cancel, on_lost),
+                missing=lacking,
             )
         if not await self.db.tx(_progress.finish_compensation, job, worker, self.now()):
             self._compensation_lost(job, worker, on_lost)
@@ -952,10 +979,12 @@ class Kernel:
         trace_context: str | None,
         *,
         lease: tuple[Any, str, asyncio.Event, Callable[[], None]],
+        missing: SpilledPayloadUnavailableError | None = None,
     ) -> None:
         """``lease``: the compensation job (as claimed), the worker holding its lease, the
         event set when the lease is found gone, and what to call when a write finds it gone
-        (every write checks the claim; one that finds it gone raises CancelledError)."""
+        (every write checks the claim; one that finds it gone raises CancelledError).
+        ``missing``: a value the compensation needs is not in the blob store: it fails."""
         stage = wf.get_stage(stage_id)
         job, worker, cancel, on_lost = lease
         ledger_id = f"{stage_id}#compensation"
@@ -983,7 +1012,10 @@ class Kernel:
                 cancel_event=cancel,
                 trace_context=trace_context,
             )
-            outcome = await self.runner.compensate(req, output, ledger)
+            if missing is not None:
+                outcome: Outcome = self.runner.values_missing(req, missing, compensation=True)
+            else:
+                outcome = await self.runner.compensate(req, output, ledger)
             if isinstance(outcome, Abandoned):
                 raise _CompensationAbandoned(outcome.reason)
             error = None

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ from engine_port import (
     Suspended,
 )
 from engine_port.driver import log_dead_letter
-from engine_port.errors import EngineError
+from engine_port.errors import EngineError, SpilledPayloadUnavailableError
 
 from ._carry import carry, meta_of, whole
 from ._journal import StepJournal, put_small, step_records
@@ -477,7 +478,12 @@ class DriverActivities:
         """Run the stage body (or its compensation) of ``task``: its outcome, its request and
         the bookkeeping of its result (steps journaled, signals consumed, events published);
         a local try that had ended already: its recorded result document."""
-        req = await self._request(task)
+        req, missing = await self._request(task)
+        if missing is not None:
+            # a value the try needs is not in the blob store: it fails for good, its body
+            # never runs (see StageRunner.values_missing)
+            failed = self.runner.values_missing(req, missing, compensation=compensation)
+            return failed, req, {"steps": [], "consumed": []}
         journal: dict[str, dict[str, Any]] = {}
         records = {r["name"]: r for r in task["steps"]}
         log = StepJournal(self.claim.store, _journal_of(task, compensation))
@@ -540,27 +546,38 @@ class DriverActivities:
             result["published"] = published
         return outcome, req, result
 
-    async def _request(self, task: dict[str, Any]) -> StageRequest:
-        """The StageRunner's request for ``task`` (its values loaded from the claim check);
-        an unknown workflow version fails the activity for good."""
+    async def _request(
+        self, task: dict[str, Any]
+    ) -> tuple[StageRequest, SpilledPayloadUnavailableError | None]:
+        """The StageRunner's request for ``task`` (its values loaded from the claim check),
+        and the error of a value the blob store lacks (the request then holds none); an
+        unknown workflow version fails the activity for good."""
         try:
             wf = self.registry.get(task["workflow_id"], task["version"])
         except EngineError as exc:
             raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
-        return StageRequest(
+        req = StageRequest(
             run_id=task["run_id"],
             workflow=wf,
             stage_id=task["stage_id"],
             attempt=task["attempt"],
-            input=await self.claim.load(task["input"], run_id=task["run_id"]),
-            outputs={
-                k: await self.claim.load(v, run_id=task["run_id"])
-                for k, v in task["outputs"].items()
-            },
+            input=None,
             resumed=bool(task["steps"]),
             trace_context=task.get("trace_context"),
             version=task["version"],
         )
+        try:
+            loaded = dataclasses.replace(
+                req,
+                input=await self.claim.load(task["input"], run_id=task["run_id"]),
+                outputs={
+                    k: await self.claim.load(v, run_id=task["run_id"])
+                    for k, v in task["outputs"].items()
+                },
+            )
+        except SpilledPayloadUnavailableError as exc:
+            return req, exc
+        return loaded, None
 
     async def _run_body(
         self,
@@ -595,9 +612,12 @@ class DriverActivities:
         published: dict[str, Any] | None = None
         try:
             if compensation:
-                outcome = await self.runner.compensate(
-                    req, await self.claim.load(task["output"], run_id=req.run_id), ledger
-                )
+                try:
+                    output = await self.claim.load(task["output"], run_id=req.run_id)
+                except SpilledPayloadUnavailableError as exc:
+                    outcome: Outcome = self.runner.values_missing(req, exc, compensation=True)
+                else:
+                    outcome = await self.runner.compensate(req, output, ledger)
             else:
                 outcome = await self._unless_frozen(info, task, self.runner.run(req, ledger))
         finally:

@@ -36,6 +36,7 @@ from .errors import (
     DefinitionError,
     InvalidInputError,
     SerializationError,
+    SpilledPayloadUnavailableError,
     StageExitError,
     StageTimeoutError,
     StepError,
@@ -117,8 +118,15 @@ class Abandoned:
 Outcome = Completed | Suspended | Failed | Abandoned
 
 # InvalidInputError (PayloadTooLargeError too): a name or value over a backend's limits never
-# fits on a retry either
-_NEVER_RETRY = (SerializationError, StepError, DefinitionError, InvalidInputError)
+# fits on a retry either; a spilled value the blob store does not hold does not come back by
+# itself (an unreachable store is a storage fault instead: the attempt is abandoned)
+_NEVER_RETRY = (
+    SerializationError,
+    StepError,
+    DefinitionError,
+    InvalidInputError,
+    SpilledPayloadUnavailableError,
+)
 
 
 async def _no_exit(body: Awaitable[Any]) -> Any:
@@ -457,6 +465,21 @@ class StageRunner:
         if self.metrics is not None:
             seconds = time.monotonic() - began
             self.metrics.stage_outcome(req, stage, outcome, seconds, compensation=compensation)
+
+    def values_missing(
+        self, req: StageRequest, exc: SpilledPayloadUnavailableError, *, compensation: bool = False
+    ) -> Failed:
+        """The outcome of an attempt (or a compensation) whose input, upstream outputs or
+        recorded output the driver could not load because the blob store lacks them (deleted
+        by hand, a store restarted without its data, a host pointed at another store): failed
+        for good with the error, logged as any failure is; the body never ran. The data does
+        not come back by itself: the operator restores it (or fixes ``blob_url``) and redrives
+        the run. (An unreachable store is a storage fault: the attempt is abandoned.)"""
+        stage = req.workflow.get_stage(req.stage_id)
+        slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
+        outcome = Failed(ErrorInfo.of(exc, stage.id), retryable=False)
+        _log_outcome(slog, stage, req.attempt, outcome, "compensation" if compensation else "stage")
+        return outcome
 
     def _abandoned(self, stage: Stage, fault: InfrastructureFault) -> Abandoned:
         return Abandoned(str(fault))  # logged with the outcome

@@ -146,6 +146,7 @@ async def test_an_engine_error_of_the_ledger_is_not_a_storage_fault() -> None:
     outcome = await _run(_workflow("plain"), ledger)
     assert isinstance(outcome, Failed)
     assert outcome.error.type == "SpilledPayloadUnavailableError"
+    assert not outcome.retryable  # the blob does not come back by itself
 
 
 async def test_a_compensation_journaling_fault_is_abandoned_too() -> None:
