@@ -348,6 +348,8 @@ class Kernel:
         # database answers again (``return_leases``), so they do not wait for the lease to
         # expire (30 s) after an outage longer than ``database_retry_seconds``
         self._unreturned: dict[int, tuple[Any, str]] = {}
+        # attempts abandoned on a storage fault since the last one that went through
+        self._abandoned_since_ok = 0
         self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         # "workflow@version" -> (its Workflow, its indexed graph): built once, not per stage
         # transition (``Workflow.graph()`` checks the whole definition on every call)
@@ -745,22 +747,38 @@ class Kernel:
         at once: the job is due again after a backoff, with its attempt number kept."""
         try:
             if cmd.job.kind == "compensate":
-                return await self._compensate(cmd)
-            return await self._execute_stage(cmd)
+                result = await self._compensate(cmd)
+            else:
+                result = await self._execute_stage(cmd)
         except Exception as exc:
             if not (isinstance(exc, _CompensationAbandoned) or is_storage_fault(exc)):
                 raise
             await self._abandon(cmd.job, cmd.worker_id, exc)
             return "abandoned"
+        if self._abandoned_since_ok and result != "abandoned":
+            log.info(
+                "the engine's storage answers again: %d attempt(s) were abandoned meanwhile",
+                self._abandoned_since_ok,
+            )
+            self._abandoned_since_ok = 0
+        return result
 
     async def _abandon(self, job: Any, worker: str, exc: BaseException) -> None:
-        log.warning(
+        # one WARNING per outage (an S3 or disk fault lets jobs be claimed and abandoned
+        # again every few seconds each, for as long as it lasts); the rest at DEBUG
+        self._abandoned_since_ok += 1
+        first = self._abandoned_since_ok == 1
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
             "job %s of run %s: the engine's storage failed (%s); the attempt is abandoned and "
-            "runs again in %gs without using up a retry",
+            "runs again in %gs without using up a retry%s",
             job.id,
             job.run_id,
             describe_fault(exc),
             _progress.ABANDON_BACKOFF_S,
+            " (further attempts abandoned until one goes through are logged at DEBUG)"
+            if first
+            else "",
         )
         try:
             await self.db.tx(

@@ -447,6 +447,9 @@ async def process_available_jobs(
     worker = worker_id or _default_worker_id()
     results: list[HandleJobResult] = []
     served = _served(kernel)
+    # a warm host: attempts an earlier invocation abandoned while the database was away, whose
+    # leases could not be given back then, are due again now (not at the lease's expiry)
+    await kernel.return_leases()
     while len(results) < max_jobs:
         claimed = await kernel.db.tx(
             _lease, worker, served, kernel.settings.lease_threshold, kernel.now()

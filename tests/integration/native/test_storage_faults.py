@@ -6,6 +6,7 @@ DriverUnavailableError only after a bounded retry."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import uuid
 from collections import Counter
@@ -19,7 +20,15 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError
 
-from driver_native import CancelRun, ClaimPending, ExecuteJob, _kernel, _progress, _schema
+from driver_native import (
+    CancelRun,
+    ClaimPending,
+    ExecuteJob,
+    _kernel,
+    _progress,
+    _schema,
+    process_available_jobs,
+)
 from driver_native._engine import NativeEngine
 from driver_native._jobs import Lease
 from driver_native._ledger import _consume, journal
@@ -342,6 +351,58 @@ async def test_a_failed_recording_gives_the_lease_back_at_once(make_engine: Make
     assert (RAN["one"], RAN["two"]) == (1, 1)  # both steps were journaled before the fault
     events = await engine.events(run.id)
     assert "stage.failed" not in [e.type for e in events]
+
+
+async def test_a_fault_that_lasts_warns_once_and_says_when_it_is_over(
+    make_engine: MakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An outage of the blob store (or a full disk) lets the job be claimed and abandoned
+    again every couple of seconds for as long as it lasts: one WARNING for the outage (the
+    rest at DEBUG), one INFO once an attempt goes through, with how many were abandoned."""
+    caplog.set_level(logging.INFO, logger="wfe.kernel")
+    wf = _two_steps()
+    engine = await make_engine(wf, lease_seconds=30)
+    failing = [True]
+    _inject(
+        engine,
+        lambda fn, _a: failing[0] and fn is _kernel._apply_and_read,
+        DriverUnavailableError("S3 blob store at http://s3:9000: cannot connect"),
+    )
+    run = await engine.start(wf.id, {})
+    for _ in range(3):
+        assert await _run_jobs(engine) == ["abandoned"]
+        await _make_due(engine, run.id)
+    failing[0] = False
+    assert await _run_jobs(engine) == ["completed"]
+    assert (await engine.get_run(run.id)).status == "completed"
+    kernel = [r for r in caplog.records if r.name == "wfe.kernel"]
+    warned = [r for r in kernel if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "is abandoned" in warned[0].getMessage(), warned
+    back = [r.getMessage() for r in kernel if r.levelno == logging.INFO]
+    assert back == ["the engine's storage answers again: 3 attempt(s) were abandoned meanwhile"]
+
+
+async def test_a_serverless_invocation_gives_back_leases_an_outage_kept(
+    make_engine: MakeEngine,
+) -> None:
+    """An attempt abandoned while the database was away could not give its lease back then;
+    the next invocation of a warm serverless host gives it back and runs the job at once, as
+    a long-running worker does, instead of leaving it to the lease's expiry (30 s)."""
+    wf = _two_steps()
+    engine = await make_engine(wf, lease_seconds=30)
+    away = DriverUnavailableError("cannot reach the database")
+    failed = _inject(
+        engine,
+        lambda fn, _a: len(failed) < 2 and fn in (_kernel._apply_and_read, _progress.abandon_job),
+        away,
+    )
+    run = await engine.start(wf.id, {})
+    first = await process_available_jobs(engine.kernel, worker_id="fn-1")
+    assert [r.detail for r in first.results] == ["abandoned"]
+    assert failed == ["_apply_and_read", "abandon_job"]
+    again = await process_available_jobs(engine.kernel, worker_id="fn-1")
+    assert [r.detail for r in again.results] == ["completed"], again
+    assert (await engine.get_run(run.id)).status == "completed"
 
 
 async def test_an_outcome_committed_but_not_acknowledged_keeps_its_output(
