@@ -5,6 +5,7 @@ S8, S9)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -121,12 +122,15 @@ class SignalContract:
         it comes: here right after the start, while the run's first stage (a ``local=True``
         one, which on Temporal runs before the run publishes any state) still runs, so no
         stage waits yet. (The stage does not wait for the test: on Temporal a local stage
-        holds the run's workflow task, and a signal is answered once it returns.)"""
+        holds the run's workflow task, and a signal is answered once it returns: there it
+        returns after 1.5 s; elsewhere once both signals were sent, however slow the host.)"""
         wf = Workflow(unique_id("sigk"), input=Num)
+        sent_both = asyncio.Event()
 
         @wf.stage(local=True)
         async def first(ctx: StageContext[Num]) -> int:
-            await asyncio.sleep(1.5)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sent_both.wait(), 1.5)
             return 1
 
         @wf.stage(after=[first])
@@ -138,6 +142,7 @@ class SignalContract:
             run = await engine.start(wf.id, {})
             sent = await engine.signal(run.id, "go", {"n": 1}, idempotency_key="k1")
             again = await engine.signal(run.id, "go", {"n": 1}, idempotency_key="k1")
+            sent_both.set()
             info = await engine.wait(run.id, timeout=60)
         assert (sent.delivered, sent.already_completed) == (False, False)
         assert (again.delivered, again.already_completed) == (False, True)
