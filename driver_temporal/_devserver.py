@@ -30,6 +30,7 @@ from temporalio.client import Client
 
 from engine_port.errors import DriverUnavailableError
 
+from ._outage import use_runtime
 from ._search import SEARCH_ATTRIBUTES
 
 __all__ = ["TemporalDevServer", "find_temporal_binary", "run_dev_server"]
@@ -156,6 +157,7 @@ class TemporalDevServer:
             raise
 
     async def _wait_ready(self) -> None:
+        use_runtime()  # (the process's temporalio runtime, as the engine makes it: ``_outage``)
         deadline = time.monotonic() + self.startup_timeout
         last: BaseException | None = None
         while time.monotonic() < deadline:

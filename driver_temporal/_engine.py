@@ -147,6 +147,7 @@ from ._helpers import (
 )
 from ._history_events import run_events
 from ._journal import read_run_journals
+from ._outage import OUTAGE, use_runtime
 from ._paging import PagedRuns
 from ._query import runs_query
 from ._run_end import RunEnds, WorkerExterns
@@ -176,6 +177,9 @@ __all__ = ["TemporalEngine", "create_temporal_engine"]
 _FIRST_PEEK_S = 0.25
 _PEEK_CAP_S = 2.0
 _PEEKS_PER_S = 10.0
+# how long past its timeout wait() may take to read the run's status (a few ms when Temporal
+# answers); a server silent that long is taken for unavailable (DriverUnavailableError)
+_WAIT_GRACE_S = 1.0
 # the statuses of a run signal() may send to without reading its state (``_remember``), and
 # how many such runs an engine remembers
 _LIVE = (RunStatus.RUNNING, RunStatus.SUSPENDED)
@@ -275,6 +279,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if self._client is not None:
             return
         address, ns = self.settings.temporal_address, self.settings.temporal_namespace
+        use_runtime()  # (temporalio's core logs: one WARNING an outage, ``_outage``)
         try:
             client = await asyncio.wait_for(
                 Client.connect(
@@ -676,12 +681,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         ``WorkflowExecutionDescription`` (every field converted, every search attribute
         decoded) that nothing here reads: a twentieth of a short run's client CPU."""
         client = self._conn
-        return await client.workflow_service.describe_workflow_execution(
+        raw = await client.workflow_service.describe_workflow_execution(
             DescribeWorkflowExecutionRequest(
                 namespace=client.namespace, execution=PbWorkflowExecution(workflow_id=run_id)
             ),
             retry=True,
         )
+        OUTAGE.answered()  # (an outage noticed in the core's logs is over: ``_outage``)
+        return raw
 
     async def _memo_of(self, raw: DescribeWorkflowExecutionResponse) -> dict[str, Any]:
         """The run's memo entries, but the start document (``wfe_start``: the graph and
@@ -773,8 +780,24 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         its close event, whose result carries the run's final RunInfo (``_info_from_close``);
         otherwise (a run that failed, was cancelled, or started by an older driver) the
         describe ``get_run`` reads the RunInfo from follows (an unknown run id ends the poll
-        at once and the describe raises RunNotFoundError)."""
+        at once and the describe raises RunNotFoundError).
+
+        ``timeout`` bounds the whole call, the server answering or not: the run's status is
+        read at the deadline (WaitTimeoutError if not terminal), and a server that has not
+        answered that read ``_WAIT_GRACE_S`` later raises DriverUnavailableError, as every
+        call does while Temporal is down (temporalio retries a describe ~10 s on its own)."""
         timeout = check_wait_call(run_id, timeout)
+        if timeout is None:
+            return await self._wait(run_id, None)
+        try:
+            return await asyncio.wait_for(self._wait(run_id, timeout), timeout + _WAIT_GRACE_S)
+        except TimeoutError:
+            raise _rpc.silent(
+                self.settings.temporal_address,
+                f"the status of run {run_id!r} within wait()'s timeout ({timeout:g}s)",
+            ) from None
+
+    async def _wait(self, run_id: str, timeout: float | None) -> RunInfo:
         try:
             close = await asyncio.wait_for(self._ended(run_id), timeout)
         except TimeoutError:

@@ -21,6 +21,8 @@ from temporalio.service import GrpcCompression, PayloadLimitsConfig, RPCError, R
 from engine_port import EngineSettings
 from engine_port.errors import DriverUnavailableError
 
+from ._outage import OUTAGE
+
 __all__ = [
     "PAYLOAD_LIMITS",
     "RETRYABLE",
@@ -28,6 +30,7 @@ __all__ = [
     "call",
     "grpc_compression",
     "retryable",
+    "silent",
     "surfaced",
     "unavailable",
 ]
@@ -65,7 +68,7 @@ async def call(
     delay = initial_s
     while True:
         try:
-            return await fn()
+            result = await fn()
         except RPCError as exc:
             if exc.status not in RETRYABLE:
                 raise
@@ -77,8 +80,17 @@ async def call(
                         "later or give it more capacity"
                     ) from None
                 raise unavailable(exc, None, f"{what} for {deadline_s:g}s") from None
+        else:
+            OUTAGE.answered()  # (an outage noticed in the core's logs is over: ``_outage``)
+            return result
         await asyncio.sleep(delay * (0.5 + random.random() / 2))
         delay = min(delay * 2, max_s)
+
+
+_REMEDY = (
+    "check that the Temporal server is running and reachable (`wfe dev temporal`, "
+    "WFE_TEMPORAL_ADDRESS), then retry: runs already started are kept and go on once it is back"
+)
 
 
 def unavailable(exc: RPCError, address: str | None, what: str) -> DriverUnavailableError:
@@ -87,10 +99,15 @@ def unavailable(exc: RPCError, address: str | None, what: str) -> DriverUnavaila
     status = exc.status.name if exc.status else "?"
     where = f" at {address}" if address else ""
     return DriverUnavailableError(
-        f"Temporal{where} did not answer {what} ({status}: {exc.message}); check that the "
-        "Temporal server is running and reachable (`wfe dev temporal`, WFE_TEMPORAL_ADDRESS), "
-        "then retry: runs already started are kept and go on once it is back"
+        f"Temporal{where} did not answer {what} ({status}: {exc.message}); {_REMEDY}"
     )
+
+
+def silent(address: str | None, what: str) -> DriverUnavailableError:
+    """The error a call with a deadline of the caller's raises when Temporal did not answer
+    by then (still retrying: down, restarting or overloaded)."""
+    where = f" at {address}" if address else ""
+    return DriverUnavailableError(f"Temporal{where} did not answer {what}; {_REMEDY}")
 
 
 class _Engine(Protocol):

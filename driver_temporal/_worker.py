@@ -24,6 +24,8 @@ from engine_port.errors import UnsupportedFeatureError
 
 from . import _rpc
 from ._ended import noticing
+from ._helpers import in_background
+from ._outage import PROBE_EVERY_S, probe
 from ._purge import retention
 from ._workflow import GraphWorkflow, workflow_runner
 
@@ -120,6 +122,8 @@ class EngineWorker:
             await stack.enter_async_context(retention(eng))  # the retention setting (issue 16)
             # runs Temporal ended outside the engine: their closing event (``_ended``)
             await stack.enter_async_context(noticing(eng, [tq for tq, _ in self._keys]))
+            # an outage its polls met (one WARNING, ``_outage``): one INFO once Temporal is back
+            await stack.enter_async_context(in_background(_probing(eng), "wfe-temporal-probe"))
             current = asyncio.create_task(self._make_current())
             stack.push_async_callback(_cancelled, current)
         except BaseException:
@@ -157,6 +161,13 @@ class EngineWorker:
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
+
+
+async def _probing(eng: TemporalEngine) -> None:
+    """While a worker runs: whether Temporal answers again, during an outage noticed."""
+    while True:
+        await asyncio.sleep(PROBE_EVERY_S)
+        await probe(eng._conn)
 
 
 async def _cancelled(task: asyncio.Task[None]) -> None:

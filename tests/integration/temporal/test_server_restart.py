@@ -4,7 +4,9 @@ with its state in a database file: no run is lost or stuck, no stage attempt is 
 process, one a ``run_worker_forever`` subprocess) recover on their own and the subprocess
 neither exits nor floods its log, events reach the sink with stable ids, and every client call
 made while the server is down raises ``DriverUnavailableError`` (never temporalio's
-``RPCError``) within a bound, saying what to do.
+``RPCError``) within a bound, saying what to do; ``wait(timeout=T)`` within about T. An
+outage is logged once by each process (a WARNING when Temporal stops answering, an INFO when
+it answers again), not once per retried poll.
 
 Run as a module (``python -m tests.integration.temporal.test_server_restart``), this file is
 the subprocess worker.
@@ -13,6 +15,7 @@ the subprocess worker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -25,6 +28,7 @@ import pytest
 from pydantic import BaseModel
 
 from driver_temporal import TemporalDevServer, create_temporal_engine
+from driver_temporal._outage import CORE_LOGGER, OutageFilter
 from engine_port import EngineSettings, FolderBlobStore, Registry, StageContext, Workflow
 from engine_port.errors import DriverUnavailableError
 
@@ -35,6 +39,8 @@ pytestmark = pytest.mark.temporal
 ROOT = Path(__file__).resolve().parents[3]
 RECOVER_S = 40.0  # after the server answers again, every run ends within this
 DOWN_CALL_S = 25.0  # a client call while the server is down raises within this
+WAIT_MARGIN_S = 1.5  # wait(timeout=T) while the server is down raises within T + this
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # (the subprocess worker's log lines)
 
 
 class In(BaseModel):
@@ -144,8 +150,12 @@ async def _outage(
         "signal": lambda: engine.signal(batch[0], "go", {"n": 1}),
         "get_run": lambda: engine.get_run(batch[1]),
         "wait": lambda: engine.wait(batch[2], timeout=2.0),
+        "wait0": lambda: engine.wait(batch[2], timeout=0),
         "list_runs": engine.list_runs,
     }
+    # the caller's timeout holds, the server answering or not (temporalio alone retries a
+    # describe ~10 s: wait(timeout=2) took 10-15 s)
+    bounds = {"wait": 2.0 + WAIT_MARGIN_S, "wait0": WAIT_MARGIN_S}
 
     async def down_call(name: str) -> tuple[str, BaseException | None, float]:
         t = time.monotonic()
@@ -158,6 +168,7 @@ async def _outage(
     for name, exc, took in await asyncio.gather(*(down_call(n) for n in calls)):
         assert isinstance(exc, DriverUnavailableError), (name, repr(exc), took)
         assert "check that the Temporal server is running" in str(exc), (name, exc)
+        assert took < bounds.get(name, DOWN_CALL_S), (name, took, exc)
     while time.monotonic() - down_at < 8.0:  # (a deadline, checked every tick)
         assert proc.returncode is None, "the worker process exited while Temporal was down"
         await asyncio.sleep(0.5)
@@ -191,9 +202,29 @@ async def _worker_up(proc: asyncio.subprocess.Process, log: Path, timeout: float
         await asyncio.sleep(0.1)
 
 
+def _outage_logs(lines: list[str]) -> tuple[int, int, list[str]]:
+    """The outage WARNINGs and recovery INFOs among a process's log lines, and the retry WARNs
+    of temporalio's core (one per retried call: dozens an outage, 1-2 a second)."""
+    warned = [x for x in lines if "WARNING wfe.temporal: " in x and "does not answer" in x]
+    back = [x for x in lines if "INFO wfe.temporal: Temporal answers again" in x]
+    retried = [x for x in lines if "retried" in x and "gRPC call" in x]
+    return len(warned), len(back), retried
+
+
+def _check_outage_logs(lines: list[str], who: str) -> None:
+    """Each outage (one 8 s, two 1-2 s restarts) logged once and its end once, no retry."""
+    warned, back, retried = _outage_logs(lines)
+    assert not retried, (who, len(retried), retried[:3])
+    assert 1 <= warned <= 3 and back == warned, (who, warned, back, lines[-30:])
+
+
 async def test_runs_survive_server_restarts_and_outage(
-    server: RestartableServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: RestartableServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="wfe.temporal")
     counts, blobs = tmp_path / "counts", tmp_path / "blobs"
     counts.mkdir()
     sink = FileSink(tmp_path / "events.jsonl")
@@ -251,11 +282,55 @@ async def test_runs_survive_server_restarts_and_outage(
     text = worker_log.read_text(errors="replace")
     assert "Traceback" not in text, text[-3000:]
     assert len(text.splitlines()) < 300, f"{len(text.splitlines())} log lines: {text[-3000:]}"
+    _check_outage_logs(text.splitlines(), "the worker process")
+    mine = [
+        f"{r.levelname} {r.name}: {r.getMessage()}"
+        for r in caplog.records
+        if r.name.startswith("wfe.temporal")
+    ]
+    _check_outage_logs(mine, "this process")
+
+
+def test_outage_filter_keeps_other_core_logs(caplog: pytest.LogCaptureFixture) -> None:
+    """Only the core's retry WARNs of an unavailable server are dropped (one WARNING for the
+    lot); any other core message goes through as it is."""
+    caplog.set_level(logging.INFO, logger="wfe.temporal")
+    outage = OutageFilter()
+
+    def core(message: str, level: int = logging.WARNING) -> logging.LogRecord:
+        return logging.LogRecord(CORE_LOGGER, level, "(sdk-core)", 0, message, (), None)
+
+    refused = (
+        "[sdk_core::temporalio_client::retry] gRPC call poll_workflow_task_queue retried 6 "
+        "times {'error': 'Status { code: Unavailable, message: \"tcp connect error\", source: "
+        'Some(tonic::transport::Error(Transport, ConnectError(ConnectError("tcp connect '
+        "error\", 127.0.0.1:7233, Os { code: 111 }))))) }'}"
+    )
+    others = [
+        core(refused.replace("Unavailable", "Internal")),
+        core(refused.replace("Unavailable", "Unknown")),  # (Unknown: only "transport error")
+        core("[sdk_core::temporalio_sdk_core::worker] Failed to complete workflow task"),
+        core("[sdk_core::temporalio_client::retry] something else Unavailable", logging.ERROR),
+    ]
+    assert [outage.filter(r) for r in others] == [True] * 4
+    assert [outage.filter(core(refused)) for _ in range(20)] == [False] * 20
+    assert outage.filter(others[2]) is True  # (during an outage too)
+    outage.answered()
+    outage.answered()
+    reset = refused.replace('Unavailable, message: "tcp connect', 'Unknown, message: "transport')
+    assert "Unknown" in reset and not outage.filter(core(reset))  # a second outage: cut
+    lines = [f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records]
+    warned, back, _ = _outage_logs(lines)
+    assert (warned, back) == (2, 1), lines
+    assert "Temporal at 127.0.0.1:7233 does not answer" in lines[0], lines
 
 
 async def _worker_main() -> None:
     from driver_temporal import run_worker_forever
 
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # (as `wfe worker` logs)
+    logging.getLogger("wfe").setLevel(logging.WARNING)  # (but its runs' INFO lines)
+    logging.getLogger("wfe.temporal").setLevel(logging.INFO)
     settings = EngineSettings(driver="temporal")  # WFE_TEMPORAL_ADDRESS, WFE_TASK_QUEUE, ...
     engine = create_temporal_engine(
         settings,
