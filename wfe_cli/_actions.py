@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -17,7 +18,7 @@ from engine_port.errors import WaitTimeoutError
 from ._db import initialised
 from ._errors import EXIT_CODES, run_sync
 from ._options import AppOpt, DriverOpt, JsonOpt, RunIdArg, app_registry, resolve, seconds, settings
-from ._output import console, error_line, json_line, show_json
+from ._output import console, error_line, json_line, show_json, when
 
 __all__ = ["cancel_cmd", "purge_cmd", "redrive_cmd", "signal_cmd", "start_cmd", "wait_cmd"]
 
@@ -113,7 +114,17 @@ def _ended(info: RunInfo, as_json: bool, *, waited: bool) -> None:
     if info.status == RunStatus.FAILED:
         raise typer.Exit(1)
     if not info.terminal:
-        error_line(f"run {info.id} is still {info.status.value}; is a worker running for it?")
+        # a run suspended on a signal, a timer or a poll needs that, not a worker (unless
+        # its wait is over: then a worker resumes it)
+        waiting = [s for s in info.stages if s.waiting_for]
+        why = [
+            f"{s.id} waits for {s.waiting_for}" + (f" until {when(s.wake_at)}" if s.wake_at else "")
+            for s in waiting
+        ]
+        now = datetime.now(UTC)
+        if not waiting or any(s.wake_at is not None and s.wake_at <= now for s in waiting):
+            why.append("is a worker running for it?")
+        error_line(f"run {info.id} is still {info.status.value}; {', '.join(why)}")
     raise typer.Exit(EXIT_CODES["wrong_state"])
 
 

@@ -26,7 +26,11 @@ def initialised(settings: EngineSettings) -> None:
     from driver_native import Database
 
     with reported():
-        db = Database(settings.database_url.reveal(), create=False)
+        db = Database(
+            settings.database_url.reveal(),
+            retry_seconds=settings.database_retry_seconds,
+            create=False,
+        )
         try:
             version, latest = db.schema_status()
             db.check_not_newer(version)
@@ -48,7 +52,9 @@ def db_upgrade(
     from driver_native import Database
 
     with reported():
-        db = Database(configured.database_url.reveal())
+        db = Database(
+            configured.database_url.reveal(), retry_seconds=configured.database_retry_seconds
+        )
         try:
             applied = db.upgrade()
             version = db.schema_version()

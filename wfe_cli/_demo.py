@@ -116,11 +116,23 @@ def _print_run(console: Console, info: RunInfo, sink: MemorySink) -> None:
     console.print(events)
 
 
+def _where(settings: EngineSettings) -> str:
+    """What the demo runs on: the database only for the native driver (the Temporal driver
+    never opens it, and the memory driver's is a throwaway file: both said "on sqlite:///...")."""
+    if settings.driver == "native":
+        return f"native on {settings.database_url.redacted()}"
+    if settings.driver == "temporal":
+        return f"temporal at {settings.temporal_address} (namespace {settings.temporal_namespace})"
+    if settings.driver == "memory":
+        return "memory (a throwaway store: nothing outlives the demo)"
+    return settings.driver
+
+
 async def run_demo(settings: EngineSettings, console: Console) -> None:
     sink = MemorySink()
     registry = build_demo()
     async with create_engine(settings, registry, event_sink=sink) as engine, engine.worker():
-        console.print(f"engine: {settings.driver} on {settings.database_url.redacted()}")
+        console.print(f"engine: {_where(settings)}")
         ok = await engine.start("demo-order", {"order_id": "A-1", "total": 100.0})
         bad = await engine.start(
             "demo-order", {"order_id": "B-2", "total": 5.0, "fail_shipping": True}

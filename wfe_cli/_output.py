@@ -4,7 +4,9 @@ errors and progress to stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -32,14 +34,27 @@ def error_line(message: str) -> None:
     errors.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
 
 
+def _out(text: str) -> None:
+    """Write ``text`` to stdout now. When its reader has gone (``wfe runs | head -1``), stop
+    quietly with exit 1, as Rich does for what it prints (``Console.on_broken_pipe``): the
+    rest goes to /dev/null, so neither this write nor the flush at exit reports it (it was
+    "unexpected BrokenPipeError ...; this is a bug")."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):  # (no file descriptor: a test runner)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
+
+
 def json_line(value: Any) -> None:
     """One JSON document on one line of stdout."""
     if isinstance(value, BaseModel):
         text = value.model_dump_json()
     else:
         text = json.dumps(value, default=str)
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    _out(text + "\n")
 
 
 def show_json(value: BaseModel | dict[str, Any], as_json: bool) -> None:
@@ -62,10 +77,8 @@ def rows(columns: Sequence[str], body: Sequence[Sequence[str]], title: str | Non
         else:  # too narrow: Rich cut every value to "…" (run ids too); one record per row
             _records(columns, body, title)
         return
-    sys.stdout.write("\t".join(columns) + "\n")
-    for row in body:
-        sys.stdout.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in row) + "\n")
-    sys.stdout.flush()
+    lines = [columns, *([c.replace("\t", " ").replace("\n", " ") for c in row] for row in body)]
+    _out("".join("\t".join(line) + "\n" for line in lines))
 
 
 def _narrowest(columns: Sequence[str], body: Sequence[Sequence[str]]) -> int:

@@ -33,7 +33,7 @@ def versions_cmd(app_: AppOpt = None, driver: DriverOpt = None, as_json: JsonOpt
             json_line(v)
         return
     rows(
-        tuple(found[0].model_dump(mode="json")) if found else ("workflow_id", "version"),
+        tuple(VersionInfo.model_fields),  # (also with no version yet: the same header)
         [tuple(str(x) for x in v.model_dump(mode="json").values()) for v in found],
     )
 
