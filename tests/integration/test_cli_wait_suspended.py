@@ -17,7 +17,7 @@ async def _suspended_on_its_signal() -> str:
     async with create_engine(EngineSettings(), build_demo()) as engine, engine.worker():
         run = await engine.start("demo-order", {"order_id": "A-1", "total": 10.0})
         deadline = asyncio.get_running_loop().time() + 30
-        while (await engine.get_run(run.id)).status != "suspended":  # noqa: ASYNC110
+        while (await engine.get_run(run.id)).status != "suspended":
             assert asyncio.get_running_loop().time() < deadline, "the run never suspended"
             await asyncio.sleep(0.02)
         return run.id
