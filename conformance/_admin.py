@@ -99,14 +99,23 @@ class IdempotencyContract:
             await _listed(engine, wf.id, RunStatus.COMPLETED)
             purged: list[int] = []
 
+            async def gone(run_id: str) -> bool:
+                try:
+                    await engine.get_run(run_id)
+                except RunNotFoundError:
+                    return True
+                return False
+
             async def purge() -> bool:
                 # (Temporal: the listing purge reads catches up with a run's end a moment
                 # after it ended; a purge right after may find nothing yet)
                 purged.append(await engine.purge(older_than=0))
-                return sum(purged) >= 2
+                return await gone(keyed.id) and await gone(plain.id)
 
             await eventually(purge, timeout=90, interval=0.2, what="both runs to be purged")
-            assert sum(purged) == 2
+            # (at least these two: in `wfe conformance`'s scratch area the runs of the
+            # scenarios before it are finished too, and purged with them)
+            assert sum(purged) >= 2, purged
             for run in (keyed, plain):
                 with pytest.raises(RunNotFoundError):
                     await engine.get_run(run.id)
