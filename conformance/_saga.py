@@ -408,6 +408,19 @@ class RedriveContract:
             ]
             check_golden("s12_redrive_last_failure", {"trace": trace, "run": run_summary(info)})
 
+            # listed once, as it is now (Temporal listed the failed execution beside the new one)
+            async def listed_once() -> bool:
+                runs = await engine.list_runs(workflow_id=wf.id)
+                failed = await engine.list_runs(workflow_id=wf.id, status=RunStatus.FAILED)
+                once = [(r.id, r.status) for r in runs] == [(run.id, "completed")] and not failed
+                paged = getattr(engine, "list_runs_page", None)  # (the drivers' web view call)
+                if once and paged is not None:
+                    page, _ = await paged(workflow_id=wf.id)
+                    once = [(r.id, r.status) for r in page] == [(run.id, "completed")]
+                return once
+
+            await eventually(listed_once, interval=0.2, what="the run listed once, completed")
+
             again = await engine.redrive(run.id, from_="b")
             assert again.id == run.id
             await engine.wait(run.id, timeout=60)

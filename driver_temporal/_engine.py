@@ -148,7 +148,7 @@ from ._helpers import (
 from ._history_events import run_events
 from ._journal import read_run_journals
 from ._outage import OUTAGE, use_runtime
-from ._paging import PagedRuns
+from ._paging import PagedRuns, superseded
 from ._query import runs_query
 from ._run_end import RunEnds, WorkerExterns
 from ._search import SA_VERSION, check_search_attributes
@@ -766,11 +766,18 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             self._scope(), statuses or None, workflow_id=workflow_id, id_prefix=id_prefix
         )
         out: list[RunInfo] = []
-        async for ex in self._conn.list_workflows(query, limit=limit):
-            memo = await ex.memo()
-            if "wfe_run" in memo:
-                out.append(await self._info_from_memo(memo, ex.status, values=outputs))
-            if len(out) >= limit:
+        listing = self._conn.list_workflows(query, page_size=limit)
+        while len(out) < limit:
+            await listing.fetch_next_page(page_size=limit)
+            executions = list(listing.current_page or [])
+            old = await superseded(self._conn, executions)
+            for ex in executions:
+                memo = {} if ex.run_id in old else await ex.memo()
+                if "wfe_run" in memo:
+                    out.append(await self._info_from_memo(memo, ex.status, values=outputs))
+                if len(out) >= limit:
+                    break
+            if not listing.next_page_token:
                 break
         return out
 

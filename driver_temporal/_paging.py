@@ -14,14 +14,33 @@ from engine_port.driver import check_list_call, check_page_call, check_run_call
 from engine_port.errors import InvalidInputError
 
 from . import _rpc
+from ._helpers import _quote
 from ._query import runs_query
 
 if TYPE_CHECKING:
-    from temporalio.client import Client, WorkflowExecutionStatus
+    from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 
-__all__ = ["PagedRuns"]
+__all__ = ["PagedRuns", "superseded"]
 
 _MAX_CURSOR = 4000
+
+
+async def superseded(conn: Client, executions: Sequence[WorkflowExecution]) -> set[str]:
+    """The Temporal run ids among ``executions`` that are not their run's latest execution: a
+    redrive starts a new execution under the run's id, and visibility keeps the closed one
+    with the status it ended in, so a listing would show the run twice (and under a status
+    it no longer has). One visibility query for the closed ones' ids (a running execution is
+    always its run's latest)."""
+    closed = [ex for ex in executions if ex.close_time is not None]
+    if not closed:
+        return set()
+    ids = ", ".join(f"'{_quote(i)}'" for i in sorted({ex.id for ex in closed}))
+    latest: dict[str, WorkflowExecution] = {}
+    async for ex in conn.list_workflows(f"WorkflowId IN ({ids})"):
+        seen = latest.get(ex.id)
+        if seen is None or ex.start_time > seen.start_time:
+            latest[ex.id] = ex
+    return {ex.run_id for ex in closed if ex.id in latest and latest[ex.id].run_id != ex.run_id}
 
 
 def _token(cursor: str) -> bytes:
@@ -96,7 +115,11 @@ class PagedRuns:
         listing = self._conn.list_workflows(query, page_size=limit, next_page_token=token)
         await listing.fetch_next_page(page_size=limit)
         page: list[RunInfo] = []
-        for ex in listing.current_page or []:
+        executions = list(listing.current_page or [])
+        old = await superseded(self._conn, executions)
+        for ex in executions:
+            if ex.run_id in old:
+                continue
             memo = await ex.memo()
             if "wfe_run" in memo:
                 page.append(await self._info_from_memo(memo, ex.status, values=outputs))
