@@ -134,6 +134,21 @@ def _s3_endpoint(url: str, q: Mapping[str, str]) -> tuple[str, bool]:
     return endpoint.rstrip("/"), secure
 
 
+_S3_PARAMETERS = frozenset(
+    {
+        "endpoint",
+        "secure",
+        "region",
+        "timeout",
+        "access_key",
+        "secret_key",
+        "session_token",
+        "anonymous",
+    }
+)
+"""What an ``s3://`` blob_url's query may say (anything else is a typo: refused)."""
+
+
 def open_blob_store(url: str | SecretUrl, *, env: Mapping[str, str] | None = None) -> BlobStore:
     """The BlobStore ``url`` names (``env`` defaults to ``os.environ``, for S3 keys)."""
     url = url.reveal() if isinstance(url, SecretUrl) else url
@@ -145,17 +160,33 @@ def open_blob_store(url: str | SecretUrl, *, env: Mapping[str, str] | None = Non
         return MemoryBlobStore()
     if parsed.scheme == "s3":
         try:
+            from minio.helpers import check_bucket_name
+
             from ._s3 import S3BlobStore
         except ImportError:
             raise DriverUnavailableError(
                 "s3:// blob storage needs the minio client; install it with: pip install 'wfe[s3]'"
             ) from None
         q = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+        unknown = sorted(set(q) - _S3_PARAMETERS)
+        if unknown:
+            raise ConfigurationError(
+                f"blob_url {redact_url(url)!r} has unknown parameter(s) {', '.join(unknown)}; "
+                f"an s3:// blob_url takes {', '.join(sorted(_S3_PARAMETERS))}"
+            )
         userinfo, _, bucket = parsed.netloc.rpartition("@")
         if not bucket:
             raise ConfigurationError(
                 f"blob_url {redact_url(url)!r} names no bucket; use s3://BUCKET?endpoint=HOST"
             )
+        try:
+            check_bucket_name(bucket)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"blob_url {redact_url(url)!r}: the S3 bucket name {bucket!r} is invalid "
+                f"({exc}); use 3-63 lowercase letters, digits, '.' or '-' "
+                "(s3://BUCKET?endpoint=HOST:PORT)"
+            ) from None
         access, secret, token = _s3_credentials(
             url, userinfo, q, os.environ if env is None else env
         )

@@ -18,6 +18,7 @@ from engine_port._blobs import BlobStore, is_spill_ref
 from engine_port._blobstores import open_blob_store
 from engine_port._s3 import S3BlobStore
 from engine_port.errors import (
+    ConfigurationError,
     DriverUnavailableError,
     EngineError,
     SpilledPayloadUnavailableError,
@@ -343,3 +344,19 @@ def test_an_endpoint_written_as_a_url_is_taken_as_aws_sdks_take_it() -> None:
             open_blob_store(s3_url(bad, "bucket"))
     with pytest.raises(EngineError, match="drop secure="):
         open_blob_store(s3_url("http://127.0.0.1:9000", "bucket", secure="true"))
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("s3://b1?endpoint=127.0.0.1:9", "bucket name 'b1' is invalid"),
+        ("s3://a..b?endpoint=127.0.0.1:9", "bucket name 'a..b' is invalid"),
+        ("s3://bucket?endpoint=127.0.0.1:9&acces_key=k", "unknown parameter(s) acces_key"),
+    ],
+)
+def test_a_bad_bucket_name_or_parameter_is_a_configuration_error(url: str, says: str) -> None:
+    """``wfe`` exits 6 (bad configuration) on them: an invalid bucket name was a plain
+    EngineError (exit 1), and a misspelt parameter was silently ignored."""
+    with pytest.raises(ConfigurationError) as info:
+        open_blob_store(url)
+    assert says in str(info.value), info.value
