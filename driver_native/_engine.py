@@ -194,6 +194,10 @@ class NativeEngine(WorkflowEngine):
             self._kernel = None
 
     @property
+    def spill_store(self) -> BlobStore | None:
+        return None if self._kernel is None else self._kernel.claim.store
+
+    @property
     def kernel(self) -> Kernel:
         if self._kernel is None:
             raise DriverUnavailableError(

@@ -22,7 +22,7 @@ from engine_port.driver import SnapshotSignal, SnapshotStage, SnapshotStep, vers
 from engine_port.errors import IdempotencyConflictError, MigrationError
 
 from ._outbox import append_events
-from ._progress import ACTIVE, schedule
+from ._progress import ACTIVE, refresh_status, schedule
 from ._runs import load_graph, save_definition
 from ._schema import jobs, runs, signals, stage_archive, staged_events, stages, steps
 from ._sql import lock_run, try_run
@@ -232,6 +232,10 @@ def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now:
     )
     run = lock_run(conn, snap.run_id)
     append_events(conn, run, schedule(conn, run, graph, now), now)
+    # a run parked in a sleep or a signal wait read ``running`` here (and was missing from
+    # ``list_runs(status="suspended")``) until something woke it: suspended when all its
+    # jobs wait, as at the source
+    refresh_status(conn, snap.run_id, now)
     return True
 
 

@@ -749,6 +749,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         self._remember(memo, info)
         return info
 
+    @property
+    def spill_store(self) -> BlobStore | None:
+        return self.blob_store
+
     @_rpc.surfaced("list_runs")
     async def list_runs(
         self,

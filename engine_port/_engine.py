@@ -9,6 +9,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self
 
+from ._blobs import BlobStore
 from ._graph import Workflow
 from ._history import StepEntry
 from ._models import Event, FlushResult, RunInfo, RunSnapshot, RunStatus, SignalResult, VersionInfo
@@ -25,6 +26,13 @@ class WorkflowEngine(abc.ABC):
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
+
+    @property
+    def spill_store(self) -> BlobStore | None:
+        """The blob store this engine spills values over ``spill_threshold_bytes`` into,
+        once connected (None: the driver does not say). The migration tool copies a run's
+        spilled values from the source's into the target's when they differ."""
+        return None
 
     async def __aenter__(self) -> Self:
         await self.connect()

@@ -71,6 +71,28 @@ async def copy_blobs(snapshot: RunSnapshot, source: BlobStore, target: BlobStore
     return len(keys)
 
 
+def _blob_stores(
+    source: WorkflowEngine, target: WorkflowEngine
+) -> tuple[BlobStore, BlobStore] | None:
+    """The engines' own blob stores when ``blobs`` was not given: the target of a move read
+    a spilled value from its own store, which (another blob_url, or PostgreSQL's ``db://``
+    default) did not have it, and the run failed there."""
+    stores = source.spill_store, target.spill_store
+    if stores[0] is None or stores[1] is None or stores[0] is stores[1]:
+        return None
+    return stores[0], stores[1]
+
+
+async def _holds(target: WorkflowEngine, run_id: str) -> bool:
+    """Whether ``target`` has an active run ``run_id`` (read without any value or blob);
+    False when that cannot be told."""
+    try:
+        found = await target.list_runs(id_prefix=run_id, limit=2, outputs=False)
+    except Exception:
+        return False
+    return any(r.id == run_id and r.status in ACTIVE_RUN_STATUSES for r in found)
+
+
 def _check_two_engines(source: WorkflowEngine, target: WorkflowEngine) -> None:
     """One engine as source and target marked each run migrated to where it already was
     (the import found it there, "already moved"), and nothing ran it again."""
@@ -113,10 +135,22 @@ async def migrate_run(
     except MigrationError as exc:
         return RunMove(run_id=run_id, workflow_id=info.workflow_id, outcome="left", reason=str(exc))
     try:
+        if blobs is None:
+            blobs = _blob_stores(source, target)
         if blobs is not None:
             await copy_blobs(snapshot, *blobs)
         await target.import_run(snapshot)
-    except BaseException:
+    except BaseException as exc:
+        if not isinstance(exc, MigrationError) and await _holds(target, run_id):
+            # the import committed and what came after it failed: unfreezing the run here
+            # left it active on both engines (each ran it). It stays frozen: a rerun finds
+            # it on the target and completes the move.
+            raise MigrationError(
+                f"run {run_id!r} was imported into {target.driver_name} but the import then "
+                f"failed ({type(exc).__name__}: {exc}); it stays frozen on "
+                f"{source.driver_name}: fix the cause and run the migration again to finish "
+                "the move"
+            ) from exc
         await source.abort_export(run_id)
         raise
     await source.complete_export(run_id, target.driver_name)
