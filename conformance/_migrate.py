@@ -25,7 +25,12 @@ from engine_port import (
     migrate_run,
     migrate_runs,
 )
-from engine_port.errors import InvalidInputError, MigrationError, RunNotFoundError
+from engine_port.errors import (
+    InvalidInputError,
+    MigrationError,
+    RunNotActiveError,
+    RunNotFoundError,
+)
 
 from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_id, wait_for_events
 from ._models import Num
@@ -97,6 +102,9 @@ async def _moved(source: WorkflowEngine, target: WorkflowEngine, run_id: str) ->
     assert again.outcome == "skipped", again
     left = await source.get_run(run_id)
     assert left.status == RunStatus.MIGRATED and left.migrated_to == target.driver_name
+    # the source says where the run went (it said only "another driver")
+    with pytest.raises(RunNotActiveError, match=f"it moved to {target.driver_name} "):
+        await source.cancel(run_id)
     await source.flush_events()
 
 

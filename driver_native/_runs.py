@@ -445,7 +445,9 @@ def signal_and_claim(
     if run is None:
         raise RunNotFoundError(run_id)
     if run.status not in ACTIVE or run.cancel_requested:
-        raise RunNotActiveError(run_id, run.status, f"signal {name!r} to")
+        raise RunNotActiveError(
+            run_id, run.status, f"signal {name!r} to", migrated_to=run.migrated_to
+        )
     _refuse_frozen(run, f"signal {name!r}")
     graph = None if known_graph is None else known_graph(run.workflow_id, run.version)
     if graph is None:
@@ -511,7 +513,7 @@ def cancel_run(conn: Connection, run_id: str, now: float) -> bool:
     if run.status == RunStatus.COMPENSATING:
         return False  # already rolling back after a failure; it ends failed
     if run.status in TERMINAL:
-        raise RunNotActiveError(run_id, run.status, "cancel")
+        raise RunNotActiveError(run_id, run.status, "cancel", migrated_to=run.migrated_to)
     _refuse_frozen(run, "cancel")
     conn.execute(sa.update(runs).where(runs.c.id == run_id).values(cancel_requested=True))
     run = lock_run(conn, run_id)

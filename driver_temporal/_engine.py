@@ -960,7 +960,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         info = await self._info_from_memo(memo, status, run_id, values=False)
         if info.status not in WORKING_RUN_STATUSES:
             # ended, or rolling back (after a failure or a cancel): as on the native driver
-            raise RunNotActiveError(run_id, info.status, "signal")
+            raise RunNotActiveError(
+                run_id, info.status, f"signal {name!r} to", migrated_to=info.migrated_to
+            )
         graph = served_graph(self.registry, info.workflow_id, info.version)
         if graph is None:
             # a version not served here (`wfe signal` without --app): the graph the run's
@@ -1067,7 +1069,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if info.status in (RunStatus.CANCELLED, RunStatus.COMPENSATING):
             return info  # a no-op: already cancelled, or rolling back after a failure
         if info.terminal:
-            raise RunNotActiveError(run_id, info.status, "cancel")
+            raise RunNotActiveError(run_id, info.status, "cancel", migrated_to=info.migrated_to)
         handle = self._conn.get_workflow_handle(run_id)
         with suppress(RPCError):  # already being cancelled or just finished
             await handle.cancel()

@@ -174,16 +174,19 @@ class RunNotActiveError(EngineError):
     """The run is not in a status that accepts the call: an ended run takes no signal or
     cancel, and a run that has not ended takes no redrive."""
 
-    def __init__(self, run_id: str, status: str, action: str) -> None:
+    def __init__(
+        self, run_id: str, status: str, action: str, *, migrated_to: str | None = None
+    ) -> None:
         if action == "redrive":
             remedy = (
                 "only a completed, failed or cancelled run can be redriven; wait for it to end "
                 "(engine.wait) or cancel it first"
             )
         elif status == "migrated":
+            where = f"to {migrated_to}" if migrated_to else "to another driver"
             remedy = (
-                "it moved to another driver (get_run(...).migrated_to names it); "
-                f"{action} it through that driver's engine, or a routing engine over both"
+                f"it moved {where} (get_run(...).migrated_to); {action} it through that "
+                "driver's engine, or a routing engine over both"
             )
         elif status == "compensating":
             remedy = (
@@ -195,6 +198,7 @@ class RunNotActiveError(EngineError):
         super().__init__(f"cannot {action} run {run_id!r}: it is {status}; {remedy}")
         self.run_id = run_id
         self.status = status
+        self.migrated_to = migrated_to
 
 
 class SignalQueueFullError(EngineError):
