@@ -486,7 +486,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "N26-cancel-terminal-noop",
         "native",
         "driver_native/_runs.py",
-        '        raise RunNotActiveError(run_id, run.status, "cancel")',
+        '        raise RunNotActiveError(run_id, run.status, "cancel", migrated_to=run.'
+        "migrated_to)",
         "        return False",
         "cancelling a completed or failed run is silently accepted",
         "cancel",
