@@ -24,6 +24,7 @@ from sqlalchemy.dialects import postgresql
 from engine_port import EngineSettings, Event, EventDraft
 from engine_port.driver import log_dead_letter, sink_retry_delay
 
+from ._pgbatch import PLAN_EACH_TIME
 from ._rawsql import execute, execute_many
 from ._schema import outbox, runs
 from ._sql import update_later
@@ -282,6 +283,8 @@ def pending_events(
         # (only a failed event waits for a retry: counted by the partial index of those,
         # not by reading every undelivered row)
         waiting = conn.execute(_WAITING, {"due": due_at}).scalar_one()
+    # (planned for its values each time: see PLAN_EACH_TIME)
+    query = query.prefix_with(PLAN_EACH_TIME, dialect="postgresql")
     rows = conn.execute(query.order_by(outbox.c.id).limit(limit)).all()
     if rows:
         conn.execute(

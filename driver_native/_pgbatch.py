@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["send_batch", "send_commit"]
+__all__ = ["PLAN_EACH_TIME", "send_batch", "send_commit"]
 
 Deferred = tuple[str, Any, bool]
 """A deferred write: SQL (psycopg's ``%(name)s`` placeholders), parameters, executemany."""
@@ -143,6 +143,13 @@ _PLACEHOLDER = re.compile(r"%\(([^)]+)\)s|%%")
 _DDL = re.compile(r"\s*(ALTER|DROP|CREATE)\b", re.IGNORECASE)
 _PREPARABLE = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|VALUES)\b", re.IGNORECASE)
 
+PLAN_EACH_TIME = "/* wfe: planned for its values */"
+"""A statement with this comment (``select.prefix_with(PLAN_EACH_TIME)``) is not prepared: it
+goes out with its values inline, planned for them at each execution. For a statement whose one
+generic plan can be ruinous: one over a table whose statistics lag its size (the outbox's look
+for due events, on a backlog autovacuum has not analyzed yet, compared every undelivered event
+with every other: 25-50 s at 100,000 events)."""
+
 
 @functools.lru_cache(maxsize=1024)
 def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
@@ -210,7 +217,8 @@ class _Text:
             self.parts.append(numbered.encode())  # (nothing to bind: COMMIT, DDL)
             self.ddl = self.ddl or bool(_DDL.match(sql))
             return
-        execute = self._name(sql, order) if _PREPARABLE.match(sql) else None
+        preparable = _PREPARABLE.match(sql) and PLAN_EACH_TIME not in sql
+        execute = self._name(sql, order) if preparable else None
         if execute is None:
             self._inline(sql, params)
             return
