@@ -134,7 +134,8 @@ async def wait_for_events(
 
 
 class SettingsHarness(Harness):
-    """A harness for any driver reachable through ``create_engine(settings)``."""
+    """A harness for any driver reachable through ``create_engine(settings)``; ``options``:
+    the driver's own engine options past the settings (``heartbeat_timeout=``, ...)."""
 
     def __init__(
         self,
@@ -142,10 +143,12 @@ class SettingsHarness(Harness):
         *,
         name: str | None = None,
         capabilities: Capabilities | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.name = name or settings.driver
         self.capabilities = capabilities or Capabilities()
+        self.options = dict(options or {})
 
     @contextlib.asynccontextmanager
     async def engine(
@@ -155,7 +158,9 @@ class SettingsHarness(Harness):
 
         blob_store = settings.pop("blob_store", None)
         configured = self.settings.model_copy(update=settings) if settings else self.settings
-        engine = create_engine(configured, registry, event_sink=sink, blob_store=blob_store)
+        engine = create_engine(
+            configured, registry, event_sink=sink, blob_store=blob_store, **self.options
+        )
         async with engine:
             yield engine
 

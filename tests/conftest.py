@@ -64,6 +64,11 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
         yield server
     finally:
+        # its state is in memory and dies with it: no graceful SIGTERM (stop() waits up to
+        # 10 s for it to finish, at the end of a whole suite's worth of runs and workers)
+        proc = getattr(server, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
         asyncio.run(server.stop())
 
 

@@ -52,6 +52,10 @@ def _pair(tmp_path: Path, temporal_server: Any) -> tuple[SettingsHarness, Settin
             task_queue=f"m-{uuid.uuid4().hex[:10]}",
             blob_url=blobs,
         ),
+        # a signal to a run no worker serves (the source's worker stopped before the move,
+        # the target's not started yet) is buffered once no worker answered within
+        # signal_timeout: 5 s by default, three times in these scenarios
+        options={"signal_timeout": 1.5},
         name="temporal",
     )
     return native, temporal

@@ -56,7 +56,8 @@ def test_a_run_older_than_the_scanned_ones_is_found_by_each_filter(
     monkeypatch.setattr(_pages, "SCAN_LIMIT", 3)
 
     async def start() -> tuple[str, list[str]]:
-        async with create_engine(settings, registry()) as engine:
+        # (no worker: cancel() would wait its default 10 s for one to end the run)
+        async with create_engine(settings, registry(), cancel_wait=0.2) as engine:
             old = await engine.start("other", {"i": 0}, idempotency_key="the-old-one")
             await engine.cancel(old.id)
             newer = [(await engine.start("flt", {"i": i}, version="new")).id for i in range(6)]

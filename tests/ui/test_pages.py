@@ -30,8 +30,8 @@ def runs(sqlite_settings: EngineSettings) -> DemoRuns:
     return asyncio.run(make_demo_runs(sqlite_settings))
 
 
-def client_for(settings: EngineSettings, *, allow_actions: bool) -> TestClient:
-    engine = create_engine(settings, build_demo())
+def client_for(settings: EngineSettings, *, allow_actions: bool, **options: float) -> TestClient:
+    engine = create_engine(settings, build_demo(), **options)
     return TestClient(create_app(engine, allow_actions=allow_actions))
 
 
@@ -189,7 +189,9 @@ def test_signal_cancel_redrive_and_replay(tmp_path: Path) -> None:
         database_url=f"sqlite:///{tmp_path / 'wfe.db'}", blob_url=f"file://{tmp_path / 'b'}"
     )
     runs = asyncio.run(make_demo_runs(settings))
-    with client_for(settings, allow_actions=True) as client:
+    # (no worker: the Cancel button's cancel() would wait its default 10 s for one to end
+    # the run; it shows the run compensating after a short wait as after a long one)
+    with client_for(settings, allow_actions=True, cancel_wait=0.2) as client:
         page = client.get(f"/runs/{runs.waiting}").text
         assert 'value="approval"' in page  # the signal name the run waits for
         token = csrf_of(page)

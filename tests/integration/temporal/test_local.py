@@ -54,7 +54,9 @@ def graph(wf_id: str, local: bool, counts: dict[str, int]) -> Workflow[In]:
     async def undo_b(ctx: StageContext[In], out: int) -> None:
         bump("undo_b")
 
-    @wf.stage(after=[b])
+    # (its three tries a few ms apart: the default backoff of 1 s, then 2 s, cost each run
+    # of the "compensates" case 3 s)
+    @wf.stage(after=[b], retry=Retry(initial_interval=timedelta(milliseconds=50)))
     async def c(ctx: StageContext[In]) -> int:
         if ctx.input.fail:
             raise ValueError("c refuses")

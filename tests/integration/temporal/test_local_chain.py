@@ -69,7 +69,9 @@ def chain_graph(wf_id: str, local: bool, counts: dict[str, int], running: asynci
         if ctx.input.mode == "undo_retried" and counts["undo_b"] == 1:
             raise RuntimeError("undo_b's first attempt fails")
 
-    @wf.stage(after=[b], local=local)
+    # (its three tries a few ms apart: the default backoff of 1 s, then 2 s, cost each run
+    # of the failing modes 3 s)
+    @wf.stage(after=[b], local=local, retry=Retry(initial_interval=timedelta(milliseconds=50)))
     async def c(ctx: StageContext[Case]) -> list[Any]:
         bump("c")
         if ctx.input.mode in ("fails", "undo_retried"):

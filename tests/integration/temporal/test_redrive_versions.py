@@ -168,7 +168,8 @@ async def test_list_versions_without_the_workflow_in_the_registry(
 ) -> None:
     """``wfe versions`` without --app (an engine whose registry is empty) listed no version
     on Temporal, runs waiting or not; the native driver lists every version it knows."""
-    e1 = make_engine(Registry([versioned("v1")]))
+    # (no worker: the cancel() at the end would wait its default 10 s for one to end the run)
+    e1 = make_engine(Registry([versioned("v1")]), options={"cancel_wait": 0.2})
     bare = make_engine(Registry([]))
     async with e1, bare:
         run = await e1.start("pinned", {})  # no worker: it stays pending, an active run

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,9 @@ async def test_a_worker_that_cannot_record_the_end_leaves_the_run_to_one_that_ca
             workflows=[GraphWorkflow],
             activities=[acts.stage, *acts.bookkeeping()],
             workflow_runner=workflow_runner(),
+            # (the run's next workflow task waited the default 10 s on this worker's sticky
+            # queue once it had stopped, before the server gave it to the engine's worker)
+            sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
         )
         handle = engine._conn.get_workflow_handle(run.id)
         async with bare:

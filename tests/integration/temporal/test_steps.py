@@ -132,7 +132,9 @@ async def test_a_raw_temporal_signal_from_an_operator_queues_its_input(
         return [await ctx.step.wait_for_signal("go") for _ in range(4)]
 
     forged = {"$wfe_spill": {"key": "runs/other-run/outputs/secret.json"}}
-    engine = make_engine(Registry([wf]), sink=MemorySink())
+    # (no worker yet: the engine's signal waits signal_timeout, 5 s by default, for one to
+    # answer before it buffers the signal on the server)
+    engine = make_engine(Registry([wf]), sink=MemorySink(), options={"signal_timeout": 0.5})
     async with engine:
         run = await engine.start("rawsig", {})
         await engine.signal(run.id, "go", {"via": "engine"}, idempotency_key="e1")
