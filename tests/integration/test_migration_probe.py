@@ -61,6 +61,15 @@ async def _suspended(engine: WorkflowEngine, wf: Workflow[Big]) -> str:
     raise AssertionError("the run never suspended")
 
 
+async def _finishes_on(target: WorkflowEngine, run_id: str) -> None:
+    """The moved run, signalled on ``target``, completes there with its input read back."""
+    async with target.worker():
+        await target.signal(run_id, "go", {"ok": True})
+        info = await target.wait(run_id, timeout=30)
+    assert info.status == RunStatus.COMPLETED
+    assert info.output == {"got": {"ok": True}, "len": 1000}
+
+
 async def test_a_run_with_spilled_values_moves_between_blob_stores(tmp_path: Path) -> None:
     """The target read the run's spilled input from its own store, which did not have it:
     the import had committed, the error unfroze the run at the source, and the run was
@@ -75,11 +84,7 @@ async def test_a_run_with_spilled_values_moves_between_blob_stores(tmp_path: Pat
         move = await migrate_run(src, dst, run_id)
         assert move.outcome == "moved", move
         assert (await src.get_run(run_id)).status == RunStatus.MIGRATED
-        async with dst.worker():
-            await dst.signal(run_id, "go", {"ok": True})
-            info = await dst.wait(run_id, timeout=30)
-    assert info.status == RunStatus.COMPLETED
-    assert info.output == {"got": {"ok": True}, "len": 1000}
+        await _finishes_on(dst, run_id)
 
 
 async def test_an_import_that_fails_after_committing_leaves_the_run_frozen(
@@ -105,11 +110,7 @@ async def test_an_import_that_fails_after_committing_leaves_the_run_frozen(
         assert move.outcome == "moved", move
         assert (await src.get_run(run_id)).status == RunStatus.MIGRATED
         assert [r.id for r in await dst.list_runs(outputs=False)] == [run_id]
-        async with dst.worker():
-            await dst.signal(run_id, "go", {"ok": True})
-            info = await dst.wait(run_id, timeout=30)
-    assert info.status == RunStatus.COMPLETED
-    assert info.output == {"got": {"ok": True}, "len": 1000}
+        await _finishes_on(dst, run_id)
 
 
 async def test_a_run_parked_in_a_signal_wait_reads_suspended_after_the_move(
@@ -154,8 +155,4 @@ async def test_a_run_with_spilled_values_moves_off_temporal_into_another_store(
         move = await migrate_run(src, dst, run_id)
         assert move.outcome == "moved", move
         assert (await src.get_run(run_id)).status == RunStatus.MIGRATED
-        async with dst.worker():
-            await dst.signal(run_id, "go", {"ok": True})
-            info = await dst.wait(run_id, timeout=30)
-    assert info.status == RunStatus.COMPLETED
-    assert info.output == {"got": {"ok": True}, "len": 1000}
+        await _finishes_on(dst, run_id)
