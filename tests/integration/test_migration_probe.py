@@ -4,7 +4,9 @@ in different blob stores, and a move whose import fails after it committed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,19 @@ async def _suspended(engine: WorkflowEngine, wf: Workflow[Big]) -> str:
     raise AssertionError("the run never suspended")
 
 
+@contextlib.asynccontextmanager
+async def _parked_run(tmp_path: Path) -> AsyncIterator[tuple[WorkflowEngine, WorkflowEngine, str]]:
+    """Two SQLite engines, each with its own blob folder, and a run parked in its signal wait
+    on the first (its input spilled)."""
+    wf = _waiter()
+    registry = Registry([wf])
+    async with (
+        _engine(tmp_path, "src", registry) as src,
+        _engine(tmp_path, "dst", registry) as dst,
+    ):
+        yield src, dst, await _suspended(src, wf)
+
+
 async def _finishes_on(target: WorkflowEngine, run_id: str) -> None:
     """The moved run, signalled on ``target``, completes there with its input read back."""
     async with target.worker():
@@ -74,13 +89,7 @@ async def test_a_run_with_spilled_values_moves_between_blob_stores(tmp_path: Pat
     """The target read the run's spilled input from its own store, which did not have it:
     the import had committed, the error unfroze the run at the source, and the run was
     active on both databases. The engines' stores are now copied across by default."""
-    wf = _waiter()
-    registry = Registry([wf])
-    async with (
-        _engine(tmp_path, "src", registry) as src,
-        _engine(tmp_path, "dst", registry) as dst,
-    ):
-        run_id = await _suspended(src, wf)
+    async with _parked_run(tmp_path) as (src, dst, run_id):
         move = await migrate_run(src, dst, run_id)
         assert move.outcome == "moved", move
         assert (await src.get_run(run_id)).status == RunStatus.MIGRATED
@@ -93,13 +102,7 @@ async def test_an_import_that_fails_after_committing_leaves_the_run_frozen(
     """Blobs copied into the wrong store: the target imported the run, then failed to read
     it. The source unfroze the run, so it was live on both. Now it stays frozen there (a
     signal is refused with the retry-me error) and a rerun finishes the move once."""
-    wf = _waiter()
-    registry = Registry([wf])
-    async with (
-        _engine(tmp_path, "src", registry) as src,
-        _engine(tmp_path, "dst", registry) as dst,
-    ):
-        run_id = await _suspended(src, wf)
+    async with _parked_run(tmp_path) as (src, dst, run_id):
         wrong = open_blob_store(f"file://{tmp_path / 'elsewhere'}")
         right = open_blob_store(f"file://{tmp_path / 'src-blobs'}")
         with pytest.raises(MigrationError, match="run the migration again"):
@@ -118,13 +121,7 @@ async def test_a_run_parked_in_a_signal_wait_reads_suspended_after_the_move(
 ) -> None:
     """The imported run read ``running`` (and ``list_runs(status="suspended")`` missed it)
     until its signal came, although it was suspended at the source and nothing ran."""
-    wf = _waiter()
-    registry = Registry([wf])
-    async with (
-        _engine(tmp_path, "src", registry) as src,
-        _engine(tmp_path, "dst", registry) as dst,
-    ):
-        run_id = await _suspended(src, wf)
+    async with _parked_run(tmp_path) as (src, dst, run_id):
         assert (await migrate_run(src, dst, run_id)).outcome == "moved"
         assert (await dst.get_run(run_id)).status == RunStatus.SUSPENDED
         parked = await dst.list_runs(status=RunStatus.SUSPENDED, outputs=False)
