@@ -40,6 +40,7 @@ from .errors import (
     InvalidInputError,
     InvalidRedriveError,
     NonRetryableError,
+    UnknownRedriveStageError,
 )
 
 if TYPE_CHECKING:
@@ -229,15 +230,14 @@ class GraphModel(BaseModel):
             }
             if not rerun:
                 raise InvalidRedriveError(
-                    f"run {run_id!r} has no failed stage; use from_='start' or a stage id"
+                    f"cannot redrive run {run_id!r} from its last failure: it has no failed "
+                    "stage; redrive it from 'start' or from one of its stages "
+                    f"{sorted(s.id for s in self.stages)}"
                 )
             return rerun
         if from_ in {s.id for s in self.stages}:
             return self.downstream(from_)
-        raise InvalidRedriveError(
-            f"redrive from_={from_!r}: use 'last_failure', 'start' or one of "
-            f"{sorted(s.id for s in self.stages)}"
-        )
+        raise UnknownRedriveStageError(run_id, from_, sorted(s.id for s in self.stages))
 
     def group_of(self, stage_id: str) -> int:
         for i, g in enumerate(self.groups):

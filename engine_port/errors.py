@@ -32,6 +32,7 @@ __all__ = [
     "StageTimeoutError",
     "StepError",
     "StepTimeoutError",
+    "UnknownRedriveStageError",
     "UnknownSignalError",
     "UnsafeBlobKeyError",
     "UnsupportedFeatureError",
@@ -117,6 +118,24 @@ class PayloadTooLargeError(InvalidInputError):
 
 class InvalidRedriveError(EngineError):
     """A redrive named an unknown stage, or there is nothing to redrive."""
+
+
+class UnknownRedriveStageError(InvalidRedriveError, InvalidInputError):
+    """A redrive ``from_`` that is neither ``last_failure``, ``start`` nor a stage of the run's
+    workflow version: bad input (an :class:`InvalidInputError`), and still an
+    :class:`InvalidRedriveError` for code that catches that."""
+
+    def __init__(self, run_id: str, from_: str, stages: list[str]) -> None:
+        EngineError.__init__(
+            self,
+            f"cannot redrive run {run_id!r} from {from_!r}: no such stage; use 'last_failure', "
+            f"'start' or one of its stages {stages}",
+        )
+        self.workflow_id = None
+        self.fields = ("from",)
+        self.run_id = run_id
+        self.from_ = from_
+        self.stages = list(stages)
 
 
 class CommandInProgressError(EngineError):

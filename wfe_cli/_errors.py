@@ -28,6 +28,7 @@ from engine_port.errors import (
     RunNotActiveError,
     RunNotFoundError,
     SerializationError,
+    UnknownRedriveStageError,
     UnknownSignalError,
     UnsupportedFeatureError,
     VersionNotServedError,
@@ -53,6 +54,8 @@ EXIT_CODES: dict[str, int] = {
     "interrupted": INTERRUPTED,  # Ctrl-C (SIGINT), as a shell reports it (130)
 }
 _KINDS: tuple[tuple[tuple[type[EngineError], ...], str], ...] = (
+    # first: an InvalidRedriveError (wrong state) that is bad input (a redrive from no stage)
+    ((UnknownRedriveStageError,), "bad_input"),
     ((RunNotFoundError, WorkflowNotFoundError), "not_found"),
     (
         (

@@ -56,28 +56,23 @@ def migrate_cmd(
         raise typer.BadParameter(
             "say which workflows to drain (--workflow W)", param_hint="--drain"
         )
+    for value, option in ((wait, "--wait"), (drain_timeout, "--drain-timeout")):
+        if not value >= 0:  # (NaN too)
+            raise typer.BadParameter(
+                f"{value:g} is not a number of seconds; give 0 or more", param_hint=option
+            )
     statuses = status_list(status)
+    # every argument is checked before anything connects to a database or Temporal server
     source_settings = driver_settings(from_, "--from")
     target_settings = driver_settings(to, "--to")
+    _refuse_throwaway(source_settings.driver, "--from")
+    _refuse_throwaway(target_settings.driver, "--to")
     initialised(source_settings)  # never create an empty source database (a wrong folder)
     with reported():
         source = create_engine(source_settings, None)
         target = create_engine(target_settings, None)
-    for engine, option in ((source, "--from"), (target, "--to")):
-        if engine.driver_name in _THROWAWAY:
-            # a run moved there would be marked migrated here and gone when the command ends
-            what = (
-                "a run moved there would be marked migrated here and lost"
-                if option == "--to"
-                else "it never holds a run another process started"
-            )
-            fail(
-                ConfigurationError(
-                    f"{option} {engine.driver_name}: that driver keeps runs only in the process "
-                    f"that made them (a throwaway store), so {what}; migrate between drivers "
-                    "that keep their runs (native, temporal)"
-                )
-            )
+    _refuse_throwaway(source.driver_name, "--from")  # (a driver that is one under its name)
+    _refuse_throwaway(target.driver_name, "--to")
 
     moves: list[RunMove] = []
     stopping = asyncio.Event()
@@ -131,6 +126,25 @@ def migrate_cmd(
     counts = (f"{o}: {report.count(o)}" for o in ("moved", "would_move", "skipped", "left"))
     console.print(", ".join(counts), highlight=False)
     _exit_if_interrupted(stopping)
+
+
+def _refuse_throwaway(driver: str, option: str) -> None:
+    """Refuse a driver whose runs live only in this process on either side."""
+    if driver not in _THROWAWAY:
+        return
+    # a run moved there would be marked migrated here and gone when the command ends
+    what = (
+        "a run moved there would be marked migrated here and lost"
+        if option == "--to"
+        else "it never holds a run another process started"
+    )
+    fail(
+        ConfigurationError(
+            f"{option} {driver}: that driver keeps runs only in the process that made them "
+            f"(a throwaway store), so {what}; migrate between drivers that keep their runs "
+            "(native, temporal)"
+        )
+    )
 
 
 def _exit_if_interrupted(stopping: asyncio.Event) -> None:

@@ -117,3 +117,66 @@ def test_conformance_on_temporal_uses_task_queues_of_its_own_and_deletes_its_run
 
     assert asyncio.run(left()) == []  # the command waits until they are gone
     assert sorted(p.name for p in user.iterdir()) == []
+
+
+# -- a failing scenario's bare assert says what differed (pytest's rewritten message) --------
+
+BROKEN_DRIVER = '''
+"""lying_wfe: the native driver, except that a finished run always reads as failed."""
+from engine_port import RunStatus, create_engine
+
+
+def create(settings, registry, **ports):
+    engine = create_engine(settings.model_copy(update={"driver": "native"}), registry, **ports)
+    real_wait = engine.wait
+
+    async def wait(run_id, *args, **kwargs):
+        info = await real_wait(run_id, *args, **kwargs)
+        return info.model_copy(update={"status": RunStatus.FAILED})
+
+    engine.wait = wait
+    return engine
+'''
+
+
+def test_a_bare_assert_in_a_failing_scenario_says_what_differed(tmp_path: Path) -> None:
+    """``wfe conformance`` imported the scenarios before pytest could rewrite their asserts:
+    a failing ``assert info.status == RunStatus.COMPLETED`` (no message of its own) was
+    reported as a bare ``AssertionError``."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.entry_points import write_dist_info
+
+    src, site = tmp_path / "src", tmp_path / "site"
+    (src / "lying_wfe").mkdir(parents=True)
+    (src / "lying_wfe" / "__init__.py").write_text(BROKEN_DRIVER)
+    write_dist_info(site, "lying-wfe", {"lying": "lying_wfe:create"})
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WFE_", "PYTEST_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(src), str(site), str(root)])
+    env["WFE_DATABASE_URL"] = f"sqlite:///{tmp_path / 'user.db'}"
+    env["WFE_BLOB_URL"] = f"file://{tmp_path / 'user-blobs'}"
+    for as_json in (False, True):
+        done = subprocess.run(
+            [
+                *[sys.executable, "-m", "wfe_cli", "conformance", "--driver", "lying"],
+                *["-k", "test_s1_linear", *(["--json"] if as_json else [])],
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 1, done.stdout + done.stderr
+        if as_json:
+            [failed] = json.loads(done.stdout)["scenarios"]
+            message = failed["message"]
+        else:
+            message = done.stdout.split("FAILED test_s1_linear: ", 1)[1]
+        # (pytest shortens the right side: <RunStatus.CO...: 'completed'>)
+        assert message.startswith("AssertionError: assert <RunStatus.FAILED: 'failed'> == <Run")
+        assert "'completed'>" in message.splitlines()[0], message

@@ -115,6 +115,7 @@ ERRORS = [
     "StageTimeoutError",
     "StepError",
     "StepTimeoutError",
+    "UnknownRedriveStageError",
     "UnknownSignalError",
     "UnsafeBlobKeyError",
     "UnsupportedFeatureError",

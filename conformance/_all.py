@@ -1,0 +1,44 @@
+"""Every scenario of the contract in one class (:class:`conformance.AllContracts`)."""
+
+from __future__ import annotations
+
+from ._admin import BadInputContract, IdempotencyContract, VersionContract
+from ._blindspots import BlindSpotContract
+from ._crash import CrashContract
+from ._flow import ClaimCheckContract, FlowContract, HookContract, RetryContract, SleepContract
+from ._hooks import HookEdgeContract
+from ._hostile import HostileDataContract
+from ._listing import ListingContract
+from ._parallel import ParallelFailureContract
+from ._parallel_signals import ParallelSignalContract
+from ._saga import CancelContract, CompensationContract, RedriveContract
+from ._signals import SignalContract, TimeoutContract
+from ._sink import EventSinkContract
+
+__all__ = ["AllContracts"]
+
+
+class AllContracts(
+    FlowContract,
+    RetryContract,
+    SleepContract,
+    HookContract,
+    HookEdgeContract,
+    ClaimCheckContract,
+    CompensationContract,
+    CancelContract,
+    ParallelFailureContract,
+    ParallelSignalContract,
+    RedriveContract,
+    SignalContract,
+    TimeoutContract,
+    IdempotencyContract,
+    VersionContract,
+    BadInputContract,
+    CrashContract,
+    BlindSpotContract,
+    HostileDataContract,
+    EventSinkContract,
+    ListingContract,
+):
+    """Every scenario of the contract."""
