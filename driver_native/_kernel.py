@@ -38,6 +38,7 @@ from engine_port import (
     run_prefix,
 )
 from engine_port.driver import (
+    AbandonedAttempts,
     Clock,
     check_payload_size,
     delete_prefixes,
@@ -348,8 +349,9 @@ class Kernel:
         # database answers again (``return_leases``), so they do not wait for the lease to
         # expire (30 s) after an outage longer than ``database_retry_seconds``
         self._unreturned: dict[int, tuple[Any, str]] = {}
-        # attempts abandoned on a storage fault since the last one that went through
-        self._abandoned_since_ok = 0
+        # attempts abandoned on a storage fault since the last one that went through: one
+        # WARNING per outage (the runner counts those it abandons inside an attempt itself)
+        self._abandoned = AbandonedAttempts()
         self.flusher_id = f"flush-{uuid.uuid4().hex[:12]}"  # whose outbox claims are whose
         # "workflow@version" -> (its Workflow, its indexed graph): built once, not per stage
         # transition (``Workflow.graph()`` checks the whole definition on every call)
@@ -755,30 +757,23 @@ class Kernel:
                 raise
             await self._abandon(cmd.job, cmd.worker_id, exc)
             return "abandoned"
-        if self._abandoned_since_ok and result != "abandoned":
-            log.info(
-                "the engine's storage answers again: %d attempt(s) were abandoned meanwhile",
-                self._abandoned_since_ok,
-            )
-            self._abandoned_since_ok = 0
+        if result != "abandoned":
+            self._abandoned.report(log.log)
         return result
 
     async def _abandon(self, job: Any, worker: str, exc: BaseException) -> None:
         # one WARNING per outage (an S3 or disk fault lets jobs be claimed and abandoned
         # again every few seconds each, for as long as it lasts); the rest at DEBUG
-        self._abandoned_since_ok += 1
-        first = self._abandoned_since_ok == 1
+        level, note = self._abandoned.abandoned()
         log.log(
-            logging.WARNING if first else logging.DEBUG,
+            level,
             "job %s of run %s: the engine's storage failed (%s); the attempt is abandoned and "
             "runs again in %gs without using up a retry%s",
             job.id,
             job.run_id,
             describe_fault(exc),
             _progress.ABANDON_BACKOFF_S,
-            " (further attempts abandoned until one goes through are logged at DEBUG)"
-            if first
-            else "",
+            note,
         )
         try:
             await self.db.tx(

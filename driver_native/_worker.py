@@ -33,7 +33,7 @@ from ._jobs import CHANNEL
 from ._kernel import Kernel
 from ._outbox import OutboxCounts, count_outbox
 
-__all__ = ["WorkerHost"]
+__all__ = ["COUNTERS", "JOB_RESULTS", "WorkerHost"]
 
 log = logging.getLogger("wfe.worker")
 
@@ -53,6 +53,42 @@ _IDLE_FLUSH_SHARE = 0.1
 _LISTEN_MAX_DELAY = 4.0
 """The longest pause between two attempts to open the LISTEN connection again (the delay
 doubles from 0.5 s): it is back within that of the server's return."""
+
+JOB_RESULTS = (
+    "completed",
+    "suspended",
+    "retrying",
+    "failed",
+    "cancelled",
+    "compensated",
+    "deferred",
+    "discarded",
+    "abandoned",
+    "skipped",
+)
+"""What a job this worker ran came to, each counted in :meth:`WorkerHost.stats`: a stage
+attempt ``completed``, ``suspended``, ``retrying`` (failed, a retry is due), ``failed`` (for
+good) or ``cancelled``; a compensation job ``compensated`` (or ``deferred``: not its turn yet);
+``discarded`` (the lease was lost: another claim owns the job), ``abandoned`` (the engine's
+storage failed: due again after a backoff), ``skipped`` (nothing left to do when begun)."""
+
+COUNTERS = (
+    *JOB_RESULTS,
+    "claimed",
+    "handed_off",
+    "released",
+    "leases_returned",
+    "reaped_leases",
+    "reaped_runs",
+    "purged",
+    "dead_lettered",
+    "engine_errors",
+    "loop_errors",
+    "listen_errors",
+    "woken_by_notify",
+    "woken_by_poll",
+)
+"""Every counter :meth:`WorkerHost.stats` reports, each 0 until it counts something."""
 
 
 class WorkerHost:
@@ -96,7 +132,7 @@ class WorkerHost:
         self._wake = asyncio.Event()
         self._stopping = False
         self._loop_task: asyncio.Task[None] | None = None
-        self._counts: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._started_at = 0.0
         self.last_flush: Any = None
         self._outbox = OutboxCounts()
@@ -166,11 +202,28 @@ class WorkerHost:
             await self.stop()
 
     def stats(self) -> dict[str, Any]:
-        """What this worker did (counters), plus the outbox as last seen (refreshed every
-        ``maintenance_interval``, less often when counting takes long: ``_survey``):
-        ``outbox_pending`` (not failed yet), ``outbox_retrying``
-        (the sink failed; waiting for a retry with backoff), ``outbox_dead`` (dead-lettered,
-        waiting for ``replay_dlq()``); ``dead_lettered`` counts the events this worker gave up."""
+        """What this worker is and did. Every key is there from the start (a counter is 0
+        until it counts something):
+
+        - ``worker_id``, ``running`` (jobs under way now), ``uptime_s``;
+        - the outbox as last seen (refreshed every ``maintenance_interval``, less often when
+          counting takes long: ``_survey``): ``outbox_pending`` (not failed yet),
+          ``outbox_retrying`` (the sink failed; waiting for a retry with backoff),
+          ``outbox_dead`` (dead-lettered, waiting for ``replay_dlq()``);
+        - what the jobs it ran came to (:data:`JOB_RESULTS`): ``completed``, ``suspended``,
+          ``retrying``, ``failed``, ``cancelled``, ``compensated``, ``deferred``,
+          ``discarded``, ``abandoned``, ``skipped``;
+        - counters of its loop (:data:`COUNTERS`): ``claimed`` (jobs taken from the queue),
+          ``handed_off`` (stages handed to it straight from a transition), ``released``
+          (leases given back at shutdown), ``leases_returned`` (leases of attempts abandoned
+          during a database outage, given back after it), ``reaped_leases`` (jobs taken over
+          from an expired lease), ``reaped_runs`` (runs past their timeout, or that lost their
+          jobs, dealt with), ``purged`` (runs deleted by retention), ``dead_lettered`` (events
+          this worker gave up), ``engine_errors`` (jobs that failed in the engine, logged with
+          a traceback), ``loop_errors``, ``listen_errors``, ``woken_by_notify``,
+          ``woken_by_poll``;
+        - its sync stage threads: ``sync_threads``, ``sync_abandoned_running``,
+          ``sync_abandoned_total`` (see ``SyncStageExecutor.stats``)."""
         return {
             "worker_id": self.worker_id,
             "running": len(self._active),

@@ -4,6 +4,7 @@ spill reference format."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import os
@@ -88,12 +89,23 @@ class FolderBlobStore:
         path = self._path(key)
         # unique per write: two concurrent puts of one key must not share a temp file
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
+        created: list[Path] = []  # the folders this write made: removed again if it fails
+        written = False
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             # a write that fails midway (a full disk) leaves no blob under the key: only the
             # rename of a complete temp file makes one
-            tmp.write_bytes(data)
+            for again in (True, False):
+                try:
+                    self._make_folders(path.parent, created)
+                    tmp.write_bytes(data)
+                    break
+                except FileNotFoundError:
+                    # a folder on its way was removed meanwhile, found empty by a failed
+                    # write or a delete of another key in it (below): make it again, once
+                    if not again:
+                        raise
             os.replace(tmp, path)
+            written = True
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
@@ -105,6 +117,28 @@ class FolderBlobStore:
             ) from None
         finally:
             tmp.unlink(missing_ok=True)
+            if not written:
+                # a failed write leaves no empty runs/<id>/ behind (a start that could not
+                # spill its input made no run); a folder another write put a blob in stays
+                for folder in reversed(created):
+                    with contextlib.suppress(OSError):  # not empty: it stays
+                        folder.rmdir()
+
+    def _make_folders(self, folder: Path, created: list[Path]) -> None:
+        """``mkdir -p folder``, appending each folder it made (outermost first) to
+        ``created``; one a concurrent write made first is not this write's."""
+        missing: list[Path] = []
+        while folder != self.root and not folder.is_dir():
+            missing.append(folder)
+            folder = folder.parent
+        if folder == self.root:
+            self.root.mkdir(parents=True, exist_ok=True)  # the store's own folder: it stays
+        for each in reversed(missing):
+            try:
+                each.mkdir()
+            except FileExistsError:
+                continue
+            created.append(each)
 
     def _get(self, path: Path, key: str) -> bytes:
         try:
@@ -122,7 +156,17 @@ class FolderBlobStore:
         return self._path(key).is_file()
 
     async def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        # the folders it leaves empty go too (a spilled input dropped by an idempotent repeat
+        # of a start leaves no empty runs/<id>/); the store's own folder stays
+        folder = path.parent
+        while folder != self.root:
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty: nor are its parents
+            folder = folder.parent
 
     async def list(self, prefix: str = "") -> list[str]:
         if prefix:

@@ -11,6 +11,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from .errors import (
 
 __all__ = [
     "Abandoned",
+    "AbandonedAttempts",
     "Completed",
     "Failed",
     "Outcome",
@@ -117,6 +119,52 @@ class Abandoned:
 
 Outcome = Completed | Suspended | Failed | Abandoned
 
+
+class AbandonedAttempts:
+    """How a host logs attempts abandoned on a fault of the engine's storage (DESIGN §5): an
+    outage of the blob store or a full disk lets jobs be claimed and abandoned again every few
+    seconds each, for as long as it lasts. The first abandoned attempt of an outage is logged
+    at WARNING, the rest at DEBUG (:meth:`abandoned`); the next attempt that goes through
+    ends the outage with one INFO saying how many were abandoned (:meth:`went_through`).
+
+    One per logging component (a ``StageRunner``, the native kernel), never global: the state
+    is the instance's, so two engines in one process keep apart."""
+
+    QUIET = " (further attempts abandoned until one goes through are logged at DEBUG)"
+    """The note the WARNING ends with."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        """Attempts abandoned since the last one that went through."""
+        self._lock = threading.Lock()
+
+    def abandoned(self) -> tuple[int, str]:
+        """Count one abandoned attempt: the level to log it at (WARNING for the first of an
+        outage, DEBUG after) and the note to end its message with (:attr:`QUIET` on the
+        WARNING, else empty)."""
+        with self._lock:
+            self.count += 1
+            first = self.count == 1
+        return (logging.WARNING, self.QUIET) if first else (logging.DEBUG, "")
+
+    def went_through(self) -> int:
+        """An attempt went through: how many were abandoned since the last one that did (0:
+        no outage to report, else log one INFO with it); the count starts again."""
+        with self._lock:
+            count, self.count = self.count, 0
+        return count
+
+    def report(self, logger: Callable[..., None]) -> None:
+        """:meth:`went_through`, logging the INFO through ``logger(level, msg, *args)`` (a
+        ``Logger.log`` or a ``StageLog``) when an outage ends."""
+        if count := self.went_through():
+            logger(
+                logging.INFO,
+                "the engine's storage answers again: %d attempt(s) were abandoned meanwhile",
+                count,
+            )
+
+
 # InvalidInputError (PayloadTooLargeError too): a name or value over a backend's limits never
 # fits on a retry either; a spilled value the blob store does not hold does not come back by
 # itself (an unreachable store is a storage fault instead: the attempt is abandoned)
@@ -158,9 +206,20 @@ def _error_info(exc: BaseException, stage: str, fn: Any = None) -> ErrorInfo:
     )
 
 
-def _log_outcome(slog: StageLog, stage: Stage, attempt: int, outcome: Outcome, what: str) -> None:
+def _log_outcome(
+    slog: StageLog,
+    stage: Stage,
+    attempt: int,
+    outcome: Outcome,
+    what: str,
+    abandoned: AbandonedAttempts | None = None,
+) -> None:
     """One record per outcome: INFO for completed and suspended, WARNING for a failure that
-    is retried and an abandoned attempt, ERROR (with the traceback) for a failure for good."""
+    is retried, ERROR (with the traceback) for a failure for good. An abandoned attempt is
+    counted in ``abandoned``: WARNING for the first of an outage, DEBUG after; the first
+    attempt through again logs the INFO that ends the outage."""
+    if abandoned is not None and not isinstance(outcome, Abandoned):
+        abandoned.report(slog)
     if isinstance(outcome, Completed):
         slog(logging.INFO, f"{what} completed")
     elif isinstance(outcome, Suspended):
@@ -172,10 +231,11 @@ def _log_outcome(slog: StageLog, stage: Stage, attempt: int, outcome: Outcome, w
             wfe_until=None if outcome.until is None else outcome.until.isoformat(),
         )
     elif isinstance(outcome, Abandoned):
+        level, note = abandoned.abandoned() if abandoned is not None else (logging.WARNING, "")
         slog(
-            logging.WARNING,
+            level,
             f"{what} abandoned: the engine's storage failed (%s); it runs again after a "
-            "backoff without using up a retry",
+            f"backoff without using up a retry{note}",
             outcome.reason,
         )
     else:
@@ -232,7 +292,8 @@ def _span_outcome(sp: SpanHandle, outcome: Outcome) -> None:
 
 class StageRunner:
     """Runs stage bodies and compensations. Holds no run state between calls; it owns the
-    pool of threads sync bodies run in (:meth:`close` it with its engine)."""
+    pool of threads sync bodies run in (:meth:`close` it with its engine) and counts the
+    attempts it abandoned during an outage of the engine's storage (:attr:`abandoned`)."""
 
     def __init__(
         self,
@@ -257,6 +318,9 @@ class StageRunner:
         self.sync_executor = SyncStageExecutor(sync_threads)
         self.metrics: EngineMetrics | None = None
         """Set by a worker that serves metrics (``wfe worker --metrics-port``)."""
+        self.abandoned = AbandonedAttempts()
+        """Attempts (and compensations) this runner abandoned on a storage fault since one
+        went through: one WARNING per outage, not one per attempt."""
 
     @classmethod
     def for_settings(
@@ -380,7 +444,7 @@ class StageRunner:
                 raise
             _span_outcome(sp, outcome)
         self._measure(req, stage, outcome, began)
-        _log_outcome(slog, stage, req.attempt, outcome, "stage")
+        _log_outcome(slog, stage, req.attempt, outcome, "stage", self.abandoned)
         return outcome
 
     async def _guarded(
@@ -514,7 +578,7 @@ class StageRunner:
                 raise
             _span_outcome(sp, outcome)
         self._measure(req, stage, outcome, 0.0, compensation=True)
-        _log_outcome(slog, stage, req.attempt, outcome, "compensation")
+        _log_outcome(slog, stage, req.attempt, outcome, "compensation", self.abandoned)
         return outcome
 
     async def _compensation(

@@ -21,7 +21,8 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
   ``start_definition`` (which definition a ``start()`` runs), and the argument checks
   ``check_*`` (typed errors, one message per problem; ``check_signal_known`` with
   ``served_graph`` refuses a signal name no stage of the run's version declares), and
-  ``log_dead_letter`` (the warning for an event given up);
+  ``log_dead_letter`` (the warning for an event given up), ``AbandonedAttempts`` (one
+  WARNING per outage of the engine's storage, not one per abandoned attempt);
 - ``telemetry``: the OpenTelemetry hooks: decorate ``start()`` with ``traced_start`` and
   ``signal()`` with ``traced_signal``, store ``current_traceparent()`` (taken in ``start()``)
   with the run and give it back as ``StageRequest.trace_context``; the StageRunner makes the
@@ -85,6 +86,7 @@ from ._rules import (
     start_definition,
     version_key,
 )
+from ._runner import AbandonedAttempts
 from ._secrets import SecretUrl, redact_text, redact_url
 from ._serde import fingerprint, input_fingerprint, to_json_value
 from ._settings import EngineSettings
@@ -97,6 +99,7 @@ __all__ = [
     "REDRIVABLE_RUN_STATUSES",
     "TERMINAL_RUN_STATUSES",
     "WORKING_RUN_STATUSES",
+    "AbandonedAttempts",
     "BlobStore",
     "ClaimCheck",
     "Clock",

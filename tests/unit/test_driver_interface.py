@@ -18,6 +18,7 @@ DRIVER_PACKAGES = ("driver_native", "driver_temporal", "driver_memory")
 
 INTERFACE = [
     "ACTIVE_RUN_STATUSES",
+    "AbandonedAttempts",
     "BlobStore",
     "ClaimCheck",
     "Clock",
