@@ -49,6 +49,7 @@ from engine_port.driver import (
     check_wait_seconds,
     check_worker_options,
     check_workflow_ids,
+    keyed_repeat,
     start_definition,
     telemetry,
     version_key,
@@ -272,7 +273,7 @@ class NativeEngine(WorkflowEngine):
         else:
             self._wake()
         if not created:  # an idempotent repeat: report the run as it is now
-            return await self.get_run(run_id)
+            return keyed_repeat(await self.get_run(run_id))
         graph = wf.graph()
         return RunInfo(  # just written by this call: no need to read it back
             id=run_id,

@@ -115,18 +115,18 @@ async def drain(engine: TemporalEngine, workflow_ids: Sequence[str], target: str
 async def keyed_run(
     engine: TemporalEngine, key: str
 ) -> tuple[Any, WorkflowExecutionStatus | None] | None:
-    """The imported run that holds idempotency key ``key`` here, if any."""
+    """The imported run that holds idempotency key ``key`` here, if any, also when it moved
+    away again (its ``migrated`` record: ``keyed_repeat`` refuses it). Taking one that
+    moved away for "no run of the key" let the start create a second run of the key under
+    the key's own run id."""
     k = key_key(engine, key)
     if not await engine.blob_store.has(k):
         return None
     try:
         run_id: str = pydantic_core.from_json(await engine.blob_store.get(k))["run_id"]
-        memo, status = await engine._describe(run_id)
+        return await engine._describe(run_id)
     except (RunNotFoundError, EngineError):
         return None  # an import that never started its run
-    if (memo.get("wfe_run") or {}).get("status") == "migrated":
-        return None  # moved away again
-    return memo, status
 
 
 def workflow_only_worker(engine: TemporalEngine, workflow_id: str, version: str) -> Worker:

@@ -20,10 +20,29 @@ from ._limits import (
     check_wait_seconds,
     check_workflow_ids,
 )
-from ._models import ACTIVE_RUN_STATUSES, RunSnapshot, RunStatus
-from .errors import EngineError, InvalidInputError, MigrationError, RunNotFoundError
+from ._models import ACTIVE_RUN_STATUSES, RunInfo, RunSnapshot, RunStatus
+from .errors import (
+    EngineError,
+    InvalidInputError,
+    MigrationError,
+    RunNotActiveError,
+    RunNotFoundError,
+)
 
-__all__ = ["MigrationReport", "RunMove", "migrate_run", "migrate_runs"]
+__all__ = ["MigrationReport", "RunMove", "keyed_repeat", "migrate_run", "migrate_runs"]
+
+
+def keyed_repeat(info: RunInfo) -> RunInfo:
+    """A driver's answer to a start whose idempotency key names run ``info`` already there:
+    the run, unless it moved to another engine. Then RunNotActiveError (status ``migrated``,
+    ``migrated_to`` naming where it went), as for a signal or cancel of it there: answering
+    with the ``migrated`` record gave the caller a run it could neither wait on nor signal.
+    The key still never starts a second run (the driver checked the input first: another
+    input is IdempotencyConflictError); the caller starts it again through the engine it
+    moved to, or a routing engine over both, which answers with the live run."""
+    if info.status == RunStatus.MIGRATED:
+        raise RunNotActiveError(info.id, info.status, "start", migrated_to=info.migrated_to)
+    return info
 
 
 class RunMove(BaseModel):
@@ -176,31 +195,44 @@ async def migrate_runs(
 
     ``drain`` first stops ``source`` from taking new runs of the selected workflows (new starts
     must go to ``target``: route them there) and keeps migrating until none is left there.
+
+    ``run_ids`` names the runs to consider (an empty list: none). Each is reported once: a
+    run named there that is not active on ``source`` is reported ``skipped`` with its reason
+    ("already moved to <driver>", "<status> runs stay where they are"), after the runs of
+    the first pass; an active one that the other filters leave out is not reported. An id
+    ``source`` does not hold raises RunNotFoundError before anything moves.
     """
     _check_two_engines(source, target)
     check_wait_seconds(wait)
     check_wait_seconds(drain_timeout, "drain_timeout")
     await _check_selection(source, workflow_ids, version, run_ids, statuses)
+    if run_ids is not None:
+        run_ids = list(dict.fromkeys(run_ids))  # (an id named twice is moved and reported once)
     report = MigrationReport(source=source.driver_name, target=target.driver_name, dry_run=dry_run)
-    if drain and dry_run:
-        raise EngineError("--drain and --dry-run cannot be combined")
     if drain:
-        if not workflow_ids:
-            raise EngineError("--drain needs the workflows to drain (--workflow)")
-        await source.drain(workflow_ids, target.driver_name)
+        await _start_drain(source, target, workflow_ids, dry_run)
     select = partial(_select, source, workflow_ids, version, run_ids, statuses)
     deadline = time.monotonic() + drain_timeout
     done: set[str] = set()
+
+    def record(move: RunMove) -> None:
+        done.add(move.run_id)
+        report.moves.append(move)
+        if progress is not None:
+            progress(move)
+
+    first = True
     while True:
         for run_id in [c for c in await select() if c not in done]:
             move = await _move(source, target, run_id, dry_run=dry_run, wait=wait, blobs=blobs)
             if move is None:
                 continue
             if move.outcome != "left" or not drain:  # a drain retries the runs it left
-                done.add(run_id)
-                report.moves.append(move)
-                if progress is not None:
-                    progress(move)
+                record(move)
+        if first:
+            first = False
+            for move in await _not_active(source, [r for r in run_ids or () if r not in done]):
+                record(move)
         if not drain:
             return report
         left = [c for c in await select() if c not in done]
@@ -228,6 +260,43 @@ async def _move(
         return await migrate_run(source, target, run_id, wait=wait, blobs=blobs)
     except RunNotFoundError:
         return None
+
+
+async def _start_drain(
+    source: WorkflowEngine,
+    target: WorkflowEngine,
+    workflow_ids: Sequence[str] | None,
+    dry_run: bool,
+) -> None:
+    if dry_run:
+        raise EngineError("--drain and --dry-run cannot be combined")
+    if not workflow_ids:
+        raise EngineError("--drain needs the workflows to drain (--workflow)")
+    await source.drain(workflow_ids, target.driver_name)
+
+
+async def _not_active(source: WorkflowEngine, run_ids: Sequence[str]) -> list[RunMove]:
+    """A ``skipped`` move for each of ``run_ids`` (named by the caller, not moved) that is not
+    active on ``source``: moved away earlier, or ended. ``migrate_runs(run_ids=[moved])``
+    returned an empty report, and only the CLI said why."""
+    moves = []
+    for run_id in run_ids:
+        try:
+            info = await source.get_run(run_id)
+        except RunNotFoundError:  # (there when the selection was checked; purged since)
+            reason, workflow_id = f"no longer on {source.driver_name}", ""
+        else:
+            workflow_id = info.workflow_id
+            if info.status == RunStatus.MIGRATED:
+                reason = f"already moved to {info.migrated_to}"
+            elif info.terminal:
+                reason = f"{info.status.value} runs stay where they are"
+            else:
+                continue  # active, and left out by the other filters
+        moves.append(
+            RunMove(run_id=run_id, workflow_id=workflow_id, outcome="skipped", reason=reason)
+        )
+    return moves
 
 
 async def _left_by_timeout(source: WorkflowEngine, left: list[str]) -> list[RunMove]:
@@ -291,7 +360,7 @@ async def _select(
     statuses: Sequence[RunStatus] | None,
 ) -> list[str]:
     wanted = [s for s in (statuses or ACTIVE_RUN_STATUSES) if s in ACTIVE_RUN_STATUSES]
-    if run_ids:
+    if run_ids is not None:  # (an empty list selects none: it selected every active run)
         infos = []
         for rid in run_ids:
             try:

@@ -2,8 +2,9 @@
 workflow id by configuration, and every other call finds the run wherever it lives.
 
 An idempotency key is the drivers' own (each finds its runs by key), so a start whose key
-already started a run on another driver (the routes changed between the two starts, or the
-workflow was drained there) asks the other drivers first: see :meth:`RoutingEngine.start`.
+already started a run on another driver (the routes changed between the two starts, the
+workflow was drained there, or the run was migrated) asks the other drivers first: see
+:meth:`RoutingEngine.start`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ._serde import input_fingerprint
 from .errors import (
     EngineError,
     IdempotencyConflictError,
+    RunNotActiveError,
     RunNotFoundError,
     UnsupportedFeatureError,
     WaitTimeoutError,
@@ -127,7 +129,12 @@ class RoutingEngine(WorkflowEngine):
         """Start on the driver the workflow is routed to (or, when it is drained there, on
         the drain's target). With ``idempotency_key``, a run another driver already holds
         for that key is returned (or IdempotencyConflictError raised for a different input)
-        instead of a second run: the routes may have changed since that run started."""
+        instead of a second run: the routes may have changed since that run started.
+
+        A key whose run was migrated is answered with the run's live copy (same run id) on
+        the driver it moved to: a driver asked directly for the key on the engine the run
+        left raises RunNotActiveError naming ``migrated_to``, which is followed here. Only
+        when no configured driver holds the live copy does that error reach the caller."""
         wf_id = workflow.id if isinstance(workflow, Workflow) else workflow
         engine = self.engines[self.routes.get(wf_id, self.default)]
         if idempotency_key is not None:
@@ -139,6 +146,9 @@ class RoutingEngine(WorkflowEngine):
             info = await engine.start(
                 workflow, input, idempotency_key=idempotency_key, version=version
             )
+        except RunNotActiveError as exc:
+            # the key's run moved away from ``engine`` (after the look at the others above)
+            return await self._moved(exc)
         except WorkflowDrainedError as exc:
             other = self.engines.get(exc.target)
             if other is None or other is engine:
@@ -149,10 +159,26 @@ class RoutingEngine(WorkflowEngine):
                 held = await self._keyed(workflow, input, idempotency_key, version, [engine])
                 if held is not None:
                     return held
-            info = await other.start(
-                workflow, input, idempotency_key=idempotency_key, version=version
-            )
+            try:
+                info = await other.start(
+                    workflow, input, idempotency_key=idempotency_key, version=version
+                )
+            except RunNotActiveError as moved:
+                return await self._moved(moved)
         return await self._live(info)
+
+    async def _moved(self, exc: RunNotActiveError) -> RunInfo:
+        """The live copy of the run a driver's keyed start named as moved away (``exc``), or
+        ``exc`` itself when it is not a move or no configured driver holds that copy."""
+        if exc.status != RunStatus.MIGRATED:
+            raise exc
+        try:
+            info = await self.get_run(exc.run_id)
+        except RunNotFoundError:
+            raise exc from None
+        if info.status == RunStatus.MIGRATED:
+            raise exc
+        return info
 
     async def _keyed(
         self,
@@ -184,10 +210,15 @@ class RoutingEngine(WorkflowEngine):
 
     async def _live(self, info: RunInfo) -> RunInfo:
         """``info``, or the live copy of the run when ``info`` is the copy a migration left
-        behind (an idempotent start on the source driver returns that one)."""
+        behind (the one a driver lists for the key); RunNotActiveError naming where the run
+        went when no configured driver holds that copy (a start answers with a live run or
+        raises, as a driver's own keyed start does)."""
         if info.status != RunStatus.MIGRATED:
             return info
-        return (await self._locate(info.id))[1]
+        live = (await self._locate(info.id))[1]
+        if live.status == RunStatus.MIGRATED:
+            raise RunNotActiveError(live.id, live.status, "start", migrated_to=live.migrated_to)
+        return live
 
     async def get_run(self, run_id: str) -> RunInfo:
         return (await self._locate(run_id))[1]

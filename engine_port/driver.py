@@ -22,7 +22,8 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
   ``check_*`` (typed errors, one message per problem; ``check_signal_known`` with
   ``served_graph`` refuses a signal name no stage of the run's version declares), and
   ``log_dead_letter`` (the warning for an event given up), ``AbandonedAttempts`` (one
-  WARNING per outage of the engine's storage, not one per abandoned attempt);
+  WARNING per outage of the engine's storage, not one per abandoned attempt), ``keyed_repeat``
+  (a start whose idempotency key names a run that moved away raises, naming where it went);
 - ``telemetry``: the OpenTelemetry hooks: decorate ``start()`` with ``traced_start`` and
   ``signal()`` with ``traced_signal``, store ``current_traceparent()`` (taken in ``start()``)
   with the run and give it back as ``StageRequest.trace_context``; the StageRunner makes the
@@ -69,6 +70,7 @@ from ._limits import (
     check_workflow_ids,
     safe_error_message,
 )
+from ._migration import keyed_repeat
 from ._models import (
     ACTIVE_RUN_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -145,6 +147,7 @@ __all__ = [
     "input_fingerprint",
     "installed_drivers",
     "is_storage_fault",
+    "keyed_repeat",
     "log_dead_letter",
     "open_blob_store",
     "redact_text",

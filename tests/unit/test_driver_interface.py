@@ -67,6 +67,7 @@ INTERFACE = [
     "fingerprint",
     "input_fingerprint",
     "installed_drivers",
+    "keyed_repeat",
     "is_storage_fault",
     "log_dead_letter",
     "open_blob_store",
