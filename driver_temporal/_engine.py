@@ -34,8 +34,9 @@ imported runs are small records in the shared BlobStore under
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from datetime import timedelta
 from typing import Any
@@ -46,9 +47,13 @@ from temporalio.api.deployment.v1 import WorkerDeploymentVersion as PbDeployment
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import (
+    DescribeWorkerDeploymentRequest,
+    DescribeWorkerDeploymentResponse,
     DescribeWorkerDeploymentVersionRequest,
     DescribeWorkflowExecutionRequest,
     DescribeWorkflowExecutionResponse,
+    ListWorkerDeploymentsRequest,
+    ListWorkerDeploymentsResponse,
 )
 from temporalio.client import (
     Client,
@@ -69,7 +74,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError, RPCStatusCode, WorkflowService
 from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from engine_port import (
@@ -112,6 +117,7 @@ from engine_port.driver import (
     check_worker_options,
     check_workflow_ids,
     input_fingerprint,
+    keyed_repeat,
     redrive_plan,
     served_graph,
     start_definition,
@@ -147,8 +153,8 @@ from ._helpers import (
 )
 from ._history_events import run_events
 from ._journal import read_run_journals
-from ._outage import OUTAGE, use_runtime
-from ._paging import PagedRuns, superseded
+from ._outage import use_runtime
+from ._paging import PagedRuns, list_page, listed, superseded
 from ._query import runs_query
 from ._run_end import RunEnds, WorkerExterns
 from ._search import SA_VERSION, check_search_attributes
@@ -201,13 +207,20 @@ _WORKING = frozenset(s.value for s in WORKING_RUN_STATUSES)
 _IN_PROCESS_GRACE_S = 0.005
 
 
+READ_RETRY_S = 10.0
+"""The longest a read (get_run, list_runs, ...) keeps trying while Temporal is down: the native
+driver's ``database_retry_seconds`` default, and about what temporalio's own retries took."""
+
+
 class TemporalEngine(PagedRuns, WorkflowEngine):
     """The Temporal driver. Options: ``heartbeat_timeout`` (seconds, how fast a lost worker is
     noticed), ``connect_timeout``, ``signal_timeout`` (how long signal() waits for a worker to
     answer before buffering the signal on the server), ``cancel_wait`` (seconds cancel()
-    waits for the run to end; 10), ``unavailable_timeout`` (seconds start() and signal() keep
-    trying while Temporal is down, restarting or overloaded before they raise
-    ``DriverUnavailableError``; 30)."""
+    waits for the run to end; 10), ``unavailable_timeout`` (seconds start() and signal()
+    keep trying while Temporal is down, restarting or overloaded before they raise
+    ``DriverUnavailableError``; 30; the reads (get_run, list_runs, list_versions, ...: their
+    describes and visibility listings, ``_rpc.read``) keep trying for it too, but at most
+    ``READ_RETRY_S``, 10 s, as the native driver's reads retry a database outage)."""
 
     driver_name = "temporal"
 
@@ -517,7 +530,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 memo, status = moved_here
                 if memo.get("wfe_fp") != fp:
                     raise IdempotencyConflictError(idempotency_key, memo["wfe_run"]["id"])
-                return await self._info_from_memo(memo, status)
+                return keyed_repeat(await self._info_from_memo(memo, status))
         run_id = run_id_for_key(idempotency_key) if idempotency_key else new_run_id()
         input_ref = await self.claim.dump(data, spill_key(run_id, "input", fp[:16]))
         created = _now().isoformat()
@@ -555,7 +568,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             memo = await self._memo_of(raw)
             if memo.get("wfe_fp") != fp:
                 raise IdempotencyConflictError(idempotency_key, run_id)
-            return await self._info_from_memo(memo, _status_of(raw))
+            return keyed_repeat(await self._info_from_memo(memo, _status_of(raw)))
         return await self._resolve(initial)
 
     def _initial_info(
@@ -681,14 +694,25 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         ``WorkflowExecutionDescription`` (every field converted, every search attribute
         decoded) that nothing here reads: a twentieth of a short run's client CPU."""
         client = self._conn
-        raw = await client.workflow_service.describe_workflow_execution(
-            DescribeWorkflowExecutionRequest(
-                namespace=client.namespace, execution=PbWorkflowExecution(workflow_id=run_id)
-            ),
-            retry=True,
+        request = DescribeWorkflowExecutionRequest(
+            namespace=client.namespace, execution=PbWorkflowExecution(workflow_id=run_id)
         )
-        OUTAGE.answered()  # (an outage noticed in the core's logs is over: ``_outage``)
-        return raw
+        svc = client.workflow_service
+        # (tried again within ``unavailable_timeout`` while Temporal is down: ``_rpc.read``)
+        return await _rpc.read(
+            f"a describe of run {run_id!r}",
+            lambda timeout: svc.describe_workflow_execution(request, retry=False, timeout=timeout),
+            **self._reads(),
+        )
+
+    def _reads(self) -> dict[str, Any]:
+        """How a read RPC of this engine is bounded while Temporal is down (``_rpc.read``):
+        ``unavailable_timeout``, at most ``READ_RETRY_S`` (a read has nothing to lose by
+        failing, and a look at a run should not hang for start()'s 30 s)."""
+        return {
+            "deadline_s": min(self.unavailable_timeout, READ_RETRY_S),
+            "address": self.settings.temporal_address,
+        }
 
     async def _memo_of(self, raw: DescribeWorkflowExecutionResponse) -> dict[str, Any]:
         """The run's memo entries, but the start document (``wfe_start``: the graph and
@@ -770,18 +794,20 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             self._scope(), statuses or None, workflow_id=workflow_id, id_prefix=id_prefix
         )
         out: list[RunInfo] = []
-        listing = self._conn.list_workflows(query, page_size=limit)
+        reads = self._reads()
+        token: bytes | None = None
         while len(out) < limit:
-            await listing.fetch_next_page(page_size=limit)
-            executions = list(listing.current_page or [])
-            old = await superseded(self._conn, executions)
+            executions, token = await list_page(
+                self._conn, query, page_size=limit, token=token, **reads
+            )
+            old = await superseded(self._conn, executions, **reads)
             for ex in executions:
                 memo = {} if ex.run_id in old else await ex.memo()
                 if "wfe_run" in memo:
                     out.append(await self._info_from_memo(memo, ex.status, values=outputs))
                 if len(out) >= limit:
                     break
-            if not listing.next_page_token:
+            if token is None:
                 break
         return out
 
@@ -1224,21 +1250,38 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     # -- versions -----------------------------------------------------------------------------
     @_rpc.surfaced("list_versions")
     async def list_versions(self) -> list[VersionInfo]:
+        """Every version of this engine's workflows that the cluster knows, whether its
+        registry holds the workflow or not (`wfe versions` without --app), as the native
+        driver lists every version its database knows: versions with active runs, finished
+        ones (0 active runs, drained) and the ones served here.
+
+        The versions come from the Worker Deployments of this engine's task queues
+        (``ListWorkerDeployments``, then one ``DescribeWorkerDeployment`` per workflow): each
+        definition version is a Worker Deployment version (build id) of its workflow's
+        deployment, made present before the first run of it starts (``_ensure_version``), so
+        every version a run of this engine's workflows has had is there, its runs finished
+        or not, for a cost of one call per workflow plus a page per 1,000 deployments of the
+        namespace, however many runs there were (the alternative, paging every execution of
+        the engine's task queues through visibility for their distinct ``WfeVersion``, costs
+        a page per 1,000 runs). A version the server deleted (Temporal keeps at most 100
+        versions a deployment, deleting the oldest drained ones without pollers past that)
+        is listed while it has active runs or is served here. The active runs per version
+        come from visibility, as before; ``latest`` is the registry's latest version of the
+        workflow (False for every version of a workflow the registry does not hold: build
+        ids carry no order)."""
+        reads = self._reads()
         counts: dict[tuple[str, str], int] = {}
-        # the active runs of every workflow of this engine's task queues, whether its registry
-        # holds the workflow or not (as the native driver lists every version its database
-        # knows): `wfe versions` without --app listed nothing here
         query = (
             f"{self._scope()} AND ExecutionStatus = 'Running' "
             "AND WfeStatus IN (" + ", ".join(f"'{s}'" for s in _ACTIVE) + ")"
         )
-        async for ex in self._conn.list_workflows(query):
+        async for ex in listed(self._conn, query, **reads):
             ver = ex.typed_search_attributes.get(SA_VERSION)
             if ver is not None:
                 key = (ex.workflow_type, ver)
                 counts[key] = counts.get(key, 0) + 1
         served = self.registry.served()
-        keys = sorted(served | set(counts))
+        keys = sorted(served | set(counts) | await self._deployed_versions())
         targets = {w: await _moving.drained(self, w) for w in dict.fromkeys(w for w, _ in keys)}
         out = []
         for wf_id, ver in keys:
@@ -1256,6 +1299,58 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 )
             )
         return out
+
+    async def _deployed_versions(self) -> set[tuple[str, str]]:
+        """(workflow id, version) of every Worker Deployment version of this engine's task
+        queues: deployment ``deployment_for(<task queue>-<workflow id>)`` (a workflow id has
+        no '.', so the name's tail is the workflow id as is), build id = the version."""
+        reads = self._reads()
+        svc = self._conn.workflow_service
+        ns = self.settings.temporal_namespace
+        prefix = deployment_for(self.task_queue(""))
+        names: list[str] = []
+        token = b""
+        while True:
+            listing = ListWorkerDeploymentsRequest(
+                namespace=ns, page_size=1000, next_page_token=token
+            )
+            page = await _rpc.read(
+                "a listing of Worker Deployments",
+                functools.partial(_list_deployments, svc, listing),
+                **reads,
+            )
+            names += [
+                d.name
+                for d in page.worker_deployments
+                if d.name.startswith(prefix) and len(d.name) > len(prefix)
+            ]
+            token = page.next_page_token
+            if not token:
+                break
+
+        async def versions_of(name: str) -> set[tuple[str, str]]:
+            request = DescribeWorkerDeploymentRequest(namespace=ns, deployment_name=name)
+            try:
+                desc = await _rpc.read(
+                    f"a describe of Worker Deployment {name!r}",
+                    functools.partial(_describe_deployment, svc, request),
+                    **reads,
+                )
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:  # (deleted meanwhile)
+                    return set()
+                raise
+            wf_id = name[len(prefix) :]
+            return {
+                (wf_id, v.deployment_version.build_id)
+                for v in desc.worker_deployment_info.version_summaries
+                if v.deployment_version.build_id
+            }
+
+        found: set[tuple[str, str]] = set()
+        for versions in await asyncio.gather(*(versions_of(n) for n in sorted(set(names)))):
+            found |= versions
+        return found
 
     # -- migration (driver_temporal/_moving.py) --------------------------------------------------
     @_rpc.surfaced("drain")
@@ -1362,7 +1457,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         """Every event the run emitted, in sequence order (delivered or not), as the native
         driver's ``events``: rebuilt from its workflow histories (``_history_events``)."""
         check_run_call(run_id)
-        replayed = await run_events(self._conn, run_id)
+        replayed = await run_events(self._conn, run_id, **self._reads())
         # with the closing event a worker published for a run Temporal ended (``_ended``)
         seen = {e.id for e in replayed}
         closing = [
@@ -1393,6 +1488,20 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             Event.model_validate(pydantic_core.from_json(await self.blob_store.get(k)))
             for k in keys
         ]
+
+
+def _list_deployments(
+    svc: WorkflowService, request: ListWorkerDeploymentsRequest, timeout: timedelta
+) -> Awaitable[ListWorkerDeploymentsResponse]:
+    """One page of ``ListWorkerDeployments`` (``_rpc.read`` retries)."""
+    return svc.list_worker_deployments(request, retry=False, timeout=timeout)
+
+
+def _describe_deployment(
+    svc: WorkflowService, request: DescribeWorkerDeploymentRequest, timeout: timedelta
+) -> Awaitable[DescribeWorkerDeploymentResponse]:
+    """``DescribeWorkerDeployment`` (``_rpc.read`` retries)."""
+    return svc.describe_worker_deployment(request, retry=False, timeout=timeout)
 
 
 def _status_of(raw: DescribeWorkflowExecutionResponse) -> WorkflowExecutionStatus | None:

@@ -38,6 +38,7 @@ from engine_port import Event, EventDraft
 from engine_port.errors import DriverUnavailableError, EngineError, RunNotFoundError
 
 from . import _rpc
+from ._paging import listed
 from ._workflow import GraphWorkflow, workflow_runner
 
 __all__ = ["committed", "replay_events", "replay_info", "run_events"]
@@ -97,10 +98,14 @@ def _replayer(instances: list[_Recording], data_converter: DataConverter | None)
     )
 
 
-async def run_events(client: Client, run_id: str) -> list[Event]:
+async def run_events(
+    client: Client, run_id: str, *, deadline_s: float = 30.0, address: str | None = None
+) -> list[Event]:
     """Every event of ``run_id`` its executions' committed workflow tasks emitted, in sequence
-    order (delivered to the sink or not)."""
-    return await replay_events(await _histories(client, run_id), client.data_converter)
+    order (delivered to the sink or not). ``deadline_s``: how long the listing of its
+    executions keeps trying while Temporal is down (``_rpc.read``)."""
+    histories = await _histories(client, run_id, deadline_s=deadline_s, address=address)
+    return await replay_events(histories, client.data_converter)
 
 
 async def replay_events(
@@ -182,12 +187,15 @@ def _failed(exc: RPCError, what: str) -> DriverUnavailableError:
     return DriverUnavailableError(f"Temporal refused {what}: {exc}; check the server's health")
 
 
-async def _histories(client: Client, run_id: str) -> list[WorkflowHistory]:
+async def _histories(
+    client: Client, run_id: str, *, deadline_s: float, address: str | None
+) -> list[WorkflowHistory]:
     """The history of every execution of the run's workflow id, oldest first (the
     latest one even when visibility does not list it yet)."""
     executions: list[str] = []
+    query = f'WorkflowId = "{run_id}"'
     try:
-        async for ex in client.list_workflows(f'WorkflowId = "{run_id}"'):
+        async for ex in listed(client, query, deadline_s=deadline_s, address=address):
             executions.append(ex.run_id)
     except RPCError as exc:
         raise _failed(exc, f"the list of run {run_id!r}") from None

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+
+from temporalio.api.workflowservice.v1 import ListWorkflowExecutionsRequest
+from temporalio.client import WorkflowExecution
 
 from engine_port import EngineSettings, RunInfo, RunStatus, is_spill_ref
 from engine_port.driver import check_list_call, check_page_call, check_run_call
@@ -18,14 +21,65 @@ from ._helpers import _quote
 from ._query import runs_query
 
 if TYPE_CHECKING:
-    from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
+    from temporalio.client import Client, WorkflowExecutionStatus
 
-__all__ = ["PagedRuns", "superseded"]
+__all__ = ["PagedRuns", "list_page", "listed", "superseded"]
 
 _MAX_CURSOR = 4000
 
 
-async def superseded(conn: Client, executions: Sequence[WorkflowExecution]) -> set[str]:
+async def list_page(
+    conn: Client,
+    query: str,
+    *,
+    deadline_s: float,
+    address: str | None,
+    page_size: int = 1000,
+    token: bytes | None = None,
+) -> tuple[list[WorkflowExecution], bytes | None]:
+    """One page of a visibility listing (what ``Client.list_workflows`` fetches) and the next
+    page's token (None: the last), within ``deadline_s`` while Temporal is down (``_rpc.read``:
+    ``list_workflows`` retries ~10 s on its own, whatever its ``rpc_timeout``)."""
+    request = ListWorkflowExecutionsRequest(
+        namespace=conn.namespace, page_size=page_size, next_page_token=token or b"", query=query
+    )
+    svc = conn.workflow_service
+    resp = await _rpc.read(
+        "a visibility listing",
+        lambda timeout: svc.list_workflow_executions(request, retry=False, timeout=timeout),
+        deadline_s=deadline_s,
+        address=address,
+    )
+    # (as ``list_workflows`` builds them)
+    page = [
+        WorkflowExecution._from_raw_info(v, conn.namespace, conn.data_converter)
+        for v in resp.executions
+    ]
+    return page, resp.next_page_token or None
+
+
+async def listed(
+    conn: Client, query: str, *, deadline_s: float, address: str | None
+) -> AsyncIterator[WorkflowExecution]:
+    """Every execution of a visibility listing, page by page (``list_page``)."""
+    token: bytes | None = None
+    while True:
+        page, token = await list_page(
+            conn, query, deadline_s=deadline_s, address=address, token=token
+        )
+        for ex in page:
+            yield ex
+        if token is None:
+            return
+
+
+async def superseded(
+    conn: Client,
+    executions: Sequence[WorkflowExecution],
+    *,
+    deadline_s: float,
+    address: str | None,
+) -> set[str]:
     """The Temporal run ids among ``executions`` that are not their run's latest execution: a
     redrive starts a new execution under the run's id, and visibility keeps the closed one
     with the status it ended in, so a listing would show the run twice (and under a status
@@ -36,7 +90,8 @@ async def superseded(conn: Client, executions: Sequence[WorkflowExecution]) -> s
         return set()
     ids = ", ".join(f"'{_quote(i)}'" for i in sorted({ex.id for ex in closed}))
     latest: dict[str, WorkflowExecution] = {}
-    async for ex in conn.list_workflows(f"WorkflowId IN ({ids})"):
+    query = f"WorkflowId IN ({ids})"
+    async for ex in listed(conn, query, deadline_s=deadline_s, address=address):
         seen = latest.get(ex.id)
         if seen is None or ex.start_time > seen.start_time:
             latest[ex.id] = ex
@@ -66,6 +121,8 @@ class PagedRuns:
         settings: EngineSettings
 
         def _scope(self) -> str: ...
+
+        def _reads(self) -> dict[str, Any]: ...
 
         @property
         def _conn(self) -> Client: ...
@@ -112,18 +169,19 @@ class PagedRuns:
             idempotency_key=idempotency_key,
         )
         token = _token(after) if after is not None else None
-        listing = self._conn.list_workflows(query, page_size=limit, next_page_token=token)
-        await listing.fetch_next_page(page_size=limit)
+        reads = self._reads()
+        executions, next_token = await list_page(
+            self._conn, query, page_size=limit, token=token, **reads
+        )
         page: list[RunInfo] = []
-        executions = list(listing.current_page or [])
-        old = await superseded(self._conn, executions)
+        old = await superseded(self._conn, executions, **reads)
         for ex in executions:
             if ex.run_id in old:
                 continue
             memo = await ex.memo()
             if "wfe_run" in memo:
                 page.append(await self._info_from_memo(memo, ex.status, values=outputs))
-        return page, _cursor(listing.next_page_token)
+        return page, _cursor(next_token)
 
     @_rpc.surfaced("get_run_lazy")
     async def get_run_lazy(self, run_id: str) -> tuple[RunInfo, dict[str, int]]:

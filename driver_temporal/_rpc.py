@@ -4,7 +4,9 @@ backoff here, what remains reaches the caller as a typed ``EngineError``.
 A busy server answers ``RESOURCE_EXHAUSTED`` ("too many requests issued to Worker Deployment
 ... Please try again later") or ``UNAVAILABLE``; both mean "try again", so ``call`` tries
 again with capped exponential backoff and jitter until its deadline, then raises
-``DriverUnavailableError``.
+``DriverUnavailableError``. ``read`` does the same for the engine's read RPCs (describes,
+visibility listings) with temporalio's own retries off, so that a read during an outage
+raises within the engine's ``unavailable_timeout`` rather than after temporalio's ~10 s.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import functools
 import ipaddress
 import random
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from temporalio.service import GrpcCompression, PayloadLimitsConfig, RPCError, RPCStatusCode
@@ -29,6 +32,7 @@ __all__ = [
     "UNREACHABLE",
     "call",
     "grpc_compression",
+    "read",
     "retryable",
     "silent",
     "surfaced",
@@ -46,6 +50,18 @@ RETRYABLE = frozenset({RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILAB
 # what a call that reached no healthy server ends with: down or restarting (UNAVAILABLE: "tcp
 # connect error"), overloaded, or silent past the call's deadline
 UNREACHABLE = RETRYABLE | {RPCStatusCode.DEADLINE_EXCEEDED}
+
+
+# a read that failed this way may be tried again (reads are idempotent): the server down,
+# restarting or overloaded, its connections cut as it stops ("Unknown: transport error"), an
+# attempt past its share of the deadline, or a transient server fault; the codes temporalio's
+# own retries take, which ``read`` turns off
+_READ_AGAIN = UNREACHABLE | {
+    RPCStatusCode.UNKNOWN,
+    RPCStatusCode.INTERNAL,
+    RPCStatusCode.ABORTED,
+    RPCStatusCode.DATA_LOSS,
+}
 
 
 def retryable(exc: BaseException) -> bool:
@@ -84,6 +100,46 @@ async def call(
             OUTAGE.answered()  # (an outage noticed in the core's logs is over: ``_outage``)
             return result
         await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        delay = min(delay * 2, max_s)
+
+
+async def read(
+    what: str,
+    fn: Callable[[timedelta], Awaitable[T]],
+    *,
+    deadline_s: float,
+    address: str | None = None,
+    initial_s: float = 0.05,
+    max_s: float = 1.0,
+) -> T:
+    """``await fn(timeout)``: one read RPC of the engine's (a describe, a page of a listing),
+    made with temporalio's own retries off (``retry=False``) and ``timeout`` the time left,
+    tried again here while Temporal is down, restarting or overloaded, until ``deadline_s``
+    (the engine's ``unavailable_timeout``); then ``DriverUnavailableError``.
+
+    temporalio's retries (``retry=True``, which its high-level calls such as
+    ``list_workflows`` always use) ignore the call's ``timeout`` (a per-attempt gRPC
+    deadline): a refused connection fails each attempt at once and the core retries for
+    ~6-10 s whatever the caller's timeout, so a read during an outage took that long
+    whatever ``unavailable_timeout`` said. Reads are idempotent: trying one again is safe."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    delay = initial_s
+    while True:
+        left = end - loop.time()
+        try:
+            result = await fn(timedelta(seconds=max(left, 0.05)))
+        except RPCError as exc:
+            if exc.status not in _READ_AGAIN:
+                raise
+            left = end - loop.time()
+            if left <= 0:
+                raise unavailable(exc, address, f"{what} for {deadline_s:g}s") from None
+        else:
+            OUTAGE.answered()  # (an outage noticed in the core's logs is over: ``_outage``)
+            return result
+        # (the last attempt at the deadline: a server back by then answers it)
+        await asyncio.sleep(min(delay * (0.5 + random.random() / 2), left))
         delay = min(delay * 2, max_s)
 
 
