@@ -120,11 +120,17 @@ class SignalHandlers:
     # operator's signal over ``_raw_inline_max`` bytes in the BlobStore
     _checks_signals: bool = False
     _raw_inline_max: int | None = None
+    # runs started with ``signal_names`` in their start memo: the names an operator's raw
+    # signal may carry (another one is rejected and recorded); None: any name
+    _signal_names: frozenset[str] | None = None
 
     def _read_signal_rule(self, start_memo: Any) -> None:
         """(``__init__``) The signal rule of the run, from its ``wfe_start`` memo entry."""
         if not isinstance(start_memo, dict) or start_memo.get("signal_rule") != SIGNALS_CHECKED:
             return
+        names = start_memo.get("signal_names")
+        if isinstance(names, list) and names:
+            self._signal_names = frozenset(str(n) for n in names)
         self._checks_signals = True
         threshold = start_memo.get("spill_threshold")
         self._raw_inline_max = threshold if isinstance(threshold, int) else None
@@ -140,7 +146,9 @@ class SignalHandlers:
         own (``TemporalEngine.signal``) carry their delivery id and idempotency key in the
         payload's metadata (``_carry``); a raw one from an operator (``temporal workflow
         signal --name go --input '{...}'``) has none. A payload that does not decode (not
-        JSON) is rejected and recorded (``_rejected``) without failing the workflow task.
+        JSON) is rejected and recorded (``_rejected``) without failing the workflow task, and
+        so is a raw one whose name the graph does not declare (runs started with the
+        ``signal_names`` of their start memo; a graph that declares none takes any name).
         Older engines sent a wrapped body (``_is_wrapped``), still read so runs replay."""
         value: Any = None
         meta = meta_of(args[0].payload) if args else None
@@ -170,6 +178,11 @@ class SignalHandlers:
             )
         elif self._winding_down():
             self._reject(name, _WINDING_DOWN)
+        elif self._signal_names is not None and name not in self._signal_names:
+            # no wait could take it (a wait for an undeclared name fails at once), and
+            # ``engine.signal`` refuses the name: tell the operator rather than queue it
+            declared = ", ".join(sorted(self._signal_names))
+            self._reject(name, f"no stage of the run's graph declares it (declared: {declared})")
         else:
             # the operator's JSON is user data: boxed, so it is never read as a reference
             self._deliver(name, self._stored_raw(value), None, None)

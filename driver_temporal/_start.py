@@ -85,6 +85,12 @@ class StartDocument(BaseModel):
     # the starting engine's ``spill_threshold_bytes`` (runs with ``signal_rule``: what an
     # operator's raw signal is stored inline up to)
     spill_threshold: int | None = None
+    # the signal names the graph's stages declare (runs started since 2026-12-05): an
+    # operator's raw signal of another name is rejected and recorded, as ``engine.signal``
+    # refuses it (``SignalHandlers.on_signal``). In the memo, so that a signal handled before
+    # the run's ``run`` reads it; None: any name is queued (a graph that declares none, or a
+    # run started before)
+    signal_names: list[str] | None = None
     # the most stage activities in flight at once (``GraphWorkflow._slot``); None: a run
     # started before the bound, whose stages all start at once as they did
     stage_activities: int | None = None
@@ -127,6 +133,7 @@ class StartDocument(BaseModel):
             signal_rule=SIGNALS_CHECKED,
             spill_threshold=settings.spill_threshold_bytes,
             stage_activities=settings.temporal_max_stage_activities,
+            signal_names=_declared_signals(fields.get("graph")),
             **fields,
         )
 
@@ -222,3 +229,10 @@ class StartDocument(BaseModel):
     def carried(self) -> dict[str, Any]:
         """The ``CARRIED`` keys (those not at their defaults): the input payload's metadata."""
         return self.model_dump(mode="json", include=set(CARRIED), exclude_defaults=True)
+
+
+def _declared_signals(graph: Any) -> list[str] | None:
+    """The signal names a graph (``GraphModel`` as JSON) declares, sorted; None when none."""
+    stages = graph.get("stages") if isinstance(graph, dict) else None
+    names = {str(n) for st in stages or () if isinstance(st, dict) for n in st.get("signals") or ()}
+    return sorted(names) or None
