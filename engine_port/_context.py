@@ -8,13 +8,14 @@ import functools
 import inspect
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from ._graph import Stage, _return_type
 from ._ledger import StepLedger, StepRecord
+from ._lifecycle import LIFECYCLE_EVENT_TYPES
 from ._limits import (
     check_event_type,
     check_json,
@@ -115,6 +116,22 @@ class Steps:
         self._signal_waits: dict[str, int] = {}
         # the stage's staged business events (the StageContext's ``events``)
         self._events: list[BusinessEvent] = [] if events is None else events
+        self._closed = False
+
+    def close(self) -> None:
+        """End the attempt for these steps: a context that leaked out of the stage body (a
+        task the body started and did not await) gets a StepError from any later step or
+        ``ctx.emit``, instead of journaling into an attempt that is over (lost, or refused
+        by the driver with an engine-internal error)."""
+        self._closed = True
+
+    def _open(self, what: str) -> None:
+        if self._closed:
+            raise StepError(
+                f"{what} was called after its stage attempt ended (the body had returned or "
+                "raised); steps, events and hooks belong inside the stage body: await the "
+                "tasks the body starts before it returns"
+            )
 
     def _replayed(self, rec: StepRecord) -> None:
         """A completed step returns its result without running: stage again the business
@@ -144,8 +161,20 @@ class Steps:
             )
         self._used.add(name)
 
-    async def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` once; later replays return its journaled result."""
+    def run(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Coroutine[Any, Any, Any]:
+        """Run ``fn(*args, **kwargs)`` once; later replays return its journaled result.
+
+        ``name`` and ``fn`` are positional-only, so ``fn`` may take keyword arguments called
+        ``name`` or ``fn`` (they were a TypeError inside the stage, retried)."""
+        _on_loop("ctx.step.run", "ctx.sync_step.run")
+        return self._run_step(name, fn, *args, **kwargs)
+
+    async def _run_step(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        self._open(f"step {name!r}")
         self._claim(name)
         check_step_name(name)  # before fn runs: a name no backend can journal fails at once
         if not callable(fn):
@@ -157,8 +186,9 @@ class Steps:
             )
         return await self._run(name, fn, *args, **kwargs)
 
-    async def _run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _run(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """``run`` without the user step-name limit (hook steps compose longer keys)."""
+        self._open(f"step {name!r}")
         out_type = _return_type(fn)
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
@@ -173,8 +203,13 @@ class Steps:
         )
         return validate_as(out_type, value)
 
-    async def sleep(self, name: str, duration: timedelta | float) -> None:
+    def sleep(self, name: str, duration: timedelta | float) -> Coroutine[Any, Any, None]:
         """A durable sleep: the stage suspends and resumes once ``duration`` has passed."""
+        _on_loop("ctx.step.sleep", "ctx.sync_step.sleep")
+        return self._sleep(name, duration)
+
+    async def _sleep(self, name: str, duration: timedelta | float) -> None:
+        self._open(f"sleep {name!r}")
         self._claim(name)
         check_step_name(name)
         now = self._clock.now()
@@ -192,7 +227,9 @@ class Steps:
             return
         raise Suspend("sleep", rec.deadline, f"sleep:{name}")
 
-    async def wait_for_signal(self, name: str, timeout: timedelta | float | None = None) -> Any:
+    def wait_for_signal(
+        self, name: str, timeout: timedelta | float | None = None
+    ) -> Coroutine[Any, Any, Any]:
         """Wait for ``engine.signal(run, name, payload)`` and return the payload.
 
         Signals of one name queue per run in arrival order; each wait takes the next one (a
@@ -206,6 +243,11 @@ class Steps:
         body replays from the top, so the numbering is the same on every replay). Do not
         give another step of the stage one of those keys.
         """
+        _on_loop("ctx.step.wait_for_signal", "ctx.sync_step.wait_for_signal")
+        return self._wait_for_signal(name, timeout)
+
+    async def _wait_for_signal(self, name: str, timeout: timedelta | float | None) -> Any:
+        self._open(f"signal wait {name!r}")
         if not isinstance(name, str) or not name:
             raise StepError("a signal wait needs a non-empty string name")
         check_signal_name(name)
@@ -250,15 +292,26 @@ class Steps:
             raise _signal_timeout(name, rec)
         raise Suspend("signal", rec.deadline, f"signal:{name}")
 
-    async def wait_for(
+    def wait_for(
         self,
         name: str,
         check: Callable[[], Any],
         interval: timedelta | float = 1.0,
         timeout: timedelta | float | None = None,
-    ) -> Any:
+    ) -> Coroutine[Any, Any, Any]:
         """Poll ``check()`` every ``interval`` until it returns something other than None or
         False; that value is journaled and returned."""
+        _on_loop("ctx.step.wait_for", "ctx.sync_step.wait_for")
+        return self._wait_for(name, check, interval, timeout)
+
+    async def _wait_for(
+        self,
+        name: str,
+        check: Callable[[], Any],
+        interval: timedelta | float,
+        timeout: timedelta | float | None,
+    ) -> Any:
+        self._open(f"wait_for {name!r}")
         self._claim(name)
         check_step_name(name)
         now = self._clock.now()
@@ -327,6 +380,21 @@ def _later(now: datetime, value: Any, what: str, *, positive: bool = False) -> d
         raise StepError(f"{what} {value!r} ends after the year 9999; give a shorter one") from None
 
 
+def _on_loop(what: str, blocking: str) -> None:
+    """Refuse an awaitable step called off the event loop: in a sync ``def`` stage (or a sync
+    step function), which runs in a thread, the coroutine it returns was never awaited, so
+    the step silently never ran (only a RuntimeWarning), or the body failed on the coroutine
+    it got instead of the result."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise StepError(
+            f"{what} was called in a sync def stage or compensation (or a sync function in its "
+            f"thread), where its awaitable never runs; use the blocking form {blocking}(...) "
+            "there, or make the stage async def and await it"
+        ) from None
+
+
 def _run_on_loop(loop: asyncio.AbstractEventLoop, coro: Any, what: str) -> Any:
     """Run ``coro`` on ``loop`` from a worker thread and wait for it. Called on the loop's own
     thread this would block forever, so it fails with StepError instead."""
@@ -353,14 +421,14 @@ class SyncSteps:
     def _wait(self, coro: Any) -> Any:
         return _run_on_loop(self._loop, coro, "ctx.sync_step")
 
-    def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return self._wait(self._steps.run(name, fn, *args, **kwargs))
+    def run(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        return self._wait(self._steps._run_step(name, fn, *args, **kwargs))
 
     def sleep(self, name: str, duration: timedelta | float) -> None:
-        self._wait(self._steps.sleep(name, duration))
+        self._wait(self._steps._sleep(name, duration))
 
     def wait_for_signal(self, name: str, timeout: timedelta | float | None = None) -> Any:
-        return self._wait(self._steps.wait_for_signal(name, timeout))
+        return self._wait(self._steps._wait_for_signal(name, timeout))
 
     def wait_for(
         self,
@@ -369,7 +437,7 @@ class SyncSteps:
         interval: timedelta | float = 1.0,
         timeout: timedelta | float | None = None,
     ) -> Any:
-        return self._wait(self._steps.wait_for(name, check, interval, timeout))
+        return self._wait(self._steps._wait_for(name, check, interval, timeout))
 
 
 @dataclass
@@ -422,18 +490,32 @@ class StageContext(Generic[InT]):
 
     def emit(self, type: str, data: Any = None) -> None:
         """Stage a business event; it is released only when the run completes."""
+        self.step._open(f"ctx.emit({type!r})")
         if not isinstance(type, str) or not type:
             raise StepError("ctx.emit needs a non-empty event type")
         check_event_type(type)
+        if type in LIFECYCLE_EVENT_TYPES:
+            # the sink would carry two events of that type (the business one after the
+            # engine's), and a consumer acting on e.g. "run.failed" would act on a run that
+            # completed
+            raise StepError(
+                f"ctx.emit({type!r}): {type!r} is a lifecycle event type the engine emits "
+                "itself; give the business event a name of your own (e.g. 'order.completed')"
+            )
         value = to_json_value(data if data is not None else {}, f"data of event {type!r}")
         check_json(value, f"data of event {type!r}")
         if not isinstance(value, dict):
             value = {"value": value}
         _stage(self.events, BusinessEvent(type, value))
 
-    async def hook(self, name: str, payload: Any = None) -> list[Any]:
+    def hook(self, name: str, payload: Any = None) -> Coroutine[Any, Any, list[Any]]:
         """Run every handler registered for hook point ``name`` as a durable step, in
         registration order; returns their results."""
+        _on_loop("ctx.hook", "ctx.hook_sync")
+        return self._hook(name, payload)
+
+    async def _hook(self, name: str, payload: Any) -> list[Any]:
+        self.step._open(f"ctx.hook({name!r})")
         if name not in self.workflow.hooks:
             raise StepError(
                 f"workflow {self.workflow.id!r} does not declare hook point {name!r}; add it "
@@ -451,5 +533,5 @@ class StageContext(Generic[InT]):
     def hook_sync(self, name: str, payload: Any = None) -> list[Any]:
         if self._loop is None:
             raise StepError("hook_sync is only available while a stage runs")
-        results: list[Any] = _run_on_loop(self._loop, self.hook(name, payload), "ctx.hook_sync")
+        results: list[Any] = _run_on_loop(self._loop, self._hook(name, payload), "ctx.hook_sync")
         return results

@@ -263,6 +263,7 @@ class Stage:
     workflow_id: str
     compensation_fn: Handler | None = None
     signals: tuple[str, ...] = ()
+    _owner: Workflow[Any] | None = field(default=None, repr=False)
 
     @property
     def is_async(self) -> bool:
@@ -277,6 +278,8 @@ class Stage:
                 f"the compensation of stage {self.id!r} must be a function, not {type(fn).__name__}"
             )
         what = f"the compensation of stage {self.id!r}"
+        if self._owner is not None:
+            self._owner._mutable(what)
         check_handler(fn, what, "two arguments (ctx, output)", 2)
         self.compensation_fn = fn
         return fn
@@ -405,6 +408,8 @@ class Workflow(Generic[InT]):
         if version is not None:
             check_version(version, error=definition_error)
         _check_timeout(timeout, f"workflow {id!r}")
+        if isinstance(hooks, str):  # one hook point given without a list
+            hooks = [hooks]
         self.id = id
         self.input = input
         self.version_ = version
@@ -413,6 +418,19 @@ class Workflow(Generic[InT]):
         self._stages = {}
         self._graph: GraphModel | None = None
         self._graph_key: tuple[Any, ...] | None = None
+        # set by Registry.add: the registry keys the workflow by the version it had then
+        self._registered = False
+
+    def _mutable(self, what: str) -> None:
+        """Refuse a declaration once the workflow is in a Registry: it changes the structure
+        (and the structural version) the registry holds it under, so starts found no
+        registered version, or an explicit version changed unchecked."""
+        if self._registered:
+            raise DefinitionError(
+                f"cannot add {what} to workflow {self.id!r}: it is already in a Registry, "
+                "which holds the structure it had then; declare every stage, compensation and "
+                "hook point before Registry([...]) / registry.add(...)"
+            )
 
     # -- definition -------------------------------------------------------------------------
     @overload
@@ -467,7 +485,11 @@ class Workflow(Generic[InT]):
         if retry is not None and not isinstance(retry, Retry):
             raise DefinitionError(f"retry= must be a Retry(...), not {type(retry).__name__}")
 
+        if not isinstance(local, bool):
+            raise DefinitionError(f"local= must be True or False, not {local!r}")
+
         def register(f: Handler) -> Stage:
+            self._mutable(f"stage {id or getattr(f, '__name__', '')!r}")
             if not callable(f):
                 named = "" if id is None else f" {id!r}"
                 raise DefinitionError(
@@ -489,6 +511,7 @@ class Workflow(Generic[InT]):
                 output_type=out,
                 workflow_id=self.id,
                 signals=tuple(sorted(set(names))),
+                _owner=self,
             )
             self._stages[stage_id] = stage
             self._graph = None
@@ -517,6 +540,12 @@ class Workflow(Generic[InT]):
         """The ids a stage's ``after=`` names: stages of this workflow, each once, not itself."""
         deps: list[str] = []
         for dep in after:
+            if not isinstance(dep, Stage | str):
+                raise DefinitionError(
+                    f"stage {stage_id!r}: after= takes the stages returned by @wf.stage (or "
+                    f"their ids), not {type(dep).__name__} {dep!r:.80}; decorate the function "
+                    "with @wf.stage first"
+                )
             dep_id = dep.id if isinstance(dep, Stage) else dep
             if isinstance(dep, Stage) and dep.workflow_id != self.id:
                 raise DefinitionError(
@@ -534,6 +563,7 @@ class Workflow(Generic[InT]):
         """Declare a hook point that ``ctx.hook(name, payload)`` may call."""
         check_hook_name(name, error=definition_error)
         if name not in self.hooks:
+            self._mutable(f"hook point {name!r}")
             self.hooks = (*self.hooks, name)
             self._graph = None
 
@@ -600,12 +630,23 @@ class Workflow(Generic[InT]):
         ]
         return {
             "workflow_id": self.id,
-            "input_schema": self.input.model_json_schema(),
+            "input_schema": self._input_schema(),
             "stages": stages,
             "groups": groups,
             "hooks": sorted(self.hooks),
             "timeout_s": None if self.timeout is None else self.timeout.total_seconds(),
         }
+
+    def _input_schema(self) -> dict[str, Any]:
+        try:
+            return self.input.model_json_schema()
+        except Exception as exc:  # a field type with no JSON form (arbitrary_types_allowed)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DefinitionError(
+                f"workflow {self.id!r}: its input model {self.input.__name__} cannot be "
+                f"described as JSON ({first}); a run's input is JSON: give the model fields "
+                "of JSON types (str, numbers, bool, lists, dicts, nested models)"
+            ) from None
 
     def _cache_key(self) -> tuple[Any, ...]:
         # everything graph() depends on that can change after a stage was added

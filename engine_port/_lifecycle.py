@@ -15,7 +15,26 @@ from typing import Any
 from ._events import event_id
 from ._models import ErrorInfo, Event
 
-__all__ = ["EventDraft", "Lifecycle", "run_output"]
+__all__ = ["LIFECYCLE_EVENT_TYPES", "EventDraft", "Lifecycle", "run_output"]
+
+# the event types the Lifecycle below emits (``ctx.emit`` refuses them as business events)
+LIFECYCLE_EVENT_TYPES = frozenset(
+    {
+        "run.created",
+        "run.started",
+        "run.completed",
+        "run.failed",
+        "run.cancelled",
+        "run.redriven",
+        "run.migrated",
+        "stage.started",
+        "stage.suspended",
+        "stage.completed",
+        "stage.failed",
+        "stage.cancelled",
+        "stage.compensated",
+    }
+)
 
 
 @dataclass(frozen=True)

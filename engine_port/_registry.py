@@ -30,10 +30,22 @@ class Registry:
     def __init__(self, workflows: Iterable[Workflow[Any]] = ()) -> None:
         self._workflows: dict[str, dict[str, Workflow[Any]]] = {}
         self._hooks: dict[str, list[HookHandler]] = {}
+        if isinstance(workflows, Workflow):  # one workflow given without a list
+            workflows = [workflows]
+        elif not isinstance(workflows, Iterable) or isinstance(workflows, str | bytes):
+            raise DefinitionError(
+                f"Registry() takes a list of workflows, not {type(workflows).__name__}; "
+                "write Registry([wf1, wf2])"
+            )
         for wf in workflows:
             self.add(wf)
 
     def add(self, workflow: Workflow[Any]) -> Workflow[Any]:
+        if not isinstance(workflow, Workflow):
+            raise DefinitionError(
+                f"a Registry holds Workflow objects, not {type(workflow).__name__} "
+                f"({workflow!r:.80}); pass the Workflow(...) your stages were declared on"
+            )
         graph = workflow.graph()  # validates: cycles, unknown deps, empty
         versions = self._workflows.setdefault(workflow.id, {})
         existing = versions.get(graph.version)
@@ -45,6 +57,7 @@ class Registry:
             raise DefinitionVersionConflictError(workflow.id, graph.version)
         versions.pop(graph.version, None)
         versions[graph.version] = workflow
+        workflow._registered = True  # its structure is now fixed (see Workflow._mutable)
         return workflow
 
     def register_hook(

@@ -26,6 +26,8 @@ JSON = Any  # a value made only of dict/list/str/int/float/bool/None
 
 
 def _check(value: Any, path: str) -> None:
+    """Raise SerializationError naming where plain JSON data ``value`` holds a float JSON
+    cannot carry (NaN, infinity). Builds the paths: called once :func:`_finite` said so."""
     if isinstance(value, float) and not math.isfinite(value):
         raise SerializationError(f"{path} contains {value!r}, which JSON cannot carry")
     if isinstance(value, dict):
@@ -34,6 +36,68 @@ def _check(value: Any, path: str) -> None:
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _check(v, f"{path}[{i}]")
+
+
+def _finite(plain: Any) -> bool:
+    """Whether plain JSON data holds no NaN or infinity: one walk without paths (a path per
+    element cost more than the conversion itself for a 10,000-row output)."""
+    stack = [plain]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        v = pop()
+        t = type(v)
+        if t is dict:
+            extend(v.values())
+        elif t is list:
+            extend(v)
+        elif isinstance(v, float) and not math.isfinite(v):
+            return False
+    return True
+
+
+def _json_key(key: Any) -> Any:
+    """The JSON object key pydantic writes for the dict key ``key``."""
+    return next(iter(pydantic_core.to_jsonable_python({key: None})))
+
+
+def _string_keyed(value: Any) -> bool:
+    """Whether every dict in the plain containers of ``value`` (as given) has only string
+    keys: then no two keys can become one JSON key (one walk, no paths)."""
+    stack = [value]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        v = pop()
+        if isinstance(v, dict):
+            for k in v:
+                if type(k) is not str:
+                    return False
+            extend(v.values())
+        elif isinstance(v, list | tuple):
+            extend(v)
+    return True
+
+
+def _check_keys(value: Any, path: str) -> None:
+    """Refuse a dict whose keys turn into one JSON key (``{1: "a", "1": "b"}`` was
+    ``{"1": "b"}``, the other value dropped without a word). Walks the plain containers of
+    the value as given; pydantic serialisation already bounded their depth. Builds the
+    paths: called once :func:`_string_keyed` found a dict with other keys."""
+    if isinstance(value, dict):
+        if not all(type(k) is str for k in value):
+            seen: dict[Any, Any] = {}
+            for k in value:
+                jk = _json_key(k)
+                if jk in seen:
+                    raise SerializationError(
+                        f"{path} has the keys {seen[jk]!r} and {k!r}, which are both {jk!r} in "
+                        "JSON (one value would be lost); give the dict distinct string keys"
+                    )
+                seen[jk] = k
+        for k, v in value.items():
+            _check_keys(v, f"{path}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_keys(v, f"{path}[{i}]")
 
 
 def to_json_value(value: Any, what: str) -> JSON:
@@ -48,7 +112,10 @@ def to_json_value(value: Any, what: str) -> JSON:
             f"{what} is not JSON-serialisable ({type(value).__name__}): {exc}; return pydantic "
             "models, dataclasses, dicts, lists, strings, numbers, booleans or None"
         ) from None
-    _check(plain, what)
+    if not _finite(plain):
+        _check(plain, what)
+    if not _string_keyed(value):
+        _check_keys(value, what)
     return plain
 
 
