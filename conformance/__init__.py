@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._hostile import HostileDataContract
     from ._listing import ListingContract
     from ._migrate import MigrationContract
+    from ._misbehaving import MisbehavingBodyContract
     from ._parallel import ParallelFailureContract
     from ._parallel_signals import ParallelSignalContract
     from ._saga import CancelContract, CompensationContract, RedriveContract
@@ -61,6 +62,7 @@ __all__ = [
     "IdempotencyContract",
     "ListingContract",
     "MigrationContract",
+    "MisbehavingBodyContract",
     "ParallelFailureContract",
     "ParallelSignalContract",
     "RedriveContract",
@@ -97,6 +99,7 @@ _MODULES = {
     "IdempotencyContract": "_admin",
     "ListingContract": "_listing",
     "MigrationContract": "_migrate",
+    "MisbehavingBodyContract": "_misbehaving",
     "ParallelFailureContract": "_parallel",
     "ParallelSignalContract": "_parallel_signals",
     "RedriveContract": "_saga",

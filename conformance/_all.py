@@ -9,6 +9,7 @@ from ._flow import ClaimCheckContract, FlowContract, HookContract, RetryContract
 from ._hooks import HookEdgeContract
 from ._hostile import HostileDataContract
 from ._listing import ListingContract
+from ._misbehaving import MisbehavingBodyContract
 from ._parallel import ParallelFailureContract
 from ._parallel_signals import ParallelSignalContract
 from ._saga import CancelContract, CompensationContract, RedriveContract
@@ -40,5 +41,6 @@ class AllContracts(
     HostileDataContract,
     EventSinkContract,
     ListingContract,
+    MisbehavingBodyContract,
 ):
     """Every scenario of the contract."""

@@ -547,8 +547,27 @@ def safe_error_message(exc: BaseException) -> str:
         if isinstance(orig, BaseException):
             first = _first_line(str(orig))
             return f"({type(orig).__module__}.{type(orig).__name__}) {first}".strip()
-        return _strip_sql(_first_line(str(exc)))
-    return _strip_sql(str(exc))
+        return _strip_sql(_first_line(_text(exc)))
+    message = _strip_sql(_text(exc))
+    if len(message) > MAX_ERROR_MESSAGE:  # (a multi-megabyte message stuck a Temporal run)
+        cut = len(message) - MAX_ERROR_MESSAGE
+        message = f"{message[:MAX_ERROR_MESSAGE]}... ({cut:,} more characters cut)"
+    return message
+
+
+MAX_ERROR_MESSAGE = 8192
+"""The longest error message stored for a failure (as its traceback): a bigger one is cut,
+saying by how much (a 5 MB message went into every ``stage.failed`` event on native and
+exceeded Temporal's payload limit, leaving the run running for ever)."""
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``; an exception whose ``__str__`` raises is described instead of failing
+    the record of the attempt (it left the run running for ever)."""
+    try:
+        return str(exc)
+    except Exception as err:
+        return f"<{type(exc).__name__}: str() raised {type(err).__name__}>"
 
 
 # PostgreSQL quotes the rejected value at the end of some messages ('invalid input syntax for

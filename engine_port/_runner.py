@@ -178,21 +178,41 @@ _NEVER_RETRY = (
 
 
 async def _no_exit(body: Awaitable[Any]) -> Any:
-    """``await body``, its ``SystemExit`` turned into ``StageExitError`` in the body's own
-    task (a task that raises ``SystemExit`` stops the event loop)."""
+    """``await body``, its ``SystemExit`` or ``GeneratorExit`` turned into ``StageExitError``
+    in the body's own task: a task that raises ``SystemExit`` stops the event loop, and a
+    ``GeneratorExit`` a task ends with is thrown into the task awaiting it, which closes every
+    coroutine that awaits (none can catch it: the run stayed running for ever)."""
     try:
         return await body
-    except SystemExit as exc:
+    except (SystemExit, GeneratorExit) as exc:
+        raise StageExitError(exc) from None
+
+
+def _no_exit_sync(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a sync body's thread, as :func:`_no_exit` for a coroutine."""
+    try:
+        return fn(*args)
+    except (SystemExit, GeneratorExit) as exc:
         raise StageExitError(exc) from None
 
 
 def _body_error(exc: BaseException) -> BaseException:
-    """What a body raised, as the attempt's error: cancellation and an interrupt of the
-    process go on; any other ``BaseException`` fails the attempt (it would otherwise leave
-    the stage running until its lease expired, and then again, for ever)."""
-    if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit):
+    """What a body raised, as the attempt's error: the engine's cancellation of the attempt
+    and an interrupt of the process go on; any other ``BaseException`` fails the attempt (it
+    would otherwise leave the stage running until its lease expired, and then again, for
+    ever): ``SystemExit``, ``GeneratorExit``, and a ``CancelledError`` the body raised while
+    its task was not being cancelled (a task of its own that was cancelled) as
+    ``StageExitError``."""
+    if isinstance(exc, KeyboardInterrupt):
         raise exc
-    return StageExitError(exc) if isinstance(exc, SystemExit) else exc
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise exc  # the engine cancels the attempt (a lost lease, a cancelled run)
+        return StageExitError(exc)
+    if isinstance(exc, SystemExit | GeneratorExit):
+        return StageExitError(exc)
+    return exc
 
 
 def _error_info(exc: BaseException, stage: str, fn: Any = None) -> ErrorInfo:
@@ -380,7 +400,7 @@ class StageRunner:
             return await self._bounded(stage, fn(*args))
         ctx = contextvars.copy_context()
         executor = self.sync_executor
-        future = executor.submit(functools.partial(ctx.run, fn, *args))
+        future = executor.submit(functools.partial(ctx.run, _no_exit_sync, fn, *args))
         try:
             result = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -462,7 +482,12 @@ class StageRunner:
             ctx = self._context(req, guarded, slog)
         except InvalidInputError as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
-        outcome = await body(ctx, guarded)
+        try:
+            outcome = await body(ctx, guarded)
+        finally:
+            # a step, emit or hook of a context that leaked out of the body (a task it did not
+            # await) raises StepError from now on, on every driver
+            ctx.step.close()
         if guarded.fault is not None and not isinstance(outcome, Abandoned):
             # even if the body caught the fault (a bare except) and went on: the step it was
             # journaling is not journaled, so what the attempt returned cannot be trusted

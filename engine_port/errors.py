@@ -251,15 +251,25 @@ class NonRetryableError(EngineError):
 
 class StageExitError(EngineError):
     """A stage body or compensation raised ``SystemExit`` (``sys.exit()``, or a CLI library's
-    command called in a stage). The attempt fails with it like with any error (retried under
+    command called in a stage), or a ``CancelledError`` or ``GeneratorExit`` of its own (the
+    engine did not cancel it). The attempt fails with it like with any error (retried under
     the stage's policy; list it in ``Retry(non_retryable=...)`` to stop that) instead of
-    ending the worker process, as an activity's does on Temporal."""
+    ending the worker process, as an activity's does on Temporal, or leaving the stage
+    running for ever."""
 
-    def __init__(self, exc: SystemExit) -> None:
-        super().__init__(
-            f"the stage body raised SystemExit({exc.code!r}) (sys.exit?); a stage cannot end the "
-            "worker process: return a value or raise an exception"
-        )
+    def __init__(self, exc: BaseException) -> None:
+        if isinstance(exc, SystemExit):
+            message = (
+                f"the stage body raised SystemExit({exc.code!r}) (sys.exit?); a stage cannot end "
+                "the worker process: return a value or raise an exception"
+            )
+        else:
+            message = (
+                f"the stage body raised {type(exc).__name__}({str(exc)[:200]!r}) while nothing "
+                "cancelled it (a cancelled task or generator of its own?); a stage ends by "
+                "returning a value or raising an Exception: catch it, or raise an error of yours"
+            )
+        super().__init__(message)
         self.__traceback__ = exc.__traceback__
 
 
