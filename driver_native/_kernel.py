@@ -758,13 +758,15 @@ class Kernel:
             await self._abandon(cmd.job, cmd.worker_id, exc)
             return "abandoned"
         if result != "abandoned":
-            self._abandoned.report(log.log)
+            # (a job abandoned in the outage went through, or none was for a while: a job
+            # that needs nothing of the failing store proves nothing about it)
+            self._abandoned.report(log.log, int(cmd.job.id))
         return result
 
     async def _abandon(self, job: Any, worker: str, exc: BaseException) -> None:
         # one WARNING per outage (an S3 or disk fault lets jobs be claimed and abandoned
         # again every few seconds each, for as long as it lasts); the rest at DEBUG
-        level, note = self._abandoned.abandoned()
+        level, note = self._abandoned.abandoned(int(job.id))
         log.log(
             level,
             "job %s of run %s: the engine's storage failed (%s); the attempt is abandoned and "
@@ -846,7 +848,7 @@ class Kernel:
                 attempt=begin.attempt,
                 input=None,
                 cancel_event=cancel,
-                resumed=bool(begin.steps),
+                resumed=bool(begin.steps) and not begin.fresh,  # a retry is no resumption
                 trace_context=begin.trace_context,
                 version=begin.version,
             )

@@ -397,6 +397,7 @@ def _begin_read(
         outputs=_upstream(conn, run.id, shape.upstream([stage.stage_id]), outputs),
         steps=step_rows,
         trace_context=run.trace_context,
+        fresh=stage.status == StageStatus.PENDING,
     )
     return begin, drafts
 

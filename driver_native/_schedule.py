@@ -66,6 +66,10 @@ class Begin:
     outputs: dict[str, Any]  # upstream stage id -> stored output (maybe a spill reference)
     steps: list[Any] = field(default_factory=list)
     trace_context: str | None = None
+    fresh: bool = False
+    """The attempt begins now (``stage.started``: a first attempt, a retry, a redrive), as
+    opposed to one resumed after a wait or a crash: journaled ``steps`` then come from an
+    earlier attempt, and its log says "stage started", not "stage resumed"."""
 
 
 @dataclass
@@ -451,6 +455,7 @@ def _begin_handed(
             outputs={a: outputs[a] for a in shape.upstream([job.stage_id]) if a in outputs},
             steps=[r for r in step_rows if r.stage_id == job.stage_id],
             trace_context=run.trace_context,
+            fresh=True,
         )
         handoff.jobs.append((job, begin))
     return [lc(run).stage_started(sid, 1) for sid in ids]

@@ -50,7 +50,7 @@ from engine_port.driver import (
     check_start_call,
     version_key,
 )
-from engine_port.errors import InvalidInputError
+from engine_port.errors import InvalidInputError, RunNotActiveError
 
 from ._commands import (
     CreateRun,
@@ -169,6 +169,13 @@ def _run_state(conn: Connection, run_id: str) -> tuple[Any, list[Any]]:
     ).first()
     own = list(conn.execute(sa.select(jobs).where(jobs.c.run_id == run_id)).all())
     return run, own
+
+
+def _moved(conn: Connection, run_id: str) -> Any:
+    """The run's status and where it went (``migrated_to``), read without its values."""
+    return conn.execute(
+        sa.select(runs.c.status, runs.c.migrated_to).where(runs.c.id == run_id)
+    ).first()
 
 
 def _wake_suspended(conn: Connection, now: float, limit: int) -> int:
@@ -538,6 +545,9 @@ async def run_to_completion(
     - ``incomplete`` with a ``reason``: ``max_jobs`` executed, a retry backoff not due yet,
       the run's job leased elsewhere for ``max_claim_rounds`` rounds, a version not served.
 
+    A repeat of the key of a run that was moved to another engine raises RunNotActiveError
+    (``migrated_to`` names where it went), as ``engine.start`` does.
+
     This run's due jobs are leased first (the database queue can be narrowed to one run,
     unlike the seed's). Only while its next job is held by another worker does a round claim
     up to ``claims_per_round`` other due jobs and run them (``foreign_jobs_processed``).
@@ -554,6 +564,10 @@ async def run_to_completion(
         check_numbers({"max_outbox_flush": (max_outbox_flush, True, 1)})
     worker = worker_id or _default_worker_id()
     run_id, created = await kernel.dispatch(command)
+    if not created:  # a keyed repeat: a run moved away raises, as engine.start does
+        moved = await kernel.db.read(_moved, run_id)
+        if moved is not None and moved.status == "migrated":
+            raise RunNotActiveError(run_id, moved.status, "start", migrated_to=moved.migrated_to)
     drive = _Drive(
         run_id=run_id,
         worker=worker,

@@ -190,6 +190,16 @@ class WorkerHost:
                 tokens = tuple(int(job.lease_token) for job in held)
                 await self.kernel.dispatch(ReleaseJobs(ids, self.worker_id, tokens))
                 self._counts["released"] += len(ids)
+                # the runner logged each as "stage cancelled": say it was this shutdown
+                log.info(
+                    "worker %s: stopped %d stage attempt(s) still running after "
+                    "shutdown_timeout=%gs and gave their leases back; they run again on "
+                    "another worker, attempt kept, journaled steps not run again (runs: %s)",
+                    self.worker_id,
+                    len(ids),
+                    self.shutdown_timeout,
+                    _some(sorted({str(job.run_id) for job in held})),
+                )
         with contextlib.suppress(Exception):
             await self.kernel.dispatch(FlushOutbox())
 
@@ -497,3 +507,9 @@ class WorkerHost:
                 self._wake.set()
             if self.on_job_done is not None:
                 self.on_job_done(job.run_id)
+
+
+def _some(ids: list[str], most: int = 10) -> str:
+    """Up to ``most`` ids for one log line, and how many more."""
+    shown = ", ".join(ids[:most])
+    return f"{shown} and {len(ids) - most} more" if len(ids) > most else shown

@@ -124,8 +124,11 @@ class AbandonedAttempts:
     """How a host logs attempts abandoned on a fault of the engine's storage (DESIGN §5): an
     outage of the blob store or a full disk lets jobs be claimed and abandoned again every few
     seconds each, for as long as it lasts. The first abandoned attempt of an outage is logged
-    at WARNING, the rest at DEBUG (:meth:`abandoned`); the next attempt that goes through
-    ends the outage with one INFO saying how many were abandoned (:meth:`went_through`).
+    at WARNING, the rest at DEBUG (:meth:`abandoned`); an attempt that goes through ends the
+    outage with one INFO saying how many were abandoned (:meth:`went_through`), but only an
+    attempt of one that was abandoned in it, or any once ``quiet_s`` passed with none
+    abandoned: a run that needs nothing of the failing store (no spilled value) goes through
+    while it lasts, and ending the outage on it logged a WARNING and an INFO again and again.
 
     One per logging component (a ``StageRunner``, the native kernel), never global: the state
     is the instance's, so two engines in one process keep apart."""
@@ -133,31 +136,46 @@ class AbandonedAttempts:
     QUIET = " (further attempts abandoned until one goes through are logged at DEBUG)"
     """The note the WARNING ends with."""
 
-    def __init__(self) -> None:
+    KEYS_MAX = 10_000
+    """The abandoned attempts remembered per outage (past it, only the quiet time ends it)."""
+
+    def __init__(self, quiet_s: float = 10.0) -> None:
         self.count = 0
-        """Attempts abandoned since the last one that went through."""
+        """Attempts abandoned since the outage began (0: no outage)."""
+        self.quiet_s = quiet_s
+        self._keys: set[Any] = set()
+        self._last = 0.0
         self._lock = threading.Lock()
 
-    def abandoned(self) -> tuple[int, str]:
-        """Count one abandoned attempt: the level to log it at (WARNING for the first of an
-        outage, DEBUG after) and the note to end its message with (:attr:`QUIET` on the
-        WARNING, else empty)."""
+    def abandoned(self, key: Any = None) -> tuple[int, str]:
+        """Count one abandoned attempt (of job or stage ``key``): the level to log it at
+        (WARNING for the first of an outage, DEBUG after) and the note to end its message
+        with (:attr:`QUIET` on the WARNING, else empty)."""
         with self._lock:
             self.count += 1
             first = self.count == 1
+            if key is not None and len(self._keys) < self.KEYS_MAX:
+                self._keys.add(key)
+            self._last = time.monotonic()
         return (logging.WARNING, self.QUIET) if first else (logging.DEBUG, "")
 
-    def went_through(self) -> int:
-        """An attempt went through: how many were abandoned since the last one that did (0:
-        no outage to report, else log one INFO with it); the count starts again."""
+    def went_through(self, key: Any = None) -> int:
+        """An attempt (of ``key``) went through: how many were abandoned in the outage it
+        ends (0: none ended, else log one INFO with it)."""
         with self._lock:
+            if not self.count:
+                return 0
+            quiet = time.monotonic() - self._last >= self.quiet_s
+            if not (quiet or key is None or key in self._keys):
+                return 0
             count, self.count = self.count, 0
+            self._keys.clear()
         return count
 
-    def report(self, logger: Callable[..., None]) -> None:
+    def report(self, logger: Callable[..., None], key: Any = None) -> None:
         """:meth:`went_through`, logging the INFO through ``logger(level, msg, *args)`` (a
         ``Logger.log`` or a ``StageLog``) when an outage ends."""
-        if count := self.went_through():
+        if count := self.went_through(key):
             logger(
                 logging.INFO,
                 "the engine's storage answers again: %d attempt(s) were abandoned meanwhile",
@@ -233,13 +251,14 @@ def _log_outcome(
     outcome: Outcome,
     what: str,
     abandoned: AbandonedAttempts | None = None,
+    key: Any = None,
 ) -> None:
     """One record per outcome: INFO for completed and suspended, WARNING for a failure that
     is retried, ERROR (with the traceback) for a failure for good. An abandoned attempt is
     counted in ``abandoned``: WARNING for the first of an outage, DEBUG after; the first
     attempt through again logs the INFO that ends the outage."""
     if abandoned is not None and not isinstance(outcome, Abandoned):
-        abandoned.report(slog)
+        abandoned.report(slog, key)
     if isinstance(outcome, Completed):
         slog(logging.INFO, f"{what} completed")
     elif isinstance(outcome, Suspended):
@@ -251,7 +270,7 @@ def _log_outcome(
             wfe_until=None if outcome.until is None else outcome.until.isoformat(),
         )
     elif isinstance(outcome, Abandoned):
-        level, note = abandoned.abandoned() if abandoned is not None else (logging.WARNING, "")
+        level, note = abandoned.abandoned(key) if abandoned is not None else (logging.WARNING, "")
         slog(
             level,
             f"{what} abandoned: the engine's storage failed (%s); it runs again after a "
@@ -464,7 +483,8 @@ class StageRunner:
                 raise
             _span_outcome(sp, outcome)
         self._measure(req, stage, outcome, began)
-        _log_outcome(slog, stage, req.attempt, outcome, "stage", self.abandoned)
+        key = (req.run_id, stage.id)
+        _log_outcome(slog, stage, req.attempt, outcome, "stage", self.abandoned, key)
         return outcome
 
     async def _guarded(
@@ -603,7 +623,8 @@ class StageRunner:
                 raise
             _span_outcome(sp, outcome)
         self._measure(req, stage, outcome, 0.0, compensation=True)
-        _log_outcome(slog, stage, req.attempt, outcome, "compensation", self.abandoned)
+        key = (req.run_id, stage.id)
+        _log_outcome(slog, stage, req.attempt, outcome, "compensation", self.abandoned, key)
         return outcome
 
     async def _compensation(

@@ -10,11 +10,11 @@ import typer
 from rich.text import Text
 
 from engine_port import RunInfo, WorkflowEngine, create_engine
-from engine_port.errors import UnsupportedFeatureError
+from engine_port.errors import SpilledPayloadUnavailableError, UnsupportedFeatureError
 
 from ._attempts import attempt_history
 from ._db import initialised
-from ._errors import run_sync
+from ._errors import fail, run_sync
 from ._options import (
     MAX_LIMIT,
     AppOpt,
@@ -114,8 +114,8 @@ def show_cmd(
 
     async def show() -> dict[str, Any]:
         async with create_engine(configured, None) as engine:
-            info = await engine.get_run(await resolve(engine, run_id))
-            out: dict[str, Any] = {"run": info}
+            info, missing = await _readable_run(engine, await resolve(engine, run_id))
+            out: dict[str, Any] = {"run": info, "missing": missing}
             if events:
                 found = await _extra(engine, "events", info.id)
                 out["attempts"] = attempt_history(found, info)
@@ -125,6 +125,34 @@ def show_cmd(
             return out
 
     result = run_sync(show())
+    missing: SpilledPayloadUnavailableError | None = result.pop("missing")
+    _print_run(result, events=events, steps=steps, as_json=as_json)
+    if missing is not None:  # shown without it: say what is gone, exit 1
+        errors.print(
+            "the run's values kept in the blob store are shown as null: one is missing",
+            highlight=False,
+        )
+        fail(missing)
+
+
+async def _readable_run(
+    engine: WorkflowEngine, run_id: str
+) -> tuple[RunInfo, SpilledPayloadUnavailableError | None]:
+    """The run, and None; or, when a value it spilled is gone from the blob store (restore
+    it, or fix blob_url, then redrive), the run without its spilled values (the driver's
+    ``get_run_lazy``, as the web view reads it) and that error: the operator still sees its
+    status, stages and error instead of the error alone."""
+    try:
+        return await engine.get_run(run_id), None
+    except SpilledPayloadUnavailableError as exc:
+        lazy = getattr(engine, "get_run_lazy", None)
+        if lazy is None:
+            raise
+        info, _sizes = await lazy(run_id)
+        return info, exc
+
+
+def _print_run(result: dict[str, Any], *, events: bool, steps: bool, as_json: bool) -> None:
     if not (events or steps):
         show_json(result["run"], as_json)
         return

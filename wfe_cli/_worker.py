@@ -136,8 +136,13 @@ def worker(
                 shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
                 console.print(f"metrics on http://{shown}:{port}/metrics", highlight=False)
             stats.worker = await stack.enter_async_context(engine.worker())
+            # its id, when the driver's worker has one: another host's takeover of a lease
+            # it held names it by that id ("lease of worker HOST:PID:xxxxxx expired")
+            worker_id = getattr(stats.worker, "worker_id", None)
+            named = f", id={worker_id}" if worker_id else ""
             console.print(
-                f"worker up: driver={configured.driver}, workflows={sorted(registry.served())}",
+                f"worker up: driver={configured.driver}{named}, "
+                f"workflows={sorted(registry.served())}",
                 highlight=False,
             )
             up = True

@@ -120,3 +120,37 @@ async def test_each_runner_counts_its_own_outage(caplog: pytest.LogCaptureFixtur
     assert await two.run(_request(wf), InMemoryLedger()) == Completed("one")
     assert (one.abandoned.count, two.abandoned.count) == (2, 0)
     assert _records(caplog, logging.INFO)[-1].endswith("1 attempt(s) were abandoned meanwhile")
+
+
+async def test_a_run_that_needs_nothing_of_the_failing_store_does_not_end_the_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run with no spilled value goes through while the blob store is down: ending the
+    outage on it logged the INFO, then the next abandoned attempt a WARNING again, over and
+    over for as long as the outage lasted."""
+    caplog.set_level(logging.DEBUG)
+    wf = _workflow()
+    runner = StageRunner(Registry([wf]), FakeClock())
+    down = OutageLedger()
+    for _ in range(3):
+        assert isinstance(await runner.run(_request(wf, "stuck"), down), Abandoned)
+        assert await runner.run(_request(wf, "unaffected"), InMemoryLedger()) == Completed("one")
+    assert len(_records(caplog, logging.WARNING)) == 1
+    assert _records(caplog, logging.INFO) == []
+    down.down = False
+    assert await runner.run(_request(wf, "stuck"), down) == Completed("one")
+    assert _records(caplog, logging.INFO)[-1].endswith("3 attempt(s) were abandoned meanwhile")
+
+
+async def test_an_outage_ends_once_it_was_quiet_for_a_while(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The abandoned job may have gone to another host: any attempt that goes through once
+    nothing was abandoned for ``quiet_s`` ends the outage here."""
+    caplog.set_level(logging.DEBUG)
+    wf = _workflow()
+    runner = StageRunner(Registry([wf]), FakeClock())
+    runner.abandoned.quiet_s = 0.0
+    assert isinstance(await runner.run(_request(wf, "moved-away"), OutageLedger()), Abandoned)
+    assert await runner.run(_request(wf, "other"), InMemoryLedger()) == Completed("one")
+    assert _records(caplog, logging.INFO)[-1].endswith("1 attempt(s) were abandoned meanwhile")
