@@ -28,7 +28,7 @@ READ_OR_OPERATE: dict[str, list[str]] = {
     "dlq list": ["dlq", "list"],
     "dlq replay": ["dlq", "replay"],
     "ui": ["ui", "--port", "1"],  # (refused before it binds)
-    "migrate": ["migrate", "--from", "native", "--to", "memory", "--dry-run"],
+    "migrate": ["migrate", "--from", "native", "--to", "temporal", "--dry-run"],
 }
 # the commands that may create it: they start runs or serve them, or own a scratch area
 MAY_CREATE = {"worker", "start", "demo", "db upgrade", "dev temporal", "conformance"}
