@@ -14,35 +14,15 @@ from engine_port.errors import InvalidInputError, InvalidRedriveError, UnknownRe
 from wfe_cli import EXIT_CODES, app
 from wfe_cli._apps import load_registry
 
-APP_MODULE = """
-from engine_port import Registry, StageContext, Workflow, NonRetryableError
-from pydantic import BaseModel
+from .test_cli import APP_MODULE
 
-
-class In(BaseModel):
-    fail: bool = False
-
-
-flaky = Workflow("cli-redrive-from", input=In)
-
-
-@flaky.stage
-async def first(ctx: StageContext[In]) -> str:
-    return "one"
-
-
-@flaky.stage(after=[first])
-async def second(ctx: StageContext[In]) -> str:
-    if ctx.input.fail:
-        raise NonRetryableError("told to fail")
-    return "two"
-"""
+# the CLI tests' app (workflow ``cli-flaky``: ``first``, then ``second``, which fails on demand)
 
 
 async def _finished_runs(payloads: list[dict[str, object]]) -> list[str]:
     registry = load_registry("redriveapp")
     async with create_engine(load_settings(), registry) as engine, engine.worker():
-        ids = [(await engine.start("cli-redrive-from", p)).id for p in payloads]
+        ids = [(await engine.start("cli-flaky", p)).id for p in payloads]
         for run_id in ids:
             await engine.wait(run_id, timeout=30)
     return ids

@@ -166,6 +166,21 @@ def _sqlite_pair(tmp_path: Path) -> tuple[str, str]:
     return f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
 
 
+@contextlib.asynccontextmanager
+async def _two_sqlite(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Workflow[Order], WorkflowEngine, WorkflowEngine]]:
+    """The waiting workflow, and a source and a target engine on two SQLite files."""
+    wf = _waiter()
+    registry = Registry([wf])
+    src_url, dst_url = _sqlite_pair(tmp_path)
+    async with (
+        create_engine(EngineSettings(database_url=src_url), registry) as src,
+        create_engine(EngineSettings(database_url=dst_url), registry) as dst,
+    ):
+        yield wf, src, dst
+
+
 @pytest.mark.parametrize("dry_run", [False, True])
 async def test_a_named_run_already_moved_is_reported_skipped(tmp_path: Path, dry_run: bool) -> None:
     """``migrate_runs(run_ids=[moved])`` returned an empty report (only the CLI said why)."""
@@ -182,13 +197,7 @@ async def test_a_named_run_already_moved_is_reported_skipped(tmp_path: Path, dry
 
 
 async def test_a_named_ended_run_is_reported_skipped_after_the_moves(tmp_path: Path) -> None:
-    wf = _waiter()
-    registry = Registry([wf])
-    src_url, dst_url = _sqlite_pair(tmp_path)
-    async with (
-        create_engine(EngineSettings(database_url=src_url), registry) as src,
-        create_engine(EngineSettings(database_url=dst_url), registry) as dst,
-    ):
+    async with _two_sqlite(tmp_path) as (wf, src, dst):
         ended = await src.start(wf.id, {"n": 1})
         async with src.worker():
             await src.signal(ended.id, "go", True)
@@ -204,13 +213,7 @@ async def test_a_named_ended_run_is_reported_skipped_after_the_moves(tmp_path: P
 async def test_a_run_id_named_twice_is_moved_and_reported_once(tmp_path: Path) -> None:
     """The same id twice in ``run_ids`` was moved, then reported a second time as skipped
     ("already moved") by the same call."""
-    wf = _waiter()
-    registry = Registry([wf])
-    src_url, dst_url = _sqlite_pair(tmp_path)
-    async with (
-        create_engine(EngineSettings(database_url=src_url), registry) as src,
-        create_engine(EngineSettings(database_url=dst_url), registry) as dst,
-    ):
+    async with _two_sqlite(tmp_path) as (wf, src, dst):
         run = await src.start(wf.id, {"n": 1})
         report = await migrate_runs(src, dst, run_ids=[run.id, run.id])
         assert [(m.run_id, m.outcome) for m in report.moves] == [(run.id, "moved")]
@@ -219,13 +222,7 @@ async def test_a_run_id_named_twice_is_moved_and_reported_once(tmp_path: Path) -
 async def test_an_empty_list_of_run_ids_moves_nothing(tmp_path: Path) -> None:
     """``run_ids=[]`` (a caller's selection that came out empty) selected every active run
     of the source and moved them all."""
-    wf = _waiter()
-    registry = Registry([wf])
-    src_url, dst_url = _sqlite_pair(tmp_path)
-    async with (
-        create_engine(EngineSettings(database_url=src_url), registry) as src,
-        create_engine(EngineSettings(database_url=dst_url), registry) as dst,
-    ):
+    async with _two_sqlite(tmp_path) as (wf, src, dst):
         run = await src.start(wf.id, {"n": 1})
         report = await migrate_runs(src, dst, run_ids=[])
         assert report.moves == []
@@ -236,13 +233,7 @@ async def test_an_empty_list_of_run_ids_moves_nothing(tmp_path: Path) -> None:
 async def test_a_run_id_not_on_the_source_raises_before_anything_moves(tmp_path: Path) -> None:
     """Decision: an id the source does not hold raises RunNotFoundError naming it (a typo
     must not read as "nothing to move"); the other named runs are left untouched."""
-    wf = _waiter()
-    registry = Registry([wf])
-    src_url, dst_url = _sqlite_pair(tmp_path)
-    async with (
-        create_engine(EngineSettings(database_url=src_url), registry) as src,
-        create_engine(EngineSettings(database_url=dst_url), registry) as dst,
-    ):
+    async with _two_sqlite(tmp_path) as (wf, src, dst):
         run = await src.start(wf.id, {"n": 1})
         with pytest.raises(RunNotFoundError, match="nope"):
             await migrate_runs(src, dst, run_ids=[run.id, "nope"])
