@@ -22,7 +22,7 @@ from sqlalchemy import Connection
 from sqlalchemy.dialects import postgresql
 
 from engine_port import EngineSettings, Event, EventDraft
-from engine_port.driver import log_dead_letter, sink_retry_delay
+from engine_port.driver import DeadLetteredEvent, DeadLetterLog, sink_retry_delay
 
 from ._pgbatch import PLAN_EACH_TIME
 from ._rawsql import execute, execute_many
@@ -79,15 +79,6 @@ class Pending:
     attempts: int
     first_failed_at: float | None
     event: Event
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    event_id: str
-    run_id: str
-    seq: int
-    attempts: int
-    error: str
 
 
 @dataclass(frozen=True)
@@ -301,7 +292,7 @@ def mark_flushed(
     failed: Sequence[tuple[Sequence[Pending], str]],
     rule: RetryRule,
     now: float,
-) -> list[DeadLetter]:
+) -> list[DeadLetteredEvent]:
     """Mark rows delivered; for each failed run batch (its rows, the sink's error) count an
     attempt, schedule the retry and dead-letter the rows past ``rule``. Returns the dead ones."""
     ids = list(delivered)
@@ -312,7 +303,7 @@ def mark_flushed(
             .values(status="delivered", claimed_by=None, claimed_until=None)
         )
     updates: list[dict[str, Any]] = []
-    dead: list[DeadLetter] = []
+    dead: list[DeadLetteredEvent] = []
     for rows, error in failed:
         # the batch is retried together, when its oldest event is due
         retry_at = now + rule.delay(max(p.attempts for p in rows) + 1)
@@ -332,7 +323,7 @@ def mark_flushed(
             )
             if gone:
                 e = p.event
-                dead.append(DeadLetter(e.id, e.run_id, e.seq, attempts, error))
+                dead.append(DeadLetteredEvent(e.id, e.run_id, e.seq, attempts, error))
     if updates:
         conn.execute(
             sa.update(outbox)
@@ -351,17 +342,10 @@ def mark_flushed(
     return dead
 
 
-def log_dead(dead: Sequence[DeadLetter], rule: RetryRule) -> None:
-    for d in dead:
-        log_dead_letter(
-            log,
-            event_id=d.event_id,
-            seq=d.seq,
-            run_id=d.run_id,
-            error=d.error,
-            attempts=d.attempts,
-            min_seconds=rule.min_seconds,
-        )
+def log_dead(dead: Sequence[DeadLetteredEvent], rule: RetryRule) -> None:
+    """Log one flush's dead letters: the first few at WARNING, the rest at DEBUG with one
+    WARNING counting them (``DeadLetterLog``; a backlog once logged a warning per event)."""
+    DeadLetterLog(log).log_batch(dead, min_seconds=rule.min_seconds, scope="flush")
 
 
 def count_outbox(conn: Connection) -> OutboxCounts:

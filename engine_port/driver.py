@@ -21,8 +21,10 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
   ``start_definition`` (which definition a ``start()`` runs), and the argument checks
   ``check_*`` (typed errors, one message per problem; ``check_signal_known`` with
   ``served_graph`` refuses a signal name no stage of the run's version declares), and
-  ``log_dead_letter`` (the warning for an event given up), ``AbandonedAttempts`` (one
-  WARNING per outage of the engine's storage, not one per abandoned attempt), ``keyed_repeat``
+  ``log_dead_letter`` (the warning for an event given up) and ``DeadLetterLog`` (a few such
+  warnings per batch of ``DeadLetteredEvent``, the rest at DEBUG and one summary line),
+  ``AbandonedAttempts`` (one WARNING per outage of the engine's storage, not one per
+  abandoned attempt), ``keyed_repeat``
   (a start whose idempotency key names a run that moved away raises, naming where it went);
 - ``telemetry``: the OpenTelemetry hooks: decorate ``start()`` with ``traced_start`` and
   ``signal()`` with ``traced_signal``, store ``current_traceparent()`` (taken in ``start()``)
@@ -43,7 +45,7 @@ from . import _telemetry as telemetry
 from ._blobs import BlobStore, ClaimCheck, check_key
 from ._blobstores import delete_prefixes, open_blob_store
 from ._clock import Clock, SystemClock
-from ._dead_letters import log_dead_letter
+from ._dead_letters import DeadLetteredEvent, DeadLetterLog, log_dead_letter
 from ._drivers import ENTRY_POINT_GROUP, DriverEntry, installed_drivers
 from ._engine import WorkflowEngine
 from ._events import EventSink
@@ -105,6 +107,8 @@ __all__ = [
     "BlobStore",
     "ClaimCheck",
     "Clock",
+    "DeadLetterLog",
+    "DeadLetteredEvent",
     "DriverEntry",
     "DriverFactory",
     "EngineSettings",

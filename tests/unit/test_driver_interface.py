@@ -22,6 +22,8 @@ INTERFACE = [
     "BlobStore",
     "ClaimCheck",
     "Clock",
+    "DeadLetterLog",
+    "DeadLetteredEvent",
     "DriverEntry",
     "DriverFactory",
     "ENTRY_POINT_GROUP",
