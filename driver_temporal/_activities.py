@@ -508,6 +508,10 @@ class DriverActivities:
             if recorded is not None:
                 log.close()
                 return _Recorded(recorded), req, {}
+            if info.attempt > 1 or (journal and not task.get("reset")):
+                # an earlier try of this very attempt ran (a lost worker; a storage fault):
+                # it resumes (after an operator's reset the journal holds the run's old steps)
+                req = dataclasses.replace(req, resumed=bool(records))
         loaded = {name: await self._load_record(r, req.run_id) for name, r in records.items()}
         signals = {
             k: [await self.claim.load(v, run_id=req.run_id) for v in queue]
@@ -562,7 +566,10 @@ class DriverActivities:
             stage_id=task["stage_id"],
             attempt=task["attempt"],
             input=None,
-            resumed=bool(task["steps"]),
+            # resumed: steps journaled by this attempt before (a suspension, a lost worker);
+            # a new attempt (``new_attempt``, tasks since 2026-12-05) replays steps of earlier
+            # attempts but starts; a task without the key: any steps meant resumed
+            resumed=bool(task["steps"]) and not task.get("new_attempt", False),
             trace_context=task.get("trace_context"),
             version=task["version"],
         )

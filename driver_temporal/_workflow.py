@@ -562,6 +562,11 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         next_attempt = max(1, st.attempt)
         if st.status == "pending" and st.attempt > 0:
             next_attempt = st.attempt + 1  # imported between attempts: the retry is due
+        # whether the attempt about to be tried is new (a first try, a retry, a redrive) as
+        # opposed to one that ran before (it suspended, or it was imported mid-attempt): the
+        # activity logs "stage started" or "stage resumed" by it, as the native driver does
+        new_attempt = fresh
+        known: dict[str, Any] = {}  # the ledger before the try (a withdrawn one: what it added)
         while True:
             if ahead is None:
                 async with self._slot():
@@ -572,7 +577,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                     await self._gate()
                     attempt = next_attempt if fresh else st.attempt
                     self._begin_stage(sid, attempt, fresh)
-                    res = await self._call(sid, attempt, compensation=False)
+                    known = dict(st.steps)
+                    res = await self._call(sid, attempt, compensation=False, new=new_attempt)
             else:  # it ran already, in the local chain of a stage before it (``_chain``)
                 attempt, res, ahead = 1, self._ran_ahead(sid, ahead), None
             if self._stop_reason is not None and not (
@@ -597,13 +603,17 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 # a freeze took the activity before any worker did: the attempt started and
                 # nobody runs it (a snapshot shows it running; its target continues it);
                 # back to the gate, and the same attempt is scheduled again if unfrozen
+                # (it ran before if a lost worker's try of it journaled steps)
+                if any(known.get(r["name"]) != r for r in res.get("steps") or ()):
+                    new_attempt = False
                 continue
             if kind == "suspended":
+                new_attempt = False
                 await self._stage_suspended(sid, attempt, res)
                 continue
             await self._stage_failed(sid, attempt, res)  # raises _StageFailed when final
             next_attempt = attempt + 1
-            fresh = True
+            fresh = new_attempt = True
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """Held by a stage attempt from its start until its try returns: at most
@@ -748,14 +758,19 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 todo.extend(self._graph.stage(d).after)
         return seen
 
-    async def _call(self, sid: str, attempt: int, *, compensation: bool) -> dict[str, Any]:
+    async def _call(
+        self, sid: str, attempt: int, *, compensation: bool, new: bool | None = None
+    ) -> dict[str, Any]:
         """Run one try of a stage attempt (or compensation) as an activity; ``withdrawn``
-        when a freeze cancelled a stage activity no worker had picked up (it ran nothing)."""
+        when a freeze cancelled a stage activity no worker had picked up (it ran nothing).
+        ``new``: whether the attempt is a new one (see ``_task``)."""
         st = self._stages[sid]
         steps = st.comp_steps if compensation else st.steps
         # the patch marker keeps runs started before local stages existed replaying
         in_process = bool(self._graph.stage(sid).local) and self._patched(_LOCAL_PATCH)
-        task = self._task(sid, attempt, steps, compensation=compensation, in_process=in_process)
+        task = self._task(
+            sid, attempt, steps, compensation=compensation, in_process=in_process, new=new
+        )
         chain = self._chain(sid) if in_process and not compensation else []
         if chain:
             task["chain"] = chain
@@ -874,8 +889,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         *,
         compensation: bool,
         in_process: bool,
+        new: bool | None = None,
     ) -> dict[str, Any]:
-        """What the stage activity needs: the run's values and the stage's ledger."""
+        """What the stage activity needs: the run's values and the stage's ledger; ``new``
+        (a stage attempt's try): whether the attempt is a new one."""
         st = self._stages[sid]
         task = {
             "run_id": self._run_id,
@@ -891,6 +908,11 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "output": st.output if compensation else None,
             "trace_context": self._start.trace_context,
         }
+        if new is not None:
+            # a new attempt (first try, retry, redrive): the ledger's steps are earlier
+            # attempts', so its log line says "stage started", not "stage resumed"; data of
+            # the activity's input only (no command changes: a replay is unaffected)
+            task["new_attempt"] = new
         if in_process:
             # which try of the attempt this is: a local try's result is journaled under it
             # (``_activities._Recorded``), so a lost workflow task does not run it again

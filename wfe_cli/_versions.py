@@ -68,12 +68,15 @@ def drain_cmd(
             )
     initialised(configured)  # a drain in the wrong folder created an empty database there
 
-    async def drain() -> set[str]:
+    async def drain() -> tuple[set[str], set[str]]:
         async with create_engine(configured, None) as engine:
+            # (before a lift: which of the workflows were drained, by ``new_runs_to``)
+            before = await engine.list_versions() if lift else []
             await engine.drain(workflows, None if lift else target)
-            return {v.workflow_id for v in await engine.list_versions()}
+            drained = {v.workflow_id for v in before if v.new_runs_to is not None}
+            return {v.workflow_id for v in await engine.list_versions()}, drained
 
-    known = run_sync(drain())
+    known, was_drained = run_sync(drain())
     unknown = [w for w in workflows if w not in known]
     if unknown and not lift:
         errors.print(
@@ -82,8 +85,40 @@ def drain_cmd(
             highlight=False,
             soft_wrap=True,
         )
+    if not lift:
+        if as_json:
+            json_line({"workflows": workflows, "drained": True, "target": target})
+        else:
+            console.print(
+                f"drained (new runs go to {target}): {', '.join(workflows)}", highlight=False
+            )
+        return
+    # a lift: say which workflows were not drained (nothing to lift); one no version of which
+    # is known here (``list_versions`` lists versions, not drains) may have been drained
+    lifted = [w for w in workflows if w in was_drained]
+    idle = [w for w in workflows if w in known and w not in was_drained]
+    unsure = [w for w in workflows if w not in known and w not in was_drained]
     if as_json:
-        json_line({"workflows": workflows, "drained": not lift, "target": target})
-    else:
-        what = "lifted the drain of" if lift else f"drained (new runs go to {target}):"
-        console.print(f"{what} {', '.join(workflows)}", highlight=False)
+        json_line(
+            {
+                "workflows": workflows,
+                "drained": False,
+                "target": None,
+                "lifted": lifted,
+                "not_drained": idle,
+            }
+        )
+        return
+    if lifted:
+        console.print(f"lifted the drain of {', '.join(lifted)}", highlight=False)
+    if idle:
+        console.print(
+            f"{', '.join(idle)}: not drained, nothing to lift (new runs already start here)",
+            highlight=False,
+        )
+    if unsure:
+        console.print(
+            f"lifted the drain of {', '.join(unsure)}, if any (no run of "
+            f"{'it' if len(unsure) == 1 else 'them'} is known here)",
+            highlight=False,
+        )
