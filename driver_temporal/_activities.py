@@ -63,7 +63,7 @@ from engine_port import (
     StepRecord,
     Suspended,
 )
-from engine_port.driver import log_dead_letter
+from engine_port.driver import DeadLetteredEvent, DeadLetterLog
 from engine_port.errors import EngineError, SpilledPayloadUnavailableError
 
 from ._carry import carry, meta_of, whole
@@ -382,6 +382,9 @@ class DriverActivities:
         self.take_timeout = take_timeout  # seconds a wait asks its run for a signal, per try
         self.take_tries = take_tries  # tries when the ask gets no answer (timeout, busy)
         self.kept = KeptLocks()
+        # a dead_letter call is one run's batch: an outage of many runs shares the few
+        # warnings of a minute, the rest log at DEBUG and are counted in one line
+        self.dead_letter_log = DeadLetterLog(_log, window_seconds=60.0)
 
     def bookkeeping(self) -> list[Any]:
         """The small activities every worker that runs workflow tasks registers (they run as
@@ -880,20 +883,17 @@ class DriverActivities:
     @activity.defn(name="wfe.dead_letter")
     async def dead_letter(self, events: list[dict[str, Any]]) -> None:
         """Keep undeliverable events in the shared BlobStore under ``dlq/`` (replay_dlq), and
-        warn about each as the native outbox does."""
+        log them as the native outbox does (a few warnings, the rest at DEBUG: DeadLetterLog)."""
         for e in events:
             await self.claim.store.put(
                 dlq_key(e["run_id"], e["seq"], e["id"]), pydantic_core.to_json(e)
             )
         self.stats.dead_lettered(len(events))
-        for e in events:
-            log_dead_letter(
-                _log,
-                event_id=e["id"],
-                seq=int(e["seq"]),
-                run_id=e["run_id"],
-                error=self.stats.last_error,
-            )
+        error = self.stats.last_error
+        self.dead_letter_log.log_batch(
+            [DeadLetteredEvent(e["id"], e["run_id"], int(e["seq"]), None, error) for e in events],
+            scope="publish batch",
+        )
 
     @activity.defn(name=READ_JOURNAL_ACTIVITY)
     async def read_journal(self, run_id: str, stage_id: str, redrive: int) -> list[dict[str, Any]]:
