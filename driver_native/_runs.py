@@ -775,8 +775,17 @@ def any_purgeable(conn: Connection, finished_before: float) -> bool:
 
 
 def purge_runs(conn: Connection, finished_before: float, limit: int) -> list[str]:
-    """Delete up to ``limit`` terminal runs finished before the cutoff, with their rows."""
-    ids = list(conn.execute(purgeable(finished_before).limit(limit)).scalars())
+    """Delete up to ``limit`` terminal runs finished before the cutoff, with their rows.
+
+    On PostgreSQL the runs are locked as they are picked (skipping one another transaction
+    holds) and their status is read again under the lock, before any of their rows is
+    deleted: a purge that read a failed run as another server redrove it deleted the run the
+    redrive had just re-started (a run reported ``running`` vanished), and deleting its
+    stages before the run row locked rows in the opposite order to the redrive's."""
+    stmt = purgeable(finished_before).limit(limit)
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    ids = list(conn.execute(stmt).scalars())
     if ids:
         for table in (stages, steps, signals, staged_events, jobs, outbox, stage_archive):
             conn.execute(sa.delete(table).where(table.c.run_id.in_(ids)))
