@@ -7,18 +7,26 @@ a ``CancelledError`` or ``GeneratorExit`` of its own (nothing cancelled it), eac
 did not await) journaled into an attempt that was over on Temporal and got an engine-internal
 error on native. Each now fails the attempt (the run ends ``failed`` with a readable error),
 and a leaked context's steps raise ``StepError``, on every driver.
+
+The other user code the engine runs misbehaves the same ways: a compensation doing so fails
+the compensation (recorded, the run ends ``failed``), never leaves the run ``compensating``;
+a step function, hook handler or ``wait_for`` check raising ``SystemExit`` through the
+blocking forms of a sync stage (``ctx.sync_step``, ``ctx.hook_sync``: run as a task of the
+engine's loop) stopped the worker's event loop, and now fails the attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
 
 from engine_port import MemorySink, Registry, Retry, RunStatus, StageContext, Workflow
-from engine_port.errors import StepError
+from engine_port.errors import NonRetryableError, StepError
 
 from ._harness import CONTRACT_MARKS, Harness, eventually, unique_id
 
@@ -67,6 +75,58 @@ BODIES = {
 }
 
 
+def _exit(*args: Any) -> None:
+    raise SystemExit(3)
+
+
+COMPENSATIONS: dict[str, Callable[[StageContext[In]], Any]] = {
+    "huge": _huge,
+    "unprintable": _unprintable,
+    "own-cancel": _own_cancel,
+    "sync-generator-exit": _sync_generator_exit,
+}
+
+
+def _compensating(kind: str) -> Workflow[In]:
+    """Stage ``a`` completes, ``b`` fails for good: ``a``'s compensation misbehaves."""
+    wf = Workflow(unique_id(f"misbehaving-undo-{kind}"), input=In)
+
+    @wf.stage(retry=ONCE)
+    async def a(ctx: StageContext[In]) -> int:
+        return 1
+
+    body = COMPENSATIONS[kind]
+
+    async def undo(ctx: StageContext[In], output: int) -> None:
+        await body(ctx)
+
+    def sync_undo(ctx: StageContext[In], output: int) -> None:
+        body(ctx)
+
+    a.compensation(undo if inspect.iscoroutinefunction(body) else sync_undo)
+
+    @wf.stage(after=[a], retry=ONCE)
+    async def b(ctx: StageContext[In]) -> int:
+        raise NonRetryableError("b broke")
+
+    return wf
+
+
+def _sync_exiting(kind: str, hook: str) -> Workflow[In]:
+    """A sync stage whose step function or hook handler raises ``SystemExit``."""
+    wf = Workflow(unique_id(f"misbehaving-{kind}"), input=In, hooks=[hook])
+
+    @wf.stage(id="only", retry=ONCE)
+    def only(ctx: StageContext[In]) -> int:
+        if kind == "sync-step-exit":
+            ctx.sync_step.run("s", _exit)
+        else:
+            ctx.hook_sync(hook, {})
+        return 1
+
+    return wf
+
+
 def _failing(kind: str) -> Workflow[In]:
     wf = Workflow(unique_id(f"misbehaving-{kind}"), input=In)
     wf.stage(id="only", retry=ONCE)(BODIES[kind])
@@ -101,6 +161,36 @@ class MisbehavingBodyContract:
             error = ended[kind].error
             assert error is not None and error.type == "StageExitError", kind
             assert "nothing cancelled it" in error.message, kind
+
+    async def test_compensations_and_sync_steps_that_raise_what_except_exception_misses(
+        self, harness: Harness
+    ) -> None:
+        hook = unique_id("exit-hook")
+        undos = {kind: _compensating(kind) for kind in COMPENSATIONS}
+        exits = {kind: _sync_exiting(kind, hook) for kind in ("sync-step-exit", "hook-sync-exit")}
+        registry = Registry([*undos.values(), *exits.values()])
+        registry.register_hook(hook, _exit, name="exits")
+        async with harness.engine(registry, MemorySink()) as engine, engine.worker():
+            started = {k: await engine.start(wf.id, {}) for k, wf in {**undos, **exits}.items()}
+            ended = {k: await engine.wait(r.id, timeout=60) for k, r in started.items()}
+        types = {
+            "huge": "ValueError",
+            "unprintable": "Unprintable",
+            "own-cancel": "StageExitError",
+            "sync-generator-exit": "StageExitError",
+        }
+        for kind, want in types.items():
+            info = ended[kind]
+            assert info.status == RunStatus.FAILED, kind
+            assert [e.type for e in info.compensation_errors] == [want], kind
+            assert len(info.compensation_errors[0].message) < 10_000, kind
+        unprintable = ended["unprintable"].compensation_errors[0]
+        assert "str() raised RuntimeError" in unprintable.message
+        for kind in exits:
+            info = ended[kind]
+            assert info.status == RunStatus.FAILED, kind
+            assert info.error is not None and info.error.type == "StageExitError", kind
+            assert "SystemExit(3)" in info.error.message, kind
 
     async def test_a_step_of_a_context_that_leaked_out_of_its_stage_raises(
         self, harness: Harness

@@ -408,7 +408,28 @@ def _run_on_loop(loop: asyncio.AbstractEventLoop, coro: Any, what: str) -> Any:
             f"{what} blocks and only works in a sync def stage; in an async def stage use the "
             "awaitable form (await ctx.step.... / await ctx.hook(...))"
         )
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    result = asyncio.run_coroutine_threadsafe(_no_exit_on_loop(coro), loop).result()
+    if isinstance(result, _Exited):
+        raise result.exc  # in the body's thread, where the runner fails the attempt with it
+    return result
+
+
+@dataclass(frozen=True)
+class _Exited:
+    """A ``SystemExit`` that user code (a step function, a hook handler, a ``wait_for``
+    check) raised in a coroutine :func:`_run_on_loop` runs for a sync body's thread."""
+
+    exc: SystemExit
+
+
+async def _no_exit_on_loop(coro: Any) -> Any:
+    """``await coro`` in a task of the engine's loop, its ``SystemExit`` handed back to the
+    sync body's thread instead: a task that raises ``SystemExit`` stops the event loop (the
+    worker's: every run it held stayed running until its lease or heartbeat expired)."""
+    try:
+        return await coro
+    except SystemExit as exc:
+        return _Exited(exc)
 
 
 class SyncSteps:
