@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from pydantic import ValidationError
+
 from ._graph import Stage, _return_type
 from ._ledger import StepLedger, StepRecord
 from ._lifecycle import LIFECYCLE_EVENT_TYPES
@@ -24,7 +26,7 @@ from ._limits import (
 )
 from ._serde import JSON, to_json_value, validate_as
 from ._telemetry import step_span
-from .errors import StepError, StepTimeoutError
+from .errors import SerializationError, StepError, StepTimeoutError
 
 if TYPE_CHECKING:
     from ._clock import Clock
@@ -193,7 +195,7 @@ class Steps:
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
             self._replayed(rec)
-            return validate_as(out_type, rec.result)
+            return _step_result(out_type, rec.result, name)
         with step_span(name):
             result, meta = await self._staging(functools.partial(fn, *args, **kwargs))
         value = to_json_value(result, f"result of step {name!r}")
@@ -201,7 +203,7 @@ class Steps:
         await self._ledger.put(
             StepRecord(name=name, kind="run", completed=True, result=value, meta=meta)
         )
-        return validate_as(out_type, value)
+        return _step_result(out_type, value, name)
 
     def sleep(self, name: str, duration: timedelta | float) -> Coroutine[Any, Any, None]:
         """A durable sleep: the stage suspends and resumes once ``duration`` has passed."""
@@ -378,6 +380,22 @@ def _later(now: datetime, value: Any, what: str, *, positive: bool = False) -> d
         return now + timedelta(seconds=seconds)
     except OverflowError:
         raise StepError(f"{what} {value!r} ends after the year 9999; give a shorter one") from None
+
+
+def _step_result(out_type: Any, value: JSON, name: str) -> Any:
+    """A step's journaled result as its function's return annotation: one that does not match
+    is a SerializationError (never retried: each retry would replay the same journaled
+    result and fail the same way; a pydantic ValidationError was retried until the attempts
+    ran out)."""
+    try:
+        return validate_as(out_type, value)
+    except ValidationError as exc:
+        first = exc.errors()[0]["msg"] if exc.errors() else str(exc)
+        raise SerializationError(
+            f"result of step {name!r} does not match its return annotation ({first}); it is "
+            "journaled, so a retry would replay it: make the step return what it declares (or "
+            "fix the annotation), then redrive the run (a redrive runs its steps again)"
+        ) from None
 
 
 def _on_loop(what: str, blocking: str) -> None:

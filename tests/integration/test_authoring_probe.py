@@ -177,3 +177,29 @@ async def test_the_blocking_steps_of_a_sync_stage_and_awaitable_ones_of_an_async
     info = await run_one(tmp_path, wf)
     assert info.status == RunStatus.COMPLETED, info.error
     assert info.output == [[1, 2], 3]
+
+
+async def test_a_step_result_that_does_not_match_its_annotation_fails_without_retries(
+    tmp_path: Path,
+) -> None:
+    """The result is journaled before it is checked, so every retry replayed it and failed
+    the same way (a pydantic ValidationError, retried until the attempts ran out)."""
+    wf = Workflow("bad-step-type", input=In)
+    calls: list[int] = []
+
+    def count() -> int:
+        calls.append(1)
+        return "many"  # type: ignore[return-value]
+
+    @wf.stage(retry=RETRY)
+    async def a(ctx: StageContext[In]) -> int:
+        result: int = await ctx.step.run("count", count)
+        return result
+
+    info = await run_one(tmp_path, wf)
+    assert info.status == RunStatus.FAILED
+    stage = info.stages[0]
+    assert stage.attempt == 1 and calls == [1]
+    assert info.error is not None and info.error.type == "SerializationError"
+    assert "result of step 'count' does not match its return annotation" in info.error.message
+    assert "redrive" in info.error.message
