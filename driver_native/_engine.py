@@ -116,7 +116,14 @@ def _parse_cursor(cursor: str) -> tuple[float, str]:
         value = float(at)
     except ValueError:
         value = math.nan
-    if not sep or not run_id or not math.isfinite(value) or len(cursor) > 100:
+    if (
+        not sep
+        or not run_id
+        or not math.isfinite(value)
+        or repr(value) != at  # (float() read " 1 ", "1_000", other digits: a cursor is repr)
+        or len(cursor) > 100
+        or any(c == "\x00" or "\ud800" <= c <= "\udfff" for c in run_id)  # (PG refused it raw)
+    ):
         raise InvalidInputError(
             None, f"{cursor[:100]!r} is not a page cursor; use the one the previous page gave"
         )
@@ -617,7 +624,8 @@ class NativeEngine(WorkflowEngine):
             await self._info(run, rows, graph, outputs=outputs)
             for run, rows, graph in found[:limit]
         ]
-        last = found[limit - 1][0] if len(found) > limit else None
+        # (limit=0 read one run and gave it as the next page's cursor: a page loop never ended)
+        last = found[limit - 1][0] if limit and len(found) > limit else None
         return page, None if last is None else f"{last.created_at!r}~{last.id}"
 
     async def steps(self, run_id: str) -> list[StepEntry]:

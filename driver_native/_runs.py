@@ -83,6 +83,8 @@ __all__ = [
 ]
 
 TERMINAL = TERMINAL_RUN_STATUSES
+# the most rows a listing query asks for (a larger limit lists them all)
+MAX_LISTED = 1_000_000_000_000_000_000
 
 
 @functools.cache
@@ -670,7 +672,10 @@ def runs_query(
 ) -> sa.Select[Any]:
     """The query of :func:`read_runs` for the run rows (``bench/tools/ui_pages.py`` shows
     its plans): newest first on the (created_at, id) index."""
-    q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+    # (a limit past a 64-bit integer raised a raw OverflowError on SQLite, "bigint out of
+    # range" on PostgreSQL; no database holds that many runs)
+    q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc())
+    q = q.limit(min(limit, MAX_LISTED))
     if id_prefix:
         q = q.where(runs.c.id.startswith(id_prefix, autoescape=True))
     if version is not None:
@@ -680,10 +685,10 @@ def runs_query(
     if idempotency_key is not None:
         q = q.where(runs.c.idempotency_key == idempotency_key)
     if before is not None:
-        at, run_id = before
-        q = q.where(
-            sa.or_(runs.c.created_at < at, sa.and_(runs.c.created_at == at, runs.c.id < run_id))
-        )
+        # a row comparison: PostgreSQL scans the (created_at, id) index from the cursor on (an
+        # index condition); the equivalent OR was a filter on a backward scan from the newest
+        # run, which read every run newer than the cursor (5,050 at page 102 of 10,000)
+        q = q.where(sa.tuple_(runs.c.created_at, runs.c.id) < sa.tuple_(*before))
     if workflow_id is not None:
         q = q.where(runs.c.workflow_id == workflow_id)
     if status:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["PagedRuns", "list_page", "listed", "superseded"]
 
 _MAX_CURSOR = 4000
+_MAX_PAGE = 1000  # the most executions a visibility page holds (the server's own cap)
 
 
 async def list_page(
@@ -41,7 +44,11 @@ async def list_page(
     page's token (None: the last), within ``deadline_s`` while Temporal is down (``_rpc.read``:
     ``list_workflows`` retries ~10 s on its own, whatever its ``rpc_timeout``)."""
     request = ListWorkflowExecutionsRequest(
-        namespace=conn.namespace, page_size=page_size, next_page_token=token or b"", query=query
+        namespace=conn.namespace,
+        # (a page_size past int32 raised a raw ValueError; the server caps pages at 1000)
+        page_size=min(page_size, _MAX_PAGE),
+        next_page_token=token or b"",
+        query=query,
     )
     svc = conn.workflow_service
     resp = await _rpc.read(
@@ -98,20 +105,37 @@ async def superseded(
     return {ex.run_id for ex in closed if ex.id in latest and latest[ex.id].run_id != ex.run_id}
 
 
-def _token(cursor: str) -> bytes:
-    """Temporal's next_page_token behind a cursor this module gave."""
+def _digest(query: str, token: bytes) -> str:
+    return hashlib.sha256(query.encode() + b"\x00" + token).hexdigest()[:16]
+
+
+def _token(cursor: str, query: str) -> bytes:
+    """Temporal's next_page_token behind a cursor this module gave for ``query``. The cursor
+    carries a digest of the query and the token: a corrupted or forged token, another
+    driver's cursor or one of another listing (other filters) went to the server, which
+    answered UNKNOWN (DriverUnavailableError after 10 s of retries) or a page of the other
+    listing's order."""
+    encoded, _, digest = cursor.rpartition(".")
     try:
-        if len(cursor) > _MAX_CURSOR:
+        if len(cursor) > _MAX_CURSOR or not encoded:
             raise ValueError
-        return base64.urlsafe_b64decode(cursor.encode("ascii") + b"=" * (-len(cursor) % 4))
+        token = base64.urlsafe_b64decode(encoded.encode("ascii") + b"=" * (-len(encoded) % 4))
+        if not token or not hmac.compare_digest(digest, _digest(query, token)):
+            raise ValueError
     except (ValueError, binascii.Error, UnicodeEncodeError):
         raise InvalidInputError(
-            None, f"{cursor[:100]!r} is not a page cursor; use the one the previous page gave"
+            None,
+            f"{cursor[:100]!r} is not a page cursor of this listing; use the one the previous "
+            "page gave, with the same filters (or start again from the first page)",
         ) from None
+    return token
 
 
-def _cursor(token: bytes | None) -> str | None:
-    return base64.urlsafe_b64encode(token).decode("ascii").rstrip("=") if token else None
+def _cursor(token: bytes | None, query: str) -> str | None:
+    if not token:
+        return None
+    encoded = base64.urlsafe_b64encode(token).decode("ascii").rstrip("=")
+    return f"{encoded}.{_digest(query, token)}"
 
 
 class PagedRuns:
@@ -168,7 +192,7 @@ class PagedRuns:
             created_after=created_after,
             idempotency_key=idempotency_key,
         )
-        token = _token(after) if after is not None else None
+        token = _token(after, query) if after is not None else None
         reads = self._reads()
         executions, next_token = await list_page(
             self._conn, query, page_size=limit, token=token, **reads
@@ -181,7 +205,7 @@ class PagedRuns:
             memo = await ex.memo()
             if "wfe_run" in memo:
                 page.append(await self._info_from_memo(memo, ex.status, values=outputs))
-        return page, _cursor(next_token)
+        return page, _cursor(next_token, query)
 
     @_rpc.surfaced("get_run_lazy")
     async def get_run_lazy(self, run_id: str) -> tuple[RunInfo, dict[str, int]]:

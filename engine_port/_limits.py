@@ -334,6 +334,9 @@ def check_list_call(workflow_id: Any, status: Any, limit: Any, id_prefix: Any) -
         raise _invalid("limit", "limit is negative; give 0 or more runs")
     if id_prefix is not None and not isinstance(id_prefix, str):
         raise _invalid("id_prefix", f"id_prefix must be a string, not {_kind(id_prefix)}")
+    bad = None if id_prefix is None else _BAD_CHAR.search(id_prefix)
+    if bad is not None:  # (PostgreSQL and Temporal's visibility raised raw errors)
+        raise _invalid("id_prefix", f"id_prefix {_bad_char(bad.group())}; remove it")
     given = [status] if isinstance(status, str) else status
     if given is None:
         return []
