@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ._saga import CancelContract, CompensationContract, RedriveContract
     from ._signals import SignalContract, TimeoutContract
     from ._sink import EventSinkContract
+    from ._timing import TimingContract
     from ._trace import check_golden, normalise, run_summary
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "SignalContract",
     "SleepContract",
     "TimeoutContract",
+    "TimingContract",
     "VersionContract",
     "check_golden",
     "eventually",
@@ -108,6 +110,7 @@ _MODULES = {
     "SignalContract": "_signals",
     "SleepContract": "_flow",
     "TimeoutContract": "_signals",
+    "TimingContract": "_timing",
     "VersionContract": "_admin",
     "check_golden": "_trace",
     "eventually": "_harness",

@@ -15,6 +15,7 @@ from ._parallel_signals import ParallelSignalContract
 from ._saga import CancelContract, CompensationContract, RedriveContract
 from ._signals import SignalContract, TimeoutContract
 from ._sink import EventSinkContract
+from ._timing import TimingContract
 
 __all__ = ["AllContracts"]
 
@@ -42,5 +43,6 @@ class AllContracts(
     EventSinkContract,
     ListingContract,
     MisbehavingBodyContract,
+    TimingContract,
 ):
     """Every scenario of the contract."""

@@ -214,18 +214,19 @@ def _no_exit_sync(fn: Callable[..., Any], *args: Any) -> Any:
         raise StageExitError(exc) from None
 
 
-def _body_error(exc: BaseException) -> BaseException:
+def _body_error(exc: BaseException, cancel: asyncio.Event | None = None) -> BaseException:
     """What a body raised, as the attempt's error: the engine's cancellation of the attempt
     and an interrupt of the process go on; any other ``BaseException`` fails the attempt (it
     would otherwise leave the stage running until its lease expired, and then again, for
     ever): ``SystemExit``, ``GeneratorExit``, and a ``CancelledError`` the body raised while
-    its task was not being cancelled (a task of its own that was cancelled) as
-    ``StageExitError``."""
+    its task was not being cancelled and its ``cancel`` event (the request's
+    ``cancel_event``: set when the engine found the attempt's lease gone and stops it) was
+    not set (a task of its own that was cancelled) as ``StageExitError``."""
     if isinstance(exc, KeyboardInterrupt):
         raise exc
     if isinstance(exc, asyncio.CancelledError):
         task = asyncio.current_task()
-        if task is None or task.cancelling():
+        if task is None or task.cancelling() or (cancel is not None and cancel.is_set()):
             raise exc  # the engine cancels the attempt (a lost lease, a cancelled run)
         return StageExitError(exc)
     if isinstance(exc, SystemExit | GeneratorExit):
@@ -526,27 +527,12 @@ class StageRunner:
         except InfrastructureFault as fault:
             return self._abandoned(stage, fault)
         except TimeoutError as exc:
-            if timeout is not None and scope.expired() and guarded.interrupted:
-                # the time ran out while the engine's storage was journaling (a slow or
-                # reconnecting database): not the stage's fault
-                slow = InfrastructureFault(
-                    "a ledger call", TimeoutError(f"the stage timeout of {timeout:g}s expired")
-                )
-                return self._abandoned(stage, slow)
             if timeout is not None and scope.expired():
-                if stage.timeout is None:
-                    what = f"the default stage timeout of {timeout:g}s (default_stage_timeout)"
-                    todo = "give the stage its own timeout= or raise default_stage_timeout"
-                else:
-                    what, todo = f"its timeout of {timeout:g}s", "raise the stage timeout="
-                err: BaseException = StageTimeoutError(
-                    f"stage {stage.id!r} attempt {req.attempt} ran longer than {what}; "
-                    f"{todo}, or make the stage faster"
-                )
-                return Failed(ErrorInfo.of(err, stage.id), retryable=True)
+                subject = f"stage {stage.id!r} attempt {req.attempt}"
+                return self._ran_out(stage, timeout, guarded, subject, "the stage")
             return self._failed(stage, exc, stage.fn)
         except BaseException as exc:
-            return self._failed(stage, _body_error(exc), stage.fn)
+            return self._failed(stage, _body_error(exc, req.cancel_event), stage.fn)
         try:
             output = to_json_value(result, f"output of stage {stage.id!r}")
             check_json(output, f"output of stage {stage.id!r}")
@@ -590,6 +576,23 @@ class StageRunner:
         _log_outcome(slog, stage, req.attempt, outcome, "compensation" if compensation else "stage")
         return outcome
 
+    def _ran_out(
+        self, stage: Stage, limit: float, guarded: GuardedLedger, subject: str, body: str
+    ) -> Outcome:
+        """The outcome of an attempt (or compensation) ``subject`` whose time limit ran out:
+        abandoned when it ran out while the engine's storage was journaling (a slow or
+        reconnecting database: not the stage's fault), else a retryable StageTimeoutError."""
+        if guarded.interrupted:
+            expired = TimeoutError(f"the stage timeout of {limit:g}s expired")
+            return self._abandoned(stage, InfrastructureFault("a ledger call", expired))
+        if stage.timeout is None:
+            what = f"the default stage timeout of {limit:g}s (default_stage_timeout)"
+            todo = "give the stage its own timeout= or raise default_stage_timeout"
+        else:
+            what, todo = f"its timeout of {limit:g}s", "raise the stage timeout="
+        err = StageTimeoutError(f"{subject} ran longer than {what}; {todo}, or make {body} faster")
+        return Failed(ErrorInfo.of(err, stage.id), retryable=True)
+
     def _abandoned(self, stage: Stage, fault: InfrastructureFault) -> Abandoned:
         return Abandoned(str(fault))  # logged with the outcome
 
@@ -614,7 +617,7 @@ class StageRunner:
                     stage,
                     ledger,
                     slog,
-                    lambda ctx, _g: self._compensation(req, stage, ctx, output),
+                    lambda ctx, g: self._compensation(req, stage, ctx, g, output),
                 )
             except asyncio.CancelledError:
                 slog(logging.INFO, "compensation cancelled")
@@ -628,13 +631,28 @@ class StageRunner:
         return outcome
 
     async def _compensation(
-        self, req: StageRequest, stage: Stage, ctx: StageContext[Any], output: JSON
+        self,
+        req: StageRequest,
+        stage: Stage,
+        ctx: StageContext[Any],
+        guarded: GuardedLedger,
+        output: JSON,
     ) -> Outcome:
+        # a compensation try is bounded by its stage's timeout, as an attempt is: one that
+        # hung left the run compensating for ever on native, and on Temporal its activity
+        # (start-to-close: the stage timeout plus a grace) was retried for ever
+        limit = self.timeout_of(stage)
         try:
-            value = validate_as(stage.output_type, output)
-            await self._invoke(req, stage, stage.compensation_fn, ctx, value)
+            async with asyncio.timeout(limit) as bound:
+                value = validate_as(stage.output_type, output)
+                await self._invoke(req, stage, stage.compensation_fn, ctx, value)
         except InfrastructureFault as fault:
             return self._abandoned(stage, fault)
+        except TimeoutError as exc:
+            if limit is None or not bound.expired():
+                return self._failed(stage, exc, stage.compensation_fn)
+            subject = f"compensation of stage {stage.id!r}"
+            return self._ran_out(stage, limit, guarded, subject, "the compensation")
         except Suspend:
             err = StepError(
                 f"compensation of stage {stage.id!r} tried to sleep or wait; compensations run "
@@ -642,5 +660,5 @@ class StageRunner:
             )
             return Failed(ErrorInfo.of(err, stage.id), retryable=False)
         except BaseException as exc:
-            return self._failed(stage, _body_error(exc), stage.compensation_fn)
+            return self._failed(stage, _body_error(exc, req.cancel_event), stage.compensation_fn)
         return Completed(None)
