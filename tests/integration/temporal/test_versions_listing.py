@@ -34,13 +34,15 @@ def versioned(workflow_id: str, version: str) -> Workflow[In]:
 async def _listed(
     engine: TemporalEngine, want: set[tuple[str, str]]
 ) -> dict[tuple[str, str], VersionInfo]:
-    """list_versions(), polled until it lists ``want`` (visibility and the Worker Deployment
-    listing are eventually consistent) or a deadline passes."""
+    """list_versions(), polled until it lists ``want`` with their runs ended (visibility and
+    the Worker Deployment listing are eventually consistent: a run that just completed can
+    still count as active) or a deadline passes."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10.0
+    deadline = loop.time() + 20.0
     while True:
         got = {(v.workflow_id, v.version): v for v in await engine.list_versions()}
-        if want <= set(got) or loop.time() > deadline:
+        settled = want <= set(got) and all(got[k].active_runs == 0 for k in want)
+        if settled or loop.time() > deadline:
             return got
         await asyncio.sleep(0.1)
 
