@@ -118,7 +118,6 @@ from engine_port.driver import (
     check_workflow_ids,
     input_fingerprint,
     keyed_repeat,
-    publish_to_sink,
     redrive_plan,
     served_graph,
     start_definition,
@@ -1444,8 +1443,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 Event.model_validate(pydantic_core.from_json(await self.blob_store.get(k)))
                 for k in run_keys
             ]
-            if await publish_to_sink(self.event_sink, events) is not None:
-                continue  # (the sink still refuses them: they stay dead letters)
+            try:
+                await self.event_sink.publish(events)
+            except Exception:
+                continue
             for k in run_keys:
                 await self.blob_store.delete(k)
             n += len(events)
