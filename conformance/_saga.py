@@ -343,6 +343,10 @@ class CancelContract:
             await eventually(lambda: log.count("undo-a") == 1, what="the compensation to run")
             first = await engine.cancel(run.id)
             assert first.status == RunStatus.COMPENSATING
+            # while it compensates, the run already says why it failed
+            assert first.error is not None and first.error.type == "NonRetryableError"
+            now = await engine.get_run(run.id)
+            assert now.error is not None and now.error.type == "NonRetryableError"
             release.set()
             info = await engine.wait(run.id, timeout=60)
             events = await wait_for_events(sink, run.id, "run.failed")

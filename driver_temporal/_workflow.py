@@ -419,6 +419,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         """Compensate if the run failed or was cancelled, record its end, deliver its last
         events."""
         if outcome in ("failed", "cancelled"):
+            if error is not None:
+                # the run's error is known from the moment it fails: ``get_run`` while it
+                # compensates says why (as on the native driver)
+                self._error = error
             await self._compensate()
         await self._finish(outcome, error)
         self._closing = True
