@@ -10,16 +10,27 @@ workflow was drained there, or the run was migrated) asks the other drivers firs
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import hashlib
+import hmac
+import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 from ._engine import WorkflowEngine
 from ._graph import Workflow
 from ._history import StepEntry
-from ._limits import check_import_call, check_start_input, check_wait_call
+from ._limits import (
+    check_import_call,
+    check_list_call,
+    check_page_call,
+    check_start_input,
+    check_wait_call,
+)
 from ._models import (
     Event,
     FlushResult,
@@ -35,6 +46,7 @@ from ._serde import input_fingerprint
 from .errors import (
     EngineError,
     IdempotencyConflictError,
+    InvalidInputError,
     RunNotActiveError,
     RunNotFoundError,
     UnsupportedFeatureError,
@@ -42,7 +54,37 @@ from .errors import (
     WorkflowDrainedError,
 )
 
-__all__ = ["RoutingEngine"]
+__all__ = ["ListRunsPage", "PagingUnsupportedError", "RoutingEngine"]
+
+_MAX_CURSOR = 8000  # (a Temporal driver's own cursor is at most 4000 characters)
+_UNMOVED = [s for s in RunStatus if s != RunStatus.MIGRATED]
+
+Page = tuple[list[RunInfo], str | None]
+
+
+class ListRunsPage(Protocol):
+    """The signature of ``list_runs_page`` (the shipped drivers' and the routing engine's)."""
+
+    async def __call__(
+        self,
+        *,
+        workflow_id: str | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        version: str | None = None,
+        created_after: datetime | None = None,
+        id_prefix: str | None = None,
+        idempotency_key: str | None = None,
+        outputs: bool = True,
+    ) -> Page: ...
+
+
+class PagingUnsupportedError(UnsupportedFeatureError, AttributeError):
+    """``list_runs_page`` of a routing engine over a driver that has none (a third-party
+    driver): an UnsupportedFeatureError, and an AttributeError so that a caller that probes
+    for the method (``getattr(engine, "list_runs_page", None)``, as the web view does) falls
+    back to ``list_runs`` as it does for that driver alone."""
 
 
 class RoutingEngine(WorkflowEngine):
@@ -248,6 +290,87 @@ class RoutingEngine(WorkflowEngine):
         merged = sorted(out.values(), key=_newest_first)
         return merged[:limit]
 
+    @property
+    def list_runs_page(self) -> ListRunsPage:
+        """See :meth:`_list_runs_page`; PagingUnsupportedError (also an AttributeError) when
+        a configured driver has no ``list_runs_page``."""
+        unpaged = [n for n, e in self.engines.items() if not hasattr(e, "list_runs_page")]
+        if unpaged:
+            raise PagingUnsupportedError(
+                f"the routing engine cannot page runs: the driver(s) {unpaged} have no "
+                "list_runs_page; list with list_runs() (newest first across the drivers), or "
+                "give those drivers a list_runs_page"
+            )
+        return self._list_runs_page
+
+    async def _list_runs_page(
+        self,
+        *,
+        workflow_id: str | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        version: str | None = None,
+        created_after: datetime | None = None,
+        id_prefix: str | None = None,
+        idempotency_key: str | None = None,
+        outputs: bool = True,
+    ) -> Page:
+        """One page of runs and the cursor of the next page (None on the last one), the
+        drivers' ``list_runs_page`` one after the other: every run of the default driver
+        (newest first), then every run of each other driver in the order configured. So
+        the order is newest first within each driver, not across them (``list_runs`` merges
+        the newest runs of every driver). A page is filled from the next drivers when one
+        runs out, so only the last page is short (it may be empty: the drivers after the
+        one that ended a full page had no more runs). Each driver applies every filter.
+
+        A run that was migrated between two of the drivers is listed once, as its live copy:
+        the copy a migration leaves on the source (status ``migrated``) is listed only when
+        ``status`` asks for ``migrated`` (then beside its live copy, if that matches too). A
+        run whose live copy is on a driver this engine is not configured with is thus listed
+        only under ``status="migrated"``.
+
+        The cursor names the driver and carries that driver's own cursor, with a digest of
+        both, of the filters and of the drivers configured: a corrupted cursor, one of
+        another listing (other filters) or of an engine with other drivers raises
+        InvalidInputError. (``created_after`` is left out of the digest: the web view takes
+        it from the clock on every page, and each driver checks its own cursor.)"""
+        statuses = check_list_call(workflow_id, status, limit, id_prefix)
+        created_after = check_page_call(after, version, created_after, idempotency_key)
+        names = [self.default] + [n for n in self.engines if n != self.default]
+        listing = json.dumps(
+            [
+                names,
+                workflow_id,
+                sorted({s.value for s in statuses}),
+                version,
+                id_prefix,
+                idempotency_key,
+            ]
+        )
+        at, inner = (0, None) if after is None else _composite(after, listing, names)
+        if limit == 0:
+            return [], None
+        wanted = statuses if statuses else _UNMOVED  # (not the copies migrations left)
+        page: list[RunInfo] = []
+        while at < len(names) and len(page) < limit:
+            engine: Any = self.engines[names[at]]  # (list_runs_page is not in the port)
+            found, inner = await engine.list_runs_page(
+                workflow_id=workflow_id,
+                status=wanted,
+                limit=limit - len(page),
+                after=inner,
+                version=version,
+                created_after=created_after,
+                id_prefix=id_prefix,
+                idempotency_key=idempotency_key,
+                outputs=outputs,
+            )
+            page.extend(found)
+            if inner is None:
+                at += 1
+        return page, None if at >= len(names) else _cursor(listing, names[at], inner)
+
     async def wait(self, run_id: str, timeout: float | None = None) -> RunInfo:
         timeout = check_wait_call(run_id, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -360,3 +483,35 @@ class RoutingEngine(WorkflowEngine):
 def _newest_first(info: RunInfo) -> tuple[float, str]:
     created = info.created_at
     return (-created.timestamp() if created is not None else 0.0, info.id)
+
+
+def _digest(listing: str, payload: bytes) -> str:
+    return hashlib.sha256(listing.encode() + b"\x00" + payload).hexdigest()[:16]
+
+
+def _cursor(listing: str, name: str, inner: str | None) -> str:
+    payload = json.dumps([name, inner]).encode()
+    encoded = base64.urlsafe_b64encode(payload).decode("ascii").rstrip("=")
+    return f"{encoded}.{_digest(listing, payload)}"
+
+
+def _composite(cursor: str, listing: str, names: Sequence[str]) -> tuple[int, str | None]:
+    """The driver (its index in ``names``) and that driver's own cursor behind a cursor
+    :func:`_cursor` gave for ``listing``; InvalidInputError for any other string."""
+    encoded, _, digest = cursor.rpartition(".")
+    try:
+        if len(cursor) > _MAX_CURSOR or not encoded:
+            raise ValueError
+        payload = base64.urlsafe_b64decode(encoded.encode("ascii") + b"=" * (-len(encoded) % 4))
+        if not hmac.compare_digest(digest, _digest(listing, payload)):
+            raise ValueError
+        name, inner = json.loads(payload)
+        if name not in names or not (inner is None or isinstance(inner, str)):
+            raise ValueError
+    except (ValueError, TypeError, binascii.Error, UnicodeError):
+        raise InvalidInputError(
+            None,
+            f"{cursor[:100]!r} is not a page cursor of this listing; use the one the previous "
+            "page gave, with the same filters and drivers (or start again from the first page)",
+        ) from None
+    return list(names).index(name), inner

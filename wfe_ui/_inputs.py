@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from engine_port import RunStatus
@@ -84,6 +84,10 @@ class RunFilter:
     limit: int = 50
     refresh: int = 10
     after: str | None = None  # page cursor given by the previous page (drivers that page)
+    # the moment ``since`` counts back from, fixed by the first page and carried by its
+    # "Older runs" link: a driver's cursor is good only for the listing that gave it, and
+    # a cutoff taken from the clock again on every page is another listing (Temporal)
+    cutoff: datetime | None = None
 
     def query(self, **override: Any) -> dict[str, Any]:
         """The filter as query parameters (for links that keep it)."""
@@ -96,6 +100,7 @@ class RunFilter:
             "limit": self.limit,
             "refresh": self.refresh,
             "after": self.after,
+            "cutoff": None if self.cutoff is None else self.cutoff.isoformat(),
         }
         values.update(override)
         return {k: v for k, v in values.items() if v not in (None, "", [])}
@@ -143,6 +148,7 @@ def parse_run_filter(params: Any) -> RunFilter:
         limit=_int_choice(params.get("limit"), "limit", LIMITS, 50),
         refresh=refresh_seconds(params.get("refresh"), 10),
         after=_cursor(params.get("after")),
+        cutoff=_cutoff(params.get("cutoff")),
     )
 
 
@@ -155,6 +161,18 @@ def _cursor(raw: str | None) -> str | None:
     if not _CURSOR.match(raw):
         raise BadRequestError("after must be the page cursor an 'Older runs' link gave")
     return raw
+
+
+def _cutoff(raw: str | None) -> datetime | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        at = datetime.fromisoformat(raw) if len(raw) <= 40 else None
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise BadRequestError("cutoff must be the time an 'Older runs' link gave")
+    return at
 
 
 def check_submission(raw: str) -> str | None:

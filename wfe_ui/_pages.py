@@ -139,7 +139,12 @@ async def _list_runs(
 
 async def _runs(ctx: UiContext, request: Request) -> Response:
     flt = parse_run_filter(request.query_params)
-    cutoff = datetime.now(UTC) - flt.since_delta if flt.since_delta else None
+    cutoff = None
+    if flt.since_delta:
+        # the first page takes it from the clock; the next ones keep it (their cursor is
+        # good only for the same listing)
+        fixed = flt.cutoff if flt.after is not None else None
+        cutoff = fixed or datetime.now(UTC) - flt.since_delta
     paged = getattr(ctx.engine, "list_runs_page", None)
     filtered = paged is not None and takes_filters(paged)
     narrowed = not filtered and (
@@ -169,6 +174,7 @@ async def _runs(ctx: UiContext, request: Request) -> Response:
         scanned=len(listed),
         scan_limit=SCAN_LIMIT,
         cursor=cursor,
+        cutoff=cutoff,
         paged=paged is not None and not narrowed,
         more=len(found) > flt.limit or (not narrowed and len(listed) >= flt.limit),
         refresh=flt.refresh,

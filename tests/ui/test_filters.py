@@ -4,6 +4,8 @@ a run behind any number of newer ones is found by each of its filters (issue 18)
 from __future__ import annotations
 
 import asyncio
+import functools
+import html
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -124,3 +126,42 @@ def test_run_id_prefix_search_reads_an_index_on_postgres(pg_session: Any) -> Non
     finally:
         db.dispose()
     assert "ix_wfe_runs_id_prefix" in plan, plan
+
+
+def test_older_pages_of_an_age_filter_keep_its_cutoff(
+    settings: EngineSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The "Older runs" link of a list filtered by age asks the driver for the same cutoff as
+    the first page: a driver's cursor is good only for the listing that gave it, and the
+    Temporal driver refused page 2 with InvalidInputError when the view took the cutoff
+    from the clock again."""
+    from driver_native import _engine as native
+
+    asked: list[datetime | None] = []
+    listing = native.NativeEngine.list_runs_page
+
+    @functools.wraps(listing)
+    async def recording(self: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("created_after"))
+        return await listing(self, **kwargs)
+
+    monkeypatch.setattr(native.NativeEngine, "list_runs_page", recording)
+
+    async def start() -> list[str]:
+        async with create_engine(settings, registry()) as engine:
+            return [(await engine.start("flt", {"i": i}, version="new")).id for i in range(25)]
+
+    started = asyncio.run(start())
+    with TestClient(create_app(create_engine(settings, registry()))) as client:
+        first = client.get("/runs", params={"since": "1h", "limit": "20"}).text
+        older = re.search(r'href="(/runs\?[^"]+)" id="older"', first)
+        assert older, first
+        second = client.get(html.unescape(older.group(1)))
+        assert second.status_code == 200, second.text
+        assert ids_of(first) + ids_of(second.text) == list(reversed(started))
+        back = re.search(r'href="(/runs\?[^"]*)" id="newest"', second.text)
+        assert back and "cutoff" not in back.group(1)
+    assert len(asked) == 2 and asked[0] is not None and asked[0] == asked[1]
+    with TestClient(create_app(create_engine(settings, registry()))) as client:
+        bad = client.get("/runs", params={"since": "1h", "after": "x", "cutoff": "yesterday"})
+        assert bad.status_code == 400 and "cutoff" in bad.text
