@@ -47,6 +47,7 @@ from .errors import (
     EngineError,
     IdempotencyConflictError,
     InvalidInputError,
+    PagingUnsupportedError,
     RunNotActiveError,
     RunNotFoundError,
     UnsupportedFeatureError,
@@ -54,7 +55,7 @@ from .errors import (
     WorkflowDrainedError,
 )
 
-__all__ = ["ListRunsPage", "PagingUnsupportedError", "RoutingEngine"]
+__all__ = ["ListRunsPage", "RoutingEngine"]
 
 _MAX_CURSOR = 8000  # (a Temporal driver's own cursor is at most 4000 characters)
 _UNMOVED = [s for s in RunStatus if s != RunStatus.MIGRATED]
@@ -78,13 +79,6 @@ class ListRunsPage(Protocol):
         idempotency_key: str | None = None,
         outputs: bool = True,
     ) -> Page: ...
-
-
-class PagingUnsupportedError(UnsupportedFeatureError, AttributeError):
-    """``list_runs_page`` of a routing engine over a driver that has none (a third-party
-    driver): an UnsupportedFeatureError, and an AttributeError so that a caller that probes
-    for the method (``getattr(engine, "list_runs_page", None)``, as the web view does) falls
-    back to ``list_runs`` as it does for that driver alone."""
 
 
 class RoutingEngine(WorkflowEngine):

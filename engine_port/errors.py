@@ -20,6 +20,7 @@ __all__ = [
     "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
+    "PagingUnsupportedError",
     "PayloadTooLargeError",
     "RunExistsError",
     "RunNotActiveError",
@@ -323,6 +324,13 @@ class UnsafeBlobKeyError(EngineError):
 
 class UnsupportedFeatureError(EngineError):
     """A driver was asked for an option it does not support (never silently ignored)."""
+
+
+class PagingUnsupportedError(UnsupportedFeatureError, AttributeError):
+    """``list_runs_page`` of a routing engine over a driver that has none (a third-party
+    driver): an UnsupportedFeatureError, and an AttributeError so that a caller that probes
+    for the method (``getattr(engine, "list_runs_page", None)``, as the web view does) falls
+    back to ``list_runs`` as it does for that driver alone."""
 
 
 class DriverUnavailableError(EngineError):

@@ -26,8 +26,8 @@ from engine_port import (
     WorkflowEngine,
     create_engine,
 )
-from engine_port._routing import PagingUnsupportedError, RoutingEngine, _cursor
-from engine_port.errors import InvalidInputError, UnsupportedFeatureError
+from engine_port._routing import RoutingEngine, _cursor
+from engine_port.errors import InvalidInputError, PagingUnsupportedError, UnsupportedFeatureError
 from wfe_ui._context import takes_filters
 
 
