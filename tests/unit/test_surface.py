@@ -103,6 +103,7 @@ ERRORS = [
     "InvalidRedriveError",
     "MigrationError",
     "NonRetryableError",
+    "PagingUnsupportedError",
     "PayloadTooLargeError",
     "RunExistsError",
     "RunNotActiveError",
