@@ -61,14 +61,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Database",
+    "Unpredicted",
     "commit_was_unknown",
     "commit_with_next",
     "cursors",
     "defer",
+    "deferred",
     "forget_cursors",
+    "refused",
     "send_raw",
     "send_together",
     "shared",
+    "speculating",
 ]
 
 P = ParamSpec("P")
@@ -388,6 +392,10 @@ class Database:
                 usable = True
                 return result
             except DBAPIError as exc:
+                # a guard's refusal (an outcome's prediction found wrong, a drained workflow's
+                # start) is an answer, not a fault: rolled back, the connection is kept (its
+                # prepared statements with it)
+                usable = refused(exc)
                 wait = self._retry_or_raise(exc, started, delay)
             except Exception:
                 usable = True  # (an error of the function's own: rolled back)
@@ -430,6 +438,7 @@ class Database:
             info.pop(_DEFER, None)
             info.pop(_TRY, None)
             info.pop(_LAST, None)
+            info.pop(_SPEC, None)
             _COMMIT_UNKNOWN.reset(token)
 
     @contextlib.contextmanager
@@ -559,6 +568,35 @@ _LAST = "wfe_last"
 """``conn.info`` key: the next statements sent together end the transaction (COMMIT)."""
 _SHARED = "wfe_shared"
 """``conn.info`` key: the function running shares its transaction with others."""
+_SPEC = "wfe_speculating"
+"""``conn.info`` key: the function running works from predicted reads (see
+:func:`speculating`): every statement must be deferred."""
+
+
+class Unpredicted(Exception):
+    """Inside :func:`speculating`: a statement had to be sent before the COMMIT (a read the
+    prediction did not cover), or a predicted row was asked for a field it does not hold.
+    Nothing was sent: the caller drops what it deferred and takes its slow path."""
+
+
+@contextlib.contextmanager
+def speculating(conn: Connection) -> Iterator[None]:
+    """PostgreSQL, inside :meth:`Database.tx`: the statements issued inside are all deferred
+    (they go out with the COMMIT, behind a guard the caller deferred first); one that would
+    be sent now raises :class:`Unpredicted` instead, before anything goes out."""
+    info = conn.info
+    info[_SPEC] = True
+    try:
+        yield
+    finally:
+        info.pop(_SPEC, None)
+
+
+def deferred(conn: Connection) -> list[Any] | None:
+    """PostgreSQL, inside :meth:`Database.tx`: the writes deferred so far (a list the caller
+    may cut back to an earlier length); None elsewhere."""
+    tail: list[Any] | None = conn.info.get(_TX)
+    return tail
 
 
 def commit_with_next(conn: Connection) -> None:
@@ -649,6 +687,8 @@ def _send(
     :meth:`Database.tx`, with the transaction's deferred writes and BEGIN when due: one round
     trip). Returns False for an executemany with nothing to send before it (the caller
     executes it)."""
+    if info.get(_SPEC):
+        raise Unpredicted(statement)
     if not many:
         send_batch(cursor, info, tail, [(statement, parameters)])
         return True
@@ -747,6 +787,8 @@ def send_together(conn: Connection, calls: list[tuple[Any, str, Any]]) -> Iterat
             yield cursor
         return
     cursor, info = calls[0][0], conn.info
+    if info.get(_SPEC):
+        raise Unpredicted(calls[0][1])
     batch = [(sql, p) for _, sql, p in calls]
     if info.pop(_LAST, False):
         batch.append(("COMMIT", None))
@@ -760,6 +802,16 @@ def send_together(conn: Connection, calls: list[tuple[Any, str, Any]]) -> Iterat
         if i:
             cursor.nextset()
         yield cursor
+
+
+REFUSED = "22012"
+"""The SQLSTATE of a guard statement refusing a transaction (a division by zero: an
+outcome's prediction found wrong, ``_progress``; a drained workflow's start, ``_runs``)."""
+
+
+def refused(exc: DBAPIError) -> bool:
+    """The transaction failed on a guard statement (and was rolled back): not a fault."""
+    return not exc.connection_invalidated and getattr(exc.orig, "sqlstate", None) == REFUSED
 
 
 def _first_line(exc: DBAPIError) -> str:

@@ -158,11 +158,16 @@ def _apply_and_read(
     cancelled: bool,
     handoff: _progress.Handoff | None,
     known: Callable[[str, str], GraphModel | None] | None,
+    begun: _progress.Begin | None = None,
+    ids: list[int] | None = None,
 ) -> tuple[str, Any]:
     """``_progress.apply_outcome``; with ``known`` (a run someone in this process waits for),
     a transition that finished the run also reads its final state (``_runs.read_run``) in the
-    same transaction, and ``wait()`` resolves from it without a read of its own."""
-    result = _progress.apply_outcome(conn, job, worker, outcome, shape, now, cancelled, handoff)
+    same transaction, and ``wait()`` resolves from it without a read of its own. ``begun``
+    and ``ids``: see ``apply_outcome`` (an outcome predicted from its begin)."""
+    result = _progress.apply_outcome(
+        conn, job, worker, outcome, shape, now, cancelled, handoff, begun, ids
+    )
     final = None
     if known is not None and handoff is not None and handoff.finished:
         commit_with_next(conn)  # (the final state is read in the COMMIT's round trip)
@@ -308,6 +313,9 @@ class _Beat:
                 await beating
 
 
+UNPREDICTABLE_SKIPS = 64
+"""Outcomes of a workflow stage recorded the slow way after its guard failed once."""
+
 PURGE_BATCH = 500
 """Runs deleted per purge transaction: short transactions, bounded parameter lists."""
 
@@ -344,6 +352,10 @@ class Kernel:
         # starts do not write it again (a snapshot of the whole graph, ignored on conflict)
         self._defined: set[str] = set()
         self._outcomes = TxBatcher(db, _apply_and_read)
+        # PostgreSQL: "workflow@version stage" -> outcomes of it still recorded the slow way
+        # (reads first) after its guard found a prediction wrong (a workflow whose stages
+        # emit events, a fan-in): a prediction that keeps failing costs a round trip more
+        self._unpredictable: dict[str, int] = {}
         # job id -> (job, worker): attempts abandoned while the database was unreachable,
         # whose lease could not be given back then; a worker gives them back as soon as the
         # database answers again (``return_leases``), so they do not wait for the lease to
@@ -713,16 +725,39 @@ class Kernel:
         handoff: _progress.Handoff | None,
         read_final: bool,
         spilled: tuple[Any, str | None] | None = None,
+        begun: _progress.Begin | None = None,
     ) -> tuple[str, Any]:
         """Record a transition; with ``read_final``, a transition that finishes the run
         returns its final state too (else None). ``spilled``: what :meth:`_spill` made of
-        the outcome already (under the attempt's heartbeats)."""
+        the outcome already (under the attempt's heartbeats). ``begun``: the attempt's begin
+        (PostgreSQL: the outcome is predicted from it, see ``_progress.apply_outcome``)."""
         job = cmd.job
         shape = self.shape_for(job.wfv)
         outcome, key = spilled if spilled is not None else await self._spill(job, cmd.outcome)
         args = (job, cmd.worker_id, outcome, shape, self.now(), cmd.cancelled, handoff)
         known = self._registry_graph if read_final else None
-        result, final = await self._outcomes.run(*args, known)
+        if begun is not None and self._job_ids is not None:
+            where = f"{job.wfv} {job.stage_id}"
+            skip = self._unpredictable.get(where)
+            if skip:
+                begun = None
+                if skip > 1:
+                    self._unpredictable[where] = skip - 1
+                else:
+                    del self._unpredictable[where]
+            try:
+                result, final = await self._outcomes.run(*args, known, begun, self._job_ids)
+            except DBAPIError as exc:
+                if not _progress.guard_failed(exc):
+                    raise
+                # the run moved since the attempt began (cancelled, the lease taken over, a
+                # sibling's outcome, staged events): nothing was written; read, then write
+                self._unpredictable[where] = UNPREDICTABLE_SKIPS
+                if handoff is not None:
+                    handoff.quiet = handoff.finished = False
+                result, final = await self._outcomes.run(*args, known, None, self._job_ids)
+        else:
+            result, final = await self._outcomes.run(*args, known, None, self._job_ids)
         if key is not None and result != "completed" and not await self._stored_output(job, key):
             # (a re-run of the transaction after a lost acknowledgement reports "discarded"
             # although its first try committed this very output: that blob stays)
@@ -883,7 +918,7 @@ class Kernel:
         handoff = _progress.Handoff(worker, self.settings.lease_threshold, limit)
         waited = self.wants_final is not None and self.wants_final(job.run_id)
         transition = Transition(job, worker, outcome)
-        result, final = await self._record(transition, handoff, waited, spilled)
+        result, final = await self._record(transition, handoff, waited, spilled, begin)
         if handoff.finished:
             self._run_finished(job.run_id, final)
         if (handoff.jobs or handoff.quiet) and cmd.on_handoff is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql
 
 from engine_port import (
     Abandoned,
@@ -27,7 +28,7 @@ from engine_port import (
 )
 from engine_port.driver import WORKING_RUN_STATUSES, version_key
 
-from ._db import commit_was_unknown
+from ._db import Unpredicted, commit_was_unknown, deferred, speculating
 from ._jobs import Lease, held, notify_due
 from ._outbox import append_events
 from ._rawsql import execute, execute_many, execute_together
@@ -39,6 +40,8 @@ from ._schedule import (
     attempt_started,
     lc,
     outputs_reads,
+    reserve_ids,
+    reserved,
     schedule,
     touch,
     upstream_outputs,
@@ -71,6 +74,7 @@ __all__ = [
     "begin_read_ahead",
     "begin_reads",
     "finish_compensation",
+    "guard_failed",
     "record_compensation",
     "refresh_status",
     "schedule",
@@ -398,6 +402,7 @@ def _begin_read(
         steps=step_rows,
         trace_context=run.trace_context,
         fresh=stage.status == StageStatus.PENDING,
+        seen=(run, run_values),
     )
     return begin, drafts
 
@@ -699,23 +704,31 @@ def apply_outcome(
     now: float,
     cancelled: bool = False,
     handoff: Handoff | None = None,
+    begun: Begin | None = None,
+    ids: list[int] | None = None,
 ) -> str:
-    """Record one stage attempt's outcome; returns what happened (for host stats)."""
-    if handoff is not None:
-        handoff.jobs.clear()  # a re-run of this transaction (after a lost connection) hands
-        # off only what its own try enqueued
-        handoff.reserved = []
+    """Record one stage attempt's outcome; returns what happened (for host stats).
+
+    ``begun`` (PostgreSQL): the attempt's ``Begin``, whose ``seen`` predicts what this
+    transaction would read; the common outcomes (a completion that closes its group, a
+    failure retried) are then recorded without a read round trip, behind a guard that fails
+    the transaction when the prediction was wrong (:func:`guard_failed`: the caller runs
+    this again without ``begun``). ``ids``: job ids reserved ahead (taken from for the
+    stages handed off)."""
+    # (a re-run of this transaction, after a lost connection, hands off only what its own
+    # try enqueued)
+    _fresh_handoff(handoff)
     shape = graph if isinstance(graph, GraphShape) else GraphShape(graph)
+    if begun is not None and not cancelled:
+        predicted = _predicted_outcome(conn, job, worker, outcome, shape, now, handoff, begun, ids)
+        if predicted is not None:
+            return predicted
     ahead = None
     if isinstance(outcome, Completed) and not cancelled and conn.dialect.name == "postgresql":
         # what scheduling the next group reads, in the first round trip (PostgreSQL only: a
         # batch makes the reads free there, on SQLite each would be a statement)
         ahead = Ahead.plan(shape, job.stage_id, handoff)
-    run, stage, more = _run_and_owned_stage(
-        conn, job, worker, None if ahead is None else ahead.calls(job.run_id)
-    )
-    if ahead is not None:
-        ahead.took(more)
+    run, stage = _outcome_reads(conn, job, worker, ahead, ids)
     if run is None or stage is None:
         return "discarded"  # our lease was lost: another worker owns this stage now
     a = _Attempt(conn, run, stage, job, worker, now)
@@ -742,6 +755,335 @@ def apply_outcome(
     if a.refresh:
         refresh_status(conn, run.id, now, a.run_values.get("status", run.status))
     return result
+
+
+_RUN_FIELDS = (
+    "id",
+    "workflow_id",
+    "version",
+    "input",
+    "trace_context",
+    "redrive_count",
+    "status",
+    "cancel_requested",
+    "frozen",
+    "current_group",
+    "group_open",
+    "completed_count",
+)
+"""The run row's fields an outcome predicted from its ``Begin`` may use (each either fixed
+for the run, or checked by the guard)."""
+
+
+class _Predicted:
+    """A row as predicted: the fields given, and :class:`Unpredicted` for any other (so a
+    path that would use a field nobody checked falls back to reading it)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, **values: Any) -> None:
+        self._values = values
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise Unpredicted(name) from None
+
+
+def _predicted_run(seen: tuple[Any, dict[str, Any]]) -> _Predicted:
+    """The run row as the transaction that began the attempt left it."""
+    run, values = seen
+    return _Predicted(**{f: values[f] if f in values else getattr(run, f) for f in _RUN_FIELDS})
+
+
+GUARD_FAILED = "22012"
+"""The SQLSTATE of an outcome's guard finding its prediction wrong (a division by zero)."""
+
+
+def guard_failed(exc: BaseException) -> bool:
+    """Whether a transaction failed on an outcome's guard (:func:`apply_outcome` with
+    ``begun``): nothing was written, and the outcome is recorded again without it."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == GUARD_FAILED
+
+
+@functools.cache
+def _run_guard(grouped: bool) -> Any:
+    """Fails (division by zero) unless the run is running, not cancelled nor frozen, in the
+    redrive cycle and version predicted and (``grouped``) at the group counts predicted;
+    locks its row FOR UPDATE first, as the reads of the slow path do (same lock order)."""
+    where = [
+        runs.c.id == sa.bindparam("run_id"),
+        runs.c.status == sa.literal(RunStatus.RUNNING.value),
+        runs.c.cancel_requested.is_(False),
+        runs.c.frozen.is_(False),
+        runs.c.redrive_count == sa.bindparam("redrive", type_=sa.Integer),
+        runs.c.version == sa.bindparam("version", type_=sa.String),
+    ]
+    if grouped:
+        where += [
+            runs.c.current_group == sa.bindparam("group", type_=sa.Integer),
+            runs.c.group_open == sa.bindparam("open", type_=sa.Integer),
+            runs.c.completed_count == sa.bindparam("completed", type_=sa.Integer),
+        ]
+    rows = sa.select(sa.literal(1).label("one")).where(*where).with_for_update().subquery()
+    return sa.select(sa.literal(1) / sa.func.count()).select_from(rows)
+
+
+@functools.cache
+def _stage_guard() -> Any:
+    """Fails (division by zero) unless the job is still held under the attempt's claim (its
+    row locked FOR SHARE, as ``_owned_stage_query`` does), its stage is running the attempt
+    predicted, the stages ``fresh`` are pending with no job and no step ledger, the stages
+    ``done`` completed with an output, and (``last``) the run has no staged events."""
+    ids = postgresql.ARRAY(sa.String)
+    run_id = sa.bindparam("run_id", type_=sa.String)
+    held_job = (
+        sa.select(sa.literal(1).label("one"))
+        .where(
+            jobs.c.id == sa.bindparam("job_id", type_=jobs.c.id.type),
+            jobs.c.run_id == run_id,
+            jobs.c.stage_id == sa.bindparam("stage_id", type_=sa.String),
+            jobs.c.kind == sa.bindparam("kind", type_=sa.String),
+            jobs.c.lease_owner == sa.bindparam("worker", type_=sa.String),
+            jobs.c.lease_token == sa.bindparam("token", type_=sa.Integer),
+            jobs.c.status == sa.literal("leased"),
+        )
+        .with_for_update(read=True)
+        .subquery()
+    )
+    running = sa.exists().where(
+        stages.c.run_id == run_id,
+        stages.c.stage_id == sa.bindparam("stage_id", type_=sa.String),
+        stages.c.status == sa.literal(StageStatus.RUNNING.value),
+        stages.c.attempt == sa.bindparam("attempt", type_=sa.Integer),
+    )
+    fresh = (
+        sa.select(sa.func.count())
+        .where(
+            stages.c.run_id == run_id,
+            stages.c.stage_id == sa.func.any(sa.bindparam("fresh", type_=ids)),
+            stages.c.status == sa.literal(StageStatus.PENDING.value),
+            ~sa.exists().where(
+                jobs.c.run_id == stages.c.run_id,
+                jobs.c.stage_id == stages.c.stage_id,
+                jobs.c.kind == sa.literal("stage"),
+            ),
+            ~sa.exists().where(
+                steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id
+            ),
+        )
+        .scalar_subquery()
+    )
+    done = (
+        sa.select(sa.func.count())
+        .where(
+            stages.c.run_id == run_id,
+            stages.c.stage_id == sa.func.any(sa.bindparam("done", type_=ids)),
+            stages.c.status == sa.literal(StageStatus.COMPLETED.value),
+            stages.c.has_output.is_(True),
+        )
+        .scalar_subquery()
+    )
+    staged = sa.exists().where(staged_events.c.run_id == run_id)
+    last = sa.bindparam("last", type_=sa.Boolean)
+    return (
+        sa.select(sa.literal(1) / sa.func.count())
+        .select_from(held_job)
+        .where(
+            running,
+            fresh == sa.bindparam("n_fresh", type_=sa.Integer),
+            done == sa.bindparam("n_done", type_=sa.Integer),
+            sa.not_(sa.and_(last, staged)),
+        )
+    )
+
+
+def _fresh_row(stage_id: str) -> Any:
+    return SimpleNamespace(
+        stage_id=stage_id,
+        status=StageStatus.PENDING,
+        output=None,
+        has_output=False,
+        job_id=None,
+        has_steps=False,
+    )
+
+
+def _predicted_reads(
+    run: Any, job: Any, outcome: Outcome, shape: GraphShape, handoff: Handoff | None, begun: Begin
+) -> tuple[Ahead | None, list[str], list[str]] | None:
+    """What the reads of an outcome predicted from ``begun`` return: for a completion that
+    closes its group, the ``Ahead`` rows (the stages of the next group pending and new, the
+    rest among the outputs ``begun`` read), and the stages the guard checks are new
+    (``fresh``) and completed (``done``); nothing to read for a failure retried. None: not a
+    case predicted here."""
+    if isinstance(outcome, Failed):
+        retry = shape.stage(job.stage_id).retry
+        if outcome.retryable and begun.attempt < retry.max_attempts:
+            return None, [], []
+        return None
+    if not isinstance(outcome, Completed):
+        return None
+    group = shape.group_of(job.stage_id)
+    if group is None or run.current_group != group or run.group_open != 1:
+        return None  # (a sibling of a group still open: its count is not predictable)
+    ahead = Ahead.plan(shape, job.stage_id, handoff)
+    if ahead is None:
+        return None
+    mine = shape.upstream([job.stage_id])
+    fresh: list[str] = []
+    done: list[str] = []
+    for sid in ahead.ids:
+        if sid == job.stage_id:
+            ahead.rows[sid] = _fresh_row(sid)  # (replaced by the completed row)
+        elif sid in begun.outputs:
+            done.append(sid)
+            ahead.rows[sid] = SimpleNamespace(
+                stage_id=sid,
+                status=StageStatus.COMPLETED,
+                output=begun.outputs[sid],
+                has_output=True,
+                job_id=None,
+                has_steps=False,
+            )
+        elif sid not in mine and shape.group_of(sid) == group + 1:
+            fresh.append(sid)
+            ahead.rows[sid] = _fresh_row(sid)
+        else:
+            return None
+    return ahead, fresh, done
+
+
+def _predicted_outcome(
+    conn: Connection,
+    job: Any,
+    worker: str,
+    outcome: Outcome,
+    shape: GraphShape,
+    now: float,
+    handoff: Handoff | None,
+    begun: Begin,
+    ids: list[int] | None,
+) -> str | None:
+    """``apply_outcome`` from what ``begun`` knew, without reading (PostgreSQL): the guards
+    (deferred first), then the writes the slow path would make from those reads, all sent
+    with the COMMIT. None: not a case predicted here (nothing deferred; the caller reads)."""
+    if (
+        begun.seen is None
+        or conn.dialect.name != "postgresql"
+        or commit_was_unknown()  # (a re-run after a lost commit acknowledgement: read)
+        or (job.kind, job.run_id, job.stage_id) != ("stage", begun.run_id, begun.stage_id)
+    ):
+        return None
+    run = _predicted_run(begun.seen)
+    if run.status != RunStatus.RUNNING or run.cancel_requested or run.frozen:
+        return None
+    predicted = _predicted_reads(run, job, outcome, shape, handoff, begun)
+    if predicted is None:
+        return None
+    ahead, fresh, done = predicted
+    reserve = 0 if ahead is None else ahead.reserve
+    if reserve and (ids is None or len(ids) < reserve):
+        return None
+    tail = deferred(conn)
+    if tail is None:
+        return None
+    mark = len(tail)
+    taken: list[int] = []
+    if ahead is not None and ids is not None:
+        taken = ids[:reserve]
+        del ids[:reserve]  # (taken, used or not: an id not used is a gap, nothing more)
+        ahead.reserved = [(i, None) for i in taken]
+    _guard(conn, run, job, worker, begun.attempt, ahead, fresh, done)
+    stage = _Predicted(stage_id=job.stage_id, attempt=begun.attempt, status=StageStatus.RUNNING)
+    a = _Attempt(conn, run, stage, job, worker, now)
+    try:
+        with speculating(conn):
+            if isinstance(outcome, Completed):
+                result = _on_completed(a, outcome, shape, handoff, ahead)
+            else:
+                assert isinstance(outcome, Failed)
+                result = _on_failed(a, outcome, shape)
+            append_events(conn, run, a.drafts, now, **a.run_values)
+            if a.refresh:
+                refresh_status(conn, run.id, now, a.run_values.get("status", run.status))
+    except Unpredicted:
+        del tail[mark:]  # (nothing of it was sent)
+        if ids is not None:
+            ids[:0] = taken
+        _fresh_handoff(handoff)
+        return None
+    return result
+
+
+def _guard(
+    conn: Connection,
+    run: Any,
+    job: Any,
+    worker: str,
+    attempt: int,
+    ahead: Ahead | None,
+    fresh: list[str],
+    done: list[str],
+) -> None:
+    """Defer the guards of a predicted outcome (before its writes: they lock the run row,
+    then the job's, as the slow path's reads do)."""
+    guard = {"run_id": run.id, "redrive": run.redrive_count, "version": run.version}
+    if ahead is not None:
+        guard |= {"group": run.current_group, "open": 1, "completed": run.completed_count}
+    execute(conn, _run_guard(ahead is not None), guard, later=True)
+    held_params = {
+        "job_id": job.id,
+        "run_id": run.id,
+        "stage_id": job.stage_id,
+        "kind": job.kind,
+        "worker": worker,
+        "token": job.lease_token,
+        "attempt": attempt,
+        "fresh": fresh,
+        "n_fresh": len(fresh),
+        "done": done,
+        "n_done": len(done),
+        "last": bool(ahead is not None and ahead.staged),
+    }
+    execute(conn, _stage_guard(), held_params, later=True)
+
+
+def _fresh_handoff(handoff: Handoff | None) -> None:
+    """Forget what a try of an outcome's transaction handed off (a re-run, a prediction
+    given up): only the try that commits hands off."""
+    if handoff is not None:
+        handoff.jobs.clear()
+        handoff.reserved = []
+        handoff.quiet = handoff.finished = False
+
+
+IDS_LOW = 4
+"""Job ids left ahead (PostgreSQL) below which an outcome that reads first reserves
+``IDS_AHEAD`` more in its round trip of reads: a predicted outcome that hands stages off
+takes theirs from there (it has no read to take them with)."""
+
+IDS_AHEAD = 32
+
+
+def _outcome_reads(
+    conn: Connection, job: Any, worker: str, ahead: Ahead | None, ids: list[int] | None
+) -> tuple[Any, Any]:
+    """The run row (locked) and the job's stage row, if still held, with the reads
+    ``ahead`` (kept there) and, when ``ids`` runs low, more job ids (kept there)."""
+    if ahead is None:
+        run, stage, _ = _run_and_owned_stage(conn, job, worker)
+        return run, stage
+    reads = ahead.calls(job.run_id)
+    refill = ids is not None and len(ids) < IDS_LOW
+    if refill:
+        reads.append(reserve_ids(IDS_AHEAD))  # (last: taken off before ``ahead.took``)
+    run, stage, more = _run_and_owned_stage(conn, job, worker, reads)
+    if refill and ids is not None:
+        ids += [i for i, _ in reserved(more.pop())]
+    ahead.took(more)
+    return run, stage
 
 
 def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraft]:

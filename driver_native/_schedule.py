@@ -70,6 +70,10 @@ class Begin:
     """The attempt begins now (``stage.started``: a first attempt, a retry, a redrive), as
     opposed to one resumed after a wait or a crash: journaled ``steps`` then come from an
     earlier attempt, and its log says "stage started", not "stage resumed"."""
+    seen: Any = field(default=None, compare=False, repr=False)
+    """What the transaction that began the attempt knew of the run: the run row it read (or
+    made) and the values it wrote to it (a dict, complete once that transaction ended). The
+    outcome's transaction predicts its reads from it (``_progress.apply_outcome``)."""
 
 
 @dataclass
@@ -409,7 +413,7 @@ def _enqueue(
             notify_due(conn)  # jobs left for the queue: wake other processes
         if take and handoff is not None:
             handed = [j for j in inserted if j.stage_id in take]
-            drafts = _begin_handed(conn, run, shape, handed, handoff, rows, now, unwritten)
+            drafts = _begin_handed(conn, run, shape, handed, handoff, rows, now, unwritten, values)
             if run.status == RunStatus.PENDING:  # handed from its creation
                 drafts.insert(0, lc(run).run_started())
                 values["status"] = RunStatus.RUNNING
@@ -427,6 +431,7 @@ def _begin_handed(
     rows: dict[str, Any],
     now: float,
     unwritten: bool = False,
+    values: dict[str, Any] | None = None,
 ) -> list[EventDraft]:
     """Mark freshly enqueued stages running for the worker they are handed to (their
     ``stage.started`` goes out in the same transaction as the completion that freed them;
@@ -456,6 +461,7 @@ def _begin_handed(
             steps=[r for r in step_rows if r.stage_id == job.stage_id],
             trace_context=run.trace_context,
             fresh=True,
+            seen=None if values is None else (run, values),
         )
         handoff.jobs.append((job, begin))
     return [lc(run).stage_started(sid, 1) for sid in ids]

@@ -66,8 +66,10 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
     if engine.kernel.db.is_postgres:  # (3 and 4, 4, 6 before issue 12's "npg" changes)
         # (the last: its final read goes out with the COMMIT; the create reads nothing first:
         # its first stage's job id was reserved by the warm-up's, the drain is checked by its
-        # first statement; 2 before)
-        assert dict(round_trips) == {"_create_run_once": [1], "_apply_and_read": [2, 2, 2]}, dict(
+        # first statement; 2 before). Each outcome is predicted from what its stage's begin
+        # read: guards, writes and COMMIT in one round trip (2 each before: reads, then
+        # writes and COMMIT)
+        assert dict(round_trips) == {"_create_run_once": [1], "_apply_and_read": [1, 1, 1]}, dict(
             round_trips
         )
     # wait() returns the state the last transition read: no read of the run after its end
@@ -112,8 +114,9 @@ async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
     if engine.kernel.db.is_postgres:  # (9, 3, 5 before issue 12's "npg" changes; then 5, 2, 3)
         # the run locked with the signal counts; the signal's insert, the wake and the lease
         # with the resumed stage's row, steps and upstream outputs (read ahead: 4 until
-        # 2026-12-04); the writes with the COMMIT
-        assert dict(round_trips) == {"_signal_and_begin": [3], "_apply_and_read": [2]}, dict(
+        # 2026-12-04); the outcome predicted from that begin: guards, writes and COMMIT in
+        # one round trip (2 before: reads, then the writes with the COMMIT)
+        assert dict(round_trips) == {"_signal_and_begin": [3], "_apply_and_read": [1]}, dict(
             round_trips
         )
     assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)

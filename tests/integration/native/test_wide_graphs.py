@@ -352,8 +352,10 @@ CHAIN3_STATEMENTS = {
         "_create_run_once": [8],
         "claim": [1],
         "begin_attempt": [5],
-        # (one more than SQLite's 9: the job id reserved ahead, in the first pipeline)
-        "_apply_and_read": [10, 10, 8],
+        # (10, 10, 8 until each outcome was predicted from its begin: the first reads,
+        # the job ids it reserves ahead 32 at a time among its reads (11); the others send
+        # two guards before their writes instead of their reads)
+        "_apply_and_read": [11, 8, 6],
     },
 }
 
@@ -386,7 +388,9 @@ CHAIN3_ROUND_TRIPS = {
     "_create_run_once": [1],
     "claim": [2],
     "begin_attempt": [2],
-    "_apply_and_read": [2, 2, 2],
+    # (2, 2, 2 before each outcome was predicted from its begin: the first still reads, its
+    # job ids ahead with its reads, and the others are guards, writes and COMMIT in one)
+    "_apply_and_read": [2, 1, 1],
 }
 
 
@@ -427,8 +431,9 @@ async def test_the_statements_of_a_run_are_not_planned_anew_at_every_execution(
         return out
 
     seen = await engine.kernel.db.tx(plans)
-    # (the session of the run's transactions: its job id reservations are there)
-    assert any("nextval" in sql and generic + custom >= 12 for sql, generic, custom in seen)
+    # (the session of the run's transactions: its outcomes' guards are there, predicted from
+    # their begins; job ids are reserved ahead, 32 at a time, by the outcomes that read)
+    assert any("FOR SHARE" in sql and generic + custom >= 12 for sql, generic, custom in seen)
     replanned = [(sql, custom) for sql, generic, custom in seen if generic == 0 and custom >= 10]
     assert not replanned, replanned
 
