@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ._sink import EventSinkContract
     from ._timing import TimingContract
     from ._trace import check_golden, normalise, run_summary
+    from ._views import RunViewContract
 
 __all__ = [
     "AllContracts",
@@ -68,6 +69,7 @@ __all__ = [
     "ParallelSignalContract",
     "RedriveContract",
     "RetryContract",
+    "RunViewContract",
     "SettingsHarness",
     "SignalContract",
     "SleepContract",
@@ -106,6 +108,7 @@ _MODULES = {
     "ParallelSignalContract": "_parallel_signals",
     "RedriveContract": "_saga",
     "RetryContract": "_flow",
+    "RunViewContract": "_views",
     "SettingsHarness": "_harness",
     "SignalContract": "_signals",
     "SleepContract": "_flow",

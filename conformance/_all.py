@@ -16,6 +16,7 @@ from ._saga import CancelContract, CompensationContract, RedriveContract
 from ._signals import SignalContract, TimeoutContract
 from ._sink import EventSinkContract
 from ._timing import TimingContract
+from ._views import RunViewContract
 
 __all__ = ["AllContracts"]
 
@@ -44,5 +45,6 @@ class AllContracts(
     ListingContract,
     MisbehavingBodyContract,
     TimingContract,
+    RunViewContract,
 ):
     """Every scenario of the contract."""

@@ -196,9 +196,7 @@ class MigrationHandlers:
                 break
         for sid in self._order_ids():
             st = self._stages[sid]
-            status = st.status
-            if status == "running" and st.backoff:
-                status = "pending"  # between attempts: the next attempt is scheduled
+            status = st.shown  # (pending between attempts: the next one is scheduled)
             stages.append(
                 {
                     "id": sid,

@@ -77,6 +77,12 @@ class StageState(BaseModel):
             backoff=False,
         )
 
+    @property
+    def shown(self) -> str:
+        """The status readers see: ``pending`` between a failed attempt and its retry (the
+        next attempt is scheduled, as on the native driver), else the workflow's own."""
+        return "pending" if self.status == "running" and self.backoff else self.status
+
     def memo(self, *, compact: bool = False) -> MemoStage:
         """The stage as the ``wfe_run`` memo shows it; ``compact`` (runs of
         ``StartDocument.compact_memo``): its id, status and the fields that are set (a reader
@@ -94,10 +100,10 @@ class StageState(BaseModel):
             "finished_at": self.finished_at,
         }
         if not compact:
-            return MemoStage(id=self.id, status=self.status, **{**shown, "attempt": self.attempt})
+            return MemoStage(id=self.id, status=self.shown, **{**shown, "attempt": self.attempt})
         return MemoStage(
             id=self.id,
-            status=self.status,
+            status=self.shown,
             **{k: v for k, v in shown.items() if v is not None},
         )
 

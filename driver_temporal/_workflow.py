@@ -684,8 +684,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             st.status, st.finished_at = "failed", _iso(workflow.now())
             self._sync()
             raise _StageFailed(error)
+        st.backoff = True  # (shown pending until the retry begins)
         self._sync()
-        st.backoff = True
         await self._pause(self._delay(sid, attempt), f"retry {sid}")
 
     def _begin_stage(self, sid: str, attempt: int, fresh: bool) -> None:
@@ -1066,7 +1066,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             st = self._stages[sid]
             if st.status in ("running", "suspended"):
                 st.status, st.finished_at = "cancelled", _iso(workflow.now())
-                st.waiting_for = None
+                st.waiting_for = st.wake_at = None  # (it waits for nothing any more)
+                st.backoff = False
                 self._emit(self._lc.stage_cancelled(sid))
 
     async def _compensate(self) -> None:
