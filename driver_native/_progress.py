@@ -1091,13 +1091,7 @@ def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraf
     holds are deleted and their stages cancelled in a few statements whatever their number
     (a wide group's queue was two round trips a job); a leased job's worker sees the run
     compensating and cancels its stage itself."""
-    gone = conn.execute(
-        sa.delete(jobs)
-        .where(jobs.c.run_id == run.id, jobs.c.kind == "stage", jobs.c.status != "leased")
-        .returning(jobs.c.id, jobs.c.stage_id)
-    ).all()
-    ids = list(dict.fromkeys(r.stage_id for r in sorted(gone, key=lambda r: r.id)))
-    drafts = _cancel_stages(conn, run, ids, now)
+    drafts = _stop_idle_stages(conn, run, now)
     touch(conn, run.id, now, status=RunStatus.COMPENSATING)
     exists = conn.execute(
         sa.select(jobs.c.id).where(jobs.c.run_id == run.id, jobs.c.kind == "compensate")
@@ -1117,6 +1111,17 @@ def begin_compensation(conn: Connection, run: Any, now: float) -> list[EventDraf
             )
         )
     return drafts
+
+
+def _stop_idle_stages(conn: Connection, run: Any, now: float) -> list[EventDraft]:
+    """Delete the run's stage jobs no worker holds and cancel their stages."""
+    gone = conn.execute(
+        sa.delete(jobs)
+        .where(jobs.c.run_id == run.id, jobs.c.kind == "stage", jobs.c.status != "leased")
+        .returning(jobs.c.id, jobs.c.stage_id)
+    ).all()
+    ids = list(dict.fromkeys(r.stage_id for r in sorted(gone, key=lambda r: r.id)))
+    return _cancel_stages(conn, run, ids, now)
 
 
 def begin_compensation_job(
@@ -1140,6 +1145,10 @@ def begin_compensation_job(
             )
         )
         return None
+    # a stage job taken back from an expired lease since the compensation began (its
+    # worker stalled) is ready again with its stage still running: stopped here, as the
+    # compensation's beginning stopped the idle ones, or the run would end with it running
+    append_events(conn, run, _stop_idle_stages(conn, run, now), now)
     compensable = {s.id for s in graph.stages if s.compensable}
     rows = conn.execute(
         sa.select(stages)

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 
 from driver_native import (
+    CancelRun,
     ClaimPending,
     ExecuteJob,
     Heartbeat,
@@ -478,3 +479,53 @@ async def _job_row(engine: NativeEngine, job_id: int) -> Any:
         return conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).one()
 
     return await engine.kernel.db.read(q)
+
+
+async def test_a_compensation_waits_for_a_stage_whose_lease_was_taken_back(
+    make_engine: MakeEngine,
+) -> None:
+    """A run cancelled while stage s runs compensates once s is stopped. If s's worker stalls
+    and its lease is taken back before anyone claims it again, s's job is 'ready', not
+    'leased': the compensation used to count only leased jobs as busy, went ahead, and
+    ended the run cancelled with s still 'running' (and no stage.cancelled)."""
+    gates = Gates()
+    wf = Workflow("lost-lease-cancel", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> str:
+        return "held"
+
+    @a.compensation
+    async def unhold(ctx: StageContext[In], output: str) -> None:
+        return None
+
+    @wf.stage(after=[a])
+    async def s(ctx: StageContext[In]) -> str:
+        return f"call-{await gates.pass_()}"
+
+    engine = await make_engine(wf, **SETTINGS)
+    kernel = engine.kernel
+    run = await engine.start(wf.id, {"n": 1})
+    [job] = await kernel.dispatch(ClaimPending("worker-a", limit=1))
+    await kernel.dispatch(ExecuteJob(job, "worker-a"))  # a completes
+    [job_s] = await kernel.dispatch(ClaimPending("worker-a", limit=1))
+    assert job_s.stage_id == "s"
+    s_task = asyncio.create_task(kernel.dispatch(ExecuteJob(job_s, "worker-a")))
+    await asyncio.wait_for(gates.entered[0].wait(), 10)  # s runs, and stalls
+    await kernel.dispatch(CancelRun(run.id))
+    assert (await engine.get_run(run.id)).status == "compensating"
+    [comp] = await kernel.dispatch(ClaimPending("worker-b", limit=1))
+    assert comp.kind == "compensate"
+    await _expire_and_reap(engine, job_s.id)  # s's job is ready again, its stage running
+    await kernel.dispatch(ExecuteJob(comp, "worker-b"))
+    for _ in range(4):  # claim and run whatever is due: s's job, the compensation again
+        for due in await kernel.dispatch(ClaimPending("worker-b", limit=1)):
+            await kernel.dispatch(ExecuteJob(due, "worker-b"))
+        if (await engine.get_run(run.id)).status == "cancelled":
+            break
+    gates.open[0].set()
+    assert await _settle(s_task) == "discarded"
+    info = await engine.get_run(run.id)
+    assert info.status == "cancelled"
+    assert info.stage("s").status == "cancelled", "the run ended with stage s still running"
+    assert info.stage("a").status == "compensated"
