@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from engine_port import (
+    Event,
     FlushResult,
     JsonlFileSink,
     MemorySink,
@@ -39,6 +43,43 @@ def _check(result: FlushResult) -> None:
         assert result.sink_error and "event sink unavailable" in result.sink_error, result
     if result.sink_status == "healthy":
         assert result.sink_error is None, result
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+class _MisbehavingSink(MemorySink):
+    """While ``failing``: raises the next of ``FAULTS`` (BaseExceptions a user's sink may
+    raise); while ``hanging``: never returns (bounded by its own ``publish_timeout``)."""
+
+    FAULTS: tuple[BaseException, ...] = (
+        GeneratorExit(),
+        asyncio.CancelledError("the sink's own"),
+        SystemExit(3),
+        _Unprintable(),
+        ValueError("x" * 5_000_000),
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.publish_timeout = 0.3
+        self.hanging = False
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        self.attempts += 1
+        if self.hanging:
+            await asyncio.Event().wait()
+        if self.failing:
+            raise self.FAULTS[self.attempts % len(self.FAULTS)]
+        self.events.extend(events)
+
+
+def _readable(result: FlushResult) -> None:
+    assert min(result.published, result.failed, result.dead_lettered) >= 0, result
+    if result.sink_error is not None:
+        assert len(result.sink_error) < 1100 and "\n" not in result.sink_error, result
 
 
 class EventSinkContract:
@@ -116,3 +157,79 @@ class EventSinkContract:
         with path.open("ab") as f:
             f.write(b'{"id":"1f","run_id":"')
         assert [e.type for e in sink.for_run(info.id)] == [e.type for e in events]
+
+    async def test_a_sink_raising_base_exceptions_is_a_refused_delivery(
+        self, harness: Harness
+    ) -> None:
+        """SystemExit, GeneratorExit, the sink's own CancelledError, an unprintable or a 5 MB
+        error: each a refused delivery with a short readable error; runs go on, and the
+        events arrive once the sink recovers."""
+        wf = Workflow(unique_id("sinkexc"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> int:
+            return ctx.input.n + 1
+
+        sink = _MisbehavingSink()
+        sink.failing = True
+        engine_ctx = harness.engine(Registry([wf]), sink, **SINK_SETTINGS)
+        async with engine_ctx as engine, engine.worker():
+            runs = [await engine.start(wf.id, {"n": i}) for i in range(3)]
+            for run in runs:
+                assert (await engine.wait(run.id, timeout=30)).status == "completed"
+
+            async def refused() -> bool:
+                # every fault raised (a refusal each: dead letters after the second)
+                _readable(await engine.flush_events())
+                return sink.attempts >= len(sink.FAULTS)
+
+            await eventually(refused, timeout=30, what="the sink's refusals")
+            later = await engine.start(wf.id, {"n": 9})  # the worker still runs stages
+            assert (await engine.wait(later.id, timeout=30)).status == "completed"
+            sink.failing = False
+
+            async def recovered() -> bool:
+                _readable(await engine.flush_events())
+                await engine.replay_dlq()
+                return all(
+                    any(e.type == "run.completed" for e in sink.for_run(r.id))
+                    for r in (*runs, later)
+                )
+
+            await eventually(recovered, timeout=30, what="delivery after the sink recovers")
+
+    async def test_a_hanging_sink_holds_neither_runs_nor_the_stop(self, harness: Harness) -> None:
+        """A publish that never returns is cut at the sink's ``publish_timeout``: a refused
+        delivery (retried), while runs complete and the worker stops promptly."""
+        wf = Workflow(unique_id("sinkhang"), input=Num)
+
+        @wf.stage
+        async def a(ctx: StageContext[Num]) -> int:
+            return ctx.input.n + 1
+
+        @wf.stage(after=[a])
+        async def b(ctx: StageContext[Num]) -> int:
+            return ctx.input.n + 2
+
+        sink = _MisbehavingSink()
+        sink.hanging = True
+        async with harness.engine(Registry([wf]), sink, **SINK_SETTINGS) as engine:
+            async with engine.worker():
+                began = time.monotonic()
+                runs = [await engine.start(wf.id, {"n": i}) for i in range(3)]
+                for run in runs:
+                    assert (await engine.wait(run.id, timeout=30)).status == "completed"
+                assert time.monotonic() - began < 15, "runs waited for the hanging sink"
+                result = await asyncio.wait_for(engine.flush_events(), 15)
+                _readable(result)
+                assert sink.attempts >= 1
+                stopping = time.monotonic()
+            assert time.monotonic() - stopping < 10, "the stop waited for the hanging sink"
+            sink.hanging = False
+
+            async def delivered() -> bool:
+                _readable(await engine.flush_events())
+                await engine.replay_dlq()
+                return all(any(e.type == "run.completed" for e in sink.for_run(r.id)) for r in runs)
+
+            await eventually(delivered, timeout=30, what="delivery once the sink answers")

@@ -46,6 +46,7 @@ from engine_port.driver import (
     fingerprint,
     input_fingerprint,
     is_storage_fault,
+    publish_to_sink,
     to_json_value,
     version_key,
 )
@@ -1103,11 +1104,13 @@ class Kernel:
         delivered: list[int] = []
         failed: list[tuple[list[_outbox.Pending], str]] = []
         for items in by_run.values():
-            try:
-                await self.sink.publish([p.event for p in items])
+            # the sink is the user's: whatever it raises, or a call that hangs, is a failed
+            # delivery (bounded, retried with backoff); it never blocks runs
+            error = await publish_to_sink(self.sink, [p.event for p in items])
+            if error is None:
                 delivered += [p.row_id for p in items]
-            except Exception as exc:  # the sink is the user's; never let it block runs
-                failed.append((items, f"{type(exc).__name__}: {exc}"))
+            else:
+                failed.append((items, error))
         rule = _outbox.RetryRule.from_settings(self.settings)
         dead = await self.db.tx(_outbox.mark_flushed, delivered, failed, rule, self.now())
         _outbox.log_dead(dead, rule)

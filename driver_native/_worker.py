@@ -54,6 +54,19 @@ _LISTEN_MAX_DELAY = 4.0
 """The longest pause between two attempts to open the LISTEN connection again (the delay
 doubles from 0.5 s): it is back within that of the server's return."""
 
+_FLUSH_WAIT_S = 0.5
+"""How long the loop waits for the outbox flush it started before it goes on without it (the
+flush then goes on beside the loop): a slow or hanging event sink (the user's code, each
+publish bounded by its timeout) holds claims at most this long per flush. Not 0: with a sink
+that answers, the loop keeps the order it had while it ran the flush itself (claim, flush,
+maintenance). Not waiting made the reap of expired leases follow the claim at once; that
+exposed a race of the reap with the start of a compensation job (fixed in
+``_progress.begin_compensation_job``), and such timing is better not changed in passing."""
+
+_FINAL_FLUSH_MIN_S = 1.0
+"""The least time the final flush of a stop gets (a stop whose stages took all of its
+``shutdown_timeout`` still delivers what it can quickly)."""
+
 JOB_RESULTS = (
     "completed",
     "suspended",
@@ -137,6 +150,10 @@ class WorkerHost:
         self.last_flush: Any = None
         self._outbox = OutboxCounts()
         self._surveying: asyncio.Task[None] | None = None  # ``_survey`` under way
+        # the outbox flush under way: beside the loop, so a slow or hanging event sink (the
+        # user's code) never holds up claiming and running stages
+        self._flushing: asyncio.Task[None] | None = None
+        self._next_flush = 0.0  # (monotonic) when the next flush starts
         self._next_survey = 0.0  # (monotonic) when ``_survey`` runs next
         self._away_since: float | None = None  # (monotonic) the database stopped answering
 
@@ -178,6 +195,8 @@ class WorkerHost:
             self._surveying.cancel()
             await asyncio.gather(self._surveying, return_exceptions=True)
             self._surveying = None
+        # (the flush under way, if any, goes on meanwhile, within the same time)
+        stop_by = time.monotonic() + self.shutdown_timeout
         tasks = [t for _, t in self._active.values()]
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=self.shutdown_timeout)
@@ -200,8 +219,31 @@ class WorkerHost:
                     self.shutdown_timeout,
                     _some(sorted({str(job.run_id) for job in held})),
                 )
-        with contextlib.suppress(Exception):
-            await self.kernel.dispatch(FlushOutbox())
+        if await self._end_flush(max(stop_by - time.monotonic(), 0.0)):
+            # the events of the last stages, bounded: a sink that hangs cannot hold the stop
+            # (what is left waits in the outbox for the next worker)
+            with contextlib.suppress(Exception):
+                left = max(stop_by - time.monotonic(), _FINAL_FLUSH_MIN_S)
+                await asyncio.wait_for(self.kernel.dispatch(FlushOutbox()), left)
+
+    async def _end_flush(self, timeout: float) -> bool:
+        """Let the flush under way finish (up to ``timeout``), else cancel it (its events are
+        delivered again later: at least once); whether it finished."""
+        task, self._flushing = self._flushing, None
+        if task is None or task.done():
+            return True
+        _done, pending = await asyncio.wait({task}, timeout=timeout)
+        if pending:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            log.warning(
+                "worker %s: the outbox flush under way (a slow event sink?) had not ended "
+                "within shutdown_timeout=%gs; stopped it, its events are delivered later",
+                self.worker_id,
+                self.shutdown_timeout,
+            )
+            return False
+        return True
 
     async def run_forever(self) -> None:
         await self.start()
@@ -248,15 +290,26 @@ class WorkerHost:
     # -- the loop --------------------------------------------------------------------------
     async def _loop(self) -> None:
         next_maintenance = 0.0
-        next_flush = 0.0
         woken = False  # the last pause ended because work was announced (not the poll)
         while not self._stopping:
             claimed, full = 0, False
             try:
                 claimed, full = await self._claim(woken)
                 now = time.monotonic()
-                if now >= next_flush:
-                    full, next_flush = await self._flush(now)
+                flush = now >= self._next_flush and (
+                    self._flushing is None or self._flushing.done()
+                )
+                if flush and self.kernel.sink is None:
+                    # (no sink here: the events wait for a host with one; the flush returns at
+                    # once, without giving the event loop up: no task for it)
+                    full, self._next_flush = await self._flush(now)
+                elif flush:
+                    self._flushing = asyncio.create_task(
+                        self._flush_beside(now), name=f"wfe-flush-{self.worker_id}"
+                    )
+                    # (a flush to a sink that answers ends within milliseconds: waited for,
+                    # see _FLUSH_WAIT_S; a slower one goes on beside the loop)
+                    await asyncio.wait({self._flushing}, timeout=_FLUSH_WAIT_S)
                 if now >= next_maintenance:
                     await self._maintenance()
                     next_maintenance = now + self.maintenance_interval
@@ -329,6 +382,19 @@ class WorkerHost:
                 time.monotonic() - self._away_since,
             )
             self._away_since = None
+
+    async def _flush_beside(self, now: float) -> None:
+        """One outbox flush beside the loop; a backlog wakes the loop to flush again at once."""
+        try:
+            full, self._next_flush = await self._flush(now)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._next_flush = time.monotonic() + self.poll_interval
+            self._loop_failed(exc, "outbox flush")
+            return
+        if full:
+            self._wake.set()
 
     async def _flush(self, now: float) -> tuple[bool, float]:
         """One outbox flush: whether it took all it may (a backlog: go on at once), and

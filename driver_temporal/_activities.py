@@ -63,7 +63,7 @@ from engine_port import (
     StepRecord,
     Suspended,
 )
-from engine_port.driver import DeadLetteredEvent, DeadLetterLog
+from engine_port.driver import DeadLetteredEvent, DeadLetterLog, publish_to_sink
 from engine_port.errors import EngineError, SpilledPayloadUnavailableError
 
 from ._carry import carry, meta_of, whole
@@ -846,10 +846,10 @@ class DriverActivities:
         run's ``kept`` lock when there are any); ``{"ok": False, "error": ...}`` when the sink
         refused it (counted as failed events when ``count_failures``)."""
         assert self.sink is not None
-        try:
-            await self.sink.publish([Event.model_validate(e) for e in batch])
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+        # (the user's sink: whatever it raises, or a call that hangs, is a refusal; it must
+        # not hold the stage activity that carried the batch, nor an activity slot)
+        error = await publish_to_sink(self.sink, [Event.model_validate(e) for e in batch])
+        if error is not None:
             # (events, as on the native driver; an uncounted failure is retried and counted
             # by wfe.publish)
             self.stats.refused(error, len(batch) if count_failures else 0)

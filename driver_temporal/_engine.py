@@ -118,6 +118,7 @@ from engine_port.driver import (
     check_workflow_ids,
     input_fingerprint,
     keyed_repeat,
+    publish_to_sink,
     redrive_plan,
     served_graph,
     start_definition,
@@ -1443,10 +1444,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 Event.model_validate(pydantic_core.from_json(await self.blob_store.get(k)))
                 for k in run_keys
             ]
-            try:
-                await self.event_sink.publish(events)
-            except Exception:
-                continue
+            if await publish_to_sink(self.event_sink, events) is not None:
+                continue  # (the sink still refuses them: they stay dead letters)
             for k in run_keys:
                 await self.blob_store.delete(k)
             n += len(events)

@@ -5,15 +5,33 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib
+import inspect
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from ._limits import safe_error_message
 from ._models import Event
 
-__all__ = ["EventSink", "JsonlFileSink", "MemorySink", "event_id", "open_event_sink"]
+__all__ = [
+    "SINK_PUBLISH_TIMEOUT_S",
+    "EventSink",
+    "JsonlFileSink",
+    "MemorySink",
+    "event_id",
+    "open_event_sink",
+    "publish_to_sink",
+    "sink_error_text",
+]
+
+SINK_PUBLISH_TIMEOUT_S = 10.0
+"""How long one ``publish`` call may take before the delivery counts as failed (retried with
+backoff like any refusal): a sink that hangs never holds a flush, a stage or a shutdown."""
+
+MAX_SINK_ERROR = 1000
+"""The longest sink error kept (flush result, outbox row, dead-letter WARNING)."""
 
 
 def event_id(run_id: str, *parts: object) -> str:
@@ -23,7 +41,9 @@ def event_id(run_id: str, *parts: object) -> str:
 
 
 class EventSink(Protocol):
-    """Receives events at least once, in per-run order. Raising marks the delivery failed."""
+    """Receives events at least once, in per-run order. Raising marks the delivery failed,
+    and so does a ``publish`` that takes longer than ``SINK_PUBLISH_TIMEOUT_S`` (10 s), or
+    than the sink's own ``publish_timeout`` attribute (seconds) when it has one."""
 
     async def publish(self, events: Sequence[Event]) -> None: ...
 
@@ -114,6 +134,54 @@ def _torn(fd: int) -> bool:
         )
     except OSError:
         return False
+
+
+def sink_error_text(exc: BaseException) -> str:
+    """A sink's failure as one readable line of at most ``MAX_SINK_ERROR`` characters, even
+    when its ``__str__`` raises or its message is megabytes long."""
+    text = f"{type(exc).__name__}: {safe_error_message(exc)}".rstrip(": ")
+    text = " ".join(text.split())
+    if len(text) > MAX_SINK_ERROR:
+        text = f"{text[:MAX_SINK_ERROR]}... ({len(text) - MAX_SINK_ERROR:,} more characters cut)"
+    return text
+
+
+def _timeout_of(sink: EventSink) -> float:
+    own = getattr(sink, "publish_timeout", None)
+    if isinstance(own, int | float) and not isinstance(own, bool) and 0 < own < float("inf"):
+        return float(own)
+    return SINK_PUBLISH_TIMEOUT_S
+
+
+async def publish_to_sink(
+    sink: EventSink, events: Sequence[Event], timeout: float | None = None
+) -> str | None:
+    """Hand ``events`` to the user's ``sink``: None when it took them, else why not (a line
+    for the outbox and the logs). Never raises for the sink: an exception (even a
+    ``SystemExit``, ``GeneratorExit`` or a ``CancelledError`` of its own), a call that takes
+    longer than ``timeout`` (default: the sink's ``publish_timeout`` attribute, else
+    ``SINK_PUBLISH_TIMEOUT_S``) is a failed delivery. A
+    cancellation of the caller still propagates. A plain (non-async) ``publish`` that returns
+    is a delivery too (it ran on the event loop)."""
+    limit = _timeout_of(sink) if timeout is None else timeout
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            result = sink.publish(events)
+            if inspect.isawaitable(result):
+                await result
+    except TimeoutError as exc:
+        if deadline.expired():
+            return f"the event sink did not return within {limit:g}s (publish timed out)"
+        return sink_error_text(exc)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the caller is cancelled (a shutdown): not the sink's doing
+        return sink_error_text(exc)
+    except (Exception, SystemExit, GeneratorExit) as exc:
+        return sink_error_text(exc)
+    return None
 
 
 def open_event_sink(spec: str) -> EventSink:

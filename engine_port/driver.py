@@ -48,7 +48,7 @@ from ._clock import Clock, SystemClock
 from ._dead_letters import DeadLetteredEvent, DeadLetterLog, log_dead_letter
 from ._drivers import ENTRY_POINT_GROUP, DriverEntry, installed_drivers
 from ._engine import WorkflowEngine
-from ._events import EventSink
+from ._events import EventSink, publish_to_sink
 from ._faults import describe_fault, is_storage_fault
 from ._graph import GraphModel, RetryModel, StageSpec
 from ._history import StepEntry
@@ -154,6 +154,7 @@ __all__ = [
     "keyed_repeat",
     "log_dead_letter",
     "open_blob_store",
+    "publish_to_sink",
     "redact_text",
     "redact_url",
     "redrive_plan",

@@ -73,6 +73,7 @@ INTERFACE = [
     "is_storage_fault",
     "log_dead_letter",
     "open_blob_store",
+    "publish_to_sink",
     "redact_text",
     "redact_url",
     "redrive_plan",
