@@ -858,33 +858,33 @@ def _stage_guard() -> Any:
         stages.c.status == sa.literal(StageStatus.RUNNING.value),
         stages.c.attempt == sa.bindparam("attempt", type_=sa.Integer),
     )
-    fresh = (
-        sa.select(sa.func.count())
-        .where(
-            stages.c.run_id == run_id,
-            stages.c.stage_id == sa.func.any(sa.bindparam("fresh", type_=ids)),
-            stages.c.status == sa.literal(StageStatus.PENDING.value),
-            ~sa.exists().where(
-                jobs.c.run_id == stages.c.run_id,
-                jobs.c.stage_id == stages.c.stage_id,
-                jobs.c.kind == sa.literal("stage"),
-            ),
-            ~sa.exists().where(
-                steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id
-            ),
+
+    def counted(param: str, status: StageStatus, *more: Any) -> Any:
+        """How many of the stages listed in ``param`` have ``status`` (and ``more``)."""
+        return (
+            sa.select(sa.func.count())
+            .where(
+                stages.c.run_id == run_id,
+                stages.c.stage_id == sa.func.any(sa.bindparam(param, type_=ids)),
+                stages.c.status == sa.literal(status.value),
+                *more,
+            )
+            .scalar_subquery()
         )
-        .scalar_subquery()
+
+    fresh = counted(
+        "fresh",
+        StageStatus.PENDING,
+        ~sa.exists().where(
+            jobs.c.run_id == stages.c.run_id,
+            jobs.c.stage_id == stages.c.stage_id,
+            jobs.c.kind == sa.literal("stage"),
+        ),
+        ~sa.exists().where(
+            steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id
+        ),
     )
-    done = (
-        sa.select(sa.func.count())
-        .where(
-            stages.c.run_id == run_id,
-            stages.c.stage_id == sa.func.any(sa.bindparam("done", type_=ids)),
-            stages.c.status == sa.literal(StageStatus.COMPLETED.value),
-            stages.c.has_output.is_(True),
-        )
-        .scalar_subquery()
-    )
+    done = counted("done", StageStatus.COMPLETED, stages.c.has_output.is_(True))
     staged = sa.exists().where(staged_events.c.run_id == run_id)
     last = sa.bindparam("last", type_=sa.Boolean)
     return (
