@@ -293,6 +293,9 @@ class WorkerHost:
         woken = False  # the last pause ended because work was announced (not the poll)
         while not self._stopping:
             claimed, full = 0, False
+            # cleared before the claim looks: a wake-up during the pass (a NOTIFY of work
+            # made due after the claim looked) is kept, not lost until the next poll
+            self._wake.clear()
             try:
                 claimed, full = await self._claim(woken)
                 now = time.monotonic()
@@ -320,8 +323,11 @@ class WorkerHost:
                 await asyncio.sleep(self.poll_interval)
             else:
                 self._database_back()
-            if not claimed and not self._stopping:
-                self._wake.clear()
+            if not claimed and not self._stopping and self._wake.is_set():
+                # woken during the pass: look again at once, probing first (what woke it may
+                # be work this pass already claimed)
+                woken = False
+            elif not claimed and not self._stopping:
                 pause = self.poll_interval
                 last = self.last_flush
                 if last is not None and (last.delivered or last.failed or last.degraded):

@@ -143,3 +143,57 @@ async def test_a_signal_whose_stage_this_process_leases_wakes_no_other_process(
         fence = await starter.start("it-linear", {"n": 1})
         assert (await starter.wait(fence.id, timeout=POLL / 4)).status == RunStatus.COMPLETED
         assert other.stats()["woken_by_notify"] == before + 1  # the fence's, not the signal's
+
+
+async def test_a_notification_during_a_pass_is_not_lost(
+    postgres_url: str, make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NOTIFY that arrives while the worker's loop is busy (here: held in its maintenance,
+    after its claim found nothing) makes the loop look again at once; it was cleared with the
+    pass, and the run waited for the next poll (``POLL``: longer than the test)."""
+    import asyncio
+    import contextlib
+
+    from driver_native._worker import WorkerHost
+
+    busy, go = asyncio.Event(), asyncio.Event()
+    maintenance = WorkerHost._maintenance
+    held = {"once": False}
+
+    async def slow_maintenance(self: WorkerHost) -> None:
+        if host_ready.is_set() and not held["once"]:
+            held["once"] = True
+            busy.set()
+            await go.wait()
+        await maintenance(self)
+
+    monkeypatch.setattr(WorkerHost, "_maintenance", slow_maintenance)
+    host_ready = asyncio.Event()
+    starter = await make_engine()
+    working = await make_engine()
+    async with working.worker(poll_interval=POLL, maintenance_interval=0.01) as host:
+
+        async def listening() -> bool:
+            return host.listening.is_set()
+
+        await eventually(listening, timeout=30)
+        host_ready.set()
+        for _ in range(600):  # passes until one is held in its maintenance (its claim done)
+            host.wake()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(busy.wait(), 0.05)
+                break
+        try:
+            assert busy.is_set()
+            before = host.stats()["woken_by_notify"]
+            run = await starter.start("it-linear", {"n": 1})  # NOTIFY now
+
+            async def notified() -> bool:
+                return bool(host.stats()["woken_by_notify"] > before)
+
+            await eventually(notified, timeout=30)
+        finally:
+            go.set()  # (the worker's stop waits for its loop)
+        info = await starter.wait(run.id, timeout=POLL / 4)
+        assert info.status == RunStatus.COMPLETED
+        assert host.stats().get("woken_by_poll", 0) == 0
