@@ -208,9 +208,19 @@ _WORKING = frozenset(s.value for s in WORKING_RUN_STATUSES)
 _IN_PROCESS_GRACE_S = 0.005
 
 
+CONTINUE_AS_NEW_EVENTS = 3000
+"""How many history events a run's execution holds before it continues as new at its next safe
+point (Temporal warns at 10,240 events, terminates at 51,200, and suggests continuing past
+``limit.historyCount.suggestContinueAsNew``, 4,096 by default)."""
+
 READ_RETRY_S = 10.0
 """The longest a read (get_run, list_runs, ...) keeps trying while Temporal is down: the native
 driver's ``database_retry_seconds`` default, and about what temporalio's own retries took."""
+
+
+# an execution whose run goes on: running, or continued as new (a listing that does not show
+# the new execution yet; ``_paging.superseded`` drops the old one once it does)
+_GOES_ON = (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW)
 
 
 class TemporalEngine(PagedRuns, WorkflowEngine):
@@ -221,7 +231,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     keep trying while Temporal is down, restarting or overloaded before they raise
     ``DriverUnavailableError``; 30; the reads (get_run, list_runs, list_versions, ...: their
     describes and visibility listings, ``_rpc.read``) keep trying for it too, but at most
-    ``READ_RETRY_S``, 10 s, as the native driver's reads retry a database outage)."""
+    ``READ_RETRY_S``, 10 s, as the native driver's reads retry a database outage),
+    ``continue_as_new_events`` (a run whose history holds that many events, or whose history
+    Temporal suggests continuing, goes on in a new execution of its workflow id at its next
+    safe point, invisibly: ``GraphWorkflow._continue``; ``CONTINUE_AS_NEW_EVENTS``; 0: never)."""
 
     driver_name = "temporal"
 
@@ -238,6 +251,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         signal_timeout: float = 5.0,
         cancel_wait: float = 10.0,
         unavailable_timeout: float = 30.0,
+        continue_as_new_events: int = CONTINUE_AS_NEW_EVENTS,
     ) -> None:
         super().__init__(registry)
         self.settings = settings
@@ -252,6 +266,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         self.signal_timeout = signal_timeout
         self.cancel_wait = cancel_wait
         self.unavailable_timeout = unavailable_timeout
+        self.continue_as_new_events = continue_as_new_events
         self.stats = EventStats()
         self._client: Client | None = None
         # keyed by (task queue, version): the Worker Deployment version they poll as
@@ -538,6 +553,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         start = StartDocument.for_engine(
             self.settings,
             self.heartbeat_timeout,
+            continue_after=self.continue_as_new_events or None,
             run_id=run_id,
             workflow_id=wf.id,
             version=graph.version,
@@ -632,7 +648,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if not info:
             raise EngineError("this Temporal workflow was not started by wfe")
         run = RunMemo.model_validate(info)
-        if run.status in _ACTIVE and status not in (None, WorkflowExecutionStatus.RUNNING):
+        if run.status in _ACTIVE and status not in _GOES_ON:
             info = await self._ended_outside(info, status, run_id or run.id)
         elif memo.get(_CANCEL_REQUESTED) and run.status in _WORKING:
             # cancelled (by engine.cancel, or an operator's `temporal workflow cancel`) while
@@ -1149,6 +1165,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         start = StartDocument.for_engine(
             self.settings,
             self.heartbeat_timeout,
+            continue_after=self.continue_as_new_events or None,
             run_id=run_id,
             workflow_id=wf_id,
             version=graph.version,

@@ -339,6 +339,7 @@ def _start_input(
     return StartDocument.for_engine(
         engine.settings,
         engine.heartbeat_timeout,
+        continue_after=engine.continue_as_new_events or None,
         run_id=snapshot.run_id,
         workflow_id=snapshot.workflow_id,
         version=snapshot.version,

@@ -105,6 +105,15 @@ async def purge_runs(engine: TemporalEngine, older_than: timedelta) -> int:
         ) from None
     if not executions:
         return 0
+    try:
+        # the executions a run continued as new from (``GraphWorkflow._continue``) keep the
+        # active WfeStatus they had: they go with their run
+        await _add_continued(client, executions)
+    except RPCError as exc:
+        raise DriverUnavailableError(
+            f"Temporal did not list the runs to purge ({exc}); check the server's health and "
+            "call purge again"
+        ) from None
     gate = asyncio.Semaphore(_IN_FLIGHT)
     reopened = await asyncio.gather(*(_bounded(gate, _reopened(engine, r)) for r in executions))
     runs = {
@@ -126,6 +135,18 @@ async def purge_runs(engine: TemporalEngine, older_than: timedelta) -> int:
             "call purge again to finish"
         )
     return len(runs)
+
+
+async def _add_continued(client: Any, executions: dict[str, list[str]]) -> None:
+    """Add to ``executions`` (run id -> execution ids) the executions of those runs that
+    continued as new (one visibility query per ``_CHUNK`` runs)."""
+    ids = sorted(executions)
+    for i in range(0, len(ids), _CHUNK):
+        quoted = ", ".join(f"'{_quote(r)}'" for r in ids[i : i + _CHUNK])
+        query = f"WorkflowId IN ({quoted}) AND ExecutionStatus = 'ContinuedAsNew'"
+        async for ex in client.list_workflows(query):
+            if ex.run_id not in executions[ex.id]:
+                executions[ex.id].append(ex.run_id)
 
 
 @asynccontextmanager

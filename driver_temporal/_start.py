@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["CARRIED", "StartDocument"]
 
 # the keys that ride in the input payload's metadata (``StartDocument.carried``), not the memo
-CARRIED = frozenset({"graph", "stages", "redrive_history", "signals", "signal_keys"})
+CARRIED = frozenset({"graph", "stages", "redrive_history", "signals", "signal_keys", "deliveries"})
 
 
 class StartDocument(BaseModel):
@@ -105,6 +105,17 @@ class StartDocument(BaseModel):
     run_started: bool = False
     deadline: str | None = None
     imported: bool = False
+    # continue-as-new (runs started since 2026-12-05 with ``continue_after``): once its
+    # history holds that many events (or Temporal suggests it) and the run is at a safe point
+    # (every stage in flight waits on a timer, a signal or a poll), the run goes on in a new
+    # execution of its workflow id (``GraphWorkflow._continue``), whose start document carries
+    # its state (``continued``: no run.created, event numbers go on); None: never
+    continue_after: int | None = None
+    continued: bool = False
+    parked: bool = False  # (continued) events kept in the BlobStore by a sinkless worker
+    # (continued) what became of the last signals the run was sent, by delivery id, so that
+    # ``TemporalEngine.signal`` asking right after a continue-as-new hears about its signal
+    deliveries: dict[str, dict[str, Any]] = {}
 
     @classmethod
     def for_engine(

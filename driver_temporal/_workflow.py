@@ -39,7 +39,7 @@ import contextlib
 import inspect
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
@@ -106,6 +106,8 @@ _LOCAL_PATCH = "wfe-local-stages"
 # runs started with this marker take every signal through ``wfe.internal.take_signal`` (or a
 # lent one), concurrently; a run started before keeps the single-taker rule (``SignalHandlers``)
 _SHARED_TAKES_PATCH = "wfe-shared-signal-takes"
+# the deliveries (what became of a signal, by delivery id) a continued execution carries
+_DELIVERIES_KEPT = 500
 
 
 def workflow_runner() -> WorkflowRunner:
@@ -246,6 +248,12 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._carried = False  # started by this driver: business values in the payloads
         self._marked = False  # started with the driver's marks (``run``)
         self._rejected: list[dict[str, Any]] = []  # signals not queued (``SignalHandlers``)
+        # continue-as-new (``_continue``): the stage tasks of the group that runs, the stages
+        # whose suspended attempt waits (``_wait``), whether a cancel of the run arrived
+        self._group_tasks: dict[str, asyncio.Task[BaseException | None]] = {}
+        self._waits: set[str] = set()
+        self._cancel_seen = False
+        self._continue_after: int | None = None
         meta = workflow.memo_value(START_MEMO, None)
         if not (isinstance(meta, dict) and meta.get("names") == NAMES_MARK):
             self._serve_old_names()  # a run started before the wfe.internal.* names
@@ -303,8 +311,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             self._declare_signals()
         publisher = asyncio.create_task(self._publisher())
         syncer = asyncio.create_task(self._syncer())
-        if start.imported:
-            pass  # moved here from another engine, which emitted its earlier events
+        if start.imported or start.continued:
+            # moved here from another engine, which emitted its earlier events; or continued
+            # from the run's previous execution (``_continue``), which did
+            pass
         elif self._redrive == 0:
             self._emit(self._lc.run_created(self._version))
         else:
@@ -343,13 +353,113 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         main = asyncio.ensure_future(self._main())
         while True:
             try:
-                await workflow.wait_condition(lambda: main.done() or self._broken is not None)
+                await workflow.wait_condition(
+                    lambda: main.done() or self._broken is not None or self._may_continue()
+                )
                 break
             except asyncio.CancelledError:
+                self._cancel_seen = True
                 main.cancel()
         if self._broken is not None:
             raise self._broken
+        if not main.done():
+            self._continue()
         return main.result()
+
+    # -- continue-as-new ----------------------------------------------------------------------
+    def _may_continue(self) -> bool:
+        """Whether the run goes on in a new execution now (runs started with
+        ``StartDocument.continue_after``): its history holds that many events, or Temporal
+        suggests continuing, and it is at a safe point (``_at_safe_point``)."""
+        limit = self._continue_after
+        if limit is None or not self._ready:
+            return False
+        info = workflow.info()
+        if info.get_current_history_length() < limit and not info.is_continue_as_new_suggested():
+            return False
+        return self._at_safe_point()
+
+    def _at_safe_point(self) -> bool:
+        """Nothing of the run is in flight but waits: no stage activity (attempt,
+        compensation, local chain), no handler mid-way, no event or memo write pending, no
+        signal lent or held, no stop, freeze or move; every unfinished stage of the group
+        that runs is suspended in ``_wait`` on a timer, a signal or a poll, and none of
+        them is about to resume for a signal that is free."""
+        if (
+            self._cancel_seen
+            or self._final
+            or self._closing
+            or self._frozen
+            or self._migrated_to is not None
+            or self._stop_reason is not None
+            or self._failures
+            or self._status != "pending"
+            or self._broken is not None
+        ):
+            return False
+        if self._inflight or self._locals or self._ahead or self._calls or self._attempts:
+            return False
+        if self._outbox or self._dirty or self._carriers or self._finishing:
+            return False
+        if any(self._lent.values()) or any(self._held.values()) or self._signal_holder:
+            return False
+        if not workflow.all_handlers_finished():
+            return False
+        tasks = self._group_tasks
+        waiting = [sid for sid, task in tasks.items() if not task.done()]
+        if not waiting:
+            return False
+        if any(_outcome(task) is not None for task in tasks.values() if task.done()):
+            return False
+        for sid in waiting:
+            st = self._stages[sid]
+            if sid not in self._waits or st.status != "suspended" or not st.waiting_for:
+                return False
+            reason, _, name = st.waiting_for.partition(":")
+            if reason == "signal" and self._signal_ready(name):
+                return False
+        return True
+
+    def _continue(self) -> NoReturn:
+        """Go on in a new execution of the run's workflow id (Temporal's continue-as-new),
+        from a safe point (``_at_safe_point``), invisibly to the run's user: the new
+        execution's start document carries the run's state as an import does (stages with
+        their ledgers, suspended waits with their absolute deadlines, the signal queue and
+        idempotency keys, the run's deadline) with ``continued`` set, so it emits no
+        run.created and its event numbers go on from this one's; its memo and search
+        attributes are this one's (the ``wfe_run`` memo current), and Temporal starts it
+        on the same PINNED Worker Deployment version (a pinned override is inherited)."""
+        recent = list(self._deliveries.items())[-_DELIVERIES_KEPT:]
+        doc = self._start.model_copy(
+            update={
+                "event_seq": self._seq,
+                "stages": {sid: StageState.fresh(sid, st) for sid, st in self._stages.items()},
+                "signals": [dict(sig) for sig in self._signals],
+                "signal_keys": sorted(self._signal_keys),
+                "redrive_history": list(self._redrive_history),
+                "run_started": self._run_started,
+                "deadline": self._deadline,
+                "continued": True,
+                "parked": self._parked,
+                "deliveries": dict(recent),
+            }
+        )
+        conv = workflow.payload_converter()
+        info = workflow.info()
+        memo: dict[str, Any] = {k: RawValue(p) for k, p in info.raw_memo.items()}
+        memo[START_MEMO] = doc.memo()
+        if self._info:
+            memo["wfe_run"] = self._info
+        workflow.logger.info(
+            "run %s continues as new after %d history events",
+            self._run_id,
+            info.get_current_history_length(),
+        )
+        workflow.continue_as_new(
+            carry(doc.input, doc.carried(), conv),
+            memo=memo,
+            search_attributes=info.typed_search_attributes,
+        )
 
     async def _main(self) -> tuple[str, dict[str, Any] | None]:
         """Run the stages (within the run's timeout, if any): how the run ends (``completed``,
@@ -468,6 +578,11 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         }
         self._order = max((s.order or 0 for s in self._stages.values()), default=0)
         self._carry_signals(start)
+        if start.continued:
+            self._parked = start.parked
+            self._deliveries = {**start.deliveries, **self._deliveries}
+        if self._hands_events and start.continue_after:
+            self._continue_after = start.continue_after
 
     def _order_ids(self) -> list[str]:
         return [sid for group in self._graph.groups for sid in group]
@@ -484,6 +599,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         cancel or a run timeout (this task is cancelled): see ``_stop``. Every stage attempt
         has reported before this returns or raises."""
         tasks = {sid: asyncio.create_task(self._guarded(sid)) for sid in todo}
+        self._group_tasks = tasks
 
         def failed() -> bool:
             return any(isinstance(_outcome(t), _StageFailed) for t in tasks.values())
@@ -720,7 +836,15 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
 
     async def _wait(self, sid: str, res: dict[str, Any], until: Any) -> None:
         """Wait until the suspended attempt of ``sid`` may resume: its signal is free (lent
-        to it at once, see ``_reserve``), its timer or deadline is due."""
+        to it at once, see ``_reserve``), its timer or deadline is due. Meanwhile the run
+        may continue as new (``_at_safe_point``)."""
+        self._waits.add(sid)
+        try:
+            await self._wait_on(sid, res, until)
+        finally:
+            self._waits.discard(sid)
+
+    async def _wait_on(self, sid: str, res: dict[str, Any], until: Any) -> None:
         if res["reason"] == "signal" and not self._holder_rule:
             name = res["waiting_for"].split(":", 1)[1]
             while not self._reserve(sid, name):
@@ -922,9 +1046,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             # (``_activities._Recorded``), so a lost workflow task does not run it again
             task["try"] = 0 if compensation else st.suspensions
         wfi = workflow.info()
-        if wfi.run_id != wfi.first_execution_run_id:
+        if wfi.run_id != wfi.first_execution_run_id and not self._start.continued:
             # an operator reset this run (a new execution of the same chain): the stage's
             # step journal may hold steps the replayed ledger lacks; the activity reads it
+            # (an execution the run continued as new in carries its whole ledger: no reset)
             task["reset"] = True
         return task
 
