@@ -168,13 +168,13 @@ def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
 def _float(value: float) -> bytes:
     """A float as a quoted literal: psycopg writes ``-0.0`` bare, which the server reads as
     the numeric 0 (the sign lost); quoted, it is read by the parameter's type, exactly."""
-    return b"'%s'" % repr(value).encode()
+    return b"'%r'" % value  # (``%r`` of bytes: the float's ``ascii()``, its repr)
 
 
 def _values(state: _Prepared, params: Mapping[str, Any], order: tuple[str, ...]) -> bytes:
     """The values of ``order`` in ``params``, quoted (:meth:`_Prepared.quote`, with its
     commonest cases written out here: a call less per value), then ``)``."""
-    quote, plain = state.quote, state.plain
+    quote, plain, strs = state.quote, state.plain, state.strs
     out = []
     for key in order:
         value = params[key]
@@ -185,6 +185,12 @@ def _values(state: _Prepared, params: Mapping[str, Any], order: tuple[str, ...])
             out.append(b" %d" % value)  # (the space: a negative number never follows a '-')
         elif value is None:
             out.append(b"NULL")
+        elif kind is float:
+            out.append(b"'%r'" % value)  # (as :func:`_float`)
+        elif kind is bool:
+            out.append(b"true" if value else b"false")
+        elif plain and strs.get(kind) and "\x00" not in value:  # (a str enum seen before)
+            out.append(("'" + str.replace(value, "'", "''") + "'").encode())
         else:
             out.append(quote(value))
     return b", ".join(out) + b")"
