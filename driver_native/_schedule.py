@@ -529,26 +529,45 @@ def _insert_reserved(conn: Connection, new: list[dict[str, Any]], reserved: Rese
     the COMMIT; their rows are made here (a lease the insert times is given the local clock's
     expiry: the worker never reads it)."""
     make = _job_row()
+    fields: tuple[str, ...] = make._fields
     out: list[Any] = []
     clocked = any(clock is None for _, clock in reserved[: len(new)])
     leases: list[float | None] = []
     for (job_id, clock), given in zip(reserved, new, strict=False):
-        row = {k: v for k, v in given.items() if k != "lease_for"}
         lease_for = given.get("lease_for")
         leases.append(lease_for)
         start = given["available_at"] if clock is None else clock
-        row |= {"id": job_id, "lease_expires_at": None if lease_for is None else start + lease_for}
-        out.append(make(**{c.name: row.get(c.name) for c in jobs.c}))
-    values = [r._asdict() for r in out]
-    if clocked:
-        for value, lease_for in zip(values, leases, strict=True):
-            del value["lease_expires_at"]
-            value["lease_for"] = lease_for
-    for at in range(0, len(values), JOBS_CHUNK):
-        chunk = values[at : at + JOBS_CHUNK]
-        params = {f"{k}_{i}": v for i, row in enumerate(chunk) for k, v in row.items()}
+        row = given | {
+            "id": job_id,
+            "lease_expires_at": None if lease_for is None else start + lease_for,
+        }
+        out.append(make._make([row.get(f) for f in fields]))
+    # (each row's values in the statement's parameter names, made once per shape: no key
+    # is formatted per job)
+    columns = _lease_for_columns(fields) if clocked else fields
+    lease_at = fields.index("lease_expires_at")
+    for at in range(0, len(out), JOBS_CHUNK):
+        chunk = out[at : at + JOBS_CHUNK]
+        params: dict[str, Any] = {}
+        for i, job in enumerate(chunk):
+            values = list(job)
+            if clocked:
+                values[lease_at] = leases[at + i]
+            params.update(zip(_param_names(columns, i), values, strict=True))
         execute(conn, _jobs_insert_ids(len(chunk), clocked), params, later=True)
     return out
+
+
+@functools.cache
+def _lease_for_columns(fields: tuple[str, ...]) -> tuple[str, ...]:
+    """A job row's columns as a clocked insert takes them: ``lease_for``, not its expiry."""
+    return tuple("lease_for" if f == "lease_expires_at" else f for f in fields)
+
+
+@functools.cache
+def _param_names(columns: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """The parameter names of row ``i`` of a multi-row insert (``column_i``)."""
+    return tuple(f"{c}_{i}" for c in columns)
 
 
 @functools.cache
