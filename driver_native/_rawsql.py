@@ -17,6 +17,7 @@ Statements SQLAlchemy renders per call (expanding ``IN`` lists) are refused: the
 from __future__ import annotations
 
 import functools
+import operator
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ class _Prepared:
         "compiled",
         "fixed",
         "names",
+        "pick",
         "procs",
         "returns_rows",
         "row",
@@ -52,6 +54,10 @@ class _Prepared:
         self.sql: str = compiled.string
         self.names: tuple[str, ...] | None = (
             tuple(compiled.positiontup) if compiled.positional else None
+        )
+        # (positional: the values in the statement's order, picked in C)
+        self.pick: Callable[[dict[str, Any]], tuple[Any, ...]] | None = (
+            None if self.names is None else _picker(self.names)
         )
         # every parameter with the value the statement gives it (literals, or None)
         self.fixed: dict[str, Any] = dict(compiled.construct_params(_check=False))
@@ -72,9 +78,9 @@ class _Prepared:
         for key, proc in self.procs.items():
             if key in values:
                 values[key] = proc(values[key])
-        if self.names is None:
+        if self.pick is None:
             return values
-        return tuple([values[n] for n in self.names])
+        return self.pick(values)
 
     def rows(self, raw: list[Any], cursor: Any) -> list[Any]:
         procs = self._result_procs
@@ -95,6 +101,16 @@ class _Prepared:
                 values[i] = proc(values[i])
             out.append(make(values))
         return out
+
+
+def _picker(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """``values`` -> the values of ``names`` in that order, as a tuple."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    if names:
+        name = names[0]
+        return lambda values: (values[name],)
+    return lambda _values: ()
 
 
 def _mapping(self: Any) -> dict[str, Any]:
