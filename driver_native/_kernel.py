@@ -877,28 +877,31 @@ class Kernel:
             # are part of it, under its heartbeats: a slow blob store (a large value, a
             # struggling S3) must not let the lease lapse while this worker is still at it,
             # or another claim runs the stage body a second time beside this one
+            missing: SpilledPayloadUnavailableError | None = None
+            try:
+                value = await self.claim.load(begin.input, run_id=begin.run_id)
+                outputs = {
+                    k: await self.claim.load(v, run_id=begin.run_id)
+                    for k, v in begin.outputs.items()
+                }
+            except SpilledPayloadUnavailableError as exc:
+                value, outputs, missing = None, {}, exc
+            # (made once, with the values loaded: a frozen dataclass's replace() cost more
+            # than the request itself)
             request = StageRequest(
                 run_id=begin.run_id,
                 workflow=wf,
                 stage_id=begin.stage_id,
                 attempt=begin.attempt,
-                input=None,
+                input=value,
+                outputs=outputs,
                 cancel_event=cancel,
                 resumed=bool(begin.steps) and not begin.fresh,  # a retry is no resumption
                 trace_context=begin.trace_context,
                 version=begin.version,
             )
-            try:
-                request = dataclasses.replace(
-                    request,
-                    input=await self.claim.load(begin.input, run_id=begin.run_id),
-                    outputs={
-                        k: await self.claim.load(v, run_id=begin.run_id)
-                        for k, v in begin.outputs.items()
-                    },
-                )
-            except SpilledPayloadUnavailableError as exc:
-                outcome: Outcome = self.runner.values_missing(request, exc)
+            if missing is not None:
+                outcome: Outcome = self.runner.values_missing(request, missing)
             else:
                 outcome = await self.runner.run(request, ledger)
             beat.settled = True
