@@ -290,16 +290,9 @@ def upstream_outputs(
     return out
 
 
-def _wanted(shape: GraphShape, group: int, handoff: Handoff | None) -> set[str]:
-    """The stage rows scheduling ``group`` reads: its stages, what the stages it would hand
-    off may read (their upstream), and the sinks when it is the last group (to finish)."""
-    ids = shape.groups[group]
-    want = set(ids)
-    if handoff is not None and handoff.limit > 0:
-        want |= shape.upstream(sorted(ids)[: handoff.limit])
-    if group == len(shape.groups) - 1:
-        want |= set(shape.sinks())
-    return want
+def _wanted(shape: GraphShape, group: int, handoff: Handoff | None) -> frozenset[str]:
+    """The stage rows scheduling ``group`` reads (``GraphShape.wanted``)."""
+    return shape.wanted(group, handoff.limit if handoff is not None else 0)
 
 
 def schedule(
