@@ -779,16 +779,16 @@ class _Predicted:
     """A row as predicted: the fields given, and :class:`Unpredicted` for any other (so a
     path that would use a field nobody checked falls back to reading it)."""
 
-    __slots__ = ("_values",)
-
     def __init__(self, **values: Any) -> None:
-        self._values = values
+        # (in the instance's __dict__: a field given is read as any attribute is, at C
+        # speed; only another field comes to __getattr__. A transition reads ~50 of them)
+        self.__dict__.update(values)
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise Unpredicted(name) from None
+        raise Unpredicted(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a predicted row is read-only ({name})")
 
 
 def _predicted_run(seen: tuple[Any, dict[str, Any]]) -> _Predicted:
