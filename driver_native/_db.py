@@ -735,10 +735,12 @@ def cursors(conn: Connection, n: int) -> list[Any]:
     every statement (making and closing them per statement cost more client CPU than most
     statements' own work: bench/README.md, 2026-12-01 late). Each caller reads all its
     results before it returns, so no two calls share a cursor's result."""
-    raw: Any = conn.connection.driver_connection
-    held = conn.info.get(_CURSORS)
+    pooled = conn.connection  # (``conn.info`` is its info: one property walk, not three)
+    raw: Any = pooled.driver_connection
+    info = pooled.info
+    held = info.get(_CURSORS)
     if held is None or held[0] is not raw:
-        held = conn.info[_CURSORS] = (raw, [])
+        held = info[_CURSORS] = (raw, [])
     have: list[Any] = held[1]
     while len(have) < n:
         have.append(raw.cursor())

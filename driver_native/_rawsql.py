@@ -189,8 +189,10 @@ def _run(conn: Connection, prep: _Prepared, args: Any, *, later: bool, many: boo
     sql = prep.sql
     cursor: Any = None
     try:
-        if conn._has_events or conn.engine._has_events:
-            for fn in conn.dispatch.before_cursor_execute:
+        if (conn._has_events or conn.engine._has_events) and (
+            listeners := conn.dispatch.before_cursor_execute  # (an engine's other events)
+        ):
+            for fn in listeners:
                 sql, args = fn(conn, None, sql, args, None, many)
         cursor = cursors(conn, 1)[0]
         if not send_raw(conn, cursor, sql, args, later=later, many=many):
@@ -215,8 +217,10 @@ def execute_together(
         held = cursors(conn, len(calls))
         for prep, (_, params), cursor in zip(preps, calls, held, strict=True):
             sql, args = prep.sql, prep.params(params)
-            if conn._has_events or conn.engine._has_events:
-                for fn in conn.dispatch.before_cursor_execute:
+            if (conn._has_events or conn.engine._has_events) and (
+                listeners := conn.dispatch.before_cursor_execute
+            ):
+                for fn in listeners:
                     sql, args = fn(conn, None, sql, args, None, False)
             sent.append((cursor, sql, args))
         out = []
