@@ -156,7 +156,7 @@ from ._history_events import run_events
 from ._journal import read_run_journals
 from ._outage import use_runtime
 from ._paging import PagedRuns, list_page, listed, superseded
-from ._query import runs_query
+from ._query import recent_continues, runs_query, wanted_statuses
 from ._run_end import RunEnds, WorkerExterns
 from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_QUERY, SIGNAL_STATUS_UPDATE
@@ -808,19 +808,26 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if limit == 0:
             return []
         query = runs_query(
-            self._scope(), statuses or None, workflow_id=workflow_id, id_prefix=id_prefix
+            self._scope(),
+            statuses or None,
+            workflow_id=workflow_id,
+            id_prefix=id_prefix,
+            continued_after=recent_continues(),
         )
+        wanted = wanted_statuses(statuses or None)
         out: list[RunInfo] = []
+        shown: set[str] = set()  # (a run's two executions may come on two pages)
         reads = self._reads()
         token: bytes | None = None
         while len(out) < limit:
             executions, token = await list_page(
                 self._conn, query, page_size=limit, token=token, **reads
             )
-            old = await superseded(self._conn, executions, **reads)
+            old = await superseded(self._conn, executions, wanted, **reads)
             for ex in executions:
-                memo = {} if ex.run_id in old else await ex.memo()
+                memo = {} if ex.run_id in old or ex.id in shown else await ex.memo()
                 if "wfe_run" in memo:
+                    shown.add(ex.id)
                     out.append(await self._info_from_memo(memo, ex.status, values=outputs))
                 if len(out) >= limit:
                     break

@@ -7,12 +7,12 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from temporalio.api.workflowservice.v1 import ListWorkflowExecutionsRequest
-from temporalio.client import WorkflowExecution
+from temporalio.client import WorkflowExecution, WorkflowExecutionStatus
 
 from engine_port import EngineSettings, RunInfo, RunStatus, is_spill_ref
 from engine_port.driver import check_list_call, check_page_call, check_run_call
@@ -20,10 +20,11 @@ from engine_port.errors import InvalidInputError
 
 from . import _rpc
 from ._helpers import _quote
-from ._query import runs_query
+from ._query import recent_continues, runs_query, wanted_statuses
+from ._search import SA_STATUS
 
 if TYPE_CHECKING:
-    from temporalio.client import Client, WorkflowExecutionStatus
+    from temporalio.client import Client
 
 __all__ = ["PagedRuns", "list_page", "listed", "superseded"]
 
@@ -83,18 +84,27 @@ async def listed(
 async def superseded(
     conn: Client,
     executions: Sequence[WorkflowExecution],
+    wanted: Collection[str],
     *,
     deadline_s: float,
     address: str | None,
 ) -> set[str]:
     """The Temporal run ids among ``executions`` that are not their run's latest execution: a
-    redrive starts a new execution under the run's id, and visibility keeps the closed one
-    with the status it ended in, so a listing would show the run twice (and under a status
-    it no longer has). One visibility query for the closed ones' ids (a running execution is
-    always its run's latest)."""
-    closed = [ex for ex in executions if ex.close_time is not None]
+    redrive or a continue-as-new starts a new execution under the run's id, and visibility
+    keeps the closed one with the status it ended in, so a listing would show the run twice
+    (and under a status it no longer has). Of two executions of one run listed together the
+    older is dropped (visibility may list one that continued as new still running beside its
+    new one, for a moment); one visibility query for the closed ones' ids. ``wanted``: the
+    statuses listed."""
+    newest: dict[str, WorkflowExecution] = {}
+    for ex in executions:
+        seen = newest.get(ex.id)
+        if seen is None or ex.start_time > seen.start_time:
+            newest[ex.id] = ex
+    older = {ex.run_id for ex in executions if newest[ex.id].run_id != ex.run_id}
+    closed = [ex for ex in executions if ex.close_time is not None and ex.run_id not in older]
     if not closed:
-        return set()
+        return older
     ids = ", ".join(f"'{_quote(i)}'" for i in sorted({ex.id for ex in closed}))
     latest: dict[str, WorkflowExecution] = {}
     query = f"WorkflowId IN ({ids})"
@@ -102,7 +112,23 @@ async def superseded(
         seen = latest.get(ex.id)
         if seen is None or ex.start_time > seen.start_time:
             latest[ex.id] = ex
-    return {ex.run_id for ex in closed if ex.id in latest and latest[ex.id].run_id != ex.run_id}
+    in_page = {ex.run_id for ex in executions}
+    gone: set[str] = set()
+    for ex in closed:
+        last = latest.get(ex.id)
+        if last is None or last.run_id == ex.run_id:
+            continue
+        if (
+            ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+            and last.status == WorkflowExecutionStatus.RUNNING
+            and last.run_id not in in_page
+            and last.typed_search_attributes.get(SA_STATUS) in wanted
+        ):
+            # its new execution is of the statuses listed, yet the listing, an instant
+            # before this query, did not show it: the run is listed by this one
+            continue
+        gone.add(ex.run_id)
+    return older | gone
 
 
 def _digest(query: str, token: bytes) -> str:
@@ -183,29 +209,33 @@ class PagedRuns:
         created_after = check_page_call(after, version, created_after, idempotency_key)
         if limit == 0:
             return [], None
+        filters: dict[str, Any] = {
+            "workflow_id": workflow_id,
+            "id_prefix": id_prefix,
+            "version": version,
+            "created_after": created_after,
+            "idempotency_key": idempotency_key,
+        }
+        # (the cursor names the listing by its filters: its query lists the executions that
+        # continued as new lately too, since a moment that differs from page to page)
+        listing = runs_query(self._scope(), statuses or None, **filters)
         query = runs_query(
-            self._scope(),
-            statuses or None,
-            workflow_id=workflow_id,
-            id_prefix=id_prefix,
-            version=version,
-            created_after=created_after,
-            idempotency_key=idempotency_key,
+            self._scope(), statuses or None, continued_after=recent_continues(), **filters
         )
-        token = _token(after, query) if after is not None else None
+        token = _token(after, listing) if after is not None else None
         reads = self._reads()
         executions, next_token = await list_page(
             self._conn, query, page_size=limit, token=token, **reads
         )
         page: list[RunInfo] = []
-        old = await superseded(self._conn, executions, **reads)
+        old = await superseded(self._conn, executions, wanted_statuses(statuses or None), **reads)
         for ex in executions:
             if ex.run_id in old:
                 continue
             memo = await ex.memo()
             if "wfe_run" in memo:
                 page.append(await self._info_from_memo(memo, ex.status, values=outputs))
-        return page, _cursor(next_token, query)
+        return page, _cursor(next_token, listing)
 
     @_rpc.surfaced("get_run_lazy")
     async def get_run_lazy(self, run_id: str) -> tuple[RunInfo, dict[str, int]]:

@@ -7,6 +7,7 @@ and at the default (it never continues), and compares them."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -394,3 +395,44 @@ async def test_purge_after_continue_as_new(make_engine: EngineFactory, blob_dir:
         assert await engine.list_runs(id_prefix=run.id) == []
         for prefix in run_blob_prefixes(run.id):
             assert await store.list(prefix) == [], prefix
+
+
+async def test_listed_once_through_its_continues(make_engine: EngineFactory) -> None:
+    """list_runs shows a run that continues as new once at every moment, its continues
+    included: never twice (the execution it continued from and the new one), never not at
+    all (the one it continued from closed, the new one not listed yet)."""
+    calls = Calls()
+    wf = ops_workflow(calls, last="signal", broken={"b": False})
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink, options={"continue_as_new_events": LOW})
+    seen: list[list[str]] = []
+    async with engine:
+        run = await engine.start(wf, {"n": 1})
+
+        async def listed() -> bool:
+            return [r.id for r in await engine.list_runs(id_prefix=run.id)] == [run.id]
+
+        await until("the run to be listed", listed)
+        stop = asyncio.Event()
+
+        async def watch() -> None:
+            while not stop.is_set():
+                seen.append([r.id for r in await engine.list_runs(id_prefix=run.id)])
+                page, _ = await engine.list_runs_page(id_prefix=run.id)
+                seen.append([r.id for r in page])
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            async with engine.worker():
+                await _drive(engine, sink, run)
+                await _continued_in_last_wait(engine, sink, run.id)
+                await engine.signal(run.id, "end", {"v": 1})
+                done = await engine.wait(run.id, timeout=60)
+        finally:
+            stop.set()
+            await watcher
+    assert done.status == RunStatus.COMPLETED
+    assert len(seen) > 20
+    wrong = [(i, ids) for i, ids in enumerate(seen) if ids != [run.id]]
+    assert not wrong, (len(seen), wrong)
