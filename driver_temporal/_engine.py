@@ -823,7 +823,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             executions, token = await list_page(
                 self._conn, query, page_size=limit, token=token, **reads
             )
-            old = await superseded(self._conn, executions, wanted, **reads)
+            # (a run shown on an earlier page is not shown again: ``shown``)
+            old = await superseded(self._conn, executions, wanted, first=True, **reads)
             for ex in executions:
                 memo = {} if ex.run_id in old or ex.id in shown else await ex.memo()
                 if "wfe_run" in memo:

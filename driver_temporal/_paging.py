@@ -86,6 +86,7 @@ async def superseded(
     executions: Sequence[WorkflowExecution],
     wanted: Collection[str],
     *,
+    first: bool,
     deadline_s: float,
     address: str | None,
 ) -> set[str]:
@@ -95,7 +96,9 @@ async def superseded(
     (and under a status it no longer has). Of two executions of one run listed together the
     older is dropped (visibility may list one that continued as new still running beside its
     new one, for a moment); one visibility query for the closed ones' ids. ``wanted``: the
-    statuses listed."""
+    statuses listed; ``first``: no earlier page of the listing showed the run (visibility
+    lists running executions before closed ones: a running successor of the statuses listed
+    that a later page's query finds was on an earlier page)."""
     newest: dict[str, WorkflowExecution] = {}
     for ex in executions:
         seen = newest.get(ex.id)
@@ -119,7 +122,8 @@ async def superseded(
         if last is None or last.run_id == ex.run_id:
             continue
         if (
-            ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+            first
+            and ex.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
             and last.status == WorkflowExecutionStatus.RUNNING
             and last.run_id not in in_page
             and last.typed_search_attributes.get(SA_STATUS) in wanted
@@ -228,7 +232,8 @@ class PagedRuns:
             self._conn, query, page_size=limit, token=token, **reads
         )
         page: list[RunInfo] = []
-        old = await superseded(self._conn, executions, wanted_statuses(statuses or None), **reads)
+        wanted = wanted_statuses(statuses or None)
+        old = await superseded(self._conn, executions, wanted, first=after is None, **reads)
         for ex in executions:
             if ex.run_id in old:
                 continue

@@ -436,3 +436,39 @@ async def test_listed_once_through_its_continues(make_engine: EngineFactory) -> 
     assert len(seen) > 20
     wrong = [(i, ids) for i, ids in enumerate(seen) if ids != [run.id]]
     assert not wrong, (len(seen), wrong)
+
+
+async def test_pages_show_runs_that_continued_once(make_engine: EngineFactory) -> None:
+    """list_runs_page, a run a page: two runs that just continued as new (several times) are
+    each shown once, however the executions they continued from fall on later pages."""
+    calls = Calls()
+    wf = ops_workflow(calls, last="signal", broken={"b": False})
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink, options={"continue_as_new_events": LOW})
+    async with engine:
+        runs = [await engine.start(wf, {"n": 1}) for _ in range(2)]
+        async with engine.worker():
+            for run in runs:
+                await _drive(engine, sink, run)
+                await _continued_in_last_wait(engine, sink, run.id)
+            want = sorted(r.id for r in runs)
+
+            async def paged(status: RunStatus | None) -> list[str]:
+                ids: list[str] = []
+                cursor: str | None = None
+                while True:
+                    page, cursor = await engine.list_runs_page(
+                        workflow_id=wf.id, status=status, limit=1, after=cursor
+                    )
+                    ids += [r.id for r in page]
+                    if cursor is None:
+                        return ids
+
+            async def both_listed() -> bool:
+                return sorted(await paged(RunStatus.SUSPENDED)) == want
+
+            await until("both runs listed as suspended", both_listed, timeout=20)
+            for status in (RunStatus.SUSPENDED, None):
+                assert sorted(await paged(status)) == want, status
+            listed = await engine.list_runs(workflow_id=wf.id, status=RunStatus.SUSPENDED)
+            assert sorted(r.id for r in listed) == want
