@@ -254,6 +254,13 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         continue_as_new_events: int = CONTINUE_AS_NEW_EVENTS,
     ) -> None:
         super().__init__(registry)
+        if isinstance(continue_as_new_events, bool) or not (
+            isinstance(continue_as_new_events, int) and continue_as_new_events >= 0
+        ):
+            raise ConfigurationError(
+                f"continue_as_new_events={continue_as_new_events!r}: give a number of history "
+                f"events (the default is {CONTINUE_AS_NEW_EVENTS}), or 0 for never"
+            )
         self.settings = settings
         self.event_sink = event_sink
         self.blob_store = (

@@ -254,6 +254,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._waits: set[str] = set()
         self._cancel_seen = False
         self._continue_after: int | None = None
+        # waits that ended in this execution: one that continued from another continues
+        # again only after one did (else, at a threshold its fresh history already holds,
+        # it would go on in a new execution at every first safe point, once a second)
+        self._waits_ended = 0
         meta = workflow.memo_value(START_MEMO, None)
         if not (isinstance(meta, dict) and meta.get("names") == NAMES_MARK):
             self._serve_old_names()  # a run started before the wfe.internal.* names
@@ -370,10 +374,13 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
     def _may_continue(self) -> bool:
         """Whether the run goes on in a new execution now (runs started with
         ``StartDocument.continue_after``): its history holds that many events, or Temporal
-        suggests continuing, and it is at a safe point (``_at_safe_point``)."""
+        suggests continuing, and it is at a safe point (``_at_safe_point``); an execution that
+        continued from another only once one of its waits ended."""
         limit = self._continue_after
         if limit is None or not self._ready:
             return False
+        if self._start.continued and not self._waits_ended:
+            return False  # (no progress since the last continue: see ``_waits_ended``)
         info = workflow.info()
         if info.get_current_history_length() < limit and not info.is_continue_as_new_suggested():
             return False
@@ -843,6 +850,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             await self._wait_on(sid, res, until)
         finally:
             self._waits.discard(sid)
+        self._waits_ended += 1
 
     async def _wait_on(self, sid: str, res: dict[str, Any], until: Any) -> None:
         if res["reason"] == "signal" and not self._holder_rule:

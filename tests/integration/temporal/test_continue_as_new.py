@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from conformance._trace import normalise
 from driver_temporal import TemporalEngine
 from engine_port import MemorySink, Registry, RunInfo, RunStatus, StageContext, Workflow
+from engine_port.errors import ConfigurationError
 
 from .conftest import EngineFactory
 
@@ -300,3 +301,42 @@ async def test_sleep_across_continue_as_new(make_engine: EngineFactory) -> None:
         handle = engine._conn.get_workflow_handle(run.id, run_id=first.run_id)
         close = (await handle.fetch_history()).events[-1]
         assert close.HasField("workflow_execution_continued_as_new_event_attributes"), close
+
+
+async def test_a_continued_execution_continues_again_only_after_progress(
+    make_engine: EngineFactory,
+) -> None:
+    """At a threshold a fresh execution already holds (1 event), a run waiting on a signal
+    continued as new at every first safe point of each new execution, about once a second
+    (Temporal's minimum interval), for as long as it waited. It continues once, then waits;
+    a signal is progress: it may continue again after it."""
+    calls = Calls()
+    wf = Workflow(f"can-tiny-{time.monotonic_ns()}", input=In, version="v1")
+
+    @wf.stage(signals=["go"])
+    async def s(ctx: StageContext[In]) -> int:
+        calls.hit("s")
+        got = await ctx.step.wait_for_signal("go", timeout=600)
+        return int(got["v"])
+
+    engine = make_engine(Registry([wf]), options={"continue_as_new_events": 1})
+    async with engine:
+        run = await engine.start(wf, {"n": 1})
+        async with engine.worker():
+            assert await continued(engine, run.id) == 2
+            # (a bounded look: before, a third execution came within about a second)
+            quiet_until = time.monotonic() + 4.0
+            while time.monotonic() < quiet_until:
+                assert len(await executions(engine, run.id)) == 2
+                await asyncio.sleep(0.2)
+            assert (await engine.get_run(run.id)).stages[0].waiting_for == "signal:go"
+            await engine.signal(run.id, "go", {"v": 7})
+            info = await engine.wait(run.id, timeout=60)
+    assert info.status == RunStatus.COMPLETED and info.output == 7
+    assert calls.counts == {"s": 2}  # (the first attempt, then the one the signal resumed)
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2.5, "100"])
+async def test_an_unusable_threshold_is_refused(make_engine: EngineFactory, bad: Any) -> None:
+    with pytest.raises(ConfigurationError, match="continue_as_new_events"):
+        make_engine(Registry([signal_workflow(Calls())]), options={"continue_as_new_events": bad})
