@@ -111,7 +111,7 @@ class TimingContract:
         @wf.stage(retry=ONCE)
         async def p(ctx: StageContext[Num]) -> Any:
             try:
-                await ctx.step.wait_for("ready", lambda: None, interval=3600, timeout=0.3)
+                await ctx.step.wait_for("ready", lambda: None, interval=3600, timeout=2.0)
             except StepTimeoutError as exc:
                 return str(exc)
             return "met"

@@ -77,11 +77,12 @@ async def test_worker_dying_mid_stage_keeps_attempt_and_started_event(
 
 
 async def test_heartbeats_keep_a_long_stage_leased(make_engine: MakeEngine) -> None:
-    # (a lease of 1.2 s, a heartbeat every 0.4 s: 0.8 s of slack for a loop or a database
-    # slowed by a busy machine; 0.5 s left 0.33 s, and CI's load once ate it)
-    engine = await make_engine(w.held, lease_seconds=1.2)
+    # (a lease of 2 s, a heartbeat every 0.5 s: 1.5 s of slack for a loop or a database
+    # slowed by a busy machine; 0.5 s left 0.33 s and 1.2 s left 0.8 s, and CI's load (two
+    # test processes beside a CPU hog) ate both)
+    engine = await make_engine(w.held, lease_seconds=2.0)
     w.BLOCK["slow_for"] = True
-    run = await engine.start("it-held", {"n": 40})  # the stage runs 4 s > 3 leases
+    run = await engine.start("it-held", {"n": 40})  # the stage runs 4 s: 2 leases
     reaped = 0
     expiries: set[float] = set()
 
