@@ -36,7 +36,7 @@ MAX_SINK_ERROR = 1000
 
 def event_id(run_id: str, *parts: object) -> str:
     """A deterministic event id: a re-execution after a crash re-emits the same id."""
-    raw = "\x1f".join([run_id, *(str(p) for p in parts)])
+    raw = "\x1f".join([run_id, *map(str, parts)])
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 

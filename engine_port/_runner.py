@@ -472,7 +472,8 @@ class StageRunner:
         slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
         slog(logging.INFO, "stage resumed" if req.resumed else "stage started")
         began = time.monotonic()
-        with span("wfe.stage", _span_attrs(req), parent=req.trace_context, stage=True) as sp:
+        attrs = functools.partial(_span_attrs, req)  # (made only when a span is recorded)
+        with span("wfe.stage", attrs, parent=req.trace_context, stage=True) as sp:
             try:
                 outcome = await self._guarded(
                     req, stage, ledger, slog, lambda ctx, g: self._attempt(req, stage, ctx, g)
@@ -609,7 +610,7 @@ class StageRunner:
             return Completed(None)
         slog = StageLog(req.run_id, req.workflow.id, stage.id, req.attempt)
         slog(logging.INFO, "compensation started")
-        attrs = _span_attrs(req)
+        attrs = functools.partial(_span_attrs, req)  # (made only when a span is recorded)
         with span("wfe.compensation", attrs, parent=req.trace_context, stage=True) as sp:
             try:
                 outcome = await self._guarded(

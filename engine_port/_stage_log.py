@@ -15,6 +15,12 @@ STAGE_LOGGER = "wfe.stage"
 USER_LOGGER = "wfe.stage.user"
 
 
+# (fetched once: logging.getLogger takes the logging module's lock on every call, and a
+# stage attempt made two of them)
+_STAGE_LOG = logging.getLogger(STAGE_LOGGER)
+_USER_LOG = logging.getLogger(USER_LOGGER)
+
+
 def stage_fields(run_id: str, workflow: str, stage: str, attempt: int) -> dict[str, Any]:
     return {
         "wfe_run_id": run_id,
@@ -58,10 +64,10 @@ class StageLog:
 
     def __init__(self, run_id: str, workflow: str, stage: str, attempt: int) -> None:
         self.fields = stage_fields(run_id, workflow, stage, attempt)
-        self.logger = logging.getLogger(STAGE_LOGGER)
+        self.logger = _STAGE_LOG
 
     def user_logger(self) -> StageLoggerAdapter:
-        return StageLoggerAdapter(logging.getLogger(USER_LOGGER), dict(self.fields))
+        return StageLoggerAdapter(_USER_LOG, dict(self.fields))
 
     def __call__(self, level: int, what: str, *args: Any, **extra: Any) -> None:
         if not self.logger.isEnabledFor(level):

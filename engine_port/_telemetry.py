@@ -117,18 +117,22 @@ class SpanHandle:
 @contextlib.contextmanager
 def span(
     name: str,
-    attrs: Mapping[str, AttrValue],
+    attrs: Mapping[str, AttrValue] | Callable[[], Mapping[str, AttrValue]],
     *,
     parent: str | None = None,
     stage: bool = False,
 ) -> Iterator[SpanHandle]:
-    """Open span ``name`` as the current span. ``parent``: a W3C ``traceparent`` to be the
-    child of (a run's stored one) instead of the current span. ``stage``: its step spans
-    get its attributes."""
+    """Open span ``name`` as the current span. ``attrs``: its attributes, or a function
+    that makes them (called only when a span is recorded: most hosts set no tracer provider,
+    and a stage attempt's attributes cost more than the check). ``parent``: a W3C
+    ``traceparent`` to be the child of (a run's stored one) instead of the current span.
+    ``stage``: its step spans get its attributes."""
     otel = _otel()
     if otel is None or not _recording(otel[0]):
         yield SpanHandle()
         return
+    if callable(attrs):
+        attrs = attrs()
     trace, propagator, _context = otel
     ctx = None if parent is None else propagator.extract({"traceparent": parent})
     tracer = trace.get_tracer(TRACER_NAME)
@@ -170,6 +174,10 @@ def start_spans(workflow: str, version: str | None) -> Iterator[tuple[SpanHandle
     """``wfe.start`` and its child ``wfe.run`` around a driver's ``start()``: store
     :func:`current_traceparent` (the run span's) with the run; set ``wfe.run_id`` on both
     once it is known (:func:`set_run_id`)."""
+    otel = _otel()
+    if otel is None or not _recording(otel[0]):  # (asked once for both spans)
+        yield SpanHandle(), SpanHandle()
+        return
     attrs = attributes(None, workflow, version)
     with span("wfe.start", attrs) as start, span("wfe.run", attrs) as run:
         yield start, run
