@@ -70,6 +70,18 @@ class LoopConnection(psycopg.Connection[Any]):
                 self.pgconn.finish()
             raise
 
+    def commit(self) -> None:
+        # Inside Database.tx the COMMIT goes out with the deferred writes (``_db._commit``):
+        # the commit SQLAlchemy makes next finds the connection idle. psycopg finds that under
+        # its lock, with its commit generator run through wait(); the same checks, without.
+        if (
+            self.pgconn.transaction_status == TransactionStatus.IDLE
+            and not self._num_transactions
+            and self._tpc is None
+        ):
+            return
+        super().commit()
+
 
 def _wait(gen: Any, fileno: int, block: float, timeout: float | None) -> Any:
     """Run psycopg's generator ``gen`` to its end: each time it would block, poll the socket
