@@ -206,6 +206,31 @@ async def _no_exit(body: Awaitable[Any]) -> Any:
         raise StageExitError(exc) from None
 
 
+async def _handing(body: Awaitable[Any], handed: asyncio.Future[Any]) -> Any:
+    """``_no_exit(body)``, whose result or error is also set on ``handed`` (unless its
+    waiter is gone: cancelled) from this task's own step, as ``asyncio.shield``'s done
+    callbacks would a turn of the loop later."""
+    try:
+        result = await _no_exit(body)
+    except asyncio.CancelledError:
+        if not handed.done():
+            handed.cancel()
+        raise
+    except BaseException as exc:
+        if not handed.done():
+            handed.set_exception(exc)
+        raise
+    if not handed.done():
+        handed.set_result(result)
+    return result
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a finished task's error retrieved (asyncio logs one never retrieved)."""
+    if task.done() and not task.cancelled():
+        task.exception()
+
+
 def _no_exit_sync(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` in a sync body's thread, as :func:`_no_exit` for a coroutine."""
     try:
@@ -447,21 +472,31 @@ class StageRunner:
         """Await ``body`` in a task of its own. Once cancelled, the body gets
         ``cancel_grace`` seconds to stop; a body that ignores cancellation longer is left
         behind (it cannot be killed) and the cancellation goes on, so no body holds the
-        engine. A body that catches the cancellation and returns in time has returned."""
-        task: asyncio.Future[Any] = asyncio.ensure_future(_no_exit(body))
+        engine. A body that catches the cancellation and returns in time has returned.
+
+        As ``await asyncio.shield(task)``, but the task hands its end to the caller itself
+        (:func:`_handing`): shield's two done callbacks were two more callbacks of the loop
+        per attempt, and a turn of the loop more before the caller resumed."""
+        loop = asyncio.get_running_loop()
+        handed: asyncio.Future[Any] = loop.create_future()
+        task: asyncio.Future[Any] = loop.create_task(_handing(body, handed))
         try:
-            return await asyncio.shield(task)
+            return await handed
         except asyncio.CancelledError:
             task.cancel()
             done, _ = await asyncio.wait({task}, timeout=self.cancel_grace)
             if task in done:
                 return task.result()  # the body's own CancelledError, or what it returned
+            task.add_done_callback(_retrieve)  # (its late error is nobody's, as with shield)
             log.warning(
                 "stage %r ignored cancellation for %gs and was left running; let "
                 "asyncio.CancelledError propagate from stage bodies",
                 stage.id,
                 self.cancel_grace,
             )
+            raise
+        except BaseException:
+            _retrieve(task)  # (the caller has its error: the task's is not "never retrieved")
             raise
 
     async def run(self, req: StageRequest, ledger: StepLedger) -> Outcome:
