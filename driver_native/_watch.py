@@ -52,6 +52,8 @@ class RunWatch:
         self._watched: set[Watched] = set()
         self._changed = asyncio.Event()  # (made anew with each task: the caller's loop)
         self._task: asyncio.Task[None] | None = None
+        # when the task, waiting, looks again by itself (a watch due later needs no wake-up)
+        self._wakes_at = 0.0
 
     def watch(self, run_id: str, event: asyncio.Event, *, every: float | None = None) -> Watched:
         """Look at ``run_id`` from now on until :meth:`unwatch` (``every``: a fixed period
@@ -63,7 +65,10 @@ class RunWatch:
         if self._task is None or self._task.done():
             self._changed = asyncio.Event()
             self._task = asyncio.create_task(self._run(), name="wfe-run-watch")
-        self._changed.set()
+        elif entry.due < self._wakes_at:
+            # (else the waiting task looks again before it is due: a wait() per run of a
+            # local worker, due in _LOCAL_POLL_S, woke the task, and it slept again, per run)
+            self._changed.set()
         return entry
 
     def unwatch(self, entry: Watched) -> None:
@@ -85,10 +90,13 @@ class RunWatch:
             if not self._watched:
                 return
             self._changed.clear()
-            pause = min(e.due for e in self._watched) - time.monotonic()
+            now = time.monotonic()
+            pause = max(min(e.due for e in self._watched) - now, self.tick)
+            self._wakes_at = now + pause
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(pause, self.tick)):
+                async with asyncio.timeout(pause):
                     await self._changed.wait()
+            self._wakes_at = 0.0  # (looking: a watch added meanwhile is seen after the look)
 
     async def _look(self, due: Collection[Watched]) -> None:
         try:
