@@ -486,6 +486,12 @@ class Kernel:
     def served(self) -> frozenset[str]:
         return frozenset(version_key(w, v) for w, v in self.registry.served())
 
+    def serves(self, wfv: str) -> bool:
+        """``wfv in self.served()`` without making that set of every registered version (per
+        start, it grew with the registry). A workflow id holds no ``@``."""
+        workflow_id, at, version = wfv.partition("@")
+        return bool(at) and self.registry.has(workflow_id, version)
+
     # -- run commands ----------------------------------------------------------------------
     async def _create_run(self, cmd: CreateRun) -> tuple[str, bool]:
         wf = self.registry.get(cmd.workflow_id, cmd.version)

@@ -516,8 +516,7 @@ class WorkerHost:
         return 0 if self._stopping else max(0, self.concurrency - len(self._active))
 
     def serves(self, wfv: str) -> bool:
-        served = self.served if self.served is not None else self.kernel.served()
-        return wfv in served
+        return wfv in self.served if self.served is not None else self.kernel.serves(wfv)
 
     def adopt(self, handed: list[tuple[Any, Any]]) -> bool:
         """Run stages handed to this worker by a transaction made elsewhere in this process
