@@ -108,6 +108,9 @@ _LOCAL_PATCH = "wfe-local-stages"
 _SHARED_TAKES_PATCH = "wfe-shared-signal-takes"
 # the deliveries (what became of a signal, by delivery id) a continued execution carries
 _DELIVERIES_KEPT = 500
+# Temporal's ContinueAsNewMinInterval (its default): the first task of an execution that
+# continued from one younger than this runs only about this long after the continue
+_CONTINUE_MIN_INTERVAL = timedelta(seconds=1)
 
 
 def workflow_runner() -> WorkflowRunner:
@@ -384,7 +387,23 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         info = workflow.info()
         if info.get_current_history_length() < limit and not info.is_continue_as_new_suggested():
             return False
-        return self._at_safe_point()
+        return self._at_safe_point() and not self._due_before_next()
+
+    def _due_before_next(self) -> bool:
+        """Whether a timer of the run (its deadline, the wake time of a wait) is due before a
+        new execution could run: Temporal runs the first task of one continued from an
+        execution younger than ``_CONTINUE_MIN_INTERVAL`` about that long after the continue,
+        and the timer would fire that late (up to a second after it does in the run that
+        never continued). The run continues once it fired, if it may then."""
+        now = workflow.now()
+        if now >= workflow.info().start_time + _CONTINUE_MIN_INTERVAL:
+            return False
+        ready = now + _CONTINUE_MIN_INTERVAL
+        due = [self._stages[sid].wake_at for sid in self._waits]
+        if self._graph.timeout_s:
+            due.append(self._deadline)
+        times = [parse_time(at) for at in due]
+        return any(at is not None and at < ready for at in times)
 
     def _at_safe_point(self) -> bool:
         """Nothing of the run is in flight but waits: no stage activity (attempt,

@@ -43,6 +43,7 @@ WAIT_S = 6.0  # the signal wait's timeout
 NAP_S = 3.0  # a sleep before the last continue: a restarted deadline would be NAP_S late
 SIGNALS = 3
 LATE_S = 2.0  # how late a timer may fire on this busy host
+YOUNG_S = 1.0  # a run timeout due before a run continued within a second could go on
 
 T = TypeVar("T")
 
@@ -451,3 +452,71 @@ async def test_imported_run_deadline_after_continue_as_new(
     assert last.total_seconds() >= NAP_S - 0.5, got["executions"]
     for key in ("trace", "steps", "native"):
         assert got[key] == ref[key], key
+
+
+def young_workflow(calls: Calls, *, wait_s: float | None) -> Workflow[In]:
+    """a (compensated), then b waits for a signal never sent; within a run timeout of
+    YOUNG_S (``wait_s`` None) or a wait timeout of ``wait_s``: a timer due within about a
+    second of the run's start, while a continue-as-new could not start its new execution."""
+    timeout = timedelta(seconds=YOUNG_S) if wait_s is None else None
+    wf = Workflow(f"can-young-{_ns()}", input=In, version="v1", timeout=timeout)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> str:
+        calls.hit("a")
+        return "A"
+
+    @a.compensation
+    async def undo_a(ctx: StageContext[In], out: str) -> None:
+        calls.hit(f"undo-a:{out}")
+
+    @wf.stage(after=[a], signals=["go"])
+    async def b(ctx: StageContext[In]) -> str:
+        try:
+            await ctx.step.wait_for_signal("go", timeout=wait_s)
+        except StepTimeoutError:
+            return "late"
+        return "got"
+
+    return wf
+
+
+@pytest.mark.parametrize("timer", ["run", "wait"])
+async def test_a_timer_due_before_a_new_execution_could_run_fires_on_time(
+    make_engine: EngineFactory, timer: str
+) -> None:
+    """Temporal runs the first task of an execution that continued from one younger than a
+    second (its ContinueAsNewMinInterval) about a second after the continue: a run deadline
+    or a wait timeout due meanwhile fired that late (1-1.5 s after the same run's that
+    never continued, which the last assertion caught). An execution that young does not
+    continue while such a timer is due before the new one could run: the timer fires on
+    time, and the run ends as the one that never continued."""
+
+    def factory(calls: Calls) -> Workflow[In]:
+        return young_workflow(calls, wait_s=None if timer == "run" else 0.6)
+
+    async def drive(engine: TemporalEngine, run: RunInfo) -> RunInfo:
+        return await engine.wait(run.id, timeout=60)
+
+    async def one(options: dict[str, Any]) -> tuple[RunInfo, list[list[Any]], Calls]:
+        calls = Calls()
+        wf = factory(calls)
+        engine = make_engine(Registry([wf]), task_queue=f"young-{_ns()}", options=dict(options))
+        async with engine:
+            run = await engine.start(wf, {"n": 1})
+            async with engine.worker():
+                info = await drive(engine, run)
+            return info, _trace(await engine.events(run.id), wf), calls
+
+    (ref, ref_trace, ref_calls), (got, trace, calls) = await _both(one({}), one(ONCE))
+    assert (got.status, got.output, got.error and got.error.type) == (
+        ref.status,
+        ref.output,
+        ref.error and ref.error.type,
+    )
+    assert trace == ref_trace and calls.counts == ref_calls.counts
+    took: list[float] = []
+    for info in (ref, got):
+        assert info.created_at is not None and info.finished_at is not None
+        took.append((info.finished_at - info.created_at).total_seconds())
+    assert took[1] - took[0] < 0.7, took
