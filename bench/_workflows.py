@@ -75,7 +75,22 @@ def _long() -> Workflow[BenchIn]:
 
 
 def _signal() -> Workflow[BenchIn]:
+    """A stage that starts on ``go`` and returns its payload: what a temporalio user writes
+    as ``wait_condition`` then an activity given the payload (``_temporal_raw``)."""
     wf = Workflow("bench-signal", input=BenchIn)
+
+    @wf.stage(after_signal="go")
+    async def wait(ctx: StageContext[BenchIn]) -> Any:
+        return await ctx.step.wait_for_signal("go")
+
+    return wf
+
+
+def _signal_in_body() -> Workflow[BenchIn]:
+    """The same wait inside the stage body (``python -m bench.tools.temporal_history
+    --signal-body``): on Temporal the stage's activity runs until the wait, then again
+    once the signal came."""
+    wf = Workflow("bench-signal-body", input=BenchIn)
 
     @wf.stage
     async def wait(ctx: StageContext[BenchIn]) -> Any:
@@ -95,5 +110,6 @@ def registry() -> Registry:
             _fanout(5),
             _long(),
             _signal(),
+            _signal_in_body(),
         ]
     )

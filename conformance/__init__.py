@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ._parallel import ParallelFailureContract
     from ._parallel_signals import ParallelSignalContract
     from ._saga import CancelContract, CompensationContract, RedriveContract
-    from ._signals import SignalContract, TimeoutContract
+    from ._signals import SignalContract, SignalGateContract, TimeoutContract
     from ._sink import EventSinkContract
     from ._timing import TimingContract
     from ._trace import check_golden, normalise, run_summary
@@ -72,6 +72,7 @@ __all__ = [
     "RunViewContract",
     "SettingsHarness",
     "SignalContract",
+    "SignalGateContract",
     "SleepContract",
     "TimeoutContract",
     "TimingContract",
@@ -111,6 +112,7 @@ _MODULES = {
     "RunViewContract": "_views",
     "SettingsHarness": "_harness",
     "SignalContract": "_signals",
+    "SignalGateContract": "_signals",
     "SleepContract": "_flow",
     "TimeoutContract": "_signals",
     "TimingContract": "_timing",

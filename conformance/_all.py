@@ -13,7 +13,7 @@ from ._misbehaving import MisbehavingBodyContract
 from ._parallel import ParallelFailureContract
 from ._parallel_signals import ParallelSignalContract
 from ._saga import CancelContract, CompensationContract, RedriveContract
-from ._signals import SignalContract, TimeoutContract
+from ._signals import SignalContract, SignalGateContract, TimeoutContract
 from ._sink import EventSinkContract
 from ._timing import TimingContract
 from ._views import RunViewContract
@@ -34,6 +34,7 @@ class AllContracts(
     ParallelSignalContract,
     RedriveContract,
     SignalContract,
+    SignalGateContract,
     TimeoutContract,
     IdempotencyContract,
     VersionContract,

@@ -25,7 +25,7 @@ from ._harness import CONTRACT_MARKS, ExecutionLog, Harness, eventually, unique_
 from ._models import Num
 from ._trace import check_golden, normalise
 
-__all__ = ["SignalContract", "TimeoutContract"]
+__all__ = ["SignalContract", "SignalGateContract", "TimeoutContract"]
 
 
 def waiter(
@@ -475,6 +475,120 @@ class SignalContract:
             info = await engine.wait(run.id, timeout=60)
         assert info.output == {"ready": True}
         assert log.count("check") == 3
+
+
+def gated(log: ExecutionLog, retry: Retry | None = None, fail_once: bool = False) -> Workflow[Num]:
+    """``first`` waits for ``a``, then ``b`` starts on ``go`` (``after_signal``)."""
+    wf = Workflow(unique_id("gate"), input=Num)
+
+    @wf.stage(signals=["a"])
+    async def first(ctx: StageContext[Num]) -> Any:
+        return await ctx.step.wait_for_signal("a")
+
+    @wf.stage(after=[first], after_signal="go", retry=retry or Retry(max_attempts=1))
+    async def b(ctx: StageContext[Num]) -> dict[str, Any]:
+        log.hit("b")
+        payload = await ctx.step.wait_for_signal("go")
+        if fail_once and log.counts()["b"] == 1:
+            raise RuntimeError("after the gate")
+        return {"got": payload, "first": ctx.outputs["first"]}
+
+    return wf
+
+
+async def _steps(engine: Any, run_id: str) -> list[tuple[str, str, bool]]:
+    return sorted((s.stage, s.name, s.completed) for s in await engine.steps(run_id))
+
+
+async def _gate_reached(sink: MemorySink, run_id: str) -> list[Any]:
+    """The run's events once stage ``b`` suspended on its gate."""
+
+    def reached() -> list[Any] | None:
+        events = sink.for_run(run_id)
+        waits = [e for e in events if e.type == "stage.suspended" and e.stage == "b"]
+        return events if waits else None
+
+    events: list[Any] = await eventually(reached, what="stage b suspended on signal go")
+    return events
+
+
+class SignalGateContract:
+    """A stage declared ``after_signal="go"`` waits for the signal before its body runs, as a
+    body that begins with that wait, and journals it as the body's first wait."""
+
+    pytestmark = CONTRACT_MARKS
+
+    async def test_gate_waits_before_the_body(self, harness: Harness, tmp_path: Path) -> None:
+        log = ExecutionLog(tmp_path / "log")
+        wf = gated(log)
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await engine.signal(run.id, "a", 1)
+            events = await _gate_reached(sink, run.id)
+            assert events[-1].data["waiting_for"] == "signal:go"
+            current = await engine.get_run(run.id)
+            assert current.status == RunStatus.SUSPENDED
+            assert current.stage("b").waiting_for == "signal:go"
+            assert log.counts().get("b", 0) == 0  # no attempt ran before the signal
+            assert await _steps(engine, run.id) == [("first", "a", True)]  # nothing journaled
+            sent = await engine.signal(run.id, "go", {"ok": True})
+            assert (sent.delivered, sent.already_completed) == (True, False)
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.completed")
+            assert await _steps(engine, run.id) == [("b", "go", True), ("first", "a", True)]
+        assert info.output == {"got": {"ok": True}, "first": 1}
+        assert log.counts() == {"b": 1}
+        assert normalise(events, wf.graph()) == [
+            ["run.created"],
+            ["run.started"],
+            ["stage.started", "first", 1],
+            ["stage.completed", "first", 1],  # (its signal was there when it waited)
+            ["stage.started", "b", 1],
+            ["stage.suspended", "b", "signal", "signal:go"],
+            ["stage.completed", "b", 1],
+            ["run.completed"],
+        ]
+
+    async def test_gate_signal_already_there(self, harness: Harness, tmp_path: Path) -> None:
+        """A signal sent before the stage was ready is taken at its start: no suspension."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = gated(log)
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await wait_for_events(sink, run.id, "stage.suspended")
+            await engine.signal(run.id, "go", "early")
+            await engine.signal(run.id, "a", 2)
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.completed")
+        assert info.output == {"got": "early", "first": 2}
+        assert log.counts() == {"b": 1}
+        trace = normalise(events, wf.graph())
+        assert ["stage.suspended", "b", "signal", "signal:go"] not in trace
+        assert trace[-3:] == [
+            ["stage.started", "b", 1],
+            ["stage.completed", "b", 1],
+            ["run.completed"],
+        ]
+
+    async def test_gate_retry_keeps_the_signal(self, harness: Harness, tmp_path: Path) -> None:
+        """The signal the gate took is journaled: a retry of the stage starts at once with
+        the same payload, it does not wait for another signal."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = gated(log, retry=Retry(max_attempts=2, initial_interval=timedelta(0)), fail_once=True)
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await engine.signal(run.id, "a", 3)
+            await _gate_reached(sink, run.id)
+            await engine.signal(run.id, "go", "once")
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.completed")
+        assert info.output == {"got": "once", "first": 3}
+        assert log.counts() == {"b": 2}
+        trace = normalise(events, wf.graph())
+        assert trace.count(["stage.suspended", "b", "signal", "signal:go"]) == 1
 
 
 class TimeoutContract:

@@ -724,7 +724,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                     attempt = next_attempt if fresh else st.attempt
                     self._begin_stage(sid, attempt, fresh)
                     known = dict(st.steps)
-                    res = await self._call(sid, attempt, compensation=False, new=new_attempt)
+                    res = self._gated(sid) if new_attempt else None
+                    if res is None:
+                        res = await self._call(sid, attempt, compensation=False, new=new_attempt)
             else:  # it ran already, in the local chain of a stage before it (``_chain``)
                 attempt, res, ahead = 1, self._ran_ahead(sid, ahead), None
             if self._stop_reason is not None and not (
@@ -760,6 +762,22 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             await self._stage_failed(sid, attempt, res)  # raises _StageFailed when final
             next_attempt = attempt + 1
             fresh = new_attempt = True
+
+    def _gated(self, sid: str) -> dict[str, Any] | None:
+        """The try of a new attempt of a stage that starts on a signal (``after_signal``)
+        when no such signal is there: the attempt suspends on it in the workflow, as its
+        body's gate would (``Steps._gate``: no step journaled), and no activity runs until
+        the signal came (one activity per attempt, as a hand-written ``wait_condition``
+        before an activity); None: the try runs as an activity."""
+        name = self._graph.stage(sid).after_signal
+        if name is None or name in self._stages[sid].steps or self._signal_ready(name):
+            return None
+        return {
+            "kind": "suspended",
+            "reason": "signal",
+            "waiting_for": f"signal:{name}",
+            "until": None,
+        }
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """Held by a stage attempt from its start until its try returns: at most
@@ -1002,8 +1020,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         for group in groups[at + 1 :]:
             nid = group[0]
             st = self._stages[nid]
-            if len(group) != 1 or not self._graph.stage(nid).local:
-                break
+            spec = self._graph.stage(nid)
+            if len(group) != 1 or not spec.local or spec.after_signal is not None:
+                break  # (a stage that starts on a signal waits in the workflow: _run_stage)
             if st.status != "pending" or st.attempt or nid in self._ahead:
                 break
             before = self._ancestors(nid)

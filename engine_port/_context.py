@@ -294,6 +294,19 @@ class Steps:
             raise _signal_timeout(name, rec)
         raise Suspend("signal", rec.deadline, f"signal:{name}")
 
+    async def _gate(self, name: str) -> None:
+        """The wait of a stage declared ``after_signal=name``, before its body runs: the
+        oldest buffered ``name`` signal is journaled as the step ``name`` (the body's first
+        ``wait_for_signal(name)`` returns it at once); with none buffered the attempt
+        suspends without journaling anything (a gate has no timeout to keep), so a driver
+        may wait for the signal without running the attempt at all (the Temporal driver
+        waits in the workflow: no activity until the signal is there)."""
+        rec = await self._ledger.get(name)
+        if rec is None or not rec.completed:
+            pending = StepRecord(name=name, kind="signal", completed=False, signal=name)
+            if await self._ledger.consume_signal(pending) is None:
+                raise Suspend("signal", None, f"signal:{name}")
+
     def wait_for(
         self,
         name: str,

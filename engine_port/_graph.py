@@ -165,6 +165,8 @@ class StageSpec(BaseModel):
     local: bool = False
     output_schema: dict[str, Any]
     signals: list[str] = []  # the signal names the stage waits for, when declared
+    # the signal the stage starts on (``@wf.stage(after_signal=...)``), one of ``signals``
+    after_signal: str | None = None
 
     @model_serializer(mode="wrap")
     def _drop_undeclared(
@@ -175,6 +177,8 @@ class StageSpec(BaseModel):
         data: dict[str, Any] = handler(self)
         if not self.signals:
             data.pop("signals", None)
+        if self.after_signal is None:
+            data.pop("after_signal", None)
         return data
 
 
@@ -263,6 +267,7 @@ class Stage:
     workflow_id: str
     compensation_fn: Handler | None = None
     signals: tuple[str, ...] = ()
+    after_signal: str | None = None
     _owner: Workflow[Any] | None = field(default=None, repr=False)
 
     @property
@@ -444,6 +449,7 @@ class Workflow(Generic[InT]):
         timeout: timedelta | None = None,
         local: bool = False,
         signals: Iterable[str] = (),
+        after_signal: str | None = None,
     ) -> Stage: ...
 
     @overload
@@ -457,6 +463,7 @@ class Workflow(Generic[InT]):
         timeout: timedelta | None = None,
         local: bool = False,
         signals: Iterable[str] = (),
+        after_signal: str | None = None,
     ) -> Callable[[Handler], Stage]: ...
 
     def stage(
@@ -469,16 +476,32 @@ class Workflow(Generic[InT]):
         timeout: timedelta | None = None,
         local: bool = False,
         signals: Iterable[str] = (),
+        after_signal: str | None = None,
     ) -> Any:
         """Decorator declaring a stage; returns a :class:`Stage`.
 
         ``signals`` names the signals the stage waits for (``ctx.step.wait_for_signal``).
         Once any stage of a workflow declares its signals, ``engine.signal`` refuses a name
         no stage of the run's version declares (UnknownSignalError); a workflow that declares
-        none accepts every name."""
+        none accepts every name.
+
+        ``after_signal`` names a signal the stage starts on: once its upstream stages
+        completed, the stage waits (suspended, ``waiting_for`` ``signal:<name>``) until a
+        ``name`` signal is there, then runs its body, whose first
+        ``ctx.step.wait_for_signal(name)`` returns that signal's payload at once. The same as
+        a body that begins with that wait, but no attempt runs before the signal: on the
+        Temporal driver the workflow itself waits (a hand-written ``wait_condition``), no
+        activity. The name counts as declared in ``signals``. Such a wait has no timeout
+        (the run's ``timeout=`` still applies); wait in the body for one with a timeout."""
         if isinstance(signals, str):
             signals = [signals]
         names = tuple(check_signal_name(n, error=definition_error) for n in signals)
+        if after_signal is not None:
+            if not isinstance(after_signal, str):
+                raise DefinitionError(
+                    f"after_signal= takes one signal name (a string), not {after_signal!r:.80}"
+                )
+            names = (*names, check_signal_name(after_signal, error=definition_error))
 
         if isinstance(after, Stage | str):  # one dependency given without a list
             after = [after]
@@ -511,6 +534,7 @@ class Workflow(Generic[InT]):
                 output_type=out,
                 workflow_id=self.id,
                 signals=tuple(sorted(set(names))),
+                after_signal=after_signal,
                 _owner=self,
             )
             self._stages[stage_id] = stage
@@ -625,6 +649,7 @@ class Workflow(Generic[InT]):
                 local=s.local,
                 output_schema=_schema_of(s.output_type, f"stage {s.id!r}"),
                 signals=list(s.signals),
+                after_signal=s.after_signal,
             )
             for s in sorted(self._stages.values(), key=lambda s: s.id)
         ]

@@ -557,6 +557,8 @@ class StageRunner:
         timeout = self.timeout_of(stage)
         try:
             async with asyncio.timeout(timeout) as scope:
+                if stage.after_signal is not None:
+                    await ctx.step._gate(stage.after_signal)
                 result = await self._invoke(req, stage, stage.fn, ctx)
         except Suspend as s:
             return Suspended(s.reason, s.until, s.waiting_for)

@@ -1,10 +1,12 @@
-"""``python -m bench.tools.temporal_history [--local | --signal]``: run the bench's 3-stage
-workflow on the Temporal driver (own dev server, in-process worker), print the p50 latency and
-the event history of the last run with milliseconds since it started (workflow task and activity
-timings), then the history size against the same workflow written by hand
+"""``python -m bench.tools.temporal_history [--local | --signal | --signal-body]``: run the
+bench's 3-stage workflow on the Temporal driver (own dev server, in-process worker), print the
+p50 latency and the event history of the last run with milliseconds since it started (workflow
+task and activity timings), then the history size against the same workflow written by hand
 (``bench/_temporal_raw.py``): issue 13's goal is at most 1.5x the hand-written event count.
-``--signal``: the signal round trip instead (``bench-signal``: a stage waits for ``go`` and
-returns it, against ``bench_signal``, which waits in the workflow and hands it to an activity).
+``--signal``: the signal round trip instead (``bench-signal``: a stage that starts on ``go``
+and returns it, against ``bench_signal``, which waits in the workflow and hands it to an
+activity); ``--signal-body``: the same with the wait inside the stage body
+(``bench-signal-body``, the shape of ``bench-signal`` until 2026-12-06).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from .. import _temporal_raw as raw
 from ._temporal_engine import driver_engine
 
 
-async def _signalled(engine: Any) -> Any:
+async def _signalled(engine: Any, wf: str = "bench-signal") -> Any:
     """A bench-signal run, from its start to its end: parked, then signalled ``go``."""
-    run = await engine.start("bench-signal", {})
+    run = await engine.start(wf, {})
     deadline = time.monotonic() + 30
     while (await engine.get_run(run.id)).status != RunStatus.SUSPENDED:
         if time.monotonic() > deadline:
@@ -47,14 +49,14 @@ async def _hand_signalled(client: Any) -> Any:
     return handle
 
 
-async def main(local: bool, runs: int, signal: bool = False) -> None:
+async def main(local: bool, runs: int, signal: str | None = None) -> None:
     wf = "bench-seq3-local" if local else "bench-seq3"
     async with driver_engine() as (engine, server):
         times = []
         for _ in range(runs):
             t0 = time.perf_counter()
             if signal:
-                run = await _signalled(engine)
+                run = await _signalled(engine, signal)
             else:
                 run = await engine.start(wf, {})
                 await engine.wait(run.id, timeout=60)
@@ -82,7 +84,19 @@ async def main(local: bool, runs: int, signal: bool = False) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--local", action="store_true", help="the local=True stages variant")
-    ap.add_argument("--signal", action="store_true", help="the signal round trip instead")
+    ap.add_argument(
+        "--signal",
+        action="store_const",
+        const="bench-signal",
+        help="the signal round trip instead (a stage that starts on the signal)",
+    )
+    ap.add_argument(
+        "--signal-body",
+        dest="signal",
+        action="store_const",
+        const="bench-signal-body",
+        help="the signal round trip, the wait inside the stage body",
+    )
     ap.add_argument("--runs", type=int, default=30)
     args = ap.parse_args()
     asyncio.run(main(args.local, args.runs, args.signal))

@@ -575,8 +575,18 @@ def test_declared_signals_are_part_of_the_graph_and_undeclared_ones_leave_it_as_
     assert declared.version != plain.version
     again = GraphModel.model_validate_json(declared.graph().canonical_json())
     assert again == declared.graph()
+    assert "after_signal" not in declared.graph().canonical_json()
     with pytest.raises(DefinitionError, match="signal name"):
         build([""])
+    gated = Workflow("sig-graph", input=In)
+
+    @gated.stage(after_signal="go")
+    async def a(ctx: StageContext[In]) -> int:
+        return 1
+
+    assert gated.version not in (plain.version, build(["go"]).version)
+    again = GraphModel.model_validate_json(gated.graph().canonical_json())
+    assert again == gated.graph() and again.stage("a").after_signal == "go"
 
 
 def test_check_signal_known() -> None:

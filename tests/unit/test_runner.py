@@ -977,3 +977,45 @@ async def test_a_workflow_that_declares_no_signals_waits_for_any_name(h: Harness
         return await ctx.step.wait_for_signal("anything")
 
     assert suspended(await h.run("p")).waiting_for == "signal:anything"
+
+
+async def test_a_stage_after_a_signal_suspends_before_its_body_and_journals_nothing(
+    h: Harness,
+) -> None:
+    @h.wf.stage(after_signal="go")
+    async def p(ctx: StageContext[In]) -> Any:
+        h.count("body")
+        first = await ctx.step.wait_for_signal("go")
+        again = await ctx.step.wait_for_signal("go")  # the body's second wait is its own
+        return [first, again]
+
+    assert suspended(await h.run("p")).waiting_for == "signal:go"
+    assert h.counts["body"] == 0 and h.ledger.written == []
+    h.ledger.signals["go"] = [{"n": 1}]
+    assert suspended(await h.run("p")).waiting_for == "signal:go"  # the body's own wait
+    assert h.counts["body"] == 1
+    assert [(r.name, r.completed) for r in h.ledger.written] == [("go", True), ("go#2", False)]
+    h.ledger.signals["go"] = [{"n": 2}]
+    assert completed(await h.run("p", attempt=2)).output == [{"n": 1}, {"n": 2}]
+    assert h.ledger.consumed == ["go", "go"]
+
+
+def test_after_signal_declares_the_signal() -> None:
+    from engine_port._signal_names import check_signal_known
+    from engine_port.errors import DefinitionError, UnknownSignalError
+
+    wf = Workflow("gate-decl", input=In)
+
+    @wf.stage(signals=["other"], after_signal="go")
+    async def p(ctx: StageContext[In]) -> int:
+        return 1
+
+    g = wf.graph()
+    assert g.stage("p").signals == ["go", "other"] and g.stage("p").after_signal == "go"
+    check_signal_known(g, "r1", "go")
+    with pytest.raises(UnknownSignalError):
+        check_signal_known(g, "r1", "og")
+    with pytest.raises(DefinitionError, match="after_signal= takes one signal name"):
+        wf.stage(after_signal=["go"])  # type: ignore[arg-type]
+    with pytest.raises(DefinitionError, match="signal name"):
+        wf.stage(after_signal="")
