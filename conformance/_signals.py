@@ -477,21 +477,28 @@ class SignalContract:
         assert log.count("check") == 3
 
 
-def gated(log: ExecutionLog, retry: Retry | None = None, fail_once: bool = False) -> Workflow[Num]:
-    """``first`` waits for ``a``, then ``b`` starts on ``go`` (``after_signal``)."""
+def gated(
+    log: ExecutionLog, retry: Retry | None = None, fail_once: bool = False, local: bool = False
+) -> Workflow[Num]:
+    """``first`` waits for ``a``, then ``b`` starts on ``go`` (``after_signal``), then ``c``
+    (``local``: ``b`` and ``c`` are ``local=True``)."""
     wf = Workflow(unique_id("gate"), input=Num)
 
     @wf.stage(signals=["a"])
     async def first(ctx: StageContext[Num]) -> Any:
         return await ctx.step.wait_for_signal("a")
 
-    @wf.stage(after=[first], after_signal="go", retry=retry or Retry(max_attempts=1))
+    @wf.stage(after=[first], after_signal="go", retry=retry or Retry(max_attempts=1), local=local)
     async def b(ctx: StageContext[Num]) -> dict[str, Any]:
         log.hit("b")
         payload = await ctx.step.wait_for_signal("go")
         if fail_once and log.counts()["b"] == 1:
             raise RuntimeError("after the gate")
         return {"got": payload, "first": ctx.outputs["first"]}
+
+    @wf.stage(after=[b], local=local)
+    async def c(ctx: StageContext[Num]) -> Any:
+        return ctx.outputs["b"]
 
     return wf
 
@@ -518,9 +525,12 @@ class SignalGateContract:
 
     pytestmark = CONTRACT_MARKS
 
-    async def test_gate_waits_before_the_body(self, harness: Harness, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("local", [False, True], ids=["activity", "local"])
+    async def test_gate_waits_before_the_body(
+        self, harness: Harness, tmp_path: Path, local: bool
+    ) -> None:
         log = ExecutionLog(tmp_path / "log")
-        wf = gated(log)
+        wf = gated(log, local=local)
         sink = MemorySink()
         async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
             run = await engine.start(wf.id, {})
@@ -547,6 +557,8 @@ class SignalGateContract:
             ["stage.started", "b", 1],
             ["stage.suspended", "b", "signal", "signal:go"],
             ["stage.completed", "b", 1],
+            ["stage.started", "c", 1],
+            ["stage.completed", "c", 1],
             ["run.completed"],
         ]
 
@@ -566,10 +578,10 @@ class SignalGateContract:
         assert log.counts() == {"b": 1}
         trace = normalise(events, wf.graph())
         assert ["stage.suspended", "b", "signal", "signal:go"] not in trace
-        assert trace[-3:] == [
+        assert trace[-5:-2] == [
             ["stage.started", "b", 1],
             ["stage.completed", "b", 1],
-            ["run.completed"],
+            ["stage.started", "c", 1],
         ]
 
     async def test_gate_retry_keeps_the_signal(self, harness: Harness, tmp_path: Path) -> None:
