@@ -48,7 +48,8 @@ def _workflow(log: ExecutionLog, kind: str) -> Workflow[Num]:
         ctx.emit("a.done", {"n": ctx.input.n})
         return "a"
 
-    @wf.stage(after=[a])
+    # ("gate": b starts on the signal go, its step and wait run once it is there)
+    @wf.stage(after=[a], after_signal="go" if kind == "gate" else None)
     async def b(ctx: StageContext[Num]) -> Any:
         log.hit("b")
 
@@ -61,7 +62,7 @@ def _workflow(log: ExecutionLog, kind: str) -> Workflow[Num]:
         if kind == "sleep":
             await ctx.step.sleep("nap", timedelta(milliseconds=1500))
             return "slept"
-        if kind == "signal":
+        if kind in ("signal", "gate"):
             return await ctx.step.wait_for_signal("go")
         if kind == "queue":  # several signals of one name queue while b waits for "hold"
             first = await ctx.step.wait_for_signal("first")
@@ -199,12 +200,17 @@ class MigrationContract:
         assert trace[:5] + trace[6:] == EXPECTED
         assert trace[5] == ["stage.suspended", "b", "sleep", "sleep:nap"]
 
+    @pytest.mark.parametrize("kind", ["signal", "gate"], ids=["in-body", "after_signal"])
     @pytest.mark.parametrize("signal_first", [False, True], ids=["signal-after", "signal-before"])
     async def test_move_while_waiting_for_signal(
-        self, migration_pair: tuple[Harness, Harness], tmp_path: Path, signal_first: bool
+        self,
+        migration_pair: tuple[Harness, Harness],
+        tmp_path: Path,
+        signal_first: bool,
+        kind: str,
     ) -> None:
         log = ExecutionLog(tmp_path / "log")
-        wf = _workflow(log, "signal")
+        wf = _workflow(log, kind)
         sink = MemorySink()
         async with _pair(migration_pair, Registry([wf]), sink) as (source, target):
             async with source.worker():
@@ -226,6 +232,8 @@ class MigrationContract:
         assert info.output == [{"moved": True}, "c"]
         counts = log.counts()
         assert (counts["a"], counts["c"], counts["d"], counts["x"]) == (1, 1, 1, 1)
+        if kind == "gate":
+            assert counts["b"] == 1  # (no attempt before the signal, on either side)
         _assert_migrated_once(events)
         trace = normalise(events, wf.graph())
         assert [t for t in trace if t[0] != "stage.suspended"] == EXPECTED
