@@ -4,8 +4,9 @@ A case is a DAG of stages, each with a script: durable steps, sleeps, signal wai
 business events, then an outcome per attempt; plus outside actions (cancel when a stage is
 suspended on a signal nobody sends, redrive after a failure). Every case is deterministic on
 every driver: the stages of one parallel group run their scripts one after the other in
-``Case.order`` (each body first waits, in the test process, until every sibling has started and
-its predecessor in that order is settled: completed, or suspended on a signal never sent), so
+``Case.order`` (each body first waits, in the test process, until every sibling has started, a
+sibling gated ``after`` a signal is suspended on it, and its predecessor in that order is
+settled: completed, or suspended on a signal never sent), so
 completion order, compensation order and what a failure or a cancel finds are all fixed.
 """
 
@@ -96,6 +97,15 @@ class StageCase:
     # signal: a local stage runs inside its run's workflow task on Temporal, where a signal
     # sent meanwhile only arrives after it; consecutive ones run as one local activity)
     local: bool = False
+    # ``@wf.stage(after_signal=gate_signal)``: the stage waits for that signal before its body
+    # runs (the body then begins with ``wait_for_signal(gate_signal)``, which returns it at
+    # once). ``after``: the test sends it once the stage's ``stage.suspended`` on it reached
+    # the sink and its predecessor in ``Case.order`` settled (where its body's barrier would
+    # let it go on: a gate is passed before the barrier, so a stage blocked behind a sibling
+    # that ended the run stays suspended on it and ends cancelled); ``before``: sent right
+    # after start, buffered, passed without a suspension (only in later groups, as a
+    # ``Wait``). Never on a ``local`` stage (local stages wait for no signal, see above).
+    gate: Literal["after", "before"] | None = None
 
     def outcome(self, attempt: int) -> Outcome:
         return self.outcomes[attempt - 1] if attempt <= len(self.outcomes) else "ok"
@@ -103,6 +113,10 @@ class StageCase:
     @property
     def hold_signal(self) -> str:
         return f"hold_{self.id}"
+
+    @property
+    def gate_signal(self) -> str:
+        return f"gate_{self.id}"
 
 
 @dataclass(frozen=True)
@@ -239,6 +253,10 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         max_attempts = draw(st.integers(1, 3))
         local = alone and draw(st.booleans())
         ops = draw(_ops(sid, root, waits=not local))
+        # a gate on one stage in six of the first group (``after``), two in seven of a later
+        # one (``after`` or ``before``)
+        gates: list[str | None] = [None] * 5 + ["after"] + ([] if root else ["before"])
+        gate = None if local else draw(st.sampled_from(gates))
         return StageCase(
             id=sid,
             after=after,
@@ -253,6 +271,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
             hold=not local and draw(st.sampled_from([False, False, False, True])),
             value=draw(value_json),
             local=local,
+            gate=gate,
         )
 
     @st.composite

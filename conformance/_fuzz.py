@@ -119,39 +119,59 @@ class _Runtime:
                 raise AssertionError(f"barrier timed out: {what}")
             await asyncio.sleep(_POLL)
 
-    async def barrier(self, run_id: str, sid: str) -> None:
-        """Every sibling started, and the previous sibling in ``case.order`` settled (in the
-        first group also: every ``before`` signal sent)."""
-        groups = groups_of(self.case)
-        group = next(g for g in groups if sid in g)
-        if group is groups[0]:
-            before = {
-                op.name
-                for s in self.case.stages
-                for op in s.ops
-                if isinstance(op, Wait) and op.mode == "before"
-            }
-            await self._until(lambda: before <= self.sent, "before signals sent")
-        await self._until(
-            lambda: all(self.sink.has(run_id, "stage.started", x) for x in group if x != sid),
-            f"siblings of {sid} started",
+    def _arrived(self, run_id: str, s: StageCase) -> bool:
+        """``s`` started, and if it is gated ``after`` a signal, suspended on its gate (a gate
+        waits before the body's barrier: whether a stage blocked behind a sibling that ends the
+        run got there must not depend on timing)."""
+        if not self.sink.has(run_id, "stage.started", s.id):
+            return False
+        return s.gate != "after" or self.sink.has(
+            run_id, "stage.suspended", s.id, waiting_for=f"signal:{s.gate_signal}"
         )
+
+    def may_go_on(self, run_id: str, sid: str) -> bool:
+        """The previous sibling of ``sid`` in ``case.order`` settled (or none): completed, or
+        suspended on a hold nobody ends (not the cancel target: that one stops the group)."""
+        group = next(g for g in groups_of(self.case) if sid in g)
         order = [x for x in self.case.run_order() if x in group]
         i = order.index(sid)
         if i == 0:
-            return
+            return True
         prev = self.case.stage(order[i - 1])
-
-        def settled() -> bool:
-            return self.sink.has(run_id, "stage.completed", prev.id) or (
-                prev.hold
-                and prev.id != self.case.cancel  # the cancel target stops the group instead
-                and self.sink.has(
-                    run_id, "stage.suspended", prev.id, waiting_for=f"signal:{prev.hold_signal}"
-                )
+        return self.sink.has(run_id, "stage.completed", prev.id) or (
+            prev.hold
+            and prev.id != self.case.cancel
+            and self.sink.has(
+                run_id, "stage.suspended", prev.id, waiting_for=f"signal:{prev.hold_signal}"
             )
+        )
 
-        await self._until(settled, f"{prev.id} settled before {sid}")
+    async def barrier(self, run_id: str, sid: str) -> None:
+        """Every sibling started (a gated one: suspended on its gate), and the previous
+        sibling in ``case.order`` settled (in the first group also: every ``before`` signal
+        sent)."""
+        groups = groups_of(self.case)
+        group = next(g for g in groups if sid in g)
+        if group is groups[0]:
+            before = {op.name for op in early_waits(self.case) if op.mode == "before"}
+            await self._until(lambda: before <= self.sent, "before signals sent")
+        siblings = [self.case.stage(x) for x in group if x != sid]
+        await self._until(
+            lambda: all(self._arrived(run_id, x) for x in siblings),
+            f"siblings of {sid} started",
+        )
+        await self._until(lambda: self.may_go_on(run_id, sid), f"{sid}'s predecessor settled")
+
+
+def early_waits(case: Case) -> list[Wait]:
+    """The signals the runner sends right after the start: each ``before`` and ``during``
+    wait's, and each ``before`` gate's (as a ``Wait`` of its name)."""
+    out: list[Wait] = []
+    for s in case.stages:
+        if s.gate == "before":
+            out.append(Wait(s.gate_signal, "before"))
+        out.extend(op for op in s.ops if isinstance(op, Wait) and op.mode in ("before", "during"))
+    return out
 
 
 def _build(case: Case, rt: _Runtime) -> Workflow[Num]:
@@ -162,6 +182,11 @@ def _build(case: Case, rt: _Runtime) -> Workflow[Num]:
             id=s.id,
             after=[built[d] for d in s.after],
             local=s.local,
+            after_signal=s.gate_signal if s.gate is not None else None,
+            # (a gate declares its signal, and once one stage declares, the run refuses a name
+            # none declares: every stage declares the signals it waits for)
+            signals=[op.name for op in s.ops if isinstance(op, Wait)]
+            + ([s.hold_signal] if s.hold else []),
             retry=Retry(
                 max_attempts=s.max_attempts,
                 initial_interval=timedelta(milliseconds=s.interval_ms),
@@ -197,11 +222,25 @@ async def _emit(ctx: StageContext[Num], op: Emit) -> None:
         stage()
 
 
+async def _wait(ctx: StageContext[Num], op: Wait, rt: _Runtime) -> Any:
+    if op.mode == "during":
+        await rt._until(lambda: op.name in rt.sent, f"{op.name} sent")
+    timeout = timedelta(milliseconds=op.ms) if op.mode == "timeout" else None
+    try:
+        return await ctx.step.wait_for_signal(op.name, timeout=timeout)
+    except StepTimeoutError:
+        if not op.catch:
+            raise
+        return None
+
+
 def _body(s: StageCase, rt: _Runtime) -> Any:
     async def body(ctx: StageContext[Num]) -> dict[str, Any]:
         await rt.barrier(ctx.run_id, s.id)
         rt.log.hit(f"body:{s.id}")
         got: list[Any] = []
+        if s.gate is not None:  # the gate journaled it: returns at once
+            got.append(await ctx.step.wait_for_signal(s.gate_signal))
         for op in s.ops:
             if isinstance(op, RunStep):
                 got.append(await ctx.step.run(op.name, _step_fn(s, op, rt)))
@@ -210,15 +249,7 @@ def _body(s: StageCase, rt: _Runtime) -> Any:
             elif isinstance(op, Emit):
                 await _emit(ctx, op)
             elif isinstance(op, Wait):
-                if op.mode == "during":
-                    await rt._until(lambda name=op.name: name in rt.sent, f"{op.name} sent")
-                timeout = timedelta(milliseconds=op.ms) if op.mode == "timeout" else None
-                try:
-                    got.append(await ctx.step.wait_for_signal(op.name, timeout=timeout))
-                except StepTimeoutError:
-                    if not op.catch:
-                        raise
-                    got.append(None)
+                got.append(await _wait(ctx, op, rt))
         if s.hold:
             await ctx.step.wait_for_signal(s.hold_signal)
         outcome = "ok" if rt.redriven == s.id else s.outcome(ctx.attempt)
@@ -303,8 +334,9 @@ async def _drive(
     run = await _start(engine, wf, rt)
     waits = [(s, op) for s in case.stages for op in s.ops if isinstance(op, Wait)]
     signals = _Signals(engine, run.id)
-    await signals.early(case, rt, [op for _, op in waits])
+    await signals.early(case, rt, early_waits(case))
     pending = {op.name: s.id for s, op in waits if op.mode == "after"}
+    gates = {s.gate_signal: s.id for s in case.stages if s.gate == "after"}
     cancelled = False
     terminals = 2 if exp.redrive else 1
     while True:
@@ -314,6 +346,12 @@ async def _drive(
         for name, sid in list(pending.items()):
             if sink.has(run.id, "stage.suspended", sid, waiting_for=f"signal:{name}"):
                 del pending[name]
+                await signals.send(name, key=name)
+        for name, sid in list(gates.items()):  # once its body's barrier would let it go on
+            if sink.has(
+                run.id, "stage.suspended", sid, waiting_for=f"signal:{name}"
+            ) and rt.may_go_on(run.id, sid):
+                del gates[name]
                 await signals.send(name, key=name)
         if case.cancel and not cancelled:
             target = case.stage(case.cancel)

@@ -7,12 +7,18 @@ compensation errors), the run output, the normalised trace exactly as
 by stage, see ``canonical``), execution counts (``body:<stage>`` per invocation of a body,
 ``step:<stage>.<step>`` per run of a step body, ``comp:<stage>`` per run of a compensation)
 and the order compensations ran in.
+
+A stage gated ``after_signal`` (``StageCase.gate``) waits as a body that begins with that wait
+and no timeout, except that its body is not invoked before the signal (no ``body:`` count for
+the suspension) and the gate journals nothing while it waits; a retry or a redrive of the stage
+finds the signal journaled and passes at once.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +89,9 @@ class Expected:
     failed_stage: str | None = None
     # what each ``engine.signal`` call returned, by signal name: [delivered, already_completed]
     signals: dict[str, list[list[bool]]] = field(default_factory=dict)
+    # the ``after`` gates the runner sends (the stage got past its gate; a stage blocked behind
+    # the sibling that ended the run stays suspended on its gate, its signal never sent)
+    gates_sent: list[str] = field(default_factory=list)
 
     def observation(self) -> dict[str, Any]:
         return {
@@ -140,6 +149,7 @@ class _Sim:
         self.completed: list[str] = []  # completion order
         self.business: list[list[Any]] = []
         self.status: dict[str, str] = {s.id: "skipped" for s in case.stages}
+        self.gates_sent: list[str] = []
 
     def hit(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -148,9 +158,18 @@ class _Sim:
         """One invocation of the body (a replay from the top). Returns (kind, detail):
         suspend -> (reason, waiting_for); fail -> (error type, retryable); done -> output;
         hold."""
-        self.hit(f"body:{s.id}")
         led = self.ledger[s.id]
         got: list[Any] = []
+        if s.gate is not None:
+            name = s.gate_signal
+            if led.get(name) is None and s.gate == "after":
+                led[name] = "gated"  # (model only: the gate journals nothing while it waits)
+                return "suspend", ("signal", f"signal:{name}")
+            if led.get(name) == "gated":
+                self.gates_sent.append(name)
+            led[name] = "done"  # the body's first wait returns it at once
+            got.append(signal_payload(name))
+        self.hit(f"body:{s.id}")
         emits: list[list[Any]] = []
         for op in s.ops:
             if isinstance(op, Emit):
@@ -233,7 +252,10 @@ class _Sim:
             for sid in [x for x in order if x in group]:
                 s = self.case.stage(sid)
                 if end is not None:  # blocked behind the stage that ended the run
-                    runs[sid] = _StageRun([["stage.started", sid, 1]], "blocked")
+                    events = [["stage.started", sid, 1]]
+                    if s.gate == "after":  # its gate waited at once, for a signal never sent
+                        events.append(["stage.suspended", sid, "signal", f"signal:{s.gate_signal}"])
+                    runs[sid] = _StageRun(events, "blocked")
                     stopped.append(sid)
                     continue
                 r = self.run_stage(s, redriven=sid == redriven)
@@ -293,21 +315,29 @@ def _comp_order(sim: _Sim) -> list[str]:
 def expect(case: Case) -> Expected:
     """What every driver must observe for ``case``."""
     exp = _expect(case)
-    exp.signals = signal_answers(case, exp.trace)
+    exp.signals = signal_answers(case, exp.trace, exp.gates_sent)
     return exp
 
 
-def signal_answers(case: Case, trace: list[list[Any]]) -> dict[str, list[list[bool]]]:
+def signal_answers(
+    case: Case, trace: list[list[Any]], gates_sent: Sequence[str] = ()
+) -> dict[str, list[list[bool]]]:
     """What ``engine.signal`` answers ([delivered, already_completed]) for the signals the
     runner sends with a result fixed by the contract (DESIGN §5): a ``before`` signal, sent
     before any stage of its later group can run, is buffered, and its repeat with the same
     idempotency key is not queued again (``already_completed``); an ``after`` signal, sent
     once its stage is suspended on the wait (only if the trace has that suspension), is
-    delivered. (``during`` signals race with the body: not compared.)"""
+    delivered. A gate's signal (``StageCase.gate``) is answered as a wait's of its mode, an
+    ``after`` one only when it is sent (``gates_sent``). (``during`` signals race with the
+    body: not compared.)"""
     suspended = {e[3] for e in trace if e[0] == "stage.suspended"}
     answers: dict[str, list[list[bool]]] = {}
     repeat = [[False, False], [False, True]] if repeats_before_signals(case) else [[False, False]]
     for s in case.stages:
+        if s.gate == "before":
+            answers[s.gate_signal] = repeat
+        elif s.gate == "after" and s.gate_signal in gates_sent:
+            answers[s.gate_signal] = [[True, False]]
         for op in s.ops:
             if not isinstance(op, Wait):
                 continue
@@ -369,6 +399,7 @@ def _expect(case: Case) -> Expected:
         held_when_failed=held_when_failed,
         stopped=sorted(stopped),
         failed_stage=where if end == "failed" else None,
+        gates_sent=sim.gates_sent,
     )
 
 
@@ -420,6 +451,7 @@ def _expect_redriven(
             compensations=comps,
             redrive=True,
             failed_stage=where,
+            gates_sent=trial.gates_sent,
         )
     if t_end != "completed":
         return None
@@ -436,6 +468,7 @@ def _expect_redriven(
         compensations=comps,
         redrive=True,
         failed_stage=where,  # the stage redriven (its next attempt succeeds)
+        gates_sent=trial.gates_sent,
     )
 
 

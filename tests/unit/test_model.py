@@ -250,3 +250,165 @@ def test_to_python_round_trips() -> None:
         expect(case)  # every generated case is one the model pins down
 
     check()
+
+
+# -- gates (``@wf.stage(after_signal=...)``, ``StageCase.gate``) --------------------------------
+
+
+def test_gate_waits_before_the_body_without_invoking_it() -> None:
+    """As a body that begins with the wait, one body invocation fewer (the SignalGateContract
+    shape): nothing before the signal ran, the body's first wait returns the payload."""
+    gated = Case((StageCase("w", ops=(RunStep("x"),), gate="after"),))
+    exp = expect(gated)
+    assert exp.trace == [
+        ["run.created"],
+        ["run.started"],
+        ["stage.started", "w", 1],
+        ["stage.suspended", "w", "signal", "signal:gate_w"],
+        ["stage.completed", "w", 1],
+        ["run.completed"],
+    ]
+    assert exp.counts == {"body:w": 1, "step:w.x": 1}
+    assert exp.output == {"id": "w", "attempt": 1, "deps": [], "got": [{"sig": "gate_w"}, "w.x"]}
+    assert exp.signals == {"gate_w": [[True, False]]}
+    waited = Case((StageCase("w", ops=(Wait("gate_w"), RunStep("x"))),))
+    assert expect(waited).trace == exp.trace
+    assert expect(waited).output == exp.output
+    assert expect(waited).counts == {"body:w": 2, "step:w.x": 1}
+
+
+def test_a_buffered_gate_does_not_suspend() -> None:
+    case = Case((StageCase("a"), StageCase("b", after=("a",), gate="before")))
+    exp = expect(case)
+    assert [e for e in exp.trace if e[0] == "stage.suspended"] == []
+    assert exp.counts == {"body:a": 1, "body:b": 1}
+    assert exp.output["got"] == [{"sig": "gate_b"}]
+    assert exp.signals == {"gate_b": [[False, False], [False, True]]}  # repeat: not queued
+
+
+def test_a_retry_passes_the_journaled_gate() -> None:
+    w = StageCase("w", max_attempts=3, outcomes=("error", "error", "ok"), gate="after")
+    exp = expect(Case((w,)))
+    assert exp.trace[2:-1] == [
+        ["stage.started", "w", 1],
+        ["stage.suspended", "w", "signal", "signal:gate_w"],
+        ["stage.failed", "w", 1, "ScriptedError", True],
+        ["stage.started", "w", 2],
+        ["stage.failed", "w", 2, "ScriptedError", True],
+        ["stage.started", "w", 3],
+        ["stage.completed", "w", 3],
+    ]
+    assert exp.counts == {"body:w": 3}
+    assert exp.output["got"] == [{"sig": "gate_w"}]
+    assert exp.signals == {"gate_w": [[True, False]]}  # sent once
+
+
+def test_a_redriven_stage_passes_its_journaled_gate() -> None:
+    stages = (
+        StageCase("a", compensation="ok"),
+        StageCase("b", after=("a",), outcomes=("fatal",), gate="after"),
+        StageCase("c", after=("b",), gate="after"),
+    )
+    exp = expect(Case(stages, redrive=True))
+    assert exp.status == "completed" and exp.redrive and exp.failed_stage == "b"
+    assert exp.trace == [
+        ["run.created"],
+        ["run.started"],
+        ["stage.started", "a", 1],
+        ["stage.completed", "a", 1],
+        ["stage.started", "b", 1],
+        ["stage.suspended", "b", "signal", "signal:gate_b"],
+        ["stage.failed", "b", 1, "NonRetryableError", False],
+        ["stage.compensated", "a"],
+        ["run.failed", "NonRetryableError", None],
+        ["run.redriven", "last_failure"],
+        ["stage.started", "b", 1],  # its gate journaled: no second wait, no second signal
+        ["stage.completed", "b", 1],
+        ["stage.started", "c", 1],
+        ["stage.suspended", "c", "signal", "signal:gate_c"],
+        ["stage.completed", "c", 1],
+        ["run.completed"],
+    ]
+    assert exp.counts == {"body:a": 1, "body:b": 2, "body:c": 1, "comp:a": 1}
+    assert exp.signals == {"gate_b": [[True, False]], "gate_c": [[True, False]]}
+
+
+def test_a_gate_blocked_behind_a_failed_sibling_ends_cancelled() -> None:
+    """c fails for good first in the order: b, suspended on its gate at once (a gate waits
+    before the body's barrier), never gets its signal and is cancelled; a buffered gate (d)
+    was passed, its body blocked at the barrier, uninvoked."""
+    stages = (
+        StageCase("a", compensation="ok"),
+        StageCase("b", after=("a",), gate="after"),
+        StageCase("c", after=("a",), outcomes=("fatal",)),
+        StageCase("d", after=("a",), gate="before"),
+    )
+    exp = expect(Case(stages, order=("a", "c", "b", "d")))
+    assert exp.status == "failed" and exp.stopped == ["b", "d"]
+    assert exp.trace[4:] == [
+        ["stage.started", "b", 1],
+        ["stage.suspended", "b", "signal", "signal:gate_b"],
+        ["stage.started", "c", 1],
+        ["stage.failed", "c", 1, "NonRetryableError", False],
+        ["stage.started", "d", 1],
+        ["stage.cancelled", "b"],
+        ["stage.cancelled", "d"],
+        ["stage.compensated", "a"],
+        ["run.failed", "NonRetryableError", None],
+    ]
+    assert exp.counts == {"body:a": 1, "body:c": 1, "comp:a": 1}
+    assert exp.signals == {"gate_d": [[False, False], [False, True]]}  # gate_b never sent
+
+
+def test_a_cancel_finds_a_gate_waiting() -> None:
+    stages = (
+        StageCase("a", compensation="ok"),
+        StageCase("b", after=("a",), gate="after"),
+        StageCase("c", after=("a",), hold=True, gate="after"),
+    )
+    exp = expect(Case(stages, order=("a", "c", "b"), cancel="c"))
+    assert exp.status == "cancelled"
+    assert exp.stages == {"a": "compensated", "b": "cancelled", "c": "cancelled"}
+    assert exp.trace[4:] == [
+        ["stage.started", "b", 1],
+        ["stage.suspended", "b", "signal", "signal:gate_b"],
+        ["stage.started", "c", 1],
+        ["stage.suspended", "c", "signal", "signal:gate_c"],
+        ["stage.suspended", "c", "signal", "signal:hold_c"],
+        ["stage.cancelled", "b"],
+        ["stage.cancelled", "c"],
+        ["stage.compensated", "a"],
+        ["run.cancelled"],
+    ]
+    assert exp.counts == {"body:a": 1, "body:c": 1, "comp:a": 1}
+    assert exp.signals == {"gate_c": [[True, False]]}
+
+
+def test_the_generator_draws_gates_where_they_are_deterministic() -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    from conformance._cases import groups_of
+
+    drawn: dict[str, int] = {"after": 0, "before": 0}
+
+    @settings(
+        max_examples=100,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(cases())
+    def check(case: Case) -> None:
+        first = groups_of(case)[0]
+        for s in case.stages:
+            if s.gate is None:
+                continue
+            drawn[s.gate] += 1
+            assert not s.local
+            assert s.gate == "after" or s.id not in first
+            assert f"gate_{s.id}" == s.gate_signal
+        assert eval(case.to_python()) == case
+
+    check()
+    assert drawn["after"] > 0 and drawn["before"] > 0
