@@ -104,8 +104,7 @@ class StageCase:
     # let it go on: a gate is passed before the barrier, so a stage blocked behind a sibling
     # that ended the run stays suspended on it and ends cancelled); ``before``: sent right
     # after start, buffered, passed without a suspension (only in later groups, as a
-    # ``Wait``; nor after a local first group: ``_stage``). Never on a ``local`` stage (local
-    # stages wait for no signal, see above).
+    # ``Wait``). Never on a ``local`` stage (local stages wait for no signal, see above).
     gate: Literal["after", "before"] | None = None
 
     def outcome(self, attempt: int) -> Outcome:
@@ -250,17 +249,13 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         return tuple(ops)
 
     @st.composite
-    def _stage(
-        draw: Any, sid: str, after: tuple[str, ...], root: bool, alone: bool, buffered: bool
-    ) -> StageCase:
+    def _stage(draw: Any, sid: str, after: tuple[str, ...], root: bool, alone: bool) -> StageCase:
         max_attempts = draw(st.integers(1, 3))
         local = alone and draw(st.booleans())
         ops = draw(_ops(sid, root, waits=not local))
         # a gate on one stage in six of the first group (``after``), two in seven of a later
-        # one (``after`` or ``before``; ``after`` only, one in six, when the first group is a
-        # local stage: on Temporal the ``before`` signals sent while it runs reach the run once
-        # its workflow task ends, and a gate that the same task starts right after it suspends)
-        gates: list[str | None] = [None] * 5 + ["after"] + (["before"] if buffered else [])
+        # one (``after`` or ``before``)
+        gates: list[str | None] = [None] * 5 + ["after"] + ([] if root else ["before"])
         gate = None if local else draw(st.sampled_from(gates))
         return StageCase(
             id=sid,
@@ -292,8 +287,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                     earlier = [x for lay in layers[:k] for x in lay if x != first]
                     extra = draw(st.lists(st.sampled_from(earlier), max_size=2)) if earlier else []
                     after = tuple(sorted({first, *extra}))
-                buffered = k > 0 and not stages[0].local  # (stages[0]: the first group's)
-                stages.append(draw(_stage(sid, after, k == 0, len(layer) == 1, buffered)))
+                stages.append(draw(_stage(sid, after, k == 0, len(layer) == 1)))
         order = tuple(x for layer in layers for x in draw(st.permutations(layer)))
         holders = [s.id for s in stages if s.hold]
         cancel = draw(st.sampled_from([None, None, *holders])) if holders else None
