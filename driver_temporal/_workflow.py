@@ -234,6 +234,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         # the documents of stages a local chain ran (``_chain``) the run has not recorded yet
         self._ahead: dict[str, dict[str, Any]] = {}
         self._locals = 0  # local stage activities in flight (attempts and compensations)
+        # the history length of the workflow task in which a local activity last ended
+        self._local_ended = -1
         # the stage activity in flight per stage: its token, handle and whether a freeze
         # cancelled it; the tokens a freeze cancelled (``wfe.internal.freeze_cancelled`` asks)
         self._calls: dict[str, dict[str, Any]] = {}
@@ -772,6 +774,12 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         name = self._graph.stage(sid).after_signal
         if name is None or name in self._stages[sid].steps or self._signal_ready(name):
             return None
+        if self._locals or self._local_ended == workflow.info().get_current_history_length():
+            # a local activity holds (or held) this workflow task: a signal sent while it ran
+            # reaches the run only once the task ends, so the workflow cannot tell whether the
+            # signal came before the stage started; the activity asks the run for it
+            # (``wfe.internal.take_signal``), as a wait in the body does
+            return None
         return {
             "kind": "suspended",
             "reason": "signal",
@@ -1143,6 +1151,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             return self._activity_result(await local)
         finally:
             self._locals -= 1
+            self._local_ended = workflow.info().get_current_history_length()
 
     def _start_stage_activity(
         self,
