@@ -40,7 +40,8 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+import types
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -125,13 +126,27 @@ async def _shielded(coro: Coroutine[Any, Any, T]) -> T:
     the caller does not cancel, and its result or error is the caller's. With one turn of
     the event loop less than ``asyncio.shield`` (whose task's end reaches the caller through
     a done callback, itself scheduled for the next turn): the task hands its result over
-    itself."""
+    itself.
+
+    ``coro`` is started at once, in a copy of the caller's context as a task would be: up to
+    its first suspension nothing can cancel it, so no task is needed for that part. A
+    transaction on the loop whose answers come within its blocking poll (``_pgloop``) never
+    suspends and ends here, with no task made and no loop turn but the one the caller yields
+    after it (as it yielded before: a transaction stays a suspension point). One that
+    suspends goes on in a task (in the same context) from where it stopped."""
+    context = contextvars.copy_context()
+    try:
+        step = context.run(coro.send, None)
+    except StopIteration as done:
+        await asyncio.sleep(0)  # (a suspension point, as the task's turn was)
+        result: T = done.value
+        return result
     loop = asyncio.get_running_loop()
     outer: asyncio.Future[T] = loop.create_future()
 
     async def inner() -> None:
         try:
-            result = await coro
+            result = await _resumed(coro, step)
         except asyncio.CancelledError:
             outer.cancel()  # (the task itself was cancelled: the loop is closing)
             raise
@@ -144,8 +159,30 @@ async def _shielded(coro: Coroutine[Any, Any, T]) -> T:
             if not outer.done():
                 outer.set_result(result)
 
-    loop.create_task(inner())  # noqa: RUF006 (as with shield: what the task awaits holds it)
+    # (as with shield: what the task awaits holds it)
+    loop.create_task(inner(), context=context)  # noqa: RUF006
     return await outer
+
+
+@types.coroutine
+def _resumed(coro: Coroutine[Any, Any, T], step: Any) -> Generator[Any, Any, T]:
+    """The rest of ``coro``, which yielded ``step`` (what a task awaits: a future, or None for
+    a bare turn) when it was first sent to: yields it again to the awaiting task, then passes
+    what the task sends or throws in on to ``coro``."""
+    while True:
+        try:
+            try:
+                value = yield step
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # (thrown in by the task: a cancellation)
+                step = coro.throw(exc)
+            else:
+                step = coro.send(value)
+        except StopIteration as done:
+            result: T = done.value
+            return result
 
 
 def _normalise_url(url: str) -> str:

@@ -108,19 +108,22 @@ async def _ready(fileno: int, s: int, timeout: float | None) -> int:
         if not fut.done():
             fut.set_result(state)
 
+    def expire() -> None:
+        if not fut.done():
+            fut.set_exception(psycopg.errors._WaitTimeout("wait timeout expired"))
+
     if s & _R:
         loop.add_reader(fileno, wake, _R)
     if s & _W:
         loop.add_writer(fileno, wake, _W)
+    # (a timer, not asyncio.timeout: that cancels the task current when it is entered, and
+    # this may be entered before the transaction's task exists, see _db._shielded)
+    timer = None if timeout is None else loop.call_later(timeout, expire)
     try:
-        if timeout is None:
-            return await fut
-        try:
-            async with asyncio.timeout(timeout):
-                return await fut
-        except TimeoutError:
-            raise psycopg.errors._WaitTimeout("wait timeout expired") from None
+        return await fut
     finally:
+        if timer is not None:
+            timer.cancel()
         if s & _R:
             loop.remove_reader(fileno)
         if s & _W:
