@@ -69,6 +69,7 @@ __all__ = [
     "defer",
     "deferred",
     "forget_cursors",
+    "queue_later",
     "refused",
     "send_raw",
     "send_together",
@@ -790,6 +791,17 @@ def forget_cursors(conn: Connection) -> None:
     for cursor in held[1] if held is not None else ():
         with contextlib.suppress(Exception):
             cursor.close()
+
+
+def queue_later(conn: Connection, statement: str, parameters: Any, *, many: bool) -> bool:
+    """:func:`send_raw` of a write ``later`` when it is queued (inside a PostgreSQL
+    :meth:`Database.tx`): True, queued, with no cursor needed; False: it is to be sent."""
+    if conn.dialect.name == "postgresql":
+        tail: list[tuple[str, Any, bool]] | None = conn.info.get(_TX)
+        if tail is not None:
+            tail.append((statement, parameters, many))
+            return True
+    return False
 
 
 def send_raw(
