@@ -37,7 +37,17 @@ class _Prepared:
     the order of its parameters), and how values are written as literals for it
     (:meth:`quote`)."""
 
-    __slots__ = ("json", "json_dumps", "literal", "names", "next", "plain", "raw", "strs")
+    __slots__ = (
+        "float",
+        "json",
+        "json_dumps",
+        "literal",
+        "names",
+        "next",
+        "plain",
+        "raw",
+        "strs",
+    )
 
     def __init__(self, raw: Any) -> None:
         from psycopg.adapt import PyFormat, Transformer
@@ -59,6 +69,9 @@ class _Prepared:
         self.json_dumps: Callable[[Any], str | bytes] = dumper.dumps  # (the connection's)
         # types not written by :meth:`quote` itself: which of them psycopg writes as a str
         self.strs: dict[type, bool] = {}
+        # the last float written by _values and its literal: a transaction's time is the same
+        # float object in most of its statements, and writing one out costs ~0.4 us
+        self.float: tuple[float | None, bytes] = (None, b"")
 
     def quote(self, value: Any) -> bytes:
         """``value`` as a literal of the statement text: the common types (a str or a str
@@ -175,6 +188,7 @@ def _values(state: _Prepared, params: Mapping[str, Any], order: tuple[str, ...])
     """The values of ``order`` in ``params``, quoted (:meth:`_Prepared.quote`, with its
     commonest cases written out here: a call less per value), then ``)``."""
     quote, plain, strs = state.quote, state.plain, state.strs
+    last, last_text = state.float
     out = []
     for key in order:
         value = params[key]
@@ -186,7 +200,10 @@ def _values(state: _Prepared, params: Mapping[str, Any], order: tuple[str, ...])
         elif value is None:
             out.append(b"NULL")
         elif kind is float:
-            out.append(b"'%r'" % value)  # (as :func:`_float`)
+            if value is not last:  # (the same object: the same literal)
+                last, last_text = value, b"'%r'" % value  # (as :func:`_float`)
+                state.float = (last, last_text)
+            out.append(last_text)
         elif kind is bool:
             out.append(b"true" if value else b"false")
         elif plain and strs.get(kind) and "\x00" not in value:  # (a str enum seen before)
