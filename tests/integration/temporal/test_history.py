@@ -331,6 +331,34 @@ async def test_reset_by_an_operator_never_reruns_a_journaled_step(
     assert charges["n"] == 1  # the card was charged once, before the reset
 
 
+async def _hand_written(
+    engine: Any,
+    flow: type,
+    name: str,
+    act: Any,
+    args: list[Any],
+    drive: Any = None,
+) -> int:
+    """The number of history events of a run of the hand-written workflow ``flow`` (named
+    ``name``, with its activity ``act``) on a task queue of its own; ``drive(handle)`` acts
+    on it after its start (a signal)."""
+    queue = f"hand-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        engine._conn,
+        task_queue=queue,
+        workflows=[flow],
+        activities=[act],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        handle = await engine._conn.start_workflow(
+            name, args=args, id=f"hand-{uuid.uuid4().hex}", task_queue=queue
+        )
+        if drive is not None:
+            await drive(handle)
+        await handle.result()
+    return len(list((await handle.fetch_history()).events))
+
+
 @activity.defn(name="hand_noop")
 async def _hand_noop(i: int) -> int:
     return i
@@ -372,19 +400,7 @@ async def test_history_stays_close_to_the_hand_written_one(
         assert info.status == "completed", info
         history = await _history(engine, run.id)
         ours = len(history)
-        queue = f"hand-{uuid.uuid4().hex[:8]}"
-        async with Worker(
-            engine._conn,
-            task_queue=queue,
-            workflows=[_HandSix],
-            activities=[_hand_noop],
-            workflow_runner=UnsandboxedWorkflowRunner(),
-        ):
-            handle = await engine._conn.start_workflow(
-                "hand_six", args=[0, local], id=f"hand-{uuid.uuid4().hex}", task_queue=queue
-            )
-            await handle.result()
-        hand = len(list((await handle.fetch_history()).events))
+        hand = await _hand_written(engine, _HandSix, "hand_six", _hand_noop, [0, local])
     # measured: 45 events against 41 (56 while the memo was written at every stage and a
     # wfe.save_state local activity recorded the end; 65 when every workflow task published
     # its events with a wfe.publish local activity, 86 before events and memo writes were
@@ -463,21 +479,12 @@ async def test_a_stage_starting_on_a_signal_waits_in_the_workflow(
         assert info.status == "completed", info
         assert info.output == {"ok": True}
         history = await _history(engine, run.id)
-        queue = f"hand-{uuid.uuid4().hex[:8]}"
-        async with Worker(
-            engine._conn,
-            task_queue=queue,
-            workflows=[_HandSignal],
-            activities=[_hand_echo],
-            workflow_runner=UnsandboxedWorkflowRunner(),
-        ):
-            handle = await engine._conn.start_workflow(
-                "hand_signal", id=f"hand-{uuid.uuid4().hex}", task_queue=queue
-            )
+
+        async def approve(handle: Any) -> None:
             assert await handle.query("waiting")  # (parked, as the run was: 15 events)
             await handle.signal("go", {"ok": True})
-            assert await handle.result() == {"ok": True}
-        hand = len(list((await handle.fetch_history()).events))
+
+        hand = await _hand_written(engine, _HandSignal, "hand_signal", _hand_echo, [], approve)
     kinds = [e.event_type for e in history]
     signalled = kinds.index(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)
     scheduled = [
