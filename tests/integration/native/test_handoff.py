@@ -5,12 +5,14 @@ transaction that records it, and wait() learns of the end from the worker (issue
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from driver_native import _kernel
 from driver_native._db import Database
 from driver_native._schema import signals
 from engine_port import Lifecycle, StageContext, Workflow
@@ -47,7 +49,22 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
     transactions: Counter[str],
     reads: Counter[str],
     round_trips: dict[str, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # the worker's own look for queued work, woken by the warm-up's end, may come after the
+    # counters are cleared on a busy machine (a pass of the suite beside another): a claim
+    # that found nothing is not the run's cost (one that claimed the run's job would be)
+    idle = Counter[str]()
+    claim = _kernel._claim_and_begin
+
+    @functools.wraps(claim)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        got = claim(*args, **kwargs)
+        if not got:
+            idle["_claim_and_begin"] += 1
+        return got
+
+    monkeypatch.setattr(_kernel, "_claim_and_begin", counted)
     engine = await make_engine(w.linear)
     async with engine.worker(maintenance_interval=3600) as host:
         warm = await engine.start(w.linear, {"n": 0})
@@ -62,16 +79,16 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
     assert [s.status for s in info.stages] == ["completed"] * 3
     assert info.finished_at is not None and info.input["n"] == 1
     # create (+ lease + begin the first stage), then one per stage outcome: no claim, no begin
-    assert transactions == Counter({"_create_run_once": 1, "_apply_and_read": 3}), transactions
+    ran = transactions - idle
+    assert ran == Counter({"_create_run_once": 1, "_apply_and_read": 3}), (transactions, idle)
     if engine.kernel.db.is_postgres:  # (3 and 4, 4, 6 before issue 12's "npg" changes)
         # (the last: its final read goes out with the COMMIT; the create reads nothing first:
         # its first stage's job id was reserved by the warm-up's, the drain is checked by its
         # first statement; 2 before). Each outcome is predicted from what its stage's begin
         # read: guards, writes and COMMIT in one round trip (2 each before: reads, then
         # writes and COMMIT)
-        assert dict(round_trips) == {"_create_run_once": [1], "_apply_and_read": [1, 1, 1]}, dict(
-            round_trips
-        )
+        trips = {k: v for k, v in round_trips.items() if k not in idle}
+        assert trips == {"_create_run_once": [1], "_apply_and_read": [1, 1, 1]}, dict(round_trips)
     # wait() returns the state the last transition read: no read of the run after its end
     assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)
     assert info == await engine.get_run(run.id)
