@@ -48,8 +48,12 @@ def _workflow(log: ExecutionLog, kind: str) -> Workflow[Num]:
         ctx.emit("a.done", {"n": ctx.input.n})
         return "a"
 
-    # ("gate": b starts on the signal go, its step and wait run once it is there)
-    @wf.stage(after=[a], after_signal="go" if kind == "gate" else None)
+    # ("gate": b starts on the signal go, its step and wait run once it is there; "gate-60s":
+    # the same with a deadline that moves with the run)
+    gated = kind.startswith("gate")
+    timeout = timedelta(seconds=60) if kind == "gate-60s" else None
+
+    @wf.stage(after=[a], after_signal="go" if gated else None, after_signal_timeout=timeout)
     async def b(ctx: StageContext[Num]) -> Any:
         log.hit("b")
 
@@ -62,7 +66,7 @@ def _workflow(log: ExecutionLog, kind: str) -> Workflow[Num]:
         if kind == "sleep":
             await ctx.step.sleep("nap", timedelta(milliseconds=1500))
             return "slept"
-        if kind in ("signal", "gate"):
+        if kind == "signal" or gated:
             return await ctx.step.wait_for_signal("go")
         if kind == "queue":  # several signals of one name queue while b waits for "hold"
             first = await ctx.step.wait_for_signal("first")
@@ -200,7 +204,9 @@ class MigrationContract:
         assert trace[:5] + trace[6:] == EXPECTED
         assert trace[5] == ["stage.suspended", "b", "sleep", "sleep:nap"]
 
-    @pytest.mark.parametrize("kind", ["signal", "gate"], ids=["in-body", "after_signal"])
+    @pytest.mark.parametrize(
+        "kind", ["signal", "gate", "gate-60s"], ids=["in-body", "after_signal", "timed-gate"]
+    )
     @pytest.mark.parametrize("signal_first", [False, True], ids=["signal-after", "signal-before"])
     async def test_move_while_waiting_for_signal(
         self,
@@ -222,8 +228,11 @@ class MigrationContract:
                 # woken stage in the signal's own transaction and finish the run at the source
                 sent = await source.signal(run.id, "go", {"moved": True})
                 assert sent.delivered
+            wake_at = (await source.get_run(run.id)).stage("b").wake_at
             await _moved(source, target, run.id)
             if not signal_first:
+                # (the deadline of a timed gate moved with the run)
+                assert (await target.get_run(run.id)).stage("b").wake_at == wake_at
                 assert (await target.signal(run.id, "go", {"moved": True})).delivered
             async with target.worker():
                 info = await target.wait(run.id, timeout=60)
@@ -232,7 +241,7 @@ class MigrationContract:
         assert info.output == [{"moved": True}, "c"]
         counts = log.counts()
         assert (counts["a"], counts["c"], counts["d"], counts["x"]) == (1, 1, 1, 1)
-        if kind == "gate":
+        if kind.startswith("gate"):
             assert counts["b"] == 1  # (no attempt before the signal, on either side)
         _assert_migrated_once(events)
         trace = normalise(events, wf.graph())

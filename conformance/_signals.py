@@ -478,17 +478,27 @@ class SignalContract:
 
 
 def gated(
-    log: ExecutionLog, retry: Retry | None = None, fail_once: bool = False, local: bool = False
+    log: ExecutionLog,
+    retry: Retry | None = None,
+    fail_once: bool = False,
+    local: bool = False,
+    timeout: timedelta | None = None,
 ) -> Workflow[Num]:
-    """``first`` waits for ``a``, then ``b`` starts on ``go`` (``after_signal``), then ``c``
-    (``local``: ``b`` and ``c`` are ``local=True``)."""
+    """``first`` waits for ``a``, then ``b`` starts on ``go`` (``after_signal``, waiting at
+    most ``timeout``), then ``c`` (``local``: ``b`` and ``c`` are ``local=True``)."""
     wf = Workflow(unique_id("gate"), input=Num)
 
     @wf.stage(signals=["a"])
     async def first(ctx: StageContext[Num]) -> Any:
         return await ctx.step.wait_for_signal("a")
 
-    @wf.stage(after=[first], after_signal="go", retry=retry or Retry(max_attempts=1), local=local)
+    @wf.stage(
+        after=[first],
+        after_signal="go",
+        after_signal_timeout=timeout,
+        retry=retry or Retry(max_attempts=1),
+        local=local,
+    )
     async def b(ctx: StageContext[Num]) -> dict[str, Any]:
         log.hit("b")
         payload = await ctx.step.wait_for_signal("go")
@@ -635,6 +645,56 @@ class SignalGateContract:
         assert log.counts() == {"b": 2}
         trace = normalise(events, wf.graph())
         assert trace.count(["stage.suspended", "b", "signal", "signal:go"]) == 1
+
+    async def test_gate_timeout_fails_the_stage_without_its_body(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """``after_signal_timeout``: no signal by the deadline, the attempt fails with
+        StepTimeoutError and its body never runs; the timeout is journaled, so the retry
+        fails at once (as an uncaught ``wait_for_signal`` timeout), the deadline never
+        slides."""
+        log = ExecutionLog(tmp_path / "log")
+        retry = Retry(max_attempts=2, initial_interval=timedelta(milliseconds=50))
+        wf = gated(log, retry=retry, timeout=timedelta(milliseconds=400))
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await engine.signal(run.id, "a", 1)
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.failed")
+            assert await _steps(engine, run.id) == [("b", "go", True), ("first", "a", True)]
+        assert info.status == RunStatus.FAILED
+        assert info.error is not None and info.error.type == StepTimeoutError.__name__
+        assert "'go'" in info.error.message
+        assert log.counts().get("b", 0) == 0  # the body never ran
+        gate_waits = [e for e in events if e.type == "stage.suspended" and e.stage == "b"]
+        assert len(gate_waits) == 1 and gate_waits[0].data["until"] is not None
+        trace = normalise(events, wf.graph())
+        assert trace[-6:] == [
+            ["stage.started", "b", 1],
+            ["stage.suspended", "b", "signal", "signal:go"],
+            ["stage.failed", "b", 1, "StepTimeoutError", True],
+            ["stage.started", "b", 2],
+            ["stage.failed", "b", 2, "StepTimeoutError", False],
+            ["run.failed", "StepTimeoutError", None],
+        ]
+
+    async def test_gate_signal_within_its_timeout(self, harness: Harness, tmp_path: Path) -> None:
+        """A signal before the gate's deadline passes it: the body runs with its payload."""
+        log = ExecutionLog(tmp_path / "log")
+        wf = gated(log, timeout=timedelta(seconds=60))
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await engine.signal(run.id, "a", 4)
+            events = await _gate_reached(sink, run.id)
+            assert events[-1].data["until"] is not None
+            assert (await engine.get_run(run.id)).stage("b").wake_at is not None
+            sent = await engine.signal(run.id, "go", "in time")
+            assert sent.delivered
+            info = await engine.wait(run.id, timeout=60)
+        assert info.output == {"got": "in time", "first": 4}
+        assert log.counts() == {"b": 1}
 
 
 class TimeoutContract:

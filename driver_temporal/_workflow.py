@@ -49,7 +49,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowRunner
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from engine_port import ErrorInfo, GraphModel, Lifecycle, run_output
+    from engine_port import ErrorInfo, GraphModel, Lifecycle, StepRecord, run_output
     from engine_port.errors import RunTimeoutError
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
@@ -72,7 +72,7 @@ with workflow.unsafe.imports_passed_through():
     from ._signals import SignalHandlers
     from ._start import StartDocument
     from ._state import StageState
-    from ._wire import parse_time
+    from ._wire import parse_time, record_to_json
 
 __all__ = [
     "RUN_INFO_QUERY",
@@ -771,7 +771,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         body's gate would (``Steps._gate``: no step journaled), and no activity runs until
         the signal came (one activity per attempt, as a hand-written ``wait_condition``
         before an activity); None: the try runs as an activity."""
-        name = self._graph.stage(sid).after_signal
+        spec = self._graph.stage(sid)
+        name = spec.after_signal
         if name is None or name in self._stages[sid].steps or self._signal_ready(name):
             return None
         if self._locals or self._local_ended == workflow.info().get_current_history_length():
@@ -780,11 +781,20 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             # signal came before the stage started; the activity asks the run for it
             # (``wfe.internal.take_signal``), as a wait in the body does
             return None
+        until = None
+        if spec.after_signal_timeout_s is not None:
+            # the wait's deadline, journaled as the gate's step would (``Steps._gate``): the
+            # try that runs once it passed fails the attempt with StepTimeoutError
+            deadline = workflow.now() + timedelta(seconds=spec.after_signal_timeout_s)
+            until = _iso(deadline)
+            self._stages[sid].steps[name] = record_to_json(
+                StepRecord(name, "signal", completed=False, deadline=deadline, signal=name)
+            )
         return {
             "kind": "suspended",
             "reason": "signal",
             "waiting_for": f"signal:{name}",
-            "until": None,
+            "until": until,
         }
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:

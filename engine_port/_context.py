@@ -265,6 +265,14 @@ class Steps:
         self._signal_waits[name] = k
         key = name if k == 1 else f"{name}#{k}"
         self._claim(key)
+        return await self._signal_step(key, name, timeout)
+
+    async def _signal_step(
+        self, key: str, name: str, timeout: timedelta | float | None, *, gate: bool = False
+    ) -> Any:
+        """The signal wait journaled as ``key``: its payload, StepTimeoutError once its
+        deadline passed, or Suspend. ``gate``: the wait of ``after_signal``, which journals
+        nothing while it waits when it has no deadline to keep."""
         now = self._clock.now()
         deadline = (
             None if timeout is None else _later(now, timeout, f"signal wait {name!r}: timeout")
@@ -281,7 +289,8 @@ class Steps:
             taken = await self._ledger.consume_signal(rec)
             if taken is not None:
                 return taken.result
-            await self._ledger.put(rec)
+            if not gate or deadline is not None:
+                await self._ledger.put(rec)
             # a new wait always suspends once, even if its deadline passed meanwhile (a slow
             # ledger write on a busy machine): the trace must not depend on timing
             raise Suspend("signal", rec.deadline, f"signal:{name}")
@@ -294,18 +303,16 @@ class Steps:
             raise _signal_timeout(name, rec)
         raise Suspend("signal", rec.deadline, f"signal:{name}")
 
-    async def _gate(self, name: str) -> None:
+    async def _gate(self, name: str, timeout: timedelta | None = None) -> None:
         """The wait of a stage declared ``after_signal=name``, before its body runs: the
         oldest buffered ``name`` signal is journaled as the step ``name`` (the body's first
-        ``wait_for_signal(name)`` returns it at once); with none buffered the attempt
-        suspends without journaling anything (a gate has no timeout to keep), so a driver
-        may wait for the signal without running the attempt at all (the Temporal driver
-        waits in the workflow: no activity until the signal is there)."""
-        rec = await self._ledger.get(name)
-        if rec is None or not rec.completed:
-            pending = StepRecord(name=name, kind="signal", completed=False, signal=name)
-            if await self._ledger.consume_signal(pending) is None:
-                raise Suspend("signal", None, f"signal:{name}")
+        ``wait_for_signal(name)`` returns it at once). With none buffered the attempt
+        suspends; without a ``timeout`` it journals nothing (no deadline to keep), so a
+        driver may wait for the signal without running the attempt at all (the Temporal
+        driver waits in the workflow: no activity until the signal is there). With one it
+        is ``wait_for_signal(name, timeout=)``: the deadline journaled at the first wait,
+        StepTimeoutError once it passed (journaled: every later attempt fails at once)."""
+        await self._signal_step(name, name, timeout, gate=True)
 
     def wait_for(
         self,

@@ -165,8 +165,10 @@ class StageSpec(BaseModel):
     local: bool = False
     output_schema: dict[str, Any]
     signals: list[str] = []  # the signal names the stage waits for, when declared
-    # the signal the stage starts on (``@wf.stage(after_signal=...)``), one of ``signals``
+    # the signal the stage starts on (``@wf.stage(after_signal=...)``), one of ``signals``,
+    # and how long it waits for it (``after_signal_timeout=``)
     after_signal: str | None = None
+    after_signal_timeout_s: float | None = None
 
     @model_serializer(mode="wrap")
     def _drop_undeclared(
@@ -179,6 +181,8 @@ class StageSpec(BaseModel):
             data.pop("signals", None)
         if self.after_signal is None:
             data.pop("after_signal", None)
+        if self.after_signal_timeout_s is None:
+            data.pop("after_signal_timeout_s", None)
         return data
 
 
@@ -268,6 +272,7 @@ class Stage:
     compensation_fn: Handler | None = None
     signals: tuple[str, ...] = ()
     after_signal: str | None = None
+    after_signal_timeout: timedelta | None = None
     _owner: Workflow[Any] | None = field(default=None, repr=False)
 
     @property
@@ -450,6 +455,7 @@ class Workflow(Generic[InT]):
         local: bool = False,
         signals: Iterable[str] = (),
         after_signal: str | None = None,
+        after_signal_timeout: timedelta | None = None,
     ) -> Stage: ...
 
     @overload
@@ -464,6 +470,7 @@ class Workflow(Generic[InT]):
         local: bool = False,
         signals: Iterable[str] = (),
         after_signal: str | None = None,
+        after_signal_timeout: timedelta | None = None,
     ) -> Callable[[Handler], Stage]: ...
 
     def stage(
@@ -477,6 +484,7 @@ class Workflow(Generic[InT]):
         local: bool = False,
         signals: Iterable[str] = (),
         after_signal: str | None = None,
+        after_signal_timeout: timedelta | None = None,
     ) -> Any:
         """Decorator declaring a stage; returns a :class:`Stage`.
 
@@ -491,8 +499,14 @@ class Workflow(Generic[InT]):
         ``ctx.step.wait_for_signal(name)`` returns that signal's payload at once. The same as
         a body that begins with that wait, but no attempt runs before the signal: on the
         Temporal driver the workflow itself waits (a hand-written ``wait_condition``), no
-        activity. The name counts as declared in ``signals``. Such a wait has no timeout
-        (the run's ``timeout=`` still applies); wait in the body for one with a timeout."""
+        activity. The name counts as declared in ``signals``.
+
+        ``after_signal_timeout`` bounds that wait, as ``wait_for_signal(name, timeout=)``
+        would: its deadline is fixed when the stage first waits; with no signal by then the
+        attempt fails with StepTimeoutError without running its body, and so does every
+        later attempt (the timeout is journaled, as an uncaught wait timeout is). Without it
+        the wait has no deadline (the run's ``timeout=`` still applies). To handle a timeout
+        in code, wait in the body instead and catch StepTimeoutError."""
         if isinstance(signals, str):
             signals = [signals]
         names = tuple(check_signal_name(n, error=definition_error) for n in signals)
@@ -502,6 +516,11 @@ class Workflow(Generic[InT]):
                     f"after_signal= takes one signal name (a string), not {after_signal!r:.80}"
                 )
             names = (*names, check_signal_name(after_signal, error=definition_error))
+        if after_signal_timeout is not None and after_signal is None:
+            raise DefinitionError(
+                "after_signal_timeout= bounds the wait of after_signal=: name the signal the "
+                "stage starts on, or drop the timeout"
+            )
 
         if isinstance(after, Stage | str):  # one dependency given without a list
             after = [after]
@@ -523,6 +542,7 @@ class Workflow(Generic[InT]):
             check_handler(f, f"stage {stage_id!r}", "one argument (ctx)", 1)
             deps = self._dependencies(stage_id, after)
             _check_timeout(timeout, f"stage {stage_id!r}")
+            _check_timeout(after_signal_timeout, f"stage {stage_id!r} after_signal_timeout=")
             out = _return_type(f)
             stage = Stage(
                 id=stage_id,
@@ -535,6 +555,7 @@ class Workflow(Generic[InT]):
                 workflow_id=self.id,
                 signals=tuple(sorted(set(names))),
                 after_signal=after_signal,
+                after_signal_timeout=after_signal_timeout,
                 _owner=self,
             )
             self._stages[stage_id] = stage
@@ -650,6 +671,9 @@ class Workflow(Generic[InT]):
                 output_schema=_schema_of(s.output_type, f"stage {s.id!r}"),
                 signals=list(s.signals),
                 after_signal=s.after_signal,
+                after_signal_timeout_s=None
+                if s.after_signal_timeout is None
+                else s.after_signal_timeout.total_seconds(),
             )
             for s in sorted(self._stages.values(), key=lambda s: s.id)
         ]

@@ -558,7 +558,7 @@ class StageRunner:
         try:
             async with asyncio.timeout(timeout) as scope:
                 if stage.after_signal is not None:
-                    await ctx.step._gate(stage.after_signal)
+                    await ctx.step._gate(stage.after_signal, stage.after_signal_timeout)
                 result = await self._invoke(req, stage, stage.fn, ctx)
         except Suspend as s:
             return Suspended(s.reason, s.until, s.waiting_for)

@@ -168,8 +168,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "            taken = await self._ledger.consume_signal(rec)\n"
         "            if taken is not None:\n"
         "                return taken.result\n"
-        "            await self._ledger.put(rec)",
-        "            await self._ledger.put(rec)",
+        "            if not gate or deadline is not None:",
+        "            if not gate or deadline is not None:",
         "a buffered signal is not consumed by the wait that reaches it (it suspends first)",
         "s8 or signal",
     ),

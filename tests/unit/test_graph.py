@@ -587,6 +587,7 @@ def test_declared_signals_are_part_of_the_graph_and_undeclared_ones_leave_it_as_
     assert gated.version not in (plain.version, build(["go"]).version)
     again = GraphModel.model_validate_json(gated.graph().canonical_json())
     assert again == gated.graph() and again.stage("a").after_signal == "go"
+    assert "after_signal_timeout_s" not in gated.graph().canonical_json()
 
 
 def test_check_signal_known() -> None:

@@ -1000,6 +1000,63 @@ async def test_a_stage_after_a_signal_suspends_before_its_body_and_journals_noth
     assert h.ledger.consumed == ["go", "go"]
 
 
+async def test_a_stage_after_a_signal_with_a_timeout_fails_at_its_deadline_without_its_body(
+    h: Harness,
+) -> None:
+    @h.wf.stage(after_signal="go", after_signal_timeout=timedelta(minutes=5))
+    async def p(ctx: StageContext[In]) -> Any:
+        h.count("body")
+        return await ctx.step.wait_for_signal("go")
+
+    t0 = h.clock.now()
+    first = suspended(await h.run("p"))
+    assert (first.waiting_for, first.until) == ("signal:go", t0 + timedelta(minutes=5))
+    # the deadline is journaled at the first wait, so it never slides
+    assert [(r.name, r.completed, r.deadline) for r in h.ledger.written] == [
+        ("go", False, t0 + timedelta(minutes=5))
+    ]
+    h.clock.advance(timedelta(minutes=4))
+    assert suspended(await h.run("p")).until == t0 + timedelta(minutes=5)
+    h.clock.advance(timedelta(minutes=1))
+    f = failed(await h.run("p"))
+    assert f.error.type == "StepTimeoutError" and f.retryable
+    assert "no signal 'go' arrived before" in f.error.message
+    assert h.counts["body"] == 0
+    h.ledger.signals["go"] = [{"late": True}]  # too late: the journaled timeout stands
+    assert failed(await h.run("p", attempt=2)).error.type == "StepTimeoutError"
+    assert h.counts["body"] == 0 and h.ledger.consumed == []
+
+
+async def test_a_stage_after_a_signal_with_a_timeout_runs_on_a_signal_in_time(h: Harness) -> None:
+    @h.wf.stage(after_signal="go", after_signal_timeout=timedelta(minutes=5))
+    async def p(ctx: StageContext[In]) -> Any:
+        return await ctx.step.wait_for_signal("go")
+
+    suspended(await h.run("p"))
+    h.clock.advance(timedelta(minutes=4))
+    h.ledger.signals["go"] = [{"n": 1}]
+    assert completed(await h.run("p")).output == {"n": 1}
+
+
+def test_after_signal_timeout_needs_after_signal() -> None:
+    from engine_port.errors import DefinitionError
+
+    wf = Workflow("gate-timeout", input=In)
+    with pytest.raises(DefinitionError, match="bounds the wait of after_signal="):
+        wf.stage(after_signal_timeout=timedelta(seconds=1))
+    with pytest.raises(DefinitionError, match="after_signal_timeout=: timeout must be a posi"):
+
+        @wf.stage(after_signal="go", after_signal_timeout=5)  # type: ignore[arg-type]
+        async def q(ctx: StageContext[In]) -> int:
+            return 1
+
+    @wf.stage(after_signal="go", after_signal_timeout=timedelta(seconds=90))
+    async def p(ctx: StageContext[In]) -> int:
+        return 1
+
+    assert wf.graph().stage("p").after_signal_timeout_s == 90.0
+
+
 def test_after_signal_declares_the_signal() -> None:
     from engine_port._signal_names import check_signal_known
     from engine_port.errors import DefinitionError, UnknownSignalError
