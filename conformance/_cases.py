@@ -104,8 +104,11 @@ class StageCase:
     # let it go on: a gate is passed before the barrier, so a stage blocked behind a sibling
     # that ended the run stays suspended on it and ends cancelled); ``before``: sent right
     # after start, buffered, passed without a suspension (only in later groups, as a
-    # ``Wait``). Never on a ``local`` stage (local stages wait for no signal, see above).
-    gate: Literal["after", "before"] | None = None
+    # ``Wait``); ``timeout``: never sent, ``after_signal_timeout`` of 400 ms, so every attempt
+    # fails with StepTimeoutError and the body never runs (only on a stage alone in its group:
+    # the deadline is not ordered with siblings). Never on a ``local`` stage (local stages
+    # wait for no signal, see above).
+    gate: Literal["after", "before", "timeout"] | None = None
 
     def outcome(self, attempt: int) -> Outcome:
         return self.outcomes[attempt - 1] if attempt <= len(self.outcomes) else "ok"
@@ -254,8 +257,9 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         local = alone and draw(st.booleans())
         ops = draw(_ops(sid, root, waits=not local))
         # a gate on one stage in six of the first group (``after``), two in seven of a later
-        # one (``after`` or ``before``)
+        # one (``after`` or ``before``); a stage alone in its group may also time out on it
         gates: list[str | None] = [None] * 5 + ["after"] + ([] if root else ["before"])
+        gates += ["timeout"] if alone else []
         gate = None if local else draw(st.sampled_from(gates))
         return StageCase(
             id=sid,
@@ -268,7 +272,10 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                 for _ in range(max_attempts)
             ),
             compensation=draw(st.sampled_from([None, None, "ok", "ok", "fail"])),
-            hold=not local and draw(st.sampled_from([False, False, False, True])),
+            # (a stage that times out on its gate never reaches a hold)
+            hold=not local
+            and gate != "timeout"
+            and draw(st.sampled_from([False, False, False, True])),
             value=draw(value_json),
             local=local,
             gate=gate,

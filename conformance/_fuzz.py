@@ -174,6 +174,9 @@ def early_waits(case: Case) -> list[Wait]:
     return out
 
 
+_GATE_TIMEOUT = timedelta(milliseconds=400)  # ``StageCase.gate == "timeout"``
+
+
 def _build(case: Case, rt: _Runtime) -> Workflow[Num]:
     wf: Workflow[Num] = Workflow(unique_id("fz"), input=Num)
     built: dict[str, Any] = {}
@@ -183,6 +186,7 @@ def _build(case: Case, rt: _Runtime) -> Workflow[Num]:
             after=[built[d] for d in s.after],
             local=s.local,
             after_signal=s.gate_signal if s.gate is not None else None,
+            after_signal_timeout=_GATE_TIMEOUT if s.gate == "timeout" else None,
             # (a gate declares its signal, and once one stage declares, the run refuses a name
             # none declares: every stage declares the signals it waits for)
             signals=[op.name for op in s.ops if isinstance(op, Wait)]

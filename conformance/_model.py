@@ -11,7 +11,9 @@ and the order compensations ran in.
 A stage gated ``after_signal`` (``StageCase.gate``) waits as a body that begins with that wait
 and no timeout, except that its body is not invoked before the signal (no ``body:`` count for
 the suspension) and the gate journals nothing while it waits; a retry or a redrive of the stage
-finds the signal journaled and passes at once.
+finds the signal journaled and passes at once. A ``timeout`` gate (``after_signal_timeout``,
+never sent) suspends once, then its attempt fails with StepTimeoutError, and so does every
+retry, without a suspension; the body never runs.
 """
 
 from __future__ import annotations
@@ -160,6 +162,13 @@ class _Sim:
         hold."""
         led = self.ledger[s.id]
         got: list[Any] = []
+        if s.gate == "timeout":  # never sent: the first wait suspends, then every attempt
+            name = s.gate_signal  # fails at once on the journaled timeout, the body never runs
+            if led.get(s.gate_signal) is None:
+                led[name] = "waiting"
+                return "suspend", ("signal", f"signal:{name}")
+            led[name] = "timedout"
+            return "fail", ("StepTimeoutError", True)
         if s.gate is not None:
             name = s.gate_signal
             if led.get(name) is None and s.gate == "after":

@@ -4,6 +4,7 @@ drift from what the scenarios (and so the drivers) were checked against."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -286,6 +287,28 @@ def test_a_buffered_gate_does_not_suspend() -> None:
     assert exp.signals == {"gate_b": [[False, False], [False, True]]}  # repeat: not queued
 
 
+def test_a_gate_that_times_out_fails_every_attempt_without_the_body() -> None:
+    """As a body that begins with an uncaught timed wait, minus the body: one suspension,
+    then each attempt fails with StepTimeoutError (the retries at once); earlier stages are
+    compensated, nothing after runs."""
+    w = StageCase("w", after=("a",), max_attempts=2, ops=(RunStep("x"),), gate="timeout")
+    case = Case((StageCase("a", compensation="ok"), w, StageCase("z", after=("w",))))
+    exp = expect(case)
+    assert exp.trace[4:] == [
+        ["stage.started", "w", 1],
+        ["stage.suspended", "w", "signal", "signal:gate_w"],
+        ["stage.failed", "w", 1, "StepTimeoutError", True],
+        ["stage.started", "w", 2],
+        ["stage.failed", "w", 2, "StepTimeoutError", False],
+        ["stage.compensated", "a"],
+        ["run.failed", "StepTimeoutError", None],
+    ]
+    assert exp.counts == {"body:a": 1, "comp:a": 1}
+    assert exp.error == ["StepTimeoutError", "w"] and exp.signals == {}
+    # a redrive is for scripted failures: a timed-out gate is not redriven
+    assert expect(replace(case, redrive=True)).trace == exp.trace
+
+
 def test_a_retry_passes_the_journaled_gate() -> None:
     w = StageCase("w", max_attempts=3, outcomes=("error", "error", "ok"), gate="after")
     exp = expect(Case((w,)))
@@ -389,7 +412,7 @@ def test_the_generator_draws_gates_where_they_are_deterministic() -> None:
 
     from conformance._cases import groups_of
 
-    drawn: dict[str, int] = {"after": 0, "before": 0}
+    drawn: dict[str, int] = {"after": 0, "before": 0, "timeout": 0}
 
     @settings(
         max_examples=100,
@@ -406,9 +429,11 @@ def test_the_generator_draws_gates_where_they_are_deterministic() -> None:
                 continue
             drawn[s.gate] += 1
             assert not s.local
-            assert s.gate == "after" or s.id not in first
+            assert s.gate != "before" or s.id not in first
+            if s.gate == "timeout":  # its deadline is not ordered with siblings
+                assert [s.id] in groups_of(case) and not s.hold
             assert f"gate_{s.id}" == s.gate_signal
         assert eval(case.to_python()) == case
 
     check()
-    assert drawn["after"] > 0 and drawn["before"] > 0
+    assert drawn["after"] > 0 and drawn["before"] > 0 and drawn["timeout"] > 0
