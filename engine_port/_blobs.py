@@ -8,9 +8,10 @@ import contextlib
 import errno
 import hashlib
 import os
+import stat
 import uuid
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Protocol
 
 from ._serde import JSON, dumps, loads
@@ -49,8 +50,9 @@ def check_key(key: str) -> str:
     """Reject keys that could escape a store's root (absolute paths, '..', backslashes)."""
     if not isinstance(key, str) or not key or "\x00" in key or "\\" in key:
         raise UnsafeBlobKeyError(str(key))
-    path = PurePosixPath(key)
-    if path.is_absolute() or any(part in ("..", ".", "") for part in key.split("/")):
+    # (an absolute POSIX path starts with "/": ``PurePosixPath.is_absolute`` in a tenth of
+    # the time, on every blob read and write)
+    if key.startswith("/") or any(part in ("..", ".", "") for part in key.split("/")):
         raise UnsafeBlobKeyError(key)
     return key
 
@@ -74,13 +76,36 @@ class FolderBlobStore:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
+        self._base = str(self.root).rstrip("/")  # (the root "/": "", each part adds "/...")
 
     def _path(self, key: str) -> Path:
         check_key(key)
+        if self._no_link_in(key):
+            # the resolved root, then parts that are no symlink nor "..": resolved already
+            return self.root / key
         path = (self.root / key).resolve()
         if not path.is_relative_to(self.root):
             raise UnsafeBlobKeyError(key)
         return path
+
+    def _no_link_in(self, key: str) -> bool:
+        """Whether no part of ``key`` (a checked key) is a symlink under the root, up to the
+        first part that does not exist: then the key's path is its own resolved path, and
+        ``_path`` need not resolve it (``Path.resolve`` was ~40 us of a ~100 us ``put_now``:
+        it looks at every part of the root too, in Python). A symlink found (or a part that
+        cannot be looked at): False, and ``_path`` resolves as before."""
+        at = self._base
+        for part in key.split("/"):
+            at = f"{at}/{part}"
+            try:
+                mode = os.lstat(at).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                return True  # nothing below it exists: nothing to follow
+            except OSError:
+                return False
+            if stat.S_ISLNK(mode):
+                return False
+        return True
 
     def put_now(self, key: str, data: bytes) -> None:
         """``put`` on the calling thread (no hop to a worker thread): for small blobs written
@@ -116,8 +141,8 @@ class FolderBlobStore:
                 "themselves once there is room"
             ) from None
         finally:
-            tmp.unlink(missing_ok=True)
             if not written:
+                tmp.unlink(missing_ok=True)  # (renamed when written: nothing left to remove)
                 # a failed write leaves no empty runs/<id>/ behind (a start that could not
                 # spill its input made no run); a folder another write put a blob in stays
                 for folder in reversed(created):

@@ -160,6 +160,41 @@ async def test_symlink_escaping_the_root_is_rejected(tmp_path: Path) -> None:
     assert list(outside.iterdir()) == []
 
 
+async def test_a_symlink_deeper_in_the_key_escaping_the_root_is_rejected(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "runs").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "runs" / "link").symlink_to(outside)
+    store = FolderBlobStore(root)
+    for key in ("runs/link/x", "runs/link/a/b"):
+        with pytest.raises(UnsafeBlobKeyError):
+            await store.put(key, b"x")
+        with pytest.raises(UnsafeBlobKeyError):
+            await store.get(key)
+    assert list(outside.iterdir()) == []
+
+
+async def test_a_symlink_inside_the_root_is_followed(tmp_path: Path) -> None:
+    """A key's path is not resolved when none of its parts is a symlink (``_path``'s fast
+    look); one that is, and stays inside the root, is followed as before."""
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    (root / "link").symlink_to(root / "real")
+    store = FolderBlobStore(root)
+    await store.put("link/x", b"1")
+    assert (root / "real" / "x").read_bytes() == b"1"
+    assert await store.get("link/x") == b"1"
+    assert await store.get("real/x") == b"1"
+
+
+async def test_put_leaves_no_temp_file(tmp_path: Path) -> None:
+    store = FolderBlobStore(tmp_path)
+    await store.put("runs/r/a.json", b"1")
+    store.put_now("runs/r/b.json", b"2")
+    assert files_under(tmp_path) == ["runs/r/a.json", "runs/r/b.json"]
+
+
 async def test_get_of_a_missing_key_raises_spilled_payload_unavailable(store: Any) -> None:
     with pytest.raises(SpilledPayloadUnavailableError, match="nope/x") as exc:
         await store.get("nope/x")
