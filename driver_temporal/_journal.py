@@ -39,6 +39,7 @@ __all__ = [
     "put_small",
     "read_run_journals",
     "step_records",
+    "writes_now",
 ]
 
 # the folders of a run's journals under ``journal_run_prefix``: ``<stage>/r<redrive>/<kind>/``
@@ -54,16 +55,24 @@ JournalKey = tuple[str, int, str]
 INLINE_PUT_MAX = 64 * 1024
 
 
+def writes_now(store: BlobStore, data: bytes) -> bool:
+    """Whether ``put_small`` writes ``data`` on the calling thread (``put_now``): a
+    ``FolderBlobStore`` whose ``put`` is its own (not a wrapper that counts or fails writes),
+    and a blob up to ``INLINE_PUT_MAX`` bytes."""
+    return (
+        isinstance(store, FolderBlobStore)
+        and type(store).put is FolderBlobStore.put
+        and len(data) <= INLINE_PUT_MAX
+    )
+
+
 async def put_small(store: BlobStore, key: str, data: bytes) -> None:
     """``store.put``, but on a ``FolderBlobStore`` a blob up to ``INLINE_PUT_MAX`` bytes is
     written without a thread hop, as the step journal writes (same file and rename, same
     durability: no fsync). A subclass that overrides ``put`` (a wrapper that counts or fails
     writes) keeps its own."""
-    if (
-        isinstance(store, FolderBlobStore)
-        and type(store).put is FolderBlobStore.put
-        and len(data) <= INLINE_PUT_MAX
-    ):
+    if writes_now(store, data):
+        assert isinstance(store, FolderBlobStore)
         store.put_now(key, data)
         return
     await store.put(key, data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import pydantic_core
@@ -16,7 +17,15 @@ import pytest
 
 from driver_temporal._activities import DriverActivities, EventStats
 from driver_temporal._run_end import RunEnds
-from engine_port import ClaimCheck, Event, MemoryBlobStore, MemorySink, Registry, StageRunner
+from engine_port import (
+    ClaimCheck,
+    Event,
+    FolderBlobStore,
+    MemoryBlobStore,
+    MemorySink,
+    Registry,
+    StageRunner,
+)
 
 RULE = {"dead_after": 3, "dead_min_s": 0.0, "retry_initial_s": 0.02, "retry_max_s": 0.05}
 
@@ -115,6 +124,30 @@ async def test_a_sinkless_worker_keeps_the_events() -> None:
     ends, _ = _ends(None, store)
     await _record(ends, "r1", _events("r1", [1, 2]))
     assert len(await store.list("outbox/r1/")) == 1  # one batch
+
+
+def test_a_sinkless_worker_on_a_folder_store_records_on_the_calling_thread(
+    tmp_path: Path,
+) -> None:
+    """No hop to the worker's event loop (here one that does not run: a hop would wait
+    for it in vain): the state and the kept batch are written by the workflow's thread."""
+    store = FolderBlobStore(tmp_path)
+    ends, _ = _ends(None, store)
+    loop = asyncio.new_event_loop()
+    try:
+        ends.record(loop, "r1", {"status": "completed"}, _events("r1", [1, 2]), False, RULE)
+        ends.hand(loop, "r2", _events("r2", [3]), True, RULE)
+    finally:
+        loop.close()
+    assert (tmp_path / "runs/r1/state.json").read_bytes() == b'{"status":"completed"}'
+    kept = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.json"))
+    assert kept == [
+        "outbox/r1/0000000001-to-0000000002.json",
+        "outbox/r2/0000000003-to-0000000003.json",
+        "runs/r1/state.json",
+    ]
+    batch = (tmp_path / "outbox/r1/0000000001-to-0000000002.json").read_bytes()
+    assert [e["seq"] for e in pydantic_core.from_json(batch)] == [1, 2]
 
 
 async def test_dead_letters_are_reported_with_the_sinks_error() -> None:
