@@ -859,7 +859,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if timeout is None:
             return await self._wait(run_id, None)
         try:
-            return await asyncio.wait_for(self._wait(run_id, timeout), timeout + _WAIT_GRACE_S)
+            # (``asyncio.timeout``, not ``wait_for``: no task of its own, whose hand-over cost
+            # the caller loop turns once the run ended)
+            async with asyncio.timeout(timeout + _WAIT_GRACE_S):
+                return await self._wait(run_id, timeout)
         except TimeoutError:
             raise _rpc.silent(
                 self.settings.temporal_address,
@@ -868,7 +871,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
 
     async def _wait(self, run_id: str, timeout: float | None) -> RunInfo:
         try:
-            close = await asyncio.wait_for(self._ended(run_id), timeout)
+            async with asyncio.timeout(timeout):
+                close = await self._ended(run_id)
         except TimeoutError:
             info = await self.get_run(run_id)
             if info.status in TERMINAL_RUN_STATUSES:  # it ended as the time ran out (or at 0)
