@@ -51,14 +51,18 @@ class TxBatcher(Generic[T]):
         self._drainer: asyncio.Task[None] | None = None
         self.batches = 0  # shared transactions committed (for tests and the bench notes)
 
-    async def run(self, *args: Any) -> T:
+    async def run(self, *args: Any, turn: bool = True) -> T:
+        """``turn=False``: the caller suspends, or ends its task, right after (see
+        :meth:`Database.tx_then_yield`)."""
         if self._busy:
             future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
             self._queue.append((args, future))
             return await future
         self._busy = True
         try:
-            return await self.db.tx(self.fn, *args)
+            if turn:
+                return await self.db.tx(self.fn, *args)
+            return await self.db.tx_then_yield(self.fn, *args)
         finally:
             if self._queue:
                 self._drainer = asyncio.create_task(self._drain())

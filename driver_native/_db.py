@@ -122,7 +122,7 @@ class _WriterBusy(Exception):
     goes to the database thread instead (which waits for the lock there)."""
 
 
-async def _shielded(coro: Coroutine[Any, Any, T]) -> T:
+async def _shielded(coro: Coroutine[Any, Any, T], *, turn: bool = True) -> T:
     """``await asyncio.shield(coro)``: ``coro`` runs in a task of its own, which cancelling
     the caller does not cancel, and its result or error is the caller's. With one turn of
     the event loop less than ``asyncio.shield`` (whose task's end reaches the caller through
@@ -134,12 +134,16 @@ async def _shielded(coro: Coroutine[Any, Any, T]) -> T:
     transaction on the loop whose answers come within its blocking poll (``_pgloop``) never
     suspends and ends here, with no task made and no loop turn but the one the caller yields
     after it (as it yielded before: a transaction stays a suspension point). One that
-    suspends goes on in a task (in the same context) from where it stopped."""
+    suspends goes on in a task (in the same context) from where it stopped.
+
+    ``turn=False``: a caller that suspends (or ends its task) right after has that turn
+    already; one that never suspended returns at once, without a loop turn of its own."""
     context = contextvars.copy_context()
     try:
         step = context.run(coro.send, None)
     except StopIteration as done:
-        await asyncio.sleep(0)  # (a suspension point, as the task's turn was)
+        if turn:
+            await asyncio.sleep(0)  # (a suspension point, as the task's turn was)
         result: T = done.value
         return result
     loop = asyncio.get_running_loop()
@@ -394,10 +398,12 @@ class Database:
             time.sleep(wait)
             delay = min(delay * 2, _MAX_DELAY)
 
-    async def _retrying(self, call: Callable[[_Try], T], *, inline_ok: bool = True) -> T:
+    async def _retrying(
+        self, call: Callable[[_Try], T], *, inline_ok: bool = True, turn: bool = True
+    ) -> T:
         if self._loop_conns is not None:
             # (shielded: a transaction begun runs to its end, as on a database thread)
-            return await _shielded(self._retrying_on_loop(self._loop_conns, call))
+            return await _shielded(self._retrying_on_loop(self._loop_conns, call), turn=turn)
         loop = asyncio.get_running_loop()
         inline = self._inline if inline_ok and self._inline is not None else None
         inline = inline if inline is not None and inline.usable() else None
@@ -551,6 +557,15 @@ class Database:
         """Run ``fn(conn, ...)`` in one transaction on the database thread pool (retried on
         transient connection errors, see the module docstring)."""
         return await self._retrying(lambda attempt: self._tx_once(attempt, fn, *a, **k))
+
+    async def tx_then_yield(
+        self, fn: Callable[Concatenate[Connection, P], T], *a: P.args, **k: P.kwargs
+    ) -> T:
+        """:meth:`tx` for a caller that suspends, or ends its task, right after it (a stage
+        outcome's record): on PostgreSQL a transaction answered within its blocking poll
+        returns without the loop turn :meth:`tx` takes after it (the caller's own suspension
+        is that turn: one turn of the event loop less on a stage's way to the next)."""
+        return await self._retrying(lambda attempt: self._tx_once(attempt, fn, *a, **k), turn=False)
 
     @property
     def safe_url(self) -> str:

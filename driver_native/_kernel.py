@@ -733,11 +733,13 @@ class Kernel:
         read_final: bool,
         spilled: tuple[Any, str | None] | None = None,
         begun: _progress.Begin | None = None,
+        turn: bool = True,
     ) -> tuple[str, Any]:
         """Record a transition; with ``read_final``, a transition that finishes the run
         returns its final state too (else None). ``spilled``: what :meth:`_spill` made of
         the outcome already (under the attempt's heartbeats). ``begun``: the attempt's begin
-        (PostgreSQL: the outcome is predicted from it, see ``_progress.apply_outcome``)."""
+        (PostgreSQL: the outcome is predicted from it, see ``_progress.apply_outcome``).
+        ``turn=False``: the caller ends its task right after (``TxBatcher.run``)."""
         job = cmd.job
         shape = self.shape_for(job.wfv)
         outcome, key = spilled if spilled is not None else await self._spill(job, cmd.outcome)
@@ -753,7 +755,9 @@ class Kernel:
                 else:
                     del self._unpredictable[where]
             try:
-                result, final = await self._outcomes.run(*args, known, begun, self._job_ids)
+                result, final = await self._outcomes.run(
+                    *args, known, begun, self._job_ids, turn=turn
+                )
             except DBAPIError as exc:
                 if not _progress.guard_failed(exc):
                     raise
@@ -762,9 +766,11 @@ class Kernel:
                 self._unpredictable[where] = UNPREDICTABLE_SKIPS
                 if handoff is not None:
                     handoff.quiet = handoff.finished = False
-                result, final = await self._outcomes.run(*args, known, None, self._job_ids)
+                result, final = await self._outcomes.run(
+                    *args, known, None, self._job_ids, turn=turn
+                )
         else:
-            result, final = await self._outcomes.run(*args, known, None, self._job_ids)
+            result, final = await self._outcomes.run(*args, known, None, self._job_ids, turn=turn)
         if key is not None and result != "completed" and not await self._stored_output(job, key):
             # (a re-run of the transaction after a lost acknowledgement reports "discarded"
             # although its first try committed this very output: that blob stays)
@@ -928,7 +934,8 @@ class Kernel:
         handoff = _progress.Handoff(worker, self.settings.lease_threshold, limit)
         waited = self.wants_final is not None and self.wants_final(job.run_id)
         transition = Transition(job, worker, outcome)
-        result, final = await self._record(transition, handoff, waited, spilled, begin)
+        # (the job's task ends right after: the record needs no loop turn of its own)
+        result, final = await self._record(transition, handoff, waited, spilled, begin, turn=False)
         if handoff.finished:
             self._run_finished(job.run_id, final)
         if (handoff.jobs or handoff.quiet) and cmd.on_handoff is not None:

@@ -138,19 +138,23 @@ def _ack_lost_after(db: Any, commits: Callable[[Any], bool]) -> list[bool]:
 def _inject(
     engine: NativeEngine, fails: Callable[[Any, tuple[Any, ...]], bool], exc: BaseException
 ) -> list[str]:
-    """Make ``engine.kernel.db.tx`` raise ``exc`` (instead of running the transaction) for
-    each call ``fails(fn, args)`` picks; returns the list of names of the calls it failed."""
+    """Make ``engine.kernel.db.tx`` (and ``tx_then_yield``, the same transaction for a caller
+    that suspends right after) raise ``exc`` (instead of running the transaction) for each
+    call ``fails(fn, args)`` picks; returns the list of names of the calls it failed."""
     db = engine.kernel.db
-    real = db.tx
     failed: list[str] = []
 
-    async def tx(fn: Any, *args: Any, **kw: Any) -> Any:
-        if fails(fn, args):
-            failed.append(getattr(fn, "__name__", repr(fn)))
-            raise exc
-        return await real(fn, *args, **kw)
+    def failing(real: Any) -> Any:
+        async def tx(fn: Any, *args: Any, **kw: Any) -> Any:
+            if fails(fn, args):
+                failed.append(getattr(fn, "__name__", repr(fn)))
+                raise exc
+            return await real(fn, *args, **kw)
 
-    db.tx = tx  # type: ignore[method-assign]
+        return tx
+
+    db.tx = failing(db.tx)  # type: ignore[method-assign]
+    db.tx_then_yield = failing(db.tx_then_yield)  # type: ignore[method-assign]
     return failed
 
 
