@@ -12,8 +12,8 @@ import dataclasses
 import itertools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
@@ -89,6 +89,8 @@ from ._sql import select_where
 __all__ = ["Kernel"]
 
 log = logging.getLogger("wfe.kernel")
+
+T = TypeVar("T")
 
 
 def _token() -> str:
@@ -250,6 +252,66 @@ def _revive(command: Command, stored: Any) -> Any:
     return stored
 
 
+class _Stops:
+    """The cancels of the task running a stage attempt made by its heartbeats or its ledger
+    (the lease found gone), told apart from anyone else's (the host stopping)."""
+
+    __slots__ = ("made", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.made = 0
+
+    def cancel(self) -> None:
+        if self.task.cancel():
+            self.made += 1
+
+    def take_back(self) -> None:
+        """Ours no longer count in the task's ``cancelling()`` (delivered, or to be ignored)."""
+        for _ in range(self.made):
+            self.task.uncancel()
+        self.made = 0
+
+    async def due(self) -> bool:
+        """After an attempt that ended although a cancel of ours was made: whether that
+        cancel was still to be delivered (a task cancelled as its coroutine returns ends
+        cancelled); False when the attempt caught it and went on. Ours are taken back."""
+        try:
+            await asyncio.sleep(0)  # (a cancel not delivered yet is delivered here)
+        except asyncio.CancelledError:
+            return True
+        finally:
+            self.take_back()
+        return False
+
+
+async def _stoppable(attempt: Coroutine[Any, Any, T], stop: _Stops, beat: _Beat) -> T | None:
+    """Await ``attempt`` in the task ``stop`` cancels: its result, or None when a cancel of
+    ``stop``'s stopped it (a CancelledError of anyone else's, the host stopping, is raised);
+    then no more heartbeats."""
+    task = stop.task
+    try:
+        try:
+            result = await attempt
+        except asyncio.CancelledError:
+            stop.take_back()
+            if task.cancelling():
+                raise  # the host is shutting down: it releases the lease
+            return None
+        except BaseException:
+            stop.take_back()
+            raise
+        # (a cancel of ours made as the attempt ended, not delivered yet, stops it all the
+        # same, as it stopped the attempt's own task)
+        if stop.made and await stop.due():
+            if task.cancelling():
+                raise asyncio.CancelledError  # (the host's too)
+            return None
+        return result
+    finally:
+        await beat.stop()
+
+
 class _Beat:
     """The heartbeats of a job's lease while ``task`` runs its attempt: one every
     ``heartbeat_interval`` after the previous one ended; a lease found gone (or a stop
@@ -258,7 +320,12 @@ class _Beat:
     awaited per attempt cost more CPU than a no-op stage's own work."""
 
     def __init__(
-        self, kernel: Kernel, job: Any, worker: str, task: asyncio.Task[Any], cancel: asyncio.Event
+        self,
+        kernel: Kernel,
+        job: Any,
+        worker: str,
+        task: asyncio.Task[Any] | _Stops,
+        cancel: asyncio.Event,
     ) -> None:
         self.kernel, self.job, self.worker, self.task, self.cancel = (
             kernel,
@@ -872,7 +939,7 @@ class Kernel:
         def lost() -> None:  # a ledger write found the lease gone: stop as _beat would
             self._lease_lost(job, worker)
             cancel.set()
-            task.cancel()
+            stop.cancel()
 
         ledger = SqlStepLedger(
             self.db,
@@ -919,17 +986,17 @@ class Kernel:
             beat.settled = True
             return outcome, await self._spill(job, outcome)
 
-        task = asyncio.create_task(attempt())
-        beat = _Beat(self, job, worker, task, cancel)
-        try:
-            outcome, spilled = await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # the host is shutting down: it releases the lease
+        # the attempt runs in this task (a task of its own cost two turns of the event loop
+        # per stage: its start, and this task's wake-up at its end); the heartbeats and the
+        # ledger cancel this task when the lease is found gone (``_Stops``)
+        current = asyncio.current_task()
+        assert current is not None
+        stop = _Stops(current)
+        beat = _Beat(self, job, worker, stop, cancel)
+        ran = await _stoppable(attempt(), stop, beat)
+        if ran is None:
             return await self._transition(Transition(job, worker, None, cancelled=True))
-        finally:
-            await beat.stop()
+        outcome, spilled = ran
         limit = cmd.handoff if cmd.on_handoff is not None else 0
         handoff = _progress.Handoff(worker, self.settings.lease_threshold, limit)
         waited = self.wants_final is not None and self.wants_final(job.run_id)

@@ -5,6 +5,7 @@ transaction that records it, and wait() learns of the end from the worker (issue
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections import Counter
 from typing import Any
@@ -198,3 +199,42 @@ async def test_two_stages_waiting_for_one_name_each_resume_with_their_own_signal
     assert outputs["left"]["seed"] == outputs["right"]["seed"] == 7
     assert sorted([outputs["left"]["got"]["k"], outputs["right"]["got"]["k"]]) == [1, 2]
     assert second.name == "go"
+
+
+_SEEN: contextvars.ContextVar[str] = contextvars.ContextVar("wfe_test_seen", default="unset")
+
+
+async def test_a_stage_handed_on_does_not_see_what_the_previous_stage_set_in_its_context(
+    make_engine: MakeEngine,
+) -> None:
+    """A context variable a stage body sets stays in that body (it runs in a task of its
+    own, ``StageRunner._bounded``), also now that the attempt around it runs in its job's
+    task: the stage it hands on to this worker does not see it."""
+    wf = Workflow("ctx-handoff", input=w.Item)
+    seen: list[str] = []
+
+    @wf.stage
+    async def first(ctx: StageContext[Any]) -> int:
+        seen.append(_SEEN.get())
+        _SEEN.set("first")
+        return 1
+
+    @wf.stage(after=[first])
+    async def second(ctx: StageContext[Any]) -> int:
+        seen.append(_SEEN.get())
+        _SEEN.set("second")
+        return 2
+
+    @wf.stage(after=[second])
+    async def third(ctx: StageContext[Any]) -> int:
+        seen.append(_SEEN.get())
+        return 3
+
+    engine = await make_engine(wf)
+    async with engine.worker() as host:
+        run = await engine.start(wf, {})
+        info = await engine.wait(run.id, timeout=30)
+        assert host.stats()["handed_off"] >= 3  # (each stage went straight to the worker)
+    assert info.status == "completed"
+    assert seen == ["unset", "unset", "unset"]
+    assert _SEEN.get() == "unset"
