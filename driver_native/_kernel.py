@@ -424,6 +424,10 @@ class Kernel:
         # (reads first) after its guard found a prediction wrong (a workflow whose stages
         # emit events, a fan-in): a prediction that keeps failing costs a round trip more
         self._unpredictable: dict[str, int] = {}
+        # stage attempts under way in this process (``_execute``): with others, an outcome's
+        # record keeps its loop turn, in which theirs queue to share its batch's next
+        # transaction (``TxBatcher``: a fan-out's siblings, the stages of many runs)
+        self._attempts = 0
         # job id -> (job, worker): attempts abandoned while the database was unreachable,
         # whose lease could not be given back then; a worker gives them back as soon as the
         # database answers again (``return_leases``), so they do not wait for the lease to
@@ -866,7 +870,11 @@ class Kernel:
             if cmd.job.kind == "compensate":
                 result = await self._compensate(cmd)
             else:
-                result = await self._execute_stage(cmd)
+                self._attempts += 1
+                try:
+                    result = await self._execute_stage(cmd)
+                finally:
+                    self._attempts -= 1
         except Exception as exc:
             if not (isinstance(exc, _CompensationAbandoned) or is_storage_fault(exc)):
                 raise
@@ -1001,8 +1009,11 @@ class Kernel:
         handoff = _progress.Handoff(worker, self.settings.lease_threshold, limit)
         waited = self.wants_final is not None and self.wants_final(job.run_id)
         transition = Transition(job, worker, outcome)
-        # (the job's task ends right after: the record needs no loop turn of its own)
-        result, final = await self._record(transition, handoff, waited, spilled, begin, turn=False)
+        # (alone, the record needs no loop turn of its own: the job's task ends right after)
+        alone = self._attempts <= 1
+        result, final = await self._record(
+            transition, handoff, waited, spilled, begin, turn=not alone
+        )
         if handoff.finished:
             self._run_finished(job.run_id, final)
         if (handoff.jobs or handoff.quiet) and cmd.on_handoff is not None:
