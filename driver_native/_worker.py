@@ -527,11 +527,30 @@ class WorkerHost:
         return True
 
     async def _run_job(self, job: Any, begun: Any = None) -> None:
+        """Run ``job``; then, when its outcome handed exactly one stage on to this worker, run
+        that one in this task too (a task made per handed-on stage cost a turn of the event
+        loop between a stage and the next, and the task's making and ending)."""
+        current = asyncio.current_task()
+        following: tuple[Any, Any] | None = (job, begun)
+        while following is not None:
+            following = await self._run_one(*following, current)
+
+    async def _run_one(
+        self, job: Any, begun: Any, current: asyncio.Task[Any] | None
+    ) -> tuple[Any, Any] | None:
+        """One job of :meth:`_run_job`: the stage handed on that this task runs next."""
         adopted: list[bool] = []
+        following: list[tuple[Any, Any]] = []
 
         def on_handoff(handed: list[tuple[Any, Any]]) -> None:
             adopted.append(True)
-            self._adopt(handed)
+            if len(handed) == 1 and current is not None and not following:
+                # (leased to this worker and marked running: this task runs it next)
+                following.append(handed[0])
+                self._counts["handed_off"] += 1
+                self._active[handed[0][0].id] = (handed[0][0], current)
+            else:
+                self._adopt(handed)
 
         try:
             free = max(0, self.concurrency - len(self._active) + 1)
@@ -578,6 +597,7 @@ class WorkerHost:
                 self._wake.set()
             if self.on_job_done is not None:
                 self.on_job_done(job.run_id)
+        return following[0] if following else None
 
 
 def _some(ids: list[str], most: int = 10) -> str:

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from driver_native import ClaimPending, ExecuteJob, ReapStaleLeases, _schema
 from driver_native._engine import NativeEngine
+from engine_port import StageContext, Workflow
 
 from . import workflows as w
 from .conftest import MakeEngine, eventually, types
@@ -134,3 +135,50 @@ async def test_graceful_shutdown_releases_the_lease(make_engine: MakeEngine) -> 
     assert info.stage("slow").attempt == 1
     assert w.COUNTS["slow"] == 2
     assert types(await engine.events(run.id), "slow") == ["stage.started", "stage.completed"]
+
+
+handed = Workflow("it-handed-held", input=w.Item)
+
+
+@handed.stage
+async def first(ctx: StageContext[w.Item]) -> int:
+    return 1
+
+
+@handed.stage(after=[first])
+async def blocked(ctx: StageContext[w.Item]) -> str:
+    w.COUNTS["blocked"] += 1
+    w.started("blocked").set()
+    if w.BLOCK.get("blocked"):
+        await asyncio.sleep(3600)
+    return "done"
+
+
+async def test_graceful_shutdown_releases_the_lease_of_a_stage_handed_on(
+    make_engine: MakeEngine,
+) -> None:
+    """A stage handed on to the worker by the previous stage's outcome runs in that stage's
+    task (``WorkerHost._run_job``): a stop still finds it running and gives its lease back."""
+    engine = await make_engine(handed, lease_seconds=30)
+    w.BLOCK["blocked"] = True
+    async with engine.worker(worker_id="leaving", shutdown_timeout=0.2) as host:
+        run = await engine.start(handed, {"n": 1})
+        await asyncio.wait_for(w.started("blocked").wait(), 5)
+        stats = host.stats()
+        assert stats["running"] == 1
+        assert stats["handed_off"] == 2  # (the first stage by the start, then the second)
+    stats = host.stats()
+    assert stats["released"] == 1
+    assert stats["running"] == 0
+    rows = await engine.kernel.db.read(
+        lambda conn: conn.execute(
+            sa.select(_schema.jobs).where(_schema.jobs.c.run_id == run.id)
+        ).all()
+    )
+    assert [(r.stage_id, r.status, r.lease_owner) for r in rows] == [("blocked", "ready", None)]
+    w.BLOCK["blocked"] = False
+    async with engine.worker(worker_id="next"):
+        info = await engine.wait(run.id, timeout=10)
+    assert info.status == "completed"
+    assert info.stage("blocked").attempt == 1
+    assert w.COUNTS["blocked"] == 2
