@@ -222,7 +222,10 @@ def _signal_and_begin(
             begun, _ = _progress.begin_attempt(conn, job, handoff.worker, now, shape)
         if begun is not None:
             if alone:  # the resumed wait takes this signal now, not in a transaction of its own
-                steps = hand_over(conn, job.run_id, begun.stage_id, begun.steps, name, stored)
+                gate = shape.stage(begun.stage_id).after_signal == name
+                steps = hand_over(
+                    conn, job.run_id, begun.stage_id, begun.steps, name, stored, gate=gate
+                )
                 begun = dataclasses.replace(begun, steps=steps)
             handoff.jobs.append((job, begun))
     return result

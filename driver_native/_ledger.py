@@ -236,26 +236,46 @@ def _take_named() -> Any:
 
 
 def hand_over(
-    conn: Connection, run_id: str, stage_id: str, rows: list[Any], name: str, payload: Any
+    conn: Connection,
+    run_id: str,
+    stage_id: str,
+    rows: list[Any],
+    name: str,
+    payload: Any,
+    *,
+    gate: bool = False,
 ) -> list[Any]:
     """In the transaction that queued signal ``name`` (stored form ``payload``), the only
     unconsumed one of its name, and began the stage it woke: the stage's suspended wait for
     it takes it, as ``_consume`` would when the stage replays (the signal consumed, the step
-    journaled with its payload). Returns the stage's step rows as the replay must see them;
-    unchanged when the stage has no single open wait for ``name``."""
+    journaled with its payload). ``gate``: the stage starts on ``name`` (``after_signal``);
+    without a row of that name its gate is what waits (a gate with no deadline journals
+    nothing while it waits), and it takes the signal as its step ``name``. Returns the
+    stage's step rows as the replay must see them; unchanged when the stage has no single
+    open wait for ``name``."""
     open_waits = [
         i for i, r in enumerate(rows) if r.kind == "signal" and r.signal == name and not r.completed
     ]
+    if not open_waits and gate and all(r.name != name for r in rows):
+        rec = StepRecord(name=name, kind="signal", completed=False, signal=name).done(payload)
+        _take(conn, run_id, stage_id, rec, payload)
+        return [*rows, SimpleNamespace(**_row(run_id, stage_id, rec, payload))]
     if len(open_waits) != 1:
         return rows
     i = open_waits[0]
     rec = step_record(rows[i]).done(payload)
-    execute(conn, _take_named(), {"run_id": run_id, "name": name}, later=True)
-    upsert(conn, steps, _row(run_id, stage_id, rec, payload), ("run_id", "stage_id", "name"))
+    _take(conn, run_id, stage_id, rec, payload)
     taken = SimpleNamespace(
         **{**rows[i]._asdict(), "completed": True, "result": payload, "meta": rec.meta}
     )
     return [*rows[:i], taken, *rows[i + 1 :]]
+
+
+def _take(conn: Connection, run_id: str, stage_id: str, rec: StepRecord, payload: Any) -> None:
+    """``hand_over``'s writes: the run's signals of the name consumed (there is one), the
+    wait's step journaled with the payload."""
+    execute(conn, _take_named(), {"run_id": run_id, "name": rec.signal}, later=True)
+    upsert(conn, steps, _row(run_id, stage_id, rec, payload), ("run_id", "stage_id", "name"))
 
 
 class SqlStepLedger:

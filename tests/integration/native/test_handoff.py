@@ -107,20 +107,38 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
     assert lc.run_started().id == (await engine.events(run.id))[1].id
 
 
+gated = Workflow("it-gated-waiter", input=w.Item)
+
+
+@gated.stage
+async def prep(ctx: StageContext[w.Item]) -> str:
+    return "prepped"
+
+
+@gated.stage(after=[prep], after_signal="go")
+async def wait_go(ctx: StageContext[w.Item]) -> dict[str, Any]:
+    return {"got": await ctx.step.wait_for_signal("go")}
+
+
+@pytest.mark.parametrize("wf", [w.waiter, gated], ids=["wait-in-body", "after-signal"])
 async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
     make_engine: MakeEngine,
     transactions: Counter[str],
     reads: Counter[str],
     round_trips: dict[str, list[int]],
     idle: Counter[str],
+    wf: Workflow[w.Item],
 ) -> None:
     """signal() -> completion with a worker in this process: the signal's transaction leases
     and begins the woken stage (no wake-up, due-jobs look or claim) and its wait takes the
     signal there (no transaction of its own when the stage replays), the stage's outcome ends
-    the run and wait() needs no read: two transactions."""
-    engine = await make_engine(w.waiter)
+    the run and wait() needs no read: two transactions. The same for a stage that starts on
+    the signal (``after_signal``), whose gate journals nothing while it waits: the signal's
+    transaction journals the gate's step (until 2026-12-06 the resumed gate took the signal
+    in a third transaction)."""
+    engine = await make_engine(wf)
     async with engine.worker(maintenance_interval=3600, poll_interval=30) as host:
-        run = await engine.start(w.waiter, {"n": 1})
+        run = await engine.start(wf, {"n": 1})
         for _ in range(500):
             info = await engine.get_run(run.id)
             if any(s.status == "suspended" for s in info.stages):
