@@ -232,30 +232,41 @@ async def _journaled_by_lost_try(
     journal: dict[str, dict[str, Any]],
     raw_signals: dict[str, list[Any]],
     outcome: str | None,
-) -> tuple[list[str], dict[str, Any] | None]:
+) -> tuple[list[str], dict[str, Any] | None, list[tuple[str, str]]]:
     """Merge the steps a lost try of this attempt journaled into ``records`` (and this try's
     ``journal``); returns the signal names it consumed from the task's queues (it took the
-    oldest of its name: it stays taken, removed from ``raw_signals``), and the result
-    document recorded as ``outcome`` by a try that ended, if any."""
+    oldest of its name: it stays taken, removed from ``raw_signals``), the result document
+    recorded as ``outcome`` by a try that ended, if any, and the waits (step key, signal
+    name) that took a signal the task's queues do not hold (after an operator's reset the
+    run holds it again: Temporal re-applied it; see ``_claim_after_reset``)."""
     pre_consumed: list[str] = []
     recorded: dict[str, Any] | None = None
+    unclaimed: list[tuple[str, str]] = []
+    latest: dict[str, dict[str, Any]] = {}
     for r in await log.read():
         if r.get("kind") == "outcome":
             if r["name"] == outcome:
                 recorded = r["doc"]
             continue
+        # the later record of a step wins (a timed wait is journaled pending, then done),
+        # in the order the steps reached their last record
+        latest.pop(r["name"], None)
+        latest[r["name"]] = r
+    for r in latest.values():
         via = r.pop("via", None)
         if records.get(r["name"]) == r:
             continue
         records[r["name"]] = r
         journal[r["name"]] = r
+        if not record_from_json(r).took_signal:
+            continue
         sig = str(r.get("signal"))
-        if via == "take":
-            continue  # taken from the run (wfe.internal.take_signal): it holds it for us
-        if r.get("kind") == "signal" and r.get("completed") and raw_signals.get(sig):
+        if via != "take" and raw_signals.get(sig):
             raw_signals[sig].pop(0)
             pre_consumed.append(sig)
-    return pre_consumed, recorded
+        else:  # (taken from the run with wfe.internal.take_signal: it holds it for us)
+            unclaimed.append((str(r["name"]), sig))
+    return pre_consumed, recorded, unclaimed
 
 
 async def parked_events(store: BlobStore, keys: Sequence[str]) -> list[dict[str, Any]]:
@@ -499,13 +510,14 @@ class DriverActivities:
             raw_signals.setdefault(name, [payload])
         given = {name: len(queue) for name, queue in raw_signals.items()}
         pre_consumed: list[str] = []
+        unclaimed: list[tuple[str, str]] = []
         if info.attempt > 1 or info.is_local or task.get("reset"):
             # a previous try of this attempt died: steps it journaled replay, never run again
             # (a local activity re-run after a lost worker starts again at try 1: always
             # look; after an operator's reset the run's ledger forgot steps: look too)
             # (after a reset the operator asked for the stage again: its body runs)
             outcome_name = None if task.get("reset") else _outcome_name(info, task, compensation)
-            pre_consumed, recorded = await _journaled_by_lost_try(
+            pre_consumed, recorded, unclaimed = await _journaled_by_lost_try(
                 log, records, journal, raw_signals, outcome_name
             )
             if recorded is not None:
@@ -534,6 +546,14 @@ class DriverActivities:
 
             async def take(key: str, name: str) -> tuple[bool, Any]:
                 return await self._take_signal(info, task, given.get(name, 0), key, name)
+
+            if task.get("reset"):
+                for key, name in unclaimed:
+                    # the signal this journaled wait took before the operator's reset is
+                    # queued in the run again (Temporal re-applies the signals that came
+                    # after the reset point): take it for the wait's key, or a later wait
+                    # would take it a second time
+                    await take(key, name)
 
         ledger = _JournalLedger(loaded, signals, journal, spill, log, take)
         outcome, published = await self._run_body(info, task, req, ledger, log, compensation)

@@ -1109,11 +1109,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             # which try of the attempt this is: a local try's result is journaled under it
             # (``_activities._Recorded``), so a lost workflow task does not run it again
             task["try"] = 0 if compensation else st.suspensions
-        wfi = workflow.info()
-        if wfi.run_id != wfi.first_execution_run_id and not self._start.continued:
+        if _was_reset(workflow.info(), self._start.continued):
             # an operator reset this run (a new execution of the same chain): the stage's
             # step journal may hold steps the replayed ledger lacks; the activity reads it
-            # (an execution the run continued as new in carries its whole ledger: no reset)
             task["reset"] = True
         return task
 
@@ -1360,3 +1358,15 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "signal_keys": sorted(self._signal_keys),
             "run_started": self._run_started,
         }
+
+
+def _was_reset(wfi: workflow.Info, continued: bool) -> bool:
+    """Whether this execution is an operator's reset of the run (of its first execution or of
+    one it continued as new in): its started event is a copy of the reset one's, so it names
+    another execution as the one it was written for. A server that leaves that field empty:
+    an execution other than the chain's first that did not continue as new (a reset of a
+    continued execution then goes unseen)."""
+    original = wfi.original_execution_run_id
+    if original:
+        return wfi.run_id != original
+    return wfi.run_id != wfi.first_execution_run_id and not continued

@@ -52,20 +52,6 @@ class Suspend(BaseException):
         self.waiting_for = waiting_for
 
 
-# A timed-out wait is journaled as completed with ``meta={"timeout": deadline}``, so a replay
-# raises StepTimeoutError again even if the signal (or the condition) turns up later. Before
-# ``meta``, its result was ``{TIMEOUT_MARKER: deadline}``: read so only in records of then
-# (``meta`` None), as any JSON, this one too, may be a signal payload or a wait's value.
-TIMEOUT_MARKER = "$wfe_step_timeout"
-
-
-def _timed_out(rec: StepRecord) -> bool:
-    if rec.meta is not None:
-        return "timeout" in rec.meta
-    r = rec.result
-    return isinstance(r, dict) and len(r) == 1 and TIMEOUT_MARKER in r
-
-
 @dataclass
 class BusinessEvent:
     type: str
@@ -279,7 +265,7 @@ class Steps:
         )
         rec = await self._ledger.get(key)
         if rec is not None and rec.completed:
-            if _timed_out(rec):
+            if rec.timed_out:
                 raise _signal_timeout(name, rec)
             return rec.result
         if rec is None:
@@ -342,7 +328,7 @@ class Steps:
         _later(now, interval, f"{what}: interval", positive=True)
         rec = await self._ledger.get(name)
         if rec is not None and rec.completed:
-            if _timed_out(rec):
+            if rec.timed_out:
                 raise _poll_timeout(name, rec)
             self._replayed(rec)
             return rec.result

@@ -13,6 +13,12 @@ __all__ = ["InMemoryLedger", "StepKind", "StepLedger", "StepRecord"]
 
 StepKind = Literal["run", "sleep", "signal", "poll"]
 
+# A timed-out wait is journaled as completed with ``meta={"timeout": deadline}``, so a replay
+# raises StepTimeoutError again even if the signal (or the condition) turns up later. Before
+# ``meta``, its result was ``{TIMEOUT_MARKER: deadline}``: read so only in records of then
+# (``meta`` None), as any JSON, this one too, may be a signal payload or a wait's value.
+TIMEOUT_MARKER = "$wfe_step_timeout"
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -40,6 +46,20 @@ class StepRecord:
     def loaded(self, result: JSON) -> StepRecord:
         """The same record with its result read back (a spilled result opened)."""
         return replace(self, result=result)
+
+    @property
+    def timed_out(self) -> bool:
+        """A completed wait that ended at its deadline (journaled so: a replay raises
+        StepTimeoutError again even if the signal or the condition turns up later)."""
+        if self.meta is not None:
+            return "timeout" in self.meta
+        r = self.result  # (journaled before ``meta``: ``{TIMEOUT_MARKER: deadline}``)
+        return isinstance(r, dict) and len(r) == 1 and TIMEOUT_MARKER in r
+
+    @property
+    def took_signal(self) -> bool:
+        """A signal wait that took a signal (completed, not at its deadline)."""
+        return self.kind == "signal" and self.completed and not self.timed_out
 
 
 class StepLedger(Protocol):

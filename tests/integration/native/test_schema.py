@@ -10,7 +10,6 @@ import sqlalchemy as sa
 from driver_native import ClaimPending, CreateRun, Database, ExecuteJob, Kernel, _schema
 from driver_native._ledger import step_record
 from engine_port import ClaimCheck, EngineSettings, FolderBlobStore, Registry, SystemClock
-from engine_port._context import _timed_out
 
 from . import workflows as w
 from .conftest import MakeEngine
@@ -173,8 +172,8 @@ async def test_v16_adds_step_meta_and_reads_older_steps_as_they_were_written(
         assert db.upgrade() == [16]
         [old] = db.tx_sync(lambda c: c.execute(sa.select(_schema.steps)).all())
         record = step_record(old)
-        assert record.meta is None and _timed_out(record)
-        assert not _timed_out(record.done(record.result))  # journaled now: a value
+        assert record.meta is None and record.timed_out
+        assert not record.done(record.result).timed_out  # journaled now: a value
     finally:
         db.dispose()
 
