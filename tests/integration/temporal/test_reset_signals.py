@@ -29,10 +29,10 @@ LOW = 100
 SIGNALS = 30
 
 
-def reset_workflow(calls: Calls) -> Workflow[In]:
+def reset_workflow(calls: Calls, local: bool = False) -> Workflow[In]:
     wf = Workflow(f"can-reset-{time.monotonic_ns()}", input=In, version="v1")
 
-    @wf.stage(signals=["go"])
+    @wf.stage(signals=["go"], local=local)
     async def s(ctx: StageContext[In]) -> dict[str, Any]:
         await ctx.step.run("charge", lambda: calls.hit("charge"))
         got = []
@@ -44,12 +44,16 @@ def reset_workflow(calls: Calls) -> Workflow[In]:
     return wf
 
 
-@pytest.mark.parametrize("continues", [True, False], ids=["continued", "first-execution"])
+@pytest.mark.parametrize(
+    ("continues", "local"),
+    [(True, False), (False, False), (True, True), (False, True)],
+    ids=["continued", "first-execution", "continued-local", "first-execution-local"],
+)
 async def test_a_reset_runs_no_step_again_and_takes_each_signal_once(
-    make_engine: EngineFactory, continues: bool
+    make_engine: EngineFactory, continues: bool, local: bool
 ) -> None:
     calls = Calls()
-    wf = reset_workflow(calls)
+    wf = reset_workflow(calls, local)
     sink = MemorySink()
     options = {"continue_as_new_events": LOW} if continues else {}
     engine = make_engine(Registry([wf]), sink=sink, options=options)
