@@ -93,9 +93,10 @@ class StageCase:
     # JSON text of a value the stage's step results and its output carry (big and negative
     # integers, extreme floats, -0.0, any unicode, nesting): it must come back as given
     value: str | None = None
-    # a ``local=True`` stage (drawn only for a stage alone in its group that waits for no
-    # signal: a local stage runs inside its run's workflow task on Temporal, where a signal
-    # sent meanwhile only arrives after it; consecutive ones run as one local activity)
+    # a ``local=True`` stage (drawn only for a stage alone in its group; consecutive ones run
+    # as one local activity). Its waits are ``after`` and ``timeout`` ones only: a local stage
+    # runs inside its run's workflow task on Temporal, where a signal sent meanwhile only
+    # arrives after it
     local: bool = False
     # ``@wf.stage(after_signal=gate_signal)``: the stage waits for that signal before its body
     # runs (the body then begins with ``wait_for_signal(gate_signal)``, which returns it at
@@ -106,8 +107,7 @@ class StageCase:
     # after start, buffered, passed without a suspension (only in later groups, as a
     # ``Wait``); ``timeout``: never sent, ``after_signal_timeout`` of 400 ms, so every attempt
     # fails with StepTimeoutError and the body never runs (only on a stage alone in its group:
-    # the deadline is not ordered with siblings). Never on a ``local`` stage (local stages
-    # wait for no signal, see above).
+    # the deadline is not ordered with siblings). Never on a ``local`` stage.
     gate: Literal["after", "before", "timeout"] | None = None
 
     def outcome(self, attempt: int) -> Outcome:
@@ -221,12 +221,11 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
     value_json = st.none() | json_values().map(json.dumps)
 
     @st.composite
-    def _ops(draw: Any, sid: str, root: bool, waits: bool) -> tuple[Op, ...]:
+    def _ops(draw: Any, sid: str, root: bool, local: bool) -> tuple[Op, ...]:
         n = draw(st.integers(0, 4))
         ops: list[Op] = []
         for i in range(n):
-            kinds = ["run", "run", "sleep", "wait", "emit"] if waits else ["run", "sleep", "emit"]
-            kind = draw(st.sampled_from(kinds))
+            kind = draw(st.sampled_from(["run", "run", "sleep", "wait", "emit"]))
             name = f"{sid}{i}"
             if kind == "run":
                 ops.append(RunStep(name, fails=draw(st.sampled_from([0, 0, 0, 1, 2]))))
@@ -238,8 +237,10 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                 )
             else:
                 modes = ["after", "after", "timeout"]
-                modes += [] if root else ["before"]
-                modes += [] if "signal_during_stage" in gaps else ["during"]
+                # (a local stage waits only for a signal sent once its suspension is known, or
+                # for none: one sent while it runs reaches its run only after it on Temporal)
+                modes += [] if root or local else ["before"]
+                modes += [] if "signal_during_stage" in gaps or local else ["during"]
                 mode = draw(st.sampled_from(modes))
                 if mode == "timeout":
                     ops.append(
@@ -255,7 +256,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
     def _stage(draw: Any, sid: str, after: tuple[str, ...], root: bool, alone: bool) -> StageCase:
         max_attempts = draw(st.integers(1, 3))
         local = alone and draw(st.booleans())
-        ops = draw(_ops(sid, root, waits=not local))
+        ops = draw(_ops(sid, root, local))
         # a gate on one stage in six of the first group (``after``), two in seven of a later
         # one (``after`` or ``before``); a stage alone in its group may also time out on it
         gates: list[str | None] = [None] * 5 + ["after"] + ([] if root else ["before"])
