@@ -62,16 +62,7 @@ async def test_a_reset_runs_no_step_again_and_takes_each_signal_once(
         async with engine.worker():
             reset_after: int | None = None
             for i in range(SIGNALS):
-
-                async def waiting(k: int = i) -> bool:
-                    # the stage waits, with the waits before this one taken
-                    info = await engine.get_run(run.id)
-                    if info.stages[0].waiting_for != "signal:go":
-                        return False
-                    steps = await engine.steps(run.id)
-                    return sum(1 for st in steps if st.kind == "signal" and st.completed) == k
-
-                await until(f"the wait for signal {i}", waiting)
+                await wait_number(engine, run.id, "go", i)
                 if reset_after is None and (
                     len(await executions(engine, run.id)) > 1 if continues else i == 5
                 ):
@@ -86,6 +77,19 @@ async def test_a_reset_runs_no_step_again_and_takes_each_signal_once(
     assert done.status == RunStatus.COMPLETED, done
     assert done.output == {"got": list(range(SIGNALS))}
     assert calls.counts == {"charge": 1, **{f"after-{i}": 1 for i in range(SIGNALS)}}
+
+
+async def wait_number(engine: Any, run_id: str, name: str, k: int) -> None:
+    """Until the run's one stage waits for ``name`` with ``k`` signal waits taken before."""
+
+    async def waiting() -> bool:
+        info = await engine.get_run(run_id)
+        if info.stages[0].waiting_for != f"signal:{name}":
+            return False
+        steps = await engine.steps(run_id)
+        return sum(1 for st in steps if st.kind == "signal" and st.completed) == k
+
+    await until(f"the wait for signal {k}", waiting)
 
 
 async def _reset_latest(engine: Any, run_id: str) -> None:

@@ -15,7 +15,8 @@ import pytest
 from engine_port import MemorySink, Registry, RunStatus, StageContext, Workflow
 
 from .conftest import EngineFactory
-from .test_continue_as_new import In, until
+from .test_continue_as_new import In
+from .test_reset_signals import wait_number
 
 pytestmark = pytest.mark.temporal
 
@@ -42,15 +43,7 @@ async def test_each_timed_wait_takes_its_own_signal(
         run = await engine.start(wf, {"n": 1})
         async with engine.worker():
             for i in range(WAITS):
-
-                async def waiting(k: int = i) -> bool:
-                    info = await engine.get_run(run.id)
-                    if info.stages[0].waiting_for != "signal:go":
-                        return False
-                    steps = await engine.steps(run.id)
-                    return sum(1 for st in steps if st.kind == "signal" and st.completed) == k
-
-                await until(f"the wait for signal {i}", waiting, timeout=30)
+                await wait_number(engine, run.id, "go", i)
                 await engine.signal(run.id, "go", {"v": i})
             done = await engine.wait(run.id, timeout=60)
     assert done.status == RunStatus.COMPLETED, done
