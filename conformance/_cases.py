@@ -13,6 +13,7 @@ completion order, compensation order and what a failure or a cancel finds are al
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ __all__ = [
     "Wait",
     "cases",
     "groups_of",
+    "wait_keys",
 ]
 
 # Behaviours DESIGN §5 specifies that a driver does not implement yet (fixes under way). While a
@@ -62,7 +64,15 @@ class Wait:
     start while the stage may already run, its body waits for it before reaching the wait;
     ``timeout``: no signal, ``timeout=ms``, StepTimeoutError caught (``catch``) or not. The
     wait re-reads the clock after journaling its deadline, so a timeout shorter than a busy
-    machine's database round trip times out without suspending: keep ``ms`` >= 400."""
+    machine's database round trip times out without suspending: keep ``ms`` >= 400.
+
+    ``name`` is the signal's. A later ``after`` or ``timeout`` wait of the stage may repeat
+    the name of an earlier ``after`` or ``timeout`` one (an approval loop): the engine journals
+    the k-th wait for a name as the step ``name#k`` from k=2 (``wait_keys``), and the test
+    sends one signal per ``after`` wait, once the stage's k-th suspension on the name reached
+    the sink, its payload naming that step key, so a wait given another wait's signal shows.
+    Never a ``before`` or ``during`` one: those are sent before their wait is reached, and
+    which wait of the name takes which would be a matter of timing."""
 
     name: str
     mode: Literal["after", "before", "during", "timeout"] = "after"
@@ -152,6 +162,21 @@ class Case:
         return "\n".join(lines)
 
 
+def wait_keys(ops: Sequence[Op]) -> list[str | None]:
+    """The step key each op that is a ``Wait`` is journaled under (None for other ops): its
+    name for the first wait for that name in the stage, ``name#k`` for the k-th (as
+    ``ctx.step.wait_for_signal`` keys them)."""
+    seen: dict[str, int] = {}
+    out: list[str | None] = []
+    for op in ops:
+        if not isinstance(op, Wait):
+            out.append(None)
+            continue
+        k = seen[op.name] = seen.get(op.name, 0) + 1
+        out.append(op.name if k == 1 else f"{op.name}#{k}")
+    return out
+
+
 def groups_of(case: Case) -> list[list[str]]:
     """Topological layers (as ``Workflow.graph().groups``): ids sorted within a layer."""
     level: dict[str, int] = {}
@@ -225,7 +250,10 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         n = draw(st.integers(0, 4))
         ops: list[Op] = []
         for i in range(n):
-            kind = draw(st.sampled_from(["run", "run", "sleep", "wait", "emit"]))
+            # (a local stage waits more often: its waits for one name again are what its
+            # tries' journal reads get wrong most easily, see below)
+            kinds = ["run", "run", "sleep", "wait", "emit"] + (["wait", "wait"] if local else [])
+            kind = draw(st.sampled_from(kinds))
             name = f"{sid}{i}"
             if kind == "run":
                 ops.append(RunStep(name, fails=draw(st.sampled_from([0, 0, 0, 1, 2]))))
@@ -242,6 +270,21 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                 modes += [] if root or local else ["before"]
                 modes += [] if "signal_during_stage" in gaps or local else ["during"]
                 mode = draw(st.sampled_from(modes))
+                # an ``after`` or ``timeout`` wait may wait again for the signal of an earlier
+                # such wait of the stage (an approval loop: steps ``name#2``, ...): half the
+                # time, three times in four in a local stage, whose every try re-reads what
+                # the tries before it journaled (counting a step's records twice there once
+                # handed the first wait the second wait's signal on Temporal)
+                again = list(
+                    dict.fromkeys(
+                        op.name
+                        for op in ops
+                        if isinstance(op, Wait) and op.mode in ("after", "timeout")
+                    )
+                )
+                repeat = st.sampled_from([True, True, True, False]) if local else st.booleans()
+                if again and mode in ("after", "timeout") and draw(repeat):
+                    name = draw(st.sampled_from(again))
                 if mode == "timeout":
                     ops.append(
                         Wait(

@@ -32,7 +32,7 @@ from engine_port import (
 )
 from engine_port.errors import RunNotActiveError, StepTimeoutError
 
-from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of
+from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of, wait_keys
 from ._harness import ExecutionLog, Harness, unique_id
 from ._model import (
     Expected,
@@ -98,6 +98,16 @@ class _IndexedSink(MemorySink):
 
     def count(self, run_id: str, types: tuple[str, ...]) -> int:
         return sum(e.type in types for e in list(self.by_run.get(run_id, {}).values()))
+
+    def suspensions(self, run_id: str, stage: str, waiting_for: str) -> int:
+        """How many times ``stage`` suspended waiting for ``waiting_for`` (a stage that waits
+        for one signal name again suspends on it once per wait)."""
+        return sum(
+            e.type == "stage.suspended"
+            and e.stage == stage
+            and e.data.get("waiting_for") == waiting_for
+            for e in list(self.by_run.get(run_id, {}).values())
+        )
 
 
 @dataclass
@@ -174,6 +184,24 @@ def early_waits(case: Case) -> list[Wait]:
     return out
 
 
+def after_waits(case: Case) -> list[tuple[str, str, int, str]]:
+    """The signals the runner sends once a wait suspended: (stage, signal name, k, step key)
+    for each ``after`` wait, the k-th wait for its name in its stage (``timeout`` ones
+    count: they suspend on it too). Its signal goes once the stage suspended on the name k
+    times, with the step key as the idempotency key (one key for two waits would not queue
+    the second signal) and its payload (``signal_payload``)."""
+    out: list[tuple[str, str, int, str]] = []
+    for s in case.stages:
+        waits: dict[str, int] = {}
+        for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
+            if not isinstance(op, Wait) or key is None:
+                continue
+            k = waits[op.name] = waits.get(op.name, 0) + 1
+            if op.mode == "after":
+                out.append((s.id, op.name, k, key))
+    return out
+
+
 _GATE_TIMEOUT = timedelta(milliseconds=400)  # ``StageCase.gate == "timeout"``
 
 
@@ -188,8 +216,8 @@ def _build(case: Case, rt: _Runtime) -> Workflow[Num]:
             after_signal=s.gate_signal if s.gate is not None else None,
             after_signal_timeout=_GATE_TIMEOUT if s.gate == "timeout" else None,
             # (a gate declares its signal, and once one stage declares, the run refuses a name
-            # none declares: every stage declares the signals it waits for)
-            signals=[op.name for op in s.ops if isinstance(op, Wait)]
+            # none declares: every stage declares the signals it waits for, each once)
+            signals=list(dict.fromkeys(op.name for op in s.ops if isinstance(op, Wait)))
             + ([s.hold_signal] if s.hold else []),
             retry=Retry(
                 max_attempts=s.max_attempts,
@@ -311,8 +339,12 @@ class _Signals:
     run_id: str
     answers: dict[str, list[list[bool]]] = field(default_factory=dict)
 
-    async def send(self, name: str, key: str | None = None) -> None:
-        res = await self.engine.signal(self.run_id, name, signal_payload(name), idempotency_key=key)
+    async def send(self, name: str, key: str | None = None, step: str | None = None) -> None:
+        """Send ``name`` with the payload of the wait journaled as ``step`` (default: the
+        first wait for the name; see ``signal_payload``)."""
+        res = await self.engine.signal(
+            self.run_id, name, signal_payload(step or name), idempotency_key=key
+        )
         self.answers.setdefault(name, []).append([res.delivered, res.already_completed])
 
     async def early(self, case: Case, rt: _Runtime, waits: list[Wait]) -> None:
@@ -336,10 +368,9 @@ async def _drive(
 ) -> dict[str, Any]:
     sink = rt.sink
     run = await _start(engine, wf, rt)
-    waits = [(s, op) for s in case.stages for op in s.ops if isinstance(op, Wait)]
     signals = _Signals(engine, run.id)
     await signals.early(case, rt, early_waits(case))
-    pending = {op.name: s.id for s, op in waits if op.mode == "after"}
+    pending = after_waits(case)
     gates = {s.gate_signal: s.id for s in case.stages if s.gate == "after"}
     cancelled = False
     terminals = 2 if exp.redrive else 1
@@ -347,10 +378,11 @@ async def _drive(
         if time.monotonic() > rt.deadline:
             seen = [[e.type, e.stage, e.data.get("waiting_for")] for e in sink.run_events(run.id)]
             raise AssertionError(f"the run did not end in time; its events so far: {seen}")
-        for name, sid in list(pending.items()):
-            if sink.has(run.id, "stage.suspended", sid, waiting_for=f"signal:{name}"):
-                del pending[name]
-                await signals.send(name, key=name)
+        for item in list(pending):
+            sid, name, k, key = item
+            if sink.suspensions(run.id, sid, f"signal:{name}") >= k:
+                pending.remove(item)
+                await signals.send(name, key=key, step=key)
         for name, sid in list(gates.items()):  # once its body's barrier would let it go on
             if sink.has(
                 run.id, "stage.suspended", sid, waiting_for=f"signal:{name}"

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of
+from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of, wait_keys
 
 __all__ = [
     "Expected",
@@ -41,8 +41,11 @@ class ModelError(Exception):
     """The case is outside what the model (and the contract) pins down, e.g. it would hang."""
 
 
-def signal_payload(name: str) -> dict[str, str]:
-    return {"sig": name}
+def signal_payload(key: str) -> dict[str, str]:
+    """The payload the runner sends for the wait journaled as step ``key`` (``name``, or
+    ``name#k`` for the k-th wait for one name, see ``wait_keys``): each wait of a repeated
+    name gets its own, so a wait handed another one's signal shows in the output."""
+    return {"sig": key}
 
 
 def stage_output(stage: StageCase, attempt: int, got: list[Any]) -> dict[str, Any]:
@@ -120,21 +123,24 @@ class _StageRun:
     emits: list[list[Any]] = field(default_factory=list)
 
 
-def _wait(led: dict[str, Any], op: Wait, state: Any, got: list[Any]) -> tuple[str, Any] | None:
-    """A signal sent before or during the wait completes it at once; otherwise the first
-    invocation suspends, and the replay after the signal (or the timeout) goes on."""
+def _wait(
+    led: dict[str, Any], key: str, op: Wait, state: Any, got: list[Any]
+) -> tuple[str, Any] | None:
+    """The wait journaled as step ``key``. A signal sent before or during the wait completes
+    it at once; otherwise the first invocation suspends (on the signal's name, whichever wait
+    for it this is), and the replay after the signal (or the timeout) goes on."""
     if op.mode in ("before", "during"):
-        led[op.name] = "done"
-        got.append(signal_payload(op.name))
+        led[key] = "done"
+        got.append(signal_payload(key))
         return None
     if state is None:
-        led[op.name] = "waiting"
+        led[key] = "waiting"
         return "suspend", ("signal", f"signal:{op.name}")
     if op.mode == "after":
-        led[op.name] = "done"
-        got.append(signal_payload(op.name))
+        led[key] = "done"
+        got.append(signal_payload(key))
         return None
-    led[op.name] = "timedout"
+    led[key] = "timedout"
     if not op.catch:
         return "fail", ("StepTimeoutError", True)
     got.append(None)
@@ -180,11 +186,11 @@ class _Sim:
             got.append(signal_payload(name))
         self.hit(f"body:{s.id}")
         emits: list[list[Any]] = []
-        for op in s.ops:
+        for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
             if isinstance(op, Emit):
                 emits.append(["business", op.type, s.id, {"n": op.n}])
                 continue
-            ended = self._replay(s, op, got)
+            ended = self._replay(s, op, key or op.name, got)
             if ended is not None:
                 return ended
         if s.hold:
@@ -200,29 +206,30 @@ class _Sim:
         return "done", (stage_output(s, attempt, got), emits)
 
     def _replay(
-        self, s: StageCase, op: RunStep | Sleep | Wait, got: list[Any]
+        self, s: StageCase, op: RunStep | Sleep | Wait, key: str, got: list[Any]
     ) -> tuple[str, Any] | None:
-        """Replay one durable step against the stage's ledger, appending what it returned to
-        ``got``; the invocation's (kind, detail) when the step ends it, else None."""
+        """Replay one durable step, journaled as ``key``, against the stage's ledger,
+        appending what it returned to ``got``; the invocation's (kind, detail) when the step
+        ends it, else None."""
         led = self.ledger[s.id]
-        state = led.get(op.name)
+        state = led.get(key)
         if isinstance(op, RunStep):
-            key = f"{s.id}.{op.name}"
+            counted = f"{s.id}.{op.name}"
             if state != "done":
-                self.step_runs[key] = self.step_runs.get(key, 0) + 1
-                self.hit(f"step:{key}")
-                if self.step_runs[key] <= op.fails:
+                self.step_runs[counted] = self.step_runs.get(counted, 0) + 1
+                self.hit(f"step:{counted}")
+                if self.step_runs[counted] <= op.fails:
                     return "fail", ("FlakyStepError", True)
-                led[op.name] = "done"
-            got.append(step_result(s, key))
+                led[key] = "done"
+            got.append(step_result(s, counted))
             return None
         if isinstance(op, Sleep):
             if state is None:
-                led[op.name] = "sleeping"
+                led[key] = "sleeping"
                 return "suspend", ("sleep", f"sleep:{op.name}")
-            led[op.name] = "done"
+            led[key] = "done"
             return None
-        return _wait(led, op, state, got)
+        return _wait(led, key, op, state, got)
 
     def run_stage(self, s: StageCase, redriven: bool = False) -> _StageRun:
         events: list[list[Any]] = []
@@ -335,11 +342,16 @@ def signal_answers(
     runner sends with a result fixed by the contract (DESIGN §5): a ``before`` signal, sent
     before any stage of its later group can run, is buffered, and its repeat with the same
     idempotency key is not queued again (``already_completed``); an ``after`` signal, sent
-    once its stage is suspended on the wait (only if the trace has that suspension), is
-    delivered. A gate's signal (``StageCase.gate``) is answered as a wait's of its mode, an
-    ``after`` one only when it is sent (``gates_sent``). (``during`` signals race with the
+    once its stage is suspended on the wait (only if the trace has that suspension: for the
+    k-th wait for a name of a stage that waits for it again, see ``Wait``, the stage's k-th
+    suspension on the name; answered in that order), is delivered. A gate's signal
+    (``StageCase.gate``) is answered as a wait's of its mode, an ``after`` one only when it is
+    sent (``gates_sent``). (``during`` signals race with the
     body: not compared.)"""
-    suspended = {e[3] for e in trace if e[0] == "stage.suspended"}
+    suspended: dict[tuple[str, str], int] = {}  # by (stage, waiting_for)
+    for e in trace:
+        if e[0] == "stage.suspended":
+            suspended[e[1], e[3]] = suspended.get((e[1], e[3]), 0) + 1
     answers: dict[str, list[list[bool]]] = {}
     repeat = [[False, False], [False, True]] if repeats_before_signals(case) else [[False, False]]
     for s in case.stages:
@@ -347,13 +359,15 @@ def signal_answers(
             answers[s.gate_signal] = repeat
         elif s.gate == "after" and s.gate_signal in gates_sent:
             answers[s.gate_signal] = [[True, False]]
+        waits: dict[str, int] = {}
         for op in s.ops:
             if not isinstance(op, Wait):
                 continue
+            k = waits[op.name] = waits.get(op.name, 0) + 1
             if op.mode == "before":
                 answers[op.name] = repeat
-            elif op.mode == "after" and f"signal:{op.name}" in suspended:
-                answers[op.name] = [[True, False]]
+            elif op.mode == "after" and suspended.get((s.id, f"signal:{op.name}"), 0) >= k:
+                answers.setdefault(op.name, []).append([True, False])
     return dict(sorted(answers.items()))
 
 

@@ -437,3 +437,60 @@ def test_the_generator_draws_gates_where_they_are_deterministic() -> None:
 
     check()
     assert drawn["after"] > 0 and drawn["before"] > 0 and drawn["timeout"] > 0
+
+
+# -- repeated waits for one signal name (an approval loop, ``Wait``) ----------------------------
+
+
+def test_a_stage_waiting_again_for_a_name_gets_one_signal_per_wait() -> None:
+    """The k-th wait for a name is the step ``name#k``: it suspends on the name again, gets
+    its own signal (the runner sends one per ``after`` wait, its payload naming the step), and
+    a retry passes every journaled wait at once."""
+    from conformance._cases import wait_keys
+
+    ops = (
+        Wait("go"),
+        RunStep("x"),
+        Wait("go", "timeout", 400, catch=True),
+        Wait("go"),
+        Wait("no", "timeout", 400, catch=True),
+    )
+    assert wait_keys(ops) == ["go", None, "go#2", "go#3", "no"]
+    s = StageCase("w", max_attempts=2, ops=ops, outcomes=("error", "ok"))
+    exp = expect(Case((s,)))
+    suspended = [e for e in exp.trace if e[0] == "stage.suspended"]
+    assert suspended == [["stage.suspended", "w", "signal", "signal:go"]] * 3 + [
+        ["stage.suspended", "w", "signal", "signal:no"]
+    ]
+    assert exp.output["got"] == [{"sig": "go"}, "w.x", None, {"sig": "go#3"}, None]
+    assert exp.counts == {"body:w": 6, "step:w.x": 1}
+    # one answer per ``after`` wait, none for the timeout ones
+    assert exp.signals == {"go": [[True, False], [True, False]]}
+
+
+def test_the_generator_repeats_a_wait_only_where_it_is_deterministic() -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    from conformance._cases import wait_keys
+
+    drawn = {"local": 0, "regular": 0}
+
+    @settings(
+        max_examples=300,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(cases())
+    def check(case: Case) -> None:
+        for s in case.stages:
+            waits = [op for op in s.ops if isinstance(op, Wait)]
+            repeated = {k.split("#")[0] for k in wait_keys(s.ops) if k is not None and "#" in k}
+            for op in waits:  # every wait for a repeated name is ``after`` or ``timeout``
+                assert op.name not in repeated or op.mode in ("after", "timeout")
+            if any(op.name in repeated and op.mode == "after" for op in waits):
+                drawn["local" if s.local else "regular"] += 1
+
+    check()
+    assert drawn["local"] > 0 and drawn["regular"] > 0
