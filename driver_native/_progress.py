@@ -614,6 +614,7 @@ def _on_suspended(a: _Attempt, outcome: Suspended) -> str:
         lc(a.run).stage_suspended(
             a.stage.stage_id,
             a.stage.attempt,
+            outcome.step,
             n,
             outcome.reason,
             outcome.until,

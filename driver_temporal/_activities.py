@@ -719,6 +719,7 @@ class DriverActivities:
                 reason=outcome.reason,
                 until=None if outcome.until is None else outcome.until.isoformat(),
                 waiting_for=outcome.waiting_for,
+                step=outcome.step,
             )
 
     async def _unless_frozen(

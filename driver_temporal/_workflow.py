@@ -795,6 +795,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "reason": "signal",
             "waiting_for": f"signal:{name}",
             "until": until,
+            "step": name,  # (the gate's step: ``Steps._gate``)
         }
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -842,7 +843,13 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         st.status, st.waiting_for, st.wake_at = "suspended", res["waiting_for"], res["until"]
         self._emit(
             self._lc.stage_suspended(
-                sid, attempt, st.suspensions, res["reason"], until, res["waiting_for"]
+                sid,
+                attempt,
+                res.get("step"),  # (None: a result recorded before 2026-12-06)
+                st.suspensions,
+                res["reason"],
+                until,
+                res["waiting_for"],
             )
         )
         self._sync()

@@ -44,12 +44,17 @@ class Suspend(BaseException):
     in user code cannot swallow it."""
 
     def __init__(
-        self, reason: Literal["sleep", "signal", "poll"], until: datetime | None, waiting_for: str
+        self,
+        reason: Literal["sleep", "signal", "poll"],
+        until: datetime | None,
+        waiting_for: str,
+        step: str,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.until = until
         self.waiting_for = waiting_for
+        self.step = step  # (the key the suspending step is journaled under)
 
 
 @dataclass
@@ -213,7 +218,7 @@ class Steps:
         if now >= rec.deadline:
             await self._ledger.put(rec.done(None))
             return
-        raise Suspend("sleep", rec.deadline, f"sleep:{name}")
+        raise Suspend("sleep", rec.deadline, f"sleep:{name}", name)
 
     def wait_for_signal(
         self, name: str, timeout: timedelta | float | None = None
@@ -279,7 +284,7 @@ class Steps:
                 await self._ledger.put(rec)
             # a new wait always suspends once, even if its deadline passed meanwhile (a slow
             # ledger write on a busy machine): the trace must not depend on timing
-            raise Suspend("signal", rec.deadline, f"signal:{name}")
+            raise Suspend("signal", rec.deadline, f"signal:{name}", key)
         else:
             taken = await self._ledger.consume_signal(rec)
             if taken is not None:
@@ -287,7 +292,7 @@ class Steps:
         if rec.deadline is not None and self._clock.now() >= rec.deadline:
             await self._ledger.put(rec.done(None, timeout=rec.deadline.isoformat()))
             raise _signal_timeout(name, rec)
-        raise Suspend("signal", rec.deadline, f"signal:{name}")
+        raise Suspend("signal", rec.deadline, f"signal:{name}", key)
 
     async def _gate(self, name: str, timeout: timedelta | None = None) -> None:
         """The wait of a stage declared ``after_signal=name``, before its body runs: the
@@ -348,7 +353,7 @@ class Steps:
         until = now + _td(interval)
         if rec.deadline is not None:
             until = min(until, rec.deadline)
-        raise Suspend("poll", until, f"poll:{name}")
+        raise Suspend("poll", until, f"poll:{name}", name)
 
 
 def _signal_timeout(name: str, rec: StepRecord) -> StepTimeoutError:

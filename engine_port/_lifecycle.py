@@ -88,19 +88,23 @@ class Lifecycle:
         self,
         stage: str,
         attempt: int,
+        step: str | None,
         n: int,
         reason: str,
         until: datetime | None,
         waiting_for: str,
     ) -> EventDraft:
-        """``n`` counts the suspensions of this attempt, from 1."""
-        data = {
-            "reason": reason,
-            "until": None if until is None else until.isoformat(),
-            "waiting_for": waiting_for,
-        }
+        """A suspension is identified by the step that suspended (its journal key) and the
+        time it waits until (each poll of a ``wait_for`` has its own): the same suspension
+        emitted again (a crash, the replay of a Temporal reset) keeps its id, and no other
+        one can take it, however many waits a replay took from the journal without
+        suspending. ``step`` None (a Temporal attempt recorded before 2026-12-06): the id
+        numbers the attempt's suspensions by ``n``, from 1, as it did then."""
+        at = None if until is None else until.isoformat()
+        data = {"reason": reason, "until": at, "waiting_for": waiting_for}
+        which = (n,) if step is None else (step, at or "")
         return EventDraft(
-            self._id("stage.suspended", stage, attempt, n), "stage.suspended", stage, data
+            self._id("stage.suspended", stage, attempt, *which), "stage.suspended", stage, data
         )
 
     def stage_completed(self, stage: str, attempt: int) -> EventDraft:

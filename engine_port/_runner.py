@@ -99,6 +99,8 @@ class Suspended:
     reason: Literal["sleep", "signal", "poll"]
     until: datetime | None
     waiting_for: str
+    step: str
+    """The key of the step that suspended (``go#2`` for a body's second wait for ``go``)."""
 
 
 @dataclass(frozen=True)
@@ -561,7 +563,7 @@ class StageRunner:
                     await ctx.step._gate(stage.after_signal, stage.after_signal_timeout)
                 result = await self._invoke(req, stage, stage.fn, ctx)
         except Suspend as s:
-            return Suspended(s.reason, s.until, s.waiting_for)
+            return Suspended(s.reason, s.until, s.waiting_for, s.step)
         except InfrastructureFault as fault:
             return self._abandoned(stage, fault)
         except TimeoutError as exc:

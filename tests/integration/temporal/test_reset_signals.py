@@ -3,7 +3,7 @@ first execution or of one it continued as new in: the new execution starts from 
 that point, each stage it runs again replays its step journal (keyed by the engine's run id),
 so a step journaled before the reset is not run again, and each signal Temporal re-applies
 after the reset point is taken once: by the journaled wait that took it before the reset, or
-by a later wait. Until 2026-12-06 a reset of a continued execution was not seen as a reset
+by a later wait; each wait's ``stage.suspended`` keeps one id. Until 2026-12-06 a reset of a continued execution was not seen as a reset
 (its journaled steps ran again), and after any reset the re-applied signals were taken a
 second time by later waits."""
 
@@ -77,6 +77,18 @@ async def test_a_reset_runs_no_step_again_and_takes_each_signal_once(
     assert done.status == RunStatus.COMPLETED, done
     assert done.output == {"got": list(range(SIGNALS))}
     assert calls.counts == {"charge": 1, **{f"after-{i}": 1 for i in range(SIGNALS)}}
+    # each wait suspended with its own deadline: a consumer that drops repeated ids sees
+    # each of them once (the waits a reset replays from the journal re-emit their event with
+    # its id; until 2026-12-06 the later waits were numbered anew from the reset point and
+    # took the ids of waits delivered before it). One may be missing: the wait the reset
+    # came in may take its signal without suspending again, while its suspension before the
+    # reset, in the history the reset discarded, was not delivered yet.
+    suspended: dict[str, set[Any]] = {}
+    for e in sink.events:
+        if e.run_id == run.id and e.type == "stage.suspended":
+            suspended.setdefault(e.id, set()).add(e.data["until"])
+    assert all(len(u) == 1 for u in suspended.values()), suspended
+    assert len(suspended) >= SIGNALS - 1
 
 
 async def wait_number(engine: Any, run_id: str, name: str, k: int) -> None:
