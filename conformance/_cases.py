@@ -66,13 +66,20 @@ class Wait:
     wait re-reads the clock after journaling its deadline, so a timeout shorter than a busy
     machine's database round trip times out without suspending: keep ``ms`` >= 400.
 
-    ``name`` is the signal's. A later ``after`` or ``timeout`` wait of the stage may repeat
-    the name of an earlier ``after`` or ``timeout`` one (an approval loop): the engine journals
-    the k-th wait for a name as the step ``name#k`` from k=2 (``wait_keys``), and the test
-    sends one signal per ``after`` wait, once the stage's k-th suspension on the name reached
-    the sink, its payload naming that step key, so a wait given another wait's signal shows.
-    Never a ``before`` or ``during`` one: those are sent before their wait is reached, and
-    which wait of the name takes which would be a matter of timing."""
+    ``name`` is the signal's. A later wait of the stage may repeat the name of an earlier one
+    (an approval loop): the engine journals the k-th wait for a name as the step ``name#k``
+    from k=2 (``wait_keys``), and every signal's payload names the step key of the wait it is
+    meant for (``signal_payload``), so a wait given another wait's signal shows. Signals of
+    one name queue in arrival order and each wait takes the oldest (DESIGN §5), so the waits
+    of a repeated name are its *early* ones (``before``, ``during``) first, then its *late*
+    ones (``after``, ``timeout``): the test sends the early signals right after start in the
+    order of their waits (all of them before the stage reaches its first wait for the name, or
+    at least each before its own wait), so the k-th early wait takes the k-th, none is left
+    when the late waits come, and it sends one signal per ``after`` wait once the stage's j-th
+    suspension on the name reached the sink, j its rank among the late waits of the name (the
+    early ones do not suspend). An early wait after a late one of its name is never drawn:
+    its signal, sent at start, would go to the late wait, and a timeout racing a signal is
+    not deterministic."""
 
     name: str
     mode: Literal["after", "before", "during", "timeout"] = "after"
@@ -119,6 +126,15 @@ class StageCase:
     # fails with StepTimeoutError and the body never runs (only on a stage alone in its group:
     # the deadline is not ordered with siblings). Never on a ``local`` stage.
     gate: Literal["after", "before", "timeout"] | None = None
+    # an ``after`` or ``before`` gate may wait for the signal name of the gate of a stage in an
+    # EARLIER group (its id here): gates sharing a name take its signals oldest first (DESIGN
+    # §5), and the earlier group's gate is always the earlier wait, so each takes the signal
+    # meant for it (the payload names the stage, ``gate_key``). Its ``before`` gates come
+    # before its ``after`` ones in group order (a ``before`` signal, sent at start, would
+    # go to an earlier ``after`` gate). Never two gates of one name in one group: both may be
+    # suspended on it when one signal comes, and the contract does not say which one takes
+    # it. Never with a ``timeout`` gate.
+    gate_shares: str | None = None
 
     def outcome(self, attempt: int) -> Outcome:
         return self.outcomes[attempt - 1] if attempt <= len(self.outcomes) else "ok"
@@ -129,6 +145,12 @@ class StageCase:
 
     @property
     def gate_signal(self) -> str:
+        return f"gate_{self.gate_shares or self.id}"
+
+    @property
+    def gate_key(self) -> str:
+        """What the signal meant for this stage's gate carries (``signal_payload``) and its
+        idempotency key: ``gate_<id>`` (the signal name too unless ``gate_shares``)."""
         return f"gate_{self.id}"
 
 
@@ -270,20 +292,21 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                 modes += [] if root or local else ["before"]
                 modes += [] if "signal_during_stage" in gaps or local else ["during"]
                 mode = draw(st.sampled_from(modes))
-                # an ``after`` or ``timeout`` wait may wait again for the signal of an earlier
-                # such wait of the stage (an approval loop: steps ``name#2``, ...): half the
-                # time, three times in four in a local stage, whose every try re-reads what
-                # the tries before it journaled (counting a step's records twice there once
-                # handed the first wait the second wait's signal on Temporal)
-                again = list(
-                    dict.fromkeys(
-                        op.name
-                        for op in ops
-                        if isinstance(op, Wait) and op.mode in ("after", "timeout")
-                    )
+                # a wait may wait again for the signal of an earlier wait of the stage (an
+                # approval loop: steps ``name#2``, ...): half the time, three times in four in
+                # an early wait (few stages have an earlier one to repeat) or a local stage,
+                # whose every try re-reads what the tries before it journaled (counting a
+                # step's records twice there once handed the first wait the second wait's
+                # signal on Temporal). A late wait (``after``, ``timeout``) any earlier wait's
+                # name; an early one (``before``, ``during``) only a name no late wait used
+                # yet (see ``Wait``)
+                again = _names_again(ops, mode)
+                repeat = (
+                    st.sampled_from([True, True, True, False])
+                    if local or mode in ("before", "during")
+                    else st.booleans()
                 )
-                repeat = st.sampled_from([True, True, True, False]) if local else st.booleans()
-                if again and mode in ("after", "timeout") and draw(repeat):
+                if again and draw(repeat):
                     name = draw(st.sampled_from(again))
                 if mode == "timeout":
                     ops.append(
@@ -343,7 +366,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         holders = [s.id for s in stages if s.hold]
         cancel = draw(st.sampled_from([None, None, *holders])) if holders else None
         case = Case(
-            stages=tuple(stages),
+            stages=tuple(_share_gates(draw, stages, layers)),
             order=order,
             cancel=cancel,
             redrive=draw(st.sampled_from([False, False, True])),
@@ -351,6 +374,47 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         return make_valid(case, gaps)
 
     return _case()
+
+
+def _names_again(ops: Sequence[Op], mode: str) -> list[str]:
+    """The names of the stage's waits so far a new wait of ``mode`` may wait for again: any
+    for a late wait (``after``, ``timeout``), one no late wait used for an early one."""
+    late = {op.name for op in ops if isinstance(op, Wait) and op.mode in ("after", "timeout")}
+    return list(
+        dict.fromkeys(
+            op.name
+            for op in ops
+            if isinstance(op, Wait) and (mode in ("after", "timeout") or op.name not in late)
+        )
+    )
+
+
+def _share_gates(draw: Any, stages: list[StageCase], layers: list[list[str]]) -> list[StageCase]:
+    """Three times in four, a ``before`` or ``after`` gate of a later group waits for the
+    signal name of a gate of an earlier group (``StageCase.gate_shares``), the rules kept: no
+    two gates of one name in a group, its ``before`` gates before its ``after`` ones."""
+    from hypothesis import strategies as st
+
+    layer_of = {sid: k for k, layer in enumerate(layers) for sid in layer}
+    out: list[StageCase] = []
+    for s in stages:
+        if s.gate in ("before", "after") and draw(st.sampled_from([True, True, True, False])):
+            names: dict[str, list[StageCase]] = {}  # by signal name, the gates drawn so far
+            for o in out:
+                if o.gate in ("before", "after"):
+                    names.setdefault(o.gate_signal, []).append(o)
+            fits = [
+                n
+                for n, gates in sorted(names.items())
+                if all(layer_of[g.id] < layer_of[s.id] for g in gates)
+                and (s.gate == "after" or all(g.gate == "before" for g in gates))
+            ]
+            if fits:
+                shared = draw(st.sampled_from(fits))[len("gate_") :]
+                out.append(replace(s, gate_shares=shared))
+                continue
+        out.append(s)
+    return out
 
 
 def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:

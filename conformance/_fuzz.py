@@ -118,7 +118,7 @@ class _Runtime:
     log: ExecutionLog
     sink: _IndexedSink
     deadline: float
-    sent: set[str] = field(default_factory=set)
+    sent: set[str] = field(default_factory=set)  # the early signals sent, by step key
     redriven: str | None = None  # the stage redriven: its next attempt is scripted to succeed
     step_runs: dict[str, int] = field(default_factory=dict)
     starts: asyncio.Semaphore | None = None
@@ -163,7 +163,7 @@ class _Runtime:
         groups = groups_of(self.case)
         group = next(g for g in groups if sid in g)
         if group is groups[0]:
-            before = {op.name for op in early_waits(self.case) if op.mode == "before"}
+            before = {key for _, mode, key in early_waits(self.case) if mode == "before"}
             await self._until(lambda: before <= self.sent, "before signals sent")
         siblings = [self.case.stage(x) for x in group if x != sid]
         await self._until(
@@ -173,28 +173,34 @@ class _Runtime:
         await self._until(lambda: self.may_go_on(run_id, sid), f"{sid}'s predecessor settled")
 
 
-def early_waits(case: Case) -> list[Wait]:
-    """The signals the runner sends right after the start: each ``before`` and ``during``
-    wait's, and each ``before`` gate's (as a ``Wait`` of its name)."""
-    out: list[Wait] = []
+def early_waits(case: Case) -> list[tuple[str, str, str]]:
+    """The signals the runner sends right after the start, in this order (signals of one name
+    are taken oldest first: stages are listed in group order, a stage's waits in body order):
+    (signal name, mode, key) for each ``before`` and ``during`` wait (key: its step key) and
+    each ``before`` gate (key: its ``gate_key``). The key names the wait in the payload
+    (``signal_payload``) and is a ``before`` signal's idempotency key."""
+    out: list[tuple[str, str, str]] = []
     for s in case.stages:
         if s.gate == "before":
-            out.append(Wait(s.gate_signal, "before"))
-        out.extend(op for op in s.ops if isinstance(op, Wait) and op.mode in ("before", "during"))
+            out.append((s.gate_signal, "before", s.gate_key))
+        for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
+            if isinstance(op, Wait) and key is not None and op.mode in ("before", "during"):
+                out.append((op.name, op.mode, key))
     return out
 
 
 def after_waits(case: Case) -> list[tuple[str, str, int, str]]:
     """The signals the runner sends once a wait suspended: (stage, signal name, k, step key)
-    for each ``after`` wait, the k-th wait for its name in its stage (``timeout`` ones
-    count: they suspend on it too). Its signal goes once the stage suspended on the name k
-    times, with the step key as the idempotency key (one key for two waits would not queue
-    the second signal) and its payload (``signal_payload``)."""
+    for each ``after`` wait, the k-th late wait for its name in its stage (``timeout`` ones
+    count: they suspend on it too; the early ones, ``before`` and ``during``, all come first
+    and take the early signals without suspending, see ``Wait``). Its signal goes once the
+    stage suspended on the name k times, with the step key as the idempotency key (one key
+    for two waits would not queue the second signal) and its payload (``signal_payload``)."""
     out: list[tuple[str, str, int, str]] = []
     for s in case.stages:
         waits: dict[str, int] = {}
         for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
-            if not isinstance(op, Wait) or key is None:
+            if not isinstance(op, Wait) or key is None or op.mode not in ("after", "timeout"):
                 continue
             k = waits[op.name] = waits.get(op.name, 0) + 1
             if op.mode == "after":
@@ -254,9 +260,9 @@ async def _emit(ctx: StageContext[Num], op: Emit) -> None:
         stage()
 
 
-async def _wait(ctx: StageContext[Num], op: Wait, rt: _Runtime) -> Any:
-    if op.mode == "during":
-        await rt._until(lambda: op.name in rt.sent, f"{op.name} sent")
+async def _wait(ctx: StageContext[Num], op: Wait, key: str, rt: _Runtime) -> Any:
+    if op.mode == "during":  # (its signal, and those of the earlier waits for the name)
+        await rt._until(lambda: key in rt.sent, f"{key} sent")
     timeout = timedelta(milliseconds=op.ms) if op.mode == "timeout" else None
     try:
         return await ctx.step.wait_for_signal(op.name, timeout=timeout)
@@ -273,7 +279,7 @@ def _body(s: StageCase, rt: _Runtime) -> Any:
         got: list[Any] = []
         if s.gate is not None:  # the gate journaled it: returns at once
             got.append(await ctx.step.wait_for_signal(s.gate_signal))
-        for op in s.ops:
+        for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
             if isinstance(op, RunStep):
                 got.append(await ctx.step.run(op.name, _step_fn(s, op, rt)))
             elif isinstance(op, Sleep):
@@ -281,7 +287,8 @@ def _body(s: StageCase, rt: _Runtime) -> Any:
             elif isinstance(op, Emit):
                 await _emit(ctx, op)
             elif isinstance(op, Wait):
-                got.append(await _wait(ctx, op, rt))
+                assert key is not None
+                got.append(await _wait(ctx, op, key, rt))
         if s.hold:
             await ctx.step.wait_for_signal(s.hold_signal)
         outcome = "ok" if rt.redriven == s.id else s.outcome(ctx.attempt)
@@ -347,20 +354,20 @@ class _Signals:
         )
         self.answers.setdefault(name, []).append([res.delivered, res.already_completed])
 
-    async def early(self, case: Case, rt: _Runtime, waits: list[Wait]) -> None:
+    async def early(self, case: Case, rt: _Runtime, waits: list[tuple[str, str, str]]) -> None:
         """The ``before`` signals (each repeated with its key, see
-        ``repeats_before_signals``) and the ``during`` ones, right after the start."""
+        ``repeats_before_signals``) and the ``during`` ones, right after the start, one
+        after the other in ``early_waits`` order."""
         repeat = repeats_before_signals(case)
-        for op in waits:
-            if op.mode == "before":
-                await self.send(op.name, key=op.name if repeat else None)
-                if repeat:
-                    await self.send(op.name, key=op.name)  # a sender's retry: not queued again
-                rt.sent.add(op.name)
-            elif op.mode == "during":
+        for name, mode, key in waits:
+            if mode == "before":
+                await self.send(name, key=key if repeat else None, step=key)
+                if repeat:  # a sender's retry: not queued again
+                    await self.send(name, key=key, step=key)
+            else:
                 with contextlib.suppress(RunNotActiveError):
-                    await self.engine.signal(self.run_id, op.name, signal_payload(op.name))
-                rt.sent.add(op.name)
+                    await self.engine.signal(self.run_id, name, signal_payload(key))
+            rt.sent.add(key)
 
 
 async def _drive(
@@ -371,7 +378,7 @@ async def _drive(
     signals = _Signals(engine, run.id)
     await signals.early(case, rt, early_waits(case))
     pending = after_waits(case)
-    gates = {s.gate_signal: s.id for s in case.stages if s.gate == "after"}
+    gates = [s for s in case.stages if s.gate == "after"]
     cancelled = False
     terminals = 2 if exp.redrive else 1
     while True:
@@ -383,12 +390,12 @@ async def _drive(
             if sink.suspensions(run.id, sid, f"signal:{name}") >= k:
                 pending.remove(item)
                 await signals.send(name, key=key, step=key)
-        for name, sid in list(gates.items()):  # once its body's barrier would let it go on
+        for s in list(gates):  # once its body's barrier would let it go on
             if sink.has(
-                run.id, "stage.suspended", sid, waiting_for=f"signal:{name}"
-            ) and rt.may_go_on(run.id, sid):
-                del gates[name]
-                await signals.send(name, key=name)
+                run.id, "stage.suspended", s.id, waiting_for=f"signal:{s.gate_signal}"
+            ) and rt.may_go_on(run.id, s.id):
+                gates.remove(s)
+                await signals.send(s.gate_signal, key=s.gate_key, step=s.gate_key)
         if case.cancel and not cancelled:
             target = case.stage(case.cancel)
             if sink.has(

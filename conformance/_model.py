@@ -94,8 +94,9 @@ class Expected:
     failed_stage: str | None = None
     # what each ``engine.signal`` call returned, by signal name: [delivered, already_completed]
     signals: dict[str, list[list[bool]]] = field(default_factory=dict)
-    # the ``after`` gates the runner sends (the stage got past its gate; a stage blocked behind
-    # the sibling that ended the run stays suspended on its gate, its signal never sent)
+    # the ``after`` gates the runner sends, by ``gate_key`` (the stage got past its gate; a
+    # stage blocked behind the sibling that ended the run stays suspended on its gate, its
+    # signal never sent)
     gates_sent: list[str] = field(default_factory=list)
 
     def observation(self) -> dict[str, Any]:
@@ -181,9 +182,9 @@ class _Sim:
                 led[name] = "gated"  # (model only: the gate journals nothing while it waits)
                 return "suspend", ("signal", f"signal:{name}")
             if led.get(name) == "gated":
-                self.gates_sent.append(name)
+                self.gates_sent.append(s.gate_key)
             led[name] = "done"  # the body's first wait returns it at once
-            got.append(signal_payload(name))
+            got.append(signal_payload(s.gate_key))  # (the one meant for it: see gate_shares)
         self.hit(f"body:{s.id}")
         emits: list[list[Any]] = []
         for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
@@ -347,27 +348,33 @@ def signal_answers(
     suspension on the name; answered in that order), is delivered. A gate's signal
     (``StageCase.gate``) is answered as a wait's of its mode, an ``after`` one only when it is
     sent (``gates_sent``). (``during`` signals race with the
-    body: not compared.)"""
+    body: not compared.) The answers to one name are in the order the runner sends them:
+    the ``before`` ones (sent at start, see ``Wait`` and ``StageCase.gate_shares``), then the
+    ``after`` ones (stages are listed in group order; a stage's waits in body order)."""
     suspended: dict[tuple[str, str], int] = {}  # by (stage, waiting_for)
     for e in trace:
         if e[0] == "stage.suspended":
             suspended[e[1], e[3]] = suspended.get((e[1], e[3]), 0) + 1
-    answers: dict[str, list[list[bool]]] = {}
+    early: dict[str, list[list[bool]]] = {}
+    late: dict[str, list[list[bool]]] = {}
     repeat = [[False, False], [False, True]] if repeats_before_signals(case) else [[False, False]]
     for s in case.stages:
         if s.gate == "before":
-            answers[s.gate_signal] = repeat
-        elif s.gate == "after" and s.gate_signal in gates_sent:
-            answers[s.gate_signal] = [[True, False]]
-        waits: dict[str, int] = {}
+            early.setdefault(s.gate_signal, []).extend(repeat)
+        elif s.gate == "after" and s.gate_key in gates_sent:
+            late.setdefault(s.gate_signal, []).append([True, False])
+        waits: dict[str, int] = {}  # the late waits for each name so far (the early don't suspend)
         for op in s.ops:
             if not isinstance(op, Wait):
                 continue
-            k = waits[op.name] = waits.get(op.name, 0) + 1
             if op.mode == "before":
-                answers[op.name] = repeat
-            elif op.mode == "after" and suspended.get((s.id, f"signal:{op.name}"), 0) >= k:
-                answers.setdefault(op.name, []).append([True, False])
+                early.setdefault(op.name, []).extend(repeat)
+            if op.mode not in ("after", "timeout"):
+                continue
+            k = waits[op.name] = waits.get(op.name, 0) + 1
+            if op.mode == "after" and suspended.get((s.id, f"signal:{op.name}"), 0) >= k:
+                late.setdefault(op.name, []).append([True, False])
+    answers = {n: early.get(n, []) + late.get(n, []) for n in {*early, *late}}
     return dict(sorted(answers.items()))
 
 

@@ -432,7 +432,8 @@ def test_the_generator_draws_gates_where_they_are_deterministic() -> None:
             assert s.gate != "before" or s.id not in first
             if s.gate == "timeout":  # its deadline is not ordered with siblings
                 assert [s.id] in groups_of(case) and not s.hold
-            assert f"gate_{s.id}" == s.gate_signal
+            assert s.gate_key == f"gate_{s.id}"
+            assert s.gate_signal == f"gate_{s.gate_shares or s.id}"
         assert eval(case.to_python()) == case
 
     check()
@@ -473,7 +474,7 @@ def test_the_generator_repeats_a_wait_only_where_it_is_deterministic() -> None:
 
     from conformance._cases import wait_keys
 
-    drawn = {"local": 0, "regular": 0}
+    drawn = {"local": 0, "regular": 0, "early": 0, "mixed": 0}
 
     @settings(
         max_examples=300,
@@ -487,10 +488,130 @@ def test_the_generator_repeats_a_wait_only_where_it_is_deterministic() -> None:
         for s in case.stages:
             waits = [op for op in s.ops if isinstance(op, Wait)]
             repeated = {k.split("#")[0] for k in wait_keys(s.ops) if k is not None and "#" in k}
-            for op in waits:  # every wait for a repeated name is ``after`` or ``timeout``
-                assert op.name not in repeated or op.mode in ("after", "timeout")
+            for name in repeated:  # its early waits (before, during) come first
+                modes = [op.mode for op in waits if op.name == name]
+                late = [m in ("after", "timeout") for m in modes]
+                assert late == sorted(late), (s.id, modes)
+                assert not s.local or all(late)
+                early = modes.count("before") + modes.count("during")
+                if early >= 2:
+                    drawn["early"] += 1
+                if early and not all(late) and any(late):
+                    drawn["mixed"] += 1
             if any(op.name in repeated and op.mode == "after" for op in waits):
                 drawn["local" if s.local else "regular"] += 1
 
     check()
-    assert drawn["local"] > 0 and drawn["regular"] > 0
+    assert all(drawn.values()), drawn
+
+
+def test_early_signals_of_a_repeated_name_go_to_the_waits_in_order() -> None:
+    """``before`` and ``during`` waits for one name take its signals (sent at start, in the
+    order of the waits) oldest first: the k-th wait the k-th, without suspending; a late wait
+    for the name after them suspends (its first suspension on the name) and gets its own."""
+    from conformance._cases import wait_keys
+    from conformance._fuzz import after_waits, early_waits
+
+    ops = (
+        Wait("go", "before"),
+        RunStep("x"),
+        Wait("go", "during"),
+        Wait("go", "before"),
+        Wait("go", "timeout", 400, catch=True),
+        Wait("go"),
+    )
+    assert wait_keys(ops) == ["go", None, "go#2", "go#3", "go#4", "go#5"]
+    a = StageCase("a")
+    b = StageCase("b", after=("a",), max_attempts=2, ops=ops, outcomes=("error", "ok"))
+    case = Case((a, b))
+    assert early_waits(case) == [
+        ("go", "before", "go"),
+        ("go", "during", "go#2"),
+        ("go", "before", "go#3"),
+    ]
+    # the ``after`` wait is the second late one: its signal goes at the 2nd suspension on go
+    assert after_waits(case) == [("b", "go", 2, "go#5")]
+    exp = expect(case)
+    assert exp.output["got"] == [
+        {"sig": "go"},
+        "b.x",
+        {"sig": "go#2"},
+        {"sig": "go#3"},
+        None,
+        {"sig": "go#5"},
+    ]
+    suspended = [e for e in exp.trace if e[0] == "stage.suspended"]
+    assert suspended == [["stage.suspended", "b", "signal", "signal:go"]] * 2
+    # each ``before`` signal buffered and its repeat not queued again, then the ``after`` one
+    # delivered (the ``during`` one races with the body: not compared)
+    assert exp.signals == {"go": [[False, False], [False, True]] * 2 + [[True, False]]}
+
+
+def test_gates_sharing_a_name_take_its_signals_in_group_order() -> None:
+    """A gate of a later group may wait for the signal name of an earlier group's gate: each
+    takes the signal meant for it (its payload names the stage), ``before`` ones at start,
+    ``after`` ones once their stage suspended on it."""
+    from conformance._cases import groups_of
+    from conformance._fuzz import early_waits
+    from conformance._model import _Sim
+
+    a = StageCase("a")
+    b = StageCase("b", after=("a",), gate="before")
+    c = StageCase("c", after=("b",), gate="before", gate_shares="b")
+    d = StageCase("d", after=("c",), gate="after", gate_shares="b")
+    e = StageCase("e", after=("d",), gate="after", gate_shares="b")
+    case = Case((a, b, c, d, e))
+    assert {s.gate_signal for s in case.stages[1:]} == {"gate_b"}
+    assert early_waits(case) == [("gate_b", "before", "gate_b"), ("gate_b", "before", "gate_c")]
+    exp = expect(case)
+    assert exp.status == "completed"
+    assert exp.output["got"] == [{"sig": "gate_e"}]
+    sim = _Sim(case)  # (only the sink's output is the run's: each stage's from the model)
+    sim.run_groups(groups_of(case), [])
+    assert {sid: sim.outputs[sid]["got"] for sid in "bcde"} == {
+        sid: [{"sig": f"gate_{sid}"}] for sid in "bcde"
+    }
+    assert [x for x in exp.trace if x[0] == "stage.suspended"] == [
+        ["stage.suspended", "d", "signal", "signal:gate_b"],
+        ["stage.suspended", "e", "signal", "signal:gate_b"],
+    ]
+    assert exp.gates_sent == ["gate_d", "gate_e"]
+    assert exp.signals == {"gate_b": [[False, False], [False, True]] * 2 + [[True, False]] * 2}
+
+
+def test_the_generator_shares_gate_names_only_across_groups() -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    from conformance._cases import groups_of
+
+    drawn = {"before": 0, "after": 0}
+
+    @settings(
+        max_examples=300,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(cases())
+    def check(case: Case) -> None:
+        layer = {sid: k for k, g in enumerate(groups_of(case)) for sid in g}
+        by_name: dict[str, list[StageCase]] = {}
+        for s in case.stages:
+            if s.gate is not None:
+                by_name.setdefault(s.gate_signal, []).append(s)
+        for gates in by_name.values():
+            if len(gates) < 2:
+                continue
+            assert all(g.gate in ("before", "after") for g in gates)
+            gates.sort(key=lambda g: layer[g.id])
+            levels = [layer[g.id] for g in gates]
+            assert len(set(levels)) == len(levels)  # never two in one group
+            late = [g.gate == "after" for g in gates]
+            assert late == sorted(late)  # its before gates first
+            for g in gates[1:]:
+                drawn[str(g.gate)] += 1
+        assert eval(case.to_python()) == case
+
+    check()
+    assert all(drawn.values()), drawn
