@@ -273,7 +273,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         ops: list[Op] = []
         for i in range(n):
             # (a local stage waits more often: its waits for one name again are what its
-            # tries' journal reads get wrong most easily, see below)
+            # tries' journal reads get wrong most easily, see ``_waits``)
             kinds = ["run", "run", "sleep", "wait", "emit"] + (["wait", "wait"] if local else [])
             kind = draw(st.sampled_from(kinds))
             name = f"{sid}{i}"
@@ -291,31 +291,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                 # for none: one sent while it runs reaches its run only after it on Temporal)
                 modes += [] if root or local else ["before"]
                 modes += [] if "signal_during_stage" in gaps or local else ["during"]
-                mode = draw(st.sampled_from(modes))
-                # a wait may wait again for the signal of an earlier wait of the stage (an
-                # approval loop: steps ``name#2``, ...): half the time, three times in four in
-                # an early wait (few stages have an earlier one to repeat) or a local stage,
-                # whose every try re-reads what the tries before it journaled (counting a
-                # step's records twice there once handed the first wait the second wait's
-                # signal on Temporal). A late wait (``after``, ``timeout``) any earlier wait's
-                # name; an early one (``before``, ``during``) only a name no late wait used
-                # yet (see ``Wait``)
-                again = _names_again(ops, mode)
-                repeat = (
-                    st.sampled_from([True, True, True, False])
-                    if local or mode in ("before", "during")
-                    else st.booleans()
-                )
-                if again and draw(repeat):
-                    name = draw(st.sampled_from(again))
-                if mode == "timeout":
-                    ops.append(
-                        Wait(
-                            name, "timeout", draw(st.sampled_from([400, 600])), draw(st.booleans())
-                        )
-                    )
-                else:
-                    ops.append(Wait(name, mode))
+                ops.extend(_waits(draw, ops, name, modes, local))
         return tuple(ops)
 
     @st.composite
@@ -374,6 +350,35 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         return make_valid(case, gaps)
 
     return _case()
+
+
+def _waits(draw: Any, ops: Sequence[Op], name: str, modes: list[str], local: bool) -> list[Op]:
+    """A drawn wait of one of ``modes``, named ``name`` unless it waits again for the name of
+    an earlier wait of the stage (``ops``); an early one (``before``, ``during``) followed, one
+    time in three, by a second early wait for its name (two early waits for one name are what
+    the FIFO queue orders, and few stages would draw them otherwise)."""
+    from hypothesis import strategies as st
+
+    mode = draw(st.sampled_from(modes))
+    # a wait may wait again for the signal of an earlier wait of the stage (an approval loop:
+    # steps ``name#2``, ...): half the time, three times in four in an early wait or a local
+    # stage, whose every try re-reads what the tries before it journaled (counting a step's
+    # records twice there once handed the first wait the second wait's signal on Temporal).
+    # A late wait (``after``, ``timeout``) any earlier wait's name; an early one (``before``,
+    # ``during``) only a name no late wait used yet (see ``Wait``)
+    again = _names_again(ops, mode)
+    often = local or mode in ("before", "during")
+    repeat = st.sampled_from([True, True, True, False]) if often else st.booleans()
+    if again and draw(repeat):
+        name = draw(st.sampled_from(again))
+    if mode == "timeout":
+        ms = draw(st.sampled_from([400, 600]))
+        return [Wait(name, "timeout", ms, draw(st.booleans()))]
+    out: list[Op] = [Wait(name, mode)]
+    early = [m for m in modes if m in ("before", "during")]
+    if mode in early and draw(st.sampled_from([False, False, True])):
+        out.append(Wait(name, draw(st.sampled_from(early))))
+    return out
 
 
 def _names_again(ops: Sequence[Op], mode: str) -> list[str]:

@@ -415,7 +415,7 @@ def test_the_generator_draws_gates_where_they_are_deterministic() -> None:
     drawn: dict[str, int] = {"after": 0, "before": 0, "timeout": 0}
 
     @settings(
-        max_examples=100,
+        max_examples=200,
         derandomize=True,
         database=None,
         deadline=None,
