@@ -35,6 +35,7 @@ __all__ = [
     "MAX_HOOK_NAME_LENGTH",
     "MAX_IDEMPOTENCY_KEY_LENGTH",
     "MAX_JSON_DEPTH",
+    "MAX_JSON_INT_DIGITS",
     "MAX_RUN_ID_LENGTH",
     "MAX_SIGNAL_KEY_LENGTH",
     "MAX_SIGNAL_NAME_LENGTH",
@@ -87,6 +88,10 @@ MAX_EVENT_TYPE_LENGTH = 200  # wfe_outbox.type, wfe_staged_events.type (300)
 MAX_HOOK_NAME_LENGTH = 200  # hook points and hook handler names
 MAX_TARGET_LENGTH = 100  # wfe_drains.target (a driver name)
 MAX_JSON_DEPTH = 64  # nested objects/arrays in one JSON value
+# digits of one JSON integer: CPython's default int/str conversion limit
+# (``sys.get_int_max_str_digits``), which ``json``, SQLAlchemy and Temporal's converter obey
+MAX_JSON_INT_DIGITS = 4300
+_INT_BOUND = 10**MAX_JSON_INT_DIGITS  # the smallest integer of one digit more
 
 _BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
 
@@ -235,8 +240,18 @@ def _check_json_scalar(v: Any, field: str, path: str, error: Raise) -> None:
         bad = _BAD_CHAR.search(v)
         if bad is not None:
             raise error(field, f"{_at(field, path)} {_bad_char(bad.group())}; remove it")
-    elif isinstance(v, bool) or v is None or isinstance(v, int):
+    elif isinstance(v, bool) or v is None:
         return
+    elif isinstance(v, int):
+        # (bit_length first: 14,000 bits are at most 4,215 digits, and the comparison with
+        # the bound costs more than the check of every ordinary integer)
+        if v.bit_length() > 14_000 and abs(v) >= _INT_BOUND:
+            raise error(
+                field,
+                f"{_at(field, path)} is an integer of more than {MAX_JSON_INT_DIGITS} digits, "
+                "which Python's JSON readers refuse (its int/str conversion limit); send it "
+                "as a string",
+            )
     elif isinstance(v, float):
         if not math.isfinite(v):
             raise error(
