@@ -10,14 +10,22 @@ written by an older driver (its data is the whole document): both shapes are rea
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pydantic_core
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
-from temporalio.converter import PayloadConverter
+from temporalio.converter import (
+    CompositePayloadConverter,
+    DataConverter,
+    DefaultPayloadConverter,
+    JSONPlainPayloadConverter,
+    PayloadConverter,
+)
 
 __all__ = [
+    "DATA_CONVERTER",
     "INFO_MAX",
     "META_KEY",
     "carried_failure",
@@ -31,6 +39,33 @@ __all__ = [
 META_KEY = "wfe"
 # the largest RunInfo a run's result repeats in its metadata (``carry_info``), in bytes of JSON
 INFO_MAX = 8192
+
+
+class _InOrderJSON(JSONPlainPayloadConverter):
+    """Temporal's ``json/plain`` converter, keeping the keys of an object in the order the
+    user gave them, as the native driver stores them (Temporal's own sorts them: a stage
+    that returned ``{"b": 1, "a": 2}`` gave ``{"a": 2, "b": 1}`` on this driver only, and a
+    run's input and signal payloads too). Reads are the same (any key order)."""
+
+    def to_payload(self, value: Any) -> Payload | None:
+        return Payload(
+            metadata={"encoding": self.encoding.encode()},
+            data=json.dumps(value, cls=self._encoder, separators=(",", ":")).encode(),
+        )
+
+
+class _PayloadConverter(CompositePayloadConverter):
+    def __init__(self) -> None:
+        super().__init__(
+            *(
+                _InOrderJSON() if isinstance(c, JSONPlainPayloadConverter) else c
+                for c in DefaultPayloadConverter.default_encoding_payload_converters
+            )
+        )
+
+
+DATA_CONVERTER = DataConverter(payload_converter_class=_PayloadConverter)
+"""The data converter of every client (and so every worker and replayer) of the driver."""
 
 
 def carry(value: Any, meta: dict[str, Any], converter: PayloadConverter) -> RawValue:

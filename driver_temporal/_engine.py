@@ -139,7 +139,7 @@ from engine_port.errors import (
 
 from . import _moving, _rpc
 from ._activities import DriverActivities, EventStats
-from ._carry import carry, meta_of
+from ._carry import DATA_CONVERTER, carry, meta_of
 from ._current import current_memo
 from ._ended import announced, announced_seq
 from ._exit import release_runtime_at_exit
@@ -325,6 +325,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                         self.settings.temporal_grpc_compression, address
                     ),
                     payload_limits=_rpc.PAYLOAD_LIMITS,
+                    data_converter=DATA_CONVERTER,
                 ),
                 timeout=self.connect_timeout,
             )

@@ -38,6 +38,7 @@ from engine_port import Event, EventDraft
 from engine_port.errors import DriverUnavailableError, EngineError, RunNotFoundError
 
 from . import _rpc
+from ._carry import DATA_CONVERTER
 from ._paging import listed
 from ._workflow import GraphWorkflow, workflow_runner
 
@@ -94,7 +95,7 @@ def _replayer(instances: list[_Recording], data_converter: DataConverter | None)
         workflows=[_Recording],
         interceptors=[_Collect(instances)],
         workflow_runner=workflow_runner(),
-        data_converter=data_converter or DataConverter.default,
+        data_converter=data_converter or DATA_CONVERTER,
     )
 
 

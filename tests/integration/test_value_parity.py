@@ -149,6 +149,25 @@ def _returning() -> Workflow[Loose]:
     return wf
 
 
+async def test_values_user_code_returns_come_back_as_the_same_json_on_every_driver(
+    engine_of: Factory,
+) -> None:
+    wf = _returning()
+    async with engine_of([wf]) as engine:
+        runs = {case: await engine.start(wf.id, {"case": case}) for case in RETURNED}
+        for case, run in runs.items():
+            info = await engine.wait(run.id, timeout=60)
+            assert info.status == RunStatus.COMPLETED, (case, info.error)
+            want = RETURNED[case][1]
+            # the next stage, the stored output and the run's output: the value as JSON
+            assert _same(info.stage("produce").output, {"step": want, "out": want}), case
+            assert _same(info.output, {"step": want, "out": want}), case
+            assert _same((await engine.get_run(run.id)).output, info.output), case
+            assert [(s.stage, s.name, s.completed) for s in await engine.steps(run.id)] == [
+                ("produce", "step", True)
+            ]
+
+
 # -- values no backend can store ----------------------------------------------------------------
 
 calls: dict[str, int] = {}
@@ -212,6 +231,23 @@ def _echo() -> Workflow[Loose]:
         return {"input": ctx.input.model_dump(), "signal": await ctx.step.wait_for_signal("go")}
 
     return wf
+
+
+async def test_inputs_and_signal_payloads_come_back_as_the_same_json_on_every_driver(
+    engine_of: Factory,
+) -> None:
+    wf = _echo()
+    async with engine_of([wf]) as engine:
+        runs = {}
+        for case, (given, _) in RETURNED.items():
+            runs[case] = run = await engine.start(wf.id, {"case": case, "x": given})
+            await engine.signal(run.id, "go", given)
+        for case, run in runs.items():
+            want = RETURNED[case][1]
+            info = await engine.wait(run.id, timeout=60)
+            assert info.status == RunStatus.COMPLETED, (case, info.error)
+            assert _same(info.input, {"case": case, "x": want}), case
+            assert _same(info.output, {"input": {"case": case, "x": want}, "signal": want}), case
 
 
 async def test_a_huge_integer_as_input_or_signal_payload_is_an_invalid_input(
