@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "ACTIVE_RUN_STATUSES",
@@ -55,6 +56,9 @@ class StageStatus(StrEnum):
     SKIPPED = "skipped"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class ErrorInfo(BaseModel):
     """A recorded error: exception type name, message and the stage it came from.
 
@@ -67,6 +71,17 @@ class ErrorInfo(BaseModel):
     message: str
     stage: str | None = None
     traceback: str | None = None
+
+    @field_validator("type", "message", "traceback")
+    @classmethod
+    def _storable(cls, text: str | None) -> str | None:
+        """A lone UTF-16 surrogate (``ValueError("bad \\ud800")``, text decoded with
+        ``surrogateescape``) is written as its escape ``\\ud800``: no backend stores it as
+        UTF-8 (Temporal could not encode the failed attempt, so the run never ended; a
+        native RunInfo could not be dumped as JSON)."""
+        if text is not None and _SURROGATE.search(text) is not None:
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return text
 
     @classmethod
     def of(cls, exc: BaseException, stage: str | None = None) -> ErrorInfo:

@@ -324,6 +324,23 @@ def _raising() -> Workflow[Loose]:
     return wf
 
 
+async def test_what_a_body_raises_is_recorded_the_same_on_every_driver(
+    engine_of: Factory,
+) -> None:
+    wf = _raising()
+    cases = [*RAISED, *(f"step {c}" for c in RAISED)]
+    async with engine_of([wf]) as engine:
+        runs = {case: await engine.start(wf.id, {"case": case}) for case in cases}
+        for case, run in runs.items():
+            info = await engine.wait(run.id, timeout=30)
+            _, error, message = RAISED[case.removeprefix("step ")]
+            assert info.status == RunStatus.FAILED, case
+            assert info.error is not None
+            assert (info.error.type, info.error.message) == (error, message), case
+            assert info.error.traceback and "\ud800" not in info.error.traceback, case
+            assert info.model_dump_json()  # every record can be written as JSON
+
+
 # -- values handed to user code are its own -----------------------------------------------------
 
 
