@@ -24,7 +24,7 @@ from ._limits import (
     check_signal_name,
     check_step_name,
 )
-from ._serde import JSON, to_json_value, validate_as
+from ._serde import JSON, json_copy, to_json_value, validate_as
 from ._telemetry import step_span
 from .errors import SerializationError, StepError, StepTimeoutError
 
@@ -272,14 +272,14 @@ class Steps:
         if rec is not None and rec.completed:
             if rec.timed_out:
                 raise _signal_timeout(name, rec)
-            return rec.result
+            return json_copy(rec.result)
         if rec is None:
             rec = StepRecord(
                 name=key, kind="signal", completed=False, deadline=deadline, signal=name
             )
             taken = await self._ledger.consume_signal(rec)
             if taken is not None:
-                return taken.result
+                return json_copy(taken.result)
             if not gate or deadline is not None:
                 await self._ledger.put(rec)
             # a new wait always suspends once, even if its deadline passed meanwhile (a slow
@@ -288,7 +288,7 @@ class Steps:
         else:
             taken = await self._ledger.consume_signal(rec)
             if taken is not None:
-                return taken.result
+                return json_copy(taken.result)
         if rec.deadline is not None and self._clock.now() >= rec.deadline:
             await self._ledger.put(rec.done(None, timeout=rec.deadline.isoformat()))
             raise _signal_timeout(name, rec)
@@ -336,7 +336,7 @@ class Steps:
             if rec.timed_out:
                 raise _poll_timeout(name, rec)
             self._replayed(rec)
-            return rec.result
+            return json_copy(rec.result)
         if rec is None:
             rec = StepRecord(name=name, kind="poll", completed=False, deadline=deadline)
             await self._ledger.put(rec)
@@ -345,7 +345,7 @@ class Steps:
             result = to_json_value(value, f"result of wait_for step {name!r}")
             check_json(result, f"result of wait_for step {name!r}")
             await self._ledger.put(rec.done(result, **meta))
-            return result
+            return json_copy(result)
         now = self._clock.now()
         if rec.deadline is not None and now >= rec.deadline:
             await self._ledger.put(rec.done(None, timeout=rec.deadline.isoformat()))
@@ -399,7 +399,7 @@ def _step_result(out_type: Any, value: JSON, name: str) -> Any:
     result and fail the same way; a pydantic ValidationError was retried until the attempts
     ran out)."""
     try:
-        return validate_as(out_type, value)
+        return validate_as(out_type, json_copy(value))
     except ValidationError as exc:
         first = exc.errors()[0]["msg"] if exc.errors() else str(exc)
         raise SerializationError(
@@ -536,7 +536,9 @@ class StageContext(Generic[InT]):
                 f"stage {self.stage_id!r} has no output of {stage_id!r}; only completed "
                 "upstream stages (listed in after=, directly or transitively) can be read"
             )
-        return validate_as(self.workflow.get_stage(stage_id).output_type, self.outputs[stage_id])
+        # (a copy: the value is the driver's, shared with the other stages it hands it to)
+        out_type = self.workflow.get_stage(stage_id).output_type
+        return validate_as(out_type, json_copy(self.outputs[stage_id]))
 
     def emit(self, type: str, data: Any = None) -> None:
         """Stage a business event; it is released only when the run completes."""

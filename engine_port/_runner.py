@@ -27,7 +27,7 @@ from ._limits import check_json, safe_error_message
 from ._models import ErrorInfo
 from ._payload_limit import DEFAULT_MAX_PAYLOAD_BYTES, SizeCheckedLedger, check_payload_size
 from ._registry import Registry
-from ._serde import JSON, to_json_value, validate_as
+from ._serde import JSON, json_copy, to_json_value, validate_as
 from ._settings import EngineSettings
 from ._stage_log import StageLog
 from ._sync_executor import SyncStageExecutor
@@ -423,7 +423,9 @@ class StageRunner:
         wf = req.workflow
         events: list[BusinessEvent] = []
         return StageContext(
-            input=wf.validate_input(req.input),
+            # (a copy: a model's dict or Any fields kept the driver's objects, which it hands
+            # to the sibling stages too)
+            input=wf.validate_input(json_copy(req.input)),
             run_id=req.run_id,
             stage_id=req.stage_id,
             attempt=req.attempt,

@@ -17,6 +17,7 @@ __all__ = [
     "dumps",
     "fingerprint",
     "input_fingerprint",
+    "json_copy",
     "loads",
     "to_json_value",
     "validate_as",
@@ -117,6 +118,21 @@ def to_json_value(value: Any, what: str) -> JSON:
     if not _string_keyed(value):
         _check_keys(value, what)
     return plain
+
+
+def json_copy(value: JSON) -> JSON:
+    """A copy of plain JSON data that shares no dict or list with ``value`` (strings and
+    numbers are immutable: shared). What the engine hands user code (a step's result, a
+    signal's payload, an upstream output, the run input) is such a copy: a body that
+    changed the value it got changed the journaled record itself (Temporal then journaled
+    the changed value, which a replay returned) or the object a sibling stage of the same
+    process was handed (native), and a replay or another worker saw something else."""
+    t = type(value)
+    if t is dict:
+        return {k: json_copy(v) for k, v in value.items()}
+    if t is list:
+        return [json_copy(v) for v in value]
+    return value
 
 
 @functools.lru_cache(maxsize=512)

@@ -376,6 +376,23 @@ def _mutating() -> Workflow[Loose]:
     return wf
 
 
+async def test_a_value_user_code_changes_is_never_what_a_later_reader_sees(
+    engine_of: Factory,
+) -> None:
+    """A stage that changed ``ctx.output_of(...)`` or a dict in ``ctx.input`` changed what
+    its sibling got in the same native process; a body that changed a step's result (or a
+    signal's payload) changed the value Temporal journaled, which the replay then returned."""
+    wf = _mutating()
+    async with engine_of([wf]) as engine:
+        run = await engine.start(wf.id, {"x": {"n": [1]}})
+        await engine.signal(run.id, "go", {"s": [1]})
+        info = await engine.wait(run.id, timeout=60)
+    assert info.status == RunStatus.COMPLETED, info.error
+    assert info.stage("reads").output == [{"n": [1]}, {"n": [1]}]
+    assert info.stage("first").output == {"n": [1]}
+    assert info.output == [{"k": [1]}, {"s": [1]}, {"p": [1]}]
+
+
 # -- 3. the claim check -------------------------------------------------------------------------
 
 THRESHOLD = 1024

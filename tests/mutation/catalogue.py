@@ -167,7 +167,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "engine_port/_context.py",
         "            taken = await self._ledger.consume_signal(rec)\n"
         "            if taken is not None:\n"
-        "                return taken.result\n"
+        "                return json_copy(taken.result)\n"
         "            if not gate or deadline is not None:",
         "            if not gate or deadline is not None:",
         "a buffered signal is not consumed by the wait that reaches it (it suspends first)",
