@@ -375,12 +375,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "s1 or s2",
     ),
     _m(
-        "N14-suspension-count",
-        "native",
-        "driver_native/_progress.py",
-        "    n = a.stage.suspensions + 1",
-        "    n = 1",
-        "every suspension of an attempt gets the same event id (later ones are lost)",
+        "N14-suspension-id",
+        "port",
+        "engine_port/_lifecycle.py",
+        '        which = (n,) if step is None else (step, at or "")',
+        "        which = (n,) if step is None else (step,)",
+        "every poll of one wait_for gets the same event id (the later ones are lost)",
         "delivery or wait_for or sleep",
     ),
     _m(
