@@ -3,9 +3,9 @@ first execution or of one it continued as new in: the new execution starts from 
 that point, each stage it runs again replays its step journal (keyed by the engine's run id),
 so a step journaled before the reset is not run again, and each signal Temporal re-applies
 after the reset point is taken once: by the journaled wait that took it before the reset, or
-by a later wait; each wait's ``stage.suspended`` keeps one id. Until 2026-12-06 a reset of a continued execution was not seen as a reset
-(its journaled steps ran again), and after any reset the re-applied signals were taken a
-second time by later waits."""
+by a later wait; each wait's ``stage.suspended`` keeps one id. Until 2026-12-06 a reset of
+a continued execution was not seen as a reset (its journaled steps ran again), and after any
+reset the re-applied signals were taken a second time by later waits."""
 
 from __future__ import annotations
 
