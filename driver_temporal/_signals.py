@@ -123,6 +123,14 @@ class SignalHandlers:
     # runs started with ``signal_names`` in their start memo: the names an operator's raw
     # signal may carry (another one is rejected and recorded); None: any name
     _signal_names: frozenset[str] | None = None
+    # signals handled before the run set up its state (``__init__`` sets []; None once
+    # ``_carry_signals`` ran): the first workflow task of an execution hands its signals to
+    # the handlers before ``run`` starts. Queued then, without the state they are judged by
+    # (the stages waiting, the queue and idempotency keys carried from the execution this
+    # one continued from, an import or a redrive), a signal a waiting step was about to
+    # take was reported buffered and a sender's retry not already_completed; they are
+    # queued, in arrival order, once that state is there
+    _early: list[tuple[str, Any, Any, Any]] | None = None
 
     def _read_signal_rule(self, start_memo: Any) -> None:
         """(``__init__``) The signal rule of the run, from its ``wfe_start`` memo entry."""
@@ -171,9 +179,9 @@ class SignalHandlers:
                 if isinstance(delivery, str):
                     self._decided(delivery, {"rejected": refused})
                 return
-            self._deliver(name, value, delivery, key)  # the stored form the engine made
+            self._arrived(name, value, delivery, key)  # the stored form the engine made
         elif _is_wrapped(value):
-            self._deliver(
+            self._arrived(
                 name, value.get("payload"), value.get("delivery"), value.get("idempotency_key")
             )
         elif self._winding_down():
@@ -185,7 +193,15 @@ class SignalHandlers:
             self._reject(name, f"no stage of the run's graph declares it (declared: {declared})")
         else:
             # the operator's JSON is user data: boxed, so it is never read as a reference
-            self._deliver(name, self._stored_raw(value), None, None)
+            self._arrived(name, self._stored_raw(value), None, None)
+
+    def _arrived(self, name: str, payload: Any, delivery: Any, key: Any) -> None:
+        """A signal to queue (``_deliver``), or, before the run set up, to queue once it did
+        (``_early``, see ``_carry_signals``)."""
+        if self._early is not None:
+            self._early.append((name, payload, delivery, key))
+        else:
+            self._deliver(name, payload, delivery, key)
 
     def _stored_raw(self, value: Any) -> Any:
         """The stored form of an operator's signal payload: inline (boxed) up to the run's
@@ -469,8 +485,11 @@ class SignalHandlers:
         return queues
 
     def _carry_signals(self, start: StartDocument) -> None:
-        """Signals carried over in the start input (an import, a redrive) arrived before any
-        this run received; a key among them drops a later duplicate."""
+        """Signals carried over in the start input (an import, a redrive, a continue-as-new)
+        arrived before any this run received; a key among them drops a later duplicate.
+        Then the signals that arrived before the run set up (``_early``) are queued behind
+        them, each judged and its result recorded as if it came now (called once the stages
+        and the deliveries carried over are in place)."""
         carried = start.signals
         if isinstance(carried, dict):  # the form before signals queued: one per name
             carried = [{"name": n, "payload": p} for n, p in carried.items()]
@@ -488,3 +507,6 @@ class SignalHandlers:
             sig for sig in self._signals if sig["idempotency_key"] not in keys
         ]
         self._signal_keys |= keys
+        early, self._early = self._early or [], None
+        for name, payload, delivery, key in early:
+            self._deliver(name, payload, delivery, key)

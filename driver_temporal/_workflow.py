@@ -253,6 +253,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._carried = False  # started by this driver: business values in the payloads
         self._marked = False  # started with the driver's marks (``run``)
         self._rejected: list[dict[str, Any]] = []  # signals not queued (``SignalHandlers``)
+        self._early: list[tuple[str, Any, Any, Any]] | None = []  # (``SignalHandlers``)
         # continue-as-new (``_continue``): the stage tasks of the group that runs, the stages
         # whose suspended attempt waits (``_wait``), whether a cancel of the run arrived
         self._group_tasks: dict[str, asyncio.Task[BaseException | None]] = {}
@@ -605,10 +606,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             sid: StageState.fresh(sid, start.stages.get(sid)) for sid in self._order_ids()
         }
         self._order = max((s.order or 0 for s in self._stages.values()), default=0)
-        self._carry_signals(start)
         if start.continued:
             self._parked = start.parked
             self._deliveries = {**start.deliveries, **self._deliveries}
+        self._carry_signals(start)  # (after the deliveries: a signal sent twice is known)
         if self._hands_events and start.continue_after:
             self._continue_after = start.continue_after
 

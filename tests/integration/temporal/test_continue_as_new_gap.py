@@ -1,0 +1,185 @@
+"""Signals sent in the gap of a continue-as-new: a continue from an execution younger than a
+second has the new execution's first workflow task run about a second later, and every
+signal sent meanwhile reaches that first task, whose signal handlers run before the
+workflow's ``run`` set up the state carried over (``SignalHandlers._early``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver_temporal import TemporalEngine
+from engine_port import (
+    EngineSettings,
+    Event,
+    MemorySink,
+    Registry,
+    RunInfo,
+    RunStatus,
+    StageContext,
+    Workflow,
+    create_engine,
+)
+
+from .conftest import EngineFactory
+from .test_continue_as_new import Calls, In, executions, until
+from .test_continue_as_new_more import ONCE
+
+pytestmark = pytest.mark.temporal
+
+
+def _ns() -> int:
+    return time.monotonic_ns()
+
+
+def _check_events(events: list[Event]) -> None:
+    """Ids unique, seq 1..n, in order."""
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)), [e.seq for e in events]
+    assert len({e.id for e in events}) == len(events)
+
+
+async def _went_on(engine: TemporalEngine, run_id: str, than: int = 1) -> int:
+    async def more() -> bool:
+        return len(await executions(engine, run_id)) > than
+
+    await until(f"a continue-as-new of {run_id}", more, timeout=30)
+    return len(await executions(engine, run_id))
+
+
+# -- 3. signals sent in the gap of a continue ----------------------------------------------------
+def gap_workflow(calls: Calls) -> Workflow[In]:
+    """s: waits for ``pre``, then for ``go`` three times, then for ``stop``, then ``end``."""
+    wf = Workflow(f"can-gap-{_ns()}", input=In, version="v1")
+
+    @wf.stage(signals=["pre", "go", "stop", "end"])
+    async def s(ctx: StageContext[In]) -> dict[str, Any]:
+        calls.hit("s")
+        pre = await ctx.step.wait_for_signal("pre", timeout=600)
+        got = [(await ctx.step.wait_for_signal("go", timeout=600))["v"] for _ in range(3)]
+        stop = await ctx.step.wait_for_signal("stop", timeout=600)
+        await ctx.step.wait_for_signal("end", timeout=600)
+        return {"pre": pre["v"], "go": got, "stop": stop["v"]}
+
+    return wf
+
+
+# sent once s waits for ``pre`` (on Temporal: once the run continued as new there, in the
+# second or so before the new execution's first task), after ``go`` 0 (key k0) was sent
+# before s started
+BURST = [
+    ("pre", "p", None),
+    ("go", 99, "k0"),  # a sender's retry of the go sent before the continue
+    ("go", 1, None),
+    ("stop", "x", "ks"),
+    ("go", 2, "k2"),
+    ("stop", "y", "ks"),  # a retry of the stop sent in the gap
+    ("go", 98, "k2"),
+]
+# (delivered, already_completed): pre to the waiting step, the rest buffered, repeats seen
+WANT_RESULTS = [
+    (True, False),
+    (False, True),
+    (False, False),
+    (False, False),
+    (False, False),
+    (False, True),
+    (False, True),
+]
+STAGGER_S = 0.05
+WANT_OUTPUT = {"pre": "p", "go": [0, 1, 2], "stop": "x"}
+
+
+async def _send_in_turn(engine: Any, run_id: str) -> list[tuple[bool, bool]]:
+    """BURST, each send STAGGER_S after the one before, none waiting for the one before to
+    be answered (on Temporal the answer comes once the new execution's first task took
+    it): all in the gap of the continue, in order."""
+
+    async def send(i: int, name: str, v: Any, key: str | None) -> tuple[bool, bool]:
+        await asyncio.sleep(i * STAGGER_S)
+        res = await engine.signal(run_id, name, {"v": v}, idempotency_key=key)
+        return res.delivered, res.already_completed
+
+    return list(await asyncio.gather(*(send(i, *sent) for i, sent in enumerate(BURST))))
+
+
+async def _gap_run(
+    engine: Any, sink: MemorySink, wf: Workflow[In], temporal: bool
+) -> tuple[RunInfo, list[tuple[bool, bool]], RunInfo, list[Event]]:
+    """Start the run, send ``go`` 0 (key k0) at once, wait until s waits for ``pre``, then
+    send BURST: on Temporal once the run continued as new there (in the gap), on native
+    with no worker up (the run stays where it is while they arrive); then ``end``."""
+    async with engine.worker():
+        run = await engine.start(wf, {"n": 1})
+        first = await engine.signal(run.id, "go", {"v": 0}, idempotency_key="k0")
+        assert (first.delivered, first.already_completed) == (False, False), first
+
+        async def suspended() -> bool:
+            return any(e.type == "stage.suspended" for e in sink.for_run(run.id))
+
+        await until("s's wait for pre", suspended)
+        if temporal:
+            await _went_on(engine, run.id)
+            results = await _send_in_turn(engine, run.id)
+    if not temporal:
+        results = await _send_in_turn(engine, run.id)
+    async with engine.worker():
+        await engine.signal(run.id, "end", {"v": 0})
+        done = await engine.wait(run.id, timeout=60)
+        events = await engine.events(run.id)
+    return run, results, done, events
+
+
+async def test_signals_in_the_gap_of_a_continue(
+    make_engine: EngineFactory, tmp_path: Path, blob_dir: Path
+) -> None:
+    """Signals of three names (and repeats of their keys, one first sent before the
+    continue) sent while the run continues as new, in the second or so before the new
+    execution's first task: none lost, none taken twice, FIFO per name, and each
+    ``signal()`` result as on the native driver: ``pre`` delivered to the waiting step,
+    the others buffered, the repeats already_completed. (Before, the new execution's
+    handlers judged them before its state was set up: ``pre`` was reported buffered and
+    the retry of k0 not already_completed.)"""
+    calls = Calls()
+    wf = gap_workflow(calls)
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink, options=dict(ONCE))
+    async with engine:
+        run, results, done, events = await _gap_run(engine, sink, wf, temporal=True)
+        found = await executions(engine, run.id)
+        second = engine._conn.get_workflow_handle(run.id, run_id=found[1].run_id)
+        history = (await second.fetch_history()).events
+    # the burst came in the gap: the second execution's first workflow task had it all
+    first_done = next(
+        i for i, e in enumerate(history) if e.HasField("workflow_task_completed_event_attributes")
+    )
+    early = [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in history[:first_done]
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
+    assert early == [name for name, _, _ in BURST], early
+    assert done.status == RunStatus.COMPLETED, done
+    assert done.output == WANT_OUTPUT, done.output
+    _check_events(events)
+    assert results == WANT_RESULTS, results
+
+    # the native driver, the same signals at the same points of the run
+    nwf = gap_workflow(Calls())
+    nsink = MemorySink()
+    native: Any = create_engine(
+        EngineSettings(
+            driver="native",
+            database_url=f"sqlite:///{tmp_path / 'n.db'}",
+            blob_url=f"file://{blob_dir}",
+        ),
+        Registry([nwf]),
+        event_sink=nsink,
+    )
+    async with native:
+        _, nresults, ndone, _ = await _gap_run(native, nsink, nwf, temporal=False)
+    assert ndone.output == WANT_OUTPUT, ndone.output
+    assert nresults == WANT_RESULTS, nresults
