@@ -116,6 +116,10 @@ class StartDocument(BaseModel):
     # (continued) what became of the last signals the run was sent, by delivery id, so that
     # ``TemporalEngine.signal`` asking right after a continue-as-new hears about its signal
     deliveries: dict[str, dict[str, Any]] = {}
+    # (continued since 2026-12-06) a wait whose time already passed when this execution
+    # resumes it ends at once, with no timer (``GraphWorkflow._passed``); an execution an
+    # older driver continued set a short timer, and replays so
+    due_at_once: bool = False
 
     @classmethod
     def for_engine(

@@ -111,6 +111,15 @@ _DELIVERIES_KEPT = 500
 # Temporal's ContinueAsNewMinInterval (its default): the first task of an execution that
 # continued from one younger than this runs only about this long after the continue
 _CONTINUE_MIN_INTERVAL = timedelta(seconds=1)
+# a Temporal timer shorter than about a second fires about a second after it started (seen
+# on the dev server: timers of 0.02 s and 0.6 s fired after ~1 s; longer ones on time), so a
+# wait the run continues in must have at least that long left in the new execution, after the
+# continue itself (the new execution's first task, a round trip or two: ``_CONTINUE_SLACK``)
+_TIMER_PRECISION = timedelta(seconds=1)
+_CONTINUE_SLACK = timedelta(seconds=0.5)
+# how far past its threshold a run may hold its continue for a timer (``_due_before_next``):
+# a run whose waits all hold it (a poll every 1.2 s) still continues, a timer late then
+_HOLD_EVENTS = 500
 
 
 def workflow_runner() -> WorkflowRunner:
@@ -258,6 +267,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         # whose suspended attempt waits (``_wait``), whether a cancel of the run arrived
         self._group_tasks: dict[str, asyncio.Task[BaseException | None]] = {}
         self._waits: set[str] = set()
+        # the length of the timer each of those waits set in this execution, and of the run
+        # deadline's (``_due_before_next``: only a timer of a second or more fires on time)
+        self._timer_s: dict[str, float] = {}
+        self._deadline_s = 0.0
         self._cancel_seen = False
         self._continue_after: int | None = None
         # waits that ended in this execution: one that continued from another continues
@@ -394,19 +407,37 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
 
     def _due_before_next(self) -> bool:
         """Whether a timer of the run (its deadline, the wake time of a wait) is due before a
-        new execution could run: Temporal runs the first task of one continued from an
-        execution younger than ``_CONTINUE_MIN_INTERVAL`` about that long after the continue,
-        and the timer would fire that late (up to a second after it does in the run that
-        never continued). The run continues once it fired, if it may then."""
+        new execution could set it again and have it fire on time: Temporal runs the first
+        task of one continued from an execution younger than ``_CONTINUE_MIN_INTERVAL``
+        about that long after the continue, and a timer it then sets with less than about a
+        second left fires about a second late (``_TIMER_PRECISION``): a wait ended up to
+        ~1.2 s after it does in the run that never continued (a stage timeout, a retry
+        backoff that followed it, all as late). The run continues once it fired, if it may
+        then; when Temporal suggests continuing, it continues anyway (a late timer rather
+        than a history that grows past Temporal's limit), and so it does once its history
+        holds ``_HOLD_EVENTS`` more events than its threshold."""
         now = workflow.now()
-        if now >= workflow.info().start_time + _CONTINUE_MIN_INTERVAL:
+        info = workflow.info()
+        young = now < info.start_time + _CONTINUE_MIN_INTERVAL
+        if young and self._timer_due(now + _CONTINUE_MIN_INTERVAL, 0.0):
+            return True
+        limit = (self._continue_after or 0) + _HOLD_EVENTS
+        if info.is_continue_as_new_suggested() or info.get_current_history_length() >= limit:
             return False
-        ready = now + _CONTINUE_MIN_INTERVAL
-        due = [self._stages[sid].wake_at for sid in self._waits]
+        ready = now + _TIMER_PRECISION + _CONTINUE_SLACK
+        if young:
+            ready += _CONTINUE_MIN_INTERVAL
+        # (a timer shorter than _TIMER_PRECISION is as late here as in a new execution)
+        return self._timer_due(ready, _TIMER_PRECISION.total_seconds())
+
+    def _timer_due(self, ready: Any, precise_s: float) -> bool:
+        """Whether the run's deadline or the wake time of a wait is before ``ready``, of
+        those whose timer in this execution was set for ``precise_s`` or more."""
+        due = [(self._stages[sid].wake_at, self._timer_s.get(sid, 0.0)) for sid in self._waits]
         if self._graph.timeout_s:
-            due.append(self._deadline)
-        times = [parse_time(at) for at in due]
-        return any(at is not None and at < ready for at in times)
+            due.append((self._deadline, self._deadline_s))
+        times = [(parse_time(at), length) for at, length in due]
+        return any(at is not None and at < ready and length >= precise_s for at, length in times)
 
     def _at_safe_point(self) -> bool:
         """Nothing of the run is in flight but waits: no stage activity (attempt,
@@ -471,6 +502,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 "continued": True,
                 "parked": self._parked,
                 "deliveries": dict(recent),
+                "due_at_once": True,
             }
         )
         conv = workflow.payload_converter()
@@ -503,6 +535,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 deadline = parse_time(self._deadline)
                 assert deadline is not None
                 remaining = max(0.001, (deadline - workflow.now()).total_seconds())
+                self._deadline_s = remaining
                 await asyncio.wait_for(self._execute(), remaining)
             else:
                 await self._execute()
@@ -909,16 +942,27 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         to it at once, see ``_reserve``), its timer or deadline is due. Meanwhile the run
         may continue as new (``_at_safe_point``)."""
         self._waits.add(sid)
+        if until is not None:
+            self._timer_s[sid] = (until - workflow.now()).total_seconds()
         try:
             await self._wait_on(sid, res, until)
         finally:
             self._waits.discard(sid)
+            self._timer_s.pop(sid, None)
         self._waits_ended += 1
+
+    def _passed(self, until: Any) -> bool:
+        """Whether a wait this execution resumes is already due (an execution continued
+        with ``StartDocument.due_at_once``): it ends at once rather than on a short timer,
+        which would fire about a second late (``_TIMER_PRECISION``)."""
+        return self._start.due_at_once and until is not None and until <= workflow.now()
 
     async def _wait_on(self, sid: str, res: dict[str, Any], until: Any) -> None:
         if res["reason"] == "signal" and not self._holder_rule:
             name = res["waiting_for"].split(":", 1)[1]
             while not self._reserve(sid, name):
+                if self._passed(until):
+                    return  # (timed out: as below)
                 try:
                     await workflow.wait_condition(
                         lambda: self._signal_ready(name) or self._migrated_to is not None,
@@ -944,7 +988,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 )
             if self._migrated_to is not None:
                 raise Migrated()
-        elif remaining is not None:
+        elif remaining is not None and not self._passed(until):
             await self._pause(remaining, res["waiting_for"])
 
     def _ancestors(self, sid: str) -> set[str]:
