@@ -241,7 +241,9 @@ def fan_workflow(calls: Calls) -> Workflow[In]:
     """Five siblings (one waits for a signal, one naps, one polls, two return at once), then
     a join that reads each output. The run continues once the three wait (the naps and
     poll intervals long enough for that: see ``_due_before_next``), again once f0 alone
-    waits, and once more after the signal."""
+    waits, and once more after the signal. (A nap of 3.5 s and a poll every 3 s left a
+    loaded host no moment without a timer due within the continue's hold: no continue came
+    while the group was in flight.)"""
     wf = Workflow(f"can-fan-{_ns()}", input=In, version="v1")
 
     @wf.stage(signals=["go"])
@@ -252,13 +254,13 @@ def fan_workflow(calls: Calls) -> Workflow[In]:
     @wf.stage
     async def f1(ctx: StageContext[In]) -> int:
         await ctx.step.run("b1", lambda: calls.hit("b1"))
-        await ctx.step.sleep("nap", 3.5)
+        await ctx.step.sleep("nap", 6.0)
         return 10
 
     @wf.stage
     async def f2(ctx: StageContext[In]) -> int:
         n = await ctx.step.wait_for(
-            "p", lambda: calls.hit("poll") >= 2 or None, interval=3.0, timeout=600
+            "p", lambda: calls.hit("poll") >= 2 or None, interval=5.0, timeout=600
         )
         return 100 if n else -1
 
