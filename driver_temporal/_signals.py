@@ -130,7 +130,10 @@ class SignalHandlers:
     # one continued from, an import or a redrive), a signal a waiting step was about to
     # take was reported buffered and a sender's retry not already_completed; they are
     # queued, in arrival order, once that state is there
-    _early: list[tuple[str, Any, Any, Any]] | None = None
+    # (each with whether the run judges it by its bound: an engine's signal, see ``_refusal``;
+    # before the run set up, the bound is not judged: ``_start`` and the carried queue are not
+    # there yet, so ``_carry_signals`` judges it, on runs with ``StartDocument.bounds_early``)
+    _early: list[tuple[str, Any, Any, Any, bool]] | None = None
 
     def _read_signal_rule(self, start_memo: Any) -> None:
         """(``__init__``) The signal rule of the run, from its ``wfe_start`` memo entry."""
@@ -179,7 +182,7 @@ class SignalHandlers:
                 if isinstance(delivery, str):
                     self._decided(delivery, {"rejected": refused})
                 return
-            self._arrived(name, value, delivery, key)  # the stored form the engine made
+            self._arrived(name, value, delivery, key, bounded=True)  # as the engine stored it
         elif _is_wrapped(value):
             self._arrived(
                 name, value.get("payload"), value.get("delivery"), value.get("idempotency_key")
@@ -195,11 +198,14 @@ class SignalHandlers:
             # the operator's JSON is user data: boxed, so it is never read as a reference
             self._arrived(name, self._stored_raw(value), None, None)
 
-    def _arrived(self, name: str, payload: Any, delivery: Any, key: Any) -> None:
+    def _arrived(
+        self, name: str, payload: Any, delivery: Any, key: Any, bounded: bool = False
+    ) -> None:
         """A signal to queue (``_deliver``), or, before the run set up, to queue once it did
-        (``_early``, see ``_carry_signals``)."""
+        (``_early``, see ``_carry_signals``; ``bounded``: an engine's signal, which the run's
+        ``max_pending_signals`` bound applies to)."""
         if self._early is not None:
-            self._early.append((name, payload, delivery, key))
+            self._early.append((name, payload, delivery, key, bounded))
         else:
             self._deliver(name, payload, delivery, key)
 
@@ -244,9 +250,14 @@ class SignalHandlers:
             return "RunNotActiveError"
         if self._frozen:
             return "MigrationError"
-        # (a signal that arrives with the run's first task may be handled before ``run``)
+        # (a signal that arrives with the run's first task may be handled before ``run``:
+        # no ``_start`` yet, and its queue not loaded; ``_carry_signals`` judges the bound)
         start: StartDocument | None = getattr(self, "_start", None)
-        bound = None if start is None else start.max_pending_signals
+        return self._full(None if start is None else start.max_pending_signals, delivery, key)
+
+    def _full(self, bound: int | None, delivery: Any, key: Any) -> str | None:
+        """``"SignalQueueFullError"`` when the run holds ``bound`` unconsumed signals and this
+        one is no repeat (of a delivery or an idempotency key it has seen), else None."""
         repeat = delivery in self._deliveries or (key is not None and key in self._signal_keys)
         if bound is not None and not repeat and len(self._signals) >= int(bound):
             return "SignalQueueFullError"
@@ -507,6 +518,22 @@ class SignalHandlers:
             sig for sig in self._signals if sig["idempotency_key"] not in keys
         ]
         self._signal_keys |= keys
+        # The bound (``max_pending_signals``) is judged here for the signals that came
+        # before the set-up, against the carried queue and the keys now in place: judged on
+        # arrival, they met an empty queue (the carried one not loaded, ``_start`` not set),
+        # so a burst in the gap of a continue all went in and the run held more than its
+        # bound. Replay-safe: only on executions whose start document has ``bounds_early``
+        # (set by ``GraphWorkflow._continue`` of the code that has this rule); an execution
+        # continued before queues them all, as it did. Not on a run's first execution: the
+        # engine reports a keyless signal to a pending run buffered without asking it
+        # (``TemporalEngine.signal``), so the run must not refuse it later.
+        bound = start.max_pending_signals if start.bounds_early else None
         early, self._early = self._early or [], None
-        for name, payload, delivery, key in early:
+        for name, payload, delivery, key, bounded in early:
+            refused = self._full(bound, delivery, key) if bounded else None
+            if refused is not None:
+                self._reject(name, refused)
+                if isinstance(delivery, str):
+                    self._decided(delivery, {"rejected": refused})
+                continue
             self._deliver(name, payload, delivery, key)

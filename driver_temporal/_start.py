@@ -120,6 +120,11 @@ class StartDocument(BaseModel):
     # resumes it ends at once, with no timer (``GraphWorkflow._passed``); an execution an
     # older driver continued set a short timer, and replays so
     due_at_once: bool = False
+    # (continued since 2026-12-06) the signals this execution's first task handles before
+    # the run set up are judged against ``max_pending_signals`` once the queue carried over
+    # is loaded (``SignalHandlers._carry_signals``); an execution an older driver continued
+    # queued them all, and replays so
+    bounds_early: bool = False
 
     @classmethod
     def for_engine(

@@ -262,7 +262,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._carried = False  # started by this driver: business values in the payloads
         self._marked = False  # started with the driver's marks (``run``)
         self._rejected: list[dict[str, Any]] = []  # signals not queued (``SignalHandlers``)
-        self._early: list[tuple[str, Any, Any, Any]] | None = []  # (``SignalHandlers``)
+        self._early: list[tuple[str, Any, Any, Any, bool]] | None = []  # (``SignalHandlers``)
         # continue-as-new (``_continue``): the stage tasks of the group that runs, the stages
         # whose suspended attempt waits (``_wait``), whether a cancel of the run arrived
         self._group_tasks: dict[str, asyncio.Task[BaseException | None]] = {}
@@ -503,6 +503,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 "parked": self._parked,
                 "deliveries": dict(recent),
                 "due_at_once": True,
+                "bounds_early": True,
             }
         )
         conv = workflow.payload_converter()
