@@ -17,6 +17,7 @@ from engine_port.errors import (
     EngineError,
     RunNotActiveError,
     RunNotFoundError,
+    SignalQueueFullError,
     StepTimeoutError,
     UnknownSignalError,
 )
@@ -372,6 +373,36 @@ class SignalContract:
             ["run.completed"],
         ]
         check_golden("s8b_signal_during_stage", {"trace": trace, "counts": log.counts()})
+
+    async def test_a_full_signal_queue_refuses_past_the_bound(self, harness: Harness) -> None:
+        """``max_pending_signals`` bounds the run's unconsumed signals of every name: past it
+        ``signal`` raises SignalQueueFullError (typed), even for a name a step waits for; a
+        sender's retry of a queued signal's key is still already_completed."""
+        wf = Workflow(unique_id("bound"), input=Num)
+
+        @wf.stage(signals=["go", "x"], retry=Retry(max_attempts=1))
+        async def w(ctx: StageContext[Num]) -> list[Any]:
+            await ctx.step.wait_for_signal("go")
+            return [await ctx.step.wait_for_signal("x") for _ in range(2)]
+
+        sink = MemorySink()
+        registry = Registry([wf])
+        engine_cm = harness.engine(registry, sink, max_pending_signals=2)
+        async with engine_cm as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            await wait_for_events(sink, run.id, "stage.suspended")
+            for i in range(2):
+                res = await engine.signal(run.id, "x", i, idempotency_key=f"k{i}")
+                assert (res.delivered, res.already_completed) == (False, False), res
+            with pytest.raises(SignalQueueFullError) as caught:
+                await engine.signal(run.id, "x", 9, idempotency_key="k9")
+            assert isinstance(caught.value, EngineError)
+            again = await engine.signal(run.id, "x", 0, idempotency_key="k0")
+            assert (again.delivered, again.already_completed) == (False, True), again
+            with pytest.raises(SignalQueueFullError):
+                await engine.signal(run.id, "go", None)  # a waiting step's name counts too
+            info = await engine.cancel(run.id)
+            assert info.status == RunStatus.CANCELLED, info
 
     async def test_signal_unknown_run(self, harness: Harness, tmp_path: Path) -> None:
         async with harness.engine(
