@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,16 +107,25 @@ async def _send_in_turn(engine: Any, run_id: str) -> list[tuple[bool, bool]]:
     return list(await asyncio.gather(*(send(i, *sent) for i, sent in enumerate(BURST))))
 
 
-async def _gap_run(
-    engine: Any, sink: MemorySink, wf: Workflow[In], temporal: bool
-) -> tuple[RunInfo, list[tuple[bool, bool]], RunInfo, list[Event]]:
-    """Start the run, send ``go`` 0 (key k0) at once, wait until s waits for ``pre``, then
-    send BURST: on Temporal once the run continued as new there (in the gap), on native
-    with no worker up (the run stays where it is while they arrive); then ``end``."""
+async def across_the_gap(
+    engine: Any,
+    sink: MemorySink,
+    wf: Workflow[In],
+    temporal: bool,
+    keyed: tuple[int, ...],
+    send: Callable[[Any, str], Awaitable[list[Any]]],
+    then: Callable[[Any, str], Awaitable[Any]],
+) -> tuple[RunInfo, list[Any], Any, RunInfo, list[Event]]:
+    """Start the run, send ``go`` ``{"v": v}`` with key ``k{v}`` for each v of ``keyed`` at
+    once, wait until s waits for ``pre``, then ``send`` (on Temporal once the run continued as
+    new there: in the gap; on native with no worker up, so the run stays where it is while
+    they arrive); then, with a worker, ``then`` and the run's end. Returns the run, what
+    ``send`` and ``then`` returned, the finished run and its events."""
     async with engine.worker():
         run = await engine.start(wf, {"n": 1})
-        first = await engine.signal(run.id, "go", {"v": 0}, idempotency_key="k0")
-        assert (first.delivered, first.already_completed) == (False, False), first
+        for v in keyed:
+            first = await engine.signal(run.id, "go", {"v": v}, idempotency_key=f"k{v}")
+            assert (first.delivered, first.already_completed) == (False, False), first
 
         async def suspended() -> bool:
             return any(e.type == "stage.suspended" for e in sink.for_run(run.id))
@@ -123,13 +133,27 @@ async def _gap_run(
         await until("s's wait for pre", suspended)
         if temporal:
             await _went_on(engine, run.id)
-            results = await _send_in_turn(engine, run.id)
+            results = await send(engine, run.id)
     if not temporal:
-        results = await _send_in_turn(engine, run.id)
+        results = await send(engine, run.id)
     async with engine.worker():
-        await engine.signal(run.id, "end", {"v": 0})
+        after = await then(engine, run.id)
         done = await engine.wait(run.id, timeout=60)
         events = await engine.events(run.id)
+    return run, results, after, done, events
+
+
+async def _gap_run(
+    engine: Any, sink: MemorySink, wf: Workflow[In], temporal: bool
+) -> tuple[RunInfo, list[Any], RunInfo, list[Event]]:
+    """The burst of ``_send_in_turn`` in the gap after ``go`` 0 (key k0); then ``end``."""
+
+    async def end(engine: Any, run_id: str) -> Any:
+        return await engine.signal(run_id, "end", {"v": 0})
+
+    run, results, _, done, events = await across_the_gap(
+        engine, sink, wf, temporal, (0,), _send_in_turn, end
+    )
     return run, results, done, events
 
 

@@ -25,8 +25,8 @@ from engine_port import (
 from engine_port.errors import SignalQueueFullError
 
 from .conftest import EngineFactory
-from .test_continue_as_new import Calls, In, until
-from .test_continue_as_new_gap import STAGGER_S, _check_events, _ns, _went_on
+from .test_continue_as_new import Calls, In
+from .test_continue_as_new_gap import STAGGER_S, _check_events, _ns, across_the_gap
 from .test_continue_as_new_more import ONCE
 
 pytestmark = pytest.mark.temporal
@@ -87,25 +87,9 @@ async def _retry_when_drained(engine: Any, run_id: str) -> tuple[bool, bool]:
 
 
 async def _bound_run(engine: Any, sink: MemorySink, wf: Workflow[In], temporal: bool) -> Any:
-    async with engine.worker():
-        run = await engine.start(wf, {"n": 1})
-        for v in (0, 1):
-            first = await engine.signal(run.id, "go", {"v": v}, idempotency_key=f"k{v}")
-            assert (first.delivered, first.already_completed) == (False, False), first
-
-        async def suspended() -> bool:
-            return any(e.type == "stage.suspended" for e in sink.for_run(run.id))
-
-        await until("s's wait for pre", suspended)
-        if temporal:
-            await _went_on(engine, run.id)
-            results = await _send_burst(engine, run.id)
-    if not temporal:
-        results = await _send_burst(engine, run.id)
-    async with engine.worker():
-        again = await _retry_when_drained(engine, run.id)
-        done = await engine.wait(run.id, timeout=60)
-        events = await engine.events(run.id)
+    _, results, again, done, events = await across_the_gap(
+        engine, sink, wf, temporal, (0, 1), _send_burst, _retry_when_drained
+    )
     return results, again, done, events
 
 
