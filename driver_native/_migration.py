@@ -3,7 +3,7 @@ migrated, unfreeze, and import a snapshot."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -338,7 +338,12 @@ def _insert_stages(conn: Connection, snap: RunSnapshot, now: float) -> None:
             for i, e in enumerate(st.staged_events)
         ],
     )
-    resumed = (_resume_job(snap, st, now) for st in snap.stages)
+    # one waiting stage woken per queued signal of its name (FIFO, as a signal here wakes
+    # the oldest job first): a second stage woken for the same signal lost it and
+    # suspended again in the wait it was imported in, emitting that suspension's id a
+    # second time (the id names the step and its deadline) under a new sequence number
+    queued = Counter(sig.name for sig in snap.signals)
+    resumed = (_resume_job(snap, st, now, queued) for st in snap.stages)
     _insert_many(conn, jobs, [job for job in resumed if job is not None])
 
 
@@ -369,7 +374,9 @@ def _insert_signals(conn: Connection, snap: RunSnapshot, now: float) -> None:
     )
 
 
-def _resume_job(snap: RunSnapshot, st: SnapshotStage, now: float) -> dict[str, Any] | None:
+def _resume_job(
+    snap: RunSnapshot, st: SnapshotStage, now: float, queued: Counter[str]
+) -> dict[str, Any] | None:
     base = {
         "run_id": snap.run_id,
         "stage_id": st.id,
@@ -379,9 +386,10 @@ def _resume_job(snap: RunSnapshot, st: SnapshotStage, now: float) -> dict[str, A
     }
     if st.status == StageStatus.SUSPENDED:
         waiting_for = st.waiting_for or ""
-        buffered = waiting_for.startswith("signal:") and any(
-            sig.name == waiting_for.split(":", 1)[1] for sig in snap.signals
-        )
+        name = waiting_for.split(":", 1)[1] if waiting_for.startswith("signal:") else None
+        buffered = name is not None and queued[name] > 0
+        if buffered:
+            queued[name] -= 1
         return {
             **base,
             "status": "ready" if buffered else "waiting",

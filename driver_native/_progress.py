@@ -46,7 +46,7 @@ from ._schedule import (
     touch,
     upstream_outputs,
 )
-from ._schema import jobs, runs, signals, staged_events, stages, steps
+from ._schema import jobs, outbox, runs, signals, staged_events, stages, steps
 from ._shape import GraphShape
 from ._sql import (
     delete_later,
@@ -598,6 +598,25 @@ def _on_completed(
     return "completed"
 
 
+def _announced(a: _Attempt, event_id: str, until: float | None) -> bool:
+    """Whether the run already emitted the ``stage.suspended`` ``event_id``: the stage,
+    woken for a signal another wait took first (every job waiting for a name is woken),
+    suspends again in the very wait it was in (same step, same deadline), whose id is that
+    of its last suspension. Emitted again under a new sequence number, a consumer
+    de-duplicating by id dropped it and saw a gap. Only a stage that suspends with the
+    deadline it had (its row keeps ``wake_at`` while it runs) can repeat one."""
+    if getattr(a.stage, "wake_at", None) != until:
+        return False
+    found = execute(
+        a.conn,
+        sa.select(outbox.c.id)
+        .where(outbox.c.run_id == a.run.id, outbox.c.event_id == event_id)
+        .limit(1),
+        {},
+    ).first()
+    return found is not None
+
+
 def _on_suspended(a: _Attempt, outcome: Suspended) -> str:
     n = a.stage.suspensions + 1
     until = None if outcome.until is None else outcome.until.timestamp()
@@ -610,17 +629,17 @@ def _on_suspended(a: _Attempt, outcome: Suspended) -> str:
         waiting_for=outcome.waiting_for,
         wake_at=until,
     )
-    a.drafts.append(
-        lc(a.run).stage_suspended(
-            a.stage.stage_id,
-            a.stage.attempt,
-            outcome.step,
-            n,
-            outcome.reason,
-            outcome.until,
-            outcome.waiting_for,
-        )
+    draft = lc(a.run).stage_suspended(
+        a.stage.stage_id,
+        a.stage.attempt,
+        outcome.step,
+        n,
+        outcome.reason,
+        outcome.until,
+        outcome.waiting_for,
     )
+    if not _announced(a, draft.id, until):
+        a.drafts.append(draft)
     ready_now = False
     if outcome.reason == "signal":
         name = outcome.waiting_for.split(":", 1)[1]
