@@ -604,8 +604,10 @@ def _announced(a: _Attempt, event_id: str, until: float | None) -> bool:
     suspends again in the very wait it was in (same step, same deadline), whose id is that
     of its last suspension. Emitted again under a new sequence number, a consumer
     de-duplicating by id dropped it and saw a gap. Only a stage that suspends with the
-    deadline it had (its row keeps ``wake_at`` while it runs) can repeat one."""
-    if getattr(a.stage, "wake_at", None) != until:
+    deadline it had (its row keeps ``wake_at`` while it runs), after a suspension of the
+    same attempt (the id names the attempt), can repeat one: a first suspension reads
+    nothing."""
+    if not a.stage.suspensions or getattr(a.stage, "wake_at", None) != until:
         return False
     found = execute(
         a.conn,

@@ -184,7 +184,8 @@ async def _multi_scenario(
 ) -> tuple[Any, list[Event]]:
     """Start on ``source``; go{w:1} taken by the first wait; once a suspends on go#2, the
     worker stops, go{w:2}, other{w:o} and go{w:3} are queued, the run moves to ``target``
-    (None: it stays), and there go{w:4} ends it. The run's output and every event either sink saw."""
+    (None: it stays), and there go{w:4} ends it. The run's output and every event either sink
+    saw."""
     src = sides[source]
     run = await src.engine.start(wf.id, {"doc": {}})
     async with src.engine.worker():
@@ -274,7 +275,11 @@ async def test_a_move_during_a_timed_wait_keeps_its_wake_time(
         events = [e for s in sides.values() for e in s.sink.events if e.run_id == run.id]
         ordered = _check_ids(events)
         suspended = [e for e in ordered if e.type == "stage.suspended"]
-        assert [e.data["waiting_for"] for e in suspended] == ["sleep:nap", "signal:go", "sleep:nap2"]
+        assert [e.data["waiting_for"] for e in suspended] == [
+            "sleep:nap",
+            "signal:go",
+            "sleep:nap2",
+        ]
         assert suspended[0 if at == "sleep:nap" else 1].data["until"] == wake.isoformat()
         assert all(e.data["until"] for e in suspended)
 
