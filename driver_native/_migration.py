@@ -386,10 +386,11 @@ def _resume_job(
     }
     if st.status == StageStatus.SUSPENDED:
         waiting_for = st.waiting_for or ""
-        name = waiting_for.split(":", 1)[1] if waiting_for.startswith("signal:") else None
-        buffered = name is not None and queued[name] > 0
-        if buffered:
-            queued[name] -= 1
+        buffered = False
+        if waiting_for.startswith("signal:"):
+            name = waiting_for.split(":", 1)[1]
+            buffered = queued[name] > 0
+            queued[name] -= buffered
         return {
             **base,
             "status": "ready" if buffered else "waiting",

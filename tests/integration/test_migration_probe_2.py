@@ -327,8 +327,13 @@ async def test_an_imported_multi_wait_run_continues_as_new_on_temporal(
     ) as sides:
         got, events = await _multi_scenario(sides, wf, "native", "temporal")
         temporal: Any = sides["temporal"].engine
-        found = [ex async for ex in temporal._conn.list_workflows(f'WorkflowId = "{got.id}"')]
-    assert len(found) > 1, "the imported run never continued as new"
+
+        async def continued() -> bool:
+            # (visibility lists a closed execution a moment after it closed)
+            query = f'WorkflowId = "{got.id}"'
+            return len([ex async for ex in temporal._conn.list_workflows(query)]) > 1
+
+        await _until("the imported run's continue as new", continued)
     assert got.output == {"go": [{"w": 1}, {"w": 2}, {"w": 3}, {"w": 4}], "other": {"w": "o"}}
     assert HITS[f"{got.id}:after1"] == 1 and HITS[f"{got.id}:after3"] == 1
     _check_ids(events)
