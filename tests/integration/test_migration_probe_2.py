@@ -143,6 +143,15 @@ async def _until(what: str, probe: Callable[[], Awaitable[bool]], timeout: float
         await asyncio.sleep(0.05)
 
 
+async def _moved(sides: dict[str, Side], src: Side, target: str, run_id: str) -> Side:
+    """Move the run from ``src`` to ``sides[target]`` (every event of the source delivered)."""
+    dst = sides[target]
+    move = await migrate_run(src.engine, dst.engine, run_id)
+    assert move.outcome == "moved", move
+    await _flushed(src, run_id)
+    return dst
+
+
 def _suspended_on(side: Side, run_id: str) -> list[Any]:
     return [e.data for e in side.sink.for_run(run_id) if e.type == "stage.suspended"]
 
@@ -180,12 +189,16 @@ def _check_ids(events: list[Event]) -> list[Event]:
 
 
 async def _multi_scenario(
-    sides: dict[str, Side], wf: Workflow[Doc], source: str, target: str | None
+    sides: dict[str, Side],
+    wf: Workflow[Doc],
+    source: str,
+    target: str | None,
+    before_last: Callable[[Side, str], Awaitable[None]] | None = None,
 ) -> tuple[Any, list[Event]]:
     """Start on ``source``; go{w:1} taken by the first wait; once a suspends on go#2, the
     worker stops, go{w:2}, other{w:o} and go{w:3} are queued, the run moves to ``target``
-    (None: it stays), and there go{w:4} ends it. The run's output and every event either sink
-    saw."""
+    (None: it stays), and there go{w:4} ends it (after ``before_last``). The run's output and
+    every event either sink saw."""
     src = sides[source]
     run = await src.engine.start(wf.id, {"doc": {}})
     async with src.engine.worker():
@@ -196,14 +209,11 @@ async def _multi_scenario(
     await src.engine.signal(run.id, "go", {"w": 2})
     await src.engine.signal(run.id, "other", {"w": "o"})
     await src.engine.signal(run.id, "go", {"w": 3})
-    dst = src
-    if target is not None:
-        dst = sides[target]
-        move = await migrate_run(src.engine, dst.engine, run.id)
-        assert move.outcome == "moved", move
-        await _flushed(src, run.id)
+    dst = src if target is None else await _moved(sides, src, target, run.id)
     async with dst.engine.worker():
         await _until("fourth wait for go", lambda: _waits_for(dst, run.id, "go#4"))
+        if before_last is not None:
+            await before_last(dst, run.id)
         await dst.engine.signal(run.id, "go", {"w": 4})
         info = await dst.engine.wait(run.id, timeout=30)
         await _flushed(dst, run.id)
@@ -322,18 +332,21 @@ async def test_an_imported_multi_wait_run_continues_as_new_on_temporal(
     tmp_path: Path, temporal_server: Any
 ) -> None:
     wf = _multi_wait()
+
+    async def continued(side: Side, run_id: str) -> None:
+        # (its last wait, go#4, is a safe point: the run continues there before go{w:4})
+        temporal: Any = side.engine
+
+        async def more() -> bool:
+            query = f'WorkflowId = "{run_id}"'  # (a closed execution is listed a moment later)
+            return len([ex async for ex in temporal._conn.list_workflows(query)]) > 1
+
+        await _until("the imported run's continue as new", more, timeout=45)
+
     async with _engines(
         tmp_path, temporal_server, Registry([wf]), continue_as_new_events=1
     ) as sides:
-        got, events = await _multi_scenario(sides, wf, "native", "temporal")
-        temporal: Any = sides["temporal"].engine
-
-        async def continued() -> bool:
-            # (visibility lists a closed execution a moment after it closed)
-            query = f'WorkflowId = "{got.id}"'
-            return len([ex async for ex in temporal._conn.list_workflows(query)]) > 1
-
-        await _until("the imported run's continue as new", continued)
+        got, events = await _multi_scenario(sides, wf, "native", "temporal", continued)
     assert got.output == {"go": [{"w": 1}, {"w": 2}, {"w": 3}, {"w": 4}], "other": {"w": "o"}}
     assert HITS[f"{got.id}:after1"] == 1 and HITS[f"{got.id}:after3"] == 1
     _check_ids(events)
@@ -365,12 +378,7 @@ async def _pair_scenario(
         await _until("both wait", lambda: _n_suspended(src, run.id, 2))
         await _flushed(src, run.id)
     await src.engine.signal(run.id, "go", {"w": 1})
-    dst = src
-    if target is not None:
-        dst = sides[target]
-        move = await migrate_run(src.engine, dst.engine, run.id)
-        assert move.outcome == "moved", move
-        await _flushed(src, run.id)
+    dst = src if target is None else await _moved(sides, src, target, run.id)
     async with dst.engine.worker():
 
         async def one_done() -> bool:
