@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any, TypeVar, cast
 
+from ._limits import safe_error_message
+
 __all__ = [
     "SPAN_NAMES",
     "SpanHandle",
@@ -139,9 +141,24 @@ def span(
     token = _stage_attrs.set(attrs) if stage else None
     try:
         with tracer.start_as_current_span(
-            name, context=ctx, attributes=dict(attrs), record_exception=False
+            name,
+            context=ctx,
+            attributes=dict(attrs),
+            record_exception=False,
+            set_status_on_exception=False,
         ) as sp:
-            yield SpanHandle(sp)
+            try:
+                yield SpanHandle(sp)
+            except Exception as exc:
+                # (what OTel's own status on an exception does, but its description made
+                # with str(exc): an exception whose __str__ raises replaced the body's error,
+                # recorded as that RuntimeError, on every host with a tracer provider)
+                sp.set_status(
+                    trace.Status(
+                        trace.StatusCode.ERROR, f"{type(exc).__name__}: {safe_error_message(exc)}"
+                    )
+                )
+                raise
     finally:
         if token is not None:
             _stage_attrs.reset(token)

@@ -158,6 +158,47 @@ async def test_native_span_tree(tmp_path: Path, exporter: InMemorySpanExporter) 
     check_attributes(spans, trace_id, run_id)
 
 
+class _StrRaises(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+async def test_a_traced_step_whose_error_cannot_be_printed_keeps_its_error(
+    tmp_path: Path, exporter: InMemorySpanExporter
+) -> None:
+    """With a tracer provider recording, OTel's own status on an exception leaving a span
+    formatted it with ``str()``: a step raising an exception whose ``__str__`` raises was
+    recorded as that ``RuntimeError`` instead of its own error (until 2026-12-06). Its span
+    is marked failed, described as the stored error is."""
+    wf = Workflow(f"traced-str-{uuid.uuid4().hex[:8]}", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> None:
+        def boom() -> None:
+            raise _StrRaises()
+
+        await ctx.step.run("boom", boom)
+
+    settings = EngineSettings(
+        database_url=f"sqlite:///{tmp_path / 'wfe.db'}", blob_url=f"file://{tmp_path / 'b'}"
+    )
+    async with create_engine(settings, Registry([wf])) as engine, engine.worker():
+        run = await engine.start(wf, {})
+        done = await engine.wait(run.id, timeout=30)
+    assert done.error is not None
+    assert (done.error.type, done.error.message) == (
+        "_StrRaises",
+        "<_StrRaises: str() raised RuntimeError>",
+    )
+    steps = [
+        sp
+        for sp in exporter.get_finished_spans()
+        if sp.name == "wfe.step" and (sp.attributes or {}).get("wfe.run_id") == run.id
+    ]
+    assert steps and all(not sp.status.is_ok for sp in steps)
+    assert steps[0].status.description == "_StrRaises: <_StrRaises: str() raised RuntimeError>"
+
+
 @pytest.mark.temporal
 async def test_temporal_span_tree(
     temporal_server: Any, tmp_path: Path, exporter: InMemorySpanExporter
