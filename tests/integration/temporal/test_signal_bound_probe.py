@@ -26,7 +26,7 @@ from engine_port.errors import SignalQueueFullError
 
 from .conftest import EngineFactory
 from .test_continue_as_new import Calls, In
-from .test_continue_as_new_gap import STAGGER_S, _check_events, _ns, across_the_gap
+from .test_continue_as_new_gap import STAGGER_S, _check_events, _ns, across_the_gap, burst_in_order
 from .test_continue_as_new_more import ONCE
 
 pytestmark = pytest.mark.temporal
@@ -107,6 +107,7 @@ async def test_a_burst_in_the_gap_of_a_continue_is_bounded(
     engine = make_engine(Registry([wf]), sink=sink, options=dict(ONCE), max_pending_signals=BOUND)
     async with engine:
         results, again, done, events = await _bound_run(engine, sink, wf, temporal=True)
+        await burst_in_order(engine, done.id, [name for name, _, _ in BURST])
     assert results == WANT_RESULTS, results
     assert again[1] is False, again
     assert done.status == RunStatus.COMPLETED, done
