@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, field_serializer
 from ._names import NAMES_MARK
 from ._state import StageState
 from ._wire import (
+    CONTINUE_HOLDS_TIMERS,
     EVENTS_VIA_ACTIVITIES,
     EVENTS_VIA_ONE_CARRIER,
     LOCAL_CHAINS,
@@ -82,6 +83,7 @@ class StartDocument(BaseModel):
     publish: str | None = None
     local: str | None = None
     signal_rule: str | None = None
+    continue_hold: str | None = None
     # the starting engine's ``spill_threshold_bytes`` (runs with ``signal_rule``: what an
     # operator's raw signal is stored inline up to)
     spill_threshold: int | None = None
@@ -151,6 +153,7 @@ class StartDocument(BaseModel):
             publish=PUBLISH_BY_WORKER,
             local=LOCAL_CHAINS,
             signal_rule=SIGNALS_CHECKED,
+            continue_hold=CONTINUE_HOLDS_TIMERS,
             spill_threshold=settings.spill_threshold_bytes,
             stage_activities=settings.temporal_max_stage_activities,
             signal_names=_declared_signals(fields.get("graph")),
@@ -228,6 +231,15 @@ class StartDocument(BaseModel):
         """It refuses signals once it winds down (compensating), and keeps an operator's
         signal over ``spill_threshold`` in the BlobStore (``SignalHandlers.on_signal``)."""
         return self.signal_rule == SIGNALS_CHECKED
+
+    @property
+    def holds_for_timers(self) -> bool:
+        """It holds a continue-as-new while a wait's timer of a second or more is about due
+        (``GraphWorkflow._due_before_next``): started with ``continue_hold``, or an execution
+        continued by a driver that has the rule (``due_at_once``: its code never ran the
+        old one). A run started before continues where its code did (a continue its history
+        holds and the current rule would hold failed its replay: a nondeterminism error)."""
+        return self.continue_hold == CONTINUE_HOLDS_TIMERS or self.due_at_once
 
     @property
     def compact_memo(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from engine_port import StepRecord
 
 __all__ = [
+    "CONTINUE_HOLDS_TIMERS",
     "EVENTS_VIA_ACTIVITIES",
     "EVENTS_VIA_ONE_CARRIER",
     "LOCAL_CHAINS",
@@ -100,6 +101,11 @@ MEMO_SHAPE_COMPACT = "compact"
 # operator's raw signal over their ``spill_threshold`` in the BlobStore, behind a reference,
 # like one ``engine.signal`` sends (``SignalHandlers.on_signal``); absent: both queued as given
 SIGNALS_CHECKED = "checked"
+# the start document's ``continue_hold`` of runs (started since 2026-12-06) that hold a
+# continue-as-new while a wait whose timer was set for a second or more falls due within
+# ~1.5 s (2.5 s in an execution younger than a second: ``GraphWorkflow._due_before_next``);
+# absent: only in an execution younger than a second, for a timer due within that second
+CONTINUE_HOLDS_TIMERS = "timers"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

@@ -419,6 +419,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         now = workflow.now()
         info = workflow.info()
         young = now < info.start_time + _CONTINUE_MIN_INTERVAL
+        if not self._start.holds_for_timers:
+            # (a run started before the rule: only a young execution's timers due within
+            # that second held it, whatever their length; its history continued so)
+            return young and self._due_by(now + _CONTINUE_MIN_INTERVAL)
         if young and self._timer_due(now + _CONTINUE_MIN_INTERVAL, 0.0):
             return True
         limit = (self._continue_after or 0) + _HOLD_EVENTS
@@ -429,6 +433,15 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             ready += _CONTINUE_MIN_INTERVAL
         # (a timer shorter than _TIMER_PRECISION is as late here as in a new execution)
         return self._timer_due(ready, _TIMER_PRECISION.total_seconds())
+
+    def _due_by(self, ready: Any) -> bool:
+        """Whether the run's deadline or the wake time of a wait is before ``ready`` (the
+        rule of runs started before ``StartDocument.continue_hold``)."""
+        due = [self._stages[sid].wake_at for sid in self._waits]
+        if self._graph.timeout_s:
+            due.append(self._deadline)
+        times = [parse_time(at) for at in due]
+        return any(at is not None and at < ready for at in times)
 
     def _timer_due(self, ready: Any, precise_s: float) -> bool:
         """Whether the run's deadline or the wake time of a wait is before ``ready``, of
