@@ -37,6 +37,7 @@ from ._wire import (
     RUN_END_BY_WORKER,
     SIGNALS_CHECKED,
     STAGE_ATTRIBUTE_WAITS,
+    SUSPENSION_IDS_BY_STEP,
 )
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class StartDocument(BaseModel):
     local: str | None = None
     signal_rule: str | None = None
     continue_hold: str | None = None
+    suspension_ids: str | None = None
     # the starting engine's ``spill_threshold_bytes`` (runs with ``signal_rule``: what an
     # operator's raw signal is stored inline up to)
     spill_threshold: int | None = None
@@ -154,6 +156,7 @@ class StartDocument(BaseModel):
             local=LOCAL_CHAINS,
             signal_rule=SIGNALS_CHECKED,
             continue_hold=CONTINUE_HOLDS_TIMERS,
+            suspension_ids=SUSPENSION_IDS_BY_STEP,
             spill_threshold=settings.spill_threshold_bytes,
             stage_activities=settings.temporal_max_stage_activities,
             signal_names=_declared_signals(fields.get("graph")),
@@ -240,6 +243,14 @@ class StartDocument(BaseModel):
         old one). A run started before continues where its code did (a continue its history
         holds and the current rule would hold failed its replay: a nondeterminism error)."""
         return self.continue_hold == CONTINUE_HOLDS_TIMERS or self.due_at_once
+
+    @property
+    def suspensions_by_step(self) -> bool:
+        """Its stage.suspended ids name the wait (step key and deadline); a run started
+        before numbers them per attempt, also for the suspensions a result of the current
+        code reports and the workflow's own (``_gated``): the events it delivered keep
+        their ids when replayed or emitted again (a reset)."""
+        return self.suspension_ids == SUSPENSION_IDS_BY_STEP
 
     @property
     def compact_memo(self) -> bool:

@@ -30,6 +30,7 @@ __all__ = [
     "RUN_END_BY_WORKER",
     "SIGNALS_CHECKED",
     "STAGE_ATTRIBUTE_WAITS",
+    "SUSPENSION_IDS_BY_STEP",
     "deployment_for",
     "dlq_key",
     "fingerprint",
@@ -106,6 +107,10 @@ SIGNALS_CHECKED = "checked"
 # ~1.5 s (2.5 s in an execution younger than a second: ``GraphWorkflow._due_before_next``);
 # absent: only in an execution younger than a second, for a timer due within that second
 CONTINUE_HOLDS_TIMERS = "timers"
+# the start document's ``suspension_ids`` of runs (started since 2026-12-06) whose
+# stage.suspended ids name the wait (its step key and deadline: ``Lifecycle.stage_suspended``);
+# absent: numbered by the attempt's suspensions so far, as their code emitted them
+SUSPENSION_IDS_BY_STEP = "steps"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

@@ -893,7 +893,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             self._lc.stage_suspended(
                 sid,
                 attempt,
-                res.get("step"),  # (None: a result recorded before 2026-12-06)
+                # (None: a result recorded before 2026-12-06, or a run started before)
+                res.get("step") if self._start.suspensions_by_step else None,
                 st.suspensions,
                 res["reason"],
                 until,

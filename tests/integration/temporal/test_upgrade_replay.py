@@ -9,6 +9,11 @@ code before that day's changes; each file also holds the events the sink got):
   stage slept 2 s. Since 17d6c76 a run holds its continue while such a wait is due within
   ~2.5 s (``GraphWorkflow._due_before_next``); a run started before
   (``StartDocument.continue_hold`` absent) continues where it did.
+- ``upgrade_suspends``: a stage that starts on a signal (suspended by the workflow,
+  ``_gated``) and one that suspends twice, with values whose keys are not sorted. Since
+  abc9a7d a ``stage.suspended`` id names the wait's step and deadline; a run started before
+  (``StartDocument.suspension_ids`` absent) keeps numbering them per attempt, as it did, so
+  the events it delivered keep their ids.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from driver_temporal._history_events import replay_events
 from driver_temporal._workflow import GraphWorkflow, workflow_runner
 
 HISTORIES = Path(__file__).parent / "histories"
-NAMES = ["upgrade_held_sleep"]
+NAMES = ["upgrade_held_sleep", "upgrade_suspends"]
 
 
 def _recorded(name: str) -> tuple[WorkflowHistory, list[dict[str, Any]]]:
