@@ -123,7 +123,8 @@ class SignalHandlers:
     # runs started with ``signal_names`` in their start memo: the names an operator's raw
     # signal may carry (another one is rejected and recorded); None: any name
     _signal_names: frozenset[str] | None = None
-    # signals handled before the run set up its state (``__init__`` sets []; None once
+    # signals handled before the run set up its state (``__init__`` sets [], or None on an
+    # execution an older driver continued, which queued them as they came; None once
     # ``_carry_signals`` ran): the first workflow task of an execution hands its signals to
     # the handlers before ``run`` starts. Queued then, without the state they are judged by
     # (the stages waiting, the queue and idempotency keys carried from the execution this

@@ -281,6 +281,12 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if not (isinstance(meta, dict) and meta.get("names") == NAMES_MARK):
             self._serve_old_names()  # a run started before the wfe.internal.* names
         self._read_signal_rule(meta)
+        if isinstance(meta, dict) and meta.get("continued") and not meta.get("due_at_once"):
+            # an execution continued by a driver before ``_early`` (it never set
+            # ``due_at_once``): its first task queued each signal as it came, before the
+            # carried state (a second arrival of a send the run had queued before the continue
+            # was queued again, and a stage could take it), and replays so
+            self._early = None
 
     # -- handlers ---------------------------------------------------------------------------
     @workflow.query(name=RUN_INFO_QUERY, description=INTERNAL)

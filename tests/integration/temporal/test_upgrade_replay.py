@@ -5,6 +5,11 @@ the sink (no server needed).
 ``upgrade_*.json`` were recorded with ``histories/record_upgrade.py`` on commit 85fc7c9 (the
 code before that day's changes; each file also holds the events the sink got):
 
+- ``upgrade_gap_repeat``: the second execution of a run that continued as new, whose first task
+  handled the signals sent in the gap, among them a second arrival of a send (its delivery id)
+  the first execution had queued and a stage had taken. The code of that time queued it again
+  (a stage took it twice); since ``SignalHandlers._early`` an execution continued with
+  ``StartDocument.due_at_once`` drops it, one continued before queues it, as it did.
 - ``upgrade_held_sleep``: the first execution of a young run that continued as new while its
   stage slept 2 s. Since 17d6c76 a run holds its continue while such a wait is due within
   ~2.5 s (``GraphWorkflow._due_before_next``); a run started before
@@ -39,7 +44,7 @@ from driver_temporal._history_events import replay_events
 from driver_temporal._workflow import GraphWorkflow, workflow_runner
 
 HISTORIES = Path(__file__).parent / "histories"
-NAMES = ["upgrade_held_sleep", "upgrade_suspends"]
+NAMES = ["upgrade_gap_repeat", "upgrade_held_sleep", "upgrade_suspends"]
 
 
 def _recorded(name: str) -> tuple[WorkflowHistory, list[dict[str, Any]]]:
