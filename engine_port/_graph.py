@@ -406,7 +406,7 @@ class Workflow(Generic[InT]):
         hooks: Iterable[str] = (),
         timeout: timedelta | None = None,
     ) -> None:
-        if not isinstance(id, str) or not _WF_ID.match(id):
+        if not isinstance(id, str) or not _WF_ID.fullmatch(id):
             raise DefinitionError(
                 f"workflow id {id!r} is invalid; use letters, digits, '_' and '-' only"
             )
@@ -568,7 +568,7 @@ class Workflow(Generic[InT]):
 
     def _new_stage_id(self, stage_id: object) -> str:
         """``stage_id`` checked: well-formed, within the limit, not taken in this workflow."""
-        if not isinstance(stage_id, str) or not _ID.match(stage_id):
+        if not isinstance(stage_id, str) or not _ID.fullmatch(stage_id):
             raise DefinitionError(
                 f"stage id {stage_id!r} in workflow {self.id!r} is invalid; use letters, "
                 "digits, '_' and '-'"

@@ -43,7 +43,7 @@ class BadRequestError(InvalidInputError):
 
 
 def _text(value: str, field: str, limit: int) -> str:
-    if len(value) > limit or not _TEXT.match(value):
+    if len(value) > limit or not _TEXT.fullmatch(value):
         raise BadRequestError(
             f"{field} must be 1 to {limit} printable characters (no control characters)"
         )
@@ -158,7 +158,7 @@ _CURSOR = re.compile(r"^[^\x00-\x20\x7f]{1,4000}$")  # the driver checks it is o
 def _cursor(raw: str | None) -> str | None:
     if raw is None or raw == "":
         return None
-    if not _CURSOR.match(raw):
+    if not _CURSOR.fullmatch(raw):
         raise BadRequestError("after must be the page cursor an 'Older runs' link gave")
     return raw
 
@@ -178,7 +178,7 @@ def _cutoff(raw: str | None) -> datetime | None:
 def check_submission(raw: str) -> str | None:
     """The token a rendered form carries (``submission``): one per page load, so that a
     double click on one form sends one signal. Anything else is ignored (no token)."""
-    return raw if _SUBMISSION.match(raw) else None
+    return raw if _SUBMISSION.fullmatch(raw) else None
 
 
 def parse_payload(raw: str) -> Any:

@@ -234,3 +234,16 @@ def test_an_error_a_driver_lets_through_is_a_page_without_a_traceback(
     assert answer.status_code == code
     assert says in problem_of(answer.text)
     assert type(fault).__name__ in answer.text and "Traceback" not in answer.text
+
+
+@pytest.mark.parametrize(
+    "path", ["/runs/{waiting}%0A", "/runs/{waiting}/value?what=stage&stage=approve%0A"]
+)
+def test_a_trailing_newline_is_a_control_character_too(
+    ui: TestClient, shared: tuple[EngineSettings, DemoRuns], path: str
+) -> None:
+    """The check's pattern ended in "$", which also matches before a trailing newline: a run
+    id or a stage name ending in one was taken as printable and looked up."""
+    page = ui.get(path.format(waiting=shared[1].waiting))
+    assert page.status_code == 400
+    assert "no control characters" in page.text

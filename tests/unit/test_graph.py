@@ -172,13 +172,15 @@ def test_empty_workflow_raises_at_graph_and_at_registry_add() -> None:
         Registry([wf])
 
 
-@pytest.mark.parametrize("bad", ["", "has space", "a/b", "a:b", "-lead", "ünï", "a.b"])
+# "order\n": the pattern's "$" also matched before a trailing newline, so a workflow or stage
+# id ending in one was accepted (and reached SQL, task queue names and visibility queries)
+@pytest.mark.parametrize("bad", ["", "has space", "a/b", "a:b", "-lead", "ünï", "a.b", "order\n"])
 def test_invalid_workflow_ids_raise(bad: str) -> None:
     with pytest.raises(DefinitionError, match="invalid"):
         Workflow(bad, input=In)
 
 
-@pytest.mark.parametrize("bad", ["", "has space", "a/b", "a:b", "-lead", "a.b"])
+@pytest.mark.parametrize("bad", ["", "has space", "a/b", "a:b", "-lead", "a.b", "pay\n"])
 def test_invalid_stage_ids_raise(bad: str) -> None:
     wf = Workflow("ids", input=In)
     with pytest.raises(DefinitionError, match="invalid"):
