@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine_port import MemoryBlobStore, MemorySink, Registry, RunStatus, StageContext, Workflow
 
-from ._harness import CONTRACT_MARKS, Harness, unique_id, wait_for_events
+from ._harness import CONTRACT_MARKS, Harness, eventually, unique_id, wait_for_events
 
 __all__ = ["HostileDataContract"]
 
@@ -170,3 +170,54 @@ class HostileDataContract:
         assert [(type(n), repr(n)) for n in journaled] == [(type(n), repr(n)) for n in numbers]
         assert (signalled, info.output) == (10**30 + 1, 10**30 + 1)
         assert isinstance(info.output, int)
+
+    async def test_list_filters_match_exactly_whatever_they_hold(self, harness: Harness) -> None:
+        """A listing filter is compared as the exact string given, on every driver: a run id
+        prefix in another case, or holding a quote, a backslash or a LIKE wildcard, lists
+        exactly the runs whose id starts with it (SQLite's LIKE and Temporal's dev server
+        STARTS_WITH ignore case; on Temporal a quote in a prefix was dropped, listing every
+        run, and a backslash in a version or idempotency key matched nothing)."""
+        odd = "v'1\\x%_"
+        wf = Workflow(unique_id("filters"), input=Loose, version=odd)
+
+        @wf.stage
+        async def only(ctx: StageContext[Loose]) -> int:
+            return 1
+
+        keys = ["k'1\\", "K'1\\", "k%", "k_", None]
+        async with harness.engine(Registry([wf]), MemorySink()) as engine, engine.worker():
+            ids = [(await engine.start(wf.id, {}, idempotency_key=k)).id for k in keys]
+            for run_id in ids:
+                assert (await engine.wait(run_id, timeout=60)).status == RunStatus.COMPLETED
+
+            async def listed(id_prefix: str | None = None) -> list[str]:
+                runs = await engine.list_runs(workflow_id=wf.id, id_prefix=id_prefix)
+                return sorted(r.id for r in runs)
+
+            async def all_listed() -> bool:  # Temporal's visibility store catches up
+                runs = await engine.list_runs(workflow_id=wf.id, outputs=False)
+                return sorted(r.id for r in runs) == sorted(ids) and all(
+                    r.status == RunStatus.COMPLETED for r in runs
+                )
+
+            await eventually(all_listed, timeout=30, what="every run listed")
+            prefixes = [ids[0].upper(), ids[-1].upper(), "'", ids[0][:3] + "'", "%", "_"]
+            prefixes += ["\\", ids[0][:2] + "\\", "' OR 1=1 --", "é", ids[0][:2] + "%"]
+            for prefix in prefixes:
+                want = sorted(i for i in ids if i.startswith(prefix))
+                assert await listed(id_prefix=prefix) == want, prefix
+
+            paged = getattr(engine, "list_runs_page", None)  # (the drivers' web view call)
+            if paged is not None:
+
+                async def page(**filters: Any) -> list[str]:
+                    runs, _ = await paged(workflow_id=wf.id, **filters)
+                    return sorted(r.id for r in runs)
+
+                assert await page(version=odd) == sorted(ids)
+                for bad in ("v'1", odd.upper(), "v%", odd + "\\"):
+                    assert await page(version=bad) == [], bad
+                for key, run_id in zip(keys, ids, strict=True):
+                    if key is not None:
+                        assert await page(idempotency_key=key) == [run_id], key
+                assert await page(idempotency_key="k") == []

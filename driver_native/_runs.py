@@ -677,7 +677,12 @@ def runs_query(
     q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc())
     q = q.limit(min(limit, MAX_LISTED))
     if id_prefix:
-        q = q.where(runs.c.id.startswith(id_prefix, autoescape=True))
+        # LIKE for PostgreSQL's pattern index; the substr comparison for the case: SQLite's
+        # LIKE ignores it, so a prefix "ABC" listed the run "abc..." there alone
+        q = q.where(
+            runs.c.id.startswith(id_prefix, autoescape=True),
+            sa.func.substr(runs.c.id, 1, len(id_prefix)) == id_prefix,
+        )
     if version is not None:
         q = q.where(runs.c.version == version)
     if created_after is not None:
