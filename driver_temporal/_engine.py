@@ -156,7 +156,7 @@ from ._history_events import run_events
 from ._journal import read_run_journals
 from ._outage import use_runtime
 from ._paging import PagedRuns, list_page, listed, superseded
-from ._query import recent_continues, runs_query, wanted_statuses
+from ._query import matches_filters, recent_continues, runs_query, wanted_statuses
 from ._run_end import RunEnds, WorkerExterns
 from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_QUERY, SIGNAL_STATUS_UPDATE
@@ -834,6 +834,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             # (a run shown on an earlier page is not shown again: ``shown``)
             old = await superseded(self._conn, executions, wanted, first=True, **reads)
             for ex in executions:
+                if not matches_filters(ex, id_prefix=id_prefix):
+                    continue
                 memo = {} if ex.run_id in old or ex.id in shown else await ex.memo()
                 if "wfe_run" in memo:
                     shown.add(ex.id)

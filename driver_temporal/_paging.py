@@ -20,7 +20,7 @@ from engine_port.errors import InvalidInputError
 
 from . import _rpc
 from ._helpers import _quote
-from ._query import recent_continues, runs_query, wanted_statuses
+from ._query import matches_filters, recent_continues, runs_query, wanted_statuses
 from ._search import SA_STATUS
 
 if TYPE_CHECKING:
@@ -235,7 +235,9 @@ class PagedRuns:
         wanted = wanted_statuses(statuses or None)
         old = await superseded(self._conn, executions, wanted, first=after is None, **reads)
         for ex in executions:
-            if ex.run_id in old:
+            if ex.run_id in old or not matches_filters(
+                ex, id_prefix=id_prefix, version=version, idempotency_key=idempotency_key
+            ):
                 continue
             memo = await ex.memo()
             if "wfe_run" in memo:

@@ -3,14 +3,25 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+
+from temporalio.client import WorkflowExecution
 
 from engine_port import RunStatus
 
 from ._helpers import _ACTIVE, _ALL, _quote
+from ._search import SA_IDEMPOTENCY_KEY, SA_VERSION
 
-__all__ = ["CONTINUED_LAG_S", "recent_continues", "runs_query", "status_clause", "wanted_statuses"]
+__all__ = [
+    "CONTINUED_LAG_S",
+    "matches_filters",
+    "recent_continues",
+    "runs_query",
+    "status_clause",
+    "wanted_statuses",
+]
 
 CONTINUED_LAG_S = 60.0
 """How long after it continued as new (``GraphWorkflow._continue``) an execution is still listed
@@ -62,6 +73,38 @@ def status_clause(wanted: Sequence[str], continued_after: str | None = None) -> 
     return "(" + " OR ".join(parts) + ")"
 
 
+# what a user's string may hold to be put in a visibility query as it is: no quote, backslash
+# or control character. The dev server's SQLite visibility store decodes a string literal's
+# escapes and re-escapes it MySQL's way, which SQLite reads literally: a backslash in a value
+# matched nothing, a quote at the end of a STARTS_WITH prefix was dropped (the prefix "'"
+# listed every run). Anything else is filtered here instead (``matches_filters``).
+_UNQUOTABLE = re.compile(r"[\\'\"\x00-\x1f\x7f]")
+
+
+def _plain_head(value: str) -> str:
+    """The longest leading part of ``value`` a visibility query can carry as it is."""
+    bad = _UNQUOTABLE.search(value)
+    return value if bad is None else value[: bad.start()]
+
+
+def matches_filters(
+    ex: WorkflowExecution,
+    *,
+    id_prefix: str | None = None,
+    version: str | None = None,
+    idempotency_key: str | None = None,
+) -> bool:
+    """Whether an execution a listing's visibility query found matches its filters exactly:
+    visibility may compare more loosely (the dev server's STARTS_WITH ignores case) or not
+    at all (a value ``runs_query`` could not put in the query)."""
+    if id_prefix and not ex.id.startswith(id_prefix):
+        return False
+    attrs = ex.typed_search_attributes
+    if version is not None and attrs.get(SA_VERSION) != version:
+        return False
+    return idempotency_key is None or attrs.get(SA_IDEMPOTENCY_KEY) == idempotency_key
+
+
 def runs_query(
     scope: str,
     status: RunStatus | Sequence[RunStatus] | None,
@@ -74,17 +117,19 @@ def runs_query(
     continued_after: str | None = None,
 ) -> str:
     """The visibility query for the runs in ``scope`` (the engine's task queues) that match
-    every filter given (``continued_after``: see ``status_clause``)."""
+    every filter given (``continued_after``: see ``status_clause``). A value it cannot carry
+    (``_UNQUOTABLE``) is left out, or cut to its leading part: the listing checks every
+    execution it finds with ``matches_filters``."""
     clauses = [scope, status_clause(wanted_statuses(status), continued_after)]
-    if workflow_id is not None:
+    if workflow_id is not None:  # (letters, digits, '_' and '-': ``Workflow``)
         clauses.append(f"WorkflowType = '{_quote(workflow_id)}'")
-    if version is not None:
+    if version is not None and _plain_head(version) == version:
         clauses.append(f"WfeVersion = '{_quote(version)}'")
     if created_after is not None:
         at = created_after.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         clauses.append(f"StartTime >= '{at}'")
-    if id_prefix:
-        clauses.append(f"WorkflowId STARTS_WITH '{_quote(id_prefix)}'")
-    if idempotency_key is not None:
+    if id_prefix and _plain_head(id_prefix):
+        clauses.append(f"WorkflowId STARTS_WITH '{_quote(_plain_head(id_prefix))}'")
+    if idempotency_key is not None and _plain_head(idempotency_key) == idempotency_key:
         clauses.append(f"WfeIdempotencyKey = '{_quote(idempotency_key)}'")
     return " AND ".join(clauses)
