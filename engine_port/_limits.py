@@ -447,6 +447,15 @@ def check_import_call(snapshot: Any) -> RunSnapshot:
             f"snapshot must be the RunSnapshot that export_run() returned, not {_kind(snapshot)}",
         )
     check_run_id(snapshot.run_id)
+    if not _NEW_RUN_ID.fullmatch(snapshot.run_id):
+        # (every driver makes run ids of these only; an edited one, "<other run>/x" or "..",
+        # put the run's blobs inside another run's prefix, which its purge deleted, or
+        # outside its own)
+        raise _invalid(
+            "snapshot",
+            f"snapshot run id {snapshot.run_id!r} may hold only letters, digits, '_' and '-', "
+            "as every driver's run ids do; import the snapshot export_run() gave, unedited",
+        )
     return snapshot
 
 

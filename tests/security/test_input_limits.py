@@ -459,3 +459,29 @@ async def test_on_temporal_a_stage_using_an_unstorable_name_fails_once_without_r
     assert words in info.error.message
     assert [s.attempt for s in info.stages] == [1]
     assert calls.get("step", 0) == step_runs
+
+
+# -- imports ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", ["/x", "/../..", " b'"])
+async def test_an_imported_run_id_no_driver_makes_is_refused_and_writes_nothing(
+    native: NativeEngine, suffix: str
+) -> None:
+    """A snapshot's run id is the imported run's id and its blob prefix ``runs/<id>/``: one
+    edited to "<another run>/x" was imported, its blobs inside the other run's prefix (which
+    that run's purge deletes), and one holding '..' or a quote was imported too."""
+    victim = await native.start("waiter", {})
+    snapshot = (await native.export_run(victim.id)).model_dump(mode="json")
+    await native.abort_export(victim.id)
+    rows_before = await _rows(native)
+    edited = {**snapshot, "run_id": victim.id + suffix}
+    with pytest.raises(InvalidInputError) as err:
+        await native.import_run(edited)
+    assert err.value.fields == ("snapshot",)
+    assert "may hold only letters, digits, '_' and '-'" in str(err.value)
+    assert await _rows(native) == rows_before
+    # the Temporal driver refuses it the same way, before any server call
+    with pytest.raises(InvalidInputError) as on_temporal:
+        await _temporal().import_run(edited)
+    assert str(on_temporal.value) == str(err.value)
