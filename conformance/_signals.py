@@ -404,6 +404,46 @@ class SignalContract:
             info = await engine.cancel(run.id)
             assert info.status == RunStatus.CANCELLED, info
 
+    async def test_a_signal_a_wait_took_leaves_the_bound(self, harness: Harness) -> None:
+        """A signal a suspended wait took is consumed at once: it no longer counts toward
+        ``max_pending_signals``, while the attempt that took it still runs, and after that
+        attempt failed (its wait is journaled: the retry gets the same signal, none is taken
+        twice, none goes back to the queue). Bound 1: the next signal is queued, the one
+        after it refused."""
+        wf = Workflow(unique_id("bound-took"), input=Num)
+        took, release = asyncio.Event(), asyncio.Event()
+
+        @wf.stage(signals=["go", "x"], retry=Retry(max_attempts=2, initial_interval=timedelta(0)))
+        async def w(ctx: StageContext[Num]) -> list[Any]:
+            go = await ctx.step.wait_for_signal("go")
+            if ctx.attempt == 1:
+                took.set()
+                await asyncio.wait_for(release.wait(), 60)
+                raise RuntimeError("the attempt that took go fails")
+            return [go, await ctx.step.wait_for_signal("x")]
+
+        sink = MemorySink()
+        async with (
+            harness.engine(Registry([wf]), sink, max_pending_signals=1) as engine,
+            engine.worker(),
+        ):
+            run = await engine.start(wf.id, {})
+            await wait_for_events(sink, run.id, "stage.suspended")
+            res = await engine.signal(run.id, "go", "g")
+            assert res.delivered, res
+            await asyncio.wait_for(took.wait(), 30)
+            res = await engine.signal(run.id, "x", "x1")  # (go is not counted any more)
+            assert (res.delivered, res.already_completed) == (False, False), res
+            with pytest.raises(SignalQueueFullError):
+                await engine.signal(run.id, "x", "x2")
+            release.set()
+            info = await engine.wait(run.id, timeout=60)
+            assert info.status == RunStatus.COMPLETED, info
+            assert info.output == ["g", "x1"]
+            events = await wait_for_events(sink, run.id, "run.completed")
+            failed = [e for e in events if e.type == "stage.failed"]
+            assert len(failed) == 1, failed
+
     async def test_signal_unknown_run(self, harness: Harness, tmp_path: Path) -> None:
         async with harness.engine(
             Registry([waiter(ExecutionLog(tmp_path / "log"))]), MemorySink()

@@ -1005,8 +1005,12 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 f"run {run_id!r} is frozen for migration; signal it once the move completed "
                 "(on its target) or was aborted"
             )
-        if rejected == "SignalQueueFullError":  # the workflow's bound
-            raise SignalQueueFullError(run_id, name, self.settings.max_pending_signals)
+        if rejected == "SignalQueueFullError":
+            # the run's own bound (the starting engine's); a worker of an older driver does
+            # not say it: this engine's
+            bound = res.get("bound")
+            limit = bound if isinstance(bound, int) else self.settings.max_pending_signals
+            raise SignalQueueFullError(run_id, name, limit)
         if rejected is not None:
             current = await self.get_run(run_id)
             raise RunNotActiveError(run_id, current.status, "signal")

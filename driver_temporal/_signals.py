@@ -108,6 +108,8 @@ class SignalHandlers:
     # the signals lent to each stage attempt (reserved by its resumed wait, or handed to a
     # local attempt): still in ``_signals``, by identity, hidden from other takers
     _lent: dict[str, list[dict[str, Any]]]
+    # (per stage) the signals lent to a resumed wait, delivered to it (``_unconsumed``)
+    _reserved: dict[str, list[dict[str, Any]]]
     # runs started before shared takes (no ``wfe-shared-signal-takes`` patch marker) keep the
     # old single-taker rule so their histories replay: ``_signal_holder`` is the stage whose
     # attempt in flight was handed the whole queue
@@ -181,7 +183,7 @@ class SignalHandlers:
             if refused is not None:
                 self._reject(name, refused)
                 if isinstance(delivery, str):
-                    self._decided(delivery, {"rejected": refused})
+                    self._decided(delivery, self._refused(refused))
                 return
             self._arrived(name, value, delivery, key, bounded=True)  # as the engine stored it
         elif _is_wrapped(value):
@@ -260,9 +262,30 @@ class SignalHandlers:
         """``"SignalQueueFullError"`` when the run holds ``bound`` unconsumed signals and this
         one is no repeat (of a delivery or an idempotency key it has seen), else None."""
         repeat = delivery in self._deliveries or (key is not None and key in self._signal_keys)
-        if bound is not None and not repeat and len(self._signals) >= int(bound):
+        if bound is not None and not repeat and self._unconsumed() >= int(bound):
             return "SignalQueueFullError"
         return None
+
+    def _unconsumed(self) -> int:
+        """The signals the run holds that count toward ``max_pending_signals``: its queue,
+        less (runs with ``StartDocument.frees_taken``) the ones lent to a resumed wait. The
+        wait took it (``delivered``): on the native driver it is consumed in the very
+        transaction that queued it, so it no longer counts while the attempt runs, nor
+        after the attempt failed (its wait is journaled; the retry gets it again)."""
+        start: StartDocument | None = getattr(self, "_start", None)
+        if start is None or not start.frees_taken:
+            return len(self._signals)
+        taken = [sig for sigs in self._reserved.values() for sig in sigs]
+        return sum(1 for sig in self._signals if not any(sig is t for t in taken))
+
+    def _refused(self, why: str) -> dict[str, Any]:
+        """What the engine's ``signal`` hears of a signal the run refused: why, and for a
+        full queue the run's own bound (the starting engine's ``max_pending_signals``, which
+        the sending engine's settings need not match)."""
+        start: StartDocument | None = getattr(self, "_start", None)
+        if why == "SignalQueueFullError" and start is not None:
+            return {"rejected": why, "bound": start.max_pending_signals}
+        return {"rejected": why}
 
     def _reject(self, name: str, why: str) -> None:
         """Record a signal the run did not queue (the run's memo, ``wfe_rejected_signals``,
@@ -308,10 +331,11 @@ class SignalHandlers:
             body.get("idempotency_key") is not None
             and body.get("idempotency_key") in self._signal_keys
         )
-        if bound is not None and not repeat and len(self._signals) >= int(bound):
+        if bound is not None and not repeat and self._unconsumed() >= int(bound):
             # refused by the validator: nothing enters the history (SignalQueueFullError)
             raise ApplicationError(
-                f"run {self._run_id!r} holds {len(self._signals)} unconsumed signals",
+                f"run {self._run_id!r} holds {self._unconsumed()} unconsumed signals "
+                f"(max_pending_signals={bound})",
                 type="SignalQueueFullError",
                 non_retryable=True,
             )
@@ -439,6 +463,7 @@ class SignalHandlers:
         if i is None:
             return False
         self._lent.setdefault(sid, []).append(self._signals[i])
+        self._reserved.setdefault(sid, []).append(self._signals[i])
         return True
 
     def _lend(self, sid: str, local: bool) -> dict[str, list[Any]]:
@@ -464,6 +489,7 @@ class SignalHandlers:
         signal lent to it leaves the queue (on a run with the holder rule, which lends
         nothing, the oldest queued one); the rest of what it was lent is free again."""
         lent = self._lent.pop(sid, [])
+        self._reserved.pop(sid, None)
         for name in consumed:
             # the task listed what it lent in queue order, so the body took the first of them
             i = next(
@@ -484,6 +510,7 @@ class SignalHandlers:
     def _unlend(self, sid: str) -> None:
         """The stage ended without running the attempt it reserved for: free the signal."""
         self._lent.pop(sid, None)
+        self._reserved.pop(sid, None)
 
     def _lease_signals(self, sid: str) -> dict[str, list[Any]]:
         """(Runs started before shared takes only.) The whole queue for the first attempt in
@@ -535,6 +562,6 @@ class SignalHandlers:
             if refused is not None:
                 self._reject(name, refused)
                 if isinstance(delivery, str):
-                    self._decided(delivery, {"rejected": refused})
+                    self._decided(delivery, self._refused(refused))
                 continue
             self._deliver(name, payload, delivery, key)

@@ -129,6 +129,11 @@ class StartDocument(BaseModel):
     # is loaded (``SignalHandlers._carry_signals``); an execution an older driver continued
     # queued them all, and replays so
     bounds_early: bool = False
+    # (runs started, or continued, since 2026-12-07) the signal a resumed wait was lent
+    # (``SignalHandlers._reserve``: delivered to it, which consumes it on the native driver)
+    # does not count toward ``max_pending_signals`` while its attempt runs; a run started
+    # before counted it until the attempt reported, and replays so
+    frees_taken: bool = False
 
     @classmethod
     def for_engine(
@@ -140,6 +145,7 @@ class StartDocument(BaseModel):
             heartbeat_timeout_s=heartbeat_timeout_s,
             default_stage_timeout_s=settings.default_stage_timeout,
             max_pending_signals=settings.max_pending_signals,
+            frees_taken=True,
             dead_letter_after=settings.dead_letter_after,
             dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
             outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,

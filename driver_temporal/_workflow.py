@@ -227,6 +227,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._deliveries: dict[str, dict[str, Any]] = {}
         self._held: dict[str, dict[str, dict[str, Any]]] = {}
         self._lent: dict[str, list[dict[str, Any]]] = {}
+        self._reserved: dict[str, list[dict[str, Any]]] = {}
         self._holder_rule = False
         self._outbox: list[dict[str, Any]] = []  # events not yet delivered (``_outbox``)
         self._init_outbox()
@@ -523,6 +524,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 "deliveries": dict(recent),
                 "due_at_once": True,
                 "bounds_early": True,
+                "frees_taken": True,
             }
         )
         conv = workflow.payload_converter()
