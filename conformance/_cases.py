@@ -26,6 +26,7 @@ __all__ = [
     "Sleep",
     "StageCase",
     "Wait",
+    "bounded",
     "cases",
     "groups_of",
     "wait_keys",
@@ -160,6 +161,14 @@ class Case:
     order: tuple[str, ...] = ()  # run order inside each parallel group; default: by id
     cancel: str | None = None  # cancel once this (holding) stage is suspended on its hold
     redrive: bool = False  # after a failure: redrive from last_failure, next attempt succeeds
+    # ``max_pending_signals`` of the engine that starts and signals the run (None: the
+    # default, never reached). A bounded case (``bounded``) has no ``local`` stage, no wait
+    # for a name another wait of the run uses and no shared gate, and its first group's
+    # bodies wait until every early signal was sent: the early signals, sent at start one
+    # after the other, meet a queue nothing takes from yet, so which of them the run refuses
+    # (SignalQueueFullError) is fixed; a wait whose signal was refused suspends and the
+    # runner sends it again once it did (``conformance._model.bounded_plan``)
+    bound: int | None = None
     label: str = field(default="", compare=False)
 
     def stage(self, sid: str) -> StageCase:
@@ -180,6 +189,8 @@ class Case:
             lines.append(f"    cancel={self.cancel!r},")
         if self.redrive:
             lines.append("    redrive=True,")
+        if self.bound is not None:
+            lines.append(f"    bound={self.bound!r},")
         lines.append(")")
         return "\n".join(lines)
 
@@ -347,6 +358,26 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
             cancel=cancel,
             redrive=draw(st.sampled_from([False, False, True])),
         )
+        # two cases in five bound the run's queue, small enough to refuse early signals
+        bound = draw(st.sampled_from([None, None, None, 1, 2]))
+        if bound is not None:
+            # (and most of its waits early, so that the bound is met: a case refuses an
+            # early signal only when more were sent than it holds)
+            first = set(layers[0])
+            modes = {True: ["after", "during", "during"], False: ["after", "before", "during"]}
+            stages = [
+                replace(
+                    s,
+                    ops=tuple(
+                        replace(op, mode=draw(st.sampled_from(modes[s.id in first])))
+                        if isinstance(op, Wait) and op.mode == "after"
+                        else op
+                        for op in s.ops
+                    ),
+                )
+                for s in case.stages
+            ]
+            case = bounded(replace(case, stages=tuple(stages)), bound)
         return make_valid(case, gaps)
 
     return _case()
@@ -422,20 +453,40 @@ def _share_gates(draw: Any, stages: list[StageCase], layers: list[list[str]]) ->
     return out
 
 
+def bounded(case: Case, bound: int) -> Case:
+    """``case`` with ``bound`` (``Case.bound``) and the rules of a bounded case: no ``local``
+    stage, every wait of the run for a name of its own (``<stage>w<op index>``), no shared
+    gate."""
+    stages = []
+    for s in case.stages:
+        ops = tuple(
+            replace(op, name=f"{s.id}w{i}") if isinstance(op, Wait) else op
+            for i, op in enumerate(s.ops)
+        )
+        stages.append(replace(s, ops=ops, local=False, gate_shares=None))
+    return replace(case, stages=tuple(stages), bound=bound)
+
+
 def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:
     """Drop what would make a case hang or hit an open question of the contract: a hold with
     no stage later in its group to end the run (it would wait forever), failing compensations
     in a cancelled run (DESIGN §5 leaves that status open), and known gaps."""
-    from ._model import ModelError, expect
+    from ._model import LateSignalRefused, ModelError, expect
 
     if case.cancel is not None:
         stages = tuple(
             replace(s, compensation="ok") if s.compensation == "fail" else s for s in case.stages
         )
         case = replace(case, stages=stages)
-    for _ in range(3):
+    for _ in range(8):
         try:
             exp = expect(case)
+        except LateSignalRefused:
+            # a signal sent to a suspended wait would be refused: nothing would ever take
+            # one, the run would wait forever; a bound one higher lets it in
+            assert case.bound is not None
+            case = replace(case, bound=case.bound + 1)
+            continue
         except ModelError:
             case = _drop_holds(case)
             continue
@@ -443,7 +494,12 @@ def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:
             case = _settle_group(case, exp.failed_stage)
             continue
         return case
-    return _drop_holds(replace(case, cancel=None))
+    case = _drop_holds(replace(case, cancel=None))
+    try:
+        expect(case)
+    except LateSignalRefused:
+        return replace(case, bound=None)
+    return case
 
 
 def _settle_group(case: Case, failed: str | None) -> Case:

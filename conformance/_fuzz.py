@@ -30,13 +30,16 @@ from engine_port import (
     StageContext,
     Workflow,
 )
-from engine_port.errors import RunNotActiveError, StepTimeoutError
+from engine_port.errors import RunNotActiveError, SignalQueueFullError, StepTimeoutError
 
 from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of, wait_keys
 from ._harness import ExecutionLog, Harness, unique_id
 from ._model import (
+    FULL,
     Expected,
+    bounded_plan,
     canonical,
+    early_signals,
     expect,
     repeats_before_signals,
     signal_payload,
@@ -163,8 +166,11 @@ class _Runtime:
         groups = groups_of(self.case)
         group = next(g for g in groups if sid in g)
         if group is groups[0]:
-            before = {key for _, mode, key in early_waits(self.case) if mode == "before"}
-            await self._until(lambda: before <= self.sent, "before signals sent")
+            # (a bounded case: every early signal, so that none is taken while they are sent)
+            bounded = self.case.bound is not None
+            early = early_waits(self.case)
+            before = {key for _, mode, key in early if mode == "before" or bounded}
+            await self._until(lambda: before <= self.sent, "early signals sent")
         siblings = [self.case.stage(x) for x in group if x != sid]
         await self._until(
             lambda: all(self._arrived(run_id, x) for x in siblings),
@@ -179,14 +185,7 @@ def early_waits(case: Case) -> list[tuple[str, str, str]]:
     (signal name, mode, key) for each ``before`` and ``during`` wait (key: its step key) and
     each ``before`` gate (key: its ``gate_key``). The key names the wait in the payload
     (``signal_payload``) and is a ``before`` signal's idempotency key."""
-    out: list[tuple[str, str, str]] = []
-    for s in case.stages:
-        if s.gate == "before":
-            out.append((s.gate_signal, "before", s.gate_key))
-        for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
-            if isinstance(op, Wait) and key is not None and op.mode in ("before", "during"):
-                out.append((op.name, op.mode, key))
-    return out
+    return [(name, mode, key) for _, name, mode, key in early_signals(case)]
 
 
 def after_waits(case: Case) -> list[tuple[str, str, int, str]]:
@@ -344,26 +343,36 @@ class _Signals:
 
     engine: Any
     run_id: str
-    answers: dict[str, list[list[bool]]] = field(default_factory=dict)
+    answers: dict[str, list[Any]] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)  # (keys) SignalQueueFullError
 
-    async def send(self, name: str, key: str | None = None, step: str | None = None) -> None:
+    async def send(self, name: str, key: str | None = None, step: str | None = None) -> bool:
         """Send ``name`` with the payload of the wait journaled as ``step`` (default: the
-        first wait for the name; see ``signal_payload``)."""
-        res = await self.engine.signal(
-            self.run_id, name, signal_payload(step or name), idempotency_key=key
-        )
+        first wait for the name; see ``signal_payload``); False: refused, the run's queue is
+        full (the answer is ``FULL``)."""
+        try:
+            res = await self.engine.signal(
+                self.run_id, name, signal_payload(step or name), idempotency_key=key
+            )
+        except SignalQueueFullError:
+            self.answers.setdefault(name, []).append(FULL)
+            self.refused.add(step or name)
+            return False
         self.answers.setdefault(name, []).append([res.delivered, res.already_completed])
+        return True
 
     async def early(self, case: Case, rt: _Runtime, waits: list[tuple[str, str, str]]) -> None:
         """The ``before`` signals (each repeated with its key, see
         ``repeats_before_signals``) and the ``during`` ones, right after the start, one
-        after the other in ``early_waits`` order."""
+        after the other in ``early_waits`` order (a bounded case: every answer kept)."""
         repeat = repeats_before_signals(case)
         for name, mode, key in waits:
             if mode == "before":
                 await self.send(name, key=key if repeat else None, step=key)
                 if repeat:  # a sender's retry: not queued again
                     await self.send(name, key=key, step=key)
+            elif case.bound is not None:
+                await self.send(name, step=key)
             else:
                 with contextlib.suppress(RunNotActiveError):
                     await self.engine.signal(self.run_id, name, signal_payload(key))
@@ -377,10 +386,22 @@ async def _drive(
     run = await _start(engine, wf, rt)
     signals = _Signals(engine, run.id)
     await signals.early(case, rt, early_waits(case))
+    if case.bound is not None:
+        # the refused early signals' waits and gates suspend: their signals go once they did
+        case = rt.case = bounded_plan(case, signals.refused)[0]
     pending = after_waits(case)
     gates = [s for s in case.stages if s.gate == "after"]
     cancelled = False
     terminals = 2 if exp.redrive else 1
+
+    async def late(name: str, key: str) -> None:
+        nonlocal cancelled, terminals
+        if not await signals.send(name, key=key, step=key) and not cancelled:
+            # refused: nothing would ever take one, the run would wait forever (the answer
+            # shows the divergence)
+            cancelled, terminals = True, 1
+            await engine.cancel(run.id)
+
     while True:
         if time.monotonic() > rt.deadline:
             seen = [[e.type, e.stage, e.data.get("waiting_for")] for e in sink.run_events(run.id)]
@@ -389,13 +410,13 @@ async def _drive(
             sid, name, k, key = item
             if sink.suspensions(run.id, sid, f"signal:{name}") >= k:
                 pending.remove(item)
-                await signals.send(name, key=key, step=key)
+                await late(name, key)
         for s in list(gates):  # once its body's barrier would let it go on
             if sink.has(
                 run.id, "stage.suspended", s.id, waiting_for=f"signal:{s.gate_signal}"
             ) and rt.may_go_on(run.id, s.id):
                 gates.remove(s)
-                await signals.send(s.gate_signal, key=s.gate_key, step=s.gate_key)
+                await late(s.gate_signal, s.gate_key)
         if case.cancel and not cancelled:
             target = case.stage(case.cancel)
             if sink.has(
@@ -448,7 +469,6 @@ async def run_batch(
             continue
         rt = _Runtime(case, ExecutionLog(workdir / f"case{i}.log"), sink, deadline=0.0)
         prepared.append((case, _build(case, rt), rt, exp))
-    registry = Registry([wf for _, wf, _, _ in prepared])
     gate = asyncio.Semaphore(concurrency)
     starts = asyncio.Semaphore(start_concurrency)
 
@@ -462,8 +482,16 @@ async def run_batch(
                 return _Result(case, exp, None, f"{type(exc).__name__}: {exc}")
             return _Result(case, exp, actual)
 
-    async with harness.engine(registry, sink, **(settings or {})) as engine, engine.worker():
-        results.extend(await asyncio.gather(*(one(*p) for p in prepared)))
+    # one engine per ``Case.bound`` (its ``max_pending_signals``), one after the other
+    bounds = sorted({p[0].bound for p in prepared}, key=lambda b: -1 if b is None else b)
+    for bound in bounds:
+        part = [p for p in prepared if p[0].bound == bound]
+        registry = Registry([wf for _, wf, _, _ in part])
+        options = dict(settings or {})
+        if bound is not None:
+            options["max_pending_signals"] = bound
+        async with harness.engine(registry, sink, **options) as engine, engine.worker():
+            results.extend(await asyncio.gather(*(one(*p) for p in part)))
     return results
 
 

@@ -21,15 +21,19 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of, wait_keys
 
 __all__ = [
+    "FULL",
     "Expected",
+    "LateSignalRefused",
     "ModelError",
+    "bounded_plan",
     "canonical",
+    "early_signals",
     "expect",
     "signal_payload",
     "stage_output",
@@ -39,6 +43,71 @@ __all__ = [
 
 class ModelError(Exception):
     """The case is outside what the model (and the contract) pins down, e.g. it would hang."""
+
+
+class LateSignalRefused(ModelError):
+    """A bounded case (``Case.bound``) whose runner would send a signal to a suspended wait
+    while the run holds its bound of unconsumed signals: refused, the run would wait forever."""
+
+
+# what ``engine.signal`` answers, in ``Expected.signals``, when it raises SignalQueueFullError
+FULL = "full"
+
+
+def early_signals(case: Case) -> list[tuple[str, str, str, str]]:
+    """The signals the runner sends right after the start, in this order: (stage, signal
+    name, mode, key) for each ``before`` gate (key: its ``gate_key``) and each ``before`` and
+    ``during`` wait (key: its step key); ``conformance._fuzz.early_waits`` without the stage."""
+    out: list[tuple[str, str, str, str]] = []
+    for s in case.stages:
+        if s.gate == "before":
+            out.append((s.id, s.gate_signal, "before", s.gate_key))
+        for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
+            if isinstance(op, Wait) and key is not None and op.mode in ("before", "during"):
+                out.append((s.id, op.name, op.mode, key))
+    return out
+
+
+def bounded_plan(
+    case: Case, refused: set[str] | None = None
+) -> tuple[Case, dict[str, list[Any]], set[str]]:
+    """For a bounded case (``Case.bound``): what the run does with its early signals. They
+    are sent at start one after the other (a ``before`` one with its key, then again: a
+    sender's retry), while nothing takes from the queue (``Case.bound``): each is queued while
+    the run holds fewer than ``bound`` unconsumed signals, else refused (SignalQueueFullError,
+    nothing queued: its key is not seen, so its retry is refused too); a retry of a queued
+    one's key is ``already_completed`` however full the queue (DESIGN §5). Returns the case
+    as it then runs (the wait or ``before`` gate of a refused signal suspends, and the runner
+    sends its signal once it did: an ``after`` one), the answers to the early signals by name
+    and the keys of the queued ones. ``refused``: the keys the engine did refuse (the runner
+    goes on from what happened), default: those the contract says."""
+    bound = case.bound
+    answers: dict[str, list[Any]] = {}
+    queued: set[str] = set()
+    judged: set[str] = set()
+    for _, name, mode, key in early_signals(case):
+        full = (
+            (key in refused)
+            if refused is not None
+            else (bound is not None and len(queued) >= bound)
+        )
+        got = answers.setdefault(name, [])
+        if full:
+            judged.add(key)
+            got.extend([FULL, FULL] if mode == "before" else [FULL])
+            continue
+        queued.add(key)
+        got.extend([[False, False], [False, True]] if mode == "before" else [[False, False]])
+
+    def late(s: StageCase) -> StageCase:
+        ops = tuple(
+            replace(op, mode="after") if isinstance(op, Wait) and key in judged else op
+            for op, key in zip(s.ops, wait_keys(s.ops), strict=True)
+        )
+        gate = "after" if s.gate == "before" and s.gate_key in judged else s.gate
+        return replace(s, ops=ops, gate=gate)
+
+    return replace(case, stages=tuple(late(s) for s in case.stages)), answers, queued
 
 
 def signal_payload(key: str) -> dict[str, str]:
@@ -93,7 +162,8 @@ class Expected:
     stopped: list[str] = field(default_factory=list)  # stages cancelled when the run stopped
     failed_stage: str | None = None
     # what each ``engine.signal`` call returned, by signal name: [delivered, already_completed]
-    signals: dict[str, list[list[bool]]] = field(default_factory=dict)
+    # or ``FULL`` (SignalQueueFullError)
+    signals: dict[str, list[Any]] = field(default_factory=dict)
     # the ``after`` gates the runner sends, by ``gate_key`` (the stage got past its gate; a
     # stage blocked behind the sibling that ended the run stays suspended on its gate, its
     # signal never sent)
@@ -159,6 +229,15 @@ class _Sim:
         self.business: list[list[Any]] = []
         self.status: dict[str, str] = {s.id: "skipped" for s in case.stages}
         self.gates_sent: list[str] = []
+        # a bounded case: its early signals queued and not consumed yet (by key)
+        self.queued: set[str] = set()
+
+    def late_send(self) -> None:
+        """The runner sends a signal to a suspended wait now: refused at the bound."""
+        if self.case.bound is not None and len(self.queued) >= self.case.bound:
+            raise LateSignalRefused(
+                f"a signal sent to a suspended wait meets {len(self.queued)} queued ones"
+            )
 
     def hit(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -182,7 +261,9 @@ class _Sim:
                 led[name] = "gated"  # (model only: the gate journals nothing while it waits)
                 return "suspend", ("signal", f"signal:{name}")
             if led.get(name) == "gated":
+                self.late_send()
                 self.gates_sent.append(s.gate_key)
+            self.queued.discard(s.gate_key)
             led[name] = "done"  # the body's first wait returns it at once
             got.append(signal_payload(s.gate_key))  # (the one meant for it: see gate_shares)
         self.hit(f"body:{s.id}")
@@ -230,6 +311,10 @@ class _Sim:
                 return "suspend", ("sleep", f"sleep:{op.name}")
             led[key] = "done"
             return None
+        if op.mode in ("before", "during"):
+            self.queued.discard(key)
+        elif op.mode == "after" and state is not None:
+            self.late_send()
         return _wait(led, key, op, state, got)
 
     def run_stage(self, s: StageCase, redriven: bool = False) -> _StageRun:
@@ -329,16 +414,25 @@ def _comp_order(sim: _Sim) -> list[str]:
     return out
 
 
-def expect(case: Case) -> Expected:
-    """What every driver must observe for ``case``."""
-    exp = _expect(case)
-    exp.signals = signal_answers(case, exp.trace, exp.gates_sent)
+def expect(case: Case, refused: set[str] | None = None) -> Expected:
+    """What every driver must observe for ``case`` (a bounded one: see ``bounded_plan``;
+    ``refused``: the early signals the engine refused, default: those the contract says)."""
+    if case.bound is None:
+        exp = _expect(case, set())
+        exp.signals = signal_answers(case, exp.trace, exp.gates_sent)
+        return exp
+    runs, early, queued = bounded_plan(case, refused)
+    exp = _expect(runs, queued)
+    answers = signal_answers(runs, exp.trace, exp.gates_sent)
+    for name, got in early.items():
+        answers[name] = got + (answers.get(name, []) if FULL in got else [])
+    exp.signals = dict(sorted(answers.items()))
     return exp
 
 
 def signal_answers(
     case: Case, trace: list[list[Any]], gates_sent: Sequence[str] = ()
-) -> dict[str, list[list[bool]]]:
+) -> dict[str, list[Any]]:
     """What ``engine.signal`` answers ([delivered, already_completed]) for the signals the
     runner sends with a result fixed by the contract (DESIGN §5): a ``before`` signal, sent
     before any stage of its later group can run, is buffered, and its repeat with the same
@@ -374,7 +468,7 @@ def signal_answers(
             k = waits[op.name] = waits.get(op.name, 0) + 1
             if op.mode == "after" and suspended.get((s.id, f"signal:{op.name}"), 0) >= k:
                 late.setdefault(op.name, []).append([True, False])
-    answers = {n: early.get(n, []) + late.get(n, []) for n in {*early, *late}}
+    answers: dict[str, list[Any]] = {n: early.get(n, []) + late.get(n, []) for n in {*early, *late}}
     return dict(sorted(answers.items()))
 
 
@@ -388,10 +482,11 @@ def repeats_before_signals(case: Case) -> bool:
     return not any(case.stage(sid).local for sid in first)
 
 
-def _expect(case: Case) -> Expected:
+def _expect(case: Case, queued: set[str]) -> Expected:
     groups = groups_of(case)
     sinks = sorted(s.id for s in case.stages if not any(s.id in o.after for o in case.stages))
     sim = _Sim(case)
+    sim.queued = set(queued)
     trace: list[list[Any]] = [["run.created"], ["run.started"]]
     end, where, error, stopped = sim.run_groups(groups, trace)
     held_when_failed = end == "failed" and any(

@@ -9,8 +9,18 @@ from typing import Any
 
 import pytest
 
-from conformance._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, cases, make_valid
-from conformance._model import ModelError, canonical, expect
+from conformance._cases import (
+    Case,
+    Emit,
+    RunStep,
+    Sleep,
+    StageCase,
+    Wait,
+    bounded,
+    cases,
+    make_valid,
+)
+from conformance._model import FULL, ModelError, canonical, expect
 from conformance._trace import GOLDEN_DIR
 
 
@@ -615,3 +625,30 @@ def test_the_generator_shares_gate_names_only_across_groups() -> None:
 
     check()
     assert all(drawn.values()), drawn
+
+
+def test_a_bounded_case_refuses_early_signals_past_its_bound() -> None:
+    """Bound 1: the first early signal is queued, the ones after it refused (a keyed one's
+    retry too, its key never seen); their gate and wait then suspend and take the signal the
+    runner sends again, delivered; a retry of the queued one's key is already_completed."""
+    case = bounded(
+        Case(
+            stages=(
+                StageCase("a", ops=(Wait("x", "during"),)),
+                StageCase("b", after=("a",), ops=(Wait("y", "before"),), gate="before"),
+            )
+        ),
+        1,
+    )
+    exp = expect(case)
+    assert exp.signals == {
+        "aw0": [[False, False]],
+        "bw0": [FULL, FULL, [True, False]],
+        "gate_b": [FULL, FULL, [True, False]],
+    }
+    assert ["stage.suspended", "b", "signal", "signal:gate_b"] in exp.trace
+    assert ["stage.suspended", "b", "signal", "signal:bw0"] in exp.trace
+    assert exp.status == "completed"
+    two = expect(replace(case, bound=2))
+    assert two.signals["gate_b"] == [[False, False], [False, True]]
+    assert two.signals["bw0"] == [FULL, FULL, [True, False]]
