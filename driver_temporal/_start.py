@@ -129,7 +129,7 @@ class StartDocument(BaseModel):
     # is loaded (``SignalHandlers._carry_signals``); an execution an older driver continued
     # queued them all, and replays so
     bounds_early: bool = False
-    # (runs started, or continued, since 2026-12-07) the signal a resumed wait was lent
+    # (runs started, or continued, since 2026-12-06) the signal a resumed wait was lent
     # (``SignalHandlers._reserve``: delivered to it, which consumes it on the native driver)
     # does not count toward ``max_pending_signals`` while its attempt runs; a run started
     # before counted it until the attempt reported, and replays so
