@@ -113,6 +113,7 @@ def _create_run_once(
     trace_context: str | None = None,
     handoff: _progress.Handoff | None = None,
     define: bool = True,
+    max_pending: int | None = None,
     ids: list[int] | None = None,
 ) -> tuple[str, bool]:
     """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
@@ -125,7 +126,7 @@ def _create_run_once(
         if row is not None and row.input_fingerprint == fp and row.created_at == now:
             return run_id, True  # (its handed-off jobs run when their lease expires)
     return _runs.create_run(
-        conn, graph, run_id, stored, fp, key, now, trace_context, handoff, define, ids
+        conn, graph, run_id, stored, fp, key, now, trace_context, handoff, define, ids, max_pending
     )
 
 
@@ -593,6 +594,7 @@ class Kernel:
                     cmd.trace_context,
                     cmd.handoff,
                     wfv not in self._defined,
+                    self.settings.max_pending_signals,
                 )
                 try:
                     result = await self._create_unread_first(args)

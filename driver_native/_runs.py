@@ -202,6 +202,7 @@ def create_run(
     handoff: Handoff | None = None,
     define: bool = True,
     ids: list[int] | None = None,
+    max_pending: int | None = None,
 ) -> tuple[str, bool]:
     """Insert the run, its stages, run.created and the first group's jobs. With an
     idempotency key already used, return that run (or raise on a different input). With
@@ -250,6 +251,7 @@ def create_run(
         created_at=now,
         updated_at=now,
         trace_context=trace_context,
+        max_pending_signals=max_pending,
     )
     # (on PostgreSQL these inserts go out in one round trip with the next statement)
     execute(conn, _insert(runs, tuple(values)), values, later=True)
@@ -434,7 +436,8 @@ def signal_and_claim(
 ) -> Signalled:
     """Queue a signal behind the run's earlier ones of its name (the run row is locked, so
     ids follow arrival order); a repeat of ``idempotency_key`` is not queued again. A run
-    holding ``max_pending`` unconsumed signals refuses more (SignalQueueFullError).
+    holding ``max_pending`` unconsumed signals (or the bound it was created with, when it
+    keeps one: ``runs.max_pending_signals``) refuses more (SignalQueueFullError).
     ``known_graph(workflow, version)``: the registry's graph, if it has it (else the stored
     definition is read); ``claim``: see :data:`Claim`."""
     waiting_for = f"signal:{name}"
@@ -465,6 +468,8 @@ def signal_and_claim(
             repeat = SignalResult(run_id=run_id, name=name, delivered=False, already_completed=True)
             return Signalled(repeat, None, False, run, None, [])
     pending, waiting, queued, first_waiting = counts.first()
+    # the bound the run was created with (never 0); a run created before v17 has none
+    max_pending = run.max_pending_signals or max_pending
     if max_pending is not None and pending >= max_pending:
         raise SignalQueueFullError(run_id, name, max_pending)
     signal = {

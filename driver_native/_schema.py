@@ -81,6 +81,9 @@ runs = Table(
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     Column("finished_at", Double),
+    # the starting engine's ``max_pending_signals`` (NULL: a run created before v17, bound by
+    # the signalling engine's setting)
+    Column("max_pending_signals", Integer),
     Index("ix_wfe_runs_status", "status"),
     Index("ix_wfe_runs_wf", "workflow_id", "version", "status"),
     Index("ix_wfe_runs_created", "created_at", "id"),  # list_runs: newest first, keyset pages
@@ -449,6 +452,15 @@ def _v16(conn: Connection) -> None:
         conn.execute(sa.text("ALTER TABLE wfe_steps ADD COLUMN meta JSON"))
 
 
+def _v17(conn: Connection) -> None:
+    """v17 added runs.max_pending_signals, the bound of the engine that created the run: the
+    signalling engine's setting bounded it, so two processes configured differently refused
+    a run's signals at different counts (the Temporal driver keeps the starting engine's in
+    the run's start document). Existing rows keep NULL (the signalling engine's, as before)."""
+    if "max_pending_signals" not in {c["name"] for c in inspect(conn).get_columns("wfe_runs")}:
+        conn.execute(sa.text("ALTER TABLE wfe_runs ADD COLUMN max_pending_signals INTEGER"))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -466,6 +478,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (14, "outbox event ids not indexed as unique: no random index write per event", _v14),
     (15, "errors reset to JSON 'null' by a redrive become SQL NULL", _v15),
     (16, "steps.meta: timeouts and a step's business events apart from its result", _v16),
+    (17, "runs.max_pending_signals: the starting engine's bound, kept with the run", _v17),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from driver_native import ClaimPending, CreateRun, Database, ExecuteJob, Kernel, _schema
 from driver_native._ledger import step_record
 from engine_port import ClaimCheck, EngineSettings, FolderBlobStore, Registry, SystemClock
+from engine_port.errors import SignalQueueFullError
 
 from . import workflows as w
 from .conftest import MakeEngine
@@ -132,7 +133,7 @@ async def test_v15_turns_errors_reset_to_json_null_into_sql_null(
             return [(r[0], bool(r[1]), bool(r[2])) for r in rows] + [("run", *map(bool, run))]
 
         db.tx_sync(reset_as_old_code_did)
-        assert db.upgrade() == [15, 16]
+        assert db.upgrade() == [15, 16, 17]
         assert db.tx_sync(nulls) == [
             ("a", True, True),
             ("b", True, False),
@@ -169,13 +170,39 @@ async def test_v16_adds_step_meta_and_reads_older_steps_as_they_were_written(
             conn.execute(sa.text("UPDATE wfe_schema SET version = 15"))
 
         db.tx_sync(as_v15)
-        assert db.upgrade() == [16]
+        assert db.upgrade() == [16, 17]
         [old] = db.tx_sync(lambda c: c.execute(sa.select(_schema.steps)).all())
         record = step_record(old)
         assert record.meta is None and record.timed_out
         assert not record.done(record.result).timed_out  # journaled now: a value
     finally:
         db.dispose()
+
+
+async def test_v17_keeps_the_starting_engines_bound_and_older_runs_take_the_senders(
+    make_engine: MakeEngine, database_url: str
+) -> None:
+    """v17 keeps a run's ``max_pending_signals`` with it; a run created before (NULL) is
+    bounded by the signalling engine's setting, as it was."""
+    engine = await make_engine(w.waiter, max_pending_signals=1)
+    old = await engine.start("it-waiter", {"n": 1})
+
+    def as_v16(conn: sa.Connection) -> None:
+        conn.execute(sa.text("ALTER TABLE wfe_runs DROP COLUMN max_pending_signals"))
+        conn.execute(sa.text("UPDATE wfe_schema SET version = 16"))
+
+    engine.kernel.db.tx_sync(as_v16)
+    assert engine.kernel.db.upgrade() == [17]
+    sender = await make_engine(w.waiter, max_pending_signals=2)
+    for i in range(2):  # (its run row has no bound: the sender's 2, not the starter's 1)
+        await sender.signal(old.id, "junk", i)
+    with pytest.raises(SignalQueueFullError) as caught:
+        await sender.signal(old.id, "junk", 2)
+    assert caught.value.limit == 2
+    new = await engine.start("it-waiter", {"n": 2})
+    await sender.signal(new.id, "junk", 0)
+    with pytest.raises(SignalQueueFullError):
+        await sender.signal(new.id, "junk", 1)  # the run's own bound: 1
 
 
 def test_upgrade_from_v11_adds_the_partial_indexes_of_failed_events_and_due_jobs(

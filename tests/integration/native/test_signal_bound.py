@@ -60,3 +60,24 @@ async def test_a_consumed_signal_frees_room_for_another(make_engine: MakeEngine)
     info = await engine.get_run(run.id)
     assert info.status == "completed"
     assert info.output == ["first", "second"]
+
+
+async def test_the_bound_is_the_runs_own_whatever_the_sender_is_configured_with(
+    make_engine: MakeEngine,
+) -> None:
+    """The bound the run was created with (as on Temporal, whose run keeps it in its start
+    document): a process configured with another bound neither refuses earlier nor accepts
+    more, and SignalQueueFullError names the run's bound."""
+    starter = await make_engine(w.waiter, max_pending_signals=2)
+    sender = await make_engine(w.waiter, max_pending_signals=50)
+    run = await starter.start("it-waiter", {"n": 1})
+    for i in range(2):
+        await sender.signal(run.id, "junk", {"i": i})
+    with pytest.raises(SignalQueueFullError) as caught:
+        await sender.signal(run.id, "junk", {"i": 2})
+    assert caught.value.limit == 2
+    roomy = await make_engine(w.waiter, max_pending_signals=50)
+    other = await roomy.start("it-waiter", {"n": 2})
+    for i in range(3):  # a stricter sender does not refuse what the run's bound allows
+        await starter.signal(other.id, "junk", {"i": i})
+    assert await count_rows(starter, "wfe_signal_queue", run_id=other.id) == 3
