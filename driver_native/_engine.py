@@ -76,6 +76,7 @@ from ._commands import (
     SignalStep,
 )
 from ._db import Database
+from ._dbclock import DatabaseClock
 from ._gauges import read_gauges
 from ._kernel import Kernel
 from ._progress import Handoff
@@ -188,6 +189,11 @@ class NativeEngine(WorkflowEngine):
             else:
                 store = open_blob_store(self.settings.blob_url)
         claim = ClaimCheck(store, self.settings.spill_threshold_bytes)
+        if db.is_postgres and type(self.clock) is SystemClock:
+            # every host compares the times the others wrote: the database's clock decides
+            self.clock = DatabaseClock(self.clock)
+        if isinstance(self.clock, DatabaseClock):
+            await self.clock.sync(db)
         self._kernel = Kernel(db, self.registry, self.settings, claim, self.clock, self.event_sink)
         self._kernel.on_run_finished = self._job_done
         self._kernel.wants_final = self._waiters.__contains__

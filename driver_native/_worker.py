@@ -29,6 +29,7 @@ from ._commands import (
     ReapStuckRuns,
     ReleaseJobs,
 )
+from ._dbclock import DatabaseClock
 from ._jobs import CHANNEL
 from ._kernel import Kernel
 from ._outbox import OutboxCounts, count_outbox
@@ -497,6 +498,9 @@ class WorkerHost:
             self._outbox = await self.kernel.db.read_long(count_outbox)
             # runs past their run timeout fail; runs that lost their jobs (after a grace of a
             # minute) are scheduled again
+            clock = self.kernel.clock
+            if isinstance(clock, DatabaseClock) and clock.due():
+                await clock.sync(self.kernel.db)  # (before the run timeouts it decides)
             self._counts["reaped_runs"] += await self.kernel.dispatch(ReapStuckRuns())
         except Exception as exc:
             self._loop_failed(exc, "maintenance")

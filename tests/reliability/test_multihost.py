@@ -1,0 +1,181 @@
+"""Several hosts on one PostgreSQL database, played by worker processes (multihost_app.py):
+hosts whose wall clocks are off the database's, a worker paused past its lease and resumed,
+hosts that deploy different versions of a workflow. The database's clock decides when a lease
+expires and when a timer or a retry is due, whatever the clock of the host that set it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver_native import NativeEngine
+from engine_port import create_engine
+from tests.support.databases import PostgresSession
+
+from . import multihost_app as app
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Hosts:
+    """Worker subprocesses running multihost_app; always killed (and resumed, if paused)
+    in ``close``."""
+
+    def __init__(self, url: str, work: Path) -> None:
+        self.url = url
+        self.work = work
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, **env: str) -> subprocess.Popen[bytes]:
+        full = {**os.environ, "PYTHONPATH": str(ROOT), "MH_DIR": str(self.work), **env}
+        log = open(self.work / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability.multihost_app", self.url, str(self.work)],
+            cwd=ROOT,
+            env=full,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.procs.append(proc)
+        self.wait_ready(proc)
+        return proc
+
+    def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not (self.work / f"ready-{proc.pid}").exists():
+            if proc.poll() is not None:
+                raise AssertionError(f"worker exited early:\n{self.logs()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker not ready within {timeout}s:\n{self.logs()}")
+            time.sleep(0.02)
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        return "\n".join(
+            p.read_text(errors="replace")[-3000:] for p in sorted(self.work.glob("worker-*.log"))
+        )
+
+    def close(self) -> None:
+        (self.work / "stop").write_text("stop")
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a paused worker cannot stop
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+@pytest.fixture
+def pg_url(pg_session: PostgresSession) -> str:
+    return pg_session.new_schema()
+
+
+@pytest.fixture
+def hosts(pg_url: str, tmp_path: Path) -> Iterator[Hosts]:
+    h = Hosts(pg_url, tmp_path)
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture
+async def client(pg_url: str, tmp_path: Path) -> Any:
+    """An engine of the test's own (this host's clock is right), serving nothing."""
+    engine = create_engine(app.settings(pg_url, tmp_path), app.registry)
+    assert isinstance(engine, NativeEngine)
+    async with engine:
+        yield engine
+
+
+async def _eventually(
+    check: Callable[[], Awaitable[Any]], timeout: float, what: str, hosts: Hosts
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s:\n{hosts.logs()}")
+        await asyncio.sleep(0.05)
+
+
+def _counts(work: Path) -> list[tuple[str, str, str]]:
+    path = work / "counts"
+    if not path.exists():
+        return []
+    return [tuple(line.split(" ", 2)) for line in path.read_text().splitlines()]  # type: ignore[misc]
+
+
+async def _suspended(engine: NativeEngine, run_id: str) -> bool:
+    return (await engine.get_run(run_id)).stage("sleeper").status == "suspended"
+
+
+async def _terminal(engine: NativeEngine, run_id: str) -> Any:
+    info = await engine.get_run(run_id)
+    return info if info.terminal else None
+
+
+async def test_a_timer_set_on_a_host_whose_clock_runs_ahead_fires_on_time_elsewhere(
+    client: NativeEngine, hosts: Hosts
+) -> None:
+    """A durable sleep of 3 s begun on a host 10 minutes ahead is due 3 s later by the
+    database's clock: another host wakes it then, not 10 minutes later."""
+    fast = hosts.spawn(MH_SKEW="600")
+    run = await client.start("mh-nap", {"nap": 3})
+    await _eventually(lambda: _suspended(client, run.id), 60, "the stage asleep", hosts)
+    hosts.kill(fast)  # (asleep: no lease held)
+    hosts.spawn()
+    info = await _eventually(lambda: _terminal(client, run.id), 90, "the run woken", hosts)
+    assert info.status == "completed"
+    # not silent: the host with the wrong clock says so, and what to do
+    assert "clock is 600.0s ahead of the database's" in hosts.logs()
+    assert "NTP" in hosts.logs()
+
+
+async def test_a_host_whose_clock_runs_ahead_does_not_fire_a_timer_early(
+    client: NativeEngine, hosts: Hosts
+) -> None:
+    """A durable sleep of 15 s begun on a host with a right clock is not woken early by a
+    host 10 minutes ahead, neither by its poll nor by the stage's own check of the deadline."""
+    right = hosts.spawn()
+    run = await client.start("mh-nap", {"nap": 15})
+    await _eventually(lambda: _suspended(client, run.id), 60, "the stage asleep", hosts)
+    asleep = time.monotonic()
+    hosts.kill(right)
+    hosts.spawn(MH_SKEW="600")
+    info = await _eventually(lambda: _terminal(client, run.id), 120, "the run woken", hosts)
+    assert info.status == "completed"
+    # (woken at 15 s after it fell asleep, which was before the test saw it asleep)
+    assert time.monotonic() - asleep >= 13, "the timer fired early"
+
+
+async def test_a_host_whose_clock_runs_behind_runs_work_that_is_due(
+    client: NativeEngine, hosts: Hosts
+) -> None:
+    """Stages made due now by a host with a right clock are claimed at once by a host 10
+    minutes behind (not 10 minutes later), and its leases do not look expired to others."""
+    hosts.spawn(MH_SKEW="-600")
+    runs = [await client.start("mh-ver", {}, version="1") for _ in range(5)]
+    for run in runs:
+        info = await _eventually(lambda r=run: _terminal(client, r.id), 60, "the run", hosts)
+        assert info.status == "completed"
