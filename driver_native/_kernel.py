@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -81,7 +82,7 @@ from ._commands import (
     Transition,
 )
 from ._db import Database, commit_was_unknown, commit_with_next
-from ._ledger import SqlStepLedger, hand_over
+from ._ledger import LeaseTerm, SqlStepLedger, hand_over
 from ._schema import command_keys, runs, stages, steps
 from ._shape import GraphShape
 from ._sql import select_where
@@ -330,6 +331,7 @@ class _Beat:
         worker: str,
         task: asyncio.Task[Any] | _Stops,
         cancel: asyncio.Event,
+        term: LeaseTerm | None = None,
     ) -> None:
         self.kernel, self.job, self.worker, self.task, self.cancel = (
             kernel,
@@ -338,6 +340,7 @@ class _Beat:
             task,
             cancel,
         )
+        self.term = term  # told of each extension of the lease
         self.loop = asyncio.get_running_loop()
         # set once the body has returned: its outcome is recorded as it is (the record checks
         # the lease); the heartbeats go on only to keep the lease while it is stored
@@ -355,12 +358,15 @@ class _Beat:
 
     async def _beat(self) -> None:
         job, worker = self.job, self.worker
+        started = time.monotonic()
         try:
             beat = Heartbeat(job.id, worker, job.lease_token)
             alive, wants_stop = await self.kernel.dispatch(beat)
         except Exception:  # a missed heartbeat is not fatal; the lease has slack
             self._next()
             return
+        if alive and self.term is not None:
+            self.term.renewed_at = max(self.term.renewed_at, started)
         if wants_stop or not alive:
             if not alive:
                 self.kernel._lease_lost(job, worker)
@@ -954,6 +960,11 @@ class Kernel:
             cancel.set()
             stop.cancel()
 
+        async def renew() -> bool:
+            alive, _ = await self.dispatch(Heartbeat(job.id, worker, job.lease_token))
+            return bool(alive)
+
+        term = LeaseTerm(self.settings.lease_threshold, renew)
         ledger = SqlStepLedger(
             self.db,
             self.claim,
@@ -962,6 +973,7 @@ class Kernel:
             begin.steps,
             lease=_jobs.Lease.of(job, worker),
             on_lost=lost,
+            term=term,
         )
 
         async def attempt() -> tuple[Any, tuple[Any, str | None]]:
@@ -1005,7 +1017,7 @@ class Kernel:
         current = asyncio.current_task()
         assert current is not None
         stop = _Stops(current)
-        beat = _Beat(self, job, worker, stop, cancel)
+        beat = _Beat(self, job, worker, stop, cancel, term)
         ran = await _stoppable(attempt(), stop, beat)
         if ran is None:
             return await self._transition(Transition(job, worker, None, cancelled=True))

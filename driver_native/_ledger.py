@@ -17,8 +17,9 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +36,7 @@ from ._rawsql import execute, execute_together
 from ._schema import signals, steps
 from ._sql import upsert
 
-__all__ = ["SqlStepLedger", "hand_over", "journal", "step_record"]
+__all__ = ["LeaseTerm", "SqlStepLedger", "hand_over", "journal", "step_record"]
 
 _MISSING = object()
 _LOST = object()
@@ -278,6 +279,34 @@ def _take(conn: Connection, run_id: str, stage_id: str, rec: StepRecord, payload
     upsert(conn, steps, _row(run_id, stage_id, rec, payload), ("run_id", "stage_id", "name"))
 
 
+class LeaseTerm:
+    """When the lease of an attempt was last extended (the claim, then each heartbeat that
+    got through), on this process's monotonic clock: a write checks the lease in its
+    statement, but a step body runs before its write. A worker paused (SIGSTOP, a VM
+    migrated, a loop held) past its lease and resumed went on with its attempt until its
+    next write found the lease gone, running on the way the body of a step the new owner had
+    journaled meanwhile. So before a body runs, a lease that may have lapsed (half its
+    length gone with no extension seen: :meth:`check`) is renewed first, and the attempt
+    stops if it is no longer ours; in a worker whose heartbeats get through, never."""
+
+    __slots__ = ("_renew", "renewed_at", "seconds")
+
+    def __init__(self, seconds: float, renew: Callable[[], Awaitable[bool]]) -> None:
+        self.seconds = seconds
+        self._renew = renew  # a heartbeat: whether the lease was still ours (and is extended)
+        self.renewed_at = time.monotonic()
+
+    async def check(self) -> bool:
+        """Whether the lease is still ours (renewed first if it may have lapsed)."""
+        if time.monotonic() - self.renewed_at < self.seconds / 2:
+            return True
+        started = time.monotonic()
+        if not await self._renew():
+            return False
+        self.renewed_at = max(self.renewed_at, started)
+        return True
+
+
 class SqlStepLedger:
     """The ledger of one stage of one run, written under the claim ``lease`` of its job.
     Only the claim holding the stage's lease writes it, so reads are served from what was
@@ -294,8 +323,10 @@ class SqlStepLedger:
         *,
         lease: Lease,
         on_lost: Callable[[], None],
+        term: LeaseTerm | None = None,
     ) -> None:
         self._db = db
+        self._term = term
         self._claim = claim
         self.run_id = run_id
         self.stage_id = stage_id
@@ -317,6 +348,10 @@ class SqlStepLedger:
         if rec is not None and name in self._stored:
             rec = rec.loaded(await self._claim.load(self._stored.pop(name), run_id=self.run_id))
             self._cache[name] = rec
+        # (what is not journaled may run next: not on a lease another owner took over)
+        unjournaled = rec is None or not rec.completed
+        if unjournaled and self._term is not None and not await self._term.check():
+            self._lost()
         return rec
 
     async def put(self, record: StepRecord) -> None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,72 @@ async def test_a_host_whose_clock_runs_behind_runs_work_that_is_due(
     for run in runs:
         info = await _eventually(lambda r=run: _terminal(client, r.id), 60, "the run", hosts)
         assert info.status == "completed"
+
+
+FENCE_TRACE = [
+    ("run.created", None),
+    ("run.started", None),
+    ("stage.started", "b"),
+    ("stage.completed", "b"),
+    ("stage.started", "c"),
+    ("stage.completed", "c"),
+    ("run.completed", None),
+]
+
+
+async def _marker(hosts: Hosts, proc: subprocess.Popen[bytes]) -> bool:
+    assert proc.poll() is None, hosts.logs()
+    return (hosts.work / f"marker-{proc.pid}").exists()
+
+
+async def test_a_worker_paused_past_its_lease_and_resumed_changes_nothing(
+    client: NativeEngine, hosts: Hosts
+) -> None:
+    """A worker SIGSTOPped mid-stage (step x journaled) past its lease: another takes the
+    stage over, replays x and completes the run. Resumed, the paused worker writes nothing
+    over the new owner's work (no event, no outcome), and no journaled step runs again."""
+    paused = hosts.spawn(MH_LEASE_SECONDS="2")
+    run = await client.start("mh-fence", {})
+    await _eventually(lambda: _marker(hosts, paused), 60, "step x journaled", hosts)
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        taker = hosts.spawn(MH_LEASE_SECONDS="2")
+        await _eventually(lambda: _marker(hosts, taker), 90, "the stage taken over", hosts)
+        (hosts.work / "go").write_text("go")
+        info = await _eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
+        assert info.status == "completed"
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    # the resumed worker finds its lease gone; stopped, it has done all it was going to
+    (hosts.work / "stop").write_text("stop")
+    paused.wait(timeout=60)
+    info = await client.get_run(run.id)
+    assert (info.status, info.output, info.stage("b").attempt) == ("completed", "xyc", 1)
+    events = await client.events(run.id)
+    assert [(e.type, e.stage) for e in events] == FENCE_TRACE
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    runs = Counter((pid, what) for pid, r, what in _counts(hosts.work) if r == run.id)
+    assert runs == {
+        (str(paused.pid), "x"): 1,  # journaled, then paused: not run again by the taker
+        (str(taker.pid), "y"): 1,  # journaled by the taker: never run by the resumed worker
+        (str(taker.pid), "c"): 1,
+    }, hosts.logs()
+
+
+async def test_hosts_serving_different_versions_run_only_their_own(
+    client: NativeEngine, hosts: Hosts
+) -> None:
+    """Two hosts deploy different versions of ``mh-ver`` on one database: a run pinned to a
+    version runs only on the host that serves it."""
+    one = hosts.spawn(MH_VERSIONS="1")
+    two = hosts.spawn(MH_VERSIONS="2")
+    runs = {v: [await client.start("mh-ver", {}, version=v) for _ in range(6)] for v in "12"}
+    for v, started in runs.items():
+        for run in started:
+            info = await _eventually(lambda r=run: _terminal(client, r.id), 60, "a run", hosts)
+            assert (info.status, info.output) == ("completed", f"v{v}")
+    who = {r: pid for pid, r, _what in _counts(hosts.work)}
+    assert {who[r.id] for r in runs["1"]} == {str(one.pid)}
+    assert {who[r.id] for r in runs["2"]} == {str(two.pid)}
+    served = {(v.workflow_id, v.version) for v in await client.list_versions()}
+    assert {("mh-ver", "1"), ("mh-ver", "2")} <= served
