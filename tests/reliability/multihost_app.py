@@ -84,13 +84,20 @@ async def fence_b(ctx: StageContext[MhIn]) -> str:
 
     x = await ctx.step.run("x", step_x)
     (_dir() / f"marker-{os.getpid()}").write_text(ctx.run_id)
-    # the test opens the gate (DIR/go) once it has paused this process. The wait holds the
+    # the test opens the gate (DIR/go, then DIR/go2 after step y) once it has paused this
+    # process or locked what it needs. The waits hold the
     # event loop (a stage doing blocking work): resumed, the body goes on at once, before
     # any heartbeat of this worker could find the lease gone
-    while not (_dir() / "go").exists():
-        time.sleep(0.02)  # noqa: ASYNC251
+    _gate("go")
     y = await ctx.step.run("y", step_y)
+    (_dir() / f"after-y-{os.getpid()}").write_text(ctx.run_id)
+    _gate("go2")
     return x + y
+
+
+def _gate(name: str) -> None:
+    while not (_dir() / name).exists():
+        time.sleep(0.02)
 
 
 @fence.stage(id="c", after=["b"])

@@ -11,14 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from driver_native import NativeEngine
+from driver_native import NativeEngine, _schema
 from engine_port import create_engine
 from tests.support.databases import PostgresSession
 
@@ -38,11 +40,17 @@ class Hosts:
         self.work = work
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def spawn(self, **env: str) -> subprocess.Popen[bytes]:
+    def spawn(self, url: str | None = None, **env: str) -> subprocess.Popen[bytes]:
         full = {**os.environ, "PYTHONPATH": str(ROOT), "MH_DIR": str(self.work), **env}
         log = open(self.work / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.multihost_app", self.url, str(self.work)],
+            [
+                sys.executable,
+                "-m",
+                "tests.reliability.multihost_app",
+                url or self.url,
+                str(self.work),
+            ],
             cwd=ROOT,
             env=full,
             stdout=log,
@@ -212,6 +220,7 @@ async def test_a_worker_paused_past_its_lease_and_resumed_changes_nothing(
         taker = hosts.spawn(MH_LEASE_SECONDS="2")
         await _eventually(lambda: _marker(hosts, taker), 90, "the stage taken over", hosts)
         (hosts.work / "go").write_text("go")
+        (hosts.work / "go2").write_text("go")
         info = await _eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
         assert info.status == "completed"
     finally:
@@ -249,3 +258,77 @@ async def test_hosts_serving_different_versions_run_only_their_own(
     assert {who[r.id] for r in runs["2"]} == {str(two.pid)}
     served = {(v.workflow_id, v.version) for v in await client.list_versions()}
     assert {("mh-ver", "1"), ("mh-ver", "2")} <= served
+
+
+def _terminate_blocked(admin: sa.Connection, app: str, holder: sa.Connection) -> int:
+    """Terminate the backends of ``app`` waiting for a lock ``holder`` holds: in the middle of
+    a transaction. (What they were running is not told reliably: pg_stat_activity's query is
+    the last one sent as text, not a statement sent later by the extended protocol.)"""
+    held_by = holder.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+    return int(
+        admin.execute(
+            sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = :app AND :holder = ANY(pg_blocking_pids(pid))"
+            ),
+            {"app": app, "holder": held_by},
+        ).scalar_one()
+    )
+
+
+async def _journaled(engine: NativeEngine, run_id: str, step: str) -> bool:
+    def q(conn: sa.Connection) -> bool:
+        t = _schema.steps
+        stmt = sa.select(t.c.name).where(t.c.run_id == run_id, t.c.name == step, t.c.completed)
+        return conn.execute(stmt).first() is not None
+
+    return await engine.kernel.db.read(q)
+
+
+@pytest.mark.parametrize("held", ["journal", "outcome"])
+async def test_a_connection_killed_while_a_stage_records_is_no_stage_failure(
+    client: NativeEngine, hosts: Hosts, pg_url: str, held: str
+) -> None:
+    """The worker's backend is terminated in the middle of a transaction, held up by a row
+    lock the test takes: the journal of step y (its lease check waits for the job row), or
+    the stage's outcome (it locks the run row). The worker goes on with a new connection:
+    the run completes with the trace of a clean run, attempt 1, no step run twice, and the
+    worker still up."""
+    app = f"wfe-mh-{uuid.uuid4().hex[:8]}"
+    worker = hosts.spawn(url=pg_url + f"&application_name={app}")
+    run = await client.start("mh-fence", {})
+    await _eventually(lambda: _marker(hosts, worker), 60, "step x", hosts)
+    await _eventually(lambda: _journaled(client, run.id, "x"), 60, "step x journaled", hosts)
+    if held == "outcome":
+        (hosts.work / "go").write_text("go")
+        await _eventually(lambda: _journaled(client, run.id, "y"), 60, "step y journaled", hosts)
+    table = _schema.jobs if held == "journal" else _schema.runs
+    key = table.c.run_id if held == "journal" else table.c.id
+    admin_engine = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
+    try:
+        with admin_engine.connect() as holder, admin_engine.connect() as admin:
+            holder.execute(sa.select(table.c.id).where(key == run.id).with_for_update())
+            (hosts.work / ("go" if held == "journal" else "go2")).write_text("go")
+            deadline = time.monotonic() + 60
+            while not _terminate_blocked(admin, app, holder):
+                assert worker.poll() is None, hosts.logs()
+                assert time.monotonic() < deadline, f"the worker never waited:\n{hosts.logs()}"
+                await asyncio.sleep(0.05)
+            holder.rollback()
+    finally:
+        admin_engine.dispose()
+        (hosts.work / "go").write_text("go")
+        (hosts.work / "go2").write_text("go")
+    info = await _eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
+    assert worker.poll() is None, hosts.logs()
+    assert (info.status, info.output, info.stage("b").attempt, info.error) == (
+        "completed",
+        "xyc",
+        1,
+        None,
+    ), hosts.logs()
+    events = await client.events(run.id)
+    assert [(e.type, e.stage) for e in events] == FENCE_TRACE
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    runs = Counter(what for _pid, r, what in _counts(hosts.work) if r == run.id)
+    assert runs == {"x": 1, "y": 1, "c": 1}, hosts.logs()
