@@ -70,6 +70,7 @@ from ._carry import carry, meta_of, whole
 from ._journal import StepJournal, put_small, step_records
 from ._names import FREEZE_CANCELLED_QUERY, TAKE_SIGNAL_UPDATE
 from ._wire import (
+    BLOB_KEYS_CASE_SAFE,
     dlq_key,
     journal_prefix,
     outbox_batch_key,
@@ -338,14 +339,36 @@ def _unconsumed(queues: dict[str, list[Any]], consumed: Sequence[str]) -> dict[s
     return {name: queue for name, queue in left.items() if queue}
 
 
+def _case_safe(task: dict[str, Any]) -> bool:
+    """Whether ``task``'s run makes blob keys unique whatever the case (its start document's
+    ``blob_keys``, handed in the task as ``keys``; absent: a run started before)."""
+    return task.get("keys") == BLOB_KEYS_CASE_SAFE
+
+
 def _journal_of(task: dict[str, Any], compensation: bool) -> str:
     """The journal prefix of ``task``'s stage (or its compensation)."""
     what = "compensate" if compensation else "stage"
-    return journal_prefix(task["run_id"], task["stage_id"], task["redrive"], what)
+    return journal_prefix(
+        task["run_id"], task["stage_id"], task["redrive"], what, case_safe=_case_safe(task)
+    )
+
+
+def _journal(store: BlobStore, task: dict[str, Any], compensation: bool) -> StepJournal:
+    """The step journal of ``task``'s stage (or its compensation)."""
+    return StepJournal(store, _journal_of(task, compensation), case_safe=_case_safe(task))
 
 
 # what every stage of a run's local chain shares with the attempt that heads it
-_RUN_KEYS = ("run_id", "workflow_id", "version", "redrive", "input", "trace_context", "reset")
+_RUN_KEYS = (
+    "run_id",
+    "workflow_id",
+    "version",
+    "redrive",
+    "input",
+    "trace_context",
+    "reset",
+    "keys",
+)
 
 
 class _Beat:
@@ -500,7 +523,7 @@ class DriverActivities:
             return failed, req, {"steps": [], "consumed": []}
         journal: dict[str, dict[str, Any]] = {}
         records = {r["name"]: r for r in task["steps"]}
-        log = StepJournal(self.claim.store, _journal_of(task, compensation))
+        log = _journal(self.claim.store, task, compensation)
         # buffered payloads per signal name, oldest first (a task scheduled before signals
         # queued carries "signals": one payload per name)
         raw_signals: dict[str, list[Any]] = {
@@ -536,7 +559,14 @@ class DriverActivities:
 
         async def spill(rec: StepRecord) -> dict[str, Any]:
             data = record_to_json(rec)
-            key = spill_key(req.run_id, "steps", req.stage_id, task["redrive"], rec.name)
+            key = spill_key(
+                req.run_id,
+                "steps",
+                req.stage_id,
+                task["redrive"],
+                rec.name,
+                case_safe=_case_safe(task),
+            )
             data["result"] = await self.claim.dump(rec.result, key)
             return data
 
@@ -681,7 +711,7 @@ class DriverActivities:
         await self._fill(task, req, outcome, result, compensation, inline=inline)
         name = _outcome_name(activity.info(), task, compensation)
         if name is not None:
-            record = StepJournal(self.claim.store, _journal_of(task, compensation))
+            record = _journal(self.claim.store, task, compensation)
             try:
                 await record.append({"name": name, "kind": "outcome", "doc": result})
             except Exception as exc:  # the store failed: a lost task then runs the try again
@@ -704,7 +734,11 @@ class DriverActivities:
             output = None
             if not compensation:
                 key = spill_key(
-                    req.run_id, "outputs", req.stage_id, f"r{task['redrive']}-a{req.attempt}"
+                    req.run_id,
+                    "outputs",
+                    req.stage_id,
+                    f"r{task['redrive']}-a{req.attempt}",
+                    case_safe=_case_safe(task),
                 )
                 output = await self.claim.dump(outcome.output, key, force=not inline)
             events = [{"type": e.type, "data": e.data} for e in outcome.events]
@@ -917,9 +951,14 @@ class DriverActivities:
         )
 
     @activity.defn(name=READ_JOURNAL_ACTIVITY)
-    async def read_journal(self, run_id: str, stage_id: str, redrive: int) -> list[dict[str, Any]]:
-        """The step records a stage's attempts journaled (see the module docstring)."""
-        log = StepJournal(self.claim.store, journal_prefix(run_id, stage_id, redrive, "stage"))
+    async def read_journal(
+        self, run_id: str, stage_id: str, redrive: int, keys: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The step records a stage's attempts journaled (see the module docstring); ``keys``:
+        the run's ``blob_keys`` (absent: a run started before, or a workflow of its code)."""
+        case_safe = keys == BLOB_KEYS_CASE_SAFE
+        prefix = journal_prefix(run_id, stage_id, redrive, "stage", case_safe=case_safe)
+        log = StepJournal(self.claim.store, prefix, case_safe=case_safe)
         try:
             # without the mark of a signal taken from the run (it only guides a retried try),
             # nor a local try's result document: not a step (a ledger holding one failed the

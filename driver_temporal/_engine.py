@@ -165,7 +165,9 @@ from ._state import MemoStage, RunMemo, StageState
 from ._steps import run_steps
 from ._waiters import DeliveryWaiters
 from ._wire import (
+    BLOB_KEYS_CASE_SAFE,
     deployment_for,
+    journal_stage_part,
     new_run_id,
     run_id_for_key,
     spill_key,
@@ -1274,9 +1276,13 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             state["event_seq"] = max(int(state.get("event_seq") or 0), closing)
             for sid, st in state["stages"].items():
                 if st.get("status") != "completed":
-                    records = await self._activities.read_journal(
-                        run_id, sid, int(state.get("redrive", 0))
-                    )
+                    redrive = int(state.get("redrive", 0))
+                    records = await self._activities.read_journal(run_id, sid, redrive)
+                    if journal_stage_part(sid, True) != journal_stage_part(sid):
+                        # (or where a run with ``blob_keys`` journaled: one of the two)
+                        records += await self._activities.read_journal(
+                            run_id, sid, redrive, BLOB_KEYS_CASE_SAFE
+                        )
                     st["steps"] = {r["name"]: r for r in records}
             return state
         if info.terminal:

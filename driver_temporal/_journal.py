@@ -81,9 +81,10 @@ async def put_small(store: BlobStore, key: str, data: bytes) -> None:
 class StepJournal:
     """Append and read the step records under one journal prefix."""
 
-    def __init__(self, store: BlobStore, prefix: str) -> None:
+    def __init__(self, store: BlobStore, prefix: str, *, case_safe: bool = False) -> None:
         self._store = store
         self._prefix = prefix
+        self._case_safe = case_safe  # (its run's ``blob_keys``: ``journal_key``)
         self._dir: str | None = None
         if isinstance(store, FolderBlobStore):
             # journal_prefix() builds only safe parts (a str path: a ``Path`` join was a
@@ -94,7 +95,7 @@ class StepJournal:
     async def append(self, record: dict[str, Any]) -> None:
         line = pydantic_core.to_json(record) + b"\n"
         if self._dir is None:
-            await self._store.put(journal_key(self._prefix, record["name"]), line)
+            await self._store.put(journal_key(self._prefix, record["name"], self._case_safe), line)
             return
         if self._fd is None:
             os.makedirs(self._dir, exist_ok=True)

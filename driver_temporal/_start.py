@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, field_serializer
 from ._names import NAMES_MARK
 from ._state import StageState
 from ._wire import (
+    BLOB_KEYS_CASE_SAFE,
     CONTINUE_HOLDS_TIMERS,
     EVENTS_VIA_ACTIVITIES,
     EVENTS_VIA_ONE_CARRIER,
@@ -86,6 +87,7 @@ class StartDocument(BaseModel):
     signal_rule: str | None = None
     continue_hold: str | None = None
     suspension_ids: str | None = None
+    blob_keys: str | None = None
     # the starting engine's ``spill_threshold_bytes`` (runs with ``signal_rule``: what an
     # operator's raw signal is stored inline up to)
     spill_threshold: int | None = None
@@ -163,6 +165,7 @@ class StartDocument(BaseModel):
             signal_rule=SIGNALS_CHECKED,
             continue_hold=CONTINUE_HOLDS_TIMERS,
             suspension_ids=SUSPENSION_IDS_BY_STEP,
+            blob_keys=BLOB_KEYS_CASE_SAFE,
             spill_threshold=settings.spill_threshold_bytes,
             stage_activities=settings.temporal_max_stage_activities,
             signal_names=_declared_signals(fields.get("graph")),
@@ -257,6 +260,13 @@ class StartDocument(BaseModel):
         code reports and the workflow's own (``_gated``): the events it delivered keep
         their ids when replayed or emitted again (a reset)."""
         return self.suspension_ids == SUSPENSION_IDS_BY_STEP
+
+    @property
+    def case_safe_keys(self) -> bool:
+        """Its blob keys made of stage ids and step names are unique whatever the case
+        (``_wire._part``); a run started before keeps finding its journals and spilled
+        values where its code put them."""
+        return self.blob_keys == BLOB_KEYS_CASE_SAFE
 
     @property
     def compact_memo(self) -> bool:

@@ -42,11 +42,14 @@ def run_steps(
     what ``read_run_journals`` read."""
     out: list[StepEntry] = []
     for sid in stage_ids:
-        part = journal_stage_part(sid)
+        # its folder in either key shape (``StartDocument.blob_keys``): a run's execution
+        # writes one shape only, and no other stage's folder is named like either
+        parts = dict.fromkeys((journal_stage_part(sid), journal_stage_part(sid, True)))
         state = started.get(sid)
         carried = (state.get("steps") if isinstance(state, dict) else None) or {}
-        steps = _latest([*carried.values(), *journals.get((part, redrive, "stage"), [])])
-        undone = _latest(journals.get((part, redrive, "compensate"), []))
+        journaled = [r for p in parts for r in journals.get((p, redrive, "stage"), [])]
+        steps = _latest([*carried.values(), *journaled])
+        undone = _latest([r for p in parts for r in journals.get((p, redrive, "compensate"), [])])
         out.extend(_entry(sid, r) for r in steps)
         out.extend(_entry(sid + COMPENSATION_LEDGER, r) for r in undone)
     return sorted(out, key=lambda e: (e.stage, e.name))

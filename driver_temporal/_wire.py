@@ -16,6 +16,7 @@ from typing import Any
 from engine_port import StepRecord
 
 __all__ = [
+    "BLOB_KEYS_CASE_SAFE",
     "CONTINUE_HOLDS_TIMERS",
     "EVENTS_VIA_ACTIVITIES",
     "EVENTS_VIA_ONE_CARRIER",
@@ -111,6 +112,12 @@ CONTINUE_HOLDS_TIMERS = "timers"
 # stage.suspended ids name the wait (its step key and deadline: ``Lifecycle.stage_suspended``);
 # absent: numbered by the attempt's suspensions so far, as their code emitted them
 SUSPENSION_IDS_BY_STEP = "steps"
+# the start document's ``blob_keys`` of runs (started since 2026-12-07) whose blob keys made
+# of a stage id or a step name stay apart on a case-insensitive store (a folder store on macOS
+# or Windows): a part with an upper-case letter gets a hash of its exact spelling appended
+# (``_part``), so stages ``A`` and ``a`` no longer share one journal, nor steps ``Charge`` and
+# ``charge`` one spilled result; absent: the parts as they are (where their code put them)
+BLOB_KEYS_CASE_SAFE = "case-safe"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 
@@ -145,9 +152,16 @@ def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def spill_key(run_id: str, *parts: object) -> str:
-    """A blob key under ``runs/<run>/``; free-form parts are hashed so keys stay safe."""
-    safe = [p if isinstance(p, str) and _UNSAFE.sub("", p) == p else _hash(str(p)) for p in parts]
+def spill_key(run_id: str, *parts: object, case_safe: bool = False) -> str:
+    """A blob key under ``runs/<run>/``; free-form parts are hashed so keys stay safe, and
+    with ``case_safe`` (a run with ``blob_keys``) a part with an upper-case letter gets the
+    hash of its exact spelling appended (``_part``)."""
+    safe = [
+        (_part(p, case_safe) if p else p)
+        if isinstance(p, str) and _UNSAFE.sub("", p) == p
+        else _hash(str(p))
+        for p in parts
+    ]
     return "/".join(["runs", run_id, *safe]) + ".json"
 
 
@@ -155,25 +169,42 @@ def _safe(part: str) -> str:
     return part if part and _UNSAFE.sub("", part) == part else _hash(part)
 
 
+def _part(part: str, case_safe: bool) -> str:
+    """One key part made of a name (a stage id, a step name). ``case_safe``: unique whatever
+    the case, as a case-insensitive filesystem compares names (the folder store on macOS,
+    Windows): a name with an upper-case letter becomes ``<name>.<hash of the name>``. A name
+    without one stays as it is, and holds no '.' (nor does a hash): no two names give parts
+    equal under ``.lower()``. Without: the name as it is when safe (runs started before
+    ``blob_keys``: ``A`` and ``a`` shared one part there)."""
+    safe = _safe(part)
+    if not case_safe or safe != part or part.lower() == part:
+        return safe
+    return f"{part}.{_hash(part)[:12]}"
+
+
 def journal_run_prefix(run_id: str) -> str:
     """Where every step journal of a run lives (each stage's, each redrive's)."""
     return f"runs/{_safe(run_id)}/steps/"
 
 
-def journal_stage_part(stage_id: str) -> str:
-    """The folder of a stage's journals under ``journal_run_prefix``."""
-    return _safe(stage_id)
+def journal_stage_part(stage_id: str, case_safe: bool = False) -> str:
+    """The folder of a stage's journals under ``journal_run_prefix`` (``case_safe``: a run
+    with ``blob_keys``)."""
+    return _part(stage_id, case_safe)
 
 
-def journal_prefix(run_id: str, stage_id: str, redrive: int, kind: str) -> str:
+def journal_prefix(
+    run_id: str, stage_id: str, redrive: int, kind: str, *, case_safe: bool = False
+) -> str:
     """Where one stage's step journal lives (``kind`` = ``stage`` or ``compensate``):
     ``<journal_run_prefix><journal_stage_part>/r<redrive>/<kind>/``."""
-    return f"{journal_run_prefix(run_id)}{journal_stage_part(stage_id)}/r{int(redrive)}/{kind}/"
+    part = journal_stage_part(stage_id, case_safe)
+    return f"{journal_run_prefix(run_id)}{part}/r{int(redrive)}/{kind}/"
 
 
-def journal_key(prefix: str, step_name: str) -> str:
+def journal_key(prefix: str, step_name: str, case_safe: bool = False) -> str:
     """One step's record as its own blob (stores that cannot append)."""
-    return f"{prefix}{_safe(step_name)}.json"
+    return f"{prefix}{_part(step_name, case_safe)}.json"
 
 
 def journal_log_key(prefix: str) -> str:

@@ -1175,6 +1175,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "output": st.output if compensation else None,
             "trace_context": self._start.trace_context,
         }
+        if self._start.case_safe_keys:
+            # (its blob keys: ``_wire._part``; data of the activity's input only, absent in
+            # the tasks of a run started before, whose journals stay where they are)
+            task["keys"] = self._start.blob_keys
         if new is not None:
             # a new attempt (first try, retry, redrive): the ledger's steps are earlier
             # attempts', so its log line says "stage started", not "stage resumed"; data of
@@ -1315,7 +1319,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
     async def _journaled(self, sid: str) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = await workflow.execute_local_activity(
             READ_JOURNAL_ACTIVITY,
-            args=[self._run_id, sid, self._redrive],
+            args=[self._run_id, sid, self._redrive]
+            + ([self._start.blob_keys] if self._start.case_safe_keys else []),
             result_type=list,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=_STORE_RETRY,
