@@ -37,6 +37,7 @@ from engine_port.driver import (
     Clock,
     StepEntry,
     check_export_target,
+    check_import_blobs,
     check_import_call,
     check_list_call,
     check_page_call,
@@ -553,6 +554,9 @@ class NativeEngine(WorkflowEngine):
 
     async def import_run(self, snapshot: RunSnapshot | Mapping[str, Any]) -> RunInfo:
         snapshot = check_import_call(snapshot)
+        # (every spilled value it refers to readable here before the run is written: a
+        # failed import leaves nothing behind)
+        await check_import_blobs(snapshot, self.kernel.claim.store)
         if snapshot.graph is not None:
             graph = GraphModel.model_validate(snapshot.graph)
         else:

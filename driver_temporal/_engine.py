@@ -103,6 +103,7 @@ from engine_port.driver import (
     GraphModel,
     StepEntry,
     check_export_target,
+    check_import_blobs,
     check_import_call,
     check_list_call,
     check_payload_size,
@@ -1428,7 +1429,11 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
 
     @_rpc.surfaced("import_run")
     async def import_run(self, snapshot: RunSnapshot | Mapping[str, Any]) -> RunInfo:
-        return await _moving.import_run(self, check_import_call(snapshot))
+        snapshot = check_import_call(snapshot)
+        # (every spilled value it refers to readable here before anything is written: a
+        # failed import leaves no run, nor an idempotency key claimed for it)
+        await check_import_blobs(snapshot, self.blob_store)
+        return await _moving.import_run(self, snapshot)
 
     async def _helper(self, workflow_id: str, version: str) -> None:
         await _moving.helper(self, workflow_id, version)

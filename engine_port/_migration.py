@@ -27,9 +27,17 @@ from .errors import (
     MigrationError,
     RunNotActiveError,
     RunNotFoundError,
+    SpilledPayloadUnavailableError,
 )
 
-__all__ = ["MigrationReport", "RunMove", "keyed_repeat", "migrate_run", "migrate_runs"]
+__all__ = [
+    "MigrationReport",
+    "RunMove",
+    "check_import_blobs",
+    "keyed_repeat",
+    "migrate_run",
+    "migrate_runs",
+]
 
 
 def keyed_repeat(info: RunInfo) -> RunInfo:
@@ -62,15 +70,15 @@ class MigrationReport(BaseModel):
         return sum(m.outcome == outcome for m in self.moves)
 
 
-def _spill_keys(value: Any, prefix: str, out: set[str]) -> None:
+def _spill_keys(value: Any, prefix: str | None, out: set[str]) -> None:
     """The blob keys of the references in a snapshot: boxed user values are not looked into,
-    and only keys under the run's own prefix count."""
+    and only keys under the run's own ``prefix`` count (None: every key)."""
     if isinstance(value, dict):
         if INLINE_MARKER in value and len(value) == 1:
             return
         key = ClaimCheck.key_of(value)
         if key is not None:
-            if key.startswith(prefix):
+            if prefix is None or key.startswith(prefix):
                 out.add(key)
             return
         for v in value.values():
@@ -78,6 +86,28 @@ def _spill_keys(value: Any, prefix: str, out: set[str]) -> None:
     elif isinstance(value, list):
         for v in value:
             _spill_keys(v, prefix, out)
+
+
+async def check_import_blobs(snapshot: RunSnapshot, store: BlobStore) -> None:
+    """Before an import writes anything: every spilled value ``snapshot`` refers to lies
+    under its run's own prefix and is in ``store`` (the importing engine's), else
+    SpilledPayloadUnavailableError naming the first one that is not. An import wrote the run
+    and only then failed to read such a value: the run stayed behind, and reading it failed
+    (a snapshot whose run id was edited: its references lie under the old id's prefix; a
+    move whose blobs were not copied to the target's store)."""
+    keys: set[str] = set()
+    _spill_keys(snapshot.model_dump(mode="json"), None, keys)
+    prefix = run_prefix(snapshot.run_id)
+    for key in sorted(keys):
+        if not key.startswith(prefix):
+            raise SpilledPayloadUnavailableError(
+                key,
+                f"it lies outside run {snapshot.run_id!r}'s own prefix {prefix!r} (was the "
+                "snapshot's run id edited?); import the snapshot export_run() gave, unedited",
+            )
+    for key in sorted(keys):
+        if not await store.has(key):
+            raise SpilledPayloadUnavailableError(key)
 
 
 async def copy_blobs(snapshot: RunSnapshot, source: BlobStore, target: BlobStore) -> int:

@@ -72,7 +72,7 @@ from ._limits import (
     check_workflow_ids,
     safe_error_message,
 )
-from ._migration import keyed_repeat
+from ._migration import check_import_blobs, keyed_repeat
 from ._models import (
     ACTIVE_RUN_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -126,6 +126,7 @@ __all__ = [
     "UnsupportedFeatureError",
     "WorkflowEngine",
     "check_export_target",
+    "check_import_blobs",
     "check_import_call",
     "check_key",
     "check_list_call",

@@ -24,7 +24,7 @@ from engine_port import (
     migrate_run,
     open_blob_store,
 )
-from engine_port.errors import MigrationError
+from engine_port.errors import MigrationError, SpilledPayloadUnavailableError
 
 
 class Big(BaseModel):
@@ -97,22 +97,48 @@ async def test_a_run_with_spilled_values_moves_between_blob_stores(tmp_path: Pat
 
 
 async def test_an_import_that_fails_after_committing_leaves_the_run_frozen(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Blobs copied into the wrong store: the target imported the run, then failed to read
-    it. The source unfroze the run, so it was live on both. Now it stays frozen there (a
-    signal is refused with the retry-me error) and a rerun finishes the move once."""
+    """The target imported the run, then failed (here: reading it back). The source unfroze
+    the run, so it was live on both. Now it stays frozen there (a signal is refused with the
+    retry-me error) and a rerun finishes the move once."""
     async with _parked_run(tmp_path) as (src, dst, run_id):
-        wrong = open_blob_store(f"file://{tmp_path / 'elsewhere'}")
-        right = open_blob_store(f"file://{tmp_path / 'src-blobs'}")
+        read = dst.get_run
+        failures = [OSError("disk gone")]
+
+        async def get_run(rid: str) -> Any:
+            if failures:
+                raise failures.pop()
+            return await read(rid)
+
+        monkeypatch.setattr(dst, "get_run", get_run)
         with pytest.raises(MigrationError, match="run the migration again"):
-            await migrate_run(src, dst, run_id, blobs=(right, wrong))
+            await migrate_run(src, dst, run_id)
         with pytest.raises(MigrationError, match="being moved"):
             await src.signal(run_id, "go", {"early": True})
         move = await migrate_run(src, dst, run_id)
         assert move.outcome == "moved", move
         assert (await src.get_run(run_id)).status == RunStatus.MIGRATED
         assert [r.id for r in await dst.list_runs(outputs=False)] == [run_id]
+        await _finishes_on(dst, run_id)
+
+
+async def test_blobs_copied_into_the_wrong_store_fail_the_import_before_it_writes(
+    tmp_path: Path,
+) -> None:
+    """Blobs copied into a store the target does not read: the import wrote the run and
+    only then failed to read its input (the case above). Now it refuses before writing
+    anything: the run goes on at the source, the target holds nothing, and the move with
+    the right stores succeeds."""
+    async with _parked_run(tmp_path) as (src, dst, run_id):
+        wrong = open_blob_store(f"file://{tmp_path / 'elsewhere'}")
+        right = open_blob_store(f"file://{tmp_path / 'src-blobs'}")
+        with pytest.raises(SpilledPayloadUnavailableError):
+            await migrate_run(src, dst, run_id, blobs=(right, wrong))
+        assert await dst.list_runs(outputs=False) == []
+        assert (await src.get_run(run_id)).status == RunStatus.SUSPENDED
+        move = await migrate_run(src, dst, run_id)
+        assert move.outcome == "moved", move
         await _finishes_on(dst, run_id)
 
 

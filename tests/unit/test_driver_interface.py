@@ -45,6 +45,7 @@ INTERFACE = [
     "WORKING_RUN_STATUSES",
     "WorkflowEngine",
     "check_export_target",
+    "check_import_blobs",
     "check_import_call",
     "check_key",
     "check_list_call",
