@@ -112,7 +112,7 @@ CONTINUE_HOLDS_TIMERS = "timers"
 # stage.suspended ids name the wait (its step key and deadline: ``Lifecycle.stage_suspended``);
 # absent: numbered by the attempt's suspensions so far, as their code emitted them
 SUSPENSION_IDS_BY_STEP = "steps"
-# the start document's ``blob_keys`` of runs (started since 2026-12-07) whose blob keys made
+# the start document's ``blob_keys`` of runs (started since 2026-12-06) whose blob keys made
 # of a stage id or a step name stay apart on a case-insensitive store (a folder store on macOS
 # or Windows): a part with an upper-case letter gets a hash of its exact spelling appended
 # (``_part``), so stages ``A`` and ``a`` no longer share one journal, nor steps ``Charge`` and
