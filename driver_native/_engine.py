@@ -561,7 +561,13 @@ class NativeEngine(WorkflowEngine):
             graph = GraphModel.model_validate(snapshot.graph)
         else:
             graph = self.registry.graph(snapshot.workflow_id, snapshot.version)
-        await self.kernel.db.tx(_migration.import_snapshot, snapshot, graph, self.kernel.now())
+        await self.kernel.db.tx(
+            _migration.import_snapshot,
+            snapshot,
+            graph,
+            self.kernel.now(),
+            self.settings.max_pending_signals,
+        )
         self._wake()
         return await self.get_run(snapshot.run_id)
 

@@ -192,8 +192,16 @@ def abort_export(conn: Connection, run_id: str) -> None:
     conn.execute(sa.update(runs).where(runs.c.id == run_id).values(frozen=False))
 
 
-def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now: float) -> bool:
-    """Create the run from ``snap``; False when it is already here (a rerun). A run that
+def import_snapshot(
+    conn: Connection,
+    snap: RunSnapshot,
+    graph: GraphModel,
+    now: float,
+    max_pending: int | None = None,
+) -> bool:
+    """Create the run from ``snap``; False when it is already here (a rerun). ``max_pending``:
+    the importing engine's ``max_pending_signals``, the run's bound from now on (as a Temporal
+    import starts the run with the importing engine's). A run that
     moved away from here earlier and comes back replaces what it left here (its events
     stay). A run this database is exporting is refused: the target is the source."""
     existing = try_run(conn, snap.run_id)
@@ -214,7 +222,7 @@ def import_snapshot(conn: Connection, snap: RunSnapshot, graph: GraphModel, now:
         if other is not None:
             raise IdempotencyConflictError(snap.idempotency_key, other.id)
     save_definition(conn, graph, now)
-    _insert_run(conn, snap, now)
+    _insert_run(conn, snap, now, max_pending)
     _insert_stages(conn, snap, now)
     _insert_signals(conn, snap, now)
     _insert_many(
@@ -249,7 +257,7 @@ def _drop_left_behind(conn: Connection, run_id: str) -> None:
     conn.execute(sa.delete(runs).where(runs.c.id == run_id))
 
 
-def _insert_run(conn: Connection, snap: RunSnapshot, now: float) -> None:
+def _insert_run(conn: Connection, snap: RunSnapshot, now: float, max_pending: int | None) -> None:
     """The run row, running (or pending if it never started) and not frozen."""
     status = RunStatus.PENDING if snap.status == RunStatus.PENDING else RunStatus.RUNNING
     conn.execute(
@@ -270,6 +278,7 @@ def _insert_run(conn: Connection, snap: RunSnapshot, now: float) -> None:
             deadline=_ts(snap.deadline),
             created_at=_ts(snap.created_at) or now,
             updated_at=now,
+            max_pending_signals=max_pending,
         )
     )
 

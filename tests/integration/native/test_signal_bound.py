@@ -4,12 +4,20 @@ consumes one, signals are accepted again."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from driver_native import process_available_jobs
-from engine_port import StageContext, Workflow
+from driver_native import NativeEngine, process_available_jobs
+from engine_port import (
+    EngineSettings,
+    Registry,
+    StageContext,
+    Workflow,
+    create_engine,
+    migrate_runs,
+)
 from engine_port.errors import EngineError, SignalQueueFullError
 
 from . import workflows as w
@@ -81,3 +89,34 @@ async def test_the_bound_is_the_runs_own_whatever_the_sender_is_configured_with(
     for i in range(3):  # a stricter sender does not refuse what the run's bound allows
         await starter.signal(other.id, "junk", {"i": i})
     assert await count_rows(starter, "wfe_signal_queue", run_id=other.id) == 3
+
+
+async def test_an_imported_run_takes_the_importing_engines_bound(
+    make_engine: MakeEngine, tmp_path: Path
+) -> None:
+    """A run moved in keeps the bound of the engine that imported it, as a Temporal import
+    starts the run with the importing engine's settings."""
+    source = await make_engine(w.waiter, max_pending_signals=50)
+    run = await source.start("it-waiter", {"n": 1})
+    await process_available_jobs(source.kernel, 20)  # (parked on its wait)
+    settings = EngineSettings(
+        database_url=f"sqlite:///{tmp_path / 'target.db'}",
+        blob_url=f"file://{tmp_path / 'blobs'}",
+        max_pending_signals=2,
+    )
+    target = create_engine(settings, Registry([w.waiter]))
+    roomy = settings.model_copy(update={"max_pending_signals": 50})
+    sender = create_engine(roomy, Registry([w.waiter]))
+    assert isinstance(target, NativeEngine) and isinstance(sender, NativeEngine)
+    await target.connect()
+    await sender.connect()
+    try:
+        await migrate_runs(source, target, run_ids=[run.id])
+        for i in range(2):
+            await sender.signal(run.id, "junk", {"i": i})
+        with pytest.raises(SignalQueueFullError) as caught:
+            await sender.signal(run.id, "junk", {"i": 2})
+        assert caught.value.limit == 2
+    finally:
+        await sender.close()
+        await target.close()
