@@ -133,7 +133,7 @@ async def test_v15_turns_errors_reset_to_json_null_into_sql_null(
             return [(r[0], bool(r[1]), bool(r[2])) for r in rows] + [("run", *map(bool, run))]
 
         db.tx_sync(reset_as_old_code_did)
-        assert db.upgrade() == [15, 16, 17]
+        assert db.upgrade()[:2] == [15, 16]
         assert db.tx_sync(nulls) == [
             ("a", True, True),
             ("b", True, False),
@@ -170,7 +170,7 @@ async def test_v16_adds_step_meta_and_reads_older_steps_as_they_were_written(
             conn.execute(sa.text("UPDATE wfe_schema SET version = 15"))
 
         db.tx_sync(as_v15)
-        assert db.upgrade() == [16, 17]
+        assert db.upgrade()[:1] == [16]
         [old] = db.tx_sync(lambda c: c.execute(sa.select(_schema.steps)).all())
         record = step_record(old)
         assert record.meta is None and record.timed_out
@@ -192,7 +192,7 @@ async def test_v17_keeps_the_starting_engines_bound_and_older_runs_take_the_send
         conn.execute(sa.text("UPDATE wfe_schema SET version = 16"))
 
     engine.kernel.db.tx_sync(as_v16)
-    assert engine.kernel.db.upgrade() == [17]
+    assert engine.kernel.db.upgrade()[:1] == [17]
     sender = await make_engine(w.waiter, max_pending_signals=2)
     for i in range(2):  # (its run row has no bound: the sender's 2, not the starter's 1)
         await sender.signal(old.id, "junk", i)
