@@ -177,6 +177,11 @@ from ._wire import (
 )
 from ._workflow import START_MEMO
 
+MAX_STAGE_EVENT_BYTES = 2_000_000
+"""The most the business events of one stage attempt weigh together on Temporal (as JSON, as
+its activity's result carries them): room for the rest of that result under the 2 MiB payload
+Temporal refuses (60,000 small events, 1.9 MB, still go through, as they did before)."""
+
 __all__ = ["TemporalEngine", "create_temporal_engine"]
 
 # wait(): how long the close long poll runs alone before the run's status is first peeked at;
@@ -271,6 +276,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         )
         self.claim = ClaimCheck(self.blob_store, settings.spill_threshold_bytes)
         self.runner = StageRunner.for_settings(registry, clock, settings)
+        # a stage's events ride inline in its activity's result and then in the run's outbox
+        # (carried to later activities): past Temporal's payload limit the server refuses the
+        # result and the run never ends, so a stage emitting more fails instead
+        self.runner.max_event_bytes = min(settings.max_payload_bytes, MAX_STAGE_EVENT_BYTES)
+        self.runner.event_bound = (
+            "the Temporal driver's limit on the events of one stage attempt: Temporal carries "
+            "them inline and refuses a payload over 2 MB"
+        )
         self.heartbeat_timeout = heartbeat_timeout
         self.connect_timeout = connect_timeout
         self.signal_timeout = signal_timeout

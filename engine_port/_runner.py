@@ -13,7 +13,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,7 +27,7 @@ from ._limits import check_json, safe_error_message
 from ._models import ErrorInfo
 from ._payload_limit import DEFAULT_MAX_PAYLOAD_BYTES, SizeCheckedLedger, check_payload_size
 from ._registry import Registry
-from ._serde import JSON, json_copy, to_json_value, validate_as
+from ._serde import JSON, dumps, json_copy, to_json_value, validate_as
 from ._settings import EngineSettings
 from ._stage_log import StageLog
 from ._sync_executor import SyncStageExecutor
@@ -36,6 +36,7 @@ from ._tracebacks import format_user_traceback
 from .errors import (
     DefinitionError,
     InvalidInputError,
+    PayloadTooLargeError,
     SerializationError,
     SpilledPayloadUnavailableError,
     StageExitError,
@@ -379,6 +380,11 @@ class StageRunner:
         self.cancel_grace = cancel_grace
         self.default_timeout = default_timeout
         self.max_payload_bytes = max_payload_bytes
+        self.max_event_bytes: int | None = None
+        """The most the business events of one attempt may weigh together, as JSON (None: no
+        bound); a driver whose backend carries them in one message of bounded size sets it
+        (Temporal: a stage activity's result), with ``event_bound`` saying why."""
+        self.event_bound = ""
         # sync bodies run here, never in the loop's default executor (blob I/O uses that one);
         # no thread starts before the first sync body, and close() stops the idle ones
         self.sync_threads = sync_threads
@@ -581,6 +587,7 @@ class StageRunner:
             check_payload_size(output, f"output of stage {stage.id!r}", self.max_payload_bytes)
             if stage.output_type not in (Any, None):
                 validate_as(stage.output_type, output)
+            self._check_events(stage, ctx.events)
         except (SerializationError, InvalidInputError) as exc:
             return Failed(ErrorInfo.of(exc, stage.id), retryable=False)
         except Exception as exc:
@@ -589,6 +596,19 @@ class StageRunner:
             )
             return Failed(ErrorInfo.of(err, stage.id), retryable=False)
         return Completed(output, tuple(ctx.events))
+
+    def _check_events(self, stage: Stage, events: Sequence[BusinessEvent]) -> None:
+        """PayloadTooLargeError when the attempt's events weigh more than ``max_event_bytes``
+        together: the attempt fails (never retried: the same body emits the same events)
+        instead of a result its backend refuses (a Temporal run emitting a 3 MB event stayed
+        running for ever)."""
+        limit = self.max_event_bytes
+        if limit is None or not events:
+            return
+        size = len(dumps([{"type": e.type, "data": e.data} for e in events]))
+        if size > limit:
+            what = f"the events stage {stage.id!r} emitted ({len(events):,})"
+            raise PayloadTooLargeError(what, size, limit, bound=self.event_bound)
 
     def _measure(
         self,

@@ -104,12 +104,17 @@ class InvalidInputError(EngineError):
 class PayloadTooLargeError(InvalidInputError):
     """A value (run input, signal payload, step result, stage output) over max_payload_bytes."""
 
-    def __init__(self, what: str, size: int, limit: int) -> None:
-        EngineError.__init__(
-            self,
-            f"{what} is {size:,} bytes as JSON, over the limit of {limit:,} bytes "
+    def __init__(self, what: str, size: int, limit: int, *, bound: str | None = None) -> None:
+        """``bound``: what sets ``limit`` when it is not the ``max_payload_bytes`` setting (a
+        backend's own limit, which no setting raises)."""
+        advice = (
             "(max_payload_bytes); keep large data in your own store and pass a reference to "
-            "it, or raise max_payload_bytes",
+            "it, or raise max_payload_bytes"
+            if bound is None
+            else f"({bound}); keep large data in your own store and pass a reference to it"
+        )
+        EngineError.__init__(
+            self, f"{what} is {size:,} bytes as JSON, over the limit of {limit:,} bytes {advice}"
         )
         self.workflow_id = ""
         self.fields = (what,)

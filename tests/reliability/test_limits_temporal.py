@@ -29,6 +29,9 @@ async def test_temporal_refuses_oversized_values(temporal_server: Any, tmp_path:
     async def produce(ctx: StageContext[Text]) -> Any:
         if ctx.input.text == "wait":
             return await ctx.step.wait_for_signal("go")
+        if ctx.input.text == "emit":
+            ctx.emit("big", {"blob": "e" * ctx.input.size})
+            return None
         return "o" * ctx.input.size
 
     settings = EngineSettings(
@@ -53,4 +56,14 @@ async def test_temporal_refuses_oversized_values(temporal_server: Any, tmp_path:
         info = await engine.wait(big.id, timeout=60)
         assert info.status == "failed"
         assert info.error is not None and info.error.type == "PayloadTooLargeError"
+        assert info.stage("produce").attempt == 1
+
+        # a stage's events ride inline in its activity's result: past Temporal's 2 MB payload
+        # limit the server refused that result and the run stayed running for ever; now the
+        # attempt fails, not retried (max_payload_bytes is not what bounds them here)
+        loud = await engine.start(wf.id, {"text": "emit", "size": 2_500_000})
+        info = await engine.wait(loud.id, timeout=60)
+        assert info.status == "failed"
+        assert info.error is not None and info.error.type == "PayloadTooLargeError"
+        assert "events" in info.error.message and "Temporal" in info.error.message
         assert info.stage("produce").attempt == 1
