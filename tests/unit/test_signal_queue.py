@@ -12,6 +12,7 @@ class _Queue(SignalHandlers):
     def __init__(self, *payloads: tuple[str, Any]) -> None:
         self._signals = [{"name": n, "payload": p, "idempotency_key": None} for n, p in payloads]
         self._lent = {}
+        self._reserved = {}
         self._held = {}
         self._holder_rule = False
 
