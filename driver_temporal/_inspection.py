@@ -16,6 +16,7 @@ indexes); ``get_run`` asks the run for its stages in between (``_current``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from temporalio import workflow
@@ -55,6 +56,7 @@ class RunInspection:
     _sa: tuple[str, str] | None
     _memo_at: tuple[Any, ...] | None
     _info: dict[str, Any]
+    _memo_within_budget: Callable[[dict[str, Any], int | None], None]  # (``_budget``)
     _error: dict[str, Any] | None
     _comp_errors: list[dict[str, Any]]
     _redrive: int
@@ -175,6 +177,8 @@ class RunInspection:
         )
         # (what ``run_info`` answers and a replay of the history reads: always current)
         self._info = memo.to_json()
+        # (runs with ``carry_budget``: outputs past it go to the BlobStore, ``_budget``)
+        self._memo_within_budget(self._info, self._start.carry_budget)
         if lag:
             key = self._memo_key(status, current)
             if key == self._memo_at:

@@ -24,6 +24,7 @@ from ._names import NAMES_MARK
 from ._state import StageState
 from ._wire import (
     BLOB_KEYS_CASE_SAFE,
+    CARRY_BUDGET,
     CONTINUE_HOLDS_TIMERS,
     EVENTS_VIA_ACTIVITIES,
     EVENTS_VIA_ONE_CARRIER,
@@ -136,6 +137,10 @@ class StartDocument(BaseModel):
     # does not count toward ``max_pending_signals`` while its attempt runs; a run started
     # before counted it until the attempt reported, and replays so
     frees_taken: bool = False
+    # (runs started since 2026-12-06) the most bytes of business values the stage activities
+    # of one workflow task carry inline; past it the larger ones go to the BlobStore behind a
+    # reference (``_budget.CarryBudget``); None: a run started before, which carries them all
+    carry_budget: int | None = None
 
     @classmethod
     def for_engine(
@@ -148,6 +153,7 @@ class StartDocument(BaseModel):
             default_stage_timeout_s=settings.default_stage_timeout,
             max_pending_signals=settings.max_pending_signals,
             frees_taken=True,
+            carry_budget=CARRY_BUDGET,
             dead_letter_after=settings.dead_letter_after,
             dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
             outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,

@@ -17,6 +17,7 @@ from engine_port import StepRecord
 
 __all__ = [
     "BLOB_KEYS_CASE_SAFE",
+    "CARRY_BUDGET",
     "CONTINUE_HOLDS_TIMERS",
     "EVENTS_VIA_ACTIVITIES",
     "EVENTS_VIA_ONE_CARRIER",
@@ -150,6 +151,13 @@ def deployment_for(task_queue: str) -> str:
 
 def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+CARRY_BUDGET = 1_000_000
+"""(``StartDocument.carry_budget``) The most bytes of business values (run input, upstream
+outputs, a compensated output) the stage activities of one workflow task carry inline: well
+under Temporal's 4 MB completion and 2 MiB payload limits, with room for the rest of each
+activity's input."""
 
 
 def spill_key(run_id: str, *parts: object, case_safe: bool = False) -> str:

@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from engine_port.errors import RunTimeoutError
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
+    from ._budget import CarryBudget
     from ._carry import carried_failure, carry, carry_info, meta_of
     from ._freezing import Migrated, MigrationHandlers
     from ._inspection import RunInspection
@@ -216,7 +217,7 @@ def _named_signal(
 
 
 @workflow.defn(dynamic=True)
-class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbox):
+class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbox, CarryBudget):
     """Interprets a GraphModel passed in the start input (see ``_engine.TemporalEngine``)."""
 
     def __init__(self) -> None:
@@ -231,6 +232,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._holder_rule = False
         self._outbox: list[dict[str, Any]] = []  # events not yet delivered (``_outbox``)
         self._init_outbox()
+        self._init_budget()
         self._closing = False
         self._final = False
         self._info: dict[str, Any] = {}
@@ -1047,6 +1049,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if not (in_process or compensation):
             self._tokens += 1
             task["token"] = self._tokens
+        # (runs with ``carry_budget``: a fan-out's inputs past it go to the BlobStore; a
+        # local activity's input is no command)
+        self._within_budget(task, None if in_process else self._start.carry_budget)
         carrier = self._carry_events(task)
         args, result_type = self._activity_args(task, compensation)
         try:

@@ -67,3 +67,47 @@ async def test_temporal_refuses_oversized_values(temporal_server: Any, tmp_path:
         assert info.error is not None and info.error.type == "PayloadTooLargeError"
         assert "events" in info.error.message and "Temporal" in info.error.message
         assert info.stage("produce").attempt == 1
+
+
+async def test_temporal_fan_out_of_sizeable_values_completes(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    """Each value under the spill threshold rides inline, but a 1 -> 80 fan-out of a 60 KB
+    output scheduled 4.8 MB of activity inputs in one workflow task (Temporal terminated the
+    run: GrpcMessageTooLarge), the join's input carried 80 such outputs (over 2 MiB) and the
+    run's memo showed them all (the last workflow task failed for ever). The native driver
+    completes it; so does this one now, the values past the budget in the blob store."""
+    wf = Workflow(f"wide-values-{uuid.uuid4().hex[:6]}", input=Text)
+    width, size = 80, 60_000
+
+    @wf.stage
+    async def root(ctx: StageContext[Text]) -> str:
+        return "r" * size
+
+    middles = []
+    for i in range(width):
+
+        async def middle(ctx: StageContext[Text]) -> str:
+            return str(ctx.output_of("root"))[:1] + "o" * (size - 1)
+
+        middle.__name__ = f"m{i}"
+        middles.append(wf.stage(id=f"m{i}", after=[root])(middle))
+
+    @wf.stage(after=middles)
+    async def join(ctx: StageContext[Text]) -> int:
+        return sum(len(str(ctx.output_of(m))) for m in middles)
+
+    settings = EngineSettings(
+        driver="temporal",
+        temporal_address=temporal_server.address,
+        task_queue=f"lim-{uuid.uuid4().hex[:8]}",
+        blob_url=f"file://{tmp_path / 'blobs'}",
+    )
+    async with create_engine(settings, Registry([wf])) as engine, engine.worker():
+        run = await engine.start(wf.id, {})
+        info = await engine.wait(run.id, timeout=120)
+        assert info.status == "completed", info.error
+        assert info.output == width * size
+        got = await engine.get_run(run.id)
+        assert got.stage("m7").output == "r" + "o" * (size - 1)
+        assert got.stage("root").output == "r" * size
