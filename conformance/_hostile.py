@@ -1,5 +1,5 @@
 """Scenario: user JSON shaped like engine metadata (DESIGN §5 "Claim check": references are
-engine metadata, never user data; issue 11).
+engine metadata, never user data; issue 11); event data over ``max_payload_bytes``.
 
 A run's input, step result, signal payload and stage output may be any JSON, including
 ``{"$wfe_spill": {"key": ...}}`` naming another run's spilled blob, or a malformed
@@ -14,7 +14,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from engine_port import MemoryBlobStore, MemorySink, Registry, RunStatus, StageContext, Workflow
+from engine_port import (
+    MemoryBlobStore,
+    MemorySink,
+    Registry,
+    Retry,
+    RunStatus,
+    StageContext,
+    Workflow,
+)
 
 from ._harness import CONTRACT_MARKS, Harness, eventually, unique_id, wait_for_events
 
@@ -58,8 +66,27 @@ def _echo() -> Workflow[Loose]:
     return wf
 
 
+def _big_events(size: int) -> Workflow[Loose]:
+    """Stage ``body`` emits a small event, then one whose data is ``size`` bytes (in the stage
+    body, or, with input ``{"in_step": true}``, inside a step's function); it would be
+    retried twice on any error that is retryable."""
+    wf = Workflow(unique_id("bigevent"), input=Loose)
+
+    @wf.stage(retry=Retry(max_attempts=3, initial_interval=timedelta(milliseconds=10)))
+    async def body(ctx: StageContext[Loose]) -> str:
+        ctx.emit("small", {"n": 1})
+        if ctx.input.model_dump().get("in_step"):
+            await ctx.step.run("emits", lambda: ctx.emit("big", {"blob": "x" * size}))
+        else:
+            ctx.emit("big", {"blob": "x" * size})
+        return "done"
+
+    return wf
+
+
 class HostileDataContract:
-    """No user JSON is ever read as a spill reference, on any driver."""
+    """No user JSON is ever read as a spill reference, on any driver; no event data over
+    ``max_payload_bytes`` is accepted."""
 
     pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
@@ -221,3 +248,36 @@ class HostileDataContract:
                     if key is not None:
                         assert await page(idempotency_key=key) == [run_id], key
                 assert await page(idempotency_key="k") == []
+
+    async def test_event_data_over_max_payload_bytes_fails_the_attempt_for_good(
+        self, harness: Harness
+    ) -> None:
+        """Event data is a user value like a step result: over ``max_payload_bytes`` the
+        emit raises PayloadTooLargeError and the stage fails without a retry (the same body
+        emits the same event), in the body or in a step; nothing of the run reaches the sink.
+        Native accepted a 70 MB event into its outbox, unbounded."""
+        limit = 50_000
+        big = _big_events(limit + 1_000)
+        # (well under: on Temporal one attempt's events together are bounded by the limit too)
+        fits = _big_events(limit // 2)
+        sink = MemorySink()
+        async with (
+            harness.engine(Registry([big, fits]), sink, max_payload_bytes=limit) as engine,
+            engine.worker(),
+        ):
+            for in_step in (False, True):
+                run = await engine.start(big.id, {"in_step": in_step})
+                info = await engine.wait(run.id, timeout=60)
+                assert info.status == RunStatus.FAILED, (in_step, info)
+                stage = info.stage("body")
+                assert stage.attempt == 1, (in_step, stage)
+                assert stage.error is not None, in_step
+                assert stage.error.type == "PayloadTooLargeError", (in_step, stage.error)
+                assert "data of event 'big'" in stage.error.message
+                assert "max_payload_bytes" in stage.error.message
+                events = await wait_for_events(sink, run.id, "run.failed")
+                assert not [e.type for e in events if e.type in ("small", "big")], in_step
+            run = await engine.start(fits.id, {"in_step": True})
+            info = await engine.wait(run.id, timeout=60)
+            assert info.status == RunStatus.COMPLETED, info.error
+            await wait_for_events(sink, run.id, "big")

@@ -24,6 +24,7 @@ from ._limits import (
     check_signal_name,
     check_step_name,
 )
+from ._payload_limit import check_payload_size
 from ._serde import JSON, json_copy, to_json_value, validate_as
 from ._telemetry import step_span
 from .errors import SerializationError, StepError, StepTimeoutError
@@ -510,6 +511,9 @@ class StageContext(Generic[InT]):
     carry the ids in their text and as ``extra`` fields (``wfe_run_id``, ``wfe_workflow``,
     ``wfe_stage``, ``wfe_attempt``)."""
     events: list[BusinessEvent] = field(default_factory=list)
+    max_payload_bytes: int | None = None
+    """The bound on one event's data (``max_payload_bytes``; the stage runner sets it): an
+    event over it is refused by ``emit`` with PayloadTooLargeError, as a step result is."""
     _loop: asyncio.AbstractEventLoop | None = None
     _hook_calls: dict[str, int] = field(default_factory=dict)
 
@@ -558,6 +562,9 @@ class StageContext(Generic[InT]):
         check_json(value, f"data of event {type!r}")
         if not isinstance(value, dict):
             value = {"value": value}
+        # (before it is staged: an event is journaled with its step and kept in the outbox
+        # until the run ends, so one over the bound every other user value has was stored)
+        check_payload_size(value, f"data of event {type!r}", self.max_payload_bytes)
         _stage(self.events, BusinessEvent(type, value))
 
     def hook(self, name: str, payload: Any = None) -> Coroutine[Any, Any, list[Any]]:

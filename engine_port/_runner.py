@@ -443,6 +443,7 @@ class StageRunner:
                 events,
             ),
             events=events,
+            max_payload_bytes=self.max_payload_bytes,
             registry=self.registry,
             outputs=req.outputs,
             cancel_event=req.cancel_event,

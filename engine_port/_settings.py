@@ -80,7 +80,8 @@ class EngineSettings(BaseSettings):
     default_stage_timeout: float | None = Field(default=86400.0, gt=0, le=36525 * 86400)
     # signals buffered (sent, not yet consumed) per run; the next one raises SignalQueueFullError
     max_pending_signals: int = Field(default=1000, ge=1)
-    # largest JSON value (run input, signal payload, step result, stage output) accepted
+    # largest JSON value (run input, signal payload, step result, stage output, one event's
+    # data) accepted
     max_payload_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     # host settings (issue 16), shared by `wfe worker` and the serverless host; the seed's
     # camelCase names beside them (README "Hosts" says where the defaults deliberately differ)

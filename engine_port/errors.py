@@ -102,7 +102,8 @@ class InvalidInputError(EngineError):
 
 
 class PayloadTooLargeError(InvalidInputError):
-    """A value (run input, signal payload, step result, stage output) over max_payload_bytes."""
+    """A value (run input, signal payload, step result, stage output, event data) over
+    max_payload_bytes."""
 
     def __init__(self, what: str, size: int, limit: int, *, bound: str | None = None) -> None:
         """``bound``: what sets ``limit`` when it is not the ``max_payload_bytes`` setting (a

@@ -25,7 +25,7 @@ from engine_port import (
     Suspended,
     Workflow,
 )
-from engine_port.errors import NonRetryableError, StepTimeoutError
+from engine_port.errors import NonRetryableError, PayloadTooLargeError, StepTimeoutError
 
 
 class In(BaseModel):
@@ -445,6 +445,32 @@ async def test_non_json_stage_output_fails_with_serialization_error(h: Harness) 
     f = failed(await h.run("s"))
     assert f.error.type == "SerializationError" and not f.retryable
     assert "'s'" in f.error.message
+
+
+async def test_event_data_over_max_payload_bytes_is_refused_by_emit_and_not_retried(
+    h: Harness,
+) -> None:
+    """One event's data is bounded as a step result is (its canonical JSON): exactly the
+    limit is staged, a byte more raises PayloadTooLargeError at the emit (a body catching
+    it goes on without the event); uncaught, the attempt fails, not retryable."""
+    h.runner.max_payload_bytes = 100
+    pad = 100 - len('{"p":""}')
+    refused: list[str] = []
+
+    @h.wf.stage
+    async def s(ctx: StageContext[In]) -> str:
+        ctx.emit("fits", {"p": "x" * pad})
+        try:
+            ctx.emit("caught", {"p": "x" * (pad + 1)})
+        except PayloadTooLargeError as exc:
+            refused.append(str(exc))
+        ctx.emit("over", "x" * 200)
+        return "unreachable"
+
+    f = failed(await h.run("s"))
+    assert f.error.type == "PayloadTooLargeError" and not f.retryable
+    assert "data of event 'over'" in f.error.message and "max_payload_bytes" in f.error.message
+    assert len(refused) == 1 and "data of event 'caught'" in refused[0]
 
 
 async def test_stage_output_not_matching_its_annotation_is_a_serialization_error(
