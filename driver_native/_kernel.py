@@ -1068,8 +1068,17 @@ class Kernel:
             self._lease_lost(job, worker)
             cancel.set()
 
-        work = asyncio.create_task(self._compensate_plan(wf, plan, job, worker, cancel, on_lost))
-        beat = _Beat(self, job, worker, work, cancel)
+        async def renew() -> bool:
+            alive, _ = await self.dispatch(Heartbeat(job.id, worker, job.lease_token))
+            return bool(alive)
+
+        # (as for a stage attempt: a worker paused past its lease renews it before running a
+        # step body, and stops if the job is another claim's now; the heartbeats extend it)
+        term = LeaseTerm(self.settings.lease_threshold, renew)
+        work = asyncio.create_task(
+            self._compensate_plan(wf, plan, job, worker, cancel, on_lost, term)
+        )
+        beat = _Beat(self, job, worker, work, cancel, term)
         try:
             await work
         except asyncio.CancelledError:
@@ -1090,9 +1099,11 @@ class Kernel:
         worker: str,
         cancel: asyncio.Event,
         on_lost: Callable[[], None],
+        term: LeaseTerm | None = None,
     ) -> None:
         """The compensations of ``plan``, newest first, then the run's end; each write made
-        under ``job``'s claim by ``worker`` (``on_lost`` and CancelledError when it is gone)."""
+        under ``job``'s claim by ``worker`` (``on_lost`` and CancelledError when it is gone);
+        ``term``: the lease's, checked before a step body runs."""
         run_input: Any = None
         outputs: dict[str, Any] = {}
         missing: SpilledPayloadUnavailableError | None = None
@@ -1122,6 +1133,7 @@ class Kernel:
                 plan.trace_context,
                 lease=(job, worker, cancel, on_lost),
                 missing=lacking,
+                term=term,
             )
         if not await self.db.tx(_progress.finish_compensation, job, worker, self.now()):
             self._compensation_lost(job, worker, on_lost)
@@ -1142,6 +1154,7 @@ class Kernel:
         *,
         lease: tuple[Any, str, asyncio.Event, Callable[[], None]],
         missing: SpilledPayloadUnavailableError | None = None,
+        term: LeaseTerm | None = None,
     ) -> None:
         """``lease``: the compensation job (as claimed), the worker holding its lease, the
         event set when the lease is found gone, and what to call when a write finds it gone
@@ -1163,6 +1176,7 @@ class Kernel:
                 rows,
                 lease=_jobs.Lease.of(job, worker),
                 on_lost=on_lost,
+                term=term,
             )
             req = StageRequest(
                 run_id,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from engine_port import EngineSettings, Registry, StageContext, Workflow, create_engine
+from engine_port import EngineSettings, Registry, Retry, StageContext, Workflow, create_engine
 
 SKEW = float(os.environ.get("MH_SKEW", "0"))
 if SKEW:
@@ -106,6 +106,34 @@ async def fence_c(ctx: StageContext[MhIn]) -> str:
     return str(ctx.output_of("b")) + "c"
 
 
+comp = Workflow("mh-comp", input=MhIn, version="1")
+
+
+@comp.stage(id="a")
+async def comp_a(ctx: StageContext[MhIn]) -> str:
+    return "a"
+
+
+@comp_a.compensation
+async def undo_a(ctx: StageContext[MhIn], output: str) -> None:
+    """Steps ux and uy, gated as ``mh-fence``'s stage b is (DIR/cgo, then DIR/cgo2)."""
+
+    def step(name: str) -> str:
+        record(ctx.run_id, name)
+        return name
+
+    await ctx.step.run("ux", step, "ux")
+    (_dir() / f"cmarker-{os.getpid()}").write_text(ctx.run_id)
+    _gate("cgo")
+    await ctx.step.run("uy", step, "uy")
+    _gate("cgo2")
+
+
+@comp.stage(id="b", after=["a"], retry=Retry(max_attempts=1))
+async def comp_b(ctx: StageContext[MhIn]) -> str:
+    raise RuntimeError("b fails for good: the run compensates a")
+
+
 def _versioned(version: str) -> Workflow[MhIn]:
     wf = Workflow("mh-ver", input=MhIn, version=version)
 
@@ -118,7 +146,7 @@ def _versioned(version: str) -> Workflow[MhIn]:
 
 
 VERSIONS = os.environ.get("MH_VERSIONS", "1,2").split(",")
-registry = Registry([nap, fence, *(_versioned(v) for v in VERSIONS)])
+registry = Registry([nap, fence, comp, *(_versioned(v) for v in VERSIONS)])
 
 
 def settings(url: str, work: Path, lease_seconds: float = 30.0) -> EngineSettings:

@@ -241,6 +241,43 @@ async def test_a_worker_paused_past_its_lease_and_resumed_changes_nothing(
     }, hosts.logs()
 
 
+async def _cmarker(hosts: Hosts, proc: subprocess.Popen[bytes]) -> bool:
+    assert proc.poll() is None, hosts.logs()
+    return (hosts.work / f"cmarker-{proc.pid}").exists()
+
+
+async def test_a_worker_paused_past_its_lease_in_a_compensation_runs_no_step_of_the_new_owner(
+    client: NativeEngine, hosts: Hosts
+) -> None:
+    """As for a stage attempt, with a compensation: SIGSTOPped after its step ux was
+    journaled, past its lease; another worker takes the compensation over, replays ux and
+    runs uy. Resumed, the paused worker must not run uy's body (the new owner journaled it):
+    it ran it once more before its lease was checked only at uy's journal write."""
+    paused = hosts.spawn(MH_LEASE_SECONDS="2")
+    run = await client.start("mh-comp", {})
+    await _eventually(lambda: _cmarker(hosts, paused), 60, "step ux journaled", hosts)
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        taker = hosts.spawn(MH_LEASE_SECONDS="2")
+        await _eventually(lambda: _cmarker(hosts, taker), 90, "the compensation taken", hosts)
+        (hosts.work / "cgo").write_text("go")
+        (hosts.work / "cgo2").write_text("go")
+        info = await _eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
+        assert info.status == "failed"
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    # the resumed worker finds its lease gone; stopped, it has done all it was going to
+    (hosts.work / "stop").write_text("stop")
+    paused.wait(timeout=60)
+    info = await client.get_run(run.id)
+    assert (info.status, info.stage("a").status) == ("failed", "compensated"), info
+    runs = Counter((pid, what) for pid, r, what in _counts(hosts.work) if r == run.id)
+    assert runs == {
+        (str(paused.pid), "ux"): 1,  # journaled, then paused: not run again by the taker
+        (str(taker.pid), "uy"): 1,  # journaled by the taker: never run by the resumed worker
+    }, hosts.logs()
+
+
 async def test_hosts_serving_different_versions_run_only_their_own(
     client: NativeEngine, hosts: Hosts
 ) -> None:
