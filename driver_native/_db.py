@@ -209,6 +209,12 @@ class Database:
         error instead of being created."""
         self.url = _normalise_url(url)
         self.retry_seconds = retry_seconds
+        # transparent retries, for operators (``worker.stats()``, the metrics): every retry
+        # of a transaction, and the outages (connections lost or refused) they rode out; an
+        # outage is logged once as it begins (WARNING) and once as it ends (INFO)
+        self.retries = 0
+        self.outages = 0
+        self._outage_since: float | None = None
         try:
             parsed = make_url(self.url)
         except ArgumentError:
@@ -384,14 +390,41 @@ class Database:
         waited = time.monotonic() - started
         if waited + delay > self.retry_seconds:
             raise self._unavailable(exc, waited) from None
-        log.debug("transient database error, retrying in %.2fs: %s", delay, _first_line(exc))
+        self.retries += 1
+        if self._outage_since is None and _is_outage(exc):
+            self._outage_since = started
+            self.outages += 1
+            log.warning(
+                "the database at %s does not answer (%s); calls are retried for up to %.0fs "
+                "(database_retry_seconds), then fail with DriverUnavailableError",
+                self.safe_url,
+                redact_text(_first_line(exc), self.url),
+                self.retry_seconds,
+            )
+        else:
+            log.debug("transient database error, retrying in %.2fs: %s", delay, _first_line(exc))
         return delay
+
+    def _answered(self) -> None:
+        """A transaction went through during an outage: the outage is over (logged once)."""
+        since, self._outage_since = self._outage_since, None
+        if since is not None:
+            log.info(
+                "the database at %s answers again, after %.1fs out of reach (%d retries of "
+                "transactions in all so far)",
+                self.safe_url,
+                time.monotonic() - since,
+                self.retries,
+            )
 
     def _retrying_sync(self, call: Callable[[_Try], T]) -> T:
         started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try()
         while True:
             try:
-                return call(attempt)
+                result = call(attempt)
+                if self._outage_since is not None:
+                    self._answered()
+                return result
             except DBAPIError as exc:
                 wait = self._retry_or_raise(exc, started, delay)
             attempt.failed()
@@ -414,11 +447,18 @@ class Database:
             try:
                 if attempt.held is inline is not None:
                     try:
-                        return call(attempt)
+                        result = call(attempt)
                     except _WriterBusy:
                         pass  # the database thread waits for the lock
+                    else:
+                        if self._outage_since is not None:
+                            self._answered()
+                        return result
                 attempt.held = self._held
-                return await loop.run_in_executor(self._executor, call, attempt)
+                result = await loop.run_in_executor(self._executor, call, attempt)
+                if self._outage_since is not None:
+                    self._answered()
+                return result
             except DBAPIError as exc:
                 wait = self._retry_or_raise(exc, started, delay)
             attempt.failed()
@@ -434,6 +474,8 @@ class Database:
                 conn = attempt.conn = await conns.take()
                 result = await conns.run(call, attempt)
                 usable = True
+                if self._outage_since is not None:
+                    self._answered()
                 return result
             except DBAPIError as exc:
                 # a guard's refusal (an outcome's prediction found wrong, a drained workflow's
@@ -924,6 +966,19 @@ def _is_disk_full(exc: DBAPIError) -> bool:
     if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
         return True
     return getattr(orig, "sqlstate", None) == _PG_DISK_FULL
+
+
+def _is_outage(exc: DBAPIError) -> bool:
+    """A transient error that means the database is out of reach (a connection dropped,
+    refused or terminated, a server shutting down), not a conflict between transactions (a
+    serialisation failure, a deadlock, SQLite's lock), which busy workers meet routinely."""
+    if exc.connection_invalidated:
+        return True
+    orig = exc.orig
+    if not type(orig).__module__.startswith("psycopg"):
+        return False
+    state = getattr(orig, "sqlstate", None)
+    return state is None or state[:2] in ("08", "57", "53")
 
 
 def _is_transient(exc: DBAPIError) -> bool:

@@ -276,7 +276,11 @@ class WorkerHost:
           a traceback), ``loop_errors``, ``listen_errors``, ``woken_by_notify``,
           ``woken_by_poll``;
         - its sync stage threads: ``sync_threads``, ``sync_abandoned_running``,
-          ``sync_abandoned_total`` (see ``SyncStageExecutor.stats``)."""
+          ``sync_abandoned_total`` (see ``SyncStageExecutor.stats``);
+        - its engine's database (every caller of the engine, not only this worker):
+          ``database_retries`` (transactions retried transparently after a transient error:
+          a lost connection or a conflict), ``database_outages`` (spells without an answer
+          from the database, each logged as it begins and as it ends)."""
         return {
             "worker_id": self.worker_id,
             "running": len(self._active),
@@ -286,6 +290,8 @@ class WorkerHost:
             "outbox_dead": self._outbox.dead,
             **dict(self._counts),
             **self.kernel.runner.sync_executor.stats(),
+            "database_retries": self.kernel.db.retries,
+            "database_outages": self.kernel.db.outages,
         }
 
     # -- the loop --------------------------------------------------------------------------

@@ -50,6 +50,7 @@ METRIC_NAMES = (
     "wfe_dead_letters_total",
     "wfe_sink_degraded",
     "wfe_queue_lag_seconds",
+    "wfe_database_retries_total",
 )
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -127,6 +128,11 @@ class EngineMetrics:
             "How long the oldest due job has waited for a worker (native)",
             registry=reg,
         )
+        self.db_retries = pc.Counter(
+            "wfe_database_retries",
+            "Transactions of the engine's database retried after a transient error (native)",
+            registry=reg,
+        )
         self._seen: dict[str, float] = {}
         self._runs_labels: set[tuple[str, str]] = set()
 
@@ -172,6 +178,8 @@ class EngineMetrics:
             self._advance(self.claimed, "claimed", total)
         if "reaped_leases" in stats:
             self._advance(self.takeovers, "takeovers", float(stats["reaped_leases"]))
+        if "database_retries" in stats:
+            self._advance(self.db_retries, "db_retries", float(stats["database_retries"]))
         if "dead_lettered" in stats:
             self._advance(self.dead_letters, "dead", float(stats["dead_lettered"]))
         if "outbox_pending" in stats:

@@ -147,6 +147,7 @@ def test_wfe_worker_serves_metrics(tmp_path: Path) -> None:
         assert ("wfe_queue_lag_seconds", frozenset()) in m
         assert ("wfe_outbox_pending", frozenset()) in m
         assert ("wfe_dead_letters_total", frozenset()) in m
+        assert ("wfe_database_retries_total", frozenset()) in m
         # a registry of the worker's own: no default process/platform collectors
         assert not [name for name, _ in m if not name.startswith("wfe_")]
     finally:
