@@ -116,16 +116,22 @@ def _create_run_once(
     define: bool = True,
     max_pending: int | None = None,
     ids: list[int] | None = None,
+    chosen: bool = False,
 ) -> tuple[str, bool]:
     """``_runs.create_run``, made safe to re-run after a commit whose acknowledgement was lost:
     the run this very call inserted (same id, input and creation time) is returned as created
-    instead of failing on its duplicate id."""
+    instead of failing on its duplicate id. ``chosen``: the caller chose ``run_id``; one that
+    differs only in case from an existing run's id is refused (RunExistsError)."""
     if commit_was_unknown():
         row = conn.execute(
             sa.select(runs.c.input_fingerprint, runs.c.created_at).where(runs.c.id == run_id)
         ).first()
         if row is not None and row.input_fingerprint == fp and row.created_at == now:
             return run_id, True  # (its handed-off jobs run when their lease expires)
+    if chosen:
+        twin = _runs.case_twin(conn, run_id)
+        if twin is not None:
+            raise RunExistsError(run_id, twin)
     return _runs.create_run(
         conn, graph, run_id, stored, fp, key, now, trace_context, handoff, define, ids, max_pending
     )
@@ -603,7 +609,7 @@ class Kernel:
                     self.settings.max_pending_signals,
                 )
                 try:
-                    result = await self._create_unread_first(args)
+                    result = await self._create_unread_first(args, cmd.run_id is not None)
                 except IntegrityError:
                     if cmd.run_id is not None and await self._run_exists(cmd.run_id):
                         raise RunExistsError(cmd.run_id) from None
@@ -622,17 +628,19 @@ class Kernel:
             raise
         raise AssertionError("unreachable")
 
-    async def _create_unread_first(self, args: tuple[Any, ...]) -> tuple[str, bool]:
+    async def _create_unread_first(
+        self, args: tuple[Any, ...], chosen: bool = False
+    ) -> tuple[str, bool]:
         """``_create_run_once``, with the job ids this kernel reserved ahead (PostgreSQL: no
         read round trip before the writes), then, if its drain check refused it, without
         them (the read then says whether and to what the workflow is drained)."""
         ids = self._job_ids
         try:
-            return await self._creates.run(*args, ids)
+            return await self._creates.run(*args, ids, chosen)
         except DBAPIError as exc:
             if ids is None or not _runs.refused_unread(exc):
                 raise
-        return await self._creates.run(*args, None)
+        return await self._creates.run(*args, None, chosen)
 
     async def _run_exists(self, run_id: str) -> bool:
         row = await self.db.read(

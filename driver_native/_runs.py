@@ -43,6 +43,7 @@ from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, sche
 from ._rawsql import execute, execute_many, execute_together
 from ._schedule import JOBS_CHUNK, fresh_rows, reserve_ids, reserved, touch
 from ._schema import (
+    CASE_TWIN_WHERE,
     definitions,
     drains,
     jobs,
@@ -188,6 +189,24 @@ def _pg_stages_insert() -> Any:
         sa.case((running, now), else_=sa.null()),
     )
     return stages.insert().from_select(list(_STAGE_KEYS), rows)
+
+
+def case_twin(conn: Connection, run_id: str) -> str | None:
+    """The id of an existing run that differs from ``run_id`` only in case, if any (a
+    caller-chosen run id: on a case-insensitive blob store both runs' blobs would share one
+    folder). An all-lower-case twin is found by its primary key, any other by the partial
+    index of such ids (``ix_wfe_runs_id_folded``); on PostgreSQL a lock on the lower-case
+    form holds two creations of such twins apart until the first commits."""
+    folded = run_id.lower()
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:f))"), {"f": folded})
+    mixed = sa.select(runs.c.id).where(
+        sa.func.lower(runs.c.id) == folded, sa.text(CASE_TWIN_WHERE), runs.c.id != run_id
+    )
+    found = conn.execute(mixed.limit(1)).first()
+    if found is None and folded != run_id:
+        found = conn.execute(sa.select(runs.c.id).where(runs.c.id == folded)).first()
+    return None if found is None else str(found.id)
 
 
 def create_run(

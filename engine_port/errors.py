@@ -188,12 +188,24 @@ class UnknownSignalError(EngineError):
 
 
 class RunExistsError(EngineError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(
-            f"a run with id {run_id!r} already exists; choose another run id, or use an "
-            "idempotency key to make repeated starts return the same run"
-        )
+    """A run id a caller chose is taken: by a run of that very id, or (``existing``) of an
+    id that differs from it only in case."""
+
+    def __init__(self, run_id: str, existing: str | None = None) -> None:
+        if existing is None or existing == run_id:
+            super().__init__(
+                f"a run with id {run_id!r} already exists; choose another run id, or use an "
+                "idempotency key to make repeated starts return the same run"
+            )
+        else:
+            super().__init__(
+                f"run id {run_id!r} differs only in case from that of run {existing!r}, which "
+                "exists; choose another run id (a run's blobs live under runs/<run id>/, and "
+                "on a case-insensitive blob store such as a macOS or Windows folder two such "
+                "runs would share one folder: purging one would delete the other's data)"
+            )
         self.run_id = run_id
+        self.existing = run_id if existing is None else existing
 
 
 class RunNotActiveError(EngineError):

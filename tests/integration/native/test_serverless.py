@@ -28,7 +28,7 @@ from driver_native import (
 )
 from driver_native._engine import NativeEngine
 from engine_port import FakeClock, MemorySink
-from engine_port.errors import InvalidInputError
+from engine_port.errors import InvalidInputError, RunExistsError
 
 from . import workflows as w
 from .conftest import MakeEngine, eventually, types
@@ -431,3 +431,82 @@ async def test_entry_points_refuse_arguments_that_are_not_what_they_take(
             await call()
     assert (await engine.get_run(done.workflow_run_id)).status == "completed"  # not purged
     assert len(await engine.list_runs()) == 1  # nothing was created
+
+
+async def test_a_chosen_run_id_differing_only_in_case_from_a_run_is_refused(
+    make_engine: MakeEngine,
+) -> None:
+    """A run's blobs live under runs/<run id>/: on a case-insensitive folder store RUN1 and
+    run1 share one folder, and purging one deleted the other's blobs. A chosen id that
+    differs only in case from an existing run's is refused (RunExistsError naming that run),
+    in either direction, without a trace (no run, no blob); the same id is refused as before,
+    and an id of its own is taken."""
+    engine = await make_engine(w.linear, spill_threshold_bytes=16)
+    k = engine.kernel
+    big = {"n": 1, "note": "x" * 100}  # (spilled: the refused run must leave no blob)
+    first = await run_to_completion(k, CreateRun("it-linear", big, run_id="RUN1"))
+    second = await run_to_completion(k, CreateRun("it-linear", big, run_id="run2"))
+    assert (first.outcome, second.outcome) == ("completed", "completed")
+    blobs = sorted(await k.claim.store.list("runs/"))
+    for chosen, existing in (("run1", "RUN1"), ("Run1", "RUN1"), ("RUN2", "run2")):
+        with pytest.raises(RunExistsError, match="differs only in case") as err:
+            await run_to_completion(k, CreateRun("it-linear", big, run_id=chosen))
+        assert (err.value.run_id, err.value.existing) == (chosen, existing)
+        assert f"{existing!r}" in str(err.value)
+    with pytest.raises(RunExistsError, match="already exists") as same:
+        await run_to_completion(k, CreateRun("it-linear", big, run_id="RUN1"))
+    assert same.value.existing == "RUN1"
+    assert sorted(await k.claim.store.list("runs/")) == blobs
+    listed = {r.id for r in await engine.list_runs(workflow_id="it-linear")}
+    assert listed == {"RUN1", "run2"}
+    third = await run_to_completion(k, CreateRun("it-linear", big, run_id="RUN3"))
+    assert third.outcome == "completed"
+
+
+def test_upgrade_from_v18_adds_the_index_of_run_ids_by_case(database_url: str) -> None:
+    """v19's index is made on an existing database, whose runs keep their ids (two that
+    already differ only in case are left as they are), and the twin check uses it."""
+    from driver_native import Database
+    from driver_native._runs import case_twin
+
+    db = Database(database_url)
+    try:
+        db.tx_sync(lambda c: _schema.upgrade(c, target=18))
+        # (v1 creates today's tables: a v18 database of old code had no such index)
+        db.tx_sync(lambda c: c.execute(sa.text("DROP INDEX ix_wfe_runs_id_folded")))
+        for run_id in ("OLD", "old"):  # twins made before v19: left as they are
+            db.tx_sync(
+                lambda c, r=run_id: c.execute(
+                    _schema.runs.insert().values(
+                        id=r,
+                        workflow_id="w",
+                        version="1",
+                        status="completed",
+                        input=None,
+                        input_fingerprint="",
+                        current_group=0,
+                        event_seq=0,
+                        completed_count=0,
+                        redrive_count=0,
+                        cancel_requested=False,
+                        frozen=False,
+                        created_at=0.0,
+                        updated_at=0.0,
+                    )
+                )
+            )
+        assert db.upgrade() == [19]
+
+        def indexes(conn: sa.Connection) -> set[str]:
+            # (the inspector leaves out SQLite's expression indexes)
+            if conn.dialect.name == "sqlite":
+                q = "SELECT name FROM sqlite_master WHERE type = 'index'"
+            else:
+                q = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+            return {str(name) for (name,) in conn.execute(sa.text(q))}
+
+        assert "ix_wfe_runs_id_folded" in db.tx_sync(indexes)
+        assert db.tx_sync(lambda c: case_twin(c, "Old")) in ("OLD", "old")
+        assert db.tx_sync(lambda c: case_twin(c, "new")) is None
+    finally:
+        db.dispose()

@@ -74,7 +74,7 @@ def test_upgrade_from_v17_adds_the_index_of_unconsumed_signals(database_url: str
         db.tx_sync(lambda c: _schema.upgrade(c, target=17))
         # (v1 creates today's tables: a v17 database of old code had no such index)
         db.tx_sync(lambda c: c.execute(sa.text("DROP INDEX ix_wfe_signal_queue_pending")))
-        assert db.upgrade() == [18]
+        assert db.upgrade()[:1] == [18]  # (then the versions after it)
 
         def indexes(conn: sa.Connection) -> set[str]:
             return {str(i["name"]) for i in sa.inspect(conn).get_indexes("wfe_signal_queue")}
