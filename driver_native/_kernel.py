@@ -642,6 +642,16 @@ class Kernel:
                 raise
         return await self._creates.run(*args, None, chosen)
 
+    def _lease_term(self, job: Any, worker: str) -> LeaseTerm:
+        """The term of ``worker``'s lease of ``job``, renewed by a heartbeat when it may have
+        lapsed (``LeaseTerm.check``)."""
+
+        async def renew() -> bool:
+            alive, _ = await self.dispatch(Heartbeat(job.id, worker, job.lease_token))
+            return bool(alive)
+
+        return LeaseTerm(self.settings.lease_threshold, renew)
+
     async def _run_exists(self, run_id: str) -> bool:
         row = await self.db.read(
             lambda c: c.execute(sa.select(runs.c.id).where(runs.c.id == run_id)).first()
@@ -968,11 +978,7 @@ class Kernel:
             cancel.set()
             stop.cancel()
 
-        async def renew() -> bool:
-            alive, _ = await self.dispatch(Heartbeat(job.id, worker, job.lease_token))
-            return bool(alive)
-
-        term = LeaseTerm(self.settings.lease_threshold, renew)
+        term = self._lease_term(job, worker)
         ledger = SqlStepLedger(
             self.db,
             self.claim,
@@ -1076,13 +1082,9 @@ class Kernel:
             self._lease_lost(job, worker)
             cancel.set()
 
-        async def renew() -> bool:
-            alive, _ = await self.dispatch(Heartbeat(job.id, worker, job.lease_token))
-            return bool(alive)
-
         # (as for a stage attempt: a worker paused past its lease renews it before running a
         # step body, and stops if the job is another claim's now; the heartbeats extend it)
-        term = LeaseTerm(self.settings.lease_threshold, renew)
+        term = self._lease_term(job, worker)
         work = asyncio.create_task(
             self._compensate_plan(wf, plan, job, worker, cancel, on_lost, term)
         )
