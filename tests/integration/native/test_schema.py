@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,9 @@ def test_fresh_database_reaches_latest_version(database_url: str) -> None:
     db = Database(database_url)
     try:
         assert db.schema_version() == 0
-        applied = db.upgrade()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (a user's first connect prints nothing)
+            applied = db.upgrade()
         assert applied == [v for v, _, _ in _schema.MIGRATIONS]
         assert db.schema_version() == _schema.LATEST_SCHEMA_VERSION
         assert {t.name for t in _schema.metadata.sorted_tables} <= _tables(db)
