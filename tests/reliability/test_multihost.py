@@ -9,11 +9,10 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,71 +24,21 @@ from engine_port import create_engine
 from tests.support.databases import PostgresSession
 
 from . import multihost_app as app
+from ._procs import WorkerProcs, counts, eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-class Hosts:
-    """Worker subprocesses running multihost_app; always killed (and resumed, if paused)
-    in ``close``."""
+class Hosts(WorkerProcs):
+    """Worker subprocesses running multihost_app, each waited for until ready."""
 
     def __init__(self, url: str, work: Path) -> None:
-        self.url = url
-        self.work = work
-        self.procs: list[subprocess.Popen[bytes]] = []
+        super().__init__(url, work, "tests.reliability.multihost_app", "MH_DIR")
 
     def spawn(self, url: str | None = None, **env: str) -> subprocess.Popen[bytes]:
-        full = {**os.environ, "PYTHONPATH": str(ROOT), "MH_DIR": str(self.work), **env}
-        log = open(self.work / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.reliability.multihost_app",
-                url or self.url,
-                str(self.work),
-            ],
-            cwd=ROOT,
-            env=full,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.procs.append(proc)
+        proc = self.start(url, **env)
         self.wait_ready(proc)
         return proc
-
-    def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not (self.work / f"ready-{proc.pid}").exists():
-            if proc.poll() is not None:
-                raise AssertionError(f"worker exited early:\n{self.logs()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker not ready within {timeout}s:\n{self.logs()}")
-            time.sleep(0.02)
-
-    def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        proc.kill()
-        proc.wait(timeout=10)
-
-    def logs(self) -> str:
-        return "\n".join(
-            p.read_text(errors="replace")[-3000:] for p in sorted(self.work.glob("worker-*.log"))
-        )
-
-    def close(self) -> None:
-        (self.work / "stop").write_text("stop")
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)  # a paused worker cannot stop
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
 
 
 @pytest.fixture
@@ -115,26 +64,6 @@ async def client(pg_url: str, tmp_path: Path) -> Any:
         yield engine
 
 
-async def _eventually(
-    check: Callable[[], Awaitable[Any]], timeout: float, what: str, hosts: Hosts
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s:\n{hosts.logs()}")
-        await asyncio.sleep(0.05)
-
-
-def _counts(work: Path) -> list[tuple[str, str, str]]:
-    path = work / "counts"
-    if not path.exists():
-        return []
-    return [tuple(line.split(" ", 2)) for line in path.read_text().splitlines()]  # type: ignore[misc]
-
-
 async def _suspended(engine: NativeEngine, run_id: str) -> bool:
     return (await engine.get_run(run_id)).stage("sleeper").status == "suspended"
 
@@ -151,10 +80,10 @@ async def test_a_timer_set_on_a_host_whose_clock_runs_ahead_fires_on_time_elsewh
     database's clock: another host wakes it then, not 10 minutes later."""
     fast = hosts.spawn(MH_SKEW="600")
     run = await client.start("mh-nap", {"nap": 3})
-    await _eventually(lambda: _suspended(client, run.id), 60, "the stage asleep", hosts)
+    await eventually(lambda: _suspended(client, run.id), 60, "the stage asleep", hosts)
     hosts.kill(fast)  # (asleep: no lease held)
     hosts.spawn()
-    info = await _eventually(lambda: _terminal(client, run.id), 90, "the run woken", hosts)
+    info = await eventually(lambda: _terminal(client, run.id), 90, "the run woken", hosts)
     assert info.status == "completed"
     # not silent: the host with the wrong clock says so, and what to do
     assert "clock is 600.0s ahead of the database's" in hosts.logs()
@@ -168,11 +97,11 @@ async def test_a_host_whose_clock_runs_ahead_does_not_fire_a_timer_early(
     host 10 minutes ahead, neither by its poll nor by the stage's own check of the deadline."""
     right = hosts.spawn()
     run = await client.start("mh-nap", {"nap": 15})
-    await _eventually(lambda: _suspended(client, run.id), 60, "the stage asleep", hosts)
+    await eventually(lambda: _suspended(client, run.id), 60, "the stage asleep", hosts)
     asleep = time.monotonic()
     hosts.kill(right)
     hosts.spawn(MH_SKEW="600")
-    info = await _eventually(lambda: _terminal(client, run.id), 120, "the run woken", hosts)
+    info = await eventually(lambda: _terminal(client, run.id), 120, "the run woken", hosts)
     assert info.status == "completed"
     # (woken at 15 s after it fell asleep, which was before the test saw it asleep)
     assert time.monotonic() - asleep >= 13, "the timer fired early"
@@ -186,7 +115,7 @@ async def test_a_host_whose_clock_runs_behind_runs_work_that_is_due(
     hosts.spawn(MH_SKEW="-600")
     runs = [await client.start("mh-ver", {}, version="1") for _ in range(5)]
     for run in runs:
-        info = await _eventually(lambda r=run: _terminal(client, r.id), 60, "the run", hosts)
+        info = await eventually(lambda r=run: _terminal(client, r.id), 60, "the run", hosts)
         assert info.status == "completed"
 
 
@@ -214,14 +143,14 @@ async def test_a_worker_paused_past_its_lease_and_resumed_changes_nothing(
     over the new owner's work (no event, no outcome), and no journaled step runs again."""
     paused = hosts.spawn(MH_LEASE_SECONDS="2")
     run = await client.start("mh-fence", {})
-    await _eventually(lambda: _marker(hosts, paused), 60, "step x journaled", hosts)
+    await eventually(lambda: _marker(hosts, paused), 60, "step x journaled", hosts)
     os.kill(paused.pid, signal.SIGSTOP)
     try:
         taker = hosts.spawn(MH_LEASE_SECONDS="2")
-        await _eventually(lambda: _marker(hosts, taker), 90, "the stage taken over", hosts)
+        await eventually(lambda: _marker(hosts, taker), 90, "the stage taken over", hosts)
         (hosts.work / "go").write_text("go")
         (hosts.work / "go2").write_text("go")
-        info = await _eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
+        info = await eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
         assert info.status == "completed"
     finally:
         os.kill(paused.pid, signal.SIGCONT)
@@ -233,7 +162,7 @@ async def test_a_worker_paused_past_its_lease_and_resumed_changes_nothing(
     events = await client.events(run.id)
     assert [(e.type, e.stage) for e in events] == FENCE_TRACE
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
-    runs = Counter((pid, what) for pid, r, what in _counts(hosts.work) if r == run.id)
+    runs = Counter((pid, what) for pid, r, what in counts(hosts.work) if r == run.id)
     assert runs == {
         (str(paused.pid), "x"): 1,  # journaled, then paused: not run again by the taker
         (str(taker.pid), "y"): 1,  # journaled by the taker: never run by the resumed worker
@@ -255,14 +184,14 @@ async def test_a_worker_paused_past_its_lease_in_a_compensation_runs_no_step_of_
     it ran it once more before its lease was checked only at uy's journal write."""
     paused = hosts.spawn(MH_LEASE_SECONDS="2")
     run = await client.start("mh-comp", {})
-    await _eventually(lambda: _cmarker(hosts, paused), 60, "step ux journaled", hosts)
+    await eventually(lambda: _cmarker(hosts, paused), 60, "step ux journaled", hosts)
     os.kill(paused.pid, signal.SIGSTOP)
     try:
         taker = hosts.spawn(MH_LEASE_SECONDS="2")
-        await _eventually(lambda: _cmarker(hosts, taker), 90, "the compensation taken", hosts)
+        await eventually(lambda: _cmarker(hosts, taker), 90, "the compensation taken", hosts)
         (hosts.work / "cgo").write_text("go")
         (hosts.work / "cgo2").write_text("go")
-        info = await _eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
+        info = await eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
         assert info.status == "failed"
     finally:
         os.kill(paused.pid, signal.SIGCONT)
@@ -271,7 +200,7 @@ async def test_a_worker_paused_past_its_lease_in_a_compensation_runs_no_step_of_
     paused.wait(timeout=60)
     info = await client.get_run(run.id)
     assert (info.status, info.stage("a").status) == ("failed", "compensated"), info
-    runs = Counter((pid, what) for pid, r, what in _counts(hosts.work) if r == run.id)
+    runs = Counter((pid, what) for pid, r, what in counts(hosts.work) if r == run.id)
     assert runs == {
         (str(paused.pid), "ux"): 1,  # journaled, then paused: not run again by the taker
         (str(taker.pid), "uy"): 1,  # journaled by the taker: never run by the resumed worker
@@ -288,9 +217,9 @@ async def test_hosts_serving_different_versions_run_only_their_own(
     runs = {v: [await client.start("mh-ver", {}, version=v) for _ in range(6)] for v in "12"}
     for v, started in runs.items():
         for run in started:
-            info = await _eventually(lambda r=run: _terminal(client, r.id), 60, "a run", hosts)
+            info = await eventually(lambda r=run: _terminal(client, r.id), 60, "a run", hosts)
             assert (info.status, info.output) == ("completed", f"v{v}")
-    who = {r: pid for pid, r, _what in _counts(hosts.work)}
+    who = {r: pid for pid, r, _what in counts(hosts.work)}
     assert {who[r.id] for r in runs["1"]} == {str(one.pid)}
     assert {who[r.id] for r in runs["2"]} == {str(two.pid)}
     served = {(v.workflow_id, v.version) for v in await client.list_versions()}
@@ -334,11 +263,11 @@ async def test_a_connection_killed_while_a_stage_records_is_no_stage_failure(
     app = f"wfe-mh-{uuid.uuid4().hex[:8]}"
     worker = hosts.spawn(url=pg_url + f"&application_name={app}")
     run = await client.start("mh-fence", {})
-    await _eventually(lambda: _marker(hosts, worker), 60, "step x", hosts)
-    await _eventually(lambda: _journaled(client, run.id, "x"), 60, "step x journaled", hosts)
+    await eventually(lambda: _marker(hosts, worker), 60, "step x", hosts)
+    await eventually(lambda: _journaled(client, run.id, "x"), 60, "step x journaled", hosts)
     if held == "outcome":
         (hosts.work / "go").write_text("go")
-        await _eventually(lambda: _journaled(client, run.id, "y"), 60, "step y journaled", hosts)
+        await eventually(lambda: _journaled(client, run.id, "y"), 60, "step y journaled", hosts)
     table = _schema.jobs if held == "journal" else _schema.runs
     key = table.c.run_id if held == "journal" else table.c.id
     admin_engine = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
@@ -356,7 +285,7 @@ async def test_a_connection_killed_while_a_stage_records_is_no_stage_failure(
         admin_engine.dispose()
         (hosts.work / "go").write_text("go")
         (hosts.work / "go2").write_text("go")
-    info = await _eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
+    info = await eventually(lambda: _terminal(client, run.id), 60, "the run", hosts)
     assert worker.poll() is None, hosts.logs()
     assert (info.status, info.output, info.stage("b").attempt, info.error) == (
         "completed",
@@ -367,5 +296,5 @@ async def test_a_connection_killed_while_a_stage_records_is_no_stage_failure(
     events = await client.events(run.id)
     assert [(e.type, e.stage) for e in events] == FENCE_TRACE
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
-    runs = Counter(what for _pid, r, what in _counts(hosts.work) if r == run.id)
+    runs = Counter(what for _pid, r, what in counts(hosts.work) if r == run.id)
     assert runs == {"x": 1, "y": 1, "c": 1}, hosts.logs()

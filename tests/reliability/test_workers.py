@@ -8,10 +8,9 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,56 +22,19 @@ from engine_port import Lifecycle, create_engine
 from tests.support.databases import PostgresSession
 
 from . import app
+from ._procs import WorkerProcs, counts, eventually
 
 pytestmark = pytest.mark.postgres
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-class Workers:
-    """Worker subprocesses running tests/reliability/app.py; always reaped in ``close``."""
+class Workers(WorkerProcs):
+    """Worker subprocesses running tests/reliability/app.py."""
 
     def __init__(self, url: str, work: Path) -> None:
-        self.url = url
-        self.work = work
-        self.procs: list[subprocess.Popen[bytes]] = []
+        super().__init__(url, work, "tests.reliability.app", "REL_DIR")
 
     def spawn(self, **env: str) -> subprocess.Popen[bytes]:
-        full = {**os.environ, "PYTHONPATH": str(ROOT), "REL_DIR": str(self.work), **env}
-        log = open(self.work / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.app", self.url, str(self.work)],
-            cwd=ROOT,
-            env=full,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not (self.work / f"ready-{proc.pid}").exists():
-            if proc.poll() is not None:
-                raise AssertionError(f"worker exited early:\n{self.logs()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker not ready within {timeout}s:\n{self.logs()}")
-            time.sleep(0.02)
-
-    def logs(self) -> str:
-        return "\n".join(
-            p.read_text(errors="replace")[-3000:] for p in sorted(self.work.glob("worker-*.log"))
-        )
-
-    def close(self) -> None:
-        (self.work / "stop").write_text("stop")
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        return self.start(**env)
 
 
 @pytest.fixture
@@ -92,24 +54,6 @@ def workers(pg_url: str, work: Path) -> Iterator[Workers]:
         yield w
     finally:
         w.close()
-
-
-async def _eventually(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s (last {value!r})")
-        await asyncio.sleep(0.05)
-
-
-def _counts(work: Path) -> list[tuple[str, str, str]]:
-    path = work / "counts"
-    if not path.exists():
-        return []
-    return [tuple(line.split(" ", 2)) for line in path.read_text().splitlines()]  # type: ignore[misc]
 
 
 async def _completed(engine: NativeEngine, ids: list[str]) -> int:
@@ -136,12 +80,12 @@ async def test_two_workers_run_200_runs_with_no_stage_executed_twice(
             return await _completed(engine, ids) == len(ids)
 
         try:
-            await _eventually(all_done, 120, "200 completed runs")
+            await eventually(all_done, 120, "200 completed runs")
         except AssertionError:
             raise AssertionError(workers.logs()) from None
         outputs = {(await engine.get_run(i)).output for i in ids[:5]}
         assert outputs == {2, 3, 4, 5, 6}
-    lines = _counts(work)
+    lines = counts(work)
     per = Counter((run, what) for _pid, run, what in lines)
     assert set(per) == {(r, s) for r in ids for s in "abc"}
     assert [k for k, n in per.items() if n != 1] == []  # every stage body ran exactly once
@@ -173,18 +117,18 @@ async def test_sigkilled_worker_is_taken_over_after_its_lease_expires(
             info = await engine.get_run(run.id)
             return info if info.terminal else None
 
-        info = await _eventually(finished, 30, "completion after the crash")
+        info = await eventually(finished, 30, "completion after the crash")
         assert info.status == "completed"
         assert info.output == "xyc"
         assert info.stage("b").attempt == 1
         assert time.monotonic() - killed_at >= 0.5  # taken over only after the lease expired
         crashed = await engine.events(run.id)
         clean_run = await engine.start("rel-crash", {"i": 2})
-        clean = await _eventually(lambda: _finished_events(engine, clean_run.id), 30, "clean")
+        clean = await eventually(lambda: _finished_events(engine, clean_run.id), 30, "clean")
 
-    counts = Counter(what for _pid, r, what in _counts(work) if r == run.id)
-    assert counts["x"] == 1 and counts["y"] == 1
-    assert counts["b"] >= 2 and counts["a"] == 1 and counts["c"] == 1
+    ran = Counter(what for _pid, r, what in counts(work) if r == run.id)
+    assert ran["x"] == 1 and ran["y"] == 1
+    assert ran["b"] >= 2 and ran["a"] == 1 and ran["c"] == 1
 
     def shape(events: list[Any]) -> list[tuple[Any, ...]]:
         return [(e.seq, e.type, e.stage, e.data.get("attempt")) for e in events]
