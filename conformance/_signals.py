@@ -444,6 +444,53 @@ class SignalContract:
             failed = [e for e in events if e.type == "stage.failed"]
             assert len(failed) == 1, failed
 
+    async def test_signals_before_any_worker_are_judged_like_later_ones(
+        self, harness: Harness
+    ) -> None:
+        """Signals sent to a run no worker has picked up yet (pending) get the answers of any
+        other time: buffered, a sender's retry of a key already_completed (also at the
+        bound), and past ``max_pending_signals`` SignalQueueFullError, typed and at once (no
+        worker needed). Once a worker runs, the stage takes exactly the signals queued, so
+        the run never held more than its bound. (Temporal: the run's history holds them
+        before its first workflow task, which judges them as the engine answered.)"""
+        wf = Workflow(unique_id("bound-early"), input=Num)
+
+        @wf.stage(signals=["go"], retry=Retry(max_attempts=1))
+        async def w(ctx: StageContext[Num]) -> list[Any]:
+            got = [await ctx.step.wait_for_signal("go") for _ in range(3)]
+            with contextlib.suppress(StepTimeoutError):
+                got.append(await ctx.step.wait_for_signal("go", timeout=timedelta(seconds=1)))
+            return got
+
+        sent: list[tuple[str, str | None]] = [
+            ("a", "ka"),
+            ("b", None),
+            ("a", "ka"),  # a sender's retry
+            ("c", None),  # the third: at the bound
+            ("d", None),
+            ("e", "ke"),
+            ("a", "ka"),  # a retry at the bound is still answered
+        ]
+        want: list[Any] = [(0, 0), (0, 0), (0, 1), (0, 0), "full", "full", (0, 1)]
+        async with harness.engine(Registry([wf]), MemorySink(), max_pending_signals=3) as engine:
+            run = await engine.start(wf.id, {})
+            got: list[Any] = []
+            for value, key in sent:
+                try:
+                    res = await asyncio.wait_for(
+                        engine.signal(run.id, "go", value, idempotency_key=key), 30
+                    )
+                except SignalQueueFullError as exc:
+                    assert isinstance(exc, EngineError)
+                    got.append("full")
+                else:
+                    got.append((int(res.delivered), int(res.already_completed)))
+            assert got == want, list(zip(sent, got, strict=True))
+            async with engine.worker():
+                info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED, info
+        assert info.output == ["a", "b", "c"]
+
     async def test_signal_unknown_run(self, harness: Harness, tmp_path: Path) -> None:
         async with harness.engine(
             Registry([waiter(ExecutionLog(tmp_path / "log"))]), MemorySink()

@@ -142,6 +142,7 @@ from . import _moving, _rpc
 from ._activities import DriverActivities, EventStats
 from ._carry import DATA_CONVERTER, carry, meta_of
 from ._current import current_memo
+from ._early import judged
 from ._ended import announced, announced_seq
 from ._exit import release_runtime_at_exit
 from ._helpers import (
@@ -995,12 +996,14 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             except RPCError:
                 status_now = (await self.get_run(run_id)).status
                 raise RunNotActiveError(run_id, status_now, "signal") from None
-            if info is not None and info.status == RunStatus.PENDING and idempotency_key is None:
-                # no stage has run yet, so no wait can take it: buffered on the server (with
-                # a key, the run's answer tells whether the key was seen before: a sender's
-                # retry is reported already_completed however early it comes)
-                return self._buffered(run_id, name, info)
-            res = await self._delivery(handle, delivery, answer)
+            res = None
+            if info is not None and info.status == RunStatus.PENDING:
+                # its first workflow task may not have started (no worker yet): what the run
+                # will make of the signal is in its history already (``_early``), bound and
+                # idempotency key judged as the native driver's database does
+                res = await self._judged_early(handle, delivery)
+            if res is None:
+                res = await self._delivery(handle, delivery, answer)
         finally:
             if answer is not None:
                 self._waiters.forget(delivery)
@@ -1109,6 +1112,21 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             return asked.result()
         finally:
             asked.cancel()
+
+    async def _judged_early(
+        self, handle: WorkflowHandle[Any, Any], delivery: str
+    ) -> dict[str, Any] | None:
+        """What a run whose first workflow task has not started will make of the signal
+        sent with ``delivery``, read from its history (``_early.judged``); None when a task
+        started before it (the run is asked) or the history cannot be read."""
+        try:
+            return await _rpc.call(
+                f"reading the history of run {handle.id!r}",
+                lambda: judged(handle.fetch_history_events(), delivery),
+                deadline_s=self.unavailable_timeout,
+            )
+        except RPCError:
+            return None
 
     async def _asked(
         self, handle: WorkflowHandle[Any, Any], delivery: str

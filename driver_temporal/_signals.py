@@ -552,10 +552,13 @@ class SignalHandlers:
         # so a burst in the gap of a continue all went in and the run held more than its
         # bound. Replay-safe: only on executions whose start document has ``bounds_early``
         # (set by ``GraphWorkflow._continue`` of the code that has this rule); an execution
-        # continued before queues them all, as it did. Not on a run's first execution: the
-        # engine reports a keyless signal to a pending run buffered without asking it
-        # (``TemporalEngine.signal``), so the run must not refuse it later.
-        bound = start.max_pending_signals if start.bounds_early else None
+        # continued before queues them all, as it did. On a run's first execution only with
+        # ``bounds_first`` (runs started since 2026-12-06): a burst of signals to a run whose
+        # first task had not run (no worker yet, or a slow first task) all went in, past the
+        # bound; the engine now reads their fate from the history (``_early.judged``) or asks
+        # the run, rather than report a keyless one buffered without asking.
+        judged = start.bounds_early or start.bounds_first
+        bound = start.max_pending_signals if judged else None
         early, self._early = self._early or [], None
         for name, payload, delivery, key, bounded in early:
             refused = self._full(bound, delivery, key) if bounded else None

@@ -141,6 +141,14 @@ class StartDocument(BaseModel):
     # of one workflow task carry inline; past it the larger ones go to the BlobStore behind a
     # reference (``_budget.CarryBudget``); None: a run started before, which carries them all
     carry_budget: int | None = None
+    # (runs started since 2026-12-06) the signals a run's FIRST execution handles before it
+    # set up (its first workflow task, e.g. sent while no worker ran) are judged against
+    # ``max_pending_signals`` too, as ``bounds_early`` has continued executions do
+    # (``SignalHandlers._carry_signals``), and ``TemporalEngine.signal`` reads their fate
+    # from the run's history while its first task has not started (``_early.judged``); a run
+    # started before queued them all (a burst to a pending run exceeded the bound), and
+    # replays so
+    bounds_first: bool = False
 
     @classmethod
     def for_engine(
@@ -154,6 +162,7 @@ class StartDocument(BaseModel):
             max_pending_signals=settings.max_pending_signals,
             frees_taken=True,
             carry_budget=CARRY_BUDGET,
+            bounds_first=True,
             dead_letter_after=settings.dead_letter_after,
             dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
             outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,
