@@ -20,10 +20,10 @@ from pydantic import BaseModel
 
 from driver_temporal._signals import SignalHandlers
 from driver_temporal._start import StartDocument
-from engine_port import MemorySink, Registry, RunStatus, StageContext, Workflow
+from engine_port import MemorySink, Registry, RunStatus, SignalResult, StageContext, Workflow
 from engine_port.errors import SignalQueueFullError, StepTimeoutError
 
-from .conftest import EngineFactory
+from .conftest import EngineFactory, wait_for_event
 
 pytestmark = pytest.mark.temporal
 
@@ -80,6 +80,47 @@ async def test_a_burst_while_the_worker_starts_is_bounded(make_engine: EngineFac
             burst.cancel()
     assert info.status == RunStatus.COMPLETED, info
     assert sorted(info.output) == sorted(i for i, _ in queued), (info.output, answers)
+
+
+async def test_no_worker_answers_typed_within_signal_timeout(make_engine: EngineFactory) -> None:
+    """A started run whose worker is gone: ``signal()`` waits ``signal_timeout`` for the run,
+    then answers from its last published state (a SignalResult, no temporalio error), each
+    within about ``signal_timeout`` (the query and the update once took it each, and a
+    query's own timeout ran 2-3 times over). A sender's retry of a key the run already has
+    is not reported already_completed then (nothing without a worker knows the run's keys)
+    but the run drops it once a worker is back: the stage gets each signal once."""
+    wf = Workflow("early-idle", input=In)
+
+    @wf.stage(signals=["go"])
+    async def w(ctx: StageContext[In]) -> list[Any]:
+        return [await ctx.step.wait_for_signal("go") for _ in range(3)]
+
+    sink = MemorySink()
+    timeout_s = 3.0
+    engine = make_engine(
+        Registry([wf]), sink=sink, max_pending_signals=5, options={"signal_timeout": timeout_s}
+    )
+    async with engine:
+        run = await engine.start("early-idle", {})
+        async with engine.worker():
+            await wait_for_event(sink, run.id, "stage.suspended")
+            first = await engine.signal(run.id, "go", 0, idempotency_key="k0")
+            assert (first.delivered, first.already_completed) == (True, False), first
+            await _suspended_twice(sink, run.id)  # (waits for the second signal now)
+        answers: list[tuple[SignalResult, float]] = []
+        for value, key in [(0, "k0"), (1, "k1"), (0, "k0"), (2, None)]:
+            t0 = time.monotonic()
+            res = await engine.signal(run.id, "go", value, idempotency_key=key)
+            answers.append((res, time.monotonic() - t0))
+        for res, took in answers:
+            assert isinstance(res, SignalResult), res
+            assert not res.already_completed, res
+            # (the answer waits for the run signal_timeout, then reads its last state)
+            assert timeout_s * 0.9 <= took < timeout_s + 2.5, answers
+        async with engine.worker():
+            info = await engine.wait(run.id, timeout=90)
+    assert info.status == RunStatus.COMPLETED, info
+    assert info.output == [0, 1, 2]
 
 
 async def _suspended_twice(sink: MemorySink, run_id: str) -> None:
