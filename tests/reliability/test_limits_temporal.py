@@ -29,8 +29,9 @@ async def test_temporal_refuses_oversized_values(temporal_server: Any, tmp_path:
     async def produce(ctx: StageContext[Text]) -> Any:
         if ctx.input.text == "wait":
             return await ctx.step.wait_for_signal("go")
-        if ctx.input.text == "emit":
-            ctx.emit("big", {"blob": "e" * ctx.input.size})
+        if ctx.input.text == "emit":  # events each under max_payload_bytes, together over 2 MB
+            for _ in range(ctx.input.size // 1_500 + 1):
+                ctx.emit("big", {"blob": "e" * 1_500})
             return None
         return "o" * ctx.input.size
 
@@ -60,7 +61,8 @@ async def test_temporal_refuses_oversized_values(temporal_server: Any, tmp_path:
 
         # a stage's events ride inline in its activity's result: past Temporal's 2 MB payload
         # limit the server refused that result and the run stayed running for ever; now the
-        # attempt fails, not retried (max_payload_bytes is not what bounds them here)
+        # attempt fails, not retried (each event is within max_payload_bytes: their sum is
+        # what Temporal cannot carry)
         loud = await engine.start(wf.id, {"text": "emit", "size": 2_500_000})
         info = await engine.wait(loud.id, timeout=60)
         assert info.status == "failed"
