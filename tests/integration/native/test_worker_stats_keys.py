@@ -21,6 +21,8 @@ OTHER_KEYS = {
     "sync_threads",
     "sync_abandoned_running",
     "sync_abandoned_total",
+    "database_retries",
+    "database_outages",
 }
 
 
