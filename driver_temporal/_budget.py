@@ -95,6 +95,45 @@ class CarryBudget:
             if size > _KEPT_INLINE:
                 stage["output"] = self._stored(stage["output"])
 
+    def _carried_within_budget(
+        self, signals: list[dict[str, Any]], stages: dict[str, Any], budget: int | None
+    ) -> None:
+        """The queued ``signals`` and the ``stages`` (``StageState``) a continue-as-new
+        carries in its input payload: past ``budget`` bytes of their payloads and outputs,
+        the larger ones (largest first, until the rest is within it) go behind references
+        to the BlobStore. Temporal refuses a payload over 2 MiB: 2,100 signals of 1 KB
+        queued while a stage waited for another name made every workflow task of the run
+        try to continue carrying them and fail (``PayloadsTooLarge``), for ever. A stage
+        activity reads a lent or taken payload with ``claim.load``, the engine a stage's
+        output as any spilled value, and a snapshot or redrive carries stored forms."""
+        if not budget:
+            return
+        values: list[tuple[int, str, Any]] = []  # (bytes, "signal" | "stage", index or id)
+        total = 0
+        for i, sig in enumerate(signals):
+            size = self._size(sig.get("payload"))
+            total += size
+            if size > _KEPT_INLINE:
+                values.append((size, "signal", i))
+        for sid, st in stages.items():
+            size = self._size(st.output)
+            total += size
+            if size > _KEPT_INLINE:
+                values.append((size, "stage", sid))
+        if total <= budget:
+            return
+        # largest first (a stable sort: the same order on every replay)
+        for size, kind, at in sorted(values, key=lambda v: -v[0]):
+            if kind == "signal":
+                ref = self._stored(signals[at]["payload"])
+                signals[at]["payload"] = ref
+            else:
+                ref = self._stored(stages[at].output)
+                stages[at] = stages[at].model_copy(update={"output": ref})
+            total -= size - self._size(ref)
+            if total <= budget:
+                return
+
     def _stored(self, value: Any) -> Any:
         """``value`` (a stored form: inline, boxed or a reference) behind a reference to the
         BlobStore, which the worker running this workflow task stores (a replay does not)."""

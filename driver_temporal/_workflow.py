@@ -512,11 +512,16 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         attributes are this one's (the ``wfe_run`` memo current), and Temporal starts it
         on the same PINNED Worker Deployment version (a pinned override is inherited)."""
         recent = list(self._deliveries.items())[-_DELIVERIES_KEPT:]
+        stages = {sid: StageState.fresh(sid, st) for sid, st in self._stages.items()}
+        signals = [dict(sig) for sig in self._signals]
+        # (runs with ``carry_budget``) the queued signals and stage outputs past it go to the
+        # BlobStore: the input payload stays under Temporal's 2 MiB (``_budget``)
+        self._carried_within_budget(signals, stages, self._start.carry_budget)
         doc = self._start.model_copy(
             update={
                 "event_seq": self._seq,
-                "stages": {sid: StageState.fresh(sid, st) for sid, st in self._stages.items()},
-                "signals": [dict(sig) for sig in self._signals],
+                "stages": stages,
+                "signals": signals,
                 "signal_keys": sorted(self._signal_keys),
                 "redrive_history": list(self._redrive_history),
                 "run_started": self._run_started,
