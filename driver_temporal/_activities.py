@@ -94,6 +94,10 @@ COMPENSATE_SUFFIX = ".compensate"
 READ_JOURNAL_ACTIVITY = "wfe.read_journal"
 T = TypeVar("T")
 # RPC outcomes of a take that say nothing about the run (a busy server or worker): ask again
+# (``spill`` in ``_run``) the bytes of step values a stage's ledger carries inline, and the
+# size a value keeps inline past that (its reference would be about as big)
+_STEPS_INLINE = 500_000
+_STEP_KEPT_INLINE = 512
 _TRANSIENT = frozenset(
     {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED}
 )
@@ -557,8 +561,18 @@ class DriverActivities:
             if queue
         }
 
+        # the step values the stage's ledger carries inline (in this activity's result, the
+        # inputs of its later attempts, a continue-as-new): past ``_STEPS_INLINE`` bytes, each
+        # new one over ``_STEP_KEPT_INLINE`` goes to the BlobStore. An attempt that took 2,000
+        # signals of 1 KB reported a 2.3 MB suspension, which Temporal refused: it never ended
+        inline = [sum(len(pydantic_core.to_json(r.get("result"))) for r in task["steps"])]
+
         async def spill(rec: StepRecord) -> dict[str, Any]:
             data = record_to_json(rec)
+            size = len(pydantic_core.to_json(rec.result))
+            force = size > _STEP_KEPT_INLINE and inline[0] + size > _STEPS_INLINE
+            if not force and size <= self.claim.threshold:
+                inline[0] += size
             key = spill_key(
                 req.run_id,
                 "steps",
@@ -567,7 +581,7 @@ class DriverActivities:
                 rec.name,
                 case_safe=_case_safe(task),
             )
-            data["result"] = await self.claim.dump(rec.result, key)
+            data["result"] = await self.claim.dump(rec.result, key, force=force)
             return data
 
         take: TakeSignal | None = None

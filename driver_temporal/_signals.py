@@ -137,6 +137,10 @@ class SignalHandlers:
     # before the run set up, the bound is not judged: ``_start`` and the carried queue are not
     # there yet, so ``_carry_signals`` judges it, on runs with ``StartDocument.bounds_early``)
     _early: list[tuple[str, Any, Any, Any, bool]] | None = None
+    # (``GraphWorkflow``) its continue-as-new threshold, and the waits ended in this execution
+    _continue_after: int | None = None
+    _waits_ended: int = 0
+    _takes = 0  # the takes this execution handled (each a Temporal update)
 
     def _read_signal_rule(self, start_memo: Any) -> None:
         """(``__init__``) The signal rule of the run, from its ``wfe_start`` memo entry."""
@@ -385,6 +389,7 @@ class SignalHandlers:
     def on_take_signal(self, body: dict[str, Any]) -> dict[str, Any]:
         """A stage attempt's wait asks for the oldest free signal ``name`` (see the module
         docstring; ``given`` only counts on a run started before shared takes)."""
+        self._takes += 1
         if not self._may_take(body):
             return {"taken": False}
         held = self._held.setdefault(body["stage"], {})
@@ -401,6 +406,26 @@ class SignalHandlers:
         if not self._may_take(body):
             raise ApplicationError("no signal to take: the wait suspends", type="NothingToTake")
 
+    def _takes_held(self) -> bool:
+        """Whether takes wait for a continue-as-new (runs with
+        ``StartDocument.takes_per_execution`` that may continue, ``_continue_after``): this
+        execution handled that many, or Temporal suggests continuing (a long history; past
+        a share of the updates an execution may receive, on a server configured so). Each
+        take is an update: past the limit Temporal refused the next one and the attempt,
+        never at a safe point, could not go on in a new execution. Now a take answers
+        nothing (the wait suspends, its journal keeping what the attempt took) and no
+        suspended wait resumes for a signal, so the run reaches a safe point and continues;
+        the new execution resumes the waits. From the workflow task's started event: the
+        same on a replay."""
+        start: StartDocument | None = getattr(self, "_start", None)
+        if start is None or start.takes_per_execution is None or self._continue_after is None:
+            return False
+        if start.continued and not self._waits_ended:
+            return False  # (it may not continue yet: ``GraphWorkflow._may_continue``)
+        if self._takes >= start.takes_per_execution:
+            return True
+        return workflow.info().is_continue_as_new_suggested()
+
     def _may_take(self, body: dict[str, Any]) -> bool:
         sid = body.get("stage")
         call = self._calls.get(sid) if isinstance(sid, str) else None
@@ -412,6 +437,8 @@ class SignalHandlers:
             return True
         if self._holder_rule and self._signal_holder not in (None, sid):
             return False  # (runs started before shared takes) another attempt holds the queue
+        if self._takes_held():
+            return False  # the run continues as new first: the wait suspends
         return self._nth(str(body.get("name")), self._skip(body)) is not None
 
     def _skip(self, body: dict[str, Any]) -> int:
@@ -454,11 +481,15 @@ class SignalHandlers:
     def _signal_ready(self, name: str) -> bool:
         if self._holder_rule and self._signal_holder is not None:
             return False
+        if self._takes_held():
+            return False  # (the wait resumes in the execution the run continues in)
         return self._queued(name) > 0
 
     def _reserve(self, sid: str, name: str) -> bool:
         """A suspended wait of ``sid`` for ``name`` resumes: lend it the oldest free signal of
         the name, at once, so two waiters never resume for one signal."""
+        if self._takes_held():
+            return False
         i = self._nth(name, 0)
         if i is None:
             return False

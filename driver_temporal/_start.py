@@ -40,6 +40,7 @@ from ._wire import (
     SIGNALS_CHECKED,
     STAGE_ATTRIBUTE_WAITS,
     SUSPENSION_IDS_BY_STEP,
+    TAKES_PER_EXECUTION,
 )
 
 if TYPE_CHECKING:
@@ -149,6 +150,14 @@ class StartDocument(BaseModel):
     # started before queued them all (a burst to a pending run exceeded the bound), and
     # replays so
     bounds_first: bool = False
+    # (runs started since 2026-12-06, with ``continue_after``) once an execution handled
+    # that many takes (an execution receives at most 2,000 updates by default, and each
+    # signal a running attempt takes is one), or Temporal suggests continuing as new, a take
+    # answers nothing and no wait resumes for a signal: the attempt suspends, the run reaches
+    # a safe point and continues, and the wait resumes in the new execution
+    # (``SignalHandlers._takes_held``); None: a run started before, whose attempt went on
+    # taking until Temporal refused the update
+    takes_per_execution: int | None = None
 
     @classmethod
     def for_engine(
@@ -163,6 +172,7 @@ class StartDocument(BaseModel):
             frees_taken=True,
             carry_budget=CARRY_BUDGET,
             bounds_first=True,
+            takes_per_execution=TAKES_PER_EXECUTION,
             dead_letter_after=settings.dead_letter_after,
             dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
             outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,

@@ -33,6 +33,7 @@ __all__ = [
     "SIGNALS_CHECKED",
     "STAGE_ATTRIBUTE_WAITS",
     "SUSPENSION_IDS_BY_STEP",
+    "TAKES_PER_EXECUTION",
     "deployment_for",
     "dlq_key",
     "fingerprint",
@@ -152,6 +153,12 @@ def deployment_for(task_queue: str) -> str:
 def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+
+TAKES_PER_EXECUTION = 1_500
+"""(``StartDocument.takes_per_execution``) The most signals the running attempts of one
+execution take (each a Temporal update: the dev server lets an execution receive 2,000, its
+``history.maxTotalUpdates``) before the run continues as new, with room for the run's other
+updates (a freeze, a signal's status)."""
 
 CARRY_BUDGET = 1_000_000
 """(``StartDocument.carry_budget``) The most bytes of business values (run input, upstream

@@ -410,7 +410,11 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if self._start.continued and not self._waits_ended:
             return False  # (no progress since the last continue: see ``_waits_ended``)
         info = workflow.info()
-        if info.get_current_history_length() < limit and not info.is_continue_as_new_suggested():
+        if (
+            info.get_current_history_length() < limit
+            and not info.is_continue_as_new_suggested()
+            and not self._takes_held()
+        ):
             return False
         return self._at_safe_point() and not self._due_before_next()
 
