@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._admin import BadInputContract, IdempotencyContract, VersionContract
     from ._all import AllContracts
     from ._blindspots import BlindSpotContract
+    from ._corners import CornerContract
     from ._crash import CrashContract
     from ._flow import ClaimCheckContract, FlowContract, HookContract, RetryContract, SleepContract
     from ._harness import (
@@ -53,6 +54,7 @@ __all__ = [
     "Capabilities",
     "ClaimCheckContract",
     "CompensationContract",
+    "CornerContract",
     "CrashContract",
     "EventSinkContract",
     "ExecutionLog",
@@ -93,6 +95,7 @@ _MODULES = {
     "Capabilities": "_harness",
     "ClaimCheckContract": "_flow",
     "CompensationContract": "_saga",
+    "CornerContract": "_corners",
     "CrashContract": "_crash",
     "EventSinkContract": "_sink",
     "ExecutionLog": "_harness",

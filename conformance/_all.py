@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._admin import BadInputContract, IdempotencyContract, VersionContract
 from ._blindspots import BlindSpotContract
+from ._corners import CornerContract
 from ._crash import CrashContract
 from ._flow import ClaimCheckContract, FlowContract, HookContract, RetryContract, SleepContract
 from ._hooks import HookEdgeContract
@@ -33,6 +34,7 @@ class AllContracts(
     ParallelFailureContract,
     ParallelSignalContract,
     RedriveContract,
+    CornerContract,
     SignalContract,
     SignalGateContract,
     TimeoutContract,
