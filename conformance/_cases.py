@@ -80,12 +80,17 @@ class Wait:
     suspension on the name reached the sink, j its rank among the late waits of the name (the
     early ones do not suspend). An early wait after a late one of its name is never drawn:
     its signal, sent at start, would go to the late wait, and a timeout racing a signal is
-    not deterministic."""
+    not deterministic, except in a ``race`` wait: ``timeout=ms``, caught, its signal sent
+    ``lag`` ms after its suspension reached the sink, about when the timeout falls (which
+    comes first is up to timing), then a ``timeout`` wait for its name, the name's only other
+    wait in the run: the race wait takes the signal, or the timeout wait does, or it stays
+    queued (``conformance._model.RACE_OUTCOMES``); it is never lost."""
 
     name: str
-    mode: Literal["after", "before", "during", "timeout"] = "after"
+    mode: Literal["after", "before", "during", "timeout", "race"] = "after"
     ms: int = 100
     catch: bool = False
+    lag: int = 0  # (``race``) ms after its suspension reached the sink that its signal goes
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,9 @@ class Case:
     order: tuple[str, ...] = ()  # run order inside each parallel group; default: by id
     cancel: str | None = None  # cancel once this (holding) stage is suspended on its hold
     redrive: bool = False  # after a failure: redrive from last_failure, next attempt succeeds
+    # (with ``redrive``) the first redrive's attempts of the redriven stage fail for good
+    # (NonRetryableError) again; the runner redrives a second time, and that one succeeds
+    refail: bool = False
     # ``max_pending_signals`` of the engine that starts and signals the run (None: the
     # default, never reached). A bounded case (``bounded``) has no ``local`` stage, no wait
     # for a name another wait of the run uses and no shared gate, and its first group's
@@ -189,6 +197,8 @@ class Case:
             lines.append(f"    cancel={self.cancel!r},")
         if self.redrive:
             lines.append("    redrive=True,")
+        if self.refail:
+            lines.append("    refail=True,")
         if self.bound is not None:
             lines.append(f"    bound={self.bound!r},")
         lines.append(")")
@@ -283,15 +293,14 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         n = draw(st.integers(0, 4))
         ops: list[Op] = []
         for i in range(n):
-            # (a local stage waits more often: its waits for one name again are what its
-            # tries' journal reads get wrong most easily, see ``_waits``)
-            kinds = ["run", "run", "sleep", "wait", "emit"] + (["wait", "wait"] if local else [])
-            kind = draw(st.sampled_from(kinds))
+            kind = _kind(draw, local)
             name = f"{sid}{i}"
             if kind == "run":
                 ops.append(RunStep(name, fails=draw(st.sampled_from([0, 0, 0, 1, 2]))))
             elif kind == "sleep":
                 ops.append(Sleep(name, ms=draw(st.sampled_from([20, 50, 200]))))
+            elif kind == "race":
+                ops.extend(_race(draw, name))
             elif kind == "emit":
                 ops.append(
                     Emit(f"{sid}.e{i}", n=draw(st.integers(0, 9)), in_step=draw(st.booleans()))
@@ -356,8 +365,9 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
             stages=tuple(_share_gates(draw, stages, layers)),
             order=order,
             cancel=cancel,
-            redrive=draw(st.sampled_from([False, False, True])),
+            redrive=draw(st.booleans()),
         )
+        case = _outside(draw, case)
         # two cases in five bound the run's queue, small enough to refuse early signals
         bound = draw(st.sampled_from([None, None, None, 1, 2]))
         if bound is not None:
@@ -412,15 +422,64 @@ def _waits(draw: Any, ops: Sequence[Op], name: str, modes: list[str], local: boo
     return out
 
 
+def _kind(draw: Any, local: bool) -> str:
+    """The kind of a stage's next op: run, sleep, wait, emit or race."""
+    from hypothesis import strategies as st
+
+    # (a local stage waits more often: its waits for one name again are what its tries'
+    # journal reads get wrong most easily, see ``_waits``)
+    kinds = ["run", "run", "sleep", "wait", "emit"] + (["wait", "wait"] if local else [])
+    kind: str = draw(st.sampled_from(kinds))
+    # one run in seven races instead (not in a local stage: it runs inside its workflow task
+    # on Temporal, where no signal reaches it while it runs, so nothing races its timeout)
+    if kind == "run" and not local and draw(st.integers(0, 6)) == 0:
+        kind = "race"
+    return kind
+
+
+def _race(draw: Any, name: str) -> list[Op]:
+    """A ``race`` wait (``Wait``) of ``name`` and the timeout wait after it."""
+    from hypothesis import strategies as st
+
+    lag = draw(st.sampled_from([250, 400, 550]))
+    return [
+        Wait(name, "race", ms=400, catch=True, lag=lag),
+        Wait(name, "timeout", ms=400, catch=True),
+    ]
+
+
+def _outside(draw: Any, case: Case) -> Case:
+    """Half the cancelled cases get a compensation that fails (the run stays ``cancelled``,
+    the error recorded: the stage draws alone give few), half the redriven ones a redrive
+    that fails again (``Case.refail``)."""
+    from hypothesis import strategies as st
+
+    groups = groups_of(case)
+    held = next((k for k, g in enumerate(groups) if case.cancel in g), 0)
+    done = [sid for g in groups[:held] for sid in g]  # (they complete before the cancel)
+    if done and draw(st.booleans()):
+        failing = draw(st.sampled_from(done))
+        case = replace(
+            case,
+            stages=tuple(
+                replace(s, compensation="fail") if s.id == failing else s for s in case.stages
+            ),
+        )
+    return replace(case, refail=case.redrive and draw(st.booleans()))
+
+
 def _names_again(ops: Sequence[Op], mode: str) -> list[str]:
     """The names of the stage's waits so far a new wait of ``mode`` may wait for again: any
     for a late wait (``after``, ``timeout``), one no late wait used for an early one."""
     late = {op.name for op in ops if isinstance(op, Wait) and op.mode in ("after", "timeout")}
+    raced = {op.name for op in ops if isinstance(op, Wait) and op.mode == "race"}
     return list(
         dict.fromkeys(
             op.name
             for op in ops
-            if isinstance(op, Wait) and (mode in ("after", "timeout") or op.name not in late)
+            if isinstance(op, Wait)
+            and op.name not in raced
+            and (mode in ("after", "timeout") or op.name not in late)
         )
     )
 
@@ -456,11 +515,14 @@ def _share_gates(draw: Any, stages: list[StageCase], layers: list[list[str]]) ->
 def bounded(case: Case, bound: int) -> Case:
     """``case`` with ``bound`` (``Case.bound``) and the rules of a bounded case: no ``local``
     stage, every wait of the run for a name of its own (``<stage>w<op index>``), no shared
-    gate."""
+    gate, no race (a race wait's signal may stay queued: it would count against the bound by
+    chance): a plain caught timeout."""
     stages = []
     for s in case.stages:
         ops = tuple(
-            replace(op, name=f"{s.id}w{i}") if isinstance(op, Wait) else op
+            replace(op, name=f"{s.id}w{i}", mode="timeout" if op.mode == "race" else op.mode)
+            if isinstance(op, Wait)
+            else op
             for i, op in enumerate(s.ops)
         )
         stages.append(replace(s, ops=ops, local=False, gate_shares=None))
@@ -468,16 +530,10 @@ def bounded(case: Case, bound: int) -> Case:
 
 
 def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:
-    """Drop what would make a case hang or hit an open question of the contract: a hold with
-    no stage later in its group to end the run (it would wait forever), failing compensations
-    in a cancelled run (DESIGN §5 leaves that status open), and known gaps."""
+    """Drop what would make a case hang: a hold with no stage later in its group to end the
+    run (it would wait forever), and known gaps."""
     from ._model import LateSignalRefused, ModelError, expect
 
-    if case.cancel is not None:
-        stages = tuple(
-            replace(s, compensation="ok") if s.compensation == "fail" else s for s in case.stages
-        )
-        case = replace(case, stages=stages)
     for _ in range(8):
         try:
             exp = expect(case)

@@ -123,6 +123,13 @@ class _Runtime:
     deadline: float
     sent: set[str] = field(default_factory=set)  # the early signals sent, by step key
     redriven: str | None = None  # the stage redriven: its next attempt is scripted to succeed
+    redrives: int = 0  # how many times the runner redrove the run so far
+    fails_again: bool = False  # (``Case.refail``) this redrive's attempts fail for good
+    # what the race waits and the timeout waits after them returned, by (stage, step key)
+    raced: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # by stage id (its ``stage.started``) and gate key (suspensions on it): counts at the
+    # last redrive, see ``_arrived``
+    base: dict[str, int] = field(default_factory=dict)
     step_runs: dict[str, int] = field(default_factory=dict)
     starts: asyncio.Semaphore | None = None
 
@@ -135,24 +142,42 @@ class _Runtime:
     def _arrived(self, run_id: str, s: StageCase) -> bool:
         """``s`` started, and if it is gated ``after`` a signal, suspended on its gate (a gate
         waits before the body's barrier: whether a stage blocked behind a sibling that ends the
-        run got there must not depend on timing)."""
-        if not self.sink.has(run_id, "stage.started", s.id):
+        run got there must not depend on timing). After a redrive: since it (``base``), or
+        ``s`` completed before and is kept."""
+        if self.sink.has(run_id, "stage.completed", s.id):
+            return True
+        if self._count(run_id, s.id, None) <= self.base.get(s.id, 0):
             return False
-        return s.gate != "after" or self.sink.has(
-            run_id, "stage.suspended", s.id, waiting_for=f"signal:{s.gate_signal}"
-        )
+        gate = f"signal:{s.gate_signal}"
+        return s.gate != "after" or self._count(run_id, s.id, gate) > self.base.get(s.gate_key, 0)
+
+    def _count(self, run_id: str, sid: str, waiting_for: str | None) -> int:
+        """``stage.started`` (``waiting_for`` None) or ``stage.suspended`` on it of ``sid``."""
+        if waiting_for is not None:
+            return self.sink.suspensions(run_id, sid, waiting_for)
+        events = self.sink.run_events(run_id)
+        return sum(e.type == "stage.started" and e.stage == sid for e in events)
+
+    def redriven_now(self, run_id: str) -> None:
+        """The runner redrives the run now: what the barriers count from."""
+        for s in self.case.stages:
+            self.base[s.id] = self._count(run_id, s.id, None)
+            self.base[s.gate_key] = self._count(run_id, s.id, f"signal:{s.gate_signal}")
 
     def may_go_on(self, run_id: str, sid: str) -> bool:
-        """The previous sibling of ``sid`` in ``case.order`` settled (or none): completed, or
-        suspended on a hold nobody ends (not the cancel target: that one stops the group)."""
+        """Every sibling before ``sid`` in ``case.order`` settled (or none): completed, or
+        suspended on a hold nobody ends (not the cancel target: that one stops the group). (In
+        the first run that is the previous one settled; after a redrive a sibling kept
+        completed may come between ``sid`` and one that runs again.)"""
         group = next(g for g in groups_of(self.case) if sid in g)
         order = [x for x in self.case.run_order() if x in group]
-        i = order.index(sid)
-        if i == 0:
-            return True
-        prev = self.case.stage(order[i - 1])
+        return all(self._settled(run_id, x) for x in order[: order.index(sid)])
+
+    def _settled(self, run_id: str, sid: str) -> bool:
+        prev = self.case.stage(sid)
         return self.sink.has(run_id, "stage.completed", prev.id) or (
             prev.hold
+            and not self.redrives  # (after a redrive its hold is sent: it completes)
             and prev.id != self.case.cancel
             and self.sink.has(
                 run_id, "stage.suspended", prev.id, waiting_for=f"signal:{prev.hold_signal}"
@@ -199,7 +224,11 @@ def after_waits(case: Case) -> list[tuple[str, str, int, str]]:
     for s in case.stages:
         waits: dict[str, int] = {}
         for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
-            if not isinstance(op, Wait) or key is None or op.mode not in ("after", "timeout"):
+            if (
+                not isinstance(op, Wait)
+                or key is None
+                or op.mode not in ("after", "timeout", "race")
+            ):
                 continue
             k = waits[op.name] = waits.get(op.name, 0) + 1
             if op.mode == "after":
@@ -262,7 +291,7 @@ async def _emit(ctx: StageContext[Num], op: Emit) -> None:
 async def _wait(ctx: StageContext[Num], op: Wait, key: str, rt: _Runtime) -> Any:
     if op.mode == "during":  # (its signal, and those of the earlier waits for the name)
         await rt._until(lambda: key in rt.sent, f"{key} sent")
-    timeout = timedelta(milliseconds=op.ms) if op.mode == "timeout" else None
+    timeout = timedelta(milliseconds=op.ms) if op.mode in ("timeout", "race") else None
     try:
         return await ctx.step.wait_for_signal(op.name, timeout=timeout)
     except StepTimeoutError:
@@ -288,9 +317,13 @@ def _body(s: StageCase, rt: _Runtime) -> Any:
             elif isinstance(op, Wait):
                 assert key is not None
                 got.append(await _wait(ctx, op, key, rt))
+                rt.raced[s.id, key] = got[-1]
         if s.hold:
             await ctx.step.wait_for_signal(s.hold_signal)
-        outcome = "ok" if rt.redriven == s.id else s.outcome(ctx.attempt)
+        if rt.redriven == s.id:
+            outcome = "fatal" if rt.fails_again else "ok"
+        else:
+            outcome = s.outcome(ctx.attempt)
         if outcome == "error":
             raise ScriptedError(f"{s.id} attempt {ctx.attempt} scripted to fail")
         if outcome == "fatal":
@@ -379,6 +412,85 @@ class _Signals:
             rt.sent.add(key)
 
 
+def race_waits(case: Case) -> list[tuple[str, str, str, int]]:
+    """(stage, signal name, step key, lag ms) of each ``race`` wait (``Wait``)."""
+    return [
+        (s.id, op.name, key, op.lag)
+        for s in case.stages
+        for op, key in zip(s.ops, wait_keys(s.ops), strict=True)
+        if isinstance(op, Wait) and key is not None and op.mode == "race"
+    ]
+
+
+def race_outcomes(rt: _Runtime, run_id: str) -> dict[str, str]:
+    """What became of each race wait's signal (``conformance._model.RACE_OUTCOMES``), from
+    what the race wait and the timeout wait after it returned and how often the stage
+    suspended on the name; a race wait never reached: ``took`` (the model never asks)."""
+    out: dict[str, str] = {}
+    for sid, name, key, _ in race_waits(rt.case):
+        mine = signal_payload(key)
+        after = [v for (st, k), v in rt.raced.items() if st == sid and k.startswith(f"{name}#")]
+        if rt.raced.get((sid, key)) == mine:
+            out[key] = "took"
+        elif mine in after:
+            once = rt.sink.suspensions(run_id, sid, f"signal:{name}") == 1
+            out[key] = "queued" if once else "late"
+        elif (sid, key) in rt.raced:
+            out[key] = "left"
+    return out
+
+
+class _Outside:
+    """What the runner sends beside the waits' and gates' signals: each race wait's signal
+    (``lag`` ms after its suspension reached the sink, in a task of its own), and, after a
+    redrive, each hold's signal once the stage suspended on it again (``_Sim.release``); a
+    gate a sibling's failure cancelled waits on it again after the redrive: its signal goes
+    once it did (``gate_due``)."""
+
+    def __init__(self, engine: Any, run_id: str, rt: _Runtime, races: list[Any]) -> None:
+        self.engine, self.run_id, self.rt, self.races = engine, run_id, rt, races
+        self.racing: list[asyncio.Task[None]] = []
+        self.holds: list[StageCase] = []
+        self.base: dict[str, int] = {}  # suspensions on its gate or hold before the redrive
+
+    def _suspensions(self, sid: str, name: str) -> int:
+        return self.rt.sink.suspensions(self.run_id, sid, f"signal:{name}")
+
+    async def _race(self, name: str, key: str, lag: int) -> None:
+        await asyncio.sleep(lag / 1000)  # (not to order anything: either outcome is right)
+        with contextlib.suppress(RunNotActiveError):  # (the run ended: the signal is left)
+            await self.engine.signal(self.run_id, name, signal_payload(key), idempotency_key=key)
+
+    async def tick(self) -> None:
+        for item in list(self.races):
+            sid, name, key, lag = item
+            if self._suspensions(sid, name) >= 1:
+                self.races.remove(item)
+                self.racing.append(asyncio.create_task(self._race(name, key, lag)))
+        for s in list(self.holds):
+            if self._suspensions(s.id, s.hold_signal) > self.base[s.hold_signal]:
+                self.holds.remove(s)
+                await self.engine.signal(self.run_id, s.hold_signal, {})
+
+    def gate_due(self, s: StageCase) -> bool:
+        """The ``after`` gate of ``s`` is suspended (since the last redrive) and its body's
+        barrier would let it go on."""
+        waiting = self._suspensions(s.id, s.gate_signal) > self.base.get(s.gate_key, 0)
+        return waiting and self.rt.may_go_on(self.run_id, s.id)
+
+    def redriven(self, gates: list[StageCase]) -> None:
+        self.rt.redriven_now(self.run_id)
+        self.base = {s.gate_key: self._suspensions(s.id, s.gate_signal) for s in gates}
+        self.holds = [s for s in self.rt.case.stages if s.hold and s.id != self.rt.case.cancel]
+        self.base.update(
+            {s.hold_signal: self._suspensions(s.id, s.hold_signal) for s in self.holds}
+        )
+
+    async def settle(self) -> None:
+        for task in self.racing:
+            await task
+
+
 async def _drive(
     case: Case, wf: Workflow[Num], rt: _Runtime, exp: Expected, engine: Any
 ) -> dict[str, Any]:
@@ -392,7 +504,8 @@ async def _drive(
     pending = after_waits(case)
     gates = [s for s in case.stages if s.gate == "after"]
     cancelled = False
-    terminals = 2 if exp.redrive else 1
+    terminals = 1 + exp.redrives
+    outside = _Outside(engine, run.id, rt, race_waits(case))
 
     async def late(name: str, key: str) -> None:
         nonlocal cancelled, terminals
@@ -411,10 +524,9 @@ async def _drive(
             if sink.suspensions(run.id, sid, f"signal:{name}") >= k:
                 pending.remove(item)
                 await late(name, key)
+        await outside.tick()
         for s in list(gates):  # once its body's barrier would let it go on
-            if sink.has(
-                run.id, "stage.suspended", s.id, waiting_for=f"signal:{s.gate_signal}"
-            ) and rt.may_go_on(run.id, s.id):
+            if outside.gate_due(s):
                 gates.remove(s)
                 await late(s.gate_signal, s.gate_key)
         if case.cancel and not cancelled:
@@ -427,17 +539,22 @@ async def _drive(
         done = sink.count(run.id, _TERMINAL)
         if done >= terminals:
             break
-        if done == 1 and exp.redrive and not rt.redriven:
+        if done == rt.redrives + 1 and rt.redrives < exp.redrives:
             first = await engine.wait(run.id, timeout=60)
             if first.status != RunStatus.FAILED:
                 break
             rt.redriven = exp.failed_stage
+            rt.redrives += 1
+            rt.fails_again = rt.redrives < exp.redrives
+            outside.redriven(gates)
             await engine.redrive(run.id, from_="last_failure")
         await asyncio.sleep(_POLL)
+    await outside.settle()
     info = await engine.wait(run.id, timeout=60)
     events = sink.run_events(run.id)
     entries = rt.log.entries()
     return {
+        "run_id": run.id,
         "signals": dict(sorted(signals.answers.items())),
         "run": run_summary(info),
         "output": info.output if info.status == RunStatus.COMPLETED else None,
@@ -478,6 +595,8 @@ async def run_batch(
             rt.starts = starts
             try:
                 actual = await _drive(case, wf, rt, exp, engine)
+                if race_waits(case):  # the model predicts the rest from what the race did
+                    exp = expect(case, races=race_outcomes(rt, actual["run_id"]))
             except Exception as exc:
                 return _Result(case, exp, None, f"{type(exc).__name__}: {exc}")
             return _Result(case, exp, actual)

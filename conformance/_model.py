@@ -14,6 +14,12 @@ the suspension) and the gate journals nothing while it waits; a retry or a redri
 finds the signal journaled and passes at once. A ``timeout`` gate (``after_signal_timeout``,
 never sent) suspends once, then its attempt fails with StepTimeoutError, and so does every
 retry, without a suspension; the body never runs.
+
+A ``race`` wait (``Wait.mode``) is a wait with a timeout whose signal the runner sends about
+when the timeout falls: which comes first is up to timing, so the model is told what happened
+(``races``: by the race wait's step key, see ``RACE_OUTCOMES``) and predicts everything else
+from it; the signal is never lost: the race wait took it, or the timeout wait after it (its
+``Wait.follows``) did, at once or once it suspended, or it stayed queued to the end of the run.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from ._cases import Case, Emit, RunStep, Sleep, StageCase, Wait, groups_of, wait
 
 __all__ = [
     "FULL",
+    "RACE_OUTCOMES",
     "Expected",
     "LateSignalRefused",
     "ModelError",
@@ -52,6 +59,13 @@ class LateSignalRefused(ModelError):
 
 # what ``engine.signal`` answers, in ``Expected.signals``, when it raises SignalQueueFullError
 FULL = "full"
+
+# what became of a race wait's signal (``Wait.mode == "race"``): the race wait took it
+# (``took``); it timed out and the timeout wait after it took the signal at once
+# (``queued``: it was queued by then), or suspended first and was then handed it (``late``:
+# the signal came while the attempt was between the two waits), or timed out too (``left``:
+# the signal came after both, it stays queued, or the run had ended and refused it)
+RACE_OUTCOMES = ("took", "queued", "late", "left")
 
 
 def early_signals(case: Case) -> list[tuple[str, str, str, str]]:
@@ -157,6 +171,7 @@ class Expected:
     counts: dict[str, int]
     compensations: list[str]
     redrive: bool = False  # the runner redrives after the first failure
+    redrives: int = 0  # how many times (``Case.refail``: twice, the first redrive fails again)
     cancel: bool = False  # the runner cancels once the cancel stage holds
     held_when_failed: bool = False  # a sibling was suspended when a stage failed for good
     stopped: list[str] = field(default_factory=list)  # stages cancelled when the run stopped
@@ -195,11 +210,34 @@ class _StageRun:
 
 
 def _wait(
-    led: dict[str, Any], key: str, op: Wait, state: Any, got: list[Any]
+    led: dict[str, Any],
+    key: str,
+    op: Wait,
+    state: Any,
+    got: list[Any],
+    race: tuple[str, str] | None = None,
 ) -> tuple[str, Any] | None:
     """The wait journaled as step ``key``. A signal sent before or during the wait completes
     it at once; otherwise the first invocation suspends (on the signal's name, whichever wait
-    for it this is), and the replay after the signal (or the timeout) goes on."""
+    for it this is), and the replay after the signal (or the timeout) goes on. ``race``: (the
+    race wait's key, its outcome) for a race wait and for the timeout wait that follows it."""
+    if race is not None:
+        rkey, outcome = race
+        if op.mode == "race":
+            if state is None:
+                led[key] = "waiting"
+                return "suspend", ("signal", f"signal:{op.name}")
+            led[key] = "done"
+            got.append(signal_payload(key) if outcome == "took" else None)
+            return None
+        if outcome == "queued" and state is None:  # the timeout wait after it: taken at once
+            led[key] = "done"
+            got.append(signal_payload(rkey))
+            return None
+        if outcome == "late" and state is not None:
+            led[key] = "done"
+            got.append(signal_payload(rkey))
+            return None
     if op.mode in ("before", "during"):
         led[key] = "done"
         got.append(signal_payload(key))
@@ -219,8 +257,12 @@ def _wait(
 
 
 class _Sim:
-    def __init__(self, case: Case) -> None:
+    def __init__(self, case: Case, races: dict[str, str] | None = None) -> None:
         self.case = case
+        self.races = races or {}
+        # after a redrive the runner sends a hold's signal once it suspended on it (in the
+        # first run a hold waits for good: it ends by a cancel or a sibling's failure)
+        self.release = False
         self.ledger: dict[str, dict[str, Any]] = {s.id: {} for s in case.stages}
         self.step_runs: dict[str, int] = {}
         self.counts: dict[str, int] = {}
@@ -242,7 +284,7 @@ class _Sim:
     def hit(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
 
-    def _invoke(self, s: StageCase, attempt: int, redriven: bool) -> tuple[str, Any]:
+    def _invoke(self, s: StageCase, attempt: int, redriven: str | None) -> tuple[str, Any]:
         """One invocation of the body (a replay from the top). Returns (kind, detail):
         suspend -> (reason, waiting_for); fail -> (error type, retryable); done -> output;
         hold."""
@@ -275,17 +317,31 @@ class _Sim:
             ended = self._replay(s, op, key or op.name, got)
             if ended is not None:
                 return ended
-        if s.hold:
-            if led.get(s.hold_signal) is None:
-                led[s.hold_signal] = "waiting"
-                return "hold", ("signal", f"signal:{s.hold_signal}")
-            raise ModelError("a hold is never signalled")
-        outcome = "ok" if redriven else s.outcome(attempt)
+        held = self._hold(s) if s.hold else None
+        if held is not None:
+            return held
+        outcome = redriven or s.outcome(attempt)
         if outcome == "error":
             return "fail", ("ScriptedError", True)
         if outcome == "fatal":
             return "fail", ("NonRetryableError", False)
         return "done", (stage_output(s, attempt, got), emits)
+
+    def _hold(self, s: StageCase) -> tuple[str, Any] | None:
+        """The stage's hold: it waits for good in the first run; after a redrive (``release``)
+        its wait suspends (again) and the runner sends its signal."""
+        led = self.ledger[s.id]
+        state = led.get(s.hold_signal)
+        if self.release and state != "released" and s.id != self.case.cancel:
+            # (its wait journaled in the first run suspends again, then takes the signal)
+            led[s.hold_signal] = "released"
+            return "suspend", ("signal", f"signal:{s.hold_signal}")
+        if state is None:
+            led[s.hold_signal] = "waiting"
+            return "hold", ("signal", f"signal:{s.hold_signal}")
+        if state != "released":
+            raise ModelError("a hold is never signalled")
+        return None
 
     def _replay(
         self, s: StageCase, op: RunStep | Sleep | Wait, key: str, got: list[Any]
@@ -315,9 +371,16 @@ class _Sim:
             self.queued.discard(key)
         elif op.mode == "after" and state is not None:
             self.late_send()
-        return _wait(led, key, op, state, got)
+        race = None
+        if op.mode in ("race", "timeout"):
+            rkey = race_key(s, op.name)
+            if rkey is not None:
+                race = (rkey, self.races.get(rkey, "took"))
+        return _wait(led, key, op, state, got, race)
 
-    def run_stage(self, s: StageCase, redriven: bool = False) -> _StageRun:
+    def run_stage(self, s: StageCase, redriven: str | None = None) -> _StageRun:
+        """``redriven``: the outcome the runner scripts for every attempt of the stage it
+        redrove (``ok``, or ``fatal`` on a redrive that fails again, ``Case.refail``)."""
         events: list[list[Any]] = []
         for attempt in range(1, s.max_attempts + 1):
             events.append(["stage.started", s.id, attempt])
@@ -342,7 +405,11 @@ class _Sim:
         raise AssertionError("unreachable")
 
     def run_groups(
-        self, groups: list[list[str]], trace: list[list[Any]], redriven: str | None = None
+        self,
+        groups: list[list[str]],
+        trace: list[list[Any]],
+        redriven: str | None = None,
+        scripted: str = "ok",
     ) -> tuple[str, str | None, str | None, list[str]]:
         """Run groups in order. Returns (end, stage, error, stopped stages) where end is
         completed | failed | cancelled."""
@@ -360,7 +427,7 @@ class _Sim:
                     runs[sid] = _StageRun(events, "blocked")
                     stopped.append(sid)
                     continue
-                r = self.run_stage(s, redriven=sid == redriven)
+                r = self.run_stage(s, redriven=scripted if sid == redriven else None)
                 runs[sid] = r
                 if r.result == "completed":
                     self.status[sid] = "completed"
@@ -403,6 +470,15 @@ class _Sim:
         return comp_errors
 
 
+def race_key(s: StageCase, name: str) -> str | None:
+    """The step key of the stage's race wait for ``name`` (``Wait.mode == "race"``), if any:
+    a race wait's name is its own and the one timeout wait after it (``Wait``) shares it."""
+    for op, key in zip(s.ops, wait_keys(s.ops), strict=True):
+        if isinstance(op, Wait) and op.mode == "race" and op.name == name:
+            return key
+    return None
+
+
 def _comp_order(sim: _Sim) -> list[str]:
     out: list[str] = []
     for sid in reversed(sim.completed):
@@ -414,11 +490,14 @@ def _comp_order(sim: _Sim) -> list[str]:
     return out
 
 
-def expect(case: Case, refused: set[str] | None = None) -> Expected:
+def expect(
+    case: Case, refused: set[str] | None = None, races: dict[str, str] | None = None
+) -> Expected:
     """What every driver must observe for ``case`` (a bounded one: see ``bounded_plan``;
-    ``refused``: the early signals the engine refused, default: those the contract says)."""
+    ``refused``: the early signals the engine refused, default: those the contract says;
+    ``races``: what became of each race wait's signal, by its key, default ``took``)."""
     if case.bound is None:
-        exp = _expect(case, set())
+        exp = _expect(case, set(), races)
         exp.signals = signal_answers(case, exp.trace, exp.gates_sent)
         return exp
     runs, early, queued = bounded_plan(case, refused)
@@ -482,19 +561,19 @@ def repeats_before_signals(case: Case) -> bool:
     return not any(case.stage(sid).local for sid in first)
 
 
-def _expect(case: Case, queued: set[str]) -> Expected:
+def _expect(case: Case, queued: set[str], races: dict[str, str] | None = None) -> Expected:
     groups = groups_of(case)
     sinks = sorted(s.id for s in case.stages if not any(s.id in o.after for o in case.stages))
-    sim = _Sim(case)
+    sim = _Sim(case, races)
     sim.queued = set(queued)
     trace: list[list[Any]] = [["run.created"], ["run.started"]]
     end, where, error, stopped = sim.run_groups(groups, trace)
     held_when_failed = end == "failed" and any(
         case.stage(x).hold and sim.ledger[x].get(case.stage(x).hold_signal) for x in stopped
     )
-    if end == "failed" and case.redrive and not stopped and error in _REDRIVEN_ERRORS:
+    if end == "failed" and case.redrive and error in _REDRIVEN_ERRORS:
         assert where is not None
-        redriven = _expect_redriven(sim, trace, groups, sinks, error, where)
+        redriven = _expect_redriven(sim, trace, groups, sinks, error, where, stopped)
         if redriven is not None:
             return redriven
     comps = _comp_order(sim) if end != "completed" else []
@@ -507,8 +586,9 @@ def _expect(case: Case, queued: set[str]) -> Expected:
         if end == "failed":
             trace.append(["run.failed", error, None])
         else:
-            if comp_errors:
-                raise ModelError("a failing compensation in a cancelled run")
+            # a failing compensation does not make a cancelled run failed: it stays cancelled
+            # (what the user asked for, the cause, as a failed run keeps its stage's error)
+            # with the compensation's error recorded and its stage left ``completed``
             trace.append(["run.cancelled"])
     return Expected(
         status=end,
@@ -538,27 +618,48 @@ def _expect_redriven(
     sinks: list[str],
     error: str,
     where: str,
+    stopped: list[str],
 ) -> Expected | None:
     """The runner redrives a run that failed at ``where`` from its last failure: what every
     driver observes when the redriven attempt and the groups after it complete, or when a
     later stage fails for good (no sibling held), else None (the case is then expected to end
-    failed, without a redrive)."""
+    failed, without a redrive). A redrive re-runs the failed stage and the siblings its
+    failure cancelled (``stopped``; each from attempt 1, its journal kept), keeps the
+    completed ones, then runs the groups after it. ``Case.refail``: the first redrive's
+    attempts of ``where`` fail for good (NonRetryableError) again, the run compensates and
+    fails again, and a second redrive completes it. After a redrive the runner sends each
+    hold's signal once the stage suspended on it (``_Sim.release``)."""
+    case = sim.case
     trial = copy.deepcopy(sim)
+    trial.release = True
     t_trace = copy.deepcopy(trace)
-    trial.stop([], t_trace)
-    t_trace.append(["run.failed", error, None])
-    comps = _comp_order(trial)
-    t_trace.append(["run.redriven", "last_failure"])
-    trial.business = []
-    for sid, st in trial.status.items():
-        if st == "compensated":
-            trial.status[sid] = "completed"
-    gi = next(i for i, g in enumerate(groups) if where in g)
-    rest = [[where], *groups[gi + 1 :]]
-    try:
-        t_end, t_where, t_error, t_stopped = trial.run_groups(rest, t_trace, redriven=where)
-    except ModelError:
-        return None
+    comps: list[str] = []
+    rounds = 2 if case.refail else 1
+    f_where, f_error, f_stopped = where, error, stopped
+    for k in range(rounds):
+        comps += _comp_order(trial)
+        trial.stop(f_stopped, t_trace)
+        t_trace.append(["run.failed", f_error, None])
+        t_trace.append(["run.redriven", "last_failure"])
+        trial.business = []
+        for sid, st in trial.status.items():
+            if st == "compensated":
+                trial.status[sid] = "completed"
+        gi = next(i for i, g in enumerate(groups) if f_where in g)
+        again = [x for x in groups[gi] if x == f_where or x in f_stopped]
+        rest = [again, *groups[gi + 1 :]]
+        scripted = "fatal" if k < rounds - 1 else "ok"
+        try:
+            t_end, t_where, t_error, t_stopped = trial.run_groups(
+                rest, t_trace, redriven=where, scripted=scripted
+            )
+        except ModelError:
+            return None
+        if k < rounds - 1:
+            if t_end != "failed" or t_where != where:
+                return None  # (unreachable: ``where`` fails at once)
+            assert t_where is not None and t_error is not None
+            f_where, f_error, f_stopped = t_where, t_error, t_stopped
     if t_end == "failed" and not t_stopped:
         # a later stage fails for good: the run compensates its completed stages again, the
         # kept ones too, each compensation running anew
@@ -575,6 +676,7 @@ def _expect_redriven(
             counts=dict(sorted(trial.counts.items())),
             compensations=comps,
             redrive=True,
+            redrives=rounds,
             failed_stage=where,
             gates_sent=trial.gates_sent,
         )
@@ -592,6 +694,7 @@ def _expect_redriven(
         counts=dict(sorted(trial.counts.items())),
         compensations=comps,
         redrive=True,
+        redrives=rounds,
         failed_stage=where,  # the stage redriven (its next attempt succeeds)
         gates_sent=trial.gates_sent,
     )

@@ -652,3 +652,104 @@ def test_a_bounded_case_refuses_early_signals_past_its_bound() -> None:
     two = expect(replace(case, bound=2))
     assert two.signals["gate_b"] == [[False, False], [False, True]]
     assert two.signals["bw0"] == [FULL, FULL, [True, False]]
+
+
+def test_a_cancelled_run_whose_compensation_fails_stays_cancelled() -> None:
+    case = Case(
+        stages=(
+            StageCase("a", compensation="fail", max_attempts=2),
+            StageCase("b", after=("a",), hold=True),
+        ),
+        cancel="b",
+    )
+    exp = expect(case)
+    assert (exp.status, exp.error, exp.compensation_errors) == (
+        "cancelled",
+        None,
+        [["UndoError", "a"]],
+    )
+    assert exp.stages == {"a": "completed", "b": "cancelled"}
+    assert exp.trace[-2:] == [["stage.cancelled", "b"], ["run.cancelled"]]
+    assert exp.counts["comp:a"] == 2
+
+
+def test_a_redrive_reruns_the_siblings_the_failure_cancelled_and_may_fail_again() -> None:
+    # b holds (settled), c fails for good: b is cancelled; the redrive re-runs c and b (its
+    # hold now sent), then d. With ``refail`` the first redrive fails again at c.
+    stages = (
+        StageCase("a", compensation="ok"),
+        StageCase("b", after=("a",), ops=(RunStep("b0"),), hold=True),
+        StageCase("c", after=("a",), outcomes=("fatal",)),
+        StageCase("d", after=("b", "c")),
+    )
+    once = expect(Case(stages=stages, order=("a", "b", "c", "d"), redrive=True))
+    assert once.status == "completed" and once.redrives == 1
+    tail = once.trace[once.trace.index(["run.redriven", "last_failure"]) :]
+    assert tail[:4] == [
+        ["run.redriven", "last_failure"],
+        ["stage.started", "b", 1],
+        ["stage.suspended", "b", "signal", "signal:hold_b"],
+        ["stage.completed", "b", 1],
+    ]
+    assert once.counts["step:b.b0"] == 1  # its journal kept
+    twice = expect(Case(stages=stages, order=("a", "b", "c", "d"), redrive=True, refail=True))
+    assert twice.status == "completed" and twice.redrives == 2
+    assert [e for e in twice.trace if e[0] in ("run.failed", "run.redriven")] == [
+        ["run.failed", "NonRetryableError", None],
+        ["run.redriven", "last_failure"],
+        ["run.failed", "NonRetryableError", None],
+        ["run.redriven", "last_failure"],
+    ]
+    assert twice.counts["comp:a"] == 2
+
+
+@pytest.mark.parametrize(
+    ("outcome", "got", "suspensions"),
+    [
+        ("took", [{"sig": "a0"}, None], 2),
+        ("queued", [None, {"sig": "a0"}], 1),
+        ("late", [None, {"sig": "a0"}], 2),
+        ("left", [None, None], 2),
+    ],
+)
+def test_a_race_wait_signal_is_taken_once_or_left(
+    outcome: str, got: list[Any], suspensions: int
+) -> None:
+    stage = StageCase(
+        "a",
+        ops=(
+            Wait("a0", "race", ms=400, catch=True, lag=400),
+            Wait("a0", "timeout", ms=400, catch=True),
+        ),
+    )
+    exp = expect(Case(stages=(stage,)), races={"a0": outcome})
+    assert exp.output["got"] == got
+    assert sum(e[0] == "stage.suspended" for e in exp.trace) == suspensions
+
+
+def test_the_generator_draws_the_corners() -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    drawn = {"race": 0, "refail": 0, "redrive_after_cancelled": 0, "cancel_undo_fails": 0}
+
+    @settings(
+        max_examples=300,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(cases())
+    def check(case: Case) -> None:
+        exp = expect(case)
+        drawn["race"] += any(
+            isinstance(op, Wait) and op.mode == "race" for s in case.stages for op in s.ops
+        )
+        drawn["refail"] += exp.redrives == 2
+        if exp.redrive:
+            first = exp.trace[: exp.trace.index(["run.redriven", "last_failure"])]
+            drawn["redrive_after_cancelled"] += any(e[0] == "stage.cancelled" for e in first)
+        drawn["cancel_undo_fails"] += exp.status == "cancelled" and bool(exp.compensation_errors)
+
+    check()
+    assert all(drawn.values()), drawn
