@@ -30,11 +30,32 @@ with workflow.unsafe.imports_passed_through():
     from ._outbox import WorkerFault
     from ._wire import spill_key
 
-__all__ = ["CarryBudget"]
+__all__ = ["CarryBudget", "store_from_task"]
 
 _BOX = "$wfe_inline"  # (engine_port's box of an inline value: ``box_inline``)
 _KEPT_INLINE = 512  # a value this small stays inline even past the budget (its reference
 # would be about as big)
+
+
+def store_from_task(run_id: str, key: str, data: bytes, what: str) -> None:
+    """Store ``data`` under ``key`` in the BlobStore from workflow code: the worker running this
+    workflow task does it (the ``SIGNAL_STORED`` extern function); a replay does not (the key
+    is the value's hash: the reference is rebuilt as it was). A store that fails fails the
+    workflow task (WorkerFault), which Temporal runs again. ``what``: e.g. "a signal"."""
+    if workflow.unsafe.is_replaying():
+        return
+    store = workflow.extern_functions().get(SIGNAL_STORED)
+    if store is None:
+        raise WorkerFault(
+            f"this worker cannot store {what} of run {run_id!r}: run it on a worker the wfe "
+            "Temporal driver builds (engine.worker())"
+        )
+    try:
+        store(key, data)
+    except Exception as exc:
+        raise WorkerFault(
+            f"the worker could not store {what} of run {run_id!r}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 class CarryBudget:
@@ -147,20 +168,7 @@ class CarryBudget:
         if ref is not None:
             return ref
         key = spill_key(self._run_id, "carried", f"v-{digest[:32]}")
-        if not workflow.unsafe.is_replaying():
-            store = workflow.extern_functions().get(SIGNAL_STORED)
-            if store is None:
-                raise WorkerFault(
-                    f"this worker cannot store a value of run {self._run_id!r}: run it on a "
-                    "worker the wfe Temporal driver builds (engine.worker())"
-                )
-            try:
-                store(key, data)
-            except Exception as exc:
-                raise WorkerFault(
-                    f"the worker could not store a value of run {self._run_id!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+        store_from_task(self._run_id, key, data, "a value")
         ref = ClaimCheck.reference(key, data)
         self._stored_refs[digest] = ref
         return ref

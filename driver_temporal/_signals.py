@@ -53,6 +53,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from engine_port import ClaimCheck, box_inline
 
+    from ._budget import store_from_task
     from ._carry import meta_of
     from ._freezing import migration_error
     from ._names import (
@@ -60,11 +61,9 @@ with workflow.unsafe.imports_passed_through():
         INTERNAL,
         SIGNAL_STATUS_QUERY,
         SIGNAL_STATUS_UPDATE,
-        SIGNAL_STORED,
         SIGNAL_UPDATE,
         TAKE_SIGNAL_UPDATE,
     )
-    from ._outbox import WorkerFault
     from ._start import StartDocument
     from ._wire import SIGNALS_CHECKED, spill_key
 
@@ -234,20 +233,7 @@ class SignalHandlers:
         digest = hashlib.sha256(data).hexdigest()
         run_id = self._run_id or workflow.info().workflow_id
         key = spill_key(run_id, "signals", f"raw-{digest[:32]}")
-        if not workflow.unsafe.is_replaying():
-            store = workflow.extern_functions().get(SIGNAL_STORED)
-            if store is None:
-                raise WorkerFault(
-                    f"this worker cannot store a signal of run {run_id!r}: run it on a worker "
-                    "the wfe Temporal driver builds (engine.worker())"
-                )
-            try:
-                store(key, data)
-            except Exception as exc:
-                raise WorkerFault(
-                    f"the worker could not store a signal of run {run_id!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+        store_from_task(run_id, key, data, "a signal")
         return ClaimCheck.reference(key, data)
 
     def _refusal(self, delivery: Any, key: Any) -> str | None:
