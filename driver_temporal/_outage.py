@@ -10,10 +10,10 @@ the driver makes the process's default temporalio ``Runtime`` (``use_runtime``) 
 same levels (core WARN, the rest ERROR) but its core logs *forwarded* to the Python logger
 ``wfe.temporal.core`` (so ``wfe worker --log-format json`` and the program's logging config
 apply to them too), where ``OutageFilter`` drops the retry WARNs of status ``Unavailable``
-(the server down, restarting or unreachable) or ``Unknown: transport error`` (its
-connections cut as it stops) and logs in their place one WARNING on
-``wfe.temporal`` when the first one comes ("Temporal does not answer ...; retrying until it
-is back") and one INFO once Temporal answers again (a worker asks every
+(the server down, restarting or unreachable), ``Unknown: transport error`` or a
+``Cancelled`` of a transport error (its connections cut as it stops) and logs in their place
+one WARNING on ``wfe.temporal`` when the first one comes ("Temporal does not answer ...;
+retrying until it is back") and one INFO once Temporal answers again (a worker asks every
 ``PROBE_EVERY_S`` meanwhile; a describe or a retried call that gets an answer says so too).
 Every other core message (another status, another target, an ERROR) goes through as it is.
 
@@ -57,8 +57,9 @@ log = logging.getLogger("wfe.temporal")
 # {'error': 'Status { code: Unavailable, message: "tcp connect error", ... }'}"
 _RETRIED = re.compile(r"gRPC call (\w+) retried \d+ times")
 # the server down or restarting: refused ("tcp connect error"), or its connections cut
-# ("Unknown: transport error", ConnectionReset)
-_UNAVAILABLE = re.compile(r'code: (Unavailable|Unknown), message: "([^"]*)"')
+# ("Unknown: transport error", ConnectionReset; "Cancelled: operation was canceled" from a
+# tonic transport error, "connection closed", as a restart closes a long poll)
+_UNAVAILABLE = re.compile(r'code: (Unavailable|Unknown|Cancelled), message: "([^"]*)"')
 _TARGET = re.compile(r"ConnectError\(\"[^\"]*\", ([^,)\s]+)")
 
 
@@ -83,6 +84,7 @@ class OutageFilter(logging.Filter):
             retried is None
             or status is None
             or (status.group(1) == "Unknown" and "transport error" not in status.group(2))
+            or (status.group(1) == "Cancelled" and "tonic::transport::Error" not in message)
         ):
             return True  # anything else: as it is
         with self._lock:

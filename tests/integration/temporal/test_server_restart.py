@@ -319,9 +319,18 @@ def test_outage_filter_keeps_other_core_logs(caplog: pytest.LogCaptureFixture) -
     outage.answered()
     reset = refused.replace('Unavailable, message: "tcp connect', 'Unknown, message: "transport')
     assert "Unknown" in reset and not outage.filter(core(reset))  # a second outage: cut
+    outage.answered()
+    closed = (  # a long poll the restarting server closed (seen beside a CPU hog)
+        "[sdk_core::temporalio_client::retry] gRPC call poll_activity_task_queue retried 6 "
+        "times {'error': 'Status { code: Cancelled, message: \"operation was canceled\", "
+        'source: Some(tonic::transport::Error(Transport, hyper::Error(Canceled, "connection '
+        "closed\"))) }'}"
+    )
+    assert not outage.filter(core(closed))  # a third outage
+    assert outage.filter(core(closed.replace("tonic::transport::Error", "Other"))) is True
     lines = [f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records]
     warned, back, _ = _outage_logs(lines)
-    assert (warned, back) == (2, 1), lines
+    assert (warned, back) == (3, 2), lines
     assert "Temporal at 127.0.0.1:7233 does not answer" in lines[0], lines
 
 
