@@ -27,6 +27,7 @@ from engine_port import (
     Registry,
     Retry,
     RunStatus,
+    Stage,
     StageContext,
     Workflow,
 )
@@ -56,6 +57,23 @@ def _logged(log: ExecutionLog, name: str) -> Any:
     return step
 
 
+def _named(
+    wf: Workflow[Num],
+    log: ExecutionLog,
+    name: str,
+    *,
+    after: list[Stage] | None = None,
+    retry: Retry = QUICK,
+) -> Stage:
+    """A stage ``name`` that logs its run and returns its name."""
+
+    async def body(ctx: StageContext[Num]) -> str:
+        log.hit(name)
+        return name
+
+    return wf.stage(body, id=name, after=after or [], retry=retry)
+
+
 class CornerContract:
     """Cancel with a failing compensation, redrive after cancelled siblings, a redrive that
     fails again, a signal racing a timeout."""
@@ -68,15 +86,8 @@ class CornerContract:
         log = ExecutionLog(tmp_path / "log")
         wf = Workflow(unique_id("cfc"), input=Num)
 
-        @wf.stage(retry=QUICK)
-        async def a(ctx: StageContext[Num]) -> str:
-            log.hit("a")
-            return "a"
-
-        @wf.stage(after=[a], retry=QUICK)
-        async def b(ctx: StageContext[Num]) -> str:
-            log.hit("b")
-            return "b"
+        a = _named(wf, log, "a")
+        b = _named(wf, log, "b", after=[a])
 
         @wf.stage(after=[b], retry=QUICK)
         async def c(ctx: StageContext[Num]) -> Any:
@@ -130,15 +141,8 @@ class CornerContract:
         fixed: dict[str, bool] = {}
         wf = Workflow(unique_id("rcs"), input=Num)
 
-        @wf.stage(retry=ONCE)
-        async def a(ctx: StageContext[Num]) -> str:
-            log.hit("a")
-            return "a"
-
-        @wf.stage(after=[a], retry=ONCE)
-        async def done(ctx: StageContext[Num]) -> str:
-            log.hit("done")
-            return "done"
+        a = _named(wf, log, "a", retry=ONCE)
+        done = _named(wf, log, "done", after=[a], retry=ONCE)
 
         @wf.stage(after=[a], retry=ONCE)
         async def waits(ctx: StageContext[Num]) -> Any:
@@ -226,10 +230,7 @@ class CornerContract:
         sink = MemorySink()
         wf = Workflow(unique_id("rfa"), input=Num)
 
-        @wf.stage(retry=QUICK)
-        async def a(ctx: StageContext[Num]) -> str:
-            log.hit("a")
-            return "a"
+        a = _named(wf, log, "a")
 
         @wf.stage(after=[a], retry=QUICK)
         async def c(ctx: StageContext[Num]) -> str:
@@ -239,10 +240,7 @@ class CornerContract:
                 raise RuntimeError(f"c broke {log.count('c')}")
             return "c"
 
-        @wf.stage(after=[c], retry=QUICK)
-        async def d(ctx: StageContext[Num]) -> str:
-            log.hit("d")
-            return "d"
+        _named(wf, log, "d", after=[c])
 
         @a.compensation
         async def undo_a(ctx: StageContext[Num], out: str) -> None:
