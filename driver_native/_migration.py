@@ -19,11 +19,11 @@ from engine_port import (
     StageStatus,
 )
 from engine_port.driver import SnapshotSignal, SnapshotStage, SnapshotStep, version_key
-from engine_port.errors import IdempotencyConflictError, MigrationError
+from engine_port.errors import IdempotencyConflictError, MigrationError, RunExistsError
 
 from ._outbox import append_events
 from ._progress import ACTIVE, refresh_status, schedule
-from ._runs import load_graph, save_definition
+from ._runs import case_twin, load_graph, save_definition
 from ._schema import jobs, runs, signals, stage_archive, staged_events, stages, steps
 from ._sql import lock_run, try_run
 
@@ -203,7 +203,8 @@ def import_snapshot(
     the importing engine's ``max_pending_signals``, the run's bound from now on (as a Temporal
     import starts the run with the importing engine's). A run that
     moved away from here earlier and comes back replaces what it left here (its events
-    stay). A run this database is exporting is refused: the target is the source."""
+    stay). A run this database is exporting is refused: the target is the source; one whose id
+    differs only in case from a run here too (RunExistsError, as a chosen id at creation)."""
     existing = try_run(conn, snap.run_id)
     if existing is not None:
         if existing.frozen:
@@ -215,6 +216,9 @@ def import_snapshot(
         if existing.status != RunStatus.MIGRATED:
             return False
         _drop_left_behind(conn, snap.run_id)
+    twin = case_twin(conn, snap.run_id)
+    if twin is not None:  # (its blobs would share the run's folder on a case-blind store)
+        raise RunExistsError(snap.run_id, twin)
     if snap.idempotency_key is not None:
         other = conn.execute(
             sa.select(runs.c.id).where(runs.c.idempotency_key == snap.idempotency_key)

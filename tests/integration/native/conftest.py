@@ -42,7 +42,8 @@ async def make_engine(database_url: str, tmp_path: Path) -> AsyncIterator[MakeEn
         **settings: Any,
     ) -> NativeEngine:
         settings.setdefault("blob_url", f"file://{tmp_path / 'blobs'}")
-        s = EngineSettings(database_url=database_url, **settings)
+        settings.setdefault("database_url", database_url)  # (another database: a source)
+        s = EngineSettings(**settings)
         eng = create_engine(
             s,
             Registry(list(wfs) or workflows.ALL),

@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -461,6 +462,28 @@ async def test_a_chosen_run_id_differing_only_in_case_from_a_run_is_refused(
     assert listed == {"RUN1", "run2"}
     third = await run_to_completion(k, CreateRun("it-linear", big, run_id="RUN3"))
     assert third.outcome == "completed"
+
+
+async def test_an_import_differing_only_in_case_from_a_run_is_refused(
+    make_engine: MakeEngine, tmp_path: Path
+) -> None:
+    """As a chosen id at creation: a run imported from another database (or driver) whose id
+    differs only in case from a run here shares its blob folder on a case-insensitive store.
+    It was imported beside it; it is refused (RunExistsError naming the run here), nothing
+    written, and the run here is untouched."""
+    source = await make_engine(w.linear, database_url=f"sqlite:///{tmp_path / 'source.db'}")
+    target = await make_engine(w.linear)
+    await source.kernel.dispatch(CreateRun("it-linear", {"n": 1}, run_id="RUN1"))
+    here = await run_to_completion(target.kernel, CreateRun("it-linear", {"n": 2}, run_id="run1"))
+    assert here.outcome == "completed"
+    snapshot = await source.export_run("RUN1")
+    with pytest.raises(RunExistsError, match="differs only in case") as err:
+        await target.import_run(snapshot)
+    assert (err.value.run_id, err.value.existing) == ("RUN1", "run1")
+    assert {r.id for r in await target.list_runs(workflow_id="it-linear")} == {"run1"}
+    assert (await target.get_run("run1")).status == "completed"
+    await source.abort_export("RUN1")  # (the run goes on at its source)
+    assert (await source.get_run("RUN1")).status == "pending"
 
 
 def test_upgrade_from_v18_adds_the_index_of_run_ids_by_case(database_url: str) -> None:
