@@ -13,7 +13,9 @@ executions of its task queues that Temporal closed as ``Terminated``/``TimedOut`
 ``WfeStatus`` was still active, and for each one not announced yet publishes the run's
 ``run.failed`` event: the id the run's own would have had (``Lifecycle(run, redrive)``, so one
 id per run and redrive whoever sends it), the next sequence number after the events the
-execution emitted (replayed from its history), the error ``get_run`` reports
+execution emitted (replayed from its history, ``emitted_seq``: with those of the workflow task
+the close interrupted, which the worker running it may have delivered; the memo, written by
+completed tasks only, lags them), the error ``get_run`` reports
 (``RunTerminatedError`` with the operator's reason, ``RunTimeoutError``). It goes the way a
 run's last events go (``RunEnds.deliver_outside``): delivered to the sink after any events kept
 for the run, or kept in the BlobStore (no sink, a failing sink) and retried with the outbox's
@@ -37,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pydantic_core
-from temporalio.client import WorkflowExecution, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from engine_port import BlobStore, ErrorInfo, Lifecycle
@@ -51,7 +53,7 @@ from ._wire import _safe
 if TYPE_CHECKING:
     from ._engine import TemporalEngine
 
-__all__ = ["EndedOutside", "announced", "announced_seq", "ended_key", "noticing"]
+__all__ = ["EndedOutside", "announced", "announced_seq", "emitted_seq", "ended_key", "noticing"]
 
 log = logging.getLogger("wfe.worker")
 
@@ -85,6 +87,21 @@ async def announced_seq(store: BlobStore, run_id: str) -> int:
     """The sequence number of the last closing event a worker published for the run's
     executions (0: none), which a redrive's events follow."""
     return max((int(e.get("seq") or 0) for e in await announced(store, run_id)), default=0)
+
+
+async def emitted_seq(client: Client, run_id: str, execution_id: str | None = None) -> int:
+    """The sequence number of the last event an execution of the run (``execution_id``; None:
+    its latest) emitted, replayed from its history (``_history_events.emitted``: for one
+    Temporal closed outside a workflow task, with the events of the task the close
+    interrupted, which may have reached the sink). 0: none, or the history does not replay
+    on this code (the memo's count stands)."""
+    try:
+        history = await client.get_workflow_handle(run_id, run_id=execution_id).fetch_history()
+        events = await replay_events([history], client.data_converter)
+    except Exception:
+        log.warning("run %s: its history did not replay", run_id, exc_info=True)
+        return 0
+    return max((e.seq for e in events), default=0)
 
 
 class EndedOutside:
@@ -155,7 +172,9 @@ class EndedOutside:
             return False
         status = ex.status or WorkflowExecutionStatus.TERMINATED
         error = (await eng._ended_outside({"stages": []}, status, run_id))["error"]
-        seq = max(run.event_seq, await self._last_seq(run_id, ex.run_id)) + 1
+        # after every event the execution emitted, those of the task the close interrupted
+        # too (the sink may have them; the memo's count, from completed tasks, may not)
+        seq = max(run.event_seq, await emitted_seq(eng._conn, run_id, ex.run_id)) + 1
         draft = Lifecycle(run_id, run.redrive_count).run_failed(ErrorInfo(**error))
         at = ex.close_time or datetime.now(UTC)
         event = draft.at_seq(run_id, run.workflow_id, seq, at).model_dump(mode="json")
@@ -171,18 +190,6 @@ class EndedOutside:
         await put_small(store, marker, pydantic_core.to_json(record))
         log.info("run %s ended in Temporal as %s: published its run.failed", run_id, status.name)
         return True
-
-    async def _last_seq(self, run_id: str, execution_id: str) -> int:
-        """The sequence number of the last event the execution emitted (0: none, or its
-        history does not replay on this code: the memo's count stands)."""
-        client = self.engine._conn
-        try:
-            history = await client.get_workflow_handle(run_id, run_id=execution_id).fetch_history()
-            events = await replay_events([history], client.data_converter)
-        except Exception:
-            log.warning("run %s: its history did not replay", run_id, exc_info=True)
-            return 0
-        return max((e.seq for e in events), default=0)
 
 
 @asynccontextmanager

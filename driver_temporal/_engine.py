@@ -143,7 +143,7 @@ from ._activities import DriverActivities, EventStats
 from ._carry import DATA_CONVERTER, carry, meta_of
 from ._current import current_memo
 from ._early import judged
-from ._ended import announced, announced_seq
+from ._ended import announced, announced_seq, emitted_seq
 from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
@@ -1312,9 +1312,13 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         ):
             # ended outside the engine: no final state was saved; rebuild it from the memo
             state = _state_from_memo(memo)
-            # ... after the closing event a worker published for it (``_ended``)
+            # ... after the closing event a worker published for it (``_ended``), and after
+            # the events of the workflow task the close interrupted, which the sink may have
+            # received though no completed task (nor the memo) counts them: none published
+            # yet, the redrive's run.redriven is the first event after them
             closing = await announced_seq(self.blob_store, run_id)
-            state["event_seq"] = max(int(state.get("event_seq") or 0), closing)
+            emitted = await emitted_seq(self._conn, run_id)
+            state["event_seq"] = max(int(state.get("event_seq") or 0), closing, emitted)
             for sid, st in state["stages"].items():
                 if st.get("status") != "completed":
                     redrive = int(state.get("redrive", 0))

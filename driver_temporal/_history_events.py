@@ -12,6 +12,16 @@ Every execution of the run's workflow id counts (a redrive starts a new executio
 id, continuing the sequence numbers); events are deduplicated by id and ordered by sequence
 number. Only completed workflow tasks count (``committed``): a task in flight has not
 committed its events yet (on the native driver: its transaction has not committed).
+
+Except the last task of an execution Temporal closed outside a workflow task (an operator's
+terminate, an execution timeout: ``emitted``). Such a task never completes, but the worker
+running it may have delivered its events before the terminate landed (they go out *during*
+the task: handed to the worker, ``_outbox._hand_over``, or by the ``wfe.publish`` /
+``wfe.save_state`` local activities, or with the run's end, ``_run_end``), and no later task
+will ever emit events in their place. Its events are deterministic all the same: the task ran
+on the history up to its ``WorkflowTaskStarted``, which the replay runs it on. So they count:
+``engine.events`` lists what the sink may have received, and the closing event a worker
+publishes for the run (``_ended``) and a redrive's events are numbered after them.
 """
 
 from __future__ import annotations
@@ -39,16 +49,29 @@ from engine_port.errors import DriverUnavailableError, EngineError, RunNotFoundE
 
 from . import _rpc
 from ._carry import DATA_CONVERTER
+from ._names import DELIVERY_DECIDED, EVENTS_HANDED, RUN_ENDED, SIGNAL_STORED
 from ._paging import listed
 from ._workflow import GraphWorkflow, workflow_runner
 
-__all__ = ["committed", "replay_events", "replay_info", "run_events"]
+__all__ = ["committed", "emitted", "replay_events", "replay_info", "run_events"]
 
 # what a workflow task's completion records beside its commands
 _TASK_MESSAGES = (
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED,
 )
+# how Temporal closes an execution without a workflow task
+_CLOSED_OUTSIDE = (
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+)
+# the worker's extern functions (``_run_end.WorkerExterns``): what a replayed task that is not
+# a replay for the SDK (the last, uncommitted one: ``emitted``) calls; it did it, or not, then
+_WORKER_FUNCTIONS = (DELIVERY_DECIDED, EVENTS_HANDED, RUN_ENDED, SIGNAL_STORED)
+
+
+def _done(*_: Any) -> None:
+    """A worker function in a replay: nothing to do."""
 
 
 @workflow.defn(dynamic=True)
@@ -69,7 +92,8 @@ class _Recording(GraphWorkflow):
 
 
 class _Collect(Interceptor):
-    """Hands each workflow instance the replayer creates to ``instances``."""
+    """Hands each workflow instance the replayer creates to ``instances``, and gives the
+    workflows the worker's functions, doing nothing."""
 
     def __init__(self, instances: list[_Recording]) -> None:
         self.instances = instances
@@ -78,6 +102,8 @@ class _Collect(Interceptor):
         self, input: WorkflowInterceptorClassInput
     ) -> type[WorkflowInboundInterceptor]:
         instances = self.instances
+        for name in _WORKER_FUNCTIONS:
+            input.unsafe_extern_functions[name] = _done
 
         class Inbound(WorkflowInboundInterceptor):
             async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
@@ -102,9 +128,10 @@ def _replayer(instances: list[_Recording], data_converter: DataConverter | None)
 async def run_events(
     client: Client, run_id: str, *, deadline_s: float = 30.0, address: str | None = None
 ) -> list[Event]:
-    """Every event of ``run_id`` its executions' committed workflow tasks emitted, in sequence
-    order (delivered to the sink or not). ``deadline_s``: how long the listing of its
-    executions keeps trying while Temporal is down (``_rpc.read``)."""
+    """Every event of ``run_id`` its executions' committed workflow tasks emitted (and the
+    last task of an execution Temporal closed outside one: ``emitted``), in sequence order
+    (delivered to the sink or not). ``deadline_s``: how long the listing of its executions
+    keeps trying while Temporal is down (``_rpc.read``)."""
     histories = await _histories(client, run_id, deadline_s=deadline_s, address=address)
     return await replay_events(histories, client.data_converter)
 
@@ -112,14 +139,15 @@ async def run_events(
 async def replay_events(
     histories: Sequence[WorkflowHistory], data_converter: DataConverter | None = None
 ) -> list[Event]:
-    """The events the committed workflow tasks of ``histories`` (executions of one run)
-    emitted, deduplicated by id, in sequence order."""
+    """The events the workflow tasks of ``histories`` (executions of one run) emitted
+    (``emitted``: the committed ones, and the last one of an execution Temporal closed
+    outside a task), deduplicated by id, in sequence order."""
     instances: list[_Recording] = []
     replayer = _replayer(instances, data_converter)
     for whole in histories:
-        history = committed(whole)
+        history = emitted(whole)
         if not history.events:
-            continue  # no workflow task completed yet: the run emitted nothing so far
+            continue  # no workflow task completed (or ran) yet: the run emitted nothing so far
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         if result.replay_failure is not None:
             raise EngineError(
@@ -170,6 +198,30 @@ def committed(history: WorkflowHistory) -> WorkflowHistory:
     while end < len(events) and _from_task(events[end], task):
         end += 1
     return WorkflowHistory(history.workflow_id, events[:end])
+
+
+def emitted(history: WorkflowHistory) -> WorkflowHistory:
+    """The part of ``history`` whose workflow tasks' events count: ``committed(history)``;
+    for an execution Temporal closed outside a workflow task (terminated, timed out) while a
+    task ran (one started after the last completed one, which the close force-failed), up to
+    that task's ``WorkflowTaskStarted``: what it ran on. It never completes, and no task will
+    run in its place, but the worker running it may have delivered its events (they go out
+    during the task): a replay runs that task again, as it ran (not a replay for the SDK: the
+    worker's functions do nothing here, ``_Collect``). (Up to the first local activity it
+    awaits: what that task did with a local activity's result, a ``local=True`` stage's, is
+    not in the history, which records the result with the task's completion only.)"""
+    events = list(history.events)
+    if not events or events[-1].event_type not in _CLOSED_OUTSIDE:
+        return committed(history)
+    started = completed = -1
+    for i, e in enumerate(events):
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            started = i
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            completed = i
+    if started < completed:  # (none ran after the last completed one)
+        return committed(history)
+    return WorkflowHistory(history.workflow_id, events[: started + 1])
 
 
 def _from_task(event: HistoryEvent, task: int) -> bool:

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.history.v1 import HistoryEvent, WorkflowTaskFailedEventAttributes
 from temporalio.client import WorkflowHistory
 
 from driver_temporal._carry import meta_of
-from driver_temporal._history_events import committed, replay_events
+from driver_temporal._history_events import committed, emitted, replay_events
 from engine_port import MemorySink, Registry, Retry, StageContext, Workflow
 from engine_port.errors import RunNotFoundError
 
@@ -207,3 +208,75 @@ async def test_a_workflow_task_in_flight_is_left_out() -> None:
     partial = await replay_events([cut])
     assert partial == full[: len(partial)]
     assert "run.completed" not in [e.type for e in partial]
+
+
+def _closed_during(history: WorkflowHistory, started: int, how: EventType.ValueType) -> Any:
+    """``history`` cut at its event index ``started`` (a ``WorkflowTaskStarted``), then closed
+    by Temporal as a terminate does while that task runs (the task force-failed, then the
+    close ``how``)."""
+    events = list(history.events)[: started + 1]
+    task = events[-1]
+    failed = HistoryEvent(
+        event_id=task.event_id + 1,
+        event_type=EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
+        workflow_task_failed_event_attributes=WorkflowTaskFailedEventAttributes(
+            scheduled_event_id=task.workflow_task_started_event_attributes.scheduled_event_id,
+            started_event_id=task.event_id,
+            cause=WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND,
+        ),
+    )
+    closing = HistoryEvent(event_id=task.event_id + 2, event_type=how)
+    return WorkflowHistory(history.workflow_id, [*events, failed, closing])
+
+
+@pytest.mark.parametrize(
+    ("name", "whole_task"),
+    [
+        ("events_via_activities_resume", True),
+        ("publish_per_task_resume", True),  # (wfe.publish, a local activity, at every task)
+        ("after_locals_resume", True),
+        ("run_end_by_worker_resume", True),
+        ("events_handed_resume", True),
+        ("upgrade_suspends", True),
+        ("local_chain", False),  # (what a task does with a local stage's result: not recorded)
+    ],
+)
+async def test_a_task_a_terminate_interrupted_counts(name: str, whole_task: bool) -> None:
+    """An execution Temporal closed (terminated, timed out) while a workflow task ran: the
+    task never completes, yet the worker running it may have delivered its events, and no
+    other task emits them. The replay gives them: the events that task emits when it
+    completes (the recorded run's), as it emitted them (times too), up to the first local
+    activity it awaits (``whole_task`` False: a task of ``local=True`` stages)."""
+    history = _recorded(name)
+    full = await replay_events([history])
+    kinds = [ev.event_type for ev in history.events]
+    starts = [i for i, k in enumerate(kinds) if k == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED]
+    for n, started in enumerate(starts):
+        how = (
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED
+            if n % 2 == 0
+            else EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT
+        )
+        closed = _closed_during(history, started, how)
+        assert len(emitted(closed).events) == started + 1
+        before = await replay_events([WorkflowHistory(history.workflow_id, closed.events[:-2])])
+        got = await replay_events([closed])
+        # what the task emitted in the recorded run: the events up to the next task's start
+        upto = starts[n + 1] if n + 1 < len(starts) else len(kinds)
+        after = await replay_events([WorkflowHistory(history.workflow_id, history.events[:upto])])
+        assert got == full[: len(got)], f"task started at event {started + 1}"
+        assert len(before) <= len(got) <= len(after)
+        if whole_task:
+            assert got == after, f"task started at event {started + 1}"
+    # closed while no task ran (the last one completed; the next one, if scheduled, never
+    # started): the committed tasks' events, as before
+    for i, k in enumerate(kinds):
+        if k != EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            continue
+        cut = WorkflowHistory(history.workflow_id, history.events[: i + 1])
+        terminated = HistoryEvent(
+            event_id=history.events[i].event_id + 1,
+            event_type=EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+        )
+        ended = WorkflowHistory(history.workflow_id, [*cut.events, terminated])
+        assert emitted(ended).events == committed(cut).events

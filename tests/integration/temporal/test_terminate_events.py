@@ -6,13 +6,15 @@ would have, so a consumer of the event stream hears that the run ended."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from temporalio.api.enums.v1 import EventType
 
-from driver_temporal import _ended
-from engine_port import MemorySink, Registry, StageContext, Workflow
+from driver_temporal import _ended, _run_end
+from engine_port import Event, MemorySink, Registry, StageContext, Workflow
 
 from .conftest import EngineFactory, trace, wait_for_event
 
@@ -165,6 +167,136 @@ async def test_a_redrive_after_the_closing_event_numbers_its_events_after_it(
         "stage.started",
         "stage.suspended",
         "run.failed",
+        "run.redriven",
+        "stage.started",
+        "stage.suspended",
+        "stage.completed",
+        "run.completed",
+    ]
+
+
+class TerminatingSink(MemorySink):
+    """A sink that, on receiving a run's first ``stage.suspended``, has Temporal terminate the
+    run (``reason``) and returns only once it is terminated, as does every later delivery for
+    the run until then: the workflow task that hands the event over to its worker cannot
+    complete before the terminate (its completion is refused), as on a loaded host where the
+    terminate overtook the task. Deterministic: nothing here depends on the host's load."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+        self.engine: Any = None
+        self.terminated: dict[str, asyncio.Future[Any]] = {}
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        await super().publish(events)  # received, whatever becomes of the task
+        for e in events:
+            if e.type == "stage.suspended" and e.run_id not in self.terminated:
+                handle = self.engine._conn.get_workflow_handle(e.run_id)
+                self.terminated[e.run_id] = asyncio.ensure_future(
+                    handle.terminate(reason=self.reason)
+                )
+        for run_id in {e.run_id for e in events} & set(self.terminated):
+            # (shielded: a sink the worker stopped waiting for leaves the terminate going)
+            await asyncio.shield(self.terminated[run_id])
+
+
+def _interrupting(
+    monkeypatch: pytest.MonkeyPatch, make_engine: EngineFactory, wf: Workflow[In]
+) -> tuple[TerminatingSink, Any]:
+    sink = TerminatingSink("ops, mid-task")
+    engine = make_engine(Registry([wf]), sink=sink)
+    sink.engine = engine
+    # the worker waits for the sink longer than the workflow thread waits for the worker: a
+    # slow terminate fails the task (WorkerFault, retried: its retry waits for the sink too),
+    # it never lets it complete with the events kept for later
+    monkeypatch.setattr(_run_end, "_HAND_WITHIN_S", 5.0)
+    return sink, engine
+
+
+async def _interrupted(engine: Any, run_id: str) -> None:
+    """Assert the workflow task that handed ``stage.suspended`` over never completed: the
+    execution's history ends with a task started after the last completed one, then the
+    terminate (what made the memo and the committed tasks lag the sink)."""
+    history = await engine._conn.get_workflow_handle(run_id).fetch_history()
+    kinds = [e.event_type for e in history.events]
+    assert kinds[-1] == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED, kinds
+    started = max(i for i, k in enumerate(kinds) if k == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED)
+    done = max(i for i, k in enumerate(kinds) if k == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+    assert started > done, [EventType.Name(k) for k in kinds]
+
+
+async def test_a_run_terminated_while_its_task_delivers_events_closes_after_them(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The terminate lands while the workflow task that delivered ``stage.suspended`` (4) runs:
+    no completed task, nor the memo, counts that event, yet the sink has it. The closing
+    event comes after it (5, not a second 4), ``engine.events`` lists what the sink received,
+    and a redrive's events follow the closing event."""
+    Passes(monkeypatch)
+    sink, engine = _interrupting(monkeypatch, make_engine, _held("term-ev-mid"))
+    async with engine, engine.worker():
+        run = await engine.start("term-ev-mid", {})
+        await wait_for_event(sink, run.id, "run.failed", timeout=60)
+        await _interrupted(engine, run.id)
+        assert [(e.seq, e.type) for e in sink.for_run(run.id)] == [
+            (1, "run.created"),
+            (2, "run.started"),
+            (3, "stage.started"),
+            (4, "stage.suspended"),
+            (5, "run.failed"),
+        ]
+        assert await engine.events(run.id) == sink.for_run(run.id)
+        await engine.redrive(run.id)
+        await wait_for_event(sink, run.id, "run.redriven", timeout=60)
+        await engine.signal(run.id, "release", "go")
+        done = await engine.wait(run.id, timeout=60)
+        await wait_for_event(sink, run.id, "run.completed", timeout=60)
+        assert await engine.events(run.id) == sink.for_run(run.id)
+    assert done.status == "completed"
+    assert [t for t, _ in trace(sink, run)] == [  # (trace: seq 1..n, no number twice)
+        "run.created",
+        "run.started",
+        "stage.started",
+        "stage.suspended",
+        "run.failed",
+        "run.redriven",
+        "stage.started",
+        "stage.suspended",
+        "stage.completed",
+        "run.completed",
+    ]
+    assert len(_closing(sink, run.id)) == 1
+
+
+async def test_a_redrive_before_any_closing_event_numbers_its_events_after_the_task(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Terminated while its task delivered ``stage.suspended`` (4), redriven before any worker
+    announced it: the redrive's run.redriven is 5 (its memo says 3)."""
+
+    async def no_pass(ended: _ended.EndedOutside) -> int:
+        return 0
+
+    monkeypatch.setattr(_ended.EndedOutside, "scan", no_pass)
+    sink, engine = _interrupting(monkeypatch, make_engine, _held("term-ev-mid-redrive"))
+    async with engine, engine.worker():
+        run = await engine.start("term-ev-mid-redrive", {})
+        await wait_for_event(sink, run.id, "stage.suspended", timeout=60)
+        await sink.terminated[run.id]
+        await _interrupted(engine, run.id)
+        await engine.redrive(run.id)
+        await wait_for_event(sink, run.id, "run.redriven", timeout=60)
+        await engine.signal(run.id, "release", "go")
+        done = await engine.wait(run.id, timeout=60)
+        await wait_for_event(sink, run.id, "run.completed", timeout=60)
+        assert await engine.events(run.id) == sink.for_run(run.id)
+    assert done.status == "completed"
+    assert [t for t, _ in trace(sink, run)] == [
+        "run.created",
+        "run.started",
+        "stage.started",
+        "stage.suspended",
         "run.redriven",
         "stage.started",
         "stage.suspended",
