@@ -775,7 +775,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             except RPCError as exc:
                 if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
                     raise RunNotFoundError(run_id) from None
-                if exc.status in _rpc.UNREACHABLE:
+                if _rpc.status_of(exc) in _rpc.UNREACHABLE:
                     raise _rpc.unavailable(
                         exc, self.settings.temporal_address, f"a describe of run {run_id!r}"
                     ) from None

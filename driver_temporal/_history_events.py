@@ -235,7 +235,7 @@ def _from_task(event: HistoryEvent, task: int) -> bool:
 
 
 def _failed(exc: RPCError, what: str) -> DriverUnavailableError:
-    if exc.status in _rpc.UNREACHABLE:
+    if _rpc.status_of(exc) in _rpc.UNREACHABLE:
         return _rpc.unavailable(exc, None, what)
     return DriverUnavailableError(f"Temporal refused {what}: {exc}; check the server's health")
 

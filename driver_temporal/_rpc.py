@@ -35,6 +35,7 @@ __all__ = [
     "read",
     "retryable",
     "silent",
+    "status_of",
     "surfaced",
     "unavailable",
 ]
@@ -62,6 +63,16 @@ _READ_AGAIN = UNREACHABLE | {
     RPCStatusCode.ABORTED,
     RPCStatusCode.DATA_LOSS,
 }
+
+
+def status_of(exc: RPCError) -> RPCStatusCode | None:
+    """The status of a failed call as the driver reads it: a call whose own deadline passed
+    (its ``timeout``) fails ``CANCELLED`` "Timeout expired" in temporalio (the transport's
+    timeout, not the server's answer), which is ``DEADLINE_EXCEEDED``: the server did not
+    answer in time."""
+    if exc.status == RPCStatusCode.CANCELLED and exc.message.startswith("Timeout expired"):
+        return RPCStatusCode.DEADLINE_EXCEEDED
+    return exc.status
 
 
 def retryable(exc: BaseException) -> bool:
@@ -130,7 +141,7 @@ async def read(
         try:
             result = await fn(timedelta(seconds=max(left, 0.05)))
         except RPCError as exc:
-            if exc.status not in _READ_AGAIN:
+            if status_of(exc) not in _READ_AGAIN:
                 raise
             left = end - loop.time()
             if left <= 0:
@@ -152,7 +163,7 @@ _REMEDY = (
 def unavailable(exc: RPCError, address: str | None, what: str) -> DriverUnavailableError:
     """The error a client call raises when Temporal is down, restarting or overloaded (an
     ``UNREACHABLE`` status): what failed and what to do, never temporalio's raw ``RPCError``."""
-    status = exc.status.name if exc.status else "?"
+    status = getattr(status_of(exc), "name", "?")
     where = f" at {address}" if address else ""
     return DriverUnavailableError(
         f"Temporal{where} did not answer {what} ({status}: {exc.message}); {_REMEDY}"
@@ -190,7 +201,7 @@ def surfaced(
             try:
                 return await fn(self, *args, **kwargs)
             except RPCError as exc:
-                if exc.status not in UNREACHABLE:
+                if status_of(exc) not in UNREACHABLE:
                     raise
                 raise unavailable(exc, self.settings.temporal_address, what) from None
 
