@@ -233,6 +233,14 @@ def _event(row: Any) -> Event:
     )
 
 
+_HELD_ROWS = outbox.alias("held")
+_HELD = sa.and_(
+    _HELD_ROWS.c.status == sa.literal_column("'pending'"),
+    sa.or_(_HELD_ROWS.c.claimed_until.is_not(None), _HELD_ROWS.c.next_attempt_at.is_not(None)),
+)
+"""``HELD_PREDICATE`` of the schema, said of the ``held`` rows (so a planner uses
+``ix_wfe_outbox_held``: ``test_outbox_scale`` reads the plan)."""
+
 _FLUSH_LOCK = 724402
 """PostgreSQL advisory lock id: one flush claims rows at a time (the others skip a round)."""
 
@@ -256,7 +264,7 @@ def pending_events(
         got = conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(_FLUSH_LOCK))).scalar()
         if not got:
             return [], 0  # another flush is claiming right now: its rows are not ours
-    held = outbox.alias("held")
+    held = _HELD_ROWS
     blocked = held.c.claimed_until > now
     if due_at is not None:
         blocked = sa.or_(blocked, held.c.next_attempt_at > due_at)
@@ -265,7 +273,9 @@ def pending_events(
         ~sa.exists().where(
             held.c.run_id == outbox.c.run_id,
             held.c.seq <= outbox.c.seq,
-            held.c.status == "pending",
+            # (the partial index of held events, in its literal words: the earlier events
+            # of the run that a flush waits for, not every earlier event of it)
+            _HELD,
             blocked,
         ),
     )

@@ -693,13 +693,66 @@ def runs_query(
     version: str | None = None,
     created_after: float | None = None,
     idempotency_key: str | None = None,
+    *,
+    sqlite: bool = False,
 ) -> sa.Select[Any]:
     """The query of :func:`read_runs` for the run rows (``bench/tools/ui_pages.py`` shows
-    its plans): newest first on the (created_at, id) index."""
+    its plans): newest first on an index of (created_at, id), led by the filter's status,
+    workflow or workflow and version where there is one. Several statuses are one query per
+    status (each reads its newest ``limit`` from the status index), merged: an ``IN`` of
+    statuses reads every run of them and sorts them for each page (SQLite's plan; 0.7 s a
+    page at 48,000 runs). ``sqlite``: the database is SQLite (see ``id_prefix`` below)."""
     # (a limit past a 64-bit integer raised a raw OverflowError on SQLite, "bigint out of
     # range" on PostgreSQL; no database holds that many runs)
-    q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc())
-    q = q.limit(min(limit, MAX_LISTED))
+    limit = min(limit, MAX_LISTED)
+    statuses = list(dict.fromkeys(status or ()))
+    if len(statuses) > 1:
+        parts = [
+            _runs_where(
+                sa.select(runs),
+                workflow_id,
+                [s],
+                before,
+                id_prefix,
+                version,
+                created_after,
+                idempotency_key,
+                sqlite,
+            )
+            .order_by(runs.c.created_at.desc(), runs.c.id.desc())
+            .limit(limit)
+            .subquery()
+            for s in statuses
+        ]
+        merged = sa.union_all(*(sa.select(p) for p in parts)).subquery("listed")
+        return (
+            sa.select(merged).order_by(merged.c.created_at.desc(), merged.c.id.desc()).limit(limit)
+        )
+    q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+    return _runs_where(
+        q,
+        workflow_id,
+        statuses,
+        before,
+        id_prefix,
+        version,
+        created_after,
+        idempotency_key,
+        sqlite,
+    )
+
+
+def _runs_where(
+    q: sa.Select[Any],
+    workflow_id: str | None,
+    status: list[str],
+    before: tuple[float, str] | None,
+    id_prefix: str | None,
+    version: str | None,
+    created_after: float | None,
+    idempotency_key: str | None,
+    sqlite: bool,
+) -> sa.Select[Any]:
     if id_prefix:
         # LIKE for PostgreSQL's pattern index; the substr comparison for the case: SQLite's
         # LIKE ignores it, so a prefix "ABC" listed the run "abc..." there alone
@@ -707,6 +760,12 @@ def runs_query(
             runs.c.id.startswith(id_prefix, autoescape=True),
             sa.func.substr(runs.c.id, 1, len(id_prefix)) == id_prefix,
         )
+        if sqlite and ord(id_prefix[-1]) < 0x10FFFF:
+            # SQLite's LIKE uses no index (it ignores case): the ids from the prefix up to
+            # the next one, a range of the primary key (binary order, as UTF-8 compares), so
+            # a search reads the matches and not every run (PostgreSQL: the pattern index)
+            after = id_prefix[:-1] + chr(ord(id_prefix[-1]) + 1)
+            q = q.where(runs.c.id >= id_prefix, runs.c.id < after)
     if version is not None:
         q = q.where(runs.c.version == version)
     if created_after is not None:
@@ -721,7 +780,7 @@ def runs_query(
     if workflow_id is not None:
         q = q.where(runs.c.workflow_id == workflow_id)
     if status:
-        q = q.where(runs.c.status.in_(list(status)))
+        q = q.where(runs.c.status.in_(status))
     return q
 
 
@@ -742,7 +801,15 @@ def read_runs(
     the runs, one per 500 of them for their stages, one per definition, in one transaction
     (not a transaction per run, as listing by id and reading each did)."""
     q = runs_query(
-        workflow_id, status, limit, before, id_prefix, version, created_after, idempotency_key
+        workflow_id,
+        status,
+        limit,
+        before,
+        id_prefix,
+        version,
+        created_after,
+        idempotency_key,
+        sqlite=conn.dialect.name == "sqlite",
     )
     run_rows = conn.execute(q).all()
     by_run: dict[str, list[Any]] = {r.id: [] for r in run_rows}

@@ -55,6 +55,13 @@ definitions = Table(
 # later failure compensated nothing.) Outputs keep plain JSON: a stage may return None.
 _ABSENT_AS_NULL = JSON(none_as_null=True)
 
+LISTING_INDEXES = (
+    Index("ix_wfe_runs_status_created", "status", "created_at", "id"),
+    Index("ix_wfe_runs_wf_created", "workflow_id", "created_at", "id"),
+    Index("ix_wfe_runs_wfv_created", "workflow_id", "version", "created_at", "id"),
+)
+"""The runs indexes of ``_runs.runs_query``'s filters, newest first (made by v20)."""
+
 runs = Table(
     "wfe_runs",
     metadata,
@@ -86,9 +93,12 @@ runs = Table(
     # the starting engine's ``max_pending_signals`` (NULL: a run created before v17, bound by
     # the signalling engine's setting)
     Column("max_pending_signals", Integer),
-    Index("ix_wfe_runs_status", "status"),
     Index("ix_wfe_runs_wf", "workflow_id", "version", "status"),
     Index("ix_wfe_runs_created", "created_at", "id"),  # list_runs: newest first, keyset pages
+    # list_runs by status, workflow, or workflow and version: each index gives the matching
+    # runs newest first, so a page reads its own rows and no more (v20; a planner without
+    # them, SQLite's, sorted every match for each page: 0.7 s a page of 50 among 48,000)
+    *LISTING_INDEXES,
     # run id prefix search (LIKE 'abc%'): the primary key's index serves it only under the C
     # collation, so PostgreSQL gets a pattern index (SQLite lists are small; it has none)
     Index("ix_wfe_runs_id_prefix", "id", postgresql_ops={"id": "varchar_pattern_ops"}).ddl_if(
@@ -232,6 +242,10 @@ staged_events = Table(
     Column("data", JSON, nullable=False),
 )
 
+HELD_PREDICATE = "status = 'pending' AND (claimed_until IS NOT NULL OR next_attempt_at IS NOT NULL)"
+"""Outbox events a flush waits for (``ix_wfe_outbox_held``; a query must say it in these
+literal words for a planner to use that partial index)."""
+
 outbox = Table(
     "wfe_outbox",
     metadata,
@@ -261,6 +275,18 @@ outbox = Table(
     Index("ix_wfe_outbox_run", "run_id", "seq"),
     # events a sink failed (rare): the worker's gauge counts the retrying ones without
     # reading every undelivered row (``_outbox.count_outbox``)
+    # the undelivered events a flush must wait for (claimed by a flush now, or failed and
+    # waiting for a retry; few): a flush looks for one of the run before each event it
+    # takes. Without it that look read every earlier event of the run (``ix_wfe_outbox_run``),
+    # delivered ones too: a flush of 500 events of a run with 49,000 delivered took 16 s,
+    # in the write transaction that held SQLite's lock (v20)
+    Index(
+        "ix_wfe_outbox_held",
+        "run_id",
+        "seq",
+        sqlite_where=sa.text(HELD_PREDICATE),
+        postgresql_where=sa.text(HELD_PREDICATE),
+    ),
     Index(
         "ix_wfe_outbox_failing",
         "status",
@@ -506,6 +532,18 @@ def _v19(conn: Connection) -> None:
     )
 
 
+def _v20(conn: Connection) -> None:
+    """v20 added the runs indexes of each list filter, newest first (status, workflow,
+    workflow and version; the status index grew into the first) and a partial index of the
+    outbox events a flush waits for: on SQLite a page of runs of one workflow or status
+    sorted every matching run (0.7 s a page at 48,000), and a flush read every earlier event
+    of each event's run (16 s for 500 events of a run with 49,000 delivered)."""
+    for index in LISTING_INDEXES:
+        index.create(conn, checkfirst=True)
+    conn.execute(sa.text("DROP INDEX IF EXISTS ix_wfe_runs_status"))
+    next(i for i in outbox.indexes if i.name == "ix_wfe_outbox_held").create(conn, checkfirst=True)
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -526,6 +564,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (17, "runs.max_pending_signals: the starting engine's bound, kept with the run", _v17),
     (18, "signal queue partial index of unconsumed signals: a flat bound check", _v18),
     (19, "runs partial index of ids by lower case: no chosen run id twins another by case", _v19),
+    (20, "runs indexes per list filter, newest first; outbox partial index of held events", _v20),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

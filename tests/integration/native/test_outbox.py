@@ -283,6 +283,8 @@ async def test_schema_v5_v6_add_the_retry_and_claim_columns_to_an_existing_outbo
         db.tx_sync(lambda c: _schema.upgrade(c, target=4))
 
         def as_v4(conn: sa.Connection) -> None:  # the outbox as v4 made it, with one event
+            # (v1 of today's code made v20's index of held events, on columns v4 had not)
+            conn.execute(sa.text("DROP INDEX ix_wfe_outbox_held"))
             conn.execute(sa.text("ALTER TABLE wfe_outbox DROP COLUMN first_failed_at"))
             conn.execute(sa.text("ALTER TABLE wfe_outbox DROP COLUMN next_attempt_at"))
             conn.execute(sa.text("ALTER TABLE wfe_outbox DROP COLUMN claimed_by"))
