@@ -55,6 +55,20 @@ def runs_cmd(
 
     async def show() -> list[RunInfo]:
         async with create_engine(configured, registry) as engine:
+            page = getattr(engine, "list_runs_page", None)
+            if page is not None and (version is not None or cutoff is not None):
+                # the database applies --version and --since: the newest ``limit`` runs that
+                # match (a filter of the newest ``limit`` runs listed none of the v2 runs
+                # older than the 20 newest runs of any version)
+                found, _ = await page(
+                    workflow_id=workflow,
+                    status=statuses,
+                    limit=limit,
+                    version=version,
+                    created_after=cutoff,
+                    outputs=False,
+                )
+                return list(found)
             runs = await engine.list_runs(
                 workflow_id=workflow, status=statuses, limit=limit, outputs=False
             )

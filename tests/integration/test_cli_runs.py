@@ -248,3 +248,36 @@ def test_prefix_ids_and_declared_signals_on_temporal(
     # test_history_events and test_cli_drivers have the rest)
     assert json.loads(events.stdout)["events"] == []
     assert json.loads(events.stdout)["steps"] == []
+
+
+def test_version_and_since_are_applied_before_the_limit(env: dict[str, Any]) -> None:
+    # ``runs --version X`` kept the runs of X among the ``--limit`` newest runs of any
+    # version: in a database of many runs, the older runs of X were never listed
+    old = asyncio.run(_start(3))
+    _pin_version(env["tmp"] / "wfe.db", old, "v-old")
+    asyncio.run(_start(5))
+    out = CliRunner().invoke(
+        app, ["runs", "--version", "v-old", "--limit", "2", "--json"], catch_exceptions=False
+    )
+    assert out.exit_code == 0, out.output
+    listed = [json.loads(line)["id"] for line in out.output.splitlines() if line.strip()]
+    assert listed == list(reversed(old))[:2]
+    out = CliRunner().invoke(
+        app, ["runs", "--since", "1h", "--limit", "7", "--json"], catch_exceptions=False
+    )
+    assert out.exit_code == 0, out.output
+    assert len([line for line in out.output.splitlines() if line.strip()]) == 7
+
+
+async def _start(n: int) -> list[str]:
+    async with create_engine(EngineSettings(), _registry()) as engine:
+        return [(await engine.start("cli-flow", {"n": i})).id for i in range(n)]
+
+
+def _pin_version(db: Path, run_ids: list[str], version: str) -> None:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        conn.executemany(
+            "UPDATE wfe_runs SET version = ? WHERE id = ?", [(version, r) for r in run_ids]
+        )
