@@ -516,7 +516,7 @@ def test_upgrade_from_v18_adds_the_index_of_run_ids_by_case(database_url: str) -
                     )
                 )
             )
-        assert db.upgrade() == [19]
+        assert db.upgrade() == [v for v, *_ in _schema.MIGRATIONS if v >= 19]
 
         def indexes(conn: sa.Connection) -> set[str]:
             # (the inspector leaves out SQLite's expression indexes)
