@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -66,7 +67,7 @@ from engine_port import (
 from engine_port.driver import DeadLetteredEvent, DeadLetterLog, publish_to_sink
 from engine_port.errors import EngineError, SpilledPayloadUnavailableError
 
-from ._carry import carry, meta_of, whole
+from ._carry import META_KEY, carry, meta_of, whole
 from ._journal import StepJournal, put_small, step_records
 from ._names import FREEZE_CANCELLED_QUERY, TAKE_SIGNAL_UPDATE
 from ._wire import (
@@ -333,6 +334,21 @@ def _shaped(req: StageRequest, doc: dict[str, Any]) -> Any:
     return carry(shown, doc, activity.payload_converter())
 
 
+def _report_run_time(value: Any, began: float, clock: Any) -> None:
+    """Put how long the local activity has run since ``began`` (``time.monotonic``) and the
+    run's clock its task gave (``clock``, if any) in the metadata of its result or failure
+    detail ``value`` (a payload this driver shaped: ``_shaped``, ``_failed_attempt``)."""
+    if not isinstance(value, RawValue):
+        return
+    meta = meta_of(value.payload)
+    if meta is None:
+        return
+    meta["took_s"] = round(time.monotonic() - began, 6)
+    if clock is not None:
+        meta["clock"] = clock
+    value.payload.metadata[META_KEY] = pydantic_core.to_json(meta)
+
+
 def _unconsumed(queues: dict[str, list[Any]], consumed: Sequence[str]) -> dict[str, list[Any]]:
     """The signal ``queues`` an attempt was handed, less the oldest one of each name it
     ``consumed`` (once per consumption)."""
@@ -432,6 +448,24 @@ class DriverActivities:
     # -- stage attempts and compensations -----------------------------------------------------
     @activity.defn(dynamic=True)
     async def stage(self, args: Sequence[RawValue]) -> Any:
+        """A stage attempt or compensation (``_attempt``), or a local chain (``_chain``). Run
+        as a local activity (a ``local=True`` stage), its result (or its failure's details)
+        says how long it ran (``took_s``, seconds) and gives back the run's clock its task
+        carried (``clock``): the run's clock reads them (``_clock``)."""
+        if not activity.info().is_local:
+            return await self._stage_activity(args)
+        began = time.monotonic()
+        clock = (meta_of(args[0].payload) or {}).get("clock") if args else None
+        try:
+            result = await self._stage_activity(args)
+        except ApplicationError as exc:
+            if exc.details:
+                _report_run_time(exc.details[0], began, clock)
+            raise
+        _report_run_time(result, began, clock)
+        return result
+
+    async def _stage_activity(self, args: Sequence[RawValue]) -> Any:
         info = activity.info()
         conv = activity.payload_converter()
         meta = meta_of(args[0].payload)

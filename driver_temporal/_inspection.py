@@ -17,6 +17,7 @@ indexes); ``get_run`` asks the run for its stages in between (``_current``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from temporalio import workflow
@@ -57,6 +58,7 @@ class RunInspection:
     _memo_at: tuple[Any, ...] | None
     _info: dict[str, Any]
     _memo_within_budget: Callable[[dict[str, Any], int | None], None]  # (``_budget``)
+    _now: Callable[[], datetime]  # (``_clock``)
     _error: dict[str, Any] | None
     _comp_errors: list[dict[str, Any]]
     _redrive: int
@@ -166,7 +168,7 @@ class RunInspection:
             idempotency_key=self._start.idempotency_key,
             redrive_count=self._redrive,
             created_at=self._start.created_at,
-            updated_at=_iso(workflow.now()),
+            updated_at=_iso(self._now()),
             finished_at=self._finished_at,
             sinks=self._graph.sinks(),
             event_seq=self._seq,

@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from engine_port.driver import sink_retry_delay
 
     from ._carry import compact
+    from ._clock import RunClock
     from ._names import EVENTS_HANDED, RUN_ENDED
 
 __all__ = ["CARRY_MAX", "LAZY_MAX", "EventOutbox", "WorkerFault"]
@@ -71,8 +72,9 @@ class WorkerFault(RuntimeError):
     ``TimeoutError``, and a replay, which calls no worker, would not fail it again.)"""
 
 
-class EventOutbox:
-    """The outbox and its publisher; ``GraphWorkflow`` sets the attributes below."""
+class EventOutbox(RunClock):
+    """The outbox and its publisher; ``GraphWorkflow`` sets the attributes below. Events
+    take the run's time (``_clock.RunClock._now``)."""
 
     _run_id: str
     _wf_id: str
@@ -107,8 +109,10 @@ class EventOutbox:
 
     def _emit(self, draft: EventDraft) -> None:
         self._seq += 1
-        event = draft.at_seq(self._run_id, self._wf_id, self._seq, workflow.now())
-        self._outbox.append(event.model_dump(mode="json"))
+        at = self._now()
+        event = draft.at_seq(self._run_id, self._wf_id, self._seq, at).model_dump(mode="json")
+        self._outbox.append(event)
+        self._stamp(event, at)
 
     # -- carried by activities ----------------------------------------------------------------
     def _carry_events(self, task: dict[str, Any]) -> int | None:

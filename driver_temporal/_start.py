@@ -25,6 +25,7 @@ from ._state import StageState
 from ._wire import (
     BLOB_KEYS_CASE_SAFE,
     CARRY_BUDGET,
+    CLOCK_FROM_LOCALS,
     CONTINUE_HOLDS_TIMERS,
     EVENTS_VIA_ACTIVITIES,
     EVENTS_VIA_ONE_CARRIER,
@@ -90,6 +91,7 @@ class StartDocument(BaseModel):
     continue_hold: str | None = None
     suspension_ids: str | None = None
     blob_keys: str | None = None
+    clock: str | None = None
     # the starting engine's ``spill_threshold_bytes`` (runs with ``signal_rule``: what an
     # operator's raw signal is stored inline up to)
     spill_threshold: int | None = None
@@ -191,6 +193,7 @@ class StartDocument(BaseModel):
             continue_hold=CONTINUE_HOLDS_TIMERS,
             suspension_ids=SUSPENSION_IDS_BY_STEP,
             blob_keys=BLOB_KEYS_CASE_SAFE,
+            clock=CLOCK_FROM_LOCALS,
             spill_threshold=settings.spill_threshold_bytes,
             stage_activities=settings.temporal_max_stage_activities,
             signal_names=_declared_signals(fields.get("graph")),
@@ -292,6 +295,13 @@ class StartDocument(BaseModel):
         (``_wire._part``); a run started before keeps finding its journals and spilled
         values where its code put them."""
         return self.blob_keys == BLOB_KEYS_CASE_SAFE
+
+    @property
+    def clock_from_locals(self) -> bool:
+        """Its times in an activation where a local activity reported come from that local
+        activity's own timing (``_clock.RunClock``), not the activation's; a run started
+        before takes the activation's time, and replays so."""
+        return self.clock == CLOCK_FROM_LOCALS
 
     @property
     def compact_memo(self) -> bool:

@@ -18,6 +18,7 @@ from engine_port import StepRecord
 __all__ = [
     "BLOB_KEYS_CASE_SAFE",
     "CARRY_BUDGET",
+    "CLOCK_FROM_LOCALS",
     "CONTINUE_HOLDS_TIMERS",
     "EVENTS_VIA_ACTIVITIES",
     "EVENTS_VIA_ONE_CARRIER",
@@ -120,6 +121,13 @@ SUSPENSION_IDS_BY_STEP = "steps"
 # (``_part``), so stages ``A`` and ``a`` no longer share one journal, nor steps ``Charge`` and
 # ``charge`` one spilled result; absent: the parts as they are (where their code put them)
 BLOB_KEYS_CASE_SAFE = "case-safe"
+# the start document's ``clock`` of runs (started since 2026-12-06) whose times (events, stage
+# and run times, deadlines) in a workflow activation where a local activity reported come from
+# that local activity: the run's clock when it scheduled it plus the run time its result
+# reports (``_clock.RunClock``), the same live and on replay; absent: the activation's time
+# (``workflow.now()``), which sdk-core gives differently on replay when a query made it
+# complete the task that ran the local activity early
+CLOCK_FROM_LOCALS = "locals"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 

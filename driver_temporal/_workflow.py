@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import Callable, Coroutine, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
     from ._budget import CarryBudget
     from ._carry import carried_failure, carry, carry_info, meta_of
+    from ._clock import LocalMark
     from ._freezing import Migrated, MigrationHandlers
     from ._inspection import RunInspection
     from ._names import (
@@ -183,6 +184,19 @@ def _failed_try(sid: str, exc: ActivityError | ApplicationError, cause: Any) -> 
         "error": {"type": etype, "message": message, "stage": sid},
         "retryable": retryable,
     }
+
+
+def _reported(exc: ActivityError | ApplicationError, timeout: timedelta) -> dict[str, Any] | None:
+    """What a local stage activity that failed reported for the run's clock (``_clock``): its
+    failure's ``took_s`` and ``clock``; a timeout ran its timeout; nothing for a cancel (the
+    run's time stays the activation's)."""
+    cause = exc.cause if isinstance(exc, ActivityError) else exc
+    if isinstance(cause, CancelledError):
+        return None
+    if isinstance(cause, ActivityTimeoutError):
+        return {"took_s": timeout.total_seconds()}
+    carried = carried_failure(cause) if isinstance(cause, ApplicationError) else None
+    return carried or {}
 
 
 def _iso(value: Any) -> str:
@@ -429,7 +443,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         then; when Temporal suggests continuing, it continues anyway (a late timer rather
         than a history that grows past Temporal's limit), and so it does once its history
         holds ``_HOLD_EVENTS`` more events than its threshold."""
-        now = workflow.now()
+        now = self._now()
         info = workflow.info()
         young = now < info.start_time + _CONTINUE_MIN_INTERVAL
         if not self._start.holds_for_timers:
@@ -567,7 +581,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             if self._graph.timeout_s:
                 deadline = parse_time(self._deadline)
                 assert deadline is not None
-                remaining = max(0.001, (deadline - workflow.now()).total_seconds())
+                remaining = max(0.001, (deadline - self._now()).total_seconds())
                 self._deadline_s = remaining
                 await asyncio.wait_for(self._execute(), remaining)
             else:
@@ -659,11 +673,12 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._ends_on_worker = start.ends_on_worker
         self._hands_events = start.publishes_on_worker
         self._chains = start.chains_locals
+        self._clock_from_locals = start.clock_from_locals
         self._group_of: dict[str, int] | None = None  # (``_chain``: built on first use)
         self._status = "pending"
         self._deadline: str | None = start.deadline
         if self._graph.timeout_s and self._deadline is None:
-            self._deadline = _iso(workflow.now() + timedelta(seconds=self._graph.timeout_s))
+            self._deadline = _iso(self._now() + timedelta(seconds=self._graph.timeout_s))
         self._error: dict[str, Any] | None = None
         self._comp_errors: list[dict[str, Any]] = []
         self._finished_at: str | None = None
@@ -852,7 +867,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if spec.after_signal_timeout_s is not None:
             # the wait's deadline, journaled as the gate's step would (``Steps._gate``): the
             # try that runs once it passed fails the attempt with StepTimeoutError
-            deadline = workflow.now() + timedelta(seconds=spec.after_signal_timeout_s)
+            deadline = self._now() + timedelta(seconds=spec.after_signal_timeout_s)
             until = _iso(deadline)
             self._stages[sid].steps[name] = record_to_json(
                 StepRecord(name, "signal", completed=False, deadline=deadline, signal=name)
@@ -895,7 +910,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         st.output = res.get("output")
         st.events = res.get("events") or []
         st.error = None
-        st.finished_at = _iso(workflow.now())
+        st.finished_at = _iso(self._now())
         st.order = self._order
         st.waiting_for = None
         st.wake_at = None
@@ -934,7 +949,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._emit(self._lc.stage_failed(sid, attempt, ErrorInfo(**error), will_retry))
         st.error = error
         if not will_retry:
-            st.status, st.finished_at = "failed", _iso(workflow.now())
+            st.status, st.finished_at = "failed", _iso(self._now())
             self._sync()
             raise _StageFailed(error)
         st.backoff = True  # (shown pending until the retry begins)
@@ -952,7 +967,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 self._run_started = True
                 self._emit(self._lc.run_started())
             st.status = "running"
-            st.started_at = _iso(workflow.now())
+            st.started_at = _iso(self._now())
             st.finished_at = None
             st.suspensions = 0
             st.waiting_for = None
@@ -962,6 +977,22 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         else:
             st.status, st.waiting_for, st.wake_at = "running", None, None
 
+    def _retimed(self, was: datetime, live: datetime) -> None:
+        """(``_clock``: a replay that ran an activation at ``was`` where the live run read
+        ``live``.) The stage times and the run's set then are ``live``, and so is the run's
+        deadline if it was computed then (its first task)."""
+        old, new = _iso(was), _iso(live)
+        for st in self._stages.values():
+            if st.started_at == old:
+                st.started_at = new
+            if st.finished_at == old:
+                st.finished_at = new
+        if self._finished_at == old:
+            self._finished_at = new
+        timeout = timedelta(seconds=self._graph.timeout_s or 0)
+        if timeout and self._start.deadline is None and self._deadline == _iso(was + timeout):
+            self._deadline = _iso(live + timeout)
+
     def _delay(self, sid: str, attempt: int) -> float:
         # a Temporal timer needs a positive duration
         return max(self._graph.stage(sid).retry.delay_s(attempt), 0.001)
@@ -969,7 +1000,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
     def _remaining(self, until: Any) -> float | None:
         if until is None:
             return None
-        return max(0.0, float((until - workflow.now()).total_seconds())) + 0.02
+        return max(0.0, float((until - self._now()).total_seconds())) + 0.02
 
     async def _wait(self, sid: str, res: dict[str, Any], until: Any) -> None:
         """Wait until the suspended attempt of ``sid`` may resume: its signal is free (lent
@@ -977,7 +1008,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         may continue as new (``_at_safe_point``)."""
         self._waits.add(sid)
         if until is not None:
-            self._timer_s[sid] = (until - workflow.now()).total_seconds()
+            self._timer_s[sid] = (until - self._now()).total_seconds()
         try:
             await self._wait_on(sid, res, until)
         finally:
@@ -989,7 +1020,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         """Whether a wait this execution resumes is already due (an execution continued
         with ``StartDocument.due_at_once``): it ends at once rather than on a short timer,
         which would fire about a second late (``_TIMER_PRECISION``)."""
-        return self._start.due_at_once and until is not None and until <= workflow.now()
+        return self._start.due_at_once and until is not None and until <= self._now()
 
     async def _wait_on(self, sid: str, res: dict[str, Any], until: Any) -> None:
         if res["reason"] == "signal" and not self._holder_rule:
@@ -1048,6 +1079,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         task = self._task(
             sid, attempt, steps, compensation=compensation, in_process=in_process, new=new
         )
+        mark = self._local_mark(task) if in_process else None
         chain = self._chain(sid) if in_process and not compensation else []
         if chain:
             task["chain"] = chain
@@ -1064,8 +1096,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         carrier = self._carry_events(task)
         args, result_type = self._activity_args(task, compensation)
         try:
-            if in_process:
-                res = await self._call_local(sid, attempt, args, result_type, compensation, chain)
+            if mark is not None:
+                res = await self._call_local(
+                    sid, attempt, args, result_type, compensation, chain, mark
+                )
             else:
                 handle = self._start_stage_activity(sid, attempt, args, result_type, compensation)
                 if not compensation:
@@ -1105,6 +1139,15 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if not compensation:
             self._settle_lent(sid, res.get("consumed") or ())
             self._release_taken(sid, steps)
+
+    def _local_mark(self, task: dict[str, Any]) -> LocalMark:
+        """The scheduling of a local stage activity of ``task`` (``_clock``); on a run with the
+        ``clock`` mark its task carries the run's clock, which the activity gives back (data
+        of the activity's input only: a local activity's input is no command)."""
+        mark = self._scheduling()
+        if self._clock_from_locals:
+            task["clock"] = mark.at.isoformat()
+        return mark
 
     def _chain(self, sid: str) -> list[dict[str, Any]]:
         """The stages a ``local=True`` attempt of ``sid`` runs after it in its local activity,
@@ -1225,9 +1268,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         result_type: type[Any],
         compensation: bool,
         chain: list[dict[str, Any]],
+        mark: LocalMark,
     ) -> dict[str, Any]:
         """A try of a ``local=True`` stage (and the stages ``chain``ed after it): a local
-        activity, run by this worker."""
+        activity, run by this worker, scheduled at ``mark`` (``_clock``)."""
         what = "compensation" if compensation else "attempt"
         name = sid + COMPENSATE_SUFFIX if compensation else sid
         summary = f"{sid} {what} {attempt}"
@@ -1249,10 +1293,18 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             self._attempts[sid] = local
         self._locals += 1
         try:
-            return self._activity_result(await local)
+            res = self._activity_result(await local)
+        except (ActivityError, ApplicationError) as exc:
+            reported = _reported(exc, timeout)
+            if reported is not None:
+                self._local_reported(mark, reported.get("took_s"), reported.get("clock"))
+            raise
         finally:
             self._locals -= 1
             self._local_ended = workflow.info().get_current_history_length()
+        # (the run's clock from here on: ``_clock``)
+        self._local_reported(mark, res.get("took_s"), res.get("clock"))
+        return res
 
     def _start_stage_activity(
         self,
@@ -1331,6 +1383,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         return meta
 
     async def _journaled(self, sid: str) -> list[dict[str, Any]]:
+        mark = self._scheduling()
         records: list[dict[str, Any]] = await workflow.execute_local_activity(
             READ_JOURNAL_ACTIVITY,
             args=[self._run_id, sid, self._redrive]
@@ -1339,6 +1392,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=_STORE_RETRY,
         )
+        self._local_reported(mark)  # (it reports no run time: ``_clock``)
         return records
 
     # -- saga -------------------------------------------------------------------------------
@@ -1347,7 +1401,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         for sid in sorted(self._stages):
             st = self._stages[sid]
             if st.status in ("running", "suspended"):
-                st.status, st.finished_at = "cancelled", _iso(workflow.now())
+                st.status, st.finished_at = "cancelled", _iso(self._now())
                 st.waiting_for = st.wake_at = None  # (it waits for nothing any more)
                 st.backoff = False
                 self._emit(self._lc.stage_cancelled(sid))
@@ -1389,7 +1443,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             self._status = "migrated"
             self._final = True
             self._frozen = False
-            self._finished_at = _iso(workflow.now())
+            self._finished_at = _iso(self._now())
             self._sync()
             return
         # its last events ride with wfe.save_state below, not with a wfe.publish of their own
@@ -1415,7 +1469,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             st.events = []
         self._status = outcome
         self._final = True
-        self._finished_at = _iso(workflow.now())
+        self._finished_at = _iso(self._now())
         self._sync()
         if self._ends_on_worker:
             self._record_end(self._state())  # (``_run_end``: no local activity)
