@@ -23,11 +23,9 @@ workflow then hears the result in the new task:
   at the new task's (the marker recorded by the new task, the result heard live while the
   first one was being completed).
 
-Parallel local activities have the same trouble without any query: a replay hands over
-together results the live run heard one at a time, at the latest one's time. Each way the
-events the workflow built get other times on replay than the sink received (``engine.events``
-differed from the sink, ``test_history_events`` on a loaded CI host), and so do the stage times
-of the run's state.
+Each way the events the workflow built get other times on replay than the sink received
+(``engine.events`` differed from the sink, ``test_history_events`` on a loaded CI host), and so
+do the stage times of the run's state.
 
 So on runs started with ``clock = "locals"`` (``StartDocument.clock``) the clock reads, once a
 local activity reported in an activation and while the activation lasts (its ``workflow.now()``
