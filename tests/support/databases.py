@@ -94,8 +94,19 @@ class TcpProxy:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        self.writers += [writer, up_writer]
+        # known at once: a stop() while the upstream connection is being opened cuts it too
+        # (registered only once upstream answered, such a connection outlived the stop and
+        # the engine went on talking to the server through it: no outage to see)
+        self.writers.append(writer)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        if writer.transport.is_closing():  # stopped meanwhile
+            up_writer.transport.abort()
+            return
+        self.writers.append(up_writer)
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(ConnectionError, OSError):
