@@ -706,19 +706,14 @@ def runs_query(
     # range" on PostgreSQL; no database holds that many runs)
     limit = min(limit, MAX_LISTED)
     statuses = list(dict.fromkeys(status or ()))
+
+    def where(q: sa.Select[Any], which: list[str]) -> sa.Select[Any]:
+        filters = (before, id_prefix, version, created_after, idempotency_key, sqlite)
+        return _runs_where(q, workflow_id, which, *filters)
+
     if len(statuses) > 1:
         parts = [
-            _runs_where(
-                sa.select(runs),
-                workflow_id,
-                [s],
-                before,
-                id_prefix,
-                version,
-                created_after,
-                idempotency_key,
-                sqlite,
-            )
+            where(sa.select(runs), [s])
             .order_by(runs.c.created_at.desc(), runs.c.id.desc())
             .limit(limit)
             .subquery()
@@ -729,17 +724,7 @@ def runs_query(
             sa.select(merged).order_by(merged.c.created_at.desc(), merged.c.id.desc()).limit(limit)
         )
     q = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
-    return _runs_where(
-        q,
-        workflow_id,
-        statuses,
-        before,
-        id_prefix,
-        version,
-        created_after,
-        idempotency_key,
-        sqlite,
-    )
+    return where(q, statuses)
 
 
 def _runs_where(
