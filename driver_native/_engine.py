@@ -36,6 +36,7 @@ from engine_port.driver import (
     TERMINAL_RUN_STATUSES,
     Clock,
     StepEntry,
+    check_events_call,
     check_export_target,
     check_import_blobs,
     check_import_call,
@@ -591,11 +592,17 @@ class NativeEngine(WorkflowEngine):
         return n
 
     # -- native extras ---------------------------------------------------------------------
-    async def events(self, run_id: str) -> list[Event]:
-        """Every event the run wrote to its outbox, in sequence order (delivered or not).
-        Raises RunNotFoundError for a run that is not here (as on Temporal)."""
-        check_run_call(run_id)
-        return await self.kernel.db.read(_run_events, run_id)
+    async def events(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """Every event the run wrote to its outbox, in sequence order (delivered or not);
+        a page of them with ``after_seq`` (only those whose ``seq`` is above it: the last
+        ``seq`` of the previous page) and ``limit`` (at most this many). The page loop ends
+        on a page shorter than ``limit``. The database reads the page off the outbox's
+        (run id, seq) index, however deep it is. Raises RunNotFoundError for a run that is
+        not here (as on Temporal), InvalidInputError for a bad ``after_seq`` or ``limit``."""
+        check_events_call(run_id, after_seq, limit)
+        return await self.kernel.db.read(_run_events, run_id, after_seq, limit)
 
     async def outbox_counts(self) -> _outbox.OutboxCounts:
         """Undelivered events in the outbox: ``pending`` (not failed yet), ``retrying`` (the
@@ -679,8 +686,10 @@ WORKER_NUMBERS = {
 WORKER_OTHERS = ("worker_id", "served", "on_job_done", "listen")
 
 
-def _run_events(conn: Any, run_id: str) -> list[Event]:
-    found = _outbox.load_events(conn, run_id)
+def _run_events(
+    conn: Any, run_id: str, after_seq: int | None = None, limit: int | None = None
+) -> list[Event]:
+    found = _outbox.load_events(conn, run_id, after_seq, limit)
     if not found and try_run(conn, run_id, lock=False) is None:
         raise RunNotFoundError(run_id)  # (a run writes run.created as it is created)
     return found

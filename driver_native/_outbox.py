@@ -394,11 +394,18 @@ def replay_dead(conn: Connection) -> int:
     return res.rowcount or 0
 
 
-def load_events(conn: Connection, run_id: str) -> list[Event]:
-    rows = conn.execute(
-        sa.select(outbox).where(outbox.c.run_id == run_id).order_by(outbox.c.seq)
-    ).all()
-    return [_event(r) for r in rows]
+def load_events(
+    conn: Connection, run_id: str, after_seq: int | None = None, limit: int | None = None
+) -> list[Event]:
+    """The run's events in sequence order: those after ``after_seq``, at most ``limit``; a
+    range read of ``ix_wfe_outbox_run`` (run id, seq) however deep the page is."""
+    query = sa.select(outbox).where(outbox.c.run_id == run_id)
+    if after_seq is not None:
+        query = query.where(outbox.c.seq > after_seq)
+    query = query.order_by(outbox.c.seq)
+    if limit is not None:
+        query = query.limit(limit)
+    return [_event(r) for r in conn.execute(query).all()]
 
 
 def load_dead(conn: Connection, limit: int) -> list[Event]:

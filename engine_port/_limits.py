@@ -45,6 +45,7 @@ __all__ = [
     "MAX_VERSION_LENGTH",
     "MAX_WORKFLOW_ID_LENGTH",
     "check_event_type",
+    "check_events_call",
     "check_export_target",
     "check_hook_name",
     "check_idempotency_key",
@@ -394,6 +395,38 @@ def check_page_call(
             f"not {_kind(created_after)}",
         )
     return created_after if created_after.tzinfo else created_after.replace(tzinfo=UTC)
+
+
+def check_events_call(run_id: Any, after_seq: Any, limit: Any) -> str:
+    """The arguments of a driver's ``events(run_id, after_seq=, limit=)``: the events of
+    the run with a sequence number above ``after_seq`` (None: from the first), at most
+    ``limit`` of them (None: all). ``after_seq`` is a whole number, 0 or more (the ``seq``
+    of the last event of the previous page), ``limit`` a whole number, 1 or more (a page
+    of 0 events never moves a page loop on). Returns the run id."""
+    checked = check_run_id(run_id)
+    if after_seq is not None:
+        if isinstance(after_seq, bool) or not isinstance(after_seq, int):
+            raise _invalid(
+                "after_seq",
+                "after_seq must be a whole number (the seq of the last event of the previous "
+                f"page) or None, not {_kind(after_seq)}",
+            )
+        if after_seq < 0:
+            raise _invalid(
+                "after_seq",
+                f"after_seq is negative ({after_seq}); give 0 or more (the seq of the last "
+                "event already read), or None to start at the first event",
+            )
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise _invalid(
+                "limit", f"limit must be a whole number of events or None, not {_kind(limit)}"
+            )
+        if limit < 1:
+            raise _invalid(
+                "limit", f"limit must be 1 or more events, not {limit}; or None for all of them"
+            )
+    return checked
 
 
 def check_wait_call(run_id: Any, timeout: Any) -> float | None:

@@ -53,6 +53,7 @@ from ._faults import describe_fault, is_storage_fault
 from ._graph import GraphModel, RetryModel, StageSpec
 from ._history import StepEntry
 from ._limits import (
+    check_events_call,
     check_export_target,
     check_import_call,
     check_list_call,
@@ -125,6 +126,7 @@ __all__ = [
     "SystemClock",
     "UnsupportedFeatureError",
     "WorkflowEngine",
+    "check_events_call",
     "check_export_target",
     "check_import_blobs",
     "check_import_call",
