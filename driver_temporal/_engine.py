@@ -102,6 +102,7 @@ from engine_port.driver import (
     WORKING_RUN_STATUSES,
     GraphModel,
     StepEntry,
+    check_events_call,
     check_export_target,
     check_import_blobs,
     check_import_call,
@@ -144,6 +145,7 @@ from ._carry import DATA_CONVERTER, carry, meta_of
 from ._current import current_memo
 from ._early import judged
 from ._ended import announced, announced_seq, emitted_seq
+from ._event_pages import EventPages, page_of
 from ._exit import release_runtime_at_exit
 from ._helpers import (
     _ACTIVE,
@@ -317,6 +319,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         )
         # records the end of the runs its workers finish (``_run_end``)
         self._ends = RunEnds(self._activities)
+        self._event_pages = EventPages()  # (``events`` pages: the last run paged)
 
     # -- connection -------------------------------------------------------------------------
     @property
@@ -1550,11 +1553,26 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         return n
 
     @_rpc.surfaced("events")
-    async def events(self, run_id: str) -> list[Event]:
+    async def events(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
         """Every event the run emitted, in sequence order (delivered or not), as the native
-        driver's ``events``: rebuilt from its workflow histories (``_history_events``)."""
-        check_run_call(run_id)
-        replayed = await run_events(self._conn, run_id, **self._reads())
+        driver's ``events``: rebuilt from its workflow histories (``_history_events``); a
+        page of them with ``after_seq`` (those whose ``seq`` is above it) and ``limit`` (at
+        most this many), as on the native driver. A call replays the whole run; in a page
+        loop only the first page does: the next ones are cut from its replay while the run's
+        history stays the same, and the last one lets it go (``_event_pages``)."""
+        check_events_call(run_id, after_seq, limit)
+        paged = after_seq is not None or limit is not None
+        if paged:
+            raw = await self._describe_known(run_id)
+            info = raw.workflow_execution_info
+            key = (run_id, info.execution.run_id, info.history_length)
+            replayed = await self._event_pages.replayed(
+                key, lambda: run_events(self._conn, run_id, **self._reads())
+            )
+        else:
+            replayed = await run_events(self._conn, run_id, **self._reads())
         # with the closing event a worker published for a run Temporal ended (``_ended``)
         seen = {e.id for e in replayed}
         closing = [
@@ -1562,7 +1580,27 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             for e in await announced(self.blob_store, run_id)
             if e.get("id") not in seen
         ]
-        return sorted([*replayed, *closing], key=lambda e: e.seq) if closing else replayed
+        found = sorted([*replayed, *closing], key=lambda e: e.seq) if closing else replayed
+        if not paged:
+            return found
+        page = page_of(found, after_seq, limit)
+        if limit is None or len(page) < limit:
+            self._event_pages.ended(run_id)  # (the loop's last page)
+        return page
+
+    async def _describe_known(self, run_id: str) -> DescribeWorkflowExecutionResponse:
+        """``_describe_raw`` of a run that is there (else RunNotFoundError)."""
+        try:
+            return await self._describe_raw(run_id)
+        except RPCError as exc:
+            if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                raise RunNotFoundError(run_id) from None
+            if _rpc.status_of(exc) in _rpc.UNREACHABLE:
+                raise  # (``_rpc.surfaced``: DriverUnavailableError)
+            raise DriverUnavailableError(
+                f"Temporal describe of {run_id!r} failed: {exc}; check the server's health "
+                "and retry"
+            ) from None
 
     @_rpc.surfaced("steps")
     async def steps(self, run_id: str) -> list[StepEntry]:
