@@ -25,11 +25,11 @@ from engine_port.driver import (
     TERMINAL_RUN_STATUSES,
     StepEntry,
     check_signal_known,
+    frozen_run_error,
     redrive_plan,
 )
 from engine_port.errors import (
     IdempotencyConflictError,
-    MigrationError,
     RunNotActiveError,
     RunNotFoundError,
     RunTimeoutError,
@@ -353,10 +353,7 @@ def refused_unread(exc: BaseException) -> bool:
 
 def _refuse_frozen(run: Any, action: str) -> None:
     if run.frozen:
-        raise MigrationError(
-            f"run {run.id!r} is being moved to another driver; retry the {action} in a moment "
-            "(it then reaches the run wherever it lives)"
-        )
+        raise frozen_run_error(run.id, action, "native")
 
 
 @functools.cache

@@ -118,6 +118,7 @@ from engine_port.driver import (
     check_wait_seconds,
     check_worker_options,
     check_workflow_ids,
+    frozen_run_error,
     input_fingerprint,
     keyed_repeat,
     publish_to_sink,
@@ -131,7 +132,6 @@ from engine_port.errors import (
     DriverUnavailableError,
     EngineError,
     IdempotencyConflictError,
-    MigrationError,
     RunNotActiveError,
     RunNotFoundError,
     SignalQueueFullError,
@@ -1023,10 +1023,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             return self._buffered(run_id, name, info)
         rejected = res.get("rejected")
         if rejected == "MigrationError":
-            raise MigrationError(
-                f"run {run_id!r} is frozen for migration; signal it once the move completed "
-                "(on its target) or was aborted"
-            )
+            raise frozen_run_error(run_id, f"signal {name!r}", self.driver_name)
         if rejected == "SignalQueueFullError":
             # the run's own bound (the starting engine's); a worker of an older driver does
             # not say it: this engine's
@@ -1062,10 +1059,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             graph = await self._started_graph(run_id)
         check_signal_known(graph, run_id, name)
         if (memo.get("wfe_run") or {}).get("frozen"):
-            raise MigrationError(
-                f"run {run_id!r} is frozen for migration; signal it once the move completed "
-                "(on its target) or was aborted"
-            )
+            raise frozen_run_error(run_id, f"signal {name!r}", self.driver_name)
         return info
 
     def _remember(self, memo: Any, info: RunInfo) -> None:

@@ -33,7 +33,9 @@ from .errors import (
 __all__ = [
     "MigrationReport",
     "RunMove",
+    "abort_migration",
     "check_import_blobs",
+    "frozen_run_error",
     "keyed_repeat",
     "migrate_run",
     "migrate_runs",
@@ -53,10 +55,24 @@ def keyed_repeat(info: RunInfo) -> RunInfo:
     return info
 
 
+def frozen_run_error(run_id: str, action: str, driver: str) -> MigrationError:
+    """A driver's answer to a signal or cancel of a run frozen for a move (``action``: "signal
+    'go'", "cancel"). "Retry in a moment" alone sent a caller round for good when the
+    migration that froze the run was killed: nothing unfreezes such a run but a rerun of the
+    migration, which finishes the move, or its abort."""
+    return MigrationError(
+        f"run {run_id!r} is being moved to another driver (frozen); retry the {action} in a "
+        "moment (it then reaches the run wherever it lives). If no migration is under way "
+        f"(one was interrupted), `wfe migrate --from {driver} --to TARGET --run {run_id}` "
+        "finishes the move (migrate_run() in code), and the same command with --abort keeps "
+        f"the run on {driver} (abort_migration() in code)"
+    )
+
+
 class RunMove(BaseModel):
     run_id: str
     workflow_id: str
-    outcome: Literal["moved", "would_move", "skipped", "left"]
+    outcome: Literal["moved", "would_move", "skipped", "left", "unfrozen"]
     reason: str | None = None
 
 
@@ -132,12 +148,14 @@ def _blob_stores(
     return stores[0], stores[1]
 
 
-async def _holds(target: WorkflowEngine, run_id: str) -> bool:
+async def _holds(target: WorkflowEngine, run_id: str, *, strict: bool = False) -> bool:
     """Whether ``target`` has an active run ``run_id`` (read without any value or blob);
-    False when that cannot be told."""
+    False when that cannot be told, unless ``strict`` (then the error is raised)."""
     try:
         found = await target.list_runs(id_prefix=run_id, limit=2, outputs=False)
     except Exception:
+        if strict:
+            raise
         return False
     return any(r.id == run_id and r.status in ACTIVE_RUN_STATUSES for r in found)
 
@@ -342,6 +360,44 @@ async def _left_by_timeout(source: WorkflowEngine, left: list[str]) -> list[RunM
             )
         )
     return moves
+
+
+async def abort_migration(
+    source: WorkflowEngine, target: WorkflowEngine, run_ids: Sequence[str]
+) -> MigrationReport:
+    """Give back to ``source`` the named runs an interrupted migration left frozen there
+    (``wfe migrate`` killed between a run's freeze and its move, a host crash): a frozen run
+    takes no signal or cancel and runs no stage until something finishes or aborts its move,
+    and nothing else ever did, so its signals were refused with "retry in a moment" for good.
+
+    Each run is reported once: ``unfrozen`` (it goes on at ``source``; unfreezing a run that
+    was not frozen changes nothing), or ``skipped`` with the reason: ``target`` already holds
+    it (the import committed: unfreezing it here would leave it live on both drivers; migrate
+    it again to finish the move), or it is not active on ``source`` (moved, ended). An id
+    ``source`` does not hold raises RunNotFoundError before anything changes. Run it only
+    while no migration of these runs is under way: one in progress imports the run after
+    this looked at the target."""
+    _check_two_engines(source, target)
+    await _check_selection(source, None, None, run_ids, None)
+    report = MigrationReport(source=source.driver_name, target=target.driver_name)
+    for run_id in dict.fromkeys(run_ids):
+        info = await source.get_run(run_id)
+        move = RunMove(run_id=run_id, workflow_id=info.workflow_id, outcome="skipped")
+        if info.status == RunStatus.MIGRATED:
+            move.reason = f"already moved to {info.migrated_to}"
+        elif info.status not in ACTIVE_RUN_STATUSES:
+            move.reason = f"{info.status.value}: it is not frozen"
+        elif await _holds(target, run_id, strict=True):  # (unknown: unfreeze nothing)
+            move.reason = (
+                f"{target.driver_name} already holds it (its import committed): migrate it "
+                "again, without --abort, to finish the move"
+            )
+        else:
+            await source.abort_export(run_id)
+            move.outcome = "unfrozen"
+            move.reason = f"it goes on at {source.driver_name}"
+        report.moves.append(move)
+    return report
 
 
 # the statuses a run can move in (a compensating run finishes where it is)

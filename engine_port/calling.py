@@ -14,7 +14,14 @@ from ._engine import WorkflowEngine
 from ._events import EventSink, JsonlFileSink, MemorySink, open_event_sink
 from ._factory import create_engine
 from ._metrics import EngineMetrics, attach_metrics, serve_metrics
-from ._migration import MigrationReport, RunMove, copy_blobs, migrate_run, migrate_runs
+from ._migration import (
+    MigrationReport,
+    RunMove,
+    abort_migration,
+    copy_blobs,
+    migrate_run,
+    migrate_runs,
+)
 from ._models import (
     ErrorInfo,
     Event,
@@ -61,6 +68,7 @@ __all__ = [
     "SystemClock",
     "VersionInfo",
     "WorkflowEngine",
+    "abort_migration",
     "attach_metrics",
     "copy_blobs",
     "create_engine",

@@ -25,7 +25,9 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
   warnings per batch of ``DeadLetteredEvent``, the rest at DEBUG and one summary line),
   ``AbandonedAttempts`` (one WARNING per outage of the engine's storage, not one per
   abandoned attempt), ``keyed_repeat``
-  (a start whose idempotency key names a run that moved away raises, naming where it went);
+  (a start whose idempotency key names a run that moved away raises, naming where it went),
+  ``frozen_run_error`` (a signal or cancel of a run frozen for a move: retry, or finish or
+  abort the move an interrupted migration left);
 - ``telemetry``: the OpenTelemetry hooks: decorate ``start()`` with ``traced_start`` and
   ``signal()`` with ``traced_signal``, store ``current_traceparent()`` (taken in ``start()``)
   with the run and give it back as ``StageRequest.trace_context``; the StageRunner makes the
@@ -73,7 +75,7 @@ from ._limits import (
     check_workflow_ids,
     safe_error_message,
 )
-from ._migration import check_import_blobs, keyed_repeat
+from ._migration import check_import_blobs, frozen_run_error, keyed_repeat
 from ._models import (
     ACTIVE_RUN_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -151,6 +153,7 @@ __all__ = [
     "delete_prefixes",
     "describe_fault",
     "fingerprint",
+    "frozen_run_error",
     "input_fingerprint",
     "installed_drivers",
     "is_storage_fault",

@@ -16,6 +16,7 @@ from engine_port import (
     RunMove,
     RunStatus,
     WorkflowEngine,
+    abort_migration,
     create_engine,
     migrate_runs,
 )
@@ -23,7 +24,7 @@ from engine_port.errors import ConfigurationError, RunNotFoundError
 
 from ._db import initialised
 from ._errors import EXIT_CODES, fail, reported, run_sync
-from ._options import JsonOpt, driver_settings, status_list
+from ._options import JsonOpt, driver_settings, resolve, status_list
 from ._output import console, error_line, errors, json_line, rows
 
 __all__ = ["migrate_cmd"]
@@ -43,24 +44,23 @@ def migrate_cmd(
     drain: Annotated[bool, typer.Option("--drain", help="stop new runs on the source")] = False,
     wait: Annotated[float, typer.Option(help="seconds to wait for a running stage")] = 30.0,
     drain_timeout: Annotated[float, typer.Option(help="seconds to keep draining")] = 300.0,
+    abort: Annotated[
+        bool,
+        typer.Option(
+            "--abort",
+            help="unfreeze the --run runs an interrupted migration left frozen on --from",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Move live runs between drivers at safe points (rerunning it never duplicates a run)."""
     if from_ == to:
         raise typer.BadParameter("--from and --to name the same driver", param_hint="--to")
-    if drain and dry_run:
-        raise typer.BadParameter(
-            "--drain moves runs; leave it out of a --dry-run", param_hint="--drain"
-        )
-    if drain and not workflow:
-        raise typer.BadParameter(
-            "say which workflows to drain (--workflow W)", param_hint="--drain"
-        )
-    for value, option in ((wait, "--wait"), (drain_timeout, "--drain-timeout")):
-        if not value >= 0:  # (NaN too)
-            raise typer.BadParameter(
-                f"{value:g} is not a number of seconds; give 0 or more", param_hint=option
-            )
+    if abort:
+        _check_abort(run, dry_run=dry_run, drain=drain, selects=bool(workflow or version or status))
+    _check_moving(
+        dry_run=dry_run, drain=drain, workflow=workflow, wait=wait, drain_timeout=drain_timeout
+    )
     statuses = status_list(status)
     # every argument is checked before anything connects to a database or Temporal server
     source_settings = driver_settings(from_, "--from")
@@ -88,6 +88,11 @@ def migrate_cmd(
                     if stopping.is_set():
                         raise _Stopped
 
+                # (a unique prefix names a run here as in every other command: it was
+                # "no run with id" here alone)
+                run_ids = None if run is None else [await _full_id(source, r) for r in run]
+                if abort:
+                    return await abort_migration(source, target, run_ids or [])
                 with _first_interrupt_stops(stopping):
                     try:
                         report = await migrate_runs(
@@ -95,7 +100,7 @@ def migrate_cmd(
                             target,
                             workflow_ids=workflow,
                             version=version,
-                            run_ids=run,
+                            run_ids=run_ids,
                             statuses=statuses,
                             dry_run=dry_run,
                             drain=drain,
@@ -109,7 +114,7 @@ def migrate_cmd(
                         )
                         report.moves = list(moves)
                         return report
-                    report.moves += await _unselected(source, run, report)
+                    report.moves += await _unselected(source, run_ids, report)
                     return report
 
     report = run_sync(move())
@@ -117,15 +122,55 @@ def migrate_cmd(
         json_line(report)
         _exit_if_interrupted(stopping)
         return
-    title = f"{'dry run: ' if dry_run else ''}{from_} -> {to}"
+    title = f"{'dry run: ' if dry_run else 'abort: ' if abort else ''}{from_} -> {to}"
     rows(
         ("run", "workflow", "outcome", "reason"),
         [(m.run_id, m.workflow_id, m.outcome, m.reason or "") for m in report.moves],
         title=title,
     )
-    counts = (f"{o}: {report.count(o)}" for o in ("moved", "would_move", "skipped", "left"))
+    outcomes = ("unfrozen", "skipped") if abort else ("moved", "would_move", "skipped", "left")
+    counts = (f"{o}: {report.count(o)}" for o in outcomes)
     console.print(", ".join(counts), highlight=False)
     _exit_if_interrupted(stopping)
+
+
+async def _full_id(source: WorkflowEngine, run_id: str) -> str:
+    """The id ``--run`` names on the source: itself, or the one run it is a prefix of."""
+    return await resolve(source, run_id) if run_id.strip() else run_id
+
+
+def _check_moving(
+    *, dry_run: bool, drain: bool, workflow: list[str] | None, wait: float, drain_timeout: float
+) -> None:
+    if drain and dry_run:
+        raise typer.BadParameter(
+            "--drain moves runs; leave it out of a --dry-run", param_hint="--drain"
+        )
+    if drain and not workflow:
+        raise typer.BadParameter(
+            "say which workflows to drain (--workflow W)", param_hint="--drain"
+        )
+    for value, option in ((wait, "--wait"), (drain_timeout, "--drain-timeout")):
+        if not value >= 0:  # (NaN too)
+            raise typer.BadParameter(
+                f"{value:g} is not a number of seconds; give 0 or more", param_hint=option
+            )
+
+
+def _check_abort(run: list[str] | None, *, dry_run: bool, drain: bool, selects: bool) -> None:
+    """``--abort`` gives back the runs it names, and only those: it moves nothing."""
+    if not run:
+        raise typer.BadParameter(
+            "name the runs to unfreeze with --run ID (the ids that signals, cancels or "
+            "`wfe migrate` reported frozen)",
+            param_hint="--abort",
+        )
+    if dry_run or drain or selects:
+        raise typer.BadParameter(
+            "--abort takes only --from, --to and --run (it moves nothing); leave out "
+            "--dry-run, --drain, --workflow, --version and --status",
+            param_hint="--abort",
+        )
 
 
 def _refuse_throwaway(driver: str, option: str) -> None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from engine_port import EngineSettings, Registry, StageContext, Workflow, create_engine
 from engine_port.errors import RunNotFoundError
+from wfe_cli import EXIT_CODES
 
 pytestmark = pytest.mark.temporal
 
@@ -157,3 +158,82 @@ async def test_a_named_run_that_cannot_move_says_why(temporal_server: Any, tmp_p
     out, err = proc.communicate(timeout=120)
     (again,) = json.loads(out)["moves"]
     assert again["outcome"] == "skipped" and "already moved to temporal" in again["reason"]
+
+
+def _wfe(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "wfe_cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def test_a_run_left_frozen_by_a_killed_migration_can_be_given_back(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    """``wfe migrate`` killed (kill -9, a host crash) between a run's freeze and its move left
+    the run frozen on native for good: its signals were refused with "retry in a moment",
+    which never came true, and no command unfroze it. The refusal now says how to finish or
+    abort the move, and ``wfe migrate --abort --run`` gives the run back to its source."""
+    registry, wf, env = _setup(tmp_path, address=temporal_server.address)
+    (run_id,) = await _suspended_runs(registry, wf, env, 1)
+    native, temporal = _engines(registry, env)
+    async with native:
+        await native.export_run(run_id)  # frozen, and the migration that froze it is gone
+    refused = _wfe(env, "signal", run_id, "go", '{"ok": 1}')
+    assert refused.returncode == EXIT_CODES["wrong_state"], refused.stderr
+    assert f"wfe migrate --from native --to TARGET --run {run_id}" in refused.stderr
+    assert "--abort" in refused.stderr
+    proc = _migrate(env, "--abort", "--run", run_id[:12], "--json")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    (move,) = json.loads(out)["moves"]
+    assert (move["run_id"], move["outcome"]) == (run_id, "unfrozen"), move
+    sent = _wfe(env, "signal", run_id, "go", '{"ok": 1}')
+    assert sent.returncode == 0, sent.stderr
+    native, temporal = _engines(registry, env)
+    async with native, temporal, native.worker():
+        assert (await native.wait(run_id, timeout=60)).output == {"ok": 1}
+        with pytest.raises(RunNotFoundError):
+            await temporal.get_run(run_id)
+
+
+async def test_abort_leaves_a_run_its_target_already_holds_frozen(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    """A migration killed after the target's import committed: unfreezing the run would leave
+    it live on both drivers, so ``--abort`` refuses it and a rerun finishes the move."""
+    registry, wf, env = _setup(tmp_path, address=temporal_server.address)
+    (run_id,) = await _suspended_runs(registry, wf, env, 1)
+    native, temporal = _engines(registry, env)
+    async with native, temporal:
+        await temporal.import_run(await native.export_run(run_id))
+    proc = _migrate(env, "--abort", "--run", run_id, "--json")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    (move,) = json.loads(out)["moves"]
+    assert move["outcome"] == "skipped" and "without --abort" in move["reason"], move
+    assert (await _where(registry, env, [run_id]))[run_id] == ("suspended", "suspended")
+    assert _wfe(env, "signal", run_id, "go", "1").returncode == EXIT_CODES["wrong_state"]
+    proc = _migrate(env, "--run", run_id[:10], "--json")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    (move,) = json.loads(out)["moves"]
+    assert (move["run_id"], move["outcome"]) == (run_id, "moved"), move
+    assert (await _where(registry, env, [run_id]))[run_id] == ("migrated", "suspended")
+
+
+async def test_run_takes_a_unique_prefix_like_every_other_command(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    """``wfe show 3f2a`` finds the run; ``wfe migrate --run 3f2a`` said "no run with id"."""
+    registry, wf, env = _setup(tmp_path, address=temporal_server.address)
+    (run_id,) = await _suspended_runs(registry, wf, env, 1)
+    proc = _migrate(env, "--dry-run", "--run", run_id[:8], "--json")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    (move,) = json.loads(out)["moves"]
+    assert (move["run_id"], move["outcome"]) == (run_id, "would_move"), move

@@ -69,6 +69,7 @@ INTERFACE = [
     "delete_prefixes",
     "describe_fault",
     "fingerprint",
+    "frozen_run_error",
     "input_fingerprint",
     "installed_drivers",
     "keyed_repeat",

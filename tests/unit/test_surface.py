@@ -54,6 +54,7 @@ CALLERS = [
     "SystemClock",
     "VersionInfo",
     "WorkflowEngine",
+    "abort_migration",
     "attach_metrics",
     "copy_blobs",
     "create_engine",
