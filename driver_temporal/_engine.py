@@ -1179,6 +1179,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             return info  # a no-op: already cancelled, or rolling back after a failure
         if info.terminal:
             raise RunNotActiveError(run_id, info.status, "cancel", migrated_to=info.migrated_to)
+        if (memo.get("wfe_run") or {}).get("frozen"):
+            # (cancelled, it ended here while its move went on: live and uncancelled on the
+            # target, the cancel lost; refused as on the native driver)
+            raise frozen_run_error(run_id, "cancel", self.driver_name)
         handle = self._conn.get_workflow_handle(run_id)
         with suppress(RPCError):  # already being cancelled or just finished
             await handle.cancel()

@@ -244,3 +244,32 @@ async def test_a_local_first_stage_scheduled_by_the_helper_runs_once(
         info = await source.wait(run.id, timeout=60)
     assert info.status == RunStatus.COMPLETED and info.output == "ab"
     assert log.counts() == {"a": 1, "b": 1}
+
+
+async def test_a_cancel_of_a_frozen_run_is_refused_as_on_native(make_engine: EngineFactory) -> None:
+    """A cancel of a run frozen for a move ended the run cancelled here while the move went
+    on: the target's import had the run live and uncancelled there, the source's
+    complete_export then failed ("is cancelled"), and the caller's cancel was lost. The
+    native driver refuses it with the retry-me MigrationError; so does Temporal now."""
+    wf = Workflow(f"mig-cancel-{time.monotonic_ns()}", input=Num, version="v1")
+
+    @wf.stage
+    async def a(ctx: StageContext[Num]) -> Any:
+        return await ctx.step.wait_for_signal("go")
+
+    engine = make_engine(Registry([wf]))
+    async with engine.worker():
+        run = await engine.start(wf.id, {"n": 1})
+        deadline = time.monotonic() + 60
+        while (await engine.get_run(run.id)).status != RunStatus.SUSPENDED:
+            assert time.monotonic() < deadline, "the run never suspended"
+            await asyncio.sleep(0.05)
+        await engine.export_run(run.id)
+        with pytest.raises(MigrationError, match="being moved to another driver") as refused:
+            await engine.cancel(run.id)
+        assert "--abort" in str(refused.value)
+        assert (await engine.get_run(run.id)).status == RunStatus.SUSPENDED
+        await engine.abort_export(run.id)  # the move given up: the cancel goes through
+        await engine.cancel(run.id)
+        info = await engine.wait(run.id, timeout=60)
+    assert info.status == RunStatus.CANCELLED
