@@ -335,6 +335,15 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if self._client is not None:
             return
         address, ns = self.settings.temporal_address, self.settings.temporal_namespace
+        if "://" in address:
+            # (temporalio took http://HOST:PORT with a UserWarning printed to the user, "will
+            # be an error in future versions", and "auto" compression read no loopback in it;
+            # https:// connected without TLS all the same)
+            bare = address.split("://", 1)[1].rstrip("/")
+            raise ConfigurationError(
+                f"temporal_address {address!r} is a URL; Temporal takes HOST:PORT without a "
+                f"scheme: set it to {bare!r} (WFE_TEMPORAL_ADDRESS, wfe.toml)"
+            )
         use_runtime()  # (temporalio's core logs: one WARNING an outage, ``_outage``)
         try:
             client = await asyncio.wait_for(
