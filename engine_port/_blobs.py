@@ -20,6 +20,7 @@ from .errors import DriverUnavailableError, SpilledPayloadUnavailableError, Unsa
 __all__ = [
     "DEFAULT_SPILL_THRESHOLD",
     "INLINE_MARKER",
+    "OFF_LOOP_BYTES",
     "SPILL_MARKER",
     "BlobStore",
     "ClaimCheck",
@@ -37,6 +38,12 @@ SPILL_MARKER = "$wfe_spill"
 # wraps an inline user value that has the shape of engine metadata, so it is never taken for it
 INLINE_MARKER = "$wfe_inline"
 _TMP_SUFFIX = ".wfe-tmp"
+OFF_LOOP_BYTES = 1024 * 1024
+"""A spilled value's JSON of at least this many bytes is hashed (``dump``) and decoded
+(``load``) on a worker thread, not on the event loop: at 10 MB that is ~25 ms of CPU on a
+quiet host and several hundred ms beside CPU hogs, during which no heartbeat of the worker's
+leases got through (on a slower or busier host, or a larger value, longer than the lease: the
+job was taken over and its steps ran again). Below it the hop costs more than the work."""
 # what a write to a full filesystem raises: no space left, or the user's disk quota used up
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -165,7 +172,8 @@ class FolderBlobStore:
                 continue
             created.append(each)
 
-    def _get(self, path: Path, key: str) -> bytes:
+    def _get(self, key: str) -> bytes:
+        path = self._path(key)
         try:
             return path.read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
@@ -175,7 +183,8 @@ class FolderBlobStore:
         await asyncio.to_thread(self.put_now, key, data)
 
     async def get(self, key: str) -> bytes:
-        return await asyncio.to_thread(self._get, self._path(key), key)
+        # (the key's checks too, a stat per part of it: on the thread that reads the file)
+        return await asyncio.to_thread(self._get, key)
 
     async def has(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -255,6 +264,11 @@ def box_inline(value: JSON) -> JSON:
     return value
 
 
+def _digest(data: bytes) -> str:
+    """The sha256 of a spilled value's JSON, as its reference records it."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def run_prefix(run_id: str) -> str:
     """Every blob of a run lives under this prefix; a run reads no blob outside it."""
     return f"runs/{run_id}/"
@@ -283,19 +297,15 @@ class ClaimCheck:
         if not isinstance(key, str):
             key = key()
         await self.store.put(key, data)
-        return self.reference(key, data)
+        if len(data) < OFF_LOOP_BYTES:
+            return self.reference(key, data)
+        return await asyncio.to_thread(self.reference, key, data)
 
     @staticmethod
     def reference(key: str, data: bytes) -> JSON:
         """The reference to ``data`` (a value's JSON) stored under ``key``: what :meth:`dump`
         returns for a large value, for a caller that stored it itself."""
-        return {
-            SPILL_MARKER: {
-                "key": key,
-                "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
-        }
+        return {SPILL_MARKER: {"key": key, "size": len(data), "sha256": _digest(data)}}
 
     async def load(self, value: JSON, *, run_id: str) -> JSON:
         """The user value behind a stored value of run ``run_id``: a reference is read
@@ -312,7 +322,10 @@ class ClaimCheck:
                 f"it is not a well-formed reference under run {run_id!r}'s own prefix "
                 f"{run_prefix(run_id)!r}",
             )
-        return loads(await self.store.get(key))
+        data = await self.store.get(key)
+        if len(data) < OFF_LOOP_BYTES:
+            return loads(data)
+        return await asyncio.to_thread(loads, data)
 
     @staticmethod
     def key_of(value: JSON) -> str | None:

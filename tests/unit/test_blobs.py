@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -311,3 +313,62 @@ async def test_open_blob_store_memory_url() -> None:
 def test_open_blob_store_unknown_scheme_raises() -> None:
     with pytest.raises(EngineError, match="unknown scheme"):
         open_blob_store("ftp://somewhere")
+
+
+async def test_a_large_value_is_hashed_and_decoded_off_the_event_loop(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sha256 of a large spilled value and the decoding of its JSON run on a worker
+    thread: on the event loop they held it (10 MB: several hundred ms beside CPU hogs), and
+    with it the heartbeats of every lease of the worker. Small ones stay on the loop (the
+    hop costs more than the work)."""
+    from engine_port import _blobs
+
+    loop_thread = threading.get_ident()
+    on_loop: list[tuple[str, int, bool]] = []  # (what, bytes, on the loop's thread)
+    digest, decode = _blobs._digest, _blobs.loads
+
+    def noting_digest(data: bytes) -> str:
+        on_loop.append(("sha256", len(data), threading.get_ident() == loop_thread))
+        return digest(data)
+
+    def noting_loads(data: bytes | str) -> Any:
+        on_loop.append(("decode", len(data), threading.get_ident() == loop_thread))
+        return decode(data)
+
+    monkeypatch.setattr(_blobs, "_digest", noting_digest)
+    monkeypatch.setattr(_blobs, "loads", noting_loads)
+    cc = ClaimCheck(store, threshold=1024)
+    large, small = "L" * _blobs.OFF_LOOP_BYTES, "s" * 2048
+    large_ref = await cc.dump(large, "runs/r1/large")
+    small_ref = await cc.dump(small, "runs/r1/small")
+    assert await cc.load(large_ref, run_id="r1") == large
+    assert await cc.load(small_ref, run_id="r1") == small
+    size = len(large) + 2  # (its JSON: quoted)
+    assert sorted(on_loop) == [
+        ("decode", 2050, True),
+        ("decode", size, False),
+        ("sha256", 2050, True),
+        ("sha256", size, False),
+    ]
+    assert large_ref["$wfe_spill"]["sha256"] == hashlib.sha256(f'"{large}"'.encode()).hexdigest()
+
+
+async def test_a_folder_store_checks_a_key_it_reads_off_the_event_loop(tmp_path: Path) -> None:
+    """A read's key checks (a stat of each part of the key: on a slow disk, each may wait)
+    run on the thread that reads the file, not on the event loop."""
+    loop_thread = threading.get_ident()
+    checked: list[bool] = []
+
+    class Noting(FolderBlobStore):
+        def _path(self, key: str) -> Path:
+            checked.append(threading.get_ident() == loop_thread)
+            return super()._path(key)
+
+    store = Noting(tmp_path / "blobs")
+    await store.put("runs/r1/a", b"1")
+    checked.clear()
+    assert await store.get("runs/r1/a") == b"1"
+    with pytest.raises(SpilledPayloadUnavailableError):
+        await store.get("runs/r1/missing")
+    assert checked == [False, False]
