@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from ._pgloop import LoopConnections
 
 __all__ = [
+    "PREPARED",
     "Database",
     "Unpredicted",
     "commit_was_unknown",
@@ -643,6 +644,9 @@ class Database:
         return self.read_sync(_schema.schema_version), _schema.LATEST_SCHEMA_VERSION
 
     def dispose(self) -> None:
+        # (SQLAlchemy's PostgreSQL dialect stays in its reflection caches for a while: not
+        # the statements compiled for it)
+        self.engine.dialect.__dict__.pop(PREPARED, None)
         self._executor.shutdown(wait=True)
         if self._loop_conns is not None:
             self._loop_conns.close()
@@ -652,6 +656,8 @@ class Database:
         self.engine.dispose()
 
 
+PREPARED = "_wfe_prepared"
+"""The attribute of a dialect holding the statements ``_rawsql`` compiled for it."""
 _TX = "wfe_tail"
 """``conn.info`` key, set while a PostgreSQL transaction function runs: the writes it deferred
 (SQL and parameters as SQLAlchemy compiled them), not sent yet."""

@@ -159,6 +159,15 @@ class _Runner(greenlet):  # type: ignore[misc]
             fn, args = self.parent.switch(done)
 
 
+def _end(runner: _Runner) -> None:
+    """Ends an idle runner that is not kept. Dropped instead, it stayed parked for the life of
+    the process with its last function's result (and through it the engine): a parked
+    greenlet's frame is not seen by the garbage collector. A worker that ran more than
+    ``_KEEP_RUNNERS`` transactions at once leaked one per extra, and a closed engine all."""
+    runner.parent = getcurrent()  # (the ended greenlet returns here)
+    runner.throw()
+
+
 def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> LoopConnection:
     """SQLAlchemy's ``do_connect`` hook: the pool's connections are :class:`LoopConnection`."""
     return LoopConnection.connect(*cargs, **cparams)
@@ -203,8 +212,10 @@ class LoopConnections:
         finally:
             self.in_flight -= 1
         runner.gr_context = None
-        if len(idle) < _KEEP_RUNNERS:
+        if len(idle) < _KEEP_RUNNERS and self.runners.get(threading.get_ident()) is idle:
             idle.append(runner)
+        else:  # (more than kept run at once, or closed meanwhile)
+            _end(runner)
         if step.error is not None:
             raise step.error
         result: T = step.value
@@ -229,7 +240,9 @@ class LoopConnections:
             _drop(conn)
 
     def close(self) -> None:
-        self.runners.clear()
+        runners, self.runners = self.runners, {}
+        for runner in runners.get(threading.get_ident(), ()):
+            _end(runner)
         idle, self.idle = self.idle, []
         for conn in idle:
             _drop(conn)

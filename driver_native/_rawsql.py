@@ -28,7 +28,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ._db import cursors, forget_cursors, queue_later, send_raw, send_together
+from ._db import PREPARED, cursors, forget_cursors, queue_later, send_raw, send_together
 
 __all__ = ["Rows", "execute", "execute_many", "execute_together", "fetched"]
 
@@ -154,9 +154,24 @@ def _row_type(fields: tuple[str, ...]) -> Any:
     return type("Row", (base,), {"__slots__": (), "_mapping": property(_mapping)})
 
 
-@functools.lru_cache(maxsize=4096)
+# (the dialect's statements compiled here are kept on it, under ``PREPARED``, and dropped
+# when its database is disposed; a module-wide cache kept up to 4,096 of them with their
+# dialects and compilers after their engines had closed, ~1,000 objects an engine in a
+# process that made engine after engine, which every full garbage collection walked)
+_MAX_PREPARED = 4096  # (a dialect's statements are built once; this bounds a caller's slip)
+
+
 def _prepare(stmt: ClauseElement, dialect: Dialect) -> _Prepared:
-    return _Prepared(stmt, dialect)
+    cache: dict[ClauseElement, _Prepared] | None = dialect.__dict__.get(PREPARED)
+    if cache is None:
+        cache = {}
+        setattr(dialect, PREPARED, cache)
+    prep = cache.get(stmt)
+    if prep is None:
+        if len(cache) >= _MAX_PREPARED:
+            cache.clear()
+        prep = cache[stmt] = _Prepared(stmt, dialect)
+    return prep
 
 
 class Rows:
