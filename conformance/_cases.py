@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 __all__ = [
     "KNOWN_GAPS",
+    "REGRESSIONS",
     "Case",
     "Emit",
     "Op",
@@ -29,6 +30,7 @@ __all__ = [
     "bounded",
     "cases",
     "groups_of",
+    "regression_batch",
     "wait_keys",
 ]
 
@@ -177,6 +179,11 @@ class Case:
     # (SignalQueueFullError) is fixed; a wait whose signal was refused suspends and the
     # runner sends it again once it did (``conformance._model.bounded_plan``)
     bound: int | None = None
+    # (with ``cancel`` and ``redrive``) cancel after the redrive instead: in the first run the
+    # cancel stage holds like any hold (settled) and a sibling after it in ``order`` fails; the
+    # redrive re-runs both, and once the cancel stage suspended on its hold again the runner
+    # cancels the run (never with ``refail``)
+    cancel_late: bool = False
     label: str = field(default="", compare=False)
 
     def stage(self, sid: str) -> StageCase:
@@ -199,6 +206,8 @@ class Case:
             lines.append("    redrive=True,")
         if self.refail:
             lines.append("    refail=True,")
+        if self.cancel_late:
+            lines.append("    cancel_late=True,")
         if self.bound is not None:
             lines.append(f"    bound={self.bound!r},")
         lines.append(")")
@@ -450,7 +459,8 @@ def _race(draw: Any, name: str) -> list[Op]:
 
 def _outside(draw: Any, case: Case) -> Case:
     """Half the cancelled cases get a compensation that fails (the run stays ``cancelled``,
-    the error recorded: the stage draws alone give few), half the redriven ones a redrive
+    the error recorded: the stage draws alone give few), the redriven cancelled ones a
+    cancel after the redrive (``Case.cancel_late``), half the other redriven ones a redrive
     that fails again (``Case.refail``)."""
     from hypothesis import strategies as st
 
@@ -465,7 +475,45 @@ def _outside(draw: Any, case: Case) -> Case:
                 replace(s, compensation="fail") if s.id == failing else s for s in case.stages
             ),
         )
-    return replace(case, refail=case.redrive and draw(st.booleans()))
+    # a redriven cancelled one cancels after the redrive (``Case.cancel_late``): a sibling
+    # after the cancel stage in its group then fails for good in the first run
+    late = case.cancel is not None and case.redrive
+    refail = case.redrive and not late and draw(st.booleans())
+    if late:
+        assert case.cancel is not None
+        group = [x for x in case.run_order() if x in groups[held]]
+        after = group[group.index(case.cancel) + 1 :]
+        if after:
+            # (and every stage that runs before it completes: no other failure comes first)
+            failing = draw(st.sampled_from(after))
+            first = {sid for g in groups[:held] for sid in g} | set(group[: group.index(failing)])
+            case = replace(
+                case,
+                stages=tuple(
+                    replace(_tamed(s), outcomes=("fatal",))
+                    if s.id == failing
+                    else _tamed(s)
+                    if s.id in first
+                    else s
+                    for s in case.stages
+                ),
+            )
+    return replace(case, refail=refail, cancel_late=late)
+
+
+def _tamed(s: StageCase) -> StageCase:
+    """``s`` with every attempt succeeding: no failing step, every timeout caught, no gate
+    that times out (its hold kept)."""
+    ops = tuple(
+        replace(op, fails=0)
+        if isinstance(op, RunStep)
+        else replace(op, catch=True)
+        if isinstance(op, Wait)
+        else op
+        for op in s.ops
+    )
+    gate = None if s.gate == "timeout" else s.gate
+    return replace(s, ops=ops, outcomes=("ok",), gate=gate)
 
 
 def _names_again(ops: Sequence[Op], mode: str) -> list[str]:
@@ -532,7 +580,7 @@ def bounded(case: Case, bound: int) -> Case:
 def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:
     """Drop what would make a case hang: a hold with no stage later in its group to end the
     run (it would wait forever), and known gaps."""
-    from ._model import LateSignalRefused, ModelError, expect
+    from ._model import LateSignalRefused, ModelError, early_signals, expect
 
     for _ in range(8):
         try:
@@ -544,18 +592,44 @@ def make_valid(case: Case, gaps: frozenset[str] = KNOWN_GAPS) -> Case:
             case = replace(case, bound=case.bound + 1)
             continue
         except ModelError:
-            case = _drop_holds(case)
+            # (a late cancel's stage holding with no failure after it: cancel it at once)
+            case = replace(case, cancel_late=False) if case.cancel_late else _drop_holds(case)
+            continue
+        if case.cancel_late and not (exp.redrive and exp.status == "cancelled"):
+            case = replace(case, cancel_late=False)  # (no failure after it: cancel at once)
+            continue
+        if early_signals(case) and any(
+            case.stage(sid).gate == "timeout" for sid in groups_of(case)[0]
+        ):
+            # a first stage timing out on its gate fails the run ~400 ms after the start,
+            # maybe before the runner sent the early signals (a loaded database): one sent to
+            # the ended run raises RunNotActiveError. The later groups never run: their early
+            # waits and gates become late ones (sent once suspended: never)
+            case = _no_early_signals(case)
             continue
         if "failure_stops_siblings" in gaps and exp.status == "failed" and exp.stopped:
             case = _settle_group(case, exp.failed_stage)
             continue
         return case
-    case = _drop_holds(replace(case, cancel=None))
+    case = _drop_holds(replace(case, cancel=None, cancel_late=False))
     try:
         expect(case)
     except LateSignalRefused:
         return replace(case, bound=None)
     return case
+
+
+def _no_early_signals(case: Case) -> Case:
+    def late(s: StageCase) -> StageCase:
+        ops = tuple(
+            replace(op, mode="after")
+            if isinstance(op, Wait) and op.mode in ("before", "during")
+            else op
+            for op in s.ops
+        )
+        return replace(s, ops=ops, gate="after" if s.gate == "before" else s.gate)
+
+    return replace(case, stages=tuple(late(s) for s in case.stages))
 
 
 def _settle_group(case: Case, failed: str | None) -> Case:
@@ -594,3 +668,77 @@ def _drop_holds(case: Case) -> Case:
         case,
         stages=tuple(replace(s, hold=s.hold and s.id == case.cancel) for s in case.stages),
     )
+
+
+# Cases that once found a fault (in a driver, the model or the runner), tried first, as one
+# batch made valid (``make_valid``), on every fuzz run before the generated ones. Add the
+# shape that found a fault here with a line on what it found.
+REGRESSIONS: tuple[Case, ...] = (
+    # a redrive re-runs a gated stage (its gate passed, then its body failed) after a
+    # sibling that held: the gate, journaled, is passed at once; the runner's barrier waited
+    # for a second suspension on it and hung
+    Case(
+        stages=(StageCase("a", hold=True), StageCase("b", outcomes=("fatal",), gate="after")),
+        order=("a", "b"),
+        redrive=True,
+        label="redriven gate",
+    ),
+    # a first stage timing out on its gate (400 ms) failed the run before the runner sent
+    # the early signals on a loaded PostgreSQL: RunNotActiveError (``make_valid`` drops such
+    # a gate when the case has early signals)
+    Case(
+        stages=(
+            StageCase("a", gate="timeout", max_attempts=2),
+            StageCase("b", after=("a",), ops=(Wait("b0", "before"),)),
+        ),
+        label="timeout gate vs early signals",
+    ),
+    # the same in a bounded case, whose early ``during`` signals are sent unguarded: a
+    # first-group failure before they went raised RunNotActiveError
+    bounded(
+        Case(
+            stages=(
+                StageCase("a", gate="timeout"),
+                StageCase("b", after=("a",), ops=(Wait("b0", "during"),)),
+            ),
+            label="early signals vs a first-group failure",
+        ),
+        1,
+    ),
+    # a hold's signal after a redrive met a queue full of early signals: the model let it in
+    # (the runner got SignalQueueFullError); it now refuses it and ``make_valid`` raises the
+    # bound to 2
+    bounded(
+        Case(
+            stages=(
+                StageCase("a", hold=True),
+                StageCase("b", outcomes=("fatal",)),
+                StageCase("c", after=("a", "b"), ops=(Wait("c0", "before"),)),
+            ),
+            order=("a", "b", "c"),
+            redrive=True,
+            label="late signal vs a bounded queue after a redrive",
+        ),
+        1,
+    ),
+    # a cancel after a redrive (``Case.cancel_late``): the redriven run compensates the kept
+    # stage again and ends cancelled, the stage blocked behind the cancelled one too
+    Case(
+        stages=(
+            StageCase("a", compensation="ok"),
+            StageCase("b", after=("a",), hold=True, gate="after"),
+            StageCase("c", after=("a",), outcomes=("fatal",)),
+            StageCase("d", after=("b", "c")),
+        ),
+        order=("a", "b", "c", "d"),
+        cancel="b",
+        redrive=True,
+        cancel_late=True,
+        label="cancel after a redrive",
+    ),
+)
+
+
+def regression_batch(gaps: frozenset[str] = KNOWN_GAPS) -> list[Case]:
+    """``REGRESSIONS`` as the fuzzer tries them: each made valid."""
+    return [make_valid(case, gaps) for case in REGRESSIONS]

@@ -8,6 +8,8 @@
   siblings (each from attempt 1, its journaled steps kept), keeps the siblings that completed;
 - a redrive that fails again compensates again and ends ``failed`` with the new error; a
   second redrive goes on from there;
+- a cancel after a redrive compensates the completed stages again (the kept ones too) and ends
+  the run ``cancelled``;
 - a signal racing a wait's timeout is never lost: the wait takes it, or it stays queued for
   the next wait for its name (which of the two is up to timing).
 """
@@ -76,7 +78,7 @@ def _named(
 
 class CornerContract:
     """Cancel with a failing compensation, redrive after cancelled siblings, a redrive that
-    fails again, a signal racing a timeout."""
+    fails again, a signal racing a timeout, a cancel after a redrive."""
 
     pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
@@ -329,3 +331,87 @@ class CornerContract:
                 assert output == [{"sig": 1}, {"sig": 2}] and suspensions == 2, got
             else:  # timed out: the signal stayed queued for the next wait, not lost
                 assert output == [None, {"sig": 1}] and suspensions in (1, 2), got
+
+    async def test_a_cancel_after_a_redrive_compensates_again(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """``waits`` waits for a signal, ``fails`` fails for good once it is suspended: the run
+        fails, ``waits`` cancelled, ``a`` compensated. The redrive re-runs ``fails`` (now
+        fixed: it completes) and ``waits``, which waits again; a cancel then ends the run
+        ``cancelled``: ``waits`` cancelled, ``a`` compensated again (the kept stage, a second
+        time), ``fails`` (no compensation) left completed, ``z`` never run."""
+        if not harness.capabilities.redrive:
+            pytest.skip("driver lacks capability redrive")
+        log = ExecutionLog(tmp_path / "log")
+        sink = MemorySink()
+        fixed: dict[str, bool] = {}
+        wf = Workflow(unique_id("car"), input=Num)
+
+        a = _named(wf, log, "a", retry=ONCE)
+
+        @wf.stage(after=[a], retry=ONCE)
+        async def waits(ctx: StageContext[Num]) -> Any:
+            log.hit("waits")
+            await ctx.step.run("prep", _logged(log, "prep"))
+            return await ctx.step.wait_for_signal("go")
+
+        @wf.stage(after=[a], retry=ONCE)
+        async def fails(ctx: StageContext[Num]) -> str:
+            log.hit("fails")
+            await eventually(
+                lambda: _count(sink, ctx.run_id, "stage.suspended", "waits") >= 1,
+                60,
+                what="waits suspended",
+            )
+            if not fixed:
+                raise NonRetryableError("fails broke")
+            return "fixed"
+
+        _named(wf, log, "z", after=[waits, fails], retry=ONCE)
+
+        @a.compensation
+        async def undo_a(ctx: StageContext[Num], out: str) -> None:
+            log.hit("undo-a")
+
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            failed = await engine.wait(run.id, timeout=60)
+            assert failed.status == RunStatus.FAILED, run_summary(failed)
+            await wait_for_events(sink, run.id, "run.failed", timeout=60)
+            fixed["yes"] = True
+            await engine.redrive(run.id, from_="last_failure")
+            await eventually(
+                lambda: (
+                    _count(sink, run.id, "stage.suspended", "waits") == 2
+                    and _count(sink, run.id, "stage.completed", "fails") == 1
+                ),
+                60,
+                what="waits to wait again and fails to complete",
+            )
+            first = await engine.cancel(run.id)
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.cancelled", timeout=60)
+            again = await engine.cancel(run.id)  # a no-op, as on any cancelled run
+        assert first.status == RunStatus.CANCELLED, run_summary(first)
+        assert again.status == RunStatus.CANCELLED
+        assert info.redrive_count == 1
+        assert run_summary(info) == {
+            "status": "cancelled",
+            "stages": {
+                "a": "compensated",
+                "fails": "completed",
+                "waits": "cancelled",
+                "z": "skipped",
+            },
+            "error": None,
+            "compensation_errors": [],
+        }
+        assert log.counts() == {"a": 1, "waits": 2, "prep": 1, "fails": 2, "undo-a": 2}
+        trace = normalise(events, wf.graph())
+        tail = trace[trace.index(["run.redriven", "last_failure"]) :]
+        assert tail[-3:] == [
+            ["stage.cancelled", "waits"],
+            ["stage.compensated", "a"],
+            ["run.cancelled"],
+        ]
+        assert ["stage.started", "z", 1] not in tail

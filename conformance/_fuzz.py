@@ -132,6 +132,9 @@ class _Runtime:
     base: dict[str, int] = field(default_factory=dict)
     step_runs: dict[str, int] = field(default_factory=dict)
     starts: asyncio.Semaphore | None = None
+    # the stages whose ``after`` gate the runner sent: the gate journaled the signal, so a
+    # redrive of the stage passes it at once, without suspending on it again
+    passed: set[str] = field(default_factory=set)
 
     async def _until(self, check: Any, what: str) -> None:
         while not check():
@@ -143,13 +146,16 @@ class _Runtime:
         """``s`` started, and if it is gated ``after`` a signal, suspended on its gate (a gate
         waits before the body's barrier: whether a stage blocked behind a sibling that ends the
         run got there must not depend on timing). After a redrive: since it (``base``), or
-        ``s`` completed before and is kept."""
+        ``s`` completed before and is kept; a gate passed before (``passed``) is passed at
+        once."""
         if self.sink.has(run_id, "stage.completed", s.id):
             return True
         if self._count(run_id, s.id, None) <= self.base.get(s.id, 0):
             return False
+        if s.gate != "after" or s.id in self.passed:
+            return True
         gate = f"signal:{s.gate_signal}"
-        return s.gate != "after" or self._count(run_id, s.id, gate) > self.base.get(s.gate_key, 0)
+        return self._count(run_id, s.id, gate) > self.base.get(s.gate_key, 0)
 
     def _count(self, run_id: str, sid: str, waiting_for: str | None) -> int:
         """``stage.started`` (``waiting_for`` None) or ``stage.suspended`` on it of ``sid``."""
@@ -163,6 +169,7 @@ class _Runtime:
         for s in self.case.stages:
             self.base[s.id] = self._count(run_id, s.id, None)
             self.base[s.gate_key] = self._count(run_id, s.id, f"signal:{s.gate_signal}")
+            self.base[s.hold_signal] = self._count(run_id, s.id, f"signal:{s.hold_signal}")
 
     def may_go_on(self, run_id: str, sid: str) -> bool:
         """Every sibling before ``sid`` in ``case.order`` settled (or none): completed, or
@@ -178,11 +185,21 @@ class _Runtime:
         return self.sink.has(run_id, "stage.completed", prev.id) or (
             prev.hold
             and not self.redrives  # (after a redrive its hold is sent: it completes)
-            and prev.id != self.case.cancel
+            and (prev.id != self.case.cancel or self.case.cancel_late)
             and self.sink.has(
                 run_id, "stage.suspended", prev.id, waiting_for=f"signal:{prev.hold_signal}"
             )
         )
+
+    def cancel_due(self, run_id: str, redrives: int) -> bool:
+        """The case cancels now: its cancel stage is suspended on its hold (since the last
+        redrive; ``Case.cancel_late``: once the last of the ``redrives`` re-ran it)."""
+        case = self.case
+        if case.cancel is None or (case.cancel_late and self.redrives < redrives):
+            return False
+        target = case.stage(case.cancel)
+        holding = self.sink.suspensions(run_id, target.id, f"signal:{target.hold_signal}")
+        return holding > self.base.get(target.hold_signal, 0)
 
     async def barrier(self, run_id: str, sid: str) -> None:
         """Every sibling started (a gated one: suspended on its gate), and the previous
@@ -528,14 +545,11 @@ async def _drive(
         for s in list(gates):  # once its body's barrier would let it go on
             if outside.gate_due(s):
                 gates.remove(s)
+                rt.passed.add(s.id)
                 await late(s.gate_signal, s.gate_key)
-        if case.cancel and not cancelled:
-            target = case.stage(case.cancel)
-            if sink.has(
-                run.id, "stage.suspended", target.id, waiting_for=f"signal:{target.hold_signal}"
-            ):
-                cancelled = True
-                await engine.cancel(run.id)
+        if not cancelled and rt.cancel_due(run.id, exp.redrives):
+            cancelled = True
+            await engine.cancel(run.id)
         done = sink.count(run.id, _TERMINAL)
         if done >= terminals:
             break

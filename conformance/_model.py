@@ -332,8 +332,14 @@ class _Sim:
         its wait suspends (again) and the runner sends its signal."""
         led = self.ledger[s.id]
         state = led.get(s.hold_signal)
+        if self.release and s.id == self.case.cancel and self.case.cancel_late:
+            # (``Case.cancel_late``: it suspends on its hold again, and the runner cancels)
+            led[s.hold_signal] = "waiting"
+            return "hold", ("signal", f"signal:{s.hold_signal}")
         if self.release and state != "released" and s.id != self.case.cancel:
-            # (its wait journaled in the first run suspends again, then takes the signal)
+            # (its wait journaled in the first run suspends again, then takes the signal,
+            # sent to a suspended wait: refused at the bound)
+            self.late_send()
             led[s.hold_signal] = "released"
             return "suspend", ("signal", f"signal:{s.hold_signal}")
         if state is None:
@@ -437,7 +443,7 @@ class _Sim:
                 elif r.result == "failed":
                     self.status[sid] = "failed"
                     end = ("failed", sid, r.error)
-                elif sid == self.case.cancel:
+                elif sid == self.case.cancel and (self.release or not self.case.cancel_late):
                     end = ("cancelled", sid, None)
                     stopped.append(sid)
                 else:
@@ -653,6 +659,8 @@ def _expect_redriven(
             t_end, t_where, t_error, t_stopped = trial.run_groups(
                 rest, t_trace, redriven=where, scripted=scripted
             )
+        except LateSignalRefused:
+            raise  # (the runner would meet it: ``make_valid`` raises the bound)
         except ModelError:
             return None
         if k < rounds - 1:
@@ -677,6 +685,28 @@ def _expect_redriven(
             compensations=comps,
             redrive=True,
             redrives=rounds,
+            failed_stage=where,
+            gates_sent=trial.gates_sent,
+        )
+    if t_end == "cancelled" and case.cancel_late:
+        # the redriven run is cancelled: it compensates its completed stages again, the kept
+        # ones too, and ends cancelled (a failing compensation recorded, DESIGN §5 "Cancel")
+        comps += _comp_order(trial)
+        comp_errors = trial.stop(t_stopped, t_trace)
+        t_trace.append(["run.cancelled"])
+        return Expected(
+            status="cancelled",
+            stages=dict(sorted(trial.status.items())),
+            error=None,
+            compensation_errors=comp_errors,
+            output=None,
+            trace=t_trace,
+            counts=dict(sorted(trial.counts.items())),
+            compensations=comps,
+            redrive=True,
+            redrives=rounds,
+            cancel=True,
+            stopped=sorted(t_stopped),
             failed_stage=where,
             gates_sent=trial.gates_sent,
         )

@@ -8,23 +8,28 @@ WFE_FUZZ_CASES (per target; default 100 on native, 50 on Temporal, where each ge
 registers a Worker Deployment and a batch costs several times a native one),
 WFE_FUZZ_SEED (default: derandomized),
 WFE_FUZZ_GAPS=none (also draw the known gaps, conformance._cases.KNOWN_GAPS),
-WFE_FUZZ_SHRINK=0 (report the first failing batch without shrinking).
+WFE_FUZZ_SHRINK=0 (report the first failing batch without shrinking),
+WFE_FUZZ_CONTINUE_AS_NEW=N (Temporal: every run continues as new once its history holds N
+events, at its next safe point: 1 continues at every safe point; default: the driver's).
+Every run first tries ``conformance._cases.REGRESSIONS``, the cases that once found a fault, as
+one batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
 from conformance import SettingsHarness
-from conformance._cases import KNOWN_GAPS, Case, cases
+from conformance._cases import KNOWN_GAPS, Case, cases, regression_batch
 from conformance._fuzz import check_batch, run_batch
 from engine_port import EngineSettings
 
@@ -41,11 +46,32 @@ def _knobs(default_cases: int) -> tuple[int, int | None, frozenset[str], bool]:
     return n, None if raw_seed is None else int(raw_seed), gaps, shrink
 
 
+def continue_as_new_options(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The Temporal engine options of ``WFE_FUZZ_CONTINUE_AS_NEW`` (``continue_as_new_events``):
+    none when unset."""
+    raw = env.get("WFE_FUZZ_CONTINUE_AS_NEW", "").strip()
+    if not raw:
+        return {}
+    try:
+        events = int(raw)
+    except ValueError:
+        events = 0
+    if events < 1:
+        raise ValueError(
+            f"WFE_FUZZ_CONTINUE_AS_NEW={raw!r}: give a number of history events >= 1 past "
+            "which a run continues as new (1: at every safe point), or leave it unset"
+        )
+    return {"continue_as_new_events": events}
+
+
 def fuzz(
     make_harness: Callable[[], tuple[SettingsHarness, dict[str, Any]]],
     target: str,
     default_cases: int = 100,
+    *,
+    runner: Callable[[list[Case]], None] | None = None,
 ) -> None:
+    """``runner``: what runs one batch (default: on a fresh harness, checked with the model)."""
     n, fixed_seed, gaps, shrink = _knobs(default_cases)
     batches = max(1, -(-n // BATCH))
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
@@ -60,7 +86,11 @@ def fuzz(
         suppress_health_check=list(HealthCheck),
     )
     @given(st.lists(cases(gaps), min_size=BATCH, max_size=BATCH))
+    @example(regression_batch(gaps))  # (explicit examples go first)
     def run(batch: list[Case]) -> None:
+        if runner is not None:
+            runner(batch)
+            return
         harness, extra = make_harness()
         results = asyncio.run(run_batch(harness, batch, **extra))
         check_batch(results, target)
@@ -136,6 +166,91 @@ def test_fuzz_temporal(fuzz_temporal_server: Any, tmp_path_factory: pytest.TempP
             task_queue=f"fz-{uuid.uuid4().hex[:10]}",
             blob_url=f"file://{blobs}",
         )
-        return SettingsHarness(settings, name="temporal"), {"start_concurrency": 2}
+        harness = SettingsHarness(settings, name="temporal", options=continue_as_new_options())
+        return harness, {"start_concurrency": 2}
 
     fuzz(make, "temporal", default_cases=50)
+
+
+def test_every_run_tries_the_regressions_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cases that once found a fault go first, as one batch, then the generated ones."""
+    monkeypatch.setenv("WFE_FUZZ_CASES", "1")
+    monkeypatch.delenv("WFE_FUZZ_SEED", raising=False)
+    tried: list[list[Case]] = []
+
+    def unused() -> tuple[SettingsHarness, dict[str, Any]]:
+        raise AssertionError("the runner given runs the batches")
+
+    fuzz(unused, "recorded", runner=tried.append)
+    assert tried[0] == regression_batch()
+    assert len(tried) >= 2 and all(len(b) == BATCH for b in tried[1:])
+
+
+def test_the_continue_as_new_knob_gives_the_temporal_option() -> None:
+    assert continue_as_new_options({}) == {}
+    assert continue_as_new_options({"WFE_FUZZ_CONTINUE_AS_NEW": "1"}) == {
+        "continue_as_new_events": 1
+    }
+    for bad in ("0", "-3", "often"):
+        with pytest.raises(ValueError, match="WFE_FUZZ_CONTINUE_AS_NEW"):
+            continue_as_new_options({"WFE_FUZZ_CONTINUE_AS_NEW": bad})
+
+
+def test_the_regressions_pass_on_native_sqlite(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each regression case, on a fresh engine: what once found a fault stays fixed."""
+
+    def url() -> str:
+        return f"sqlite:///{tmp_path_factory.mktemp('fuzz-db') / 'wfe.db'}"
+
+    harness, extra = _native(url, tmp_path_factory)()
+    check_batch(
+        asyncio.run(run_batch(harness, regression_batch(), case_timeout=60, **extra)),
+        "native-sqlite",
+    )
+
+
+@pytest.mark.postgres
+def test_the_regressions_pass_on_native_postgres(
+    pg_session: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    harness, extra = _native(pg_session.new_schema, tmp_path_factory)()
+    results = asyncio.run(run_batch(harness, regression_batch(), case_timeout=60, **extra))
+    check_batch(results, "native-postgres")
+
+
+@pytest.mark.temporal
+def test_the_regressions_pass_on_temporal_continuing_as_new(
+    fuzz_temporal_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With ``WFE_FUZZ_CONTINUE_AS_NEW=1`` every run continues as new at each safe point (a
+    wait on a signal, a timer): the cases still observe what the model says, and their runs
+    did continue (more than one Temporal execution of a workflow id)."""
+    from temporalio.client import Client
+
+    address = fuzz_temporal_server.address
+    settings = EngineSettings(
+        driver="temporal",
+        temporal_address=address,
+        task_queue=f"fz-{uuid.uuid4().hex[:10]}",
+        blob_url=f"file://{tmp_path_factory.mktemp('fuzz-blobs')}",
+    )
+    options = continue_as_new_options({"WFE_FUZZ_CONTINUE_AS_NEW": "1"})
+    harness = SettingsHarness(settings, name="temporal", options=options)
+    results = asyncio.run(run_batch(harness, regression_batch(), start_concurrency=2))
+    check_batch(results, "temporal")
+    run_ids = [r.actual["run_id"] for r in results if r.actual is not None]
+
+    async def executions() -> dict[str, int]:
+        client = await Client.connect(address)
+        deadline = time.monotonic() + 60
+        while True:
+            counts = {
+                run_id: len([x async for x in client.list_workflows(f'WorkflowId = "{run_id}"')])
+                for run_id in run_ids
+            }
+            if any(n > 1 for n in counts.values()) or time.monotonic() > deadline:
+                return counts
+            await asyncio.sleep(0.2)  # (visibility lags the executions a little)
+
+    counts = asyncio.run(executions())
+    assert any(n > 1 for n in counts.values()), counts

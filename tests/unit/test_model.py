@@ -20,7 +20,7 @@ from conformance._cases import (
     cases,
     make_valid,
 )
-from conformance._model import FULL, ModelError, canonical, expect
+from conformance._model import FULL, LateSignalRefused, ModelError, canonical, expect
 from conformance._trace import GOLDEN_DIR
 
 
@@ -730,7 +730,13 @@ def test_a_race_wait_signal_is_taken_once_or_left(
 def test_the_generator_draws_the_corners() -> None:
     from hypothesis import HealthCheck, given, settings
 
-    drawn = {"race": 0, "refail": 0, "redrive_after_cancelled": 0, "cancel_undo_fails": 0}
+    drawn = {
+        "race": 0,
+        "refail": 0,
+        "redrive_after_cancelled": 0,
+        "cancel_undo_fails": 0,
+        "cancel_after_redrive": 0,
+    }
 
     @settings(
         max_examples=300,
@@ -750,6 +756,93 @@ def test_the_generator_draws_the_corners() -> None:
             first = exp.trace[: exp.trace.index(["run.redriven", "last_failure"])]
             drawn["redrive_after_cancelled"] += any(e[0] == "stage.cancelled" for e in first)
         drawn["cancel_undo_fails"] += exp.status == "cancelled" and bool(exp.compensation_errors)
+        drawn["cancel_after_redrive"] += exp.status == "cancelled" and exp.redrive
 
     check()
     assert all(drawn.values()), drawn
+
+
+def test_a_first_stage_timing_out_on_its_gate_loses_it_beside_early_signals() -> None:
+    """A timeout gate in the first group fails the run ~400 ms after the start, maybe before
+    the runner sent the early signals (RunNotActiveError): ``make_valid`` drops it then."""
+    early = Case(
+        stages=(
+            StageCase("a", gate="timeout"),
+            StageCase("b", after=("a",), ops=(Wait("b0", "before"),)),
+        )
+    )
+    for case in (early, bounded(early, 1)):
+        valid = make_valid(case)
+        assert valid.stages[0] == case.stages[0]  # its gate kept: b never runs
+        assert valid.stages[1].ops == (Wait(valid.stages[1].ops[0].name, "after"),)
+        assert expect(valid).signals == {}
+    alone = Case(stages=(StageCase("a", gate="timeout"), StageCase("b", after=("a",))))
+    assert make_valid(alone) == alone  # (no early signal to race: it stays)
+    later = Case(
+        stages=(
+            StageCase("a", ops=(Wait("a0", "during"),)),
+            StageCase("b", after=("a",), gate="timeout"),
+        )
+    )
+    assert make_valid(later) == later  # (its group starts once the first one completed)
+
+
+def test_a_hold_signal_after_a_redrive_meets_the_bound() -> None:
+    """The early signal queued for c stays queued across b's failure and the redrive: the
+    hold's signal the runner sends once a holds again is refused at bound 1 (as the native
+    driver answers), so the case needs bound 2."""
+    case = bounded(
+        Case(
+            stages=(
+                StageCase("a", hold=True),
+                StageCase("b", outcomes=("fatal",)),
+                StageCase("c", after=("a", "b"), ops=(Wait("c0", "before"),)),
+            ),
+            order=("a", "b", "c"),
+            redrive=True,
+        ),
+        1,
+    )
+    with pytest.raises(LateSignalRefused):
+        expect(case)
+    valid = make_valid(case)
+    assert valid.bound == 2
+    assert expect(valid).status == "completed" and expect(valid).redrives == 1
+
+
+def test_a_cancel_after_a_redrive() -> None:
+    """``cancel_late``: b holds (settled) in the first run and c fails; the redrive re-runs b
+    (its journaled gate passed at once) and c; b holds again, the runner cancels: c, blocked
+    behind it, is cancelled, a compensated again, the run ends cancelled."""
+    case = Case(
+        stages=(
+            StageCase("a", compensation="ok"),
+            StageCase("b", after=("a",), hold=True, gate="after"),
+            StageCase("c", after=("a",), outcomes=("fatal",)),
+            StageCase("d", after=("b", "c")),
+        ),
+        order=("a", "b", "c", "d"),
+        cancel="b",
+        redrive=True,
+        cancel_late=True,
+    )
+    exp = expect(case)
+    assert (exp.status, exp.redrives, exp.cancel) == ("cancelled", 1, True)
+    assert exp.stages == {"a": "compensated", "b": "cancelled", "c": "cancelled", "d": "skipped"}
+    assert exp.trace[exp.trace.index(["run.redriven", "last_failure"]) :] == [
+        ["run.redriven", "last_failure"],
+        ["stage.started", "b", 1],
+        ["stage.suspended", "b", "signal", "signal:hold_b"],
+        ["stage.started", "c", 1],
+        ["stage.cancelled", "b"],
+        ["stage.cancelled", "c"],
+        ["stage.compensated", "a"],
+        ["run.cancelled"],
+    ]
+    assert exp.counts == {"body:a": 1, "body:b": 2, "body:c": 1, "comp:a": 2}
+    assert exp.compensations == ["comp:a", "comp:a"]
+    assert exp.signals == {"gate_b": [[True, False]]}
+    assert make_valid(case) == case
+    # with nothing failing after it in the first run, it is cancelled there (a plain cancel)
+    alone = replace(case, stages=tuple(replace(s, outcomes=("ok",)) for s in case.stages))
+    assert make_valid(alone) == replace(alone, cancel_late=False)
