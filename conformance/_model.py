@@ -428,7 +428,9 @@ class _Sim:
                 s = self.case.stage(sid)
                 if end is not None:  # blocked behind the stage that ended the run
                     events = [["stage.started", sid, 1]]
-                    if s.gate == "after":  # its gate waited at once, for a signal never sent
+                    # its gate waited at once, for a signal never sent (unless it journaled the
+                    # signal before a redrive: passed at once)
+                    if s.gate == "after" and self.ledger[sid].get(s.gate_signal) != "done":
                         events.append(["stage.suspended", sid, "signal", f"signal:{s.gate_signal}"])
                     runs[sid] = _StageRun(events, "blocked")
                     stopped.append(sid)

@@ -813,12 +813,13 @@ def test_a_hold_signal_after_a_redrive_meets_the_bound() -> None:
 def test_a_cancel_after_a_redrive() -> None:
     """``cancel_late``: b holds (settled) in the first run and c fails; the redrive re-runs b
     (its journaled gate passed at once) and c; b holds again, the runner cancels: c, blocked
-    behind it, is cancelled, a compensated again, the run ends cancelled."""
+    behind it (its journaled gate passed at once: no suspension), is cancelled, a
+    compensated again, the run ends cancelled."""
     case = Case(
         stages=(
             StageCase("a", compensation="ok"),
             StageCase("b", after=("a",), hold=True, gate="after"),
-            StageCase("c", after=("a",), outcomes=("fatal",)),
+            StageCase("c", after=("a",), outcomes=("fatal",), gate="after"),
             StageCase("d", after=("b", "c")),
         ),
         order=("a", "b", "c", "d"),
@@ -841,7 +842,7 @@ def test_a_cancel_after_a_redrive() -> None:
     ]
     assert exp.counts == {"body:a": 1, "body:b": 2, "body:c": 1, "comp:a": 2}
     assert exp.compensations == ["comp:a", "comp:a"]
-    assert exp.signals == {"gate_b": [[True, False]]}
+    assert exp.signals == {"gate_b": [[True, False]], "gate_c": [[True, False]]}
     assert make_valid(case) == case
     # with nothing failing after it in the first run, it is cancelled there (a plain cancel)
     alone = replace(case, stages=tuple(replace(s, outcomes=("ok",)) for s in case.stages))
