@@ -109,6 +109,10 @@ class SignalHandlers:
     _lent: dict[str, list[dict[str, Any]]]
     # (per stage) the signals lent to a resumed wait, delivered to it (``_unconsumed``)
     _reserved: dict[str, list[dict[str, Any]]]
+    # the engine's signals answered buffered while a stage activity was in flight, with their
+    # delivery id and the workflow task (history length) they came in (``_answer``): a wait
+    # that resumes for one in that task makes it delivered (``_delivered_late``)
+    _buffered_answers: tuple[tuple[dict[str, Any], str, int], ...] = ()
     # runs started before shared takes (no ``wfe-shared-signal-takes`` patch marker) keep the
     # old single-taker rule so their histories replay: ``_signal_holder`` is the stage whose
     # attempt in flight was handed the whole queue
@@ -338,6 +342,7 @@ class SignalHandlers:
         server); ``key`` is the sender's idempotency key: a repeat is not queued again."""
         if delivery and delivery in self._deliveries:
             return self._deliveries[delivery]
+        sig: dict[str, Any] | None = None
         if key is not None and key in self._signal_keys:
             res = {"delivered": False, "already_completed": True}
         else:
@@ -350,12 +355,45 @@ class SignalHandlers:
                 if st.status == "suspended" and st.waiting_for == waiting_for
             )
             res = {"delivered": waiting > self._queued(name), "already_completed": False}
-            self._signals.append({"name": name, "payload": payload, "idempotency_key": key})
+            sig = {"name": name, "payload": payload, "idempotency_key": key}
+            self._signals.append(sig)
             if key is not None:
                 self._signal_keys.add(key)
         if delivery:
-            self._decided(delivery, res)
+            self._answer(delivery, res, sig)
         return res
+
+    def _answer(self, delivery: str, res: dict[str, Any], sig: dict[str, Any] | None) -> None:
+        """Record what became of an engine's signal (``_decided``). A signal queued for a
+        later wait while a stage activity is in flight is kept in mind for the rest of the
+        workflow task: temporalio hands a task's signals to their handlers before the
+        results of its activities, so a signal that came after the result that suspended a
+        stage on its name (in the history) meets the stage still running. That happens when
+        the server refused the completion of the task that recorded the suspension and
+        continued the run as new, because the signal arrived meanwhile (UnhandledCommand):
+        the task runs again with the signal in it, after its worker had delivered the
+        stage.suspended event (the stage visibly waited). The wait then resumes for the
+        signal in that very task, which makes it delivered (``_delivered_late``), as on the
+        native driver; the engine hears the task's last word (``_waiters``: told once the
+        activation ended)."""
+        self._decided(delivery, res)
+        if sig is None or res.get("delivered") or not getattr(self, "_calls", None):
+            return
+        task = workflow.info().get_current_history_length()
+        kept = tuple(p for p in self._buffered_answers if p[2] == task)
+        self._buffered_answers = (*kept, (sig, delivery, task))
+
+    def _delivered_late(self, sig: dict[str, Any]) -> None:
+        """A wait resumes for ``sig`` (``_reserve``): if it was answered buffered in this
+        very workflow task (``_answer``), it was delivered to that wait."""
+        if not self._buffered_answers:
+            return
+        task = workflow.info().get_current_history_length()
+        held = [p for p in self._buffered_answers if p[2] == task]
+        self._buffered_answers = tuple(p for p in held if p[0] is not sig)
+        for pending, delivery, _ in held:
+            if pending is sig:
+                self._decided(delivery, {"delivered": True, "already_completed": False})
 
     def _decided(self, delivery: str, res: dict[str, Any]) -> None:
         """Record what became of the signal sent with ``delivery`` (the query reads it) and,
@@ -479,8 +517,10 @@ class SignalHandlers:
         i = self._nth(name, 0)
         if i is None:
             return False
-        self._lent.setdefault(sid, []).append(self._signals[i])
-        self._reserved.setdefault(sid, []).append(self._signals[i])
+        sig = self._signals[i]
+        self._lent.setdefault(sid, []).append(sig)
+        self._reserved.setdefault(sid, []).append(sig)
+        self._delivered_late(sig)
         return True
 
     def _lend(self, sid: str, local: bool) -> dict[str, list[Any]]:

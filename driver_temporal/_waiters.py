@@ -15,10 +15,22 @@ worker is in another process, or an older driver's).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DeliveryWaiters"]
+from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
+from temporalio.worker import (
+    UnsandboxedWorkflowRunner,
+    WorkflowInstance,
+    WorkflowInstanceDetails,
+)
+
+from ._names import DELIVERY_DECIDED
+
+__all__ = ["AnswersAfterActivation", "DeliveryWaiters"]
 
 
 class DeliveryWaiters:
@@ -61,3 +73,44 @@ class DeliveryWaiters:
 def _settle(fut: asyncio.Future[dict[str, Any]], decision: dict[str, Any]) -> None:
     if not fut.done():  # (cancelled meanwhile, or a repeat of the delivery)
         fut.set_result(decision)
+
+
+class _LastWord:
+    """The decisions one workflow instance makes in an activation, the last per delivery,
+    told with ``tell`` (the worker's ``DELIVERY_DECIDED``) once the activation ended."""
+
+    def __init__(self, tell: Callable[[Any, Any], None]) -> None:
+        self._tell = tell
+        self._decisions: dict[Any, Any] = {}
+
+    def note(self, delivery: Any, decision: Any) -> None:
+        self._decisions[delivery] = decision
+
+    def tell(self) -> None:
+        decisions, self._decisions = self._decisions, {}
+        for delivery, decision in decisions.items():
+            self._tell(delivery, decision)
+
+
+class AnswersAfterActivation(UnsandboxedWorkflowRunner):
+    """temporalio's unsandboxed runner (``_workflow.workflow_runner``), whose workflow
+    instances tell the engine what became of a signal once the activation that decided it
+    ended (``_LastWord``): its last word, never a decision the same activation revised."""
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        tell = det.extern_functions.get(DELIVERY_DECIDED)
+        if tell is None:  # (a replayer, a worker without this engine's externs)
+            return super().create_instance(det)
+        last = _LastWord(tell)
+        externs = {**det.extern_functions, DELIVERY_DECIDED: last.note}
+        instance = super().create_instance(dataclasses.replace(det, extern_functions=externs))
+        activate = instance.activate
+
+        def activated(act: WorkflowActivation) -> WorkflowActivationCompletion:
+            try:
+                return activate(act)
+            finally:
+                last.tell()
+
+        instance.activate = activated  # type: ignore[method-assign]
+        return instance

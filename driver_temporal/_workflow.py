@@ -45,7 +45,7 @@ from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
-from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowRunner
+from temporalio.worker import WorkflowRunner
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -74,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
     from ._signals import SignalHandlers
     from ._start import StartDocument
     from ._state import StageState
+    from ._waiters import AnswersAfterActivation
     from ._wire import parse_time, record_to_json
 
 __all__ = [
@@ -129,8 +130,10 @@ def workflow_runner() -> WorkflowRunner:
     user-written workflow code against non-determinism; here no user code runs in the workflow
     (stage bodies run in activities) and this interpreter only uses ``workflow.*`` for time,
     timers and randomness. Without the sandbox a workflow task costs about half as much (it
-    re-imports modules per run and enters the sandbox for every payload it converts)."""
-    return UnsandboxedWorkflowRunner()
+    re-imports modules per run and enters the sandbox for every payload it converts). What
+    became of a signal reaches the engine once the activation that decided it ended
+    (``_waiters.AnswersAfterActivation``)."""
+    return AnswersAfterActivation()
 
 
 class _StageFailed(Exception):

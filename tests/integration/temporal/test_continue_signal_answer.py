@@ -1,0 +1,138 @@
+"""The answer ``engine.signal`` gives for a signal to a stage that visibly waits for it, on a
+run that continues as new at every wait (``continue_as_new_events=1``): ``delivered=True``,
+as on the native driver (DESIGN §5), and the stage gets the signal exactly once.
+
+How it went wrong (the differential fuzzer saw it in about 1 case in 25-50): the workflow task
+that records a suspension also continues the run as new. A signal that reaches Temporal while
+that task runs makes the server refuse the task's completion (a continue-as-new with an
+unhandled signal: UnhandledCommand), and the task runs again with the signal in it, in the
+same activation as the activity result that suspended the stage. temporalio hands an
+activation's signals to their handlers before it resumes the coroutines that wait on its
+activity results, so the signal handler saw the stage still running and answered "buffered"
+(the stage then took the signal from the queue at once). The sink had already received the
+stage.suspended event (a worker delivers a run's events during the workflow task, before its
+completion), so a sender reacting to it signalled a stage that was visibly waiting. The fix:
+a signal answered buffered while a stage activity is in flight becomes delivered when a wait
+resumes for it in the same activation (``SignalHandlers._answer``), and the engine hears what
+the activation decided last, once it ended (``_waiters.AnswersAfterActivation``).
+
+The sink below holds each first delivery of a stage.suspended event for ``HOLD_S`` (as a slow
+sink does), so the signal, sent the moment the event arrives, reaches Temporal while the task
+still runs: every wait of the run is in that situation (before the fix: 6 answers of 6
+buffered, every run), not one in 25-50.
+
+``histories/continue_signal_answer.json`` is this test's run recorded on the code before the
+fix (commit 0740025: six refused continues, six signals answered buffered); it replays on the
+current code (the fix changes no command, so runs need no start document mark). Record it
+again with ``WFE_RECORD_CONTINUE_ANSWER=<file> pytest <this test>`` on the code to record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+from driver_temporal._workflow import GraphWorkflow, workflow_runner
+from engine_port import Event, MemorySink, Registry, RunStatus, StageContext, Workflow
+
+from .conftest import EngineFactory
+from .test_continue_as_new import Calls, In, executions
+
+pytestmark = pytest.mark.temporal
+
+WAITS = 6
+HOLD_S = 0.25  # under the worker's 0.5 s hand-over bound (``_run_end._HAND_WITHIN_S``)
+HISTORY = Path(__file__).parent / "histories" / "continue_signal_answer.json"
+
+
+class SlowSink(MemorySink):
+    """A sink that tells the test of each stage.suspended it receives (once per event id: a
+    workflow task run again hands its events again), then takes ``HOLD_S`` to acknowledge
+    it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.suspended: asyncio.Queue[Event] = asyncio.Queue()
+        self._seen: set[str] = set()
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        await super().publish(events)
+        held = [e for e in events if e.type == "stage.suspended" and e.id not in self._seen]
+        for e in held:
+            self._seen.add(e.id)
+            self.suspended.put_nowait(e)
+        if held:
+            await asyncio.sleep(HOLD_S)
+
+
+def waiting_workflow(calls: Calls) -> Workflow[In]:
+    wf = Workflow(f"can-answer-{time.monotonic_ns()}", input=In, version="v1")
+
+    @wf.stage(signals=["go"])
+    async def s(ctx: StageContext[In]) -> list[int]:
+        calls.hit("s")
+        got = []
+        for _ in range(WAITS):
+            payload = await ctx.step.wait_for_signal("go", timeout=600)
+            got.append(int(payload["v"]))
+        return got
+
+    return wf
+
+
+async def test_a_signal_to_a_visibly_waiting_stage_is_delivered_across_continue_as_new(
+    make_engine: EngineFactory,
+) -> None:
+    calls = Calls()
+    wf = waiting_workflow(calls)
+    sink = SlowSink()
+    engine = make_engine(Registry([wf]), sink=sink, options={"continue_as_new_events": 1})
+    answers: list[bool] = []
+    async with engine:
+        run = await engine.start(wf, {"n": 1})
+        async with engine.worker():
+            for i in range(WAITS):
+                event = await asyncio.wait_for(sink.suspended.get(), 60)
+                assert event.stage == "s" and event.data.get("waiting_for") == "signal:go", event
+                res = await engine.signal(run.id, "go", {"v": i})
+                assert not res.already_completed, res
+                answers.append(res.delivered)
+            info = await engine.wait(run.id, timeout=120)
+        handle = engine._conn.get_workflow_handle(run.id)
+        history = await handle.fetch_history()
+        if os.environ.get("WFE_RECORD_CONTINUE_ANSWER"):
+            data = {"workflow_id": run.id, "history": json.loads(history.to_json())}
+            out = Path(os.environ["WFE_RECORD_CONTINUE_ANSWER"])
+            out.write_text(json.dumps(data))  # noqa: ASYNC240 (a recording, on request)
+        refused = [
+            e
+            for e in history.events
+            if e.HasField("workflow_task_failed_event_attributes")
+            and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
+        ]
+        kept = len(await executions(engine, run.id))
+    assert info.status == RunStatus.COMPLETED, info
+    # each signal reached the stage once, in order
+    assert info.output == list(range(WAITS)), info.output
+    # the situation: the server refused the continue of (at least) the first wait; a refused
+    # continue is not tried again (the wait resumed in the task that ran again)
+    assert refused, "no continue-as-new was refused: the test did not reach the situation"
+    assert kept + len(refused) >= WAITS, (kept, len(refused))
+    assert answers == [True] * WAITS, answers
+
+
+async def test_the_run_recorded_before_the_fix_replays() -> None:
+    """The recorded run (buffered answers, on the code before the fix) replays unchanged."""
+    data = json.loads(HISTORY.read_text())
+    history = WorkflowHistory.from_json(data["workflow_id"], data["history"])
+    replayer = Replayer(workflows=[GraphWorkflow], workflow_runner=workflow_runner())
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, repr(result.replay_failure)
