@@ -485,9 +485,11 @@ def test_the_generator_repeats_a_wait_only_where_it_is_deterministic() -> None:
     from conformance._cases import wait_keys
 
     drawn = {"local": 0, "regular": 0, "early": 0, "mixed": 0}
+    # (every count must come out above 0: a corner drawn a few times in 300 cases was drawn
+    # none when the module's other tests ran first, the draws differing with them)
 
     @settings(
-        max_examples=300,
+        max_examples=1500,
         derandomize=True,
         database=None,
         deadline=None,
@@ -597,7 +599,7 @@ def test_the_generator_shares_gate_names_only_across_groups() -> None:
     drawn = {"before": 0, "after": 0}
 
     @settings(
-        max_examples=300,
+        max_examples=1000,
         derandomize=True,
         database=None,
         deadline=None,
@@ -739,7 +741,7 @@ def test_the_generator_draws_the_corners() -> None:
     }
 
     @settings(
-        max_examples=300,
+        max_examples=1000,
         derandomize=True,
         database=None,
         deadline=None,
