@@ -59,6 +59,18 @@ def _logged(log: ExecutionLog, name: str) -> Any:
     return step
 
 
+def _waiting(wf: Workflow[Num], log: ExecutionLog, *, after: list[Stage]) -> Stage:
+    """A stage ``waits`` that logs its run, journals a step ``prep``, then waits for ``go``
+    (its output is the signal's payload)."""
+
+    async def body(ctx: StageContext[Num]) -> Any:
+        log.hit("waits")
+        await ctx.step.run("prep", _logged(log, "prep"))
+        return await ctx.step.wait_for_signal("go")
+
+    return wf.stage(body, id="waits", after=after, retry=ONCE)
+
+
 def _named(
     wf: Workflow[Num],
     log: ExecutionLog,
@@ -146,11 +158,7 @@ class CornerContract:
         a = _named(wf, log, "a", retry=ONCE)
         done = _named(wf, log, "done", after=[a], retry=ONCE)
 
-        @wf.stage(after=[a], retry=ONCE)
-        async def waits(ctx: StageContext[Num]) -> Any:
-            log.hit("waits")
-            await ctx.step.run("prep", _logged(log, "prep"))
-            return await ctx.step.wait_for_signal("go")
+        waits = _waiting(wf, log, after=[a])
 
         @wf.stage(after=[a], retry=ONCE)
         async def fails(ctx: StageContext[Num]) -> str:
@@ -349,11 +357,7 @@ class CornerContract:
 
         a = _named(wf, log, "a", retry=ONCE)
 
-        @wf.stage(after=[a], retry=ONCE)
-        async def waits(ctx: StageContext[Num]) -> Any:
-            log.hit("waits")
-            await ctx.step.run("prep", _logged(log, "prep"))
-            return await ctx.step.wait_for_signal("go")
+        waits = _waiting(wf, log, after=[a])
 
         @wf.stage(after=[a], retry=ONCE)
         async def fails(ctx: StageContext[Num]) -> str:
