@@ -394,6 +394,8 @@ class NativeEngine(WorkflowEngine):
             created_at=_dt(run.created_at),
             updated_at=_dt(run.updated_at),
             finished_at=_dt(run.finished_at),
+            # (complete_export clears it as it marks the run migrated)
+            frozen=bool(run.frozen) and RunStatus(run.status) not in TERMINAL_RUN_STATUSES,
         )
 
     async def list_runs(

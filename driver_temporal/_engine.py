@@ -207,6 +207,7 @@ _MAX_LIVE = 4096
 # it at once, even while no worker has acted on the request yet (``_info_from_memo``)
 _CANCEL_REQUESTED = "wfe_cancel_requested"
 _WORKING = frozenset(s.value for s in WORKING_RUN_STATUSES)
+_ENDED = frozenset(s.value for s in TERMINAL_RUN_STATUSES)
 # signal() to a run whose version a worker of this engine serves: how long it waits for the
 # answer from that worker's signal handler (``_waiters``) before it also asks with the query
 # (the run may be cached on a worker of another process). The answer comes when the worker
@@ -654,6 +655,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         info.pop("event_seq", None)
         info.pop("run_started", None)
         info.pop("stages_lag", None)
+        # (only an active run is shown frozen, as on the native driver: a frozen run an
+        # operator ended outside the engine, ``temporal workflow terminate``, keeps
+        # ``frozen`` in its last memo, ``_ended_outside``)
+        info["frozen"] = bool(info.get("frozen")) and info.get("status") not in _ENDED
         run_id = str(info.get("id"))
         if not values:  # a listing: no value is read (nor any blob)
             info["input"] = None

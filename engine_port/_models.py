@@ -117,6 +117,15 @@ class StageInfo(BaseModel):
 
 
 class RunInfo(BaseModel):
+    """A run as a driver reads it.
+
+    ``frozen``: the run is being moved to another driver (``migrate_run`` exported it and
+    has not finished the move yet): it runs no stage and its signals and cancels are refused
+    until the move completes (then its status here is ``migrated``) or is aborted. A run that
+    stays frozen had its migration interrupted: ``wfe migrate --from SOURCE --to TARGET --run
+    ID`` finishes the move, the same with ``--abort`` gives the run back (``migrate_run()``,
+    ``abort_migration()`` in code). Always False for a run that ended."""
+
     id: str
     workflow_id: str
     version: str
@@ -132,6 +141,7 @@ class RunInfo(BaseModel):
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
+    frozen: bool = False
 
     @property
     def terminal(self) -> bool:
