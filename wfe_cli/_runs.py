@@ -91,7 +91,7 @@ def runs_cmd(
                 r.id,
                 r.workflow_id,
                 r.version,
-                r.status.value,
+                f"{r.status.value} (frozen)" if r.frozen else r.status.value,
                 when(r.created_at),
                 when(r.updated_at),
                 " ".join(f"{s.id}:{s.status.value}" for s in r.stages),
@@ -101,6 +101,20 @@ def runs_cmd(
     )
     if workflow and not runs and not as_json:
         errors.print(f"no runs of workflow {workflow!r} match", highlight=False)
+
+
+def _frozen_note(info: RunInfo, driver: str) -> str:
+    """What ``wfe show`` says of a run frozen for a move: a migration that froze it and then
+    stopped (killed, a host crash) leaves it so, refusing its signals and cancels, and
+    nothing but finishing or aborting the move unfreezes it."""
+    if driver == "routing":  # (the run is frozen on one of the drivers it routes to)
+        driver = "SOURCE"
+    return (
+        f"frozen: run {info.id} is being moved to another driver (it runs no stage and "
+        "takes no signal or cancel); if no migration is under way, "
+        f"`wfe migrate --from {driver} --to TARGET --run {info.id}` finishes the move, "
+        f"or the same command with --abort gives the run back to {driver}"
+    )
 
 
 def _created_after(age: float) -> datetime | None:
@@ -130,6 +144,7 @@ def show_cmd(
         async with create_engine(configured, None) as engine:
             info, missing = await _readable_run(engine, await resolve(engine, run_id))
             out: dict[str, Any] = {"run": info, "missing": missing}
+            out["driver"] = engine.driver_name
             if events:
                 found = await _extra(engine, "events", info.id)
                 out["attempts"] = attempt_history(found, info)
@@ -140,7 +155,10 @@ def show_cmd(
 
     result = run_sync(show())
     missing: SpilledPayloadUnavailableError | None = result.pop("missing")
+    driver_name: str = result.pop("driver")
     _print_run(result, events=events, steps=steps, as_json=as_json)
+    if result["run"].frozen:  # (on stderr: stdout stays the run's JSON document)
+        errors.print(_frozen_note(result["run"], driver_name), highlight=False)
     if missing is not None:  # shown without it: say what is gone, exit 1
         errors.print(
             "the run's values kept in the blob store are shown as null: one is missing",
