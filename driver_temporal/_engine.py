@@ -158,6 +158,7 @@ from ._helpers import (
 )
 from ._history_events import run_events
 from ._journal import read_run_journals
+from ._names import RUN_INFO_QUERY
 from ._outage import use_runtime
 from ._paging import PagedRuns, list_page, listed, superseded
 from ._query import matches_filters, recent_continues, runs_query, wanted_statuses
@@ -204,7 +205,8 @@ _LIVE = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 _MAX_LIVE = 4096
 # the memo entry ``_describe`` adds (no run writes it) when Temporal holds a cancel request
 # for the run's execution: the run is being cancelled, as the native driver's cancel() marks
-# it at once, even while no worker has acted on the request yet (``_info_from_memo``)
+# it at once, even while no worker has acted on the request yet (``_info_from_memo``); not
+# when the run is frozen for a move and defers the request (``_defers_cancel``)
 _CANCEL_REQUESTED = "wfe_cancel_requested"
 _WORKING = frozenset(s.value for s in WORKING_RUN_STATUSES)
 _ENDED = frozenset(s.value for s in TERMINAL_RUN_STATUSES)
@@ -819,9 +821,23 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if (
             status == WorkflowExecutionStatus.RUNNING
             and raw.workflow_extended_info.cancel_requested
+            and not await self._defers_cancel(raw, memo)
         ):
             memo[_CANCEL_REQUESTED] = True
         return memo, status
+
+    async def _defers_cancel(
+        self, raw: DescribeWorkflowExecutionResponse, memo: dict[str, Any]
+    ) -> bool:
+        """Whether the run holds the cancel requested of it deferred (not being cancelled):
+        frozen for a move, and started with ``StartDocument.defers_frozen_cancel``."""
+        if not (memo.get("wfe_run") or {}).get("frozen"):
+            return False
+        field = raw.workflow_execution_info.memo.fields.get(START_MEMO)
+        if field is None:
+            return False
+        start = (await self._conn.data_converter.decode([field]))[0]
+        return isinstance(start, dict) and bool(start.get("defers_frozen_cancel"))
 
     @_rpc.surfaced("get_run")
     async def get_run(self, run_id: str) -> RunInfo:
@@ -1201,8 +1217,26 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         with suppress(RPCError):  # already being cancelled or just finished
             await handle.cancel()
         with suppress(TimeoutError):
-            await asyncio.wait_for(_settle(self._conn, run_id), self.cancel_wait)
+            if await asyncio.wait_for(self._cancelled(handle), self.cancel_wait):
+                # (a freeze landed between the memo read and the request: the run deferred
+                # the cancel and moves on; applied only if the move is aborted)
+                raise frozen_run_error(run_id, "cancel", self.driver_name)
         return await self.get_run(run_id)
+
+    async def _cancelled(self, handle: WorkflowHandle[Any, Any]) -> bool:
+        """Wait for the run a cancel was requested of to end; True (at once) when it was
+        frozen for a move when the request reached it, which it then defers
+        (``GraphWorkflow._watched``). Its ``run_info`` query answers after the workflow task
+        that handled the request (Temporal holds a query while a task is pending)."""
+        with suppress(WorkflowQueryFailedError, WorkflowQueryRejectedError, RPCError):
+            info = await handle.query(
+                RUN_INFO_QUERY, result_type=dict, rpc_timeout=timedelta(seconds=self.cancel_wait)
+            )
+            run = info if isinstance(info, dict) else {}
+            if run.get("frozen") and run.get("status") in _WORKING:
+                return True
+        await _settle(self._conn, handle.id)
+        return False
 
     # -- redrive ------------------------------------------------------------------------------
     @_rpc.surfaced("redrive")

@@ -14,6 +14,18 @@ sequence number the snapshot reserved) and ``wfe.internal.abort_export`` unfreez
 started with ``imported`` in its start input resumes from a snapshot: completed stages are kept, a
 suspended stage continues its attempt (same deadlines, no second ``stage.started``), event numbers
 continue.
+
+A cancellation request that reaches a frozen run (runs started since 2026-12-06:
+``StartDocument.defers_frozen_cancel``): an operator's ``temporal workflow cancel``, or
+``TemporalEngine.cancel`` whose memo check a freeze overtook. Temporal records it in the
+history and raises ``CancelledError`` in the workflow's main coroutine, which may go on: the run
+stays frozen and its move goes on (``GraphWorkflow._watched``). Cancelling it there ended it
+cancelled while the target's import had it live, ``complete_export`` failed and the cancel was
+lost. The cancel is deferred: an aborted move (the run stays here) applies it, a completed one
+drops it (the run lives on its target, which it never reached; ``cancel()`` told its caller
+with the retry-me ``MigrationError``, a worker log line tells the operator). Temporal records
+one cancel request per execution (a second is a no-op), so a refusal alone would leave a run
+whose move was aborted uncancellable. A freeze is refused once a cancel reached the run.
 """
 
 from __future__ import annotations
@@ -80,6 +92,8 @@ class MigrationHandlers:
     _inflight: int
     _calls: dict[str, dict[str, Any]]
     _freeze_cancels: set[int]
+    _cancel_seen: bool
+    _cancel_deferred: bool
 
     def _sync(self) -> None:
         raise NotImplementedError
@@ -99,6 +113,16 @@ class MigrationHandlers:
             raise migration_error(
                 f"run {self._run_id!r} is {self._status}; only pending or suspended runs, or "
                 "runs between stages, can migrate (terminal runs stay where they are)"
+            )
+        if self._start.defers_frozen_cancel and (
+            self._cancel_seen or (self._cancel_deferred and not self._frozen)
+        ):
+            # (a cancel reached the run before it froze: it winds down here; or a cancel it
+            # deferred while frozen is due, the move given up. A frozen run's deferred
+            # cancel refuses no retry of its export)
+            raise migration_error(
+                f"run {self._run_id!r} is being cancelled; a cancelled run stays where it is "
+                "(wait for it to end)"
             )
 
     @workflow.update(name=FREEZE_UPDATE, description=INTERNAL)

@@ -160,6 +160,14 @@ class StartDocument(BaseModel):
     # (``SignalHandlers._takes_held``); None: a run started before, whose attempt went on
     # taking until Temporal refused the update
     takes_per_execution: int | None = None
+    # (runs started since 2026-12-06) a cancellation request that reaches the run while it is
+    # frozen for a move (an operator's ``temporal workflow cancel``, or ``cancel()`` racing
+    # the freeze) does not cancel it: the run stays frozen and its move goes on; the cancel
+    # is deferred, and applied only if the move is aborted (the run stays here), and a freeze
+    # is refused once a cancel reached the run (``GraphWorkflow._watched``); a run started
+    # before ended cancelled while its move went on (live and uncancelled on the target),
+    # and replays so
+    defers_frozen_cancel: bool = False
 
     @classmethod
     def for_engine(
@@ -175,6 +183,7 @@ class StartDocument(BaseModel):
             carry_budget=CARRY_BUDGET,
             bounds_first=True,
             takes_per_execution=TAKES_PER_EXECUTION,
+            defers_frozen_cancel=True,
             dead_letter_after=settings.dead_letter_after,
             dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
             outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,

@@ -291,7 +291,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         # deadline's (``_due_before_next``: only a timer of a second or more fires on time)
         self._timer_s: dict[str, float] = {}
         self._deadline_s = 0.0
-        self._cancel_seen = False
+        # (and a cancel that reached the run frozen for a move, deferred: ``_watched``)
+        self._cancel_seen = self._cancel_deferred = False
         self._continue_after: int | None = None
         # waits that ended in this execution: one that continued from another continues
         # again only after one did (else, at a threshold its fresh history already holds,
@@ -398,22 +399,60 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         worker's BlobStore, a worker not this driver's) is raised here, from the workflow's
         top-level coroutine, where an error fails the workflow task (an error in another task
         of the workflow fails nothing): Temporal runs the task again, and the events with it.
-        A cancel of the run reaches ``_main`` as before."""
+        A cancel of the run reaches ``_main`` as before, except (runs with
+        ``defers_frozen_cancel``) one that arrives while the run is frozen for a move or moved:
+        cancelling it then ended it cancelled here while the move went on (live and
+        uncancelled on the target, ``complete_export`` refused, the cancel lost). The run
+        goes on frozen, its move with it; the cancel is deferred (``_cancel_deferred``) and
+        reaches ``_main`` only if the move is aborted (the run stays here). A completed move
+        drops it: the run lives on its target, which the cancel never reached
+        (``TemporalEngine.cancel`` tells its caller so: retry there)."""
         main = asyncio.ensure_future(self._main())
         while True:
             try:
                 await workflow.wait_condition(
-                    lambda: main.done() or self._broken is not None or self._may_continue()
+                    lambda: (
+                        main.done()
+                        or self._broken is not None
+                        or self._may_continue()
+                        or self._deferred_cancel_due()
+                    )
                 )
-                break
             except asyncio.CancelledError:
+                if self._start.defers_frozen_cancel and (
+                    self._frozen or self._migrated_to is not None
+                ):
+                    self._cancel_deferred = True
+                    workflow.logger.warning(
+                        "run %s is frozen for a move: a cancel of it is deferred (applied if "
+                        "the move is aborted; a completed move drops it)",
+                        self._run_id,
+                    )
+                    continue
                 self._cancel_seen = True
                 main.cancel()
+                continue
+            if self._deferred_cancel_due():  # the move was aborted: the run is cancelled here
+                self._cancel_deferred = False
+                self._cancel_seen = True
+                main.cancel()
+                continue
+            break
         if self._broken is not None:
             raise self._broken
         if not main.done():
             self._continue()
         return main.result()
+
+    def _deferred_cancel_due(self) -> bool:
+        """A cancel deferred while the run was frozen (``_watched``), and the run stays here:
+        its move was aborted, and it has not ended."""
+        return (
+            self._cancel_deferred
+            and not self._frozen
+            and self._migrated_to is None
+            and not self._final
+        )
 
     # -- continue-as-new ----------------------------------------------------------------------
     def _may_continue(self) -> bool:

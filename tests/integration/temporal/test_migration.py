@@ -18,6 +18,7 @@ from conformance import ExecutionLog
 from conformance._models import Num
 from driver_temporal import TemporalEngine
 from driver_temporal._activities import DriverActivities
+from driver_temporal._start import StartDocument
 from engine_port import (
     EngineSettings,
     MemorySink,
@@ -271,5 +272,122 @@ async def test_a_cancel_of_a_frozen_run_is_refused_as_on_native(make_engine: Eng
         assert (await engine.get_run(run.id)).status == RunStatus.SUSPENDED
         await engine.abort_export(run.id)  # the move given up: the cancel goes through
         await engine.cancel(run.id)
+        info = await engine.wait(run.id, timeout=60)
+    assert info.status == RunStatus.CANCELLED
+
+
+def _waits_for_go(name: str) -> Workflow[Num]:
+    wf = Workflow(f"{name}-{time.monotonic_ns()}", input=Num, version="v1")
+
+    @wf.stage
+    async def a(ctx: StageContext[Num]) -> Any:
+        return await ctx.step.wait_for_signal("go")
+
+    return wf
+
+
+async def _suspended(engine: WorkflowEngine, run_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while (await engine.get_run(run_id)).status != RunStatus.SUSPENDED:
+        assert time.monotonic() < deadline, "the run never suspended"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_raw_cancel_of_a_frozen_run_does_not_break_its_move(
+    make_engine: EngineFactory, tmp_path: Path, blob_dir: Path
+) -> None:
+    """The memo check of ``cancel()`` races a freeze (read unfrozen, frozen, then the cancel
+    request), and an operator's ``temporal workflow cancel`` does not check at all. Such a
+    cancel ended the frozen run cancelled here: ``complete_export`` then failed ("is
+    cancelled") with the run live on the target, cancelled here and the cancel lost. The
+    workflow now keeps a frozen run going (the cancel is deferred), and the move completes."""
+    wf = _waits_for_go("mig-raw-cancel")
+    registry = Registry([wf])
+    sink = MemorySink()
+    source = make_engine(registry, sink=sink)
+    async with source.worker():
+        run = await source.start(wf.id, {"n": 1})
+        await _suspended(source, run.id)
+        snapshot = await source.export_run(run.id)
+        async with _native(tmp_path, registry, sink, blob_dir) as target:
+            await target.import_run(snapshot)
+            await source._conn.get_workflow_handle(run.id).cancel()  # what the race amounts to
+            await source.complete_export(run.id, "native")
+            info = await source.wait(run.id, timeout=60)
+            assert info.status == RunStatus.MIGRATED and info.migrated_to == "native"
+            async with target.worker():
+                await _suspended(target, run.id)
+                await target.signal(run.id, "go", "went")
+                moved = await target.wait(run.id, timeout=60)
+    assert moved.status == RunStatus.COMPLETED and moved.output == "went"
+
+
+async def test_a_cancel_racing_a_freeze_is_refused_and_applied_if_the_move_is_aborted(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cancel()`` read the memo before the freeze landed (a stale memo, made here), so its
+    check passed and its cancel request reached a frozen run: it now reports the run's
+    refusal as the same MigrationError; the run stays frozen and suspended, and once the move
+    is aborted (the run stays here) the cancel it deferred takes effect."""
+    wf = _waits_for_go("mig-cancel-race")
+    engine = make_engine(Registry([wf]))
+    async with engine.worker():
+        run = await engine.start(wf.id, {"n": 1})
+        await _suspended(engine, run.id)
+        stale = await engine._describe(run.id)  # read before the freeze
+        await engine.export_run(run.id)
+        real = engine._describe
+        calls = 0
+
+        async def describe_stale_once(run_id: str) -> Any:
+            nonlocal calls
+            calls += 1
+            return stale if calls == 1 else await real(run_id)
+
+        monkeypatch.setattr(engine, "_describe", describe_stale_once)
+        t0 = time.monotonic()
+        with pytest.raises(MigrationError, match="being moved to another driver"):
+            await engine.cancel(run.id)
+        assert time.monotonic() - t0 < engine.cancel_wait, "the refusal waited for the run to end"
+        monkeypatch.setattr(engine, "_describe", real)
+        assert (await engine.get_run(run.id)).status == RunStatus.SUSPENDED
+        await engine.abort_export(run.id)  # the run stays here: the cancel it deferred applies
+        info = await engine.wait(run.id, timeout=60)
+    assert info.status == RunStatus.CANCELLED
+
+
+def test_new_runs_defer_a_cancel_while_frozen() -> None:
+    """``for_engine`` (start, redrive, import) marks the run; its memo carries the mark
+    (``TemporalEngine._defers_cancel`` reads it there)."""
+    doc = StartDocument.for_engine(
+        EngineSettings(driver="temporal"), 10.0, run_id="r", workflow_id="w", version="v1", graph={}
+    )
+    assert doc.defers_frozen_cancel and doc.memo().get("defers_frozen_cancel") is True
+    assert (
+        not StartDocument(run_id="r", workflow_id="w", version="v1", graph={})
+        .memo()
+        .get("defers_frozen_cancel")
+    )
+
+
+async def test_a_run_started_before_the_rule_is_cancelled_while_frozen_as_it_was(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay safety: a run started without ``defers_frozen_cancel`` keeps the old rule (its
+    history holds the cancel's commands): a cancel request ends it cancelled, frozen or not."""
+    made = StartDocument.for_engine
+
+    def old_rule(settings: EngineSettings, heartbeat_timeout_s: float, **fields: Any) -> Any:
+        doc = made(settings, heartbeat_timeout_s, **fields)
+        return doc.model_copy(update={"defers_frozen_cancel": False})
+
+    monkeypatch.setattr(StartDocument, "for_engine", old_rule)
+    wf = _waits_for_go("mig-cancel-old")
+    engine = make_engine(Registry([wf]))
+    async with engine.worker():
+        run = await engine.start(wf.id, {"n": 1})
+        await _suspended(engine, run.id)
+        await engine.export_run(run.id)
+        await engine._conn.get_workflow_handle(run.id).cancel()
         info = await engine.wait(run.id, timeout=60)
     assert info.status == RunStatus.CANCELLED
