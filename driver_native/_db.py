@@ -406,8 +406,13 @@ class Database:
             log.debug("transient database error, retrying in %.2fs: %s", delay, _first_line(exc))
         return delay
 
-    def _answered(self) -> None:
-        """A transaction went through during an outage: the outage is over (logged once)."""
+    def _answered(self, seen: int) -> None:
+        """A transaction went through during an outage: the outage is over (logged once).
+        ``seen``: the outages counted when its attempt began; one begun before this outage was
+        noticed proves nothing (its answer was on its way as the server went out of reach:
+        ending the outage there logged one outage as two, and counted it twice)."""
+        if seen != self.outages:
+            return
         since, self._outage_since = self._outage_since, None
         if since is not None:
             log.info(
@@ -421,10 +426,11 @@ class Database:
     def _retrying_sync(self, call: Callable[[_Try], T]) -> T:
         started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try()
         while True:
+            seen = self.outages
             try:
                 result = call(attempt)
                 if self._outage_since is not None:
-                    self._answered()
+                    self._answered(seen)
                 return result
             except DBAPIError as exc:
                 wait = self._retry_or_raise(exc, started, delay)
@@ -445,6 +451,7 @@ class Database:
         if inline is not None:
             await asyncio.sleep(0)  # (a suspension point, as the hop to the thread was)
         while True:
+            seen = self.outages
             try:
                 if attempt.held is inline is not None:
                     try:
@@ -453,12 +460,12 @@ class Database:
                         pass  # the database thread waits for the lock
                     else:
                         if self._outage_since is not None:
-                            self._answered()
+                            self._answered(seen)
                         return result
                 attempt.held = self._held
                 result = await loop.run_in_executor(self._executor, call, attempt)
                 if self._outage_since is not None:
-                    self._answered()
+                    self._answered(seen)
                 return result
             except DBAPIError as exc:
                 wait = self._retry_or_raise(exc, started, delay)
@@ -470,13 +477,13 @@ class Database:
         """PostgreSQL: ``call`` in a greenlet on the loop (see ``_pgloop``), retried."""
         started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try()
         while True:
-            conn, usable = None, False
+            conn, usable, seen = None, False, self.outages
             try:
                 conn = attempt.conn = await conns.take()
                 result = await conns.run(call, attempt)
                 usable = True
                 if self._outage_since is not None:
-                    self._answered()
+                    self._answered(seen)
                 return result
             except DBAPIError as exc:
                 # a guard's refusal (an outcome's prediction found wrong, a drained workflow's
