@@ -379,11 +379,27 @@ class Database:
             "workers go on by themselves once there is room"
         )
 
+    def _denied(self, exc: DBAPIError) -> DriverUnavailableError:
+        user = make_url(self.url).username
+        who = f"the database user {user!r}" if user else "the database user of database_url"
+        return DriverUnavailableError(
+            f"{who} may not do what wfe needs at {self.safe_url}: "
+            f"{redact_text(_first_line(exc), self.url)}; have the database's owner create "
+            "wfe's tables ('wfe db upgrade' with database_url naming the owner) and grant this "
+            "user USAGE on their schema and ALL on the tables and sequences in it, or point "
+            "database_url at a user who has those privileges"
+        )
+
     def _retry_or_raise(self, exc: DBAPIError, started: float, delay: float) -> float:
         """Whether to try ``exc``'s transaction again: returns the delay to wait first, or
         raises (the error itself, or DriverUnavailableError once the retry budget is spent)."""
         if _is_disk_full(exc):  # (no retry frees space: the caller's storage fault)
             raise self._disk_full(exc) from None
+        if _is_denied(exc):
+            # (a user who may not create the tables in a database nobody upgraded yet, the
+            # default for all but the owner of schema public since PostgreSQL 15, or may not
+            # use them: it was raw SQLAlchemy's ProgrammingError, "a bug" to the CLI)
+            raise self._denied(exc) from None
         if (isinstance(exc, OperationalError) and _is_config_error(exc)) or _not_sqlite(exc):
             raise self._unavailable(exc) from None
         if not _is_transient(exc):
@@ -979,6 +995,14 @@ def _is_disk_full(exc: DBAPIError) -> bool:
     if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
         return True
     return getattr(orig, "sqlstate", None) == _PG_DISK_FULL
+
+
+_PG_DENIED = "42501"  # insufficient_privilege ("permission denied for schema public")
+
+
+def _is_denied(exc: DBAPIError) -> bool:
+    """PostgreSQL refused the statement to this user: no retry will help."""
+    return getattr(exc.orig, "sqlstate", None) == _PG_DENIED
 
 
 def _is_outage(exc: DBAPIError) -> bool:

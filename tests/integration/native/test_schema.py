@@ -12,6 +12,7 @@ from driver_native import ClaimPending, CreateRun, Database, ExecuteJob, Kernel,
 from driver_native._ledger import step_record
 from engine_port import ClaimCheck, EngineSettings, FolderBlobStore, Registry, SystemClock
 from engine_port.errors import SignalQueueFullError
+from tests.support.databases import PostgresSession
 
 from . import workflows as w
 from .conftest import MakeEngine
@@ -403,3 +404,64 @@ async def test_v14_drops_the_unique_index_of_event_ids_and_keeps_the_events(
     events = [(e.id, e.seq) for e in await engine.events(run.id)]
     assert events[: len(before)] == before
     assert [seq for _, seq in events] == list(range(1, len(events) + 1))
+
+
+@pytest.mark.postgres
+async def test_a_user_who_may_not_create_or_use_the_tables_is_told_what_to_grant(
+    pg_session: PostgresSession, tmp_path: Path
+) -> None:
+    """A PostgreSQL database nobody upgraded, reached as a user who may not create tables in
+    it (every user but the owner of schema public, since PostgreSQL 15): create_engine() and
+    ``wfe db upgrade`` raised SQLAlchemy's ProgrammingError ("permission denied for schema"),
+    which the CLI called a bug (exit 1). Now a DriverUnavailableError (exit 5, as a wrong
+    password) says what to grant; so once the owner created the tables, until they are
+    granted; then the user works."""
+    import uuid
+
+    from typer.testing import CliRunner
+
+    from engine_port import create_engine
+    from engine_port.errors import DriverUnavailableError
+    from wfe_cli import EXIT_CODES, app
+
+    owner_url = sa.make_url(pg_session.new_schema())
+    schema = owner_url.query["options"].split("=", 1)[1]
+    role = f"wfe_user_{uuid.uuid4().hex[:8]}"
+    user_url = owner_url.set(username=role).render_as_string(hide_password=False)
+    admin = pg_session.engine
+    with admin.connect() as c:
+        c.execute(sa.text(f'CREATE ROLE "{role}" LOGIN'))
+        c.execute(sa.text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"'))
+    settings = EngineSettings(database_url=user_url, blob_url=f"file://{tmp_path}/blobs")
+    try:
+        for missing in ("schema", "table wfe_schema"):
+            with pytest.raises(DriverUnavailableError) as raised:
+                async with create_engine(settings, Registry([])):
+                    pass
+            text = str(raised.value)
+            assert f"the database user '{role}' may not do what wfe needs" in text
+            assert f"permission denied for {missing}" in text, text
+            assert "'wfe db upgrade'" in text and "grant this user USAGE" in text
+            for args in (["db", "upgrade"], ["runs"]):
+                result = CliRunner().invoke(app, args, env={"WFE_DATABASE_URL": user_url})
+                if missing == "schema" and args == ["runs"]:  # (the CLI's own check)
+                    assert "has no wfe tables" in result.stderr, result.output
+                else:
+                    assert f"permission denied for {missing}" in result.stderr, result.output
+                    assert "this is a bug" not in result.stderr
+                assert result.exit_code == EXIT_CODES["unavailable"], (args, result.output)
+            if missing == "schema":  # the owner creates them
+                db = Database(owner_url.render_as_string(hide_password=False))
+                try:
+                    db.upgrade()
+                finally:
+                    db.dispose()
+        with admin.connect() as c:  # as the message says
+            c.execute(sa.text(f'GRANT ALL ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"'))
+            c.execute(sa.text(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA "{schema}" TO "{role}"'))
+        async with create_engine(settings, Registry([])) as engine:
+            assert await engine.list_runs() == []
+    finally:
+        with admin.connect() as c:
+            c.execute(sa.text(f'DROP OWNED BY "{role}"'))
+            c.execute(sa.text(f'DROP ROLE "{role}"'))
