@@ -23,7 +23,8 @@ stays frozen and its move goes on (``GraphWorkflow._watched``). Cancelling it th
 cancelled while the target's import had it live, ``complete_export`` failed and the cancel was
 lost. The cancel is deferred: an aborted move (the run stays here) applies it, a completed one
 drops it (the run lives on its target, which it never reached; ``cancel()`` told its caller
-with the retry-me ``MigrationError``, a worker log line tells the operator). Temporal records
+with the retry-me ``MigrationError``, worker log lines tell the operator as the cancel is
+deferred and as the move completes, naming the target to cancel it on). Temporal records
 one cancel request per execution (a second is a no-op), so a refusal alone would leave a run
 whose move was aborted uncancellable. A freeze is refused once a cancel reached the run.
 """
@@ -185,6 +186,17 @@ class MigrationHandlers:
                     f"run {self._run_id!r} was not exported; call export_run first"
                 )
             self._migrated_to = str(body["target"])
+            if self._cancel_deferred:
+                # (the operator who cancelled it was told at the time only that a completed
+                # move would drop the cancel: this is when it does, and where to cancel now)
+                workflow.logger.warning(
+                    "run %s moved to %s: the cancel it deferred while frozen is dropped here; "
+                    "cancel it on %s (through that driver's engine, or a routing engine over "
+                    "both)",
+                    self._run_id,
+                    self._migrated_to,
+                    self._migrated_to,
+                )
         return {"target": self._migrated_to}
 
     @workflow.update(name=ABORT_EXPORT_UPDATE, description=INTERNAL)

@@ -423,11 +423,21 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                     self._frozen or self._migrated_to is not None
                 ):
                     self._cancel_deferred = True
-                    workflow.logger.warning(
-                        "run %s is frozen for a move: a cancel of it is deferred (applied if "
-                        "the move is aborted; a completed move drops it)",
-                        self._run_id,
-                    )
+                    if self._migrated_to is not None:
+                        workflow.logger.warning(
+                            "run %s moved to %s: a cancel of it is dropped here; cancel it on "
+                            "%s (through that driver's engine, or a routing engine over both)",
+                            self._run_id,
+                            self._migrated_to,
+                            self._migrated_to,
+                        )
+                    else:
+                        workflow.logger.warning(
+                            "run %s is frozen for a move: a cancel of it is deferred (applied "
+                            "if the move is aborted; a completed move drops it: cancel the run "
+                            "on its target then)",
+                            self._run_id,
+                        )
                     continue
                 self._cancel_seen = True
                 main.cancel()

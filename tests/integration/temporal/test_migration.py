@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -294,13 +295,17 @@ async def _suspended(engine: WorkflowEngine, run_id: str) -> None:
 
 
 async def test_a_raw_cancel_of_a_frozen_run_does_not_break_its_move(
-    make_engine: EngineFactory, tmp_path: Path, blob_dir: Path
+    make_engine: EngineFactory, tmp_path: Path, blob_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The memo check of ``cancel()`` races a freeze (read unfrozen, frozen, then the cancel
     request), and an operator's ``temporal workflow cancel`` does not check at all. Such a
     cancel ended the frozen run cancelled here: ``complete_export`` then failed ("is
     cancelled") with the run live on the target, cancelled here and the cancel lost. The
-    workflow now keeps a frozen run going (the cancel is deferred), and the move completes."""
+    workflow now keeps a frozen run going (the cancel is deferred), and the move completes.
+    The operator, whom nothing else answers, is told in the worker's log as the cancel is
+    deferred and, as the move completes, that it is dropped and where to cancel the run now
+    (they were told only that a completed move would drop it)."""
+    caplog.set_level(logging.WARNING, logger="temporalio.workflow")
     wf = _waits_for_go("mig-raw-cancel")
     registry = Registry([wf])
     sink = MemorySink()
@@ -315,6 +320,12 @@ async def test_a_raw_cancel_of_a_frozen_run_does_not_break_its_move(
             await source.complete_export(run.id, "native")
             info = await source.wait(run.id, timeout=60)
             assert info.status == RunStatus.MIGRATED and info.migrated_to == "native"
+            told = [r.getMessage() for r in caplog.records if run.id in r.getMessage()]
+            assert any("a cancel of it is deferred" in m for m in told), told
+            dropped = f"run {run.id} moved to native: the cancel it deferred while frozen is "
+            assert any(m.startswith(dropped + "dropped here; cancel it on native") for m in told), (
+                told
+            )
             async with target.worker():
                 await _suspended(target, run.id)
                 await target.signal(run.id, "go", "went")
