@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
 from conformance import SettingsHarness
-from conformance._cases import KNOWN_GAPS, Case, cases, regression_batch
+from conformance._cases import KNOWN_GAPS, Case, cases, fixed_draws, regression_batch
 from conformance._fuzz import check_batch, run_batch
 from engine_port import EngineSettings
 
@@ -97,7 +97,8 @@ def fuzz(
 
     if fixed_seed is not None:
         run = seed(fixed_seed)(run)
-    run()
+    with fixed_draws():  # (the same cases whatever this process imported before)
+        run()
 
 
 def _native(
