@@ -464,8 +464,11 @@ class Database:
         inline = self._inline if inline_ok and self._inline is not None else None
         inline = inline if inline is not None and inline.usable() else None
         started, delay, attempt = time.monotonic(), _FIRST_DELAY, _Try(inline)
-        if inline is not None:
-            await asyncio.sleep(0)  # (a suspension point, as the hop to the thread was)
+        if inline is not None and turn:
+            # (a suspension point, as the hop to the thread was; ``turn=False``: the caller
+            # suspends, or ends its task, right after, which is that turn: a stage outcome's
+            # record, alone in flight, is one turn of the event loop less, as on PostgreSQL)
+            await asyncio.sleep(0)
         while True:
             seen = self.outages
             try:
@@ -629,8 +632,10 @@ class Database:
     ) -> T:
         """:meth:`tx` for a caller that suspends, or ends its task, right after it (a stage
         outcome's record): on PostgreSQL a transaction answered within its blocking poll
-        returns without the loop turn :meth:`tx` takes after it (the caller's own suspension
-        is that turn: one turn of the event loop less on a stage's way to the next)."""
+        returns without the loop turn :meth:`tx` takes after it, and on SQLite an inline
+        transaction runs without the turn :meth:`tx` takes before it (the caller's own
+        suspension is that turn: one turn of the event loop less on a stage's way to the
+        next)."""
         return await self._retrying(lambda attempt: self._tx_once(attempt, fn, *a, **k), turn=False)
 
     @property
