@@ -755,7 +755,9 @@ class DriverActivities:
         older runs expect) and events, the error, or where the attempt waits. A local try's
         document is journaled (``_Recorded``) before the workflow task records it."""
         if isinstance(outcome, _Recorded):
-            return dict(outcome.doc)
+            # (``again``: the run may then deliver a signal its wait resumes for at once,
+            # which reached the run after the try's suspension: ``SignalHandlers._answer``)
+            return {**outcome.doc, "again": True}
         await self._fill(task, req, outcome, result, compensation, inline=inline)
         name = _outcome_name(activity.info(), task, compensation)
         if name is not None:

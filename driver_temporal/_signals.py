@@ -109,10 +109,17 @@ class SignalHandlers:
     _lent: dict[str, list[dict[str, Any]]]
     # (per stage) the signals lent to a resumed wait, delivered to it (``_unconsumed``)
     _reserved: dict[str, list[dict[str, Any]]]
-    # the engine's signals answered buffered while a stage activity was in flight, with their
-    # delivery id and the workflow task (history length) they came in (``_answer``): a wait
-    # that resumes for one in that task makes it delivered (``_delivered_late``)
-    _buffered_answers: tuple[tuple[dict[str, Any], str, int], ...] = ()
+    # the engine's signals answered buffered (``_answer``) in the workflow task
+    # ``_answers_task`` (and, while a local try was in flight, before): each with its delivery
+    # id, the task (history length) it came in, whether a stage activity was in flight then,
+    # and its number in the order of answers (``_answers_given``). A wait that resumes for one
+    # at once may make it delivered (``_delivered_late``)
+    _buffered_answers: list[tuple[dict[str, Any], str, int, bool, int]] | None = None
+    _answers_task = -1
+    _answers_given = 0
+    # the deliveries whose answer is not told yet (``_local_window``): the query answers
+    # nothing for them
+    _withheld: frozenset[str] = frozenset()
     # runs started before shared takes (no ``wfe-shared-signal-takes`` patch marker) keep the
     # old single-taker rule so their histories replay: ``_signal_holder`` is the stage whose
     # attempt in flight was handed the whole queue
@@ -302,7 +309,10 @@ class SignalHandlers:
         engine sent with this delivery id, or None while the run has not seen it. Asked
         right after the signal: Temporal answers a query once the workflow task that holds
         the events recorded before it completed, so the signal's own task answers it (no
-        task of its own, nothing in the history, unlike ``on_signal_status``)."""
+        task of its own, nothing in the history, unlike ``on_signal_status``); None too
+        while its answer is withheld (``_local_window``)."""
+        if delivery in self._withheld:
+            return None
         return self._deliveries.get(delivery)
 
     def on_signal_update(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -365,49 +375,119 @@ class SignalHandlers:
 
     def _answer(self, delivery: str, res: dict[str, Any], sig: dict[str, Any] | None) -> None:
         """Record what became of an engine's signal (``_decided``). A signal queued for a
-        later wait while a stage activity is in flight is kept in mind for the rest of the
-        workflow task: temporalio hands a task's signals to their handlers before the
-        results of its activities, so a signal that came after the result that suspended a
-        stage on its name (in the history) meets the stage still running. That happens when
-        the server refused the completion of the task that recorded the suspension and
-        continued the run as new, because the signal arrived meanwhile (UnhandledCommand):
-        the task runs again with the signal in it, after its worker had delivered the
-        stage.suspended event (the stage visibly waited). The wait then resumes for the
-        signal in that very task, which makes it delivered (``_delivered_late``), as on the
-        native driver; the engine hears the task's last word (``_waiters``: told once the
-        activation ended)."""
-        self._decided(delivery, res)
-        if sig is None or res.get("delivered") or not getattr(self, "_calls", None):
-            return
-        task = workflow.info().get_current_history_length()
-        kept = tuple(p for p in self._buffered_answers if p[2] == task)
-        self._buffered_answers = (*kept, (sig, delivery, task))
+        later wait is kept in mind (``_buffered_answers``): a wait that suspended where the
+        signal's sender saw it waiting may still resume for it at once (``_delivered_late``),
+        and then it was delivered, as on the native driver. That happens when the server
+        refused the completion of the task that recorded the suspension and continued the
+        run as new, because the signal arrived meanwhile (UnhandledCommand): the task runs
+        again with the signal in it, after its worker had delivered the stage.suspended
+        event (the stage visibly waited), and the signal meets the stage still running:
 
-    def _delivered_late(self, sig: dict[str, Any]) -> None:
-        """A wait resumes for ``sig`` (``_reserve``): if it was answered buffered in this
-        very workflow task (``_answer``), it was delivered to that wait."""
+        - a stage activity's: temporalio hands a task's signals to their handlers before the
+          results of its activities (here the result that suspended the stage);
+        - a ``local=True`` stage's: its local activity's result was not recorded (the
+          refused task was to record it), so it runs again, scheduled after the signal
+          handler ran (a signal that came with the run's first task: once the run set up,
+          ``_carry_signals``) or while it runs (the try was scheduled in a task the history
+          holds, where its run is replayed), and reads back the suspension its first run
+          journaled (``_activities._Recorded``: the result marked ``again``).
+
+        The engine hears the task's last word (``_waiters``: told once the activation
+        ended); while a local try is in flight it hears nothing of a buffered answer until
+        the try's result came (``_local_window``). Answers of earlier tasks are forgotten,
+        except while a local try is in flight (its result may come in a later task). No
+        command depends on any of this: the fix needs no start document mark."""
+        self._decided(delivery, res)
+        if sig is None or res.get("delivered") or not workflow.in_workflow():
+            return  # (``_early``: the engine judges a signal from the run's history)
+        task = workflow.info().get_current_history_length()
+        inflight = bool(getattr(self, "_calls", None))
+        local = bool(getattr(self, "_locals", 0))
+        if local:
+            self._tell(delivery, None)  # (told once the local try's result came)
+        if self._buffered_answers is None or (task != self._answers_task and not local):
+            self._buffered_answers = []
+        self._answers_task = task
+        self._answers_given += 1
+        self._buffered_answers.append((sig, delivery, task, inflight, self._answers_given))
+
+    def _local_window(self, task: int, names: frozenset[str] | None) -> int:
+        """A local try is scheduled in ``task``; its waits may be for ``names`` (None: any).
+        The answers from here on, and the ones given buffered earlier in this task (the
+        signal handlers of a task run before the coroutines that schedule), are the ones a
+        wait that resumes at once after the try's suspension, read back, may deliver
+        (``_delivered_late``: the number of the first returned). Of those, the ones already
+        given to signals the try may wait for are not told yet (the engine hears an
+        activation's last word: ``_waiters``; the try's result comes in a later one): the
+        try's caller tells them once its result came (``_tell_since``); until then
+        ``engine.signal`` waits for them (or asks the run, which answers once its task
+        ended)."""
+        window = self._answers_given + 1
+        for sig, delivery, at, _, n in self._buffered_answers or ():
+            if at == task:
+                window = min(window, n)
+                if names is None or sig["name"] in names:
+                    self._tell(delivery, None)
+        return window
+
+    def _tell_since(self, window: int) -> None:
+        """Tell the buffered answers given from ``window`` on (``_local_window``): what the
+        run made of them so far (a wait that resumes for one later in this activation has
+        the last word)."""
+        for _, delivery, _, _, n in self._buffered_answers or ():
+            res = self._deliveries.get(delivery)
+            if n >= window and res is not None:
+                self._tell(delivery, dict(res))
+
+    def _delivered_late(self, sig: dict[str, Any], again: int | None) -> None:
+        """A wait resumes for ``sig`` (``_reserve``) at once after it suspended: it was
+        delivered to that wait if it was answered buffered (``_answer``) in this very
+        workflow task while a stage activity was in flight, or, the wait's suspension being
+        a local try's read back, from the try's window on (``again``, ``_local_window``):
+        that try ran before, in an attempt of the task that was refused or lost, and
+        suspended without the signal, which it would have been lent had it been free when
+        the try started. A signal buffered before a stage started is never delivered so: a
+        ``local=True`` attempt is lent it and takes it without suspending, a regular one
+        takes it with ``wfe.internal.take_signal``."""
         if not self._buffered_answers:
             return
         task = workflow.info().get_current_history_length()
-        held = [p for p in self._buffered_answers if p[2] == task]
-        self._buffered_answers = tuple(p for p in held if p[0] is not sig)
-        for pending, delivery, _ in held:
-            if pending is sig:
-                self._decided(delivery, {"delivered": True, "already_completed": False})
+        late = [
+            p
+            for p in self._buffered_answers
+            if p[0] is sig and ((p[3] and p[2] == task) or (again is not None and p[4] >= again))
+        ]
+        if not late:
+            return
+        self._buffered_answers = [
+            p for p in self._buffered_answers if not any(p is q for q in late)
+        ]
+        for p in late:
+            self._decided(p[1], {"delivered": True, "already_completed": False})
 
     def _decided(self, delivery: str, res: dict[str, Any]) -> None:
-        """Record what became of the signal sent with ``delivery`` (the query reads it) and,
-        when this is not a replay, tell an engine in this worker's process that waits for it
-        (the worker's ``DELIVERY_DECIDED`` extern function, ``_waiters``; absent on a worker
-        another driver built). The call issues no command and its result is not used: the
-        workflow does the same whether or not anyone hears it."""
+        """Record what became of the signal sent with ``delivery`` (the query reads it) and
+        tell the engine that waits for it (``_tell``)."""
         self._deliveries[delivery] = res
+        self._tell(delivery, dict(res))
+
+    def _tell(self, delivery: str, res: dict[str, Any] | None) -> None:
+        """When this is not a replay, tell an engine in this worker's process that waits for
+        the signal sent with ``delivery`` what became of it (the worker's
+        ``DELIVERY_DECIDED`` extern function, ``_waiters``; absent on a worker another
+        driver built); None: not yet (``_local_window``: until then the query answers
+        nothing either, and the update waits). The call issues no command and its result is
+        not used: the workflow does the same whether or not anyone hears it."""
+        if res is None:
+            self._withheld = self._withheld | {delivery}
+        elif delivery in self._withheld:
+            self._withheld = self._withheld - {delivery}
         if workflow.unsafe.is_replaying():
             return
         tell = workflow.extern_functions().get(DELIVERY_DECIDED)
         if tell is not None:
             with contextlib.suppress(Exception):
-                tell(delivery, dict(res))
+                tell(delivery, res)
 
     @workflow.update(name=TAKE_SIGNAL_UPDATE, description=INTERNAL)
     def on_take_signal(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -509,9 +589,10 @@ class SignalHandlers:
             return False  # (the wait resumes in the execution the run continues in)
         return self._queued(name) > 0
 
-    def _reserve(self, sid: str, name: str) -> bool:
+    def _reserve(self, sid: str, name: str, again: int | None = None) -> bool:
         """A suspended wait of ``sid`` for ``name`` resumes: lend it the oldest free signal of
-        the name, at once, so two waiters never resume for one signal."""
+        the name, at once, so two waiters never resume for one signal (``again``: the wait's
+        suspension is a local try's read back: its window, see ``_delivered_late``)."""
         if self._takes_held():
             return False
         i = self._nth(name, 0)
@@ -520,7 +601,7 @@ class SignalHandlers:
         sig = self._signals[i]
         self._lent.setdefault(sid, []).append(sig)
         self._reserved.setdefault(sid, []).append(sig)
-        self._delivered_late(sig)
+        self._delivered_late(sig, again)
         return True
 
     def _lend(self, sid: str, local: bool) -> dict[str, list[Any]]:

@@ -1077,7 +1077,12 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
     async def _wait_on(self, sid: str, res: dict[str, Any], until: Any) -> None:
         if res["reason"] == "signal" and not self._holder_rule:
             name = res["waiting_for"].split(":", 1)[1]
-            while not self._reserve(sid, name):
+            # (a local try's suspension read back: it ran before, in a refused or lost
+            # workflow task, see ``SignalHandlers._answer``; its window of answers)
+            again = res.get("again")
+            if not isinstance(again, int) or isinstance(again, bool):
+                again = None
+            while not self._reserve(sid, name, again):
                 if self._passed(until):
                     return  # (timed out: as below)
                 try:
@@ -1087,7 +1092,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                         timeout_summary=f"timeout of {res['waiting_for']}",
                     )
                 except TimeoutError:
-                    self._reserve(sid, name)  # one that arrived with the deadline still counts
+                    # one that arrived with the deadline still counts
+                    self._reserve(sid, name, again)
                     return
                 if self._migrated_to is not None:
                     raise Migrated()
@@ -1344,6 +1350,11 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if not compensation:
             self._attempts[sid] = local
         self._locals += 1
+        # (``SignalHandlers._local_window``: the answers this try, if read back, may deliver)
+        task = workflow.info().get_current_history_length()
+        # (a compensation never waits)
+        waits = frozenset() if compensation else self._may_wait_for(sid, chain)
+        window = self._local_window(task, waits)
         try:
             res = self._activity_result(await local)
         except (ActivityError, ApplicationError) as exc:
@@ -1354,9 +1365,26 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         finally:
             self._locals -= 1
             self._local_ended = workflow.info().get_current_history_length()
+            self._tell_since(window)
         # (the run's clock from here on: ``_clock``)
         self._local_reported(mark, res.get("took_s"), res.get("clock"))
+        for doc in (res, *(res.get("chained") or ())):
+            if doc.get("again") is True:
+                # a try read back (``_activities._Recorded``): its window of answers
+                # (``SignalHandlers._delivered_late``)
+                doc["again"] = window
         return res
+
+    def _may_wait_for(self, sid: str, chain: list[dict[str, Any]]) -> frozenset[str] | None:
+        """The signal names a local try of ``sid`` (and the stages ``chain``ed after it) may
+        wait for: the ones they declare; None (any) when one of them declares none."""
+        names: set[str] = set()
+        for stage in (sid, *(link["stage_id"] for link in chain)):
+            declared = self._graph.stage(stage).signals
+            if not declared:
+                return None
+            names.update(declared)
+        return frozenset(names)
 
     def _start_stage_activity(
         self,

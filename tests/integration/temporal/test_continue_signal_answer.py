@@ -21,10 +21,23 @@ sink does), so the signal, sent the moment the event arrives, reaches Temporal w
 still runs: every wait of the run is in that situation (before the fix: 6 answers of 6
 buffered, every run), not one in 25-50.
 
-``histories/continue_signal_answer.json`` is this test's run recorded on the code before the
-fix (commit 0740025: six refused continues, six signals answered buffered); it replays on the
-current code (the fix changes no command, so runs need no start document mark). Record it
-again with ``WFE_RECORD_CONTINUE_ANSWER=<file> pytest <this test>`` on the code to record.
+The same with a ``local=True`` stage (``..._local_stage_...``): the stage's local activity
+runs again in the task that runs again (its result was not recorded: the refused task was to
+record it), after the signal handler, and reads back the suspension its first run journaled
+(``_activities._Recorded``); its wait then resumes for the signal at once. The signal came
+with the task that scheduled the try (the run's first task, or the task that resumed the
+stage) or while it ran (a try scheduled in a task the history holds, replayed), and the
+engine heard "buffered" before the try's result came, in an activation of its own (before
+the fix: 3 answers of 6 buffered, every run). Now such a wait delivers the answers given from
+the try's scheduling on (``SignalHandlers._local_window``, ``_delivered_late``), which the
+engine hears only once the try's result came.
+
+``histories/continue_signal_answer.json`` is the first test's run recorded on the code before
+the fix (commit 0740025: six refused continues, six signals answered buffered), and
+``histories/continue_signal_answer_local.json`` the local one's (commit fed4b88); they replay
+on the current code (the fixes change no command, so runs need no start document mark).
+Record them again with ``WFE_RECORD_CONTINUE_ANSWER=<file> pytest <the test>`` on the code to
+record.
 """
 
 from __future__ import annotations
@@ -41,7 +54,15 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from driver_temporal._workflow import GraphWorkflow, workflow_runner
-from engine_port import Event, MemorySink, Registry, RunStatus, StageContext, Workflow
+from engine_port import (
+    Event,
+    MemorySink,
+    Registry,
+    RunInfo,
+    RunStatus,
+    StageContext,
+    Workflow,
+)
 
 from .conftest import EngineFactory
 from .test_continue_as_new import Calls, In, executions
@@ -50,7 +71,9 @@ pytestmark = pytest.mark.temporal
 
 WAITS = 6
 HOLD_S = 0.25  # under the worker's 0.5 s hand-over bound (``_run_end._HAND_WITHIN_S``)
-HISTORY = Path(__file__).parent / "histories" / "continue_signal_answer.json"
+HISTORIES = Path(__file__).parent / "histories"
+HISTORY = HISTORIES / "continue_signal_answer.json"
+HISTORY_LOCAL = HISTORIES / "continue_signal_answer_local.json"
 
 
 class SlowSink(MemorySink):
@@ -73,10 +96,10 @@ class SlowSink(MemorySink):
             await asyncio.sleep(HOLD_S)
 
 
-def waiting_workflow(calls: Calls) -> Workflow[In]:
+def waiting_workflow(calls: Calls, *, local: bool = False) -> Workflow[In]:
     wf = Workflow(f"can-answer-{time.monotonic_ns()}", input=In, version="v1")
 
-    @wf.stage(signals=["go"])
+    @wf.stage(signals=["go"], local=local)
     async def s(ctx: StageContext[In]) -> list[int]:
         calls.hit("s")
         got = []
@@ -88,11 +111,12 @@ def waiting_workflow(calls: Calls) -> Workflow[In]:
     return wf
 
 
-async def test_a_signal_to_a_visibly_waiting_stage_is_delivered_across_continue_as_new(
-    make_engine: EngineFactory,
-) -> None:
+async def _answers(make_engine: EngineFactory, *, local: bool) -> tuple[RunInfo, list[bool], int]:
+    """Run the waiting workflow, signalling each wait as soon as its stage.suspended reached
+    the slow sink: the run's end, the answers, and how many continues the server refused
+    (in any execution of the run)."""
     calls = Calls()
-    wf = waiting_workflow(calls)
+    wf = waiting_workflow(calls, local=local)
     sink = SlowSink()
     engine = make_engine(Registry([wf]), sink=sink, options={"continue_as_new_events": 1})
     answers: list[bool] = []
@@ -106,32 +130,53 @@ async def test_a_signal_to_a_visibly_waiting_stage_is_delivered_across_continue_
                 assert not res.already_completed, res
                 answers.append(res.delivered)
             info = await engine.wait(run.id, timeout=120)
-        handle = engine._conn.get_workflow_handle(run.id)
-        history = await handle.fetch_history()
-        if os.environ.get("WFE_RECORD_CONTINUE_ANSWER"):
-            data = {"workflow_id": run.id, "history": json.loads(history.to_json())}
+        refused = 0
+        kept = await executions(engine, run.id)
+        recorded = None  # (the last execution with a refused continue)
+        for ex in kept:
+            handle = engine._conn.get_workflow_handle(run.id, run_id=ex.run_id)
+            history = await handle.fetch_history()
+            seen = sum(
+                1
+                for e in history.events
+                if e.HasField("workflow_task_failed_event_attributes")
+                and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
+            )
+            refused += seen
+            recorded = history if seen else recorded
+        if os.environ.get("WFE_RECORD_CONTINUE_ANSWER") and recorded is not None:
+            data = {"workflow_id": run.id, "history": json.loads(recorded.to_json())}
             out = Path(os.environ["WFE_RECORD_CONTINUE_ANSWER"])
             out.write_text(json.dumps(data))  # noqa: ASYNC240 (a recording, on request)
-        refused = [
-            e
-            for e in history.events
-            if e.HasField("workflow_task_failed_event_attributes")
-            and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
-        ]
-        kept = len(await executions(engine, run.id))
     assert info.status == RunStatus.COMPLETED, info
     # each signal reached the stage once, in order
     assert info.output == list(range(WAITS)), info.output
-    # the situation: the server refused the continue of (at least) the first wait; a refused
-    # continue is not tried again (the wait resumed in the task that ran again)
+    # a refused continue is not tried again (the wait resumed in the task that ran again)
+    assert len(kept) + refused >= WAITS, (len(kept), refused)
+    return info, answers, refused
+
+
+async def test_a_signal_to_a_visibly_waiting_stage_is_delivered_across_continue_as_new(
+    make_engine: EngineFactory,
+) -> None:
+    _, answers, refused = await _answers(make_engine, local=False)
+    # the situation: the server refused the continue of (at least) the first wait
     assert refused, "no continue-as-new was refused: the test did not reach the situation"
-    assert kept + len(refused) >= WAITS, (kept, len(refused))
     assert answers == [True] * WAITS, answers
 
 
-async def test_the_run_recorded_before_the_fix_replays() -> None:
-    """The recorded run (buffered answers, on the code before the fix) replays unchanged."""
-    data = json.loads(HISTORY.read_text())
+async def test_a_signal_to_a_visibly_waiting_local_stage_is_delivered_across_continue_as_new(
+    make_engine: EngineFactory,
+) -> None:
+    _, answers, refused = await _answers(make_engine, local=True)
+    assert refused, "no continue-as-new was refused: the test did not reach the situation"
+    assert answers == [True] * WAITS, answers
+
+
+@pytest.mark.parametrize("recorded", [HISTORY, HISTORY_LOCAL], ids=["activity", "local"])
+async def test_the_run_recorded_before_the_fix_replays(recorded: Path) -> None:
+    """The recorded runs (buffered answers, on the code before the fix) replay unchanged."""
+    data = json.loads(recorded.read_text())
     history = WorkflowHistory.from_json(data["workflow_id"], data["history"])
     replayer = Replayer(workflows=[GraphWorkflow], workflow_runner=workflow_runner())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
