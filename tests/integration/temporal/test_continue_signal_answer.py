@@ -30,7 +30,9 @@ stage) or while it ran (a try scheduled in a task the history holds, replayed), 
 engine heard "buffered" before the try's result came, in an activation of its own (before
 the fix: 3 answers of 6 buffered, every run). Now such a wait delivers the answers given from
 the try's scheduling on (``SignalHandlers._local_window``, ``_delivered_late``), which the
-engine hears only once the try's result came.
+engine hears only once the try's result came. A signal buffered before the local stage
+started (``..._stays_buffered``) is lent to its try, which takes it without suspending: it
+stays buffered, while a later one in the situation above is delivered.
 
 ``histories/continue_signal_answer.json`` is the first test's run recorded on the code before
 the fix (commit 0740025: six refused continues, six signals answered buffered), and
@@ -176,8 +178,65 @@ async def test_a_signal_to_a_visibly_waiting_local_stage_is_delivered_across_con
 @pytest.mark.parametrize("recorded", [HISTORY, HISTORY_LOCAL], ids=["activity", "local"])
 async def test_the_run_recorded_before_the_fix_replays(recorded: Path) -> None:
     """The recorded runs (buffered answers, on the code before the fix) replay unchanged."""
-    data = json.loads(recorded.read_text())
+    data = json.loads(recorded.read_text())  # noqa: ASYNC240 (a small recording)
     history = WorkflowHistory.from_json(data["workflow_id"], data["history"])
     replayer = Replayer(workflows=[GraphWorkflow], workflow_runner=workflow_runner())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, repr(result.replay_failure)
+
+
+async def test_a_signal_buffered_before_a_local_stage_started_stays_buffered(
+    make_engine: EngineFactory,
+) -> None:
+    """The rule does not deliver a signal that was really buffered: the first signal reaches
+    the run while the stage before the local one runs (no wait for it: buffered, as on the
+    native driver), and the local stage's first wait takes it without suspending; the second
+    is sent once the second wait's stage.suspended reached the slow sink, while the task that
+    recorded it continues the run as new (refused: the task runs again, the local try read
+    back). Before the fix: [False, False]."""
+    running, release = asyncio.Event(), asyncio.Event()
+    wf = Workflow(f"can-answer-early-{time.monotonic_ns()}", input=In, version="v1")
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        running.set()
+        await release.wait()
+        return ctx.input.n
+
+    @wf.stage(after=[a], signals=["go"], local=True)
+    async def s(ctx: StageContext[In]) -> list[int]:
+        got = []
+        for _ in range(2):
+            payload = await ctx.step.wait_for_signal("go", timeout=600)
+            got.append(int(payload["v"]))
+        return got
+
+    sink = SlowSink()
+    engine = make_engine(Registry([wf]), sink=sink, options={"continue_as_new_events": 1})
+    async with engine:
+        run = await engine.start(wf, {"n": 1})
+        async with engine.worker():
+            await asyncio.wait_for(running.wait(), 60)
+            early = await engine.signal(run.id, "go", {"v": 0})
+            release.set()
+            event = await asyncio.wait_for(sink.suspended.get(), 60)
+            assert event.stage == "s" and event.data.get("waiting_for") == "signal:go", event
+            late = await engine.signal(run.id, "go", {"v": 1})
+            info = await engine.wait(run.id, timeout=120)
+        refused = 0
+        for ex in await executions(engine, run.id):
+            handle = engine._conn.get_workflow_handle(run.id, run_id=ex.run_id)
+            history = await handle.fetch_history()
+            refused += sum(
+                1
+                for e in history.events
+                if e.HasField("workflow_task_failed_event_attributes")
+                and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
+            )
+    assert info.status == RunStatus.COMPLETED, info
+    assert info.output == [0, 1], info.output
+    # the first wait never suspended: the sink saw one suspension (its id once or again)
+    suspensions = [e for e in sink.events if e.run_id == run.id and e.type == "stage.suspended"]
+    assert len({e.id for e in suspensions}) == 1, suspensions
+    assert refused, "no continue-as-new was refused: the test did not reach the situation"
+    assert (early.delivered, late.delivered) == (False, True), (early, late)
