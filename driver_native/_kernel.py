@@ -1238,16 +1238,30 @@ class Kernel:
             by_run.setdefault(item.event.run_id, []).append(item)
         delivered: list[int] = []
         failed: list[tuple[list[_outbox.Pending], str]] = []
-        for items in by_run.values():
-            # the sink is the user's: whatever it raises, or a call that hangs, is a failed
-            # delivery (bounded, retried with backoff); it never blocks runs
-            error = await publish_to_sink(self.sink, [p.event for p in items])
-            if error is None:
-                delivered += [p.row_id for p in items]
-            else:
-                failed.append((items, error))
-        rule = _outbox.RetryRule.from_settings(self.settings)
-        dead = await self.db.tx(_outbox.mark_flushed, delivered, failed, rule, self.now())
+        # the claims last lease_seconds: a flush that publishes longer (a slow sink, many
+        # runs, a publish that hangs up to its timeout) renews them as a job's heartbeats
+        # renew its lease, until its outcome is written. Without it the claims lapsed
+        # mid-flush and another live worker published the same events again (every event
+        # twice, under a sink taking 0.1 s a run, with lease_seconds=1)
+        lost: set[int] = set()
+        keeper = asyncio.create_task(self._keep_flush_claims([p.row_id for p in pending], lost))
+        try:
+            for items in by_run.values():
+                if any(p.row_id in lost for p in items):
+                    continue  # its claim lapsed and another flush took it: it publishes them
+                # the sink is the user's: whatever it raises, or a call that hangs, is a
+                # failed delivery (bounded, retried with backoff); it never blocks runs
+                error = await publish_to_sink(self.sink, [p.event for p in items])
+                if error is None:
+                    delivered += [p.row_id for p in items]
+                else:
+                    failed.append((items, error))
+            rule = _outbox.RetryRule.from_settings(self.settings)
+            dead = await self.db.tx(_outbox.mark_flushed, delivered, failed, rule, self.now())
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
         _outbox.log_dead(dead, rule)
         n_failed = sum(len(items) for items, _ in failed)
         return FlushResult(  # a dead letter is not retried: not counted in ``failed`` too
@@ -1257,6 +1271,23 @@ class Kernel:
             sink_status="degraded" if failed or waiting else "healthy",
             sink_error=failed[0][1] if failed else None,
         )
+
+    async def _keep_flush_claims(self, row_ids: list[int], lost: set[int]) -> None:
+        """Renew this flusher's claims of ``row_ids`` every third of ``lease_seconds`` (the
+        rows whose claim lapsed, or another flush took, go to ``lost``: not published here).
+        A renewal that fails is tried again at the next one: the claim has the slack of two."""
+        lease = self.settings.lease_seconds
+        while True:
+            await asyncio.sleep(lease / 3)
+            try:
+                now = self.now()
+                kept = await self.db.tx(
+                    _outbox.renew_claims, row_ids, self.flusher_id, now, now + lease
+                )
+            except Exception:  # (a storage fault: the next renewal tries again)
+                log.debug("renewing the outbox claims of a flush failed", exc_info=True)
+                continue
+            lost.update(set(row_ids) - kept)
 
     async def _replay_dlq(self, _cmd: ReplayDlq) -> int:
         return await self.db.tx(_outbox.replay_dead)

@@ -39,6 +39,7 @@ __all__ = [
     "log_dead",
     "mark_flushed",
     "pending_events",
+    "renew_claims",
     "replay_dead",
 ]
 
@@ -294,6 +295,26 @@ def pending_events(
             .values(claimed_by=flusher, claimed_until=now + claim_seconds)
         )
     return [Pending(r.id, r.attempts, r.first_failed_at, _event(r)) for r in rows], waiting
+
+
+def renew_claims(
+    conn: Connection, row_ids: Sequence[int], flusher: str, now: float, until: float
+) -> set[int]:
+    """Extend ``flusher``'s claims of ``row_ids`` (undelivered) to ``until``: the ids it still
+    held. A claim that lapsed is not renewed (another flush may have read it as free already,
+    and claims it by id), nor one another flusher took."""
+    got = conn.execute(
+        sa.update(outbox)
+        .where(
+            outbox.c.id.in_(list(row_ids)),
+            outbox.c.claimed_by == flusher,
+            outbox.c.claimed_until > now,
+            outbox.c.status == "pending",
+        )
+        .values(claimed_until=until)
+        .returning(outbox.c.id)
+    )
+    return {int(r[0]) for r in got}
 
 
 def mark_flushed(

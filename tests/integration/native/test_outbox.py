@@ -426,3 +426,50 @@ async def test_events_of_an_unknown_run_is_an_error_as_on_temporal(make_engine: 
         await engine.events("no-such-run-0123")
     run = await engine.start("it-linear", {"n": 1})
     assert [e.type for e in await engine.events(run.id)] == ["run.created"]
+
+
+class HeldSink(MemorySink):
+    """Its publish waits until ``release`` is set (``entered`` says it is waiting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        self.entered.set()
+        await self.release.wait()
+        await super().publish(events)
+
+
+async def test_a_flush_that_publishes_longer_than_its_claim_keeps_it(
+    make_engine: MakeEngine,
+) -> None:
+    """A flush's claims last ``lease_seconds``; one whose sink takes longer (a slow webhook
+    over many runs, a publish that hangs up to its timeout) renews them while it publishes,
+    as a job's heartbeats renew its lease. They lapsed mid-flush, and another live worker
+    published the same events again: every event twice under a sink taking 0.1 s a run."""
+    lease = 1.5
+    held = HeldSink()
+    other = MemorySink()
+    first = await make_engine(w.linear, event_sink=held, lease_seconds=lease)
+    second = await make_engine(w.linear, event_sink=other, lease_seconds=lease)
+    run = await first.start(w.linear, {"n": 1})
+    await process_available_jobs(first.kernel, 10, flush_outbox_after_job=False)
+    assert (await first.get_run(run.id)).status == "completed"
+    flushing = asyncio.create_task(first.kernel.dispatch(FlushOutbox(limit=100)))
+    try:
+        await asyncio.wait_for(held.entered.wait(), 30)
+        claimed_at = time.monotonic()
+        # the other worker flushes over and over until twice the claim's length has passed
+        while time.monotonic() - claimed_at < 2 * lease:
+            await second.kernel.dispatch(FlushOutbox(limit=100))
+            assert other.events == [], "another worker published events a live flush held"
+            await asyncio.sleep(0.05)
+    finally:
+        held.release.set()
+    result = await asyncio.wait_for(flushing, 30)
+    assert result.published == 10 and len(held.events) == 10
+    assert await count_rows(first, "wfe_outbox", status="pending") == 0
+    await second.kernel.dispatch(FlushOutbox(limit=100))
+    assert other.events == []
