@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -53,6 +53,7 @@ from engine_port.driver import (
 )
 from engine_port.errors import (
     CommandInProgressError,
+    DefinitionVersionConflictError,
     IdempotencyConflictError,
     RunExistsError,
     SpilledPayloadUnavailableError,
@@ -97,6 +98,22 @@ T = TypeVar("T")
 def _token() -> str:
     """A fresh part of a spilled value's key (12 hex digits)."""
     return uuid.uuid4().hex[:12]
+
+
+def _dag(graph: GraphModel) -> dict[str, tuple[str, ...]]:
+    """A definition's stages and what each runs after: what its runs' rows are made of."""
+    return {stage.id: tuple(sorted(stage.after)) for stage in graph.stages}
+
+
+def _dag_difference(old: dict[str, tuple[str, ...]], new: dict[str, tuple[str, ...]]) -> str:
+    said = []
+    if added := sorted(set(new) - set(old)):
+        said.append(f"stages {added} are new")
+    if gone := sorted(set(old) - set(new)):
+        said.append(f"stages {gone} are gone")
+    if moved := sorted(s for s in set(old) & set(new) if old[s] != new[s]):
+        said.append(f"stages {moved} run after other stages")
+    return ", ".join(said)
 
 
 class _CompensationAbandoned(Exception):
@@ -435,6 +452,8 @@ class Kernel:
         # "workflow@version"s whose definition a committed start of this kernel saved: later
         # starts do not write it again (a snapshot of the whole graph, ignored on conflict)
         self._defined: set[str] = set()
+        # (workflow, version)s whose stages ``check_definitions`` found as stored (or unstored)
+        self._checked: set[tuple[str, str]] = set()
         self._outcomes = TxBatcher(db, _apply_and_read)
         # PostgreSQL: "workflow@version stage" -> outcomes of it still recorded the slow way
         # (reads first) after its guard found a prediction wrong (a workflow whose stages
@@ -573,6 +592,25 @@ class Kernel:
     def served(self) -> frozenset[str]:
         return frozenset(version_key(w, v) for w, v in self.registry.served())
 
+    async def check_definitions(self, keys: Collection[tuple[str, str]] | None = None) -> None:
+        """Raise DefinitionVersionConflictError when a (workflow, version) this registry
+        serves has other stages (ids or dependencies) than the definition the database holds
+        for its runs: a structure changed without a new ``version=``. A worker serving it took
+        the runs started with the old one and failed in the engine on every claim, for good
+        (a stage of the new code had no row in them), re-running the stage before it each
+        time. ``keys``: only these (workflow, version)s (a start checks its own)."""
+        todo = sorted(set(self.registry.served() if keys is None else keys) - self._checked)
+        if not todo:
+            return
+        stored = await self.db.read(lambda c: _runs.load_graphs(c, todo))
+        for (workflow_id, version), old in sorted(stored.items()):
+            new = self.registry.graph(workflow_id, version)
+            if _dag(old) != _dag(new):
+                raise DefinitionVersionConflictError(
+                    workflow_id, version, stored=_dag_difference(_dag(old), _dag(new))
+                )
+        self._checked.update(todo)
+
     def serves(self, wfv: str) -> bool:
         """``wfv in self.served()`` without making that set of every registered version (per
         start, it grew with the registry). A workflow id holds no ``@``."""
@@ -584,6 +622,8 @@ class Kernel:
         wf = self.registry.get(cmd.workflow_id, cmd.version)
         graph = wf.graph()
         wfv = version_key(wf.id, graph.version)
+        if wfv not in self._defined:  # (a run of a changed structure is not started)
+            await self.check_definitions([(wf.id, graph.version)])
         shape = self.shape_for(wfv, graph)
         value = cmd.input
         if not cmd.validated:

@@ -68,6 +68,7 @@ __all__ = [
     "list_steps",
     "list_versions",
     "load_graph",
+    "load_graphs",
     "purge_runs",
     "purgeable",
     "read_run",
@@ -132,6 +133,26 @@ def load_graph(conn: Connection, workflow_id: str, version: str) -> GraphModel |
         )
     ).first()
     return None if row is None else GraphModel.model_validate(row.graph)
+
+
+def load_graphs(
+    conn: Connection, keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], GraphModel]:
+    """The stored definitions of the (workflow, version) ``keys`` the database has."""
+    if not keys:
+        return {}
+    t = definitions
+    rows = conn.execute(
+        sa.select(t.c.workflow_id, t.c.version, t.c.graph).where(
+            t.c.workflow_id.in_(sorted({w for w, _ in keys}))
+        )
+    ).all()
+    wanted = set(keys)
+    return {
+        (r.workflow_id, r.version): GraphModel.model_validate(r.graph)
+        for r in rows
+        if (r.workflow_id, r.version) in wanted
+    }
 
 
 _STAGE_KEYS = ("run_id", "stage_id", "status", "attempt", "suspensions", "has_output", "started_at")

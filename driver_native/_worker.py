@@ -169,6 +169,8 @@ class WorkerHost:
         await self.stop()
 
     async def start(self) -> None:
+        # (before anything is claimed: a definition changed under its version is refused)
+        await self.kernel.check_definitions()
         self._started_at = time.monotonic()
         self._loop_task = asyncio.create_task(self._loop(), name=f"wfe-worker-{self.worker_id}")
         if self.listen and self.kernel.db.is_postgres:

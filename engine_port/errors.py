@@ -55,11 +55,17 @@ class DefinitionError(EngineError):
 class DefinitionVersionConflictError(DefinitionError):
     """One (workflow, version) was registered with two different structures."""
 
-    def __init__(self, workflow_id: str, version: str) -> None:
+    def __init__(self, workflow_id: str, version: str, *, stored: str | None = None) -> None:
+        if stored is None:
+            where = "is already registered with a different structure"
+        else:  # (the database's definition of it, which its runs were started with)
+            where = (
+                "has other stages than the definition its runs were started with, which the "
+                f"database holds ({stored})"
+            )
         super().__init__(
-            f"workflow {workflow_id!r} version {version!r} is already registered with a different "
-            "structure; give the changed definition a new version= (or drop version= to use the "
-            "structural hash)"
+            f"workflow {workflow_id!r} version {version!r} {where}; give the changed definition "
+            "a new version= (or drop version= to use the structural hash)"
         )
         self.workflow_id = workflow_id
         self.version = version

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from engine_port.errors import IdempotencyConflictError
+from engine_port import StageContext, Workflow
+from engine_port.errors import DefinitionVersionConflictError, IdempotencyConflictError
 
 from . import workflows as w
 from .conftest import MakeEngine, count_rows
@@ -44,3 +45,42 @@ async def test_a_definition_is_written_by_the_first_committed_start_only(
     async with engine.worker():
         for run in (first, second):
             assert (await engine.wait(run.id, timeout=30)).status == "completed"
+
+
+def _pinned(*stage_ids: str) -> Workflow[w.Item]:
+    """``it-pinned`` version "1" with these stages in a row (each returns its id)."""
+    wf = Workflow("it-pinned", input=w.Item, version="1")
+    before: list[Any] = []
+    for sid in stage_ids:
+
+        async def body(ctx: StageContext[w.Item], sid: str = sid) -> str:
+            return sid
+
+        before = [wf.stage(id=sid, after=before)(body)]
+    return wf
+
+
+async def test_a_structure_changed_under_its_version_is_refused_by_workers_and_starts(
+    make_engine: MakeEngine,
+) -> None:
+    """A deploy that adds a stage but keeps ``version=``: its worker claimed the runs started
+    with the old definition and failed in the engine on every claim (KeyError: the new
+    stage has no row in them), re-running the stage before it each time, for good; a start
+    made a run of that version with other stages than the definition the database keeps."""
+    old = await make_engine(_pinned("a", "b"))
+    run = await old.start("it-pinned", {"n": 1})
+    changed = await make_engine(_pinned("a", "b", "c"))
+    with pytest.raises(DefinitionVersionConflictError, match=r"stages \['c'\] are new"):
+        async with changed.worker():
+            pass
+    with pytest.raises(DefinitionVersionConflictError, match="'it-pinned' version '1'"):
+        await changed.start("it-pinned", {"n": 2})
+    assert await count_rows(old, "wfe_runs") == 1
+    rewired = await make_engine(_pinned("b", "a"))
+    with pytest.raises(DefinitionVersionConflictError, match="run after other stages"):
+        async with rewired.worker():
+            pass
+    # the same stages (other bodies, say) under that version are served
+    same = await make_engine(_pinned("a", "b"))
+    async with same.worker():
+        assert (await same.wait(run.id, timeout=30)).output == "b"
