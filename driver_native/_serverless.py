@@ -378,6 +378,7 @@ async def handle_job(
     """
     check_numbers({"outbox_flush_timeout": (outbox_flush_timeout, False, 0.001)})
     worker = worker_id or _default_worker_id()
+    await kernel.check_definitions()  # (a structure changed under its version: nothing leased)
     if hasattr(message, "run_id") and hasattr(message, "lease_owner"):
         result = await _execute(kernel, message, worker_id or str(message.lease_owner))
     else:
@@ -454,6 +455,7 @@ async def process_available_jobs(
     worker = worker_id or _default_worker_id()
     results: list[HandleJobResult] = []
     served = _served(kernel)
+    await kernel.check_definitions()  # (a structure changed under its version: none claimed)
     # a warm host: attempts an earlier invocation abandoned while the database was away, whose
     # leases could not be given back then, are due again now (not at the lease's expiry)
     await kernel.return_leases()

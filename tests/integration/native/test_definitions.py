@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
+from driver_native import process_available_jobs
 from engine_port import StageContext, Workflow
 from engine_port.errors import DefinitionVersionConflictError, IdempotencyConflictError
 
@@ -75,6 +76,8 @@ async def test_a_structure_changed_under_its_version_is_refused_by_workers_and_s
             pass
     with pytest.raises(DefinitionVersionConflictError, match="'it-pinned' version '1'"):
         await changed.start("it-pinned", {"n": 2})
+    with pytest.raises(DefinitionVersionConflictError):  # (a serverless host: nothing claimed)
+        await process_available_jobs(changed.kernel, 10)
     assert await count_rows(old, "wfe_runs") == 1
     rewired = await make_engine(_pinned("b", "a"))
     with pytest.raises(DefinitionVersionConflictError, match="run after other stages"):
