@@ -107,6 +107,9 @@ class EventOutbox(RunClock):
     async def _settled(self) -> None:
         raise NotImplementedError
 
+    def _continuing(self) -> bool:
+        raise NotImplementedError
+
     def _emit(self, draft: EventDraft) -> None:
         self._seq += 1
         at = self._now()
@@ -247,7 +250,9 @@ class EventOutbox(RunClock):
         failures = 0
         first_failure = workflow.now()
         while True:
-            await workflow.wait_condition(lambda: self._due() or self._closing)
+            await workflow.wait_condition(
+                lambda: (self._due() and not self._continuing()) or self._closing
+            )
             await self._settled()
             if not self._outbox:
                 if self._closing:
@@ -255,6 +260,8 @@ class EventOutbox(RunClock):
                 continue
             if not (self._due() or self._closing):
                 continue  # an activity scheduled meanwhile carries them
+            if not self._closing and self._continuing():
+                continue  # the run continues as new: they ride to the new execution
             if self._hands_events:
                 if not self._hand_over():
                     return  # (``_watched`` fails the workflow task)

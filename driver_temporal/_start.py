@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 __all__ = ["CARRIED", "StartDocument"]
 
 # the keys that ride in the input payload's metadata (``StartDocument.carried``), not the memo
-CARRIED = frozenset({"graph", "stages", "redrive_history", "signals", "signal_keys", "deliveries"})
+CARRIED = frozenset(
+    {"graph", "stages", "redrive_history", "signals", "signal_keys", "deliveries", "outbox"}
+)
 
 
 class StartDocument(BaseModel):
@@ -168,6 +170,19 @@ class StartDocument(BaseModel):
     # before ended cancelled while its move went on (live and uncancelled on the target),
     # and replays so
     defers_frozen_cancel: bool = False
+    # (runs started since 2026-12-06, with ``continue_after``) the events of the workflow
+    # task that continues the run as new are not handed to the worker in that task: they
+    # ride to the new execution (``outbox``), whose first task hands them over. Temporal
+    # refuses the completion of a continuing task when a signal, update or cancel reached
+    # the run while it ran (UnhandledCommand), and the task runs again with it, maybe on
+    # another path (a gated stage that now finds its signal runs instead of suspending):
+    # events the refused task had handed over were then numbered again for other events,
+    # two events of one sequence number at the sink. A run started before handed them over
+    # before continuing, and replays so
+    continue_carries_events: bool = False
+    # (continued, ``continue_carries_events``) the events the previous execution emitted in
+    # its last task, not delivered yet (oldest first)
+    outbox: list[dict[str, Any]] = []
 
     @classmethod
     def for_engine(
@@ -184,6 +199,7 @@ class StartDocument(BaseModel):
             bounds_first=True,
             takes_per_execution=TAKES_PER_EXECUTION,
             defers_frozen_cancel=True,
+            continue_carries_events=True,
             dead_letter_after=settings.dead_letter_after,
             dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
             outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,

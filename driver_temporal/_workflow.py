@@ -465,7 +465,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         )
 
     # -- continue-as-new ----------------------------------------------------------------------
-    def _may_continue(self) -> bool:
+    def _may_continue(self, *, unwritten: bool = False) -> bool:
         """Whether the run goes on in a new execution now (runs started with
         ``StartDocument.continue_after``): its history holds that many events, or Temporal
         suggests continuing, and it is at a safe point (``_at_safe_point``); an execution that
@@ -482,7 +482,16 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             and not self._takes_held()
         ):
             return False
-        return self._at_safe_point() and not self._due_before_next()
+        return self._at_safe_point(unwritten=unwritten) and not self._due_before_next()
+
+    def _continuing(self) -> bool:
+        """(Runs with ``StartDocument.continue_carries_events``.) Whether the run continues as
+        new in this activation (``_may_continue``): its events are not handed over here but
+        ride to the new execution, so that none reaches the sink from a task whose completion
+        Temporal may refuse (a signal, update or cancel that reached the run while it ran:
+        the task runs again with it, maybe on another path, numbering other events)."""
+        # (a memo write pending is done in this activation, before the continue: ``_syncer``)
+        return self._start.continue_carries_events and self._may_continue(unwritten=True)
 
     def _due_before_next(self) -> bool:
         """Whether a timer of the run (its deadline, the wake time of a wait) is due before a
@@ -531,12 +540,14 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         times = [(parse_time(at), length) for at, length in due]
         return any(at is not None and at < ready and length >= precise_s for at, length in times)
 
-    def _at_safe_point(self) -> bool:
+    def _at_safe_point(self, *, unwritten: bool = False) -> bool:
         """Nothing of the run is in flight but waits: no stage activity (attempt,
-        compensation, local chain), no handler mid-way, no event or memo write pending, no
-        signal lent or held, no stop, freeze or move; every unfinished stage of the group
-        that runs is suspended in ``_wait`` on a timer, a signal or a poll, and none of
-        them is about to resume for a signal that is free."""
+        compensation, local chain), no handler mid-way, no memo write pending (``unwritten``:
+        but one, which ``_syncer`` does in this activation), no event pending (on runs
+        started before ``StartDocument.continue_carries_events``: the events of a run that
+        has it ride to the new execution), no signal lent or held, no stop, freeze or move;
+        every unfinished stage of the group that runs is suspended in ``_wait`` on a timer, a
+        signal or a poll, and none of them is about to resume for a signal that is free."""
         if (
             self._cancel_seen
             or self._final
@@ -551,8 +562,10 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             return False
         if self._inflight or self._locals or self._ahead or self._calls or self._attempts:
             return False
-        if self._outbox or self._dirty or self._carriers or self._finishing:
+        if (self._dirty and not unwritten) or self._carriers or self._finishing:
             return False
+        if self._outbox and not self._start.continue_carries_events:
+            return False  # (a run started before: its events are handed over first)
         if any(self._lent.values()) or any(self._held.values()) or self._signal_holder:
             return False
         if not workflow.all_handlers_finished():
@@ -598,6 +611,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 "deadline": self._deadline,
                 "continued": True,
                 "parked": self._parked,
+                # (``continue_carries_events``: this task's events, not handed over)
+                "outbox": list(self._outbox),
                 "deliveries": dict(recent),
                 "due_at_once": True,
                 "bounds_early": True,
@@ -741,6 +756,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._order = max((s.order or 0 for s in self._stages.values()), default=0)
         if start.continued:
             self._parked = start.parked
+            # the events of the previous execution's last task: handed over by this one's
+            # first (``StartDocument.continue_carries_events``)
+            self._outbox = [dict(e) for e in start.outbox]
             self._deliveries = {**start.deliveries, **self._deliveries}
         self._carry_signals(start)  # (after the deliveries: a signal sent twice is known)
         if self._hands_events and start.continue_after:

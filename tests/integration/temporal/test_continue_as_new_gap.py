@@ -151,10 +151,14 @@ async def across_the_gap(
         async def suspended() -> bool:
             return any(e.type == "stage.suspended" for e in sink.for_run(run.id))
 
-        await until("s's wait for pre", suspended)
         if temporal:
+            # the run continues as new once s waits for pre (its first safe point); that
+            # wait's stage.suspended reaches the sink only from the new execution's first
+            # task, after the gap (``StartDocument.continue_carries_events``)
             await _went_on(engine, run.id)
             results = await send(engine, run.id)
+        else:
+            await until("s's wait for pre", suspended)
     if not temporal:
         results = await send(engine, run.id)
     async with engine.worker():
