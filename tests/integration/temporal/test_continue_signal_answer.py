@@ -51,16 +51,20 @@ record.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
+from driver_temporal import _rpc
 from driver_temporal._workflow import GraphWorkflow, workflow_runner
 from engine_port import (
     Event,
@@ -68,6 +72,7 @@ from engine_port import (
     Registry,
     RunInfo,
     RunStatus,
+    SignalResult,
     StageContext,
     Workflow,
 )
@@ -255,3 +260,67 @@ async def test_a_signal_buffered_before_a_local_stage_started_stays_buffered(
     # races a refused continue (the recorded histories below keep that path replayed)
     assert not refused, refused
     assert (early.delivered, late.delivered) == (False, True), (early, late)
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["activity", "local"])
+async def test_a_signal_that_reaches_a_refused_continue_is_delivered(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch, local: bool
+) -> None:
+    """The situation above, forced (a sender no longer reaches it by reacting to the sink,
+    but a signal sent at that moment for any other reason still does): the first time the run
+    continues as new, in the workflow task that recorded its stage's suspension, an
+    ``engine.signal`` is sent and the task goes on only once Temporal took the signal, so the
+    server refuses the continue, every run. The stage visibly waits (as on native):
+    ``delivered``. Before a779dcf (activity) and 45f8f6f (local): buffered."""
+    wf = Workflow(f"can-answer-forced-{time.monotonic_ns()}", input=In, version="v1")
+
+    @wf.stage(signals=["go"], local=local)
+    async def s(ctx: StageContext[In]) -> int:
+        payload = await ctx.step.wait_for_signal("go", timeout=600)
+        return int(payload["v"])
+
+    engine = make_engine(Registry([wf]), options={"continue_as_new_events": 1})
+    loop = asyncio.get_running_loop()
+    taken = asyncio.Event()
+    real_call = _rpc.call
+
+    async def call(what: str, *a: Any, **k: Any) -> Any:
+        out = await real_call(what, *a, **k)
+        if what.startswith("signalling run"):
+            taken.set()  # (Temporal took the signal)
+        return out
+
+    monkeypatch.setattr(_rpc, "call", call)
+    sent: list[concurrent.futures.Future[SignalResult]] = []
+    real_continue = GraphWorkflow._continue
+
+    def signal_first(self: GraphWorkflow) -> Any:
+        # (on the workflow task's thread: short, under the SDK's 2 s deadlock bound)
+        if not sent and not workflow.unsafe.is_replaying():
+            sent.append(
+                asyncio.run_coroutine_threadsafe(engine.signal(self._run_id, "go", {"v": 7}), loop)
+            )
+            asyncio.run_coroutine_threadsafe(taken.wait(), loop).result(30)
+        return real_continue(self)
+
+    monkeypatch.setattr(GraphWorkflow, "_continue", signal_first)
+    async with engine:
+        run = await engine.start(wf, {"n": 1})
+        async with engine.worker():
+            info = await engine.wait(run.id, timeout=120)
+            assert sent, "the run never continued as new"
+            res = await asyncio.wait_for(asyncio.wrap_future(sent[0]), 60)
+        refused = 0
+        for ex in await executions(engine, run.id):
+            history = await engine._conn.get_workflow_handle(
+                run.id, run_id=ex.run_id
+            ).fetch_history()
+            refused += sum(
+                1
+                for e in history.events
+                if e.HasField("workflow_task_failed_event_attributes")
+                and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
+            )
+    assert info.status == RunStatus.COMPLETED and info.output == 7, info
+    assert refused, "no continue-as-new was refused: the test did not reach the situation"
+    assert res.delivered and not res.already_completed, res
