@@ -39,6 +39,7 @@ from engine_port import (
     run_prefix,
 )
 from engine_port.driver import (
+    WORKING_RUN_STATUSES,
     AbandonedAttempts,
     Clock,
     check_payload_size,
@@ -86,7 +87,7 @@ from ._db import Database, commit_was_unknown, commit_with_next
 from ._ledger import LeaseTerm, SqlStepLedger, hand_over
 from ._schema import command_keys, runs, stages, steps
 from ._shape import GraphShape
-from ._sql import select_where
+from ._sql import lock_run, select_where
 
 __all__ = ["Kernel"]
 
@@ -745,19 +746,20 @@ class Kernel:
 
     async def _redrive(self, cmd: RedriveRun) -> None:
         def run(conn: Connection) -> None:
-            run_row = conn.execute(
-                sa.select(runs.c.workflow_id, runs.c.version).where(runs.c.id == cmd.run_id)
-            ).first()
-            if run_row is None:
-                from engine_port.errors import RunNotFoundError
-
-                raise RunNotFoundError(cmd.run_id)
+            run_row = lock_run(conn, cmd.run_id)  # (RunNotFoundError)
             if cmd.version == "latest":
                 graph = self.registry.graph(run_row.workflow_id)
             elif cmd.version is not None:
                 graph = self.registry.graph(run_row.workflow_id, cmd.version)
             else:
                 graph = self.graph_for(run_row.workflow_id, run_row.version, conn)
+            if cmd.version is not None and (
+                run_row.status in WORKING_RUN_STATUSES or run_row.frozen
+            ):
+                # a stranded run that has not ended: re-pinned, nothing re-run
+                run_graph = self.graph_for(run_row.workflow_id, run_row.version, conn)
+                _runs.repin_run(conn, run_row, cmd.from_, run_graph, graph, self.now())
+                return
             _runs.redrive_run(conn, cmd.run_id, cmd.from_, graph, self.now())
 
         await self.db.tx(run)

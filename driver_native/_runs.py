@@ -23,10 +23,13 @@ from engine_port import (
 from engine_port.driver import (
     REDRIVABLE_RUN_STATUSES,
     TERMINAL_RUN_STATUSES,
+    WORKING_RUN_STATUSES,
     StepEntry,
     check_signal_known,
     frozen_run_error,
     redrive_plan,
+    repin_plan,
+    version_key,
 )
 from engine_port.errors import (
     IdempotencyConflictError,
@@ -75,6 +78,7 @@ __all__ = [
     "read_runs",
     "reap_stuck",
     "redrive_run",
+    "repin_run",
     "run_status",
     "run_statuses",
     "runs_query",
@@ -661,6 +665,56 @@ def redrive_run(
     drafts = [Lifecycle(run_id, redrive).run_redriven(from_, graph.version)]
     drafts += schedule(conn, run, graph, now)
     append_events(conn, run, drafts, now)
+
+
+def repin_run(
+    conn: Connection,
+    run: Any,
+    from_: str,
+    run_graph: GraphModel,
+    graph: GraphModel,
+    now: float,
+) -> bool:
+    """Re-pin ``run`` (the locked row of a run that has not ended) from ``run_graph``, its
+    version, to ``graph``: the run row's version and the routing of its jobs (a job is
+    claimed by a worker serving its "workflow@version") move together, so a worker of
+    ``graph``'s version claims the pending or parked jobs and runs its bodies; completed
+    stages, journals, waits and queued signals stay. Refused while a stage attempt runs
+    (a leased job: the claim of a worker of the old version would run the old body and its
+    outcome would be refused) and for a frozen run. False: nothing to do (same version)."""
+    _refuse_frozen(run, "redrive")
+    if run.status not in WORKING_RUN_STATUSES or run.cancel_requested:
+        raise RunNotActiveError(run.id, run.status, "redrive", migrated_to=run.migrated_to)
+    # lock the run's jobs (PostgreSQL: a claim's FOR UPDATE SKIP LOCKED then skips them, and
+    # one that leased a job before us is seen as leased once it commits)
+    held = conn.execute(
+        sa.select(jobs.c.stage_id, jobs.c.status)
+        .where(jobs.c.run_id == run.id)
+        .order_by(jobs.c.id)
+        .with_for_update()
+    ).all()
+    leased = [j.stage_id for j in held if j.status == "leased"]
+    if leased:
+        raise RunNotActiveError(run.id, run.status, "redrive", running=leased[0])
+    if not repin_plan(run_graph, graph, from_, run.id):
+        return False
+    conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.run_id == run.id)
+        .values(wfv=version_key(graph.workflow_id, graph.version))
+    )
+    redrive = run.redrive_count + 1
+    conn.execute(
+        sa.update(runs)
+        .where(runs.c.id == run.id)
+        .values(version=graph.version, redrive_count=redrive, updated_at=now)
+    )
+    save_definition(conn, graph, now)
+    run = lock_run(conn, run.id)
+    append_events(conn, run, [Lifecycle(run.id, redrive).run_redriven(from_, graph.version)], now)
+    if any(j.status == "ready" for j in held):
+        notify_due(conn)  # (idle workers of the new version in other processes claim at once)
+    return True
 
 
 @functools.cache

@@ -107,7 +107,17 @@ class WorkflowEngine(abc.ABC):
         self, run_id: str, from_: str = "last_failure", *, version: str | None = None
     ) -> RunInfo:
         """Re-run a terminal run under the same id from ``last_failure``, ``start`` or a
-        stage id; ``version="latest"`` re-pins it to the registry's latest version."""
+        stage id; ``version="latest"`` (or a version's name) re-pins it to that version.
+
+        A run that has not ended (pending, or suspended: a stage waiting for a signal or a
+        timer, or between stages) takes only ``version=``: it is re-pinned without running
+        anything again (completed stages and outputs, the suspended stage's journal and wait,
+        queued signals and the run id stay; the next attempt or resume runs the new version's
+        bodies from the top with the journaled steps) and ``run.redriven`` is emitted. This
+        frees a run stranded on a version no worker serves any more. Refused: a version
+        whose stages or dependencies differ, or a ``from_`` (InvalidRedriveError); a stage
+        attempt running now (RunNotActiveError: wait, or cancel); a run frozen for a
+        migration (MigrationError). Re-pinning to the run's own version does nothing."""
 
     @abc.abstractmethod
     async def list_versions(self) -> list[VersionInfo]: ...

@@ -21,6 +21,7 @@ __all__ = [
     "REDRIVABLE_RUN_STATUSES",
     "WORKING_RUN_STATUSES",
     "redrive_plan",
+    "repin_plan",
     "sink_retry_delay",
     "start_definition",
     "version_key",
@@ -81,3 +82,31 @@ def redrive_plan(
             f"({sorted(statuses)} vs {sorted(ids)}); redrive it on its own version"
         )
     return graph.redrive_set(from_, statuses, run_id)
+
+
+def repin_plan(run_graph: GraphModel, graph: GraphModel, from_: str, run_id: str) -> bool:
+    """Whether a redrive of a run that has not ended (pending or suspended, no stage attempt
+    running: the driver checks that) re-pins it from ``run_graph`` (its version now) to
+    ``graph`` (the version asked for); False: it is on that version already, nothing to do.
+    A re-pin re-runs nothing: completed stages, journals, waits and queued signals stay,
+    and the next attempt (or resume) runs ``graph``'s bodies. InvalidRedriveError when
+    ``from_`` is not the default (it names what a terminal run re-runs) or when ``graph``'s
+    stages or their dependencies are not the run's; nothing may be changed before this
+    returns."""
+    if from_ != "last_failure":
+        raise InvalidRedriveError(
+            f"cannot redrive run {run_id!r} from {from_!r}: it has not ended, and from_ "
+            "applies to a terminal run (it names what is run again); to re-pin a pending or "
+            "suspended run to another version call redrive(run_id, version=...) without "
+            "from_, or wait for it to end"
+        )
+    mine = {s.id: sorted(s.after) for s in run_graph.stages}
+    theirs = {s.id: sorted(s.after) for s in graph.stages}
+    if mine != theirs:
+        raise InvalidRedriveError(
+            f"run {run_id!r} cannot move to version {graph.version!r}: its stages differ "
+            f"({mine} vs {theirs}); a run that has not ended moves only to a version with "
+            "the same stages and dependencies: let it finish on its own version (start a "
+            "worker that serves it) or cancel it"
+        )
+    return graph.version != run_graph.version

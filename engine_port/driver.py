@@ -17,7 +17,8 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
 - what a driver implements: ``WorkflowEngine``, ``DriverFactory``;
 - how drivers are found: ``ENTRY_POINT_GROUP``, ``DriverEntry``, ``installed_drivers``;
 - the shared rules, one copy every driver calls: the status sets, ``RetryModel.delay_s``
-  (``Retry.delay_after``), ``redrive_plan``, ``sink_retry_delay``, ``version_key``,
+  (``Retry.delay_after``), ``redrive_plan``, ``repin_plan`` (a redrive of a run that
+  has not ended: a re-pin to another version), ``sink_retry_delay``, ``version_key``,
   ``start_definition`` (which definition a ``start()`` runs), and the argument checks
   ``check_*`` (typed errors, one message per problem; ``check_signal_known`` with
   ``served_graph`` refuses a signal name no stage of the run's version declares), and
@@ -89,6 +90,7 @@ from ._rules import (
     REDRIVABLE_RUN_STATUSES,
     WORKING_RUN_STATUSES,
     redrive_plan,
+    repin_plan,
     sink_retry_delay,
     start_definition,
     version_key,
@@ -164,6 +166,7 @@ __all__ = [
     "redact_text",
     "redact_url",
     "redrive_plan",
+    "repin_plan",
     "safe_error_message",
     "served_graph",
     "sink_retry_delay",

@@ -216,12 +216,31 @@ class RunExistsError(EngineError):
 
 class RunNotActiveError(EngineError):
     """The run is not in a status that accepts the call: an ended run takes no signal or
-    cancel, and a run that has not ended takes no redrive."""
+    cancel, and a run that has not ended takes no redrive but a re-pin, refused while a stage
+    attempt runs (``running`` names the stage)."""
 
     def __init__(
-        self, run_id: str, status: str, action: str, *, migrated_to: str | None = None
+        self,
+        run_id: str,
+        status: str,
+        action: str,
+        *,
+        migrated_to: str | None = None,
+        running: str | None = None,
     ) -> None:
-        if action == "redrive":
+        if action == "redrive" and running is not None:
+            # a re-pin (redrive(version=) of a run that has not ended) waits for a safe point
+            remedy = (
+                f"stage {running!r} is running an attempt now; wait until it suspends or the "
+                "run ends (engine.wait), then redrive again, or cancel the run"
+            )
+        elif action == "redrive" and status in ("pending", "running", "suspended"):
+            remedy = (
+                "only a completed, failed or cancelled run can be redriven, and one that has "
+                "not ended only re-pinned to another version (redrive(run_id, version=...)); "
+                "wait for it to end (engine.wait) or cancel it first"
+            )
+        elif action == "redrive":
             remedy = (
                 "only a completed, failed or cancelled run can be redriven; wait for it to end "
                 "(engine.wait) or cancel it first"
@@ -243,6 +262,7 @@ class RunNotActiveError(EngineError):
         self.run_id = run_id
         self.status = status
         self.migrated_to = migrated_to
+        self.running = running
 
 
 class SignalQueueFullError(EngineError):

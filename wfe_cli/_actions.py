@@ -230,7 +230,9 @@ def redrive_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-run a failed or cancelled run under the same id (completed upstream outputs are
-    reused); a worker serving its version then runs it."""
+    reused); a worker serving its version then runs it. With --version, a pending or
+    suspended run (stranded on a version no worker serves) is re-pinned to that version
+    instead, nothing run again."""
     configured = settings(driver)
     initialised(configured)
     registry = app_registry(app_, configured, required=version is not None)

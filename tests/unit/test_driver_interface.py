@@ -80,6 +80,7 @@ INTERFACE = [
     "redact_text",
     "redact_url",
     "redrive_plan",
+    "repin_plan",
     "safe_error_message",
     "served_graph",
     "sink_retry_delay",

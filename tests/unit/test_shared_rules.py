@@ -27,6 +27,7 @@ from engine_port.driver import (
     WORKING_RUN_STATUSES,
     GraphModel,
     redrive_plan,
+    repin_plan,
     sink_retry_delay,
     version_key,
 )
@@ -214,3 +215,31 @@ def test_redrive_plan_checks_the_target_versions_stages() -> None:
         redrive_plan(graph, "start", {"a": "completed", "c": "failed"}, "r1")
     with pytest.raises(InvalidRedriveError, match="no failed stage"):
         redrive_plan(graph, "last_failure", {"a": "completed", "b": "completed"}, "r1")
+
+
+def test_repin_plan_keeps_the_stages_and_refuses_from() -> None:
+    """A redrive of a run that has not ended only re-pins it: to a version with the same
+    stages and dependencies, without ``from_``; its own version is nothing to do."""
+    mine = _graph("a", "b").model_copy(update={"version": "v1"})
+    assert repin_plan(mine, _graph("a", "b"), "last_failure", "r1") is True
+    assert repin_plan(mine, mine, "last_failure", "r1") is False
+    with pytest.raises(InvalidRedriveError, match="stages differ"):
+        repin_plan(mine, _graph("a", "c"), "last_failure", "r1")
+    chained = _graph("a", "b")
+    chained.stages[1] = chained.stages[1].model_copy(update={"after": ["a"]})
+    with pytest.raises(InvalidRedriveError, match="stages differ"):
+        repin_plan(mine, chained, "last_failure", "r1")
+    for from_ in ("start", "a"):
+        with pytest.raises(InvalidRedriveError, match="from_ applies to a terminal run"):
+            repin_plan(mine, _graph("a", "b"), from_, "r1")
+
+
+def test_a_refused_repin_says_to_wait_or_cancel() -> None:
+    from engine_port.errors import RunNotActiveError
+
+    busy = RunNotActiveError("r1", "running", "redrive", running="b")
+    assert busy.running == "b"
+    assert "stage 'b' is running an attempt now" in str(busy)
+    assert "wait" in str(busy) and "cancel" in str(busy)
+    parked = str(RunNotActiveError("r1", "suspended", "redrive"))
+    assert "version=" in parked

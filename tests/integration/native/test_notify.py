@@ -197,3 +197,44 @@ async def test_a_notification_during_a_pass_is_not_lost(
         info = await starter.wait(run.id, timeout=POLL / 4)
         assert info.status == RunStatus.COMPLETED
         assert host.stats().get("woken_by_poll", 0) == 0
+
+
+async def test_a_repinned_run_wakes_a_worker_of_its_new_version_in_another_process(
+    postgres_url: str, make_engine: MakeEngine
+) -> None:
+    """``redrive(run, version=...)`` of a pending run moves its due job to the new version's
+    queue and notifies, as a start does: the idle worker of that version in another
+    process claims it at once, not at its next poll (120 s away)."""
+    from pydantic import BaseModel
+
+    from engine_port import StageContext, Workflow
+
+    class Nothing(BaseModel):
+        pass
+
+    def build(version: str) -> Workflow[Any]:
+        wf = Workflow("it-repin", input=Nothing, version=version)
+
+        @wf.stage
+        async def a(ctx: StageContext[Any]) -> str:
+            return version
+
+        return wf
+
+    old = await make_engine(build("v1"))  # starts the run; no v1 worker anywhere
+    operator = await make_engine(build("v2"))  # re-pins it; no worker either
+    working = await make_engine(build("v2"))
+    run = await old.start("it-repin", {})
+    async with working.worker(poll_interval=POLL) as host:
+
+        async def listening() -> bool:
+            return host.listening.is_set()
+
+        await eventually(listening, timeout=30)
+        before = host.stats().get("woken_by_notify", 0)
+        assert (await operator.redrive(run.id, version="latest")).version == "v2"
+        info = await operator.wait(run.id, timeout=POLL / 4)
+        stats = host.stats()
+    assert (info.status, info.output) == (RunStatus.COMPLETED, "v2")
+    assert stats["woken_by_notify"] > before
+    assert stats.get("woken_by_poll", 0) == 0
