@@ -281,6 +281,204 @@ class VersionContract:
                 done = await e2.wait(run.id, timeout=60)
         assert done.status == RunStatus.COMPLETED and done.output == "v2"
 
+    def _repins(self, harness: Harness) -> None:
+        caps = harness.capabilities
+        if not (caps.pinned_versions and caps.redrive and caps.repin_active):
+            pytest.skip("driver lacks capability pinned_versions/redrive/repin_active")
+
+    async def test_s13_redrive_repins_a_stranded_pending_run(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """S13: a run started under R1 (wf@v1) that no R1 worker ever ran stays pending with
+        only an R2 worker (wf@v2) alive; ``list_versions()`` shows v1 with one active run,
+        not served, not drained; ``redrive(run, version="latest")`` re-pins it to v2 (same
+        run id, ``run.redriven`` naming v2) and the R2 worker finishes it with v2's body.
+        Before, redrive refused every run that had not ended: the run was stuck."""
+        self._repins(harness)
+        log = ExecutionLog(tmp_path / "log")
+        wid = unique_id("s13p")
+
+        def build(version: str) -> Workflow[Num]:
+            wf = Workflow(wid, input=Num, version=version)
+
+            @wf.stage
+            async def a(ctx: StageContext[Num]) -> str:
+                log.hit(f"a@{version}")
+                return f"a@{version}"
+
+            @wf.stage(after=[a])
+            async def b(ctx: StageContext[Num]) -> str:
+                log.hit(f"b@{version}")
+                return f"{ctx.output_of('a')}+b@{version}"
+
+            return wf
+
+        sink = MemorySink()
+        async with (
+            harness.engine(Registry([build("v1")]), sink) as e1,
+            harness.engine(Registry([build("v2")]), sink) as e2,
+        ):
+            run = await e1.start(wid, {})  # no R1 worker ever runs
+            assert run.version == "v1"
+            async with e2.worker():
+                other = await e2.start(wid, {})  # the R2 worker works...
+                assert (await e2.wait(other.id, timeout=60)).output == "a@v2+b@v2"
+                # ...and leaves the v1 run alone
+                assert (await e2.get_run(run.id)).status == RunStatus.PENDING
+
+                async def stranded() -> bool:
+                    versions = {(v.workflow_id, v.version): v for v in await e2.list_versions()}
+                    old = versions.get((wid, "v1"))
+                    return old is not None and (
+                        old.active_runs,
+                        old.served_here,
+                        old.drained,
+                    ) == (1, False, False)
+
+                await eventually(stranded, timeout=60, interval=0.2, what="v1 shown stranded")
+                moved = await e2.redrive(run.id, version="latest")
+                assert (moved.id, moved.version) == (run.id, "v2")
+                assert moved.status not in (RunStatus.COMPLETED, RunStatus.FAILED)
+                done = await e2.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.completed", timeout=60)
+        assert (done.status, done.output, done.version) == (
+            RunStatus.COMPLETED,
+            "a@v2+b@v2",
+            "v2",
+        )
+        assert log.count("a@v1") == log.count("b@v1") == 0
+        assert log.count("a@v2") == log.count("b@v2") == 2  # (this run and the other one)
+        redriven = [e for e in events if e.type == "run.redriven"]
+        assert len(redriven) == 1 and redriven[0].data["version"] == "v2"
+        types = [e.type for e in events]
+        assert types.index("run.redriven") < types.index("stage.started")
+
+    async def test_s13_redrive_repins_a_suspended_run_keeping_its_journal(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """S13 for a suspended run: a v1 worker ran stage a until it waited for signal "go"
+        (step x journaled), then went away. With only a v2 worker alive the run stays
+        suspended; a signal for the next stage, sent meanwhile, is queued. After
+        ``redrive(run, version="latest")`` and the signal "go", the v2 worker resumes a with
+        v2's body (x is not run again: its v1 result comes from the journal) and b takes
+        the queued signal: nothing is re-run, nothing dropped."""
+        self._repins(harness)
+        log = ExecutionLog(tmp_path / "log")
+        wid = unique_id("s13s")
+
+        def x(version: str) -> str:
+            log.hit(f"x@{version}")
+            return f"x@{version}"
+
+        def build(version: str) -> Workflow[Num]:
+            wf = Workflow(wid, input=Num, version=version)
+
+            @wf.stage
+            async def a(ctx: StageContext[Num]) -> str:
+                log.hit(f"a@{version}")
+                got = await ctx.step.run("x", x, version)
+                go = await ctx.step.wait_for_signal("go")
+                return f"{got}/a@{version}/{go['n']}"
+
+            @wf.stage(after=[a])
+            async def b(ctx: StageContext[Num]) -> str:
+                log.hit(f"b@{version}")
+                more = await ctx.step.wait_for_signal("more")
+                return f"{ctx.output_of('a')}/b@{version}/{more['n']}"
+
+            return wf
+
+        sink = MemorySink()
+        async with (
+            harness.engine(Registry([build("v1")]), sink) as e1,
+            harness.engine(Registry([build("v2")]), sink) as e2,
+        ):
+            async with e1.worker():
+                run = await e1.start(wid, {})
+                await wait_for_events(sink, run.id, "stage.suspended", timeout=60)
+            queued = await e2.signal(run.id, "more", {"n": 2})
+            assert not queued.delivered
+            async with e2.worker():
+                assert (await e2.get_run(run.id)).status == RunStatus.SUSPENDED
+                moved = await e2.redrive(run.id, version="latest")
+                assert (moved.id, moved.version, moved.status) == (
+                    run.id,
+                    "v2",
+                    RunStatus.SUSPENDED,
+                )
+                assert [s.status for s in moved.stages if s.id == "a"] == ["suspended"]
+                await e2.signal(run.id, "go", {"n": 1})
+                done = await e2.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.completed", timeout=60)
+        assert done.status == RunStatus.COMPLETED, done.error
+        assert done.output == "x@v1/a@v2/1/b@v2/2"
+        assert log.counts() == {"a@v1": 1, "x@v1": 1, "a@v2": 1, "b@v2": 1}
+        types = [e.type for e in events]
+        assert types.count("stage.started") == 2  # a resumed its attempt: no second start
+        assert types.count("run.redriven") == 1
+
+    async def test_s13_repin_refusals(self, harness: Harness, tmp_path: Path) -> None:
+        """What a redrive of a run that has not ended refuses, leaving the run as it was:
+        a version whose stages differ (InvalidRedriveError), a ``from_`` (it applies to a
+        terminal run: InvalidRedriveError), a run with a stage attempt running now
+        (RunNotActiveError saying to wait or cancel) and a run frozen for a migration
+        (MigrationError); a re-pin to the run's own version changes nothing."""
+        self._repins(harness)
+        from engine_port.errors import MigrationError, RunNotActiveError, UnsupportedFeatureError
+
+        wid = unique_id("s13n")
+        release = asyncio.Event()
+
+        def build(version: str, stage: str = "a") -> Workflow[Num]:
+            wf = Workflow(wid, input=Num, version=version)
+
+            @wf.stage(id=stage)
+            async def body(ctx: StageContext[Num]) -> str:
+                if ctx.input.n:  # a long attempt, until the test releases it
+                    await release.wait()
+                return version
+
+            return wf
+
+        sink = MemorySink()
+        async with (
+            harness.engine(Registry([build("v1")]), sink) as e1,
+            harness.engine(Registry([build("v2"), build("v3", stage="c")]), sink) as e2,
+        ):
+            parked = await e1.start(wid, {})  # pending: no v1 worker yet
+            with pytest.raises(InvalidRedriveError, match="stages differ"):
+                await e2.redrive(parked.id, version="v3")
+            for from_ in ("start", "a"):
+                with pytest.raises(InvalidRedriveError, match="applies to a terminal run"):
+                    await e2.redrive(parked.id, from_, version="latest")
+            same = await e1.redrive(parked.id, version="v1")  # already there: nothing to do
+            assert (same.version, same.status, same.redrive_count) == ("v1", RunStatus.PENDING, 0)
+            frozen = True
+            try:
+                await e1.export_run(parked.id)
+            except UnsupportedFeatureError:
+                frozen = False
+            if frozen:
+                with pytest.raises(MigrationError):
+                    await e2.redrive(parked.id, version="latest")
+                await e1.abort_export(parked.id)
+            after = await e2.get_run(parked.id)
+            assert (after.version, after.status, after.redrive_count) == (
+                "v1",
+                RunStatus.PENDING,
+                0,
+            )
+            async with e1.worker():
+                busy = await e1.start(wid, {"n": 1})
+                await wait_for_events(sink, busy.id, "stage.started", timeout=60)
+                with pytest.raises(RunNotActiveError, match="running an attempt now"):
+                    await e2.redrive(busy.id, version="latest")
+                release.set()
+                assert (await e1.wait(busy.id, timeout=60)).output == "v1"
+                assert (await e1.wait(parked.id, timeout=60)).output == "v1"
+        events = [e.type for e in sink.for_run(parked.id) + sink.for_run(busy.id)]
+        assert "run.redriven" not in events
+
     async def test_redrive_onto_a_version_with_other_stages_is_refused(
         self, harness: Harness
     ) -> None:

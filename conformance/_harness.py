@@ -46,6 +46,9 @@ class Capabilities:
     stage_timeout: bool = True
     run_timeout: bool = True
     redrive: bool = True
+    # redrive(run, version=...) re-pins a pending or suspended run (S13: a run stranded on a
+    # version no worker serves any more moves to another, nothing re-run)
+    repin_active: bool = True
     claim_check: bool = True
     migration: bool = False
 
