@@ -450,7 +450,7 @@ class VersionContract:
                 await e2.redrive(parked.id, version="v3")
             for from_ in ("start", "a"):
                 with pytest.raises(InvalidRedriveError, match="applies to a terminal run"):
-                    await e2.redrive(parked.id, from_, version="latest")
+                    await e2.redrive(parked.id, from_, version="v2")
             same = await e1.redrive(parked.id, version="v1")  # already there: nothing to do
             assert (same.version, same.status, same.redrive_count) == ("v1", RunStatus.PENDING, 0)
             frozen = True
