@@ -123,6 +123,7 @@ from engine_port.driver import (
     keyed_repeat,
     publish_to_sink,
     redrive_plan,
+    repin_plan,
     served_graph,
     start_definition,
     telemetry,
@@ -135,6 +136,7 @@ from engine_port.errors import (
     RunNotActiveError,
     RunNotFoundError,
     SignalQueueFullError,
+    UnsupportedFeatureError,
     WaitTimeoutError,
     WorkflowDrainedError,
 )
@@ -1270,6 +1272,13 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         wf_id = info.workflow_id
         stages = {sid: StageState.model_validate(st) for sid, st in state["stages"].items()}
         statuses = {sid: st.status for sid, st in stages.items()}
+        if not info.terminal:
+            if info.frozen:
+                raise frozen_run_error(run_id, "redrive", self.driver_name)
+            run_graph = await self._started_graph(run_id) or graph
+            if not repin_plan(run_graph, graph, from_, run_id):
+                return info  # (on that version already: nothing to do, as on native)
+            await self._refuse_lossy_repin(run_id, info, graph.version, stages)
         # the stages the run has must be the target version's; bad input: raise, change nothing
         reset = redrive_plan(graph, from_, statuses, run_id)
         if not info.terminal:
@@ -1325,6 +1334,41 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         except WorkflowAlreadyStartedError:
             raise EngineError(f"run {run_id!r} was redriven concurrently") from None
         return await self.get_run(run_id)
+
+    async def _refuse_lossy_repin(
+        self, run_id: str, info: RunInfo, version: str, stages: Mapping[str, StageState]
+    ) -> None:
+        """Refuse to re-pin an active run that its restart would lose something of: this
+        driver re-pins a stranded run by ending its execution and starting one pinned to the
+        new version from the run's memo, which holds neither the steps a started stage
+        journaled (under the new execution's redrive they would run again) nor the signals
+        queued for it (in its history, or carried by a continue-as-new). The native driver
+        re-pins such a run in place (``conformance`` capability ``repin_active``)."""
+        started = sorted(
+            sid for sid, st in stages.items() if st.status != "pending" or st.attempt > 0
+        )
+        lost = f"its stages {started} have started" if started else ""
+        if not lost:
+            carried = (await self._started_with(run_id)).get("signals")
+            signalled = bool(carried) or await self._was_signalled(run_id)
+            lost = "signals were sent to it" if signalled else ""
+        if lost:
+            raise UnsupportedFeatureError(
+                f"run {run_id!r} cannot be re-pinned to version {version!r} on the Temporal "
+                f"driver: {lost}, and this driver re-pins a run by restarting it, which would "
+                "lose its journaled steps and queued signals; start a worker that serves "
+                f"version {info.version!r} (the run finishes there), or cancel the run and "
+                "start it again"
+            )
+
+    async def _was_signalled(self, run_id: str) -> bool:
+        """Whether the run's current execution's history holds a signal."""
+        handle = self._conn.get_workflow_handle(run_id)
+        with suppress(RPCError):
+            async for ev in handle.fetch_history_events():
+                if ev.HasField("workflow_execution_signaled_event_attributes"):
+                    return True
+        return False
 
     async def _started_graph(self, run_id: str) -> GraphModel | None:
         """The graph the run's latest execution started with; None when Temporal has no such

@@ -11,7 +11,7 @@ from temporalio.api.enums.v1 import VersioningBehavior
 from temporalio.client import Client
 
 from engine_port import MemorySink, Registry, Retry, StageContext, Workflow
-from engine_port.errors import InvalidRedriveError
+from engine_port.errors import InvalidRedriveError, UnsupportedFeatureError
 
 from .conftest import EngineFactory, trace
 
@@ -216,3 +216,50 @@ async def test_redrive_without_the_workflow_in_the_registry(make_engine: EngineF
         async with e1.worker():
             done = await e1.wait(run.id, timeout=30)
         assert (done.status, done.output, len(calls)) == ("completed", "ok", 2)
+
+
+async def test_a_started_stranded_run_is_not_re_pinned_at_a_loss(
+    make_engine: EngineFactory,
+) -> None:
+    """This driver re-pins a stranded run by restarting it from its memo: a run whose stage
+    journaled a step and waits, or a pending run that was signalled, would lose the step
+    (run again) or the signal. Such a re-pin is refused (UnsupportedFeatureError saying
+    what to do) and the run goes on untouched on its own version; before, it was ended and
+    started again on v2, re-running the journaled step and dropping the signal."""
+    steps: list[str] = []
+
+    def waiting(version: str) -> Workflow[In]:
+        wf = Workflow("pinned-waits", input=In, version=version)
+
+        @wf.stage(signals=["go"])
+        async def s(ctx: StageContext[In]) -> str:
+            await ctx.step.run("charge", lambda: steps.append(version))
+            got = await ctx.step.wait_for_signal("go", timeout=600)
+            return f"{version}:{got['v']}"
+
+        return wf
+
+    e1 = make_engine(Registry([waiting("v1")]))
+    e2 = make_engine(Registry([waiting("v1"), waiting("v2")]))
+    async with e1, e2:
+        async with e1.worker():
+            run = await e1.start("pinned-waits", {})
+            for _ in range(600):
+                if (await e1.get_run(run.id)).status == "suspended":
+                    break
+                await asyncio.sleep(0.05)
+            assert (await e1.get_run(run.id)).status == "suspended"
+        with pytest.raises(UnsupportedFeatureError, match="start a worker that serves version"):
+            await e2.redrive(run.id, version="latest")
+        # nothing changed: not restarted, still v1
+        kept = await e2.get_run(run.id)
+        assert (kept.status, kept.version, kept.redrive_count) == ("suspended", "v1", 0)
+        signalled = await e1.start("pinned-waits", {})  # pending: no worker runs it
+        await e1.signal(signalled.id, "go", {"v": 2})
+        with pytest.raises(UnsupportedFeatureError, match="signals were sent"):
+            await e2.redrive(signalled.id, version="latest")
+        async with e1.worker():
+            await e1.signal(run.id, "go", {"v": 1})
+            assert (await e1.wait(run.id, timeout=60)).output == "v1:1"
+            assert (await e1.wait(signalled.id, timeout=60)).output == "v1:2"
+    assert steps == ["v1", "v1"]  # one charge a run: none ran again
