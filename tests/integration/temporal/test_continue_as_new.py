@@ -110,6 +110,26 @@ async def executions(engine: TemporalEngine, run_id: str) -> list[Any]:
     return sorted(found, key=lambda ex: ex.start_time)
 
 
+def refused_in(history: Any) -> int:
+    """How many workflow tasks of one execution's history the server refused for a command
+    it could not take then (a continue-as-new or an end with a signal come meanwhile)."""
+    return sum(
+        1
+        for e in history.events
+        if e.HasField("workflow_task_failed_event_attributes")
+        and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
+    )
+
+
+async def refused_continues(engine: TemporalEngine, run_id: str) -> int:
+    """:func:`refused_in` over every execution of the run."""
+    refused = 0
+    for ex in await executions(engine, run_id):
+        handle = engine._conn.get_workflow_handle(run_id, run_id=ex.run_id)
+        refused += refused_in(await handle.fetch_history())
+    return refused
+
+
 async def until(what: str, probe: Callable[[], Awaitable[bool]], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not await probe():

@@ -33,7 +33,7 @@ from driver_temporal._workflow import GraphWorkflow
 from engine_port import MemorySink, Registry, RunStatus, StageContext, Workflow
 
 from .conftest import EngineFactory
-from .test_continue_as_new import In, executions
+from .test_continue_as_new import In, refused_continues
 
 pytestmark = pytest.mark.temporal
 
@@ -71,17 +71,7 @@ async def test_a_refused_continue_hands_no_event_numbered_again(
         run = await engine.start(wf, {"n": 1})
         async with engine.worker():
             info = await engine.wait(run.id, timeout=120)
-        refused = 0
-        for ex in await executions(engine, run.id):
-            history = await engine._conn.get_workflow_handle(
-                run.id, run_id=ex.run_id
-            ).fetch_history()
-            refused += sum(
-                1
-                for e in history.events
-                if e.HasField("workflow_task_failed_event_attributes")
-                and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
-            )
+        refused = await refused_continues(engine, run.id)
         committed = await engine.events(run.id)
     assert info.status == RunStatus.COMPLETED, info
     assert info.output == {"v": 1}, info.output

@@ -78,7 +78,7 @@ from engine_port import (
 )
 
 from .conftest import EngineFactory
-from .test_continue_as_new import Calls, In, executions
+from .test_continue_as_new import Calls, In, executions, refused_continues, refused_in
 
 pytestmark = pytest.mark.temporal
 
@@ -149,12 +149,7 @@ async def _answers(make_engine: EngineFactory, *, local: bool) -> tuple[RunInfo,
         for ex in kept:
             handle = engine._conn.get_workflow_handle(run.id, run_id=ex.run_id)
             history = await handle.fetch_history()
-            seen = sum(
-                1
-                for e in history.events
-                if e.HasField("workflow_task_failed_event_attributes")
-                and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
-            )
+            seen = refused_in(history)
             refused += seen
             recorded = history if seen else recorded
         if os.environ.get("WFE_RECORD_CONTINUE_ANSWER") and recorded is not None:
@@ -240,16 +235,7 @@ async def test_a_signal_buffered_before_a_local_stage_started_stays_buffered(
             assert event.stage == "s" and event.data.get("waiting_for") == "signal:go", event
             late = await engine.signal(run.id, "go", {"v": 1})
             info = await engine.wait(run.id, timeout=120)
-        refused = 0
-        for ex in await executions(engine, run.id):
-            handle = engine._conn.get_workflow_handle(run.id, run_id=ex.run_id)
-            history = await handle.fetch_history()
-            refused += sum(
-                1
-                for e in history.events
-                if e.HasField("workflow_task_failed_event_attributes")
-                and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
-            )
+        refused = await refused_continues(engine, run.id)
     assert info.status == RunStatus.COMPLETED, info
     assert info.output == [0, 1], info.output
     # the first wait never suspended: the sink saw one suspension (its id once or again)
@@ -310,17 +296,7 @@ async def test_a_signal_that_reaches_a_refused_continue_is_delivered(
             info = await engine.wait(run.id, timeout=120)
             assert sent, "the run never continued as new"
             res = await asyncio.wait_for(asyncio.wrap_future(sent[0]), 60)
-        refused = 0
-        for ex in await executions(engine, run.id):
-            history = await engine._conn.get_workflow_handle(
-                run.id, run_id=ex.run_id
-            ).fetch_history()
-            refused += sum(
-                1
-                for e in history.events
-                if e.HasField("workflow_task_failed_event_attributes")
-                and "UNHANDLED_COMMAND" in str(e.workflow_task_failed_event_attributes)
-            )
+        refused = await refused_continues(engine, run.id)
     assert info.status == RunStatus.COMPLETED and info.output == 7, info
     assert refused, "no continue-as-new was refused: the test did not reach the situation"
     assert res.delivered and not res.already_completed, res
