@@ -17,6 +17,7 @@ import pytest
 
 from conformance._trace import normalise
 from driver_temporal import TemporalEngine
+from driver_temporal._workflow import START_MEMO
 from engine_port import (
     EngineSettings,
     Event,
@@ -134,6 +135,19 @@ def deadline_workflow(calls: Calls) -> Workflow[In]:
     return wf
 
 
+async def _kept_the_deadline(engine: TemporalEngine, run_id: str, last: Any, info: RunInfo) -> None:
+    """The last execution of a run that continued as new (``last``, NAP_S into the run) holds
+    the run's own deadline, RUN_S after the run began, not one RUN_S after it began itself:
+    read from its start document (the ``wfe_start`` memo), whatever the host's load made of
+    the timer's firing."""
+    handle = engine._conn.get_workflow_handle(run_id, run_id=last.run_id)
+    start = (await (await handle.describe()).memo())[START_MEMO]
+    deadline = datetime.fromisoformat(start["deadline"])
+    assert info.created_at is not None
+    assert deadline >= info.created_at + timedelta(seconds=RUN_S), (deadline, info.created_at)
+    assert deadline < last.start_time + timedelta(seconds=RUN_S), (deadline, last.start_time)
+
+
 async def test_run_deadline_after_continue_as_new(make_engine: EngineFactory) -> None:
     """A run with a run timeout that continued as new while it waits on a signal ends at its
     deadline (not one restarted at the continue), failed with RunTimeoutError, b cancelled
@@ -148,6 +162,7 @@ async def test_run_deadline_after_continue_as_new(make_engine: EngineFactory) ->
         assert all(ex.start_time < info.finished_at for ex in found), (found, info)
         if len(found) > 1:
             assert (found[-1].start_time - info.created_at).total_seconds() >= NAP_S - 0.5
+            await _kept_the_deadline(engine, run.id, found[-1], info)
         return info
 
     (ref, ref_events, ref_calls, _, wf), (got, events, calls, _, _) = await _side_by_side(
@@ -158,7 +173,9 @@ async def test_run_deadline_after_continue_as_new(make_engine: EngineFactory) ->
         assert info.error is not None and info.error.type == "RunTimeoutError", info.error
         assert info.created_at is not None and info.finished_at is not None
         took = (info.finished_at - info.created_at).total_seconds()
-        assert RUN_S <= took < RUN_S + LATE_S, took
+        # (not before the deadline; how late after it is the host's load: that the deadline
+        # was not restarted at the continue is read from the last execution, in ``drive``)
+        assert took >= RUN_S, took
         assert [(s.id, s.status) for s in info.stages] == [
             ("a", "compensated"),
             ("b", "cancelled"),
@@ -305,10 +322,15 @@ async def test_continue_as_new_without_an_event_sink(
 
         info = await _signal_each(engine, run.id, suspensions)
         if len(await executions(engine, run.id)) > 1:
-            # the last execution started from a continue, told its events were parked
+            # the last execution started from a continue, told its events were parked, or
+            # (``continue_carries_events``) carrying the continuing task's events, not handed
+            # over yet: its first task hands them over, told what the run had parked, and
+            # counts on parked events from then on, as the continuing task did before
             memo = await (await engine._conn.get_workflow_handle(run.id).describe()).memo()
             start = memo["wfe_start"]
-            assert start.get("continued") is True and start.get("parked") is True, start
+            carried = (await engine._started_with(run.id)).get("outbox")
+            assert start.get("continued") is True, start
+            assert start.get("parked") is True or carried, (start, carried)
         return info
 
     (ref, ref_events, ref_calls, _, wf), (got, events, calls, _, _) = await _side_by_side(
@@ -435,7 +457,11 @@ async def test_imported_run_deadline_after_continue_as_new(
     run that never continued."""
 
     async def drive(engine: TemporalEngine, run_id: str, sink: MemorySink) -> RunInfo:
-        return await engine.wait(run_id, timeout=60)
+        info = await engine.wait(run_id, timeout=60)
+        found = await executions(engine, run_id)
+        if len(found) > 1:
+            await _kept_the_deadline(engine, run_id, found[-1], info)
+        return info
 
     ref, got = await _both(
         *(
@@ -450,7 +476,7 @@ async def test_imported_run_deadline_after_continue_as_new(
         assert info.error is not None and info.error.type == "RunTimeoutError", info.error
         assert info.created_at is not None and info.finished_at is not None
         took = (info.finished_at - info.created_at).total_seconds()
-        assert RUN_S <= took < RUN_S + LATE_S, took
+        assert took >= RUN_S, took  # (not restarted at a continue: ``drive``)
         assert out["calls"] == {"a": 1, "before": 1, "undo-a:A": 1}
     last = got["executions"][-1].start_time - got["info"].created_at
     assert last.total_seconds() >= NAP_S - 0.5, got["executions"]
