@@ -183,6 +183,15 @@ class StartDocument(BaseModel):
     # (continued, ``continue_carries_events``) the events the previous execution emitted in
     # its last task, not delivered yet (oldest first)
     outbox: list[dict[str, Any]] = []
+    # (runs started since 2026-12-07) a cancellation request that reaches the run once its
+    # end is decided (every stage completed, or one failed for good with no stage of its
+    # group in flight) is too late: the run ends as decided (``GraphWorkflow._end_decided``).
+    # The workflow task that ends a run hands its last events over while it runs; when a
+    # cancel reached the run meanwhile, Temporal refuses that task's completion
+    # (UnhandledCommand) and runs it again with the cancel: a run started before ended
+    # cancelled then, its refused run.completed already at the sink with the seq of the
+    # run.cancelled, and replays so
+    end_beats_cancel: bool = False
 
     @classmethod
     def for_engine(
@@ -200,6 +209,7 @@ class StartDocument(BaseModel):
             takes_per_execution=TAKES_PER_EXECUTION,
             defers_frozen_cancel=True,
             continue_carries_events=True,
+            end_beats_cancel=True,
             dead_letter_after=settings.dead_letter_after,
             dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
             outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,

@@ -439,6 +439,12 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                             self._run_id,
                         )
                     continue
+                if self._start.end_beats_cancel and self._end_decided():
+                    workflow.logger.info(
+                        "run %s: a cancel arrived after its end was decided: it ends as decided",
+                        self._run_id,
+                    )
+                    continue
                 self._cancel_seen = True
                 main.cancel()
                 continue
@@ -453,6 +459,47 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         if not main.done():
             self._continue()
         return main.result()
+
+    def _end_decided(self) -> bool:
+        """Whether the run's end is decided by what it heard before a cancel that reaches it
+        now (runs with ``StartDocument.end_beats_cancel``): every stage completed (or its
+        attempt came back completed, not recorded yet), or a stage failed for good and no
+        stage of its group is in flight. Such a cancel came after the outcome that ends the
+        run (Temporal's history holds them in that order), as a cancel committed after the
+        last outcome on the native driver finds the run ended; and the task that ends the run
+        hands its last events over while it runs, so that a refused completion (the cancel
+        reached the run meanwhile) runs again with the cancel and must end the same way."""
+        ends = {sid: self._stage_end(sid) for sid in self._stages}
+        if all(end == "completed" for end in ends.values()):
+            return True
+        return "failed" in ends.values() and all(
+            task.done() or ends[sid] is not None for sid, task in self._group_tasks.items()
+        )
+
+    def _stage_end(self, sid: str) -> str | None:
+        """How a stage ended for good, "completed" or "failed", recorded or not yet (its
+        attempt's handle holds the try that ends it: the task that records it may run after
+        a cancel delivered in the same activation); None while it has not."""
+        st = self._stages[sid]
+        if st.status in ("completed", "failed"):
+            return st.status
+        handle = self._attempts.get(sid)
+        if handle is None or not handle.done() or handle.cancelled():
+            return None
+        exc = handle.exception()
+        if exc is None:
+            res = self._activity_result(handle.result())
+        elif isinstance(exc, (ActivityError, ApplicationError)):
+            cause = exc.cause if isinstance(exc, ActivityError) else exc
+            if isinstance(cause, CancelledError):
+                return None
+            res = _failed_try(sid, exc, cause)
+        else:
+            return None
+        if res.get("kind") == "completed":
+            return "completed"
+        final = not res.get("retryable") or st.attempt >= self._graph.stage(sid).retry.max_attempts
+        return "failed" if res.get("kind") == "failed" and final else None
 
     def _deferred_cancel_due(self) -> bool:
         """A cancel deferred while the run was frozen (``_watched``), and the run stays here:

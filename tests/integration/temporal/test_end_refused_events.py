@@ -13,19 +13,25 @@ happened) and the run.cancelled of the task that ran again, seq 7 too.
 
 Cause: the events of the task that ends the run reach the sink from inside that task
 (``_record_end`` -> the worker's ``RUN_ENDED``, which delivers before the task's completion is
-sent), and nothing pins the path the task took: the rerun is not a replay of it (its commands
-were never recorded) and applies the cancel with the last stage's result. The cancel case is
-``xfail(strict=True)`` until that is fixed; the signal case (nothing waits for the signal once
-every stage completed) takes the same path again and passes.
+sent), and nothing pinned the path the task took: the rerun is not a replay of it (its commands
+were never recorded) and applied the cancel with the last stage's result.
 
-A fix tried on 2026-12-06 and not landed (``StartDocument.end_commits_first``): the task
-that decides the end commits only a no-op activity (``wfe.end_decided``, never refused),
-and the task its result wakes emits, records
-and hands over the last events; a refused completion then reruns the decided path. It passes
-this test, the fuzzer and the replay tests, but costs every run one activity round trip (a
-3-stage run ~150 ms -> ~200-235 ms median here, a local 3-stage run 1 -> 2 workflow tasks),
-6 more history events (test_history's 1.5x bound against hand-written Temporal) and a
-``wfe.end_decided`` activity in the Web UI's history: left for a decision.
+Fix (runs started with ``StartDocument.end_beats_cancel``): a cancel that reaches a run whose end
+is decided (every stage completed, or one failed for good with nothing of its group in flight)
+is too late (``GraphWorkflow._end_decided``): Temporal's history holds the last outcome before the
+cancel request, as a cancel committed after the last outcome on the native driver finds the run
+ended. The rerun then ends as the refused task did, with the same events. (A fix tried before,
+an end decided in one task and recorded in the next behind a no-op activity, cost every run an
+activity round trip and 6 history events.) The signal case (nothing waits for the signal once
+every stage completed) took the same path again before the fix too.
+
+Still open (``xfail(strict=True)``): a run of ``local=True`` stages whose first workflow task ran
+it whole (its local activities, then its end) and was refused: the rerun starts with the cancel
+in its first activation, before any stage, and ends the run cancelled; every event the refused
+task handed over (run.started ... run.completed) never happened, and run.cancelled takes seq 2.
+The refused task's local activities are not in the history, so nothing the rerun sees tells it
+what the refused task did; a fix needs the worker to hold a task's events until Temporal accepted
+its completion.
 
 The test forces the refusal: the first time a run records its end, a cancel (or a signal) of
 it is sent, and accepted by Temporal, before the task completes.
@@ -42,7 +48,7 @@ from pydantic import BaseModel
 from temporalio import workflow
 
 from driver_temporal._workflow import GraphWorkflow
-from engine_port import MemorySink, Registry, StageContext, Workflow
+from engine_port import MemorySink, Registry, Retry, RunStatus, StageContext, Workflow
 
 from .conftest import EngineFactory
 
@@ -63,18 +69,23 @@ async def _refused(engine: Any, run_id: str) -> int:
     )
 
 
+_LOCAL_REASON = (
+    "a run of local=True stages ran whole in its first workflow task, refused: the rerun "
+    "starts with the cancel and ends cancelled at once, every event of the refused task "
+    "already at the sink (see the module docstring)"
+)
+
+
 @pytest.mark.parametrize(
     "how",
     [
-        pytest.param(
-            "cancel",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the refused end task's run.completed (seq k) reached the sink, then "
-                "the rerun's run.cancelled, seq k too (see the module docstring)",
-            ),
-        ),
+        "cancel",
         "signal",
+        "cancel-after-failure",
+        pytest.param("cancel-local", marks=pytest.mark.xfail(strict=True, reason=_LOCAL_REASON)),
+        pytest.param(
+            "cancel-local-failure", marks=pytest.mark.xfail(strict=True, reason=_LOCAL_REASON)
+        ),
     ],
 )
 async def test_a_refused_end_hands_no_event_numbered_again(
@@ -82,12 +93,16 @@ async def test_a_refused_end_hands_no_event_numbered_again(
 ) -> None:
     wf = Workflow(f"end-refused-{how}-{time.monotonic_ns()}", input=In, version="v1")
 
-    @wf.stage
+    local = "local" in how
+
+    @wf.stage(local=local)
     async def a(ctx: StageContext[In]) -> int:
         return 1
 
-    @wf.stage(after=[a])
+    @wf.stage(after=[a], retry=Retry(max_attempts=1), local=local)
     async def b(ctx: StageContext[In]) -> int:
+        if how.endswith("failure"):
+            raise ValueError("b fails for good")
         return 2
 
     sink = MemorySink()
@@ -104,7 +119,7 @@ async def test_a_refused_end_hands_no_event_numbered_again(
         if not forced and not workflow.unsafe.is_replaying():
             forced.append(self._run_id)
             handle = engine._conn.get_workflow_handle(self._run_id)
-            sent = handle.cancel() if how == "cancel" else handle.signal("go", {"v": 1})
+            sent = handle.cancel() if how.startswith("cancel") else handle.signal("go", {"v": 1})
             asyncio.run_coroutine_threadsafe(sent, loop).result(1.5)
 
     monkeypatch.setattr(GraphWorkflow, "_record_end", then_cancel)
@@ -119,9 +134,13 @@ async def test_a_refused_end_hands_no_event_numbered_again(
     by_id = {e.id: e for e in sink.events if e.run_id == run.id}
     seqs = sorted(e.seq for e in by_id.values())
     # before the fix (the cancel): [..., (7, run.completed), (7, run.cancelled)]
-    assert seqs == list(range(1, len(seqs) + 1)), [(e.seq, e.type) for e in by_id.values()]
+    assert seqs == list(range(1, len(seqs) + 1)), sorted((e.seq, e.type) for e in by_id.values())
     # the sink received exactly the events the run's committed workflow tasks emitted
     assert sorted(by_id) == sorted(e.id for e in committed)
     # the run ended as it ended, and says so everywhere
     last = [e.type for e in committed if e.type.startswith("run.")][-1]
     assert last == f"run.{info.status.value}" and info.status == got.status, (last, info, got)
+    # the cancel came after the end was decided: the run ends as the refused task ended it
+    # (before the fix: cancelled, its run.completed or run.failed already at the sink)
+    decided = RunStatus.FAILED if how.endswith("failure") else RunStatus.COMPLETED
+    assert got.status == decided, got
