@@ -225,8 +225,9 @@ def release(
 def reap_stale(conn: Connection, now: float) -> list[Any]:
     """Expired leases (their worker died, hung, or was starved of CPU so long that no
     heartbeat got through) become claimable again; the attempt is kept. Returns the jobs
-    taken back, each with the ``lease_owner`` it was taken from and ``overdue`` (seconds
-    since the lease expired), so that the taker can say whose work runs again.
+    taken back, each with the ``lease_owner`` it was taken from, its ``wfv`` (the
+    "workflow@version" a worker must serve to claim it) and ``overdue`` (seconds since the
+    lease expired), so that the reaper can say whose work runs again, and where.
 
     The expired rows are locked first (PostgreSQL: a row a heartbeat is renewing right now
     is skipped, it is not stale), then given back."""
@@ -238,6 +239,7 @@ def reap_stale(conn: Connection, now: float) -> list[Any]:
             jobs.c.stage_id,
             jobs.c.kind,
             jobs.c.lease_owner,
+            jobs.c.wfv,
             (clock - jobs.c.lease_expires_at).label("overdue"),
         )
         .where(jobs.c.status == "leased", jobs.c.lease_expires_at < clock)

@@ -833,14 +833,16 @@ class Kernel:
             # next step journaled or signal taken (written only under the lease: _ledger) or
             # when it records its outcome, and stops
             log.warning(
-                "job %s of run %s (%s %s): lease of worker %s expired %.1fs ago; taken over, "
-                "the attempt runs again replaying its journaled steps",
+                "job %s of run %s (%s %s): lease of worker %s expired %.1fs ago; released: "
+                "the next worker serving %s to claim it runs the attempt again, replaying its "
+                "journaled steps",
                 job.id,
                 job.run_id,
                 job.kind,
                 job.stage_id,
                 job.lease_owner,
                 max(0.0, float(job.overdue or 0.0)),
+                job.wfv,
                 extra={
                     "wfe_run_id": job.run_id,
                     "wfe_stage": job.stage_id,
