@@ -183,7 +183,7 @@ class StartDocument(BaseModel):
     # (continued, ``continue_carries_events``) the events the previous execution emitted in
     # its last task, not delivered yet (oldest first)
     outbox: list[dict[str, Any]] = []
-    # (runs started since 2026-12-07) a cancellation request that reaches the run once its
+    # (runs started since 2026-12-06 late) a cancellation request that reaches the run once its
     # end is decided (every stage completed, or one failed for good with no stage of its
     # group in flight) is too late: the run ends as decided (``GraphWorkflow._end_decided``).
     # The workflow task that ends a run hands its last events over while it runs; when a
