@@ -12,7 +12,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from ._drivers import installed_drivers, unknown_driver_message
+from ._drivers import find_driver, installed_drivers, unknown_driver_message
 from ._secrets import SecretUrl
 
 __all__ = ["EngineSettings"]
@@ -126,18 +126,16 @@ class EngineSettings(BaseSettings):
     @field_validator("driver")
     @classmethod
     def _installed_driver(cls, name: str) -> str:
-        installed = installed_drivers()
-        if name not in installed:
-            raise ValueError(unknown_driver_message(name, installed))
+        if find_driver(name) is None:
+            raise ValueError(unknown_driver_message(name, installed_drivers()))
         return name
 
     @field_validator("routes")
     @classmethod
     def _installed_route_drivers(cls, routes: dict[str, str]) -> dict[str, str]:
-        installed = installed_drivers()
         for name in routes.values():
-            if name not in installed:
-                raise ValueError(unknown_driver_message(name, installed))
+            if find_driver(name) is None:
+                raise ValueError(unknown_driver_message(name, installed_drivers()))
         return routes
 
     @classmethod

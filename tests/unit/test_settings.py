@@ -192,6 +192,38 @@ def test_create_engine_with_a_driver_that_is_not_installed(
     assert "wfe_no_such_driver_module" in str(exc.value)
 
 
+def test_an_engine_of_a_shipped_driver_reads_no_package_metadata(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Reading every installed package's entry points took ~20 ms here, and create_engine
+    read them three times (the driver, the routes, the factory): most of what building an
+    engine took, paid per invocation by a serverless handler that builds one each time."""
+    reads: list[object] = []
+    real = drivers_module.importlib.metadata.entry_points
+
+    def counted(**kwargs: Any) -> Any:
+        reads.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(drivers_module.importlib.metadata, "entry_points", counted)
+    settings = EngineSettings(
+        driver="memory", routes={"wf": "native"}, database_url=f"sqlite:///{tmp_path}/x.db"
+    )
+    create_engine(settings, Registry())
+    assert reads == []
+    # a name that no shipped driver has is looked up in the metadata, as before
+    use_driver(monkeypatch, tmp_path, "acme", "driver_memory:create_memory_engine")
+    assert EngineSettings(driver="acme").driver == "acme" and reads
+
+
+def test_a_package_cannot_take_a_shipped_drivers_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    use_driver(monkeypatch, tmp_path, "native", "wfe_no_such_driver_module:create")
+    assert installed_drivers()["native"] == drivers_module._SHIPPED["native"]
+    assert drivers_module.load_driver("native").__name__ == "create_native_engine"
+
+
 def test_a_third_party_driver_whose_package_is_gone_says_what_to_reinstall(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
