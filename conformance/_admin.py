@@ -463,11 +463,13 @@ class VersionContract:
                     await e2.redrive(parked.id, version="latest")
                 await e1.abort_export(parked.id)
             after = await e2.get_run(parked.id)
-            assert (after.version, after.status, after.redrive_count) == (
-                "v1",
-                RunStatus.PENDING,
-                0,
-            )
+            # (not ended, on its version, not redriven. A driver whose export let a
+            # workflow-only worker of v1 run the run's first task (Temporal's, so that a run
+            # no worker serves answers a migration) shows its first stage scheduled once the
+            # export is aborted: running, though no worker of v1 runs it yet)
+            started = (RunStatus.PENDING, RunStatus.RUNNING) if frozen else (RunStatus.PENDING,)
+            assert (after.version, after.redrive_count) == ("v1", 0)
+            assert after.status in started
             async with e1.worker():
                 busy = await e1.start(wid, {"n": 1})
                 await wait_for_events(sink, busy.id, "stage.started", timeout=60)

@@ -138,12 +138,7 @@ async def wait_for_events(
 
 # what a built-in driver does not do yet, so that `wfe conformance` and the test entry points
 # skip those scenarios on it (a third-party driver declares its own through ``capabilities=``)
-_BUILT_IN_GAPS = {
-    # the Temporal driver re-pins a stranded pending run by terminating it and starting a new
-    # execution from its memo, which drops the signals it queued and the steps a suspended
-    # stage journaled: not the contract's re-pin (S13 for runs that have not ended)
-    "temporal": Capabilities(repin_active=False),
-}
+_BUILT_IN_GAPS: dict[str, Capabilities] = {}
 
 
 class SettingsHarness(Harness):

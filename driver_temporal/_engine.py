@@ -164,6 +164,7 @@ from ._names import RUN_INFO_QUERY
 from ._outage import use_runtime
 from ._paging import PagedRuns, list_page, listed, superseded
 from ._query import matches_filters, recent_continues, runs_query, wanted_statuses
+from ._repinning import repin_in_place, repinned_graph, running_stage
 from ._run_end import RunEnds, WorkerExterns
 from ._search import SA_VERSION, check_search_attributes
 from ._signals import SIGNAL_STATUS_QUERY, SIGNAL_STATUS_UPDATE
@@ -1088,7 +1089,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             # a version not served here (`wfe signal` without --app): the graph the run's
             # execution started with, as the native driver reads its version's from its
             # database (a mistyped name was queued where no wait could ever take it)
-            graph = await self._started_graph(run_id)
+            graph = await self._started_graph(run_id, info.version)
         check_signal_known(graph, run_id, name)
         if (memo.get("wfe_run") or {}).get("frozen"):
             raise frozen_run_error(run_id, f"signal {name!r}", self.driver_name)
@@ -1254,9 +1255,6 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             # redrive() re-runs terminal runs only (a stranded active run may be re-pinned
             # with version='latest'); a migrated run lives on its target now
             raise RunNotActiveError(run_id, info.status, "redrive")
-        # (the stages a run ended outside the engine, or stranded, had completed)
-        memo = await current_memo(self._conn, run_id, memo, status, ask_s=self.signal_timeout)
-        state = await self._redrive_state(run_id, memo, status, info)
         target_version = info.version
         if version == "latest":
             target_version = self.registry.latest_version(info.workflow_id)
@@ -1266,18 +1264,21 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if version is None and not self.registry.has(info.workflow_id, target_version):
             # (a redrive in its own version needs no code of it here: `wfe redrive` without
             # --app, as on the native driver, whose database keeps the definitions)
-            graph = await self._started_graph(run_id)
+            graph = await self._started_graph(run_id, target_version)
         if graph is None:
             graph = self.registry.graph(info.workflow_id, target_version)
         wf_id = info.workflow_id
+        if not info.terminal:
+            repinned = await self._repin(run_id, info, graph, from_)
+            if repinned is not None:
+                return repinned
+        # (the stages a run ended outside the engine, or stranded, had completed)
+        memo = await current_memo(self._conn, run_id, memo, status, ask_s=self.signal_timeout)
+        state = await self._redrive_state(run_id, memo, status, info)
         stages = {sid: StageState.model_validate(st) for sid, st in state["stages"].items()}
         statuses = {sid: st.status for sid, st in stages.items()}
         if not info.terminal:
-            if info.frozen:
-                raise frozen_run_error(run_id, "redrive", self.driver_name)
-            run_graph = await self._started_graph(run_id) or graph
-            if not repin_plan(run_graph, graph, from_, run_id):
-                return info  # (on that version already: nothing to do, as on native)
+            # a run started before ``repins_in_place``: re-pinned by a restart
             await self._refuse_lossy_repin(run_id, info, graph.version, stages)
         # the stages the run has must be the target version's; bad input: raise, change nothing
         reset = redrive_plan(graph, from_, statuses, run_id)
@@ -1335,6 +1336,28 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             raise EngineError(f"run {run_id!r} was redriven concurrently") from None
         return await self.get_run(run_id)
 
+    async def _repin(
+        self, run_id: str, info: RunInfo, graph: GraphModel, from_: str
+    ) -> RunInfo | None:
+        """A redrive of the run ``info`` that has not ended, to ``graph``: the run as it is
+        (on that version already), or as re-pinned in place (``_repinning``); None: a run
+        started before ``StartDocument.repins_in_place``, re-pinned by a restart."""
+        if info.frozen:
+            raise frozen_run_error(run_id, "redrive", self.driver_name)
+        if info.status not in WORKING_RUN_STATUSES:  # (compensating: a cancel reached it)
+            raise RunNotActiveError(run_id, info.status, "redrive")
+        # as on native: refused while an attempt runs, whatever the version asked for
+        raw = await self._describe_raw(run_id)
+        running = running_stage(raw)
+        if running is not None:
+            raise RunNotActiveError(run_id, info.status, "redrive", running=running)
+        run_graph = await self._started_graph(run_id, info.version) or graph
+        if not repin_plan(run_graph, graph, from_, run_id):
+            return info  # (on that version already: nothing to do, as on native)
+        if (await self._start_memo(raw)).get("repins_in_place"):
+            return await repin_in_place(self, run_id, info, graph)
+        return None
+
     async def _refuse_lossy_repin(
         self, run_id: str, info: RunInfo, version: str, stages: Mapping[str, StageState]
     ) -> None:
@@ -1370,11 +1393,23 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                     return True
         return False
 
-    async def _started_graph(self, run_id: str) -> GraphModel | None:
-        """The graph the run's latest execution started with; None when Temporal has no such
-        history."""
-        graph = (await self._started_with(run_id)).get("graph")
-        return None if graph is None else GraphModel.model_validate(graph)
+    async def _started_graph(self, run_id: str, version: str | None = None) -> GraphModel | None:
+        """The graph the run's latest execution started with, or (``version``: the run's
+        version now) the one a re-pin in place gave it (``_repinning``); None when Temporal
+        has no such history."""
+        raw = (await self._started_with(run_id)).get("graph")
+        graph = None if raw is None else GraphModel.model_validate(raw)
+        if version is not None and graph is not None and graph.version != version:
+            return await repinned_graph(self, run_id, version) or graph
+        return graph
+
+    async def _start_memo(self, raw: DescribeWorkflowExecutionResponse) -> dict[str, Any]:
+        """The start document's memo entry (``wfe_start``) of a described execution."""
+        field = raw.workflow_execution_info.memo.fields.get(START_MEMO)
+        if field is None:
+            return {}
+        start = (await self._conn.data_converter.decode([field]))[0]
+        return start if isinstance(start, dict) else {}
 
     async def _started_with(self, run_id: str) -> dict[str, Any]:
         """The ``StartDocument.carried`` keys the run's latest execution started with (the
@@ -1412,9 +1447,12 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             closing = await announced_seq(self.blob_store, run_id)
             emitted = await emitted_seq(self._conn, run_id)
             state["event_seq"] = max(int(state.get("event_seq") or 0), closing, emitted)
+            # (where the execution journaled: its start document's redrive, which a re-pin in
+            # place counts up without moving the journals, ``_repin``)
+            redrive = int(state.get("redrive", 0))
+            redrive = await self._journal_redrive(run_id, redrive)
             for sid, st in state["stages"].items():
                 if st.get("status") != "completed":
-                    redrive = int(state.get("redrive", 0))
                     records = await self._activities.read_journal(run_id, sid, redrive)
                     if journal_stage_part(sid, True) != journal_stage_part(sid):
                         # (or where a run with ``blob_keys`` journaled: one of the two)
@@ -1703,7 +1741,19 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         run = RunMemo.model_validate(memo["wfe_run"])
         started = (await self._started_with(run_id)).get("stages") or {}
         journals = await read_run_journals(self.blob_store, run_id)
-        return run_steps([s.id for s in run.stages], run.redrive_count, started, journals)
+        journal = await self._journal_redrive(run_id, run.redrive_count)
+        return run_steps([s.id for s in run.stages], journal, started, journals)
+
+    async def _journal_redrive(self, run_id: str, redrive: int) -> int:
+        """The redrive the run's latest execution journals its steps under: its start
+        document's (``redrive``, the run's redrive count, for a run started before the start
+        document was in the memo). A re-pin in place counts a redrive and keeps the journals
+        where they are (``_repin``)."""
+        try:
+            start = await self._start_memo(await self._describe_raw(run_id))
+        except RPCError:
+            return redrive
+        return int(start.get("redrive", 0)) if start else redrive
 
     @_rpc.surfaced("dead_letters")
     async def dead_letters(self, limit: int = 1000) -> list[Event]:

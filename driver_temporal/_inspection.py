@@ -141,10 +141,20 @@ class RunInspection:
         """What a reader of the memo alone acts on (runs of ``StartDocument.memo_on_change``
         write their memo only when it changes): the status and the stages the run waits or
         failed in (``wait()``, ``signal()``: whether it ended, what a stage waits for), a
-        freeze or move, and the run's end."""
+        freeze or move, the run's end, and its version (a re-pin in place)."""
         stages = self._stages.values()
         waits = tuple((s.id, s.waiting_for, s.wake_at) for s in stages if s.status == "suspended")
-        return (status, current, waits, self._frozen, self._migrated_to, self._final)
+        # (the version and redrive change only at a re-pin in place, ``_repin``)
+        return (
+            status,
+            current,
+            waits,
+            self._frozen,
+            self._migrated_to,
+            self._final,
+            self._version,
+            self._redrive,
+        )
 
     def _write_info(self) -> None:
         status = self._run_status()

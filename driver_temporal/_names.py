@@ -23,6 +23,7 @@ __all__ = [
     "INTERNAL",
     "NAMES_MARK",
     "OLD_NAMES",
+    "REPIN_UPDATE",
     "RUN_ENDED",
     "RUN_INFO_QUERY",
     "SIGNAL_STATUS_QUERY",
@@ -48,6 +49,9 @@ FREEZE_CANCELLED_QUERY = "wfe.internal.freeze_cancelled"
 TAKE_SIGNAL_UPDATE = "wfe.internal.take_signal"
 SIGNAL_STATUS_UPDATE = "wfe.internal.signal_status"
 SIGNAL_STATUS_QUERY = "wfe.internal.delivery"
+# ``TemporalEngine.redrive(version=...)`` of a stranded active run (runs started with
+# ``StartDocument.repins_in_place`` only, ``_repin``)
+REPIN_UPDATE = "wfe.internal.repin"
 SIGNAL_UPDATE = "wfe.signal"  # how older engines sent signals (runs before ``names`` only)
 # not a handler: the extern function through which a worker's workflows tell the engine in the
 # same process what became of a signal it sent (``_waiters``), never seen by an operator

@@ -47,7 +47,7 @@ from ._wire import (
 if TYPE_CHECKING:
     from engine_port import EngineSettings
 
-__all__ = ["CARRIED", "StartDocument"]
+__all__ = ["CARRIED", "StartDocument", "declared_signals"]
 
 # the keys that ride in the input payload's metadata (``StartDocument.carried``), not the memo
 CARRIED = frozenset(
@@ -180,6 +180,14 @@ class StartDocument(BaseModel):
     # two events of one sequence number at the sink. A run started before handed them over
     # before continuing, and replays so
     continue_carries_events: bool = False
+    # (runs started since 2026-12-07) a redrive(version=...) of the run while it is pending or
+    # suspended re-pins it in place (``_repin``): the ``wfe.internal.repin`` update holds its
+    # stage attempts, the engine moves the execution's pinned Worker Deployment version, and
+    # the first workflow task of the new version's worker takes the new graph, emits
+    # run.redriven and goes on, nothing re-run. A run started before has no such handler (its
+    # history replays unchanged) and is re-pinned by a restart, or refused when that would
+    # lose something (``TemporalEngine._refuse_lossy_repin``)
+    repins_in_place: bool = False
     # (continued, ``continue_carries_events``) the events the previous execution emitted in
     # its last task, not delivered yet (oldest first)
     outbox: list[dict[str, Any]] = []
@@ -210,6 +218,7 @@ class StartDocument(BaseModel):
             defers_frozen_cancel=True,
             continue_carries_events=True,
             end_beats_cancel=True,
+            repins_in_place=True,
             dead_letter_after=settings.dead_letter_after,
             dead_letter_min_seconds=settings.outbox_dead_letter_min_seconds,
             outbox_retry_initial_seconds=settings.outbox_retry_initial_seconds,
@@ -231,7 +240,7 @@ class StartDocument(BaseModel):
             clock=CLOCK_FROM_LOCALS,
             spill_threshold=settings.spill_threshold_bytes,
             stage_activities=settings.temporal_max_stage_activities,
-            signal_names=_declared_signals(fields.get("graph")),
+            signal_names=declared_signals(fields.get("graph")),
             **fields,
         )
 
@@ -360,7 +369,7 @@ class StartDocument(BaseModel):
         return self.model_dump(mode="json", include=set(CARRIED), exclude_defaults=True)
 
 
-def _declared_signals(graph: Any) -> list[str] | None:
+def declared_signals(graph: Any) -> list[str] | None:
     """The signal names a graph (``GraphModel`` as JSON) declares, sorted; None when none."""
     stages = graph.get("stages") if isinstance(graph, dict) else None
     names = {str(n) for st in stages or () if isinstance(st, dict) for n in st.get("signals") or ()}

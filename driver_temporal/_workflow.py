@@ -71,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         TAKE_SIGNAL_UPDATE,
     )
     from ._outbox import EventOutbox
+    from ._repin import RepinHandlers
     from ._signals import SignalHandlers
     from ._start import StartDocument
     from ._state import StageState
@@ -234,7 +235,9 @@ def _named_signal(
 
 
 @workflow.defn(dynamic=True)
-class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbox, CarryBudget):
+class GraphWorkflow(
+    RunInspection, MigrationHandlers, RepinHandlers, SignalHandlers, EventOutbox, CarryBudget
+):
     """Interprets a GraphModel passed in the start input (see ``_engine.TemporalEngine``)."""
 
     def __init__(self) -> None:
@@ -298,10 +301,15 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         # again only after one did (else, at a threshold its fresh history already holds,
         # it would go on in a new execution at every first safe point, once a second)
         self._waits_ended = 0
-        meta = workflow.memo_value(START_MEMO, None)
+        self._read_marks(workflow.memo_value(START_MEMO, None))
+
+    def _read_marks(self, meta: Any) -> None:
+        """(``__init__``) What the run's start memo says of the handlers it serves and of its
+        signal rule, before any signal or update of its first task is handled."""
         if not (isinstance(meta, dict) and meta.get("names") == NAMES_MARK):
             self._serve_old_names()  # a run started before the wfe.internal.* names
         self._read_signal_rule(meta)
+        self._init_repin(meta)  # (``_repin``)
         if isinstance(meta, dict) and meta.get("continued") and not meta.get("due_at_once"):
             # an execution continued by a driver before ``_early`` (it never set
             # ``due_at_once``): its first task queued each signal as it came, before the
@@ -605,6 +613,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             or self._failures
             or self._status != "pending"
             or self._broken is not None
+            or self._repin_to is not None
         ):
             return False
         if self._inflight or self._locals or self._ahead or self._calls or self._attempts:
@@ -769,6 +778,9 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         self._version: str = start.version
         self._graph = GraphModel.model_validate(start.graph)
         self._redrive: int = start.redrive
+        # the redrive this execution's step journals are kept under: its start document's (a
+        # re-pin in place counts a redrive, ``_repin``, and keeps the journals where they are)
+        self._journal: int = start.redrive
         # attempts superseded by redrives (here or on the engine a run moved from), kept for
         # the snapshot: {"redrive": n, "stage": id, "record": the stage record it replaced}
         self._redrive_history: list[dict[str, Any]] = list(start.redrive_history)
@@ -922,6 +934,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                         # freed (the stop follows): it never starts, as a native queued job
                         raise _Stopped()
                     await self._gate()
+                    await self._repin_gate()  # (``_repin``: no yield unless one waits)
                     attempt = next_attempt if fresh else st.attempt
                     self._begin_stage(sid, attempt, fresh)
                     known = dict(st.steps)
@@ -1347,7 +1360,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
             "version": self._version,
             "stage_id": sid,
             "attempt": attempt,
-            "redrive": self._redrive,
+            "redrive": self._journal,
             "input": self._start.input,
             "outputs": {a: self._stages[a].output for a in self._ancestors(sid)},
             "steps": list(steps.values()),
@@ -1531,7 +1544,7 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
         mark = self._scheduling()
         records: list[dict[str, Any]] = await workflow.execute_local_activity(
             READ_JOURNAL_ACTIVITY,
-            args=[self._run_id, sid, self._redrive]
+            args=[self._run_id, sid, self._journal]
             + ([self._start.blob_keys] if self._start.case_safe_keys else []),
             result_type=list,
             start_to_close_timeout=timedelta(seconds=30),
@@ -1552,6 +1565,8 @@ class GraphWorkflow(RunInspection, MigrationHandlers, SignalHandlers, EventOutbo
                 self._emit(self._lc.stage_cancelled(sid))
 
     async def _compensate(self) -> None:
+        if self._repin_due():  # (``_repin``: the pin moved; its compensations run there)
+            self._apply_repin()
         self._status = "compensating"
         self._sync()
         done = [s for s in self._stages.values() if s.status == "completed" and s.order]
