@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import VersioningBehavior
 from temporalio.client import Client
 
+from driver_temporal._start import StartDocument
 from engine_port import MemorySink, Registry, Retry, StageContext, Workflow
 from engine_port.errors import InvalidRedriveError, UnsupportedFeatureError
 
@@ -97,6 +99,17 @@ def versioned(version: str) -> Workflow[In]:
         return str(ctx.output_of("which"))
 
     return wf
+
+
+def started_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs started from here on are of the code before ``StartDocument.repins_in_place``."""
+    made = StartDocument.for_engine.__func__  # type: ignore[attr-defined]
+
+    def older(cls: type[StartDocument], *args: Any, **kwargs: Any) -> StartDocument:
+        doc: StartDocument = made(cls, *args, **kwargs)
+        return doc.model_copy(update={"repins_in_place": False})
+
+    monkeypatch.setattr(StartDocument, "for_engine", classmethod(older))
 
 
 async def pinned_to(address: str, run_id: str) -> tuple[str, str, str]:
@@ -219,13 +232,15 @@ async def test_redrive_without_the_workflow_in_the_registry(make_engine: EngineF
 
 
 async def test_a_started_stranded_run_is_not_re_pinned_at_a_loss(
-    make_engine: EngineFactory,
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """This driver re-pins a stranded run by restarting it from its memo: a run whose stage
-    journaled a step and waits, or a pending run that was signalled, would lose the step
-    (run again) or the signal. Such a re-pin is refused (UnsupportedFeatureError saying
-    what to do) and the run goes on untouched on its own version; before, it was ended and
-    started again on v2, re-running the journaled step and dropping the signal."""
+    """A run started before ``StartDocument.repins_in_place`` (runs started now are re-pinned
+    in place: ``test_repin_in_place.py``) is re-pinned by restarting it from its memo: a run
+    whose stage journaled a step and waits, or a pending run that was signalled, would lose
+    the step (run again) or the signal. Such a re-pin is refused (UnsupportedFeatureError
+    saying what to do) and the run goes on untouched on its own version; before, it was
+    ended and started again on v2, re-running the journaled step and dropping the signal."""
+    started_before(monkeypatch)
     steps: list[str] = []
 
     def waiting(version: str) -> Workflow[In]:
