@@ -41,7 +41,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from engine_port import GraphModel, Lifecycle
 
-    from ._names import REPIN_UPDATE
+    from ._names import INTERNAL, REPIN_UPDATE
     from ._search import SA_VERSION
     from ._start import StartDocument, declared_signals
     from ._state import StageState
@@ -83,6 +83,7 @@ class RepinHandlers:
     _group_of: dict[str, int] | None
     _signal_names: frozenset[str] | None
     _repin_to: dict[str, Any] | None
+    _repins: bool
 
     # (methods of the other bases and ``GraphWorkflow``, some later in the MRO: annotated,
     # not defined, so that none is shadowed here)
@@ -91,13 +92,9 @@ class RepinHandlers:
     _declare_signals: Callable[[], None]
 
     def _init_repin(self, start_memo: Any) -> None:
-        """(``__init__``) No re-pin waits; on runs with ``repins_in_place`` the update is
-        registered before any update of the run's first task is handled (a pending run is
-        re-pinned in its first)."""
+        """(``__init__``) No re-pin waits; whether the run takes one (``repins_in_place``)."""
         self._repin_to = None
-        if not (isinstance(start_memo, dict) and start_memo.get("repins_in_place")):
-            return
-        workflow.set_update_handler(REPIN_UPDATE, self.on_repin, validator=self._validate_repin)
+        self._repins = isinstance(start_memo, dict) and bool(start_memo.get("repins_in_place"))
 
     def _refuse_repin(self) -> None:
         if self._migrated_to is not None or self._frozen:
@@ -130,10 +127,6 @@ class RepinHandlers:
                 return sid
         return next(iter(self._stages), "?")
 
-    def _validate_repin(self, body: dict[str, Any]) -> None:
-        if self._ready:
-            self._refuse_repin()
-
     def _build_id(self) -> str | None:
         """The build id (version) of the worker that runs this workflow task (None: an
         unversioned worker, as in a replay test without deployment data)."""
@@ -144,6 +137,7 @@ class RepinHandlers:
         """A re-pin waits to be applied, and this workflow task runs on its version."""
         return self._repin_to is not None and self._build_id() == self._repin_to["version"]
 
+    @workflow.update(name=REPIN_UPDATE, description=INTERNAL)
     async def on_repin(self, body: dict[str, Any]) -> dict[str, Any]:
         if not self._ready:
             await workflow.wait_condition(lambda: self._ready)
@@ -165,6 +159,18 @@ class RepinHandlers:
                 await self._hold(version, body)
             return {"version": self._version, "applied": self._repin_to is None}
         return {"version": self._version, "applied": self._version == version}
+
+    @on_repin.validator
+    def _validate_repin(self, body: dict[str, Any]) -> None:
+        if not self._repins:
+            # (a run started before: its history has no such update, and it takes none; a
+            # validator's refusal writes nothing to the history)
+            raise _refusal(
+                f"run {workflow.info().workflow_id!r} was started before re-pins in place",
+                "UnsupportedFeatureError",
+            )
+        if self._ready:
+            self._refuse_repin()
 
     async def _hold(self, version: str, body: dict[str, Any]) -> None:
         """Step 1: hold the stage attempts for a re-pin to ``version``, withdraw those no
