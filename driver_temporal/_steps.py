@@ -5,8 +5,10 @@ a stage's ledger is its id, its compensation's ``<stage id>#compensation``. Here
 
 - a stage's: those its latest execution started with (the start document's ``stages``: a
   redrive's kept stages and, from the last failure, its re-run ones; an import's), then those
-  journaled since under the run's current redrive (``r<redrive>/stage/``), the later record of
-  a step winning. A redrive from a stage or the start starts the stages it re-runs with no
+  journaled since under the redrive that execution journals under (``r<redrive>/stage/``: its
+  start document's, the run's current redrive but after a re-pin in place, which counts a
+  redrive and leaves the journals where they are, ``_repin``), the later record of a step
+  winning. A redrive from a stage or the start starts the stages it re-runs with no
   steps, as the native redrive deletes their rows;
 - a compensation's: those journaled under the run's current redrive (``r<redrive>/compensate/``):
   a compensation after a redrive is a new one that runs its steps again, as the native redrive
@@ -37,9 +39,9 @@ def run_steps(
     started: Mapping[str, Any],
     journals: Mapping[JournalKey, list[dict[str, Any]]],
 ) -> list[StepEntry]:
-    """The run's steps by ledger and name: ``stage_ids`` its stages, ``redrive`` its current
-    redrive, ``started`` the start document's ``stages`` of its latest execution, ``journals``
-    what ``read_run_journals`` read."""
+    """The run's steps by ledger and name: ``stage_ids`` its stages, ``redrive`` the redrive
+    its latest execution journals under, ``started`` the start document's ``stages`` of that
+    execution, ``journals`` what ``read_run_journals`` read."""
     out: list[StepEntry] = []
     for sid in stage_ids:
         # its folder in either key shape (``StartDocument.blob_keys``): a run's execution

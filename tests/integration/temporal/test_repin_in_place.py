@@ -223,3 +223,29 @@ async def test_a_repinned_run_continues_as_new_on_its_new_version(
     )
     # (b's body ran twice: the try that suspended, and the one that resumed)
     assert ran == Counter({"a@v1": 1, "x@v1": 1, "a@v2": 1, "b@v2": 2})
+
+
+async def test_a_run_whose_old_worker_is_still_up_is_repinned_in_place(
+    make_engine: EngineFactory,
+) -> None:
+    """A run re-pinned while a worker of its version still runs (it holds the run in its
+    cache, on its sticky queue): the re-pin moves it all the same, and the v2 worker, not
+    the v1 one, runs what follows."""
+    ran: Counter[str] = Counter()
+    sink = MemorySink()
+    e1 = make_engine(Registry([waiting("v1", ran)]), sink=sink)
+    e2 = make_engine(Registry([waiting("v2", ran)]), sink=sink)
+    async with e1, e2, e1.worker(), e2.worker():
+        run = await e1.start("repin-waits", {})
+        await wait_for_event(sink, run.id, "stage.suspended", timeout=60)
+        moved = await e2.redrive(run.id, version="latest")
+        assert (moved.version, moved.status, moved.redrive_count) == (
+            "v2",
+            RunStatus.SUSPENDED,
+            1,
+        )
+        await e2.signal(run.id, "more", {"n": 2})  # (queued: b takes it when it starts)
+        await e2.signal(run.id, "go", {"n": 1})
+        done = await e2.wait(run.id, timeout=60)
+    assert (done.status, done.output) == (RunStatus.COMPLETED, "x@v1/a@v2/1/b@v2/2")
+    assert ran == Counter({"a@v1": 1, "x@v1": 1, "a@v2": 1, "b@v2": 1})
