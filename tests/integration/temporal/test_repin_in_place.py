@@ -12,7 +12,7 @@ import asyncio
 import json
 import os
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,11 @@ class In(BaseModel):
     n: int = 0
 
 
-def waiting(version: str, ran: Counter[str], wid: str = "repin-waits") -> Workflow[In]:
-    """Stage ``a`` journals step ``x`` and waits for ``go``; stage ``b`` waits for ``more``."""
+def waiting(
+    version: str, ran: Counter[str], wid: str = "repin-waits", extra: Sequence[str] = ()
+) -> Workflow[In]:
+    """Stage ``a`` journals step ``x`` and waits for ``go``; stage ``b`` waits for ``more``
+    (and declares ``extra`` signals besides)."""
     wf = Workflow(wid, input=In, version=version)
 
     def x() -> str:
@@ -52,7 +55,7 @@ def waiting(version: str, ran: Counter[str], wid: str = "repin-waits") -> Workfl
         go = await ctx.step.wait_for_signal("go", timeout=600)
         return f"{got}/a@{version}/{go['n']}"
 
-    @wf.stage(after=[a], signals=["more"])
+    @wf.stage(after=[a], signals=["more", *extra])
     async def b(ctx: StageContext[In]) -> str:
         ran[f"b@{version}"] += 1
         more = await ctx.step.wait_for_signal("more", timeout=600)
@@ -249,3 +252,33 @@ async def test_a_run_whose_old_worker_is_still_up_is_repinned_in_place(
         done = await e2.wait(run.id, timeout=60)
     assert (done.status, done.output) == (RunStatus.COMPLETED, "x@v1/a@v2/1/b@v2/2")
     assert ran == Counter({"a@v1": 1, "x@v1": 1, "a@v2": 1, "b@v2": 1})
+
+
+async def test_a_repinned_run_takes_the_signals_its_new_version_declares(
+    make_engine: EngineFactory,
+) -> None:
+    """v2 declares a signal v1 did not (same stages and dependencies). After the re-pin,
+    ``signal`` through an engine that serves neither version (``wfe signal`` without --app:
+    the run's graph read from Temporal and the BlobStore) accepts it, and so does the run
+    for an operator's raw signal of that name; before, the graph read was the one the
+    execution started with (v1's), and the signal was refused as undeclared."""
+    ran: Counter[str] = Counter()
+    sink = MemorySink()
+    e1 = make_engine(Registry([waiting("v1", ran)]), sink=sink)
+    e2 = make_engine(Registry([waiting("v2", ran, extra=["extra"])]), sink=sink)
+    bare = make_engine(Registry([]), sink=sink)
+    async with e1, e2, bare:
+        run = await e1.start("repin-waits", {})  # no v1 worker: pending
+        moved = await e2.redrive(run.id, version="latest")
+        assert moved.version == "v2"
+        queued = await bare.signal(run.id, "extra", {"n": 3})
+        assert not queued.delivered
+        handle = e2._conn.get_workflow_handle(run.id)
+        await handle.signal("extra", {"n": 4})  # (an operator's, by its declared name)
+        async with e2.worker():
+            await e2.signal(run.id, "go", {"n": 1})
+            await e2.signal(run.id, "more", {"n": 2})
+            done = await e2.wait(run.id, timeout=60)
+        memo = await (await handle.describe()).memo()
+    assert (done.status, done.output) == (RunStatus.COMPLETED, "x@v2/a@v2/1/b@v2/2")
+    assert "wfe_rejected_signals" not in memo
