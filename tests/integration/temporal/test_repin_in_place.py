@@ -282,3 +282,46 @@ async def test_a_repinned_run_takes_the_signals_its_new_version_declares(
         memo = await (await handle.describe()).memo()
     assert (done.status, done.output) == (RunStatus.COMPLETED, "x@v2/a@v2/1/b@v2/2")
     assert "wfe_rejected_signals" not in memo
+
+
+async def test_a_re_pin_that_cannot_move_the_pin_lifts_its_hold(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pin move fails (Temporal unavailable at that moment): redrive raises, the run's
+    hold is lifted (step 1 undone) and it is where it was: v1, redrive 0, and a v1 worker
+    finishes it; a redrive later re-pins as usual."""
+    from driver_temporal import _repinning
+    from engine_port.errors import DriverUnavailableError
+
+    ran: Counter[str] = Counter()
+    sink = MemorySink()
+    e1 = make_engine(Registry([waiting("v1", ran)]), sink=sink)
+    e2 = make_engine(Registry([waiting("v2", ran)]), sink=sink)
+    moved_pin = _repinning._move_pin
+
+    async def unavailable(*args: Any) -> None:
+        raise DriverUnavailableError("Temporal is away (test)")
+
+    async with e1, e2:
+        run = await e1.start("repin-waits", {})
+        monkeypatch.setattr(_repinning, "_move_pin", unavailable)
+        with pytest.raises(DriverUnavailableError):
+            await e2.redrive(run.id, version="latest")
+        kept = await e2.get_run(run.id)
+        assert (kept.version, kept.redrive_count) == ("v1", 0)
+        monkeypatch.setattr(_repinning, "_move_pin", moved_pin)
+        async with e1.worker():
+            await e1.signal(run.id, "go", {"n": 1})
+
+            async def b_waits() -> bool:
+                events = sink.for_run(run.id)
+                return any(e.type == "stage.suspended" and e.stage == "b" for e in events)
+
+            await until(b_waits, "b waits for more")
+            moved = await e2.redrive(run.id, version="latest")
+            assert (moved.version, moved.redrive_count) == ("v2", 1)
+        async with e2.worker():
+            await e2.signal(run.id, "more", {"n": 2})
+            done = await e2.wait(run.id, timeout=60)
+    assert (done.status, done.output) == (RunStatus.COMPLETED, "x@v1/a@v1/1/b@v2/2")
+    assert "run.redriven" in [t for t, _ in trace(sink, run)]
