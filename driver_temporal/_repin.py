@@ -84,6 +84,8 @@ class RepinHandlers:
     _signal_names: frozenset[str] | None
     _repin_to: dict[str, Any] | None
     _repins: bool
+    _dirty: bool
+    _info: dict[str, Any]
 
     # (methods of the other bases and ``GraphWorkflow``, some later in the MRO: annotated,
     # not defined, so that none is shadowed here)
@@ -153,6 +155,12 @@ class RepinHandlers:
                 )
                 if self._repin_due() and not self._winding():
                     self._apply_repin()
+            if self._version == version:
+                # (the run as re-pinned, once its memo is written in this activation: what
+                # redrive() returns, as native's answer from the re-pin's transaction; a read
+                # after it may find the run already finished by the new version's worker)
+                await workflow.wait_condition(lambda: not self._dirty)
+                return {"version": self._version, "applied": True, "info": self._info}
         else:
             self._refuse_repin()
             if not pending and version != self._version:
@@ -169,8 +177,8 @@ class RepinHandlers:
                 f"run {workflow.info().workflow_id!r} was started before re-pins in place",
                 "UnsupportedFeatureError",
             )
-        if self._ready:
-            self._refuse_repin()
+        if self._ready and not (body.get("apply") or body.get("abort")):
+            self._refuse_repin()  # (steps 3 and undo check in the handler: ``_winding``)
 
     async def _hold(self, version: str, body: dict[str, Any]) -> None:
         """Step 1: hold the stage attempts for a re-pin to ``version``, withdraw those no

@@ -10,18 +10,21 @@ serve (a redrive or signal through ``wfe`` without --app).
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pydantic_core
-from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.enums.v1 import PendingActivityState, UpdateWorkflowExecutionLifecycleStage
 from temporalio.api.workflowservice.v1 import (
     DescribeWorkflowExecutionResponse,
+    PollWorkflowExecutionUpdateRequest,
     UpdateWorkflowExecutionOptionsRequest,
 )
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.common import PinnedVersioningOverride
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from engine_port import RunInfo
 from engine_port.driver import GraphModel, frozen_run_error
@@ -99,6 +102,8 @@ async def repin_in_place(
         await _move_pin(engine, run_id, wf_id, info.version)
         current = await engine.get_run(run_id)
         raise RunNotActiveError(run_id, current.status, "redrive")
+    if isinstance(res.get("info"), dict):
+        return await engine._resolve(res["info"])
     return await engine.get_run(run_id)
 
 
@@ -123,23 +128,38 @@ async def _move_pin(engine: TemporalEngine, run_id: str, workflow_id: str, versi
 async def _update(
     engine: TemporalEngine, run_id: str, info: RunInfo, version: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    """``wfe.internal.repin`` answered by a worker of ``version`` (this engine hosts a
-    workflow-only one when it runs none, as for a migration)."""
-    try:
-        await _moving.helper(engine, info.workflow_id, version)
-    except RuntimeError as exc:
-        # (Temporal's core: one worker of a task queue and build id per process; another
-        # engine of this process runs a full one, which answers)
-        if "multiple workers" not in str(exc):
-            raise
+    """``wfe.internal.repin`` answered by a worker of ``version``: this engine hosts a
+    workflow-only one while it runs none (as for a migration), started only once Temporal
+    admitted the update, so that the first workflow task it runs carries the update. A
+    workflow-only worker of the run's version that ran a pending task first (a signal, a
+    fired timer, the run's first task) would schedule the old version's stage activities
+    with no hold, and Temporal routes the activities of a version whose queue has no
+    activity poller to the queue's current version (seen under load: v2's worker ran v1's
+    stage, which failed the run). A helper this call started is stopped once answered."""
+    key = (engine.task_queue(info.workflow_id), version)
+    ours = key not in engine._helpers and not engine._hosted.get(key)
     handle = engine._conn.get_workflow_handle(run_id)
-    try:
-        res: dict[str, Any] = await handle.execute_update(
+    update_id = f"wfe-repin-{uuid.uuid4().hex}"
+    call = asyncio.ensure_future(
+        handle.execute_update(
             REPIN_UPDATE,
             body,
+            id=update_id,
             result_type=dict,
             rpc_timeout=timedelta(seconds=_UPDATE_WAIT_S),
         )
+    )
+    try:
+        await _admitted(engine, run_id, update_id, call)
+        if not call.done():
+            try:
+                await _moving.helper(engine, info.workflow_id, version)
+            except RuntimeError as exc:
+                # (Temporal's core: one worker of a task queue and build id per process;
+                # another engine of this process runs a full one, which answers)
+                if "multiple workers" not in str(exc):
+                    raise
+        res: dict[str, Any] = await call
         return res
     except WorkflowUpdateFailedError as exc:
         kind = _failure_type(exc)
@@ -158,3 +178,34 @@ async def _update(
         raise DriverUnavailableError(
             f"run {run_id!r} did not answer the re-pin to version {version!r} in time; retry"
         ) from None
+    finally:
+        if not call.done():
+            call.cancel()
+        if ours:
+            await _moving.drop_helper(engine, key)
+
+
+async def _admitted(
+    engine: TemporalEngine, run_id: str, update_id: str, call: asyncio.Future[Any]
+) -> None:
+    """Wait until Temporal admitted update ``update_id`` (or ``call`` ended: a worker that
+    polls already answered it); the server says NOT_FOUND until the request reached it."""
+    client = engine._conn
+    request = PollWorkflowExecutionUpdateRequest(namespace=client.namespace)
+    request.update_ref.workflow_execution.workflow_id = run_id
+    request.update_ref.update_id = update_id
+    request.wait_policy.lifecycle_stage = (
+        UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _UPDATE_WAIT_S
+    while not call.done():
+        try:
+            await client.workflow_service.poll_workflow_execution_update(
+                request, retry=False, timeout=timedelta(seconds=5)
+            )
+            return
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND or loop.time() > deadline:
+                return  # (the update call itself says what went wrong)
+        await asyncio.sleep(0.02)
