@@ -9,7 +9,8 @@ stay), ``redrive_count`` + 1, a ``run.redriven`` event (``from: last_failure``, 
 version), and the next attempt (or resume) runs the new version's body. Here in three steps:
 
 1. ``wfe.internal.repin`` ``{version, graph}`` on a worker of the run's version (the engine
-   hosts a workflow-only one, as for a migration): the run *holds* its stage attempts (none
+   hosts a workflow-only one while it runs none, started once Temporal admitted the update:
+   ``_repinning._update``): the run *holds* its stage attempts (none
    starts or resumes, ``_repin_gate``) and withdraws those scheduled that no worker picked up
    (their attempt is scheduled again once re-pinned, no second ``stage.started``: as a
    freeze's, ``_freezing``). An attempt a worker runs is left running and refuses the re-pin
