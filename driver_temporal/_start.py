@@ -180,7 +180,7 @@ class StartDocument(BaseModel):
     # two events of one sequence number at the sink. A run started before handed them over
     # before continuing, and replays so
     continue_carries_events: bool = False
-    # (runs started since 2026-12-07) a redrive(version=...) of the run while it is pending or
+    # (runs started since 2026-12-06 late) a redrive(version=...) of the run while it is pending or
     # suspended re-pins it in place (``_repin``): the ``wfe.internal.repin`` update holds its
     # stage attempts, the engine moves the execution's pinned Worker Deployment version, and
     # the first workflow task of the new version's worker takes the new graph, emits
