@@ -106,7 +106,11 @@ class EventSinkContract:
                     result = await engine.flush_events()
                     _check(result)
                     seen.append(result)
-                    return any(r.failed or r.dead_lettered for r in seen)
+                    if any(r.failed or r.dead_lettered for r in seen):
+                        return True
+                    # or the worker's own flush met the refusal first, and its retries
+                    # dead-lettered the events (``dead_letter_after``): this one finds none
+                    return any(e.run_id == run.id for e in await engine.dead_letters())
 
                 await eventually(refused, timeout=30, what="a flush that reports the refusal")
 
