@@ -176,6 +176,7 @@ from ._steps import run_steps
 from ._waiters import DeliveryWaiters
 from ._wire import (
     BLOB_KEYS_CASE_SAFE,
+    RUN_END_BY_WORKER,
     deployment_for,
     journal_stage_part,
     new_run_id,
@@ -317,6 +318,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         # runs whose version this engine serves but whose last signal the query answered (a
         # worker of another process holds them): signal() asks them at once (same bound)
         self._elsewhere: dict[str, None] = {}
+        # runs whose execution closes when they end (``StartDocument.ends_on_worker``: their
+        # last events are the worker's to deliver, never the open workflow's): wait() awaits
+        # the close alone, with no status peek (same bound)
+        self._close_at_end: dict[str, None] = {}
         self._activities = DriverActivities(
             registry,
             self.claim,
@@ -631,6 +636,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             if memo.get("wfe_fp") != fp:
                 raise IdempotencyConflictError(idempotency_key, run_id)
             return keyed_repeat(await self._info_from_memo(memo, _status_of(raw)))
+        if start.ends_on_worker:
+            _keep(self._close_at_end, run_id)
         return await self._resolve(initial)
 
     def _initial_info(
@@ -978,6 +985,9 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         try:
             delay = _FIRST_PEEK_S
             while not closed.done():
+                if run_id in self._close_at_end:
+                    await asyncio.wait({closed})  # (its status turns terminal as it closes)
+                    break
                 # (many waits at once: each peeks less often, so that together they keep to
                 # the engine's budget)
                 await asyncio.wait({closed}, timeout=max(delay, self._waiting / _PEEKS_PER_S))
@@ -1000,7 +1010,11 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         if _status_of(raw) != WorkflowExecutionStatus.RUNNING:
             return True
         status = ((await self._memo_of(raw)).get("wfe_run") or {}).get("status")
-        return status is None or status not in _ACTIVE
+        if status is None or status not in _ACTIVE:
+            return True
+        if (await self._start_memo(raw)).get("run_end") == RUN_END_BY_WORKER:
+            _keep(self._close_at_end, run_id)  # (no more peeks at it)
+        return False
 
     # -- signals and cancel ---------------------------------------------------------------------
     @telemetry.traced_signal
@@ -1103,9 +1117,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         ended or froze meanwhile (a closed one: the signal RPC fails), as ``signal`` says."""
         self._live.pop(info.id, None)
         if info.status in _LIVE and not (memo.get("wfe_run") or {}).get("frozen"):
-            self._live[info.id] = (info.workflow_id, info.version)
-            if len(self._live) > _MAX_LIVE:
-                del self._live[next(iter(self._live))]
+            _keep(self._live, info.id, (info.workflow_id, info.version))
 
     def _serves(self, target: tuple[str, str] | None) -> bool:
         """Whether a worker of this engine (an ``EngineWorker`` or a helper) serves the
@@ -1138,9 +1150,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             if answer.done():
                 elsewhere.pop(run_id, None)  # (back on a worker here)
                 return answer.result()
-            elsewhere[run_id] = None
-            if len(elsewhere) > _MAX_LIVE:
-                del elsewhere[next(iter(elsewhere))]
+            _keep(elsewhere, run_id)
             return asked.result()
         finally:
             asked.cancel()
@@ -1780,6 +1790,15 @@ def _describe_deployment(
 ) -> Awaitable[DescribeWorkerDeploymentResponse]:
     """``DescribeWorkerDeployment`` (``_rpc.read`` retries)."""
     return svc.describe_worker_deployment(request, retry=False, timeout=timeout)
+
+
+def _keep(runs: dict[str, Any], run_id: str, value: Any = None) -> None:
+    """Note ``run_id`` (last) in one of an engine's bounded run notes: ``_MAX_LIVE`` runs at
+    most, the oldest dropped."""
+    runs.pop(run_id, None)
+    runs[run_id] = value
+    if len(runs) > _MAX_LIVE:
+        del runs[next(iter(runs))]
 
 
 def _status_of(raw: DescribeWorkflowExecutionResponse) -> WorkflowExecutionStatus | None:
