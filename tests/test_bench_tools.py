@@ -123,3 +123,25 @@ def test_txcount_says_how_much_wal_a_postgres_run_writes(
     monkeypatch.setattr(_common, "PG_ADMIN", admin_url().replace("+psycopg", "", 1))
     asyncio.run(txcount.main("postgres", 5))
     assert _written_kib(capsys.readouterr().out) > 0
+
+
+def test_ab_swap_takes_the_base_version_and_puts_the_new_one_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``ab_swap`` compiles the named functions as they are at the base commit and swaps them
+    in for side A only (a classmethod stays one), then runs both sides and prints B/A."""
+    from bench.tools import ab_swap
+    from driver_native import _schedule
+
+    new_plan = _schedule.Ahead.__dict__["plan"]
+    swaps = [
+        ab_swap.Swap("driver_native/_schedule.py:Ahead.plan", "HEAD"),
+        ab_swap.Swap("driver_native/_schedule.py:upstream_outputs", "HEAD"),
+    ]
+    assert isinstance(swaps[0].old, classmethod) and swaps[0].old is not new_plan
+    assert swaps[1].old.__globals__ is not vars(_schedule)  # (a copy of its globals)
+    out = asyncio.run(ab_swap.measure("sqlite", swaps, batches=2, per=2, aa=False))
+    assert _schedule.Ahead.__dict__["plan"] is new_plan  # (side B's left in place)
+    assert [len(out[s][1]) for s in "AB"] == [4, 4]
+    ab_swap.report(out, print)
+    assert "B/A: CPU a run" in capsys.readouterr().out
