@@ -85,6 +85,10 @@ class ExecuteJob(Command):
     handoff: int = 0
     on_handoff: Callable[[list[tuple[Any, Any]]], None] | None = field(default=None, compare=False)
     begun: Any = field(default=None, compare=False)  # a handed-off stage already running
+    # told, once the outcome is committed, when the job is due again if that is in the future
+    # (the kernel's clock, epoch seconds: a sleep's or a wait's deadline, a retry's delay):
+    # the host sets a timer for it instead of finding it at its next poll
+    on_due: Callable[[float], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

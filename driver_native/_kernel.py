@@ -951,7 +951,9 @@ class Kernel:
         except Exception as exc:
             if not (isinstance(exc, _CompensationAbandoned) or is_storage_fault(exc)):
                 raise
-            await self._abandon(cmd.job, cmd.worker_id, exc)
+            due = await self._abandon(cmd.job, cmd.worker_id, exc)
+            if due is not None and cmd.on_due is not None:
+                cmd.on_due(due)
             return "abandoned"
         if result != "abandoned":
             # (a job abandoned in the outage went through, or none was for a while: a job
@@ -959,7 +961,9 @@ class Kernel:
             self._abandoned.report(log.log, int(cmd.job.id))
         return result
 
-    async def _abandon(self, job: Any, worker: str, exc: BaseException) -> None:
+    async def _abandon(self, job: Any, worker: str, exc: BaseException) -> float | None:
+        """Give the job back, due again after a backoff: when (None: its lease could not be
+        given back now)."""
         # one WARNING per outage (an S3 or disk fault lets jobs be claimed and abandoned
         # again every few seconds each, for as long as it lasts); the rest at DEBUG
         level, note = self._abandoned.abandoned(int(job.id))
@@ -973,10 +977,9 @@ class Kernel:
             _progress.ABANDON_BACKOFF_S,
             note,
         )
+        due = self.now() + _progress.ABANDON_BACKOFF_S
         try:
-            await self.db.tx(
-                _progress.abandon_job, job, worker, self.now() + _progress.ABANDON_BACKOFF_S
-            )
+            await self.db.tx(_progress.abandon_job, job, worker, due)
         except Exception as again:
             if not is_storage_fault(again):
                 raise
@@ -988,6 +991,8 @@ class Kernel:
                 job.run_id,
                 describe_fault(again),
             )
+            return None
+        return due
 
     async def return_leases(self) -> int:
         """Give back the leases of attempts abandoned while the database was unreachable (see
@@ -1093,6 +1098,8 @@ class Kernel:
             self._run_finished(job.run_id, final)
         if (handoff.jobs or handoff.quiet) and cmd.on_handoff is not None:
             cmd.on_handoff(handoff.jobs)  # (an empty list: nothing was left for the queue)
+        if handoff.due_at is not None and cmd.on_due is not None:
+            cmd.on_due(handoff.due_at)
         return result
 
     def _lease_lost(self, job: Any, worker: str) -> None:
@@ -1115,10 +1122,11 @@ class Kernel:
         job, worker = cmd.job, cmd.worker_id
         wf_id, version = job.wfv.split("@", 1)
         wf = self.registry.get(wf_id, version)
-        plan = await self.db.tx(
-            _progress.begin_compensation_job, job, worker, wf.graph(), self.now()
-        )
+        now = self.now()
+        plan = await self.db.tx(_progress.begin_compensation_job, job, worker, wf.graph(), now)
         if plan is None:
+            if cmd.on_due is not None:  # (also when the lease was found gone: a look for nothing)
+                cmd.on_due(now + _progress.COMPENSATION_RECHECK_S)
             return "deferred"
         cancel = asyncio.Event()  # set once the lease is found gone (ctx.cancelled)
 

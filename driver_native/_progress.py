@@ -61,6 +61,7 @@ from ._sql import (
 
 __all__ = [
     "ABANDON_BACKOFF_S",
+    "COMPENSATION_RECHECK_S",
     "Begin",
     "CompensationPlan",
     "GraphShape",
@@ -84,6 +85,10 @@ ACTIVE = WORKING_RUN_STATUSES
 
 ABANDON_BACKOFF_S = 1.0
 """How long an attempt abandoned on a storage fault waits before it runs again."""
+
+COMPENSATION_RECHECK_S = 0.05
+"""How long a compensation job that found stages of its run still running waits before it
+looks again (``begin_compensation_job``)."""
 
 
 @dataclass(frozen=True)
@@ -488,6 +493,7 @@ class _Attempt:
     drafts: list[EventDraft] = field(default_factory=list)
     run_values: dict[str, Any] = field(default_factory=dict)
     refresh: bool = True
+    due_at: float | None = None  # the job is due again then, in the future (``Handoff``)
 
 
 def _complete_stage(a: _Attempt, outcome: Completed) -> None:
@@ -649,6 +655,8 @@ def _on_suspended(a: _Attempt, outcome: Suspended) -> str:
         ready_now = queued is not None
     if ready_now:
         notify_due(a.conn)
+    elif until is not None:
+        a.due_at = until
     # (nobody reads its row count: on PostgreSQL it goes out with the commit)
     update_later(
         a.conn,
@@ -687,13 +695,16 @@ def _on_failed(a: _Attempt, outcome: Failed, shape: GraphShape) -> str:
     error = outcome.error.model_dump()
     if will_retry:
         _set_stage(a.conn, a.run.id, a.stage.stage_id, status=StageStatus.PENDING, error=error)
+        due = a.now + spec.retry.delay_s(attempt)
+        if due > a.now:
+            a.due_at = due
         update_later(
             a.conn,
             jobs,
             {"id": a.job.id},
             {
                 "status": "ready",
-                "available_at": a.now + spec.retry.delay_s(attempt),
+                "available_at": due,
                 "attempt": attempt + 1,
                 "lease_owner": None,
                 "lease_expires_at": None,
@@ -767,6 +778,7 @@ def apply_outcome(
         # stage stays running with its attempt number, no event, and the job is due again
         # after a backoff (not at lease expiry)
         abandon_job(conn, job, worker, now + ABANDON_BACKOFF_S)
+        a.due_at = now + ABANDON_BACKOFF_S
         result = "abandoned"
     elif isinstance(outcome, Suspended):
         result = _on_suspended(a, outcome)
@@ -776,6 +788,8 @@ def apply_outcome(
     append_events(conn, run, a.drafts, now, **a.run_values)
     if a.refresh:
         refresh_status(conn, run.id, now, a.run_values.get("status", run.status))
+    if handoff is not None:
+        handoff.due_at = a.due_at
     return result
 
 
@@ -1036,6 +1050,8 @@ def _predicted_outcome(
             ids[:0] = taken
         _fresh_handoff(handoff)
         return None
+    if handoff is not None:
+        handoff.due_at = a.due_at
     return result
 
 
@@ -1079,6 +1095,7 @@ def _fresh_handoff(handoff: Handoff | None) -> None:
         handoff.jobs.clear()
         handoff.reserved = []
         handoff.quiet = handoff.finished = False
+        handoff.due_at = None
 
 
 IDS_LOW = 4
@@ -1163,7 +1180,10 @@ def begin_compensation_job(
             sa.update(jobs)
             .where(jobs.c.id == job.id)
             .values(
-                status="ready", available_at=now + 0.05, lease_owner=None, lease_expires_at=None
+                status="ready",
+                available_at=now + COMPENSATION_RECHECK_S,
+                lease_owner=None,
+                lease_expires_at=None,
             )
         )
         return None

@@ -93,6 +93,11 @@ class Handoff:
     # it did (None: ids reserved by an earlier transaction, the insert reads the clock): jobs
     # handed with them are inserted with the COMMIT, not read back (``Ahead``)
     reserved: Reserved = field(default_factory=list)
+    # the job of the transition is due again at this time in the future (the kernel's clock,
+    # epoch seconds): a suspension with a deadline (a sleep, a wait's timeout), a retry after
+    # its delay. None: it is not (due now, or waiting for a signal, or gone). The worker sets
+    # a timer for it, so that it resumes on time rather than at its next poll
+    due_at: float | None = None
 
 
 @dataclass

@@ -4,6 +4,7 @@ kernel's maintenance (reap leases, flush the outbox, reap stuck runs, retention)
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import os
@@ -64,6 +65,14 @@ maintenance). Not waiting made the reap of expired leases follow the claim at on
 exposed a race of the reap with the start of a compensation job (fixed in
 ``_progress.begin_compensation_job``), and such timing is better not changed in passing."""
 
+_TIMERS_KEPT = 1024
+"""The most due times a worker keeps to wake itself at (the earliest ones): a job due later
+than all of them is found by the poll, as a timer of another process is."""
+
+_TIMER_RETRY_S = 0.0005
+"""How long after a timer that rang before its time by the engine's clock (the event loop's
+clock and the wall clock are not the same clock) it rings again."""
+
 _FINAL_FLUSH_MIN_S = 1.0
 """The least time the final flush of a stop gets (a stop whose stages took all of its
 ``shutdown_timeout`` still delivers what it can quickly)."""
@@ -101,6 +110,7 @@ COUNTERS = (
     "listen_errors",
     "woken_by_notify",
     "woken_by_poll",
+    "woken_by_timer",
 )
 """Every counter :meth:`WorkerHost.stats` reports, each 0 until it counts something."""
 
@@ -157,6 +167,10 @@ class WorkerHost:
         self._next_flush = 0.0  # (monotonic) when the next flush starts
         self._next_survey = 0.0  # (monotonic) when ``_survey`` runs next
         self._away_since: float | None = None  # (monotonic) the database stopped answering
+        # when jobs this worker ran are due again (the kernel's clock, epoch seconds; sorted,
+        # at most _TIMERS_KEPT), and the one timer of the event loop set for the earliest
+        self._due_times: list[float] = []
+        self._timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -186,6 +200,7 @@ class WorkerHost:
         cancel the rest and give their leases back so another worker takes them at once."""
         self._stopping = True
         self._wake.set()
+        self._drop_timer()
         if self._listen_task is not None:
             self._listen_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -276,7 +291,8 @@ class WorkerHost:
           jobs, dealt with), ``purged`` (runs deleted by retention), ``dead_lettered`` (events
           this worker gave up), ``engine_errors`` (jobs that failed in the engine, logged with
           a traceback), ``loop_errors``, ``listen_errors``, ``woken_by_notify``,
-          ``woken_by_poll``;
+          ``woken_by_poll``, ``woken_by_timer`` (a job this worker ran came due: a sleep or a
+          wait's timeout ended, a retry's delay passed);
         - its sync stage threads: ``sync_threads``, ``sync_abandoned_running``,
           ``sync_abandoned_total`` (see ``SyncStageExecutor.stats``);
         - its engine's database (every caller of the engine, not only this worker):
@@ -373,6 +389,46 @@ class WorkerHost:
             self._active[job.id] = (job, task)
         self._counts["claimed"] += len(jobs)
         return len(jobs), len(jobs) >= free
+
+    # -- timers ------------------------------------------------------------------------------
+    def _due_at(self, at: float) -> None:
+        """A job this worker ran is due again at ``at`` (the kernel's clock), in the future
+        (``ExecuteJob.on_due``): the loop looks for work then, not only at its next poll.
+        One timer of the event loop, for the earliest time kept; none while stopping."""
+        if self._stopping:
+            return
+        times = self._due_times
+        if len(times) >= _TIMERS_KEPT and at >= times[-1]:
+            return  # (the poll finds it)
+        bisect.insort(times, at)
+        if len(times) > _TIMERS_KEPT:
+            times.pop()
+        if times[0] == at:
+            self._arm(0.0)
+
+    def _arm(self, least: float) -> None:
+        """(Re)set the timer for the earliest due time kept, at least ``least`` s from now."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._due_times and not self._stopping:
+            delay = max(self._due_times[0] - self.kernel.now(), least)
+            self._timer = asyncio.get_running_loop().call_later(delay, self._ring)
+
+    def _ring(self) -> None:
+        """The timer: what has come due by the kernel's clock wakes the loop."""
+        come = bisect.bisect_right(self._due_times, self.kernel.now())
+        if come:
+            del self._due_times[:come]
+            self._counts["woken_by_timer"] += 1
+            self._wake.set()
+        self._arm(0.0 if come else _TIMER_RETRY_S)
+
+    def _drop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._due_times.clear()
 
     def _loop_failed(self, exc: Exception, what: str) -> None:
         """A loop iteration or a survey raised: the database did not answer within its retry
@@ -572,6 +628,7 @@ class WorkerHost:
                 handoff=0 if self._stopping else free,
                 on_handoff=on_handoff,
                 begun=begun,
+                on_due=self._due_at,
             )
             result = await self.kernel.dispatch(command)
             self._counts[str(result)] += 1
