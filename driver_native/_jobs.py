@@ -2,7 +2,9 @@
 suspended stages. On PostgreSQL a claim is one UPDATE over FOR UPDATE SKIP LOCKED, and a
 transaction that makes a job due now sends a NOTIFY on :data:`CHANNEL` (with the schema as
 payload) so that idle workers of other processes claim it at once instead of at their next
-poll (polling stays, as the safety net; timers that come due are found by the poll)."""
+poll (polling stays, as the safety net). A job made due in the future (a sleep, a wait's
+timeout, a retry's delay) wakes the worker that recorded it at that time (its own timer,
+``WorkerHost._due_at``); the poll finds those of workers that stopped meanwhile."""
 
 from __future__ import annotations
 

@@ -171,6 +171,7 @@ class WorkerHost:
         # at most _TIMERS_KEPT), and the one timer of the event loop set for the earliest
         self._due_times: list[float] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # the due time it is set for
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -403,8 +404,8 @@ class WorkerHost:
         bisect.insort(times, at)
         if len(times) > _TIMERS_KEPT:
             times.pop()
-        if times[0] == at:
-            self._arm(0.0)
+        if self._timer is None or at < self._timer_at:
+            self._arm(0.0)  # (a new earliest)
 
     def _arm(self, least: float) -> None:
         """(Re)set the timer for the earliest due time kept, at least ``least`` s from now."""
@@ -412,7 +413,8 @@ class WorkerHost:
             self._timer.cancel()
             self._timer = None
         if self._due_times and not self._stopping:
-            delay = max(self._due_times[0] - self.kernel.now(), least)
+            self._timer_at = self._due_times[0]
+            delay = max(self._timer_at - self.kernel.now(), least)
             self._timer = asyncio.get_running_loop().call_later(delay, self._ring)
 
     def _ring(self) -> None:
