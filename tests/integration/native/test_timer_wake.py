@@ -11,7 +11,7 @@ from typing import Any
 
 from driver_native import _worker
 from driver_native._worker import WorkerHost
-from engine_port import Retry, RunStatus, StageContext, Workflow
+from engine_port import FakeClock, Retry, RunStatus, StageContext, Workflow
 from engine_port.errors import StepTimeoutError
 
 from . import workflows as w
@@ -173,3 +173,27 @@ async def test_one_timer_for_the_earliest_of_a_bounded_set_of_times(
         await eventually(rang, timeout=10)
         assert host.stats()["woken_by_timer"] == before + 1
         assert host._due_times[0] == now + 3601
+
+
+async def test_a_clock_that_does_not_move_does_not_make_the_timer_spin(
+    make_engine: MakeEngine,
+) -> None:
+    """A timer rings before its time by the engine's clock when that clock is not the event
+    loop's: it rings again later, each time twice as late (a test's FakeClock never moves:
+    without that it rang every half millisecond for as long as the worker ran)."""
+    engine = await make_engine(w.napper, clock=FakeClock(), poll_interval_seconds=POLL)
+    async with engine.worker() as host:
+        rings = 0
+        ring = host._ring
+
+        def counted() -> None:
+            nonlocal rings
+            rings += 1
+            ring()
+
+        host._ring = counted  # type: ignore[method-assign]
+        host._due_at(engine.kernel.now() + 0.0001)
+        await asyncio.sleep(0.5)
+        assert host._due_times == [engine.kernel.now() + 0.0001]  # never came due
+        assert 1 <= rings < 40  # (~10; at every 0.5 ms it was ~1000)
+        assert len(_pending_rings(host)) <= 1
