@@ -174,7 +174,7 @@ class WorkerHost:
         self._due_times: list[float] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # the due time it is set for
-        self._early = 0  # rings in a row that came before their time (_TIMER_RETRY_S)
+        self._early_s = 0.0  # the last wait after a ring that came before its time
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -427,11 +427,11 @@ class WorkerHost:
             del self._due_times[:come]
             self._counts["woken_by_timer"] += 1
             self._wake.set()
-            self._early = 0
+            self._early_s = 0.0
             self._arm(0.0)
             return
-        self._early += 1
-        self._arm(min(_TIMER_RETRY_S * 2 ** min(self._early, 30), self.poll_interval))
+        self._early_s = min(max(self._early_s * 2, _TIMER_RETRY_S), self.poll_interval)
+        self._arm(self._early_s)
 
     def _drop_timer(self) -> None:
         if self._timer is not None:
