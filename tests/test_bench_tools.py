@@ -1,6 +1,7 @@
 """The profiling tools of ``bench/tools`` that the bench README's conclusions rest on must run:
 ``sql_replay`` replays what the engine sent, including what a busy SQLite makes it send twice;
-``pg_replay`` does the engine's PostgreSQL work again; ``txcount`` says what a run writes."""
+``pg_replay`` does the engine's PostgreSQL work again; ``txcount`` says what a run writes;
+``timer_lateness`` says how late a durable timer or a retry fires."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import _common
-from bench.tools import pg_replay, sql_replay, txcount
+from bench.tools import pg_replay, sql_replay, timer_lateness, txcount
 from tests.support.databases import admin_url
 
 
@@ -145,3 +146,15 @@ def test_ab_swap_takes_the_base_version_and_puts_the_new_one_back(
     assert [len(out[s][1]) for s in "AB"] == [4, 4]
     ab_swap.report(out, print)
     assert "B/A: CPU a run" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("retry", [False, True])
+def test_timer_lateness_prints_its_percentiles(
+    retry: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    asyncio.run(timer_lateness.main(["sqlite"], runs=2, delay_ms=20.0, poll=5.0, retry=retry))
+    out = capsys.readouterr().out
+    assert ("retry delay 20 ms" if retry else "ctx.step.sleep 20 ms") in out
+    for line in ("resume - due", "run latency - D"):
+        assert f"  {line} " in out
