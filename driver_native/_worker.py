@@ -7,6 +7,7 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -169,9 +170,14 @@ class WorkerHost:
         self._next_flush = 0.0  # (monotonic) when the next flush starts
         self._next_survey = 0.0  # (monotonic) when ``_survey`` runs next
         self._away_since: float | None = None  # (monotonic) the database stopped answering
-        # when jobs this worker ran are due again (the kernel's clock, epoch seconds; sorted,
-        # at most _TIMERS_KEPT), and the one timer of the event loop set for the earliest
-        self._due_times: list[float] = []
+        # when jobs this worker ran are due again (the kernel's clock, epoch seconds), each
+        # with the number of its report (sorted, at most _TIMERS_KEPT), and the one timer of
+        # the event loop set for the earliest
+        self._due_times: list[tuple[float, int]] = []
+        self._reports = 0  # due times reported so far
+        # (the kernel's clock, reports) when the last claim began to look: a time it saw due,
+        # reported before it looked, needs no wake-up of its own
+        self._looked: tuple[float, int] = (0.0, 0)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # the due time it is set for
         self._early_s = 0.0  # the last wait after a ring that came before its time
@@ -380,6 +386,7 @@ class WorkerHost:
         free = min(self.concurrency - len(self._active), self.kernel.settings.max_claims_per_tick)
         if free <= 0:
             return 0, False
+        self._looked = (self.kernel.now(), self._reports)
         jobs = await self.kernel.dispatch(
             ClaimPending(
                 self.worker_id, limit=free, served=self.served, begin=True, probe=not woken
@@ -402,9 +409,10 @@ class WorkerHost:
         if self._stopping:
             return
         times = self._due_times
-        if len(times) >= _TIMERS_KEPT and at >= times[-1]:
+        if len(times) >= _TIMERS_KEPT and at >= times[-1][0]:
             return  # (the poll finds it)
-        bisect.insort(times, at)
+        self._reports += 1
+        bisect.insort(times, (at, self._reports))
         if len(times) > _TIMERS_KEPT:
             times.pop()
         if self._timer is None or at < self._timer_at:
@@ -416,17 +424,21 @@ class WorkerHost:
             self._timer.cancel()
             self._timer = None
         if self._due_times and not self._stopping:
-            self._timer_at = self._due_times[0]
+            self._timer_at = self._due_times[0][0]
             delay = max(self._timer_at - self.kernel.now(), least)
             self._timer = asyncio.get_running_loop().call_later(delay, self._ring)
 
     def _ring(self) -> None:
-        """The timer: what has come due by the kernel's clock wakes the loop."""
-        come = bisect.bisect_right(self._due_times, self.kernel.now())
+        """The timer: what has come due by the kernel's clock wakes the loop, unless the
+        last claim already looked for it (it was reported before, and due when it looked: a
+        sleep shorter than a pass of the loop is claimed by the pass after its suspension)."""
+        come = bisect.bisect_right(self._due_times, (self.kernel.now(), math.inf))
         if come:
+            looked_at, seen = self._looked
+            if any(at > looked_at or n > seen for at, n in self._due_times[:come]):
+                self._counts["woken_by_timer"] += 1
+                self._wake.set()
             del self._due_times[:come]
-            self._counts["woken_by_timer"] += 1
-            self._wake.set()
             self._early_s = 0.0
             self._arm(0.0)
             return
