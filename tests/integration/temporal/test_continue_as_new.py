@@ -138,12 +138,14 @@ async def until(what: str, probe: Callable[[], Awaitable[bool]], timeout: float 
 
 
 async def continued(engine: TemporalEngine, run_id: str) -> int:
-    """How many executions the run has once it continued as new at least once."""
+    """How many executions the run has once it continued as new at least once (a deadline of
+    180 s: a run that takes a thousand queued signals first took over 60 s on a clean clone
+    beside a CPU hog)."""
 
     async def more_than_one() -> bool:
         return len(await executions(engine, run_id)) > 1
 
-    await until(f"a continue-as-new of {run_id}", more_than_one)
+    await until(f"a continue-as-new of {run_id}", more_than_one, timeout=180.0)
     return len(await executions(engine, run_id))
 
 
@@ -206,6 +208,10 @@ async def test_poll_continues_as_new(make_engine: EngineFactory) -> None:
                 (p, q) = info.stages
                 assert p.status == "suspended" and p.waiting_for == "poll:settled", p
                 assert p.attempt == 1 and q.status == "pending"
+            elif info.status == RunStatus.RUNNING:
+                # (the read fell in a poll's check or in q: a window a loaded host widens;
+                # failed on a clean clone beside a CPU hog)
+                assert "running" in [s.status for s in info.stages], info
             else:
                 assert info.status == RunStatus.COMPLETED, info
             await check_pin(engine, run.id, wf.version)
