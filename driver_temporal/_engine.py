@@ -1236,7 +1236,10 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 # (a freeze landed between the memo read and the request: the run deferred
                 # the cancel and moves on; applied only if the move is aborted)
                 raise frozen_run_error(run_id, "cancel", self.driver_name)
-        return await self.get_run(run_id)
+        info = await self.get_run(run_id)
+        if _cancel_came_too_late(info):
+            raise RunNotActiveError(run_id, info.status, "cancel", migrated_to=info.migrated_to)
+        return info
 
     async def _cancelled(self, handle: WorkflowHandle[Any, Any]) -> bool:
         """Wait for the run a cancel was requested of to end; True (at once) when it was
@@ -1799,6 +1802,22 @@ def _keep(runs: dict[str, Any], run_id: str, value: Any = None) -> None:
     runs[run_id] = value
     if len(runs) > _MAX_LIVE:
         del runs[next(iter(runs))]
+
+
+def _cancel_came_too_late(info: RunInfo) -> bool:
+    """Whether a run that a cancel was requested of ended without taking it: a cancel that
+    took ends the run ``cancelled`` (a failing compensation too), so a run that ended
+    ``completed``, or ``failed`` with nothing rolled back, had its end decided before the
+    cancel reached it, as a cancel committed after the last outcome finds the run ended on
+    the native driver (``RunNotActiveError``). A ``failed`` run that compensated may have
+    taken the cancel while it rolled back, a no-op on both drivers: returned as is."""
+    if info.status == RunStatus.COMPLETED:
+        return True
+    return (
+        info.status == RunStatus.FAILED
+        and not info.compensation_errors
+        and all(s.status != "compensated" for s in info.stages)
+    )
 
 
 def _status_of(raw: DescribeWorkflowExecutionResponse) -> WorkflowExecutionStatus | None:

@@ -46,9 +46,18 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from temporalio import workflow
+from temporalio.client import WorkflowExecutionStatus
 
 from driver_temporal._workflow import GraphWorkflow
-from engine_port import MemorySink, Registry, Retry, RunStatus, StageContext, Workflow
+from engine_port import (
+    MemorySink,
+    Registry,
+    Retry,
+    RunStatus,
+    StageContext,
+    Workflow,
+)
+from engine_port.errors import RunNotActiveError
 
 from .conftest import EngineFactory
 
@@ -144,3 +153,66 @@ async def test_a_refused_end_hands_no_event_numbered_again(
     # (before the fix: cancelled, its run.completed or run.failed already at the sink)
     decided = RunStatus.FAILED if how.endswith("failure") else RunStatus.COMPLETED
     assert got.status == decided, got
+
+
+@pytest.mark.parametrize("decided", ["completed", "failed"])
+async def test_engine_cancel_that_finds_the_run_ended_raises_as_on_native(
+    make_engine: EngineFactory, decided: str
+) -> None:
+    """``engine.cancel`` of a run that ends as decided while the cancel is on its way (the
+    last stage's outcome reaches Temporal between the cancel's read of the run and its
+    request) raises ``RunNotActiveError`` with the status the run ended in, as on the native
+    driver, where a cancel committed after the last outcome finds the run ended (DESIGN §5:
+    cancelling a completed or failed run raises; a cancel that took ends the run
+    ``cancelled``, even when a compensation fails). Before: ``cancel()`` returned the run
+    ``completed`` (or ``failed``), as if it had taken the cancel."""
+    wf = Workflow(f"cancel-too-late-{decided}-{time.monotonic_ns()}", input=In, version="v1")
+    release = asyncio.Event()
+    began: list[str] = []
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        return 1
+
+    @wf.stage(after=[a], retry=Retry(max_attempts=1))
+    async def b(ctx: StageContext[In]) -> int:
+        began.append(ctx.run_id)
+        await release.wait()
+        if decided == "failed":
+            raise ValueError("b fails for good")
+        return 2
+
+    engine = make_engine(Registry([wf]), sink=MemorySink())
+    real = engine._describe
+    held: list[str] = []
+
+    async def describe_then_end(run_id: str, **kw: Any) -> Any:
+        # the cancel's read of the run finds it running; its last stage then returns and
+        # the run ends before the cancel request is sent
+        got = await real(run_id, **kw)
+        if not held:
+            held.append(run_id)
+            release.set()
+            handle = engine._conn.get_workflow_handle(run_id)
+            deadline = time.monotonic() + 120
+            while (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+                assert time.monotonic() < deadline, "the run did not end"
+                await asyncio.sleep(0.05)
+        return got
+
+    async with engine:
+        run = await engine.start(wf, {})
+        async with engine.worker():
+            deadline = time.monotonic() + 120
+            while not began:
+                assert time.monotonic() < deadline, "stage b never began"
+                await asyncio.sleep(0.05)
+            engine._describe = describe_then_end  # type: ignore[method-assign]
+            with pytest.raises(RunNotActiveError) as raised:
+                await engine.cancel(run.id)
+            engine._describe = real  # type: ignore[method-assign]
+            info = await engine.wait(run.id, timeout=120)
+        got = await engine.get_run(run.id)
+    assert held == [run.id]
+    assert info.status == got.status == RunStatus(decided), (info, got)
+    assert f"it is {decided}" in str(raised.value), raised.value
