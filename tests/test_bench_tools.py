@@ -1,7 +1,9 @@
 """The profiling tools of ``bench/tools`` that the bench README's conclusions rest on must run:
 ``sql_replay`` replays what the engine sent, including what a busy SQLite makes it send twice;
 ``pg_replay`` does the engine's PostgreSQL work again; ``txcount`` says what a run writes;
-``timer_lateness`` says how late a durable timer or a retry fires."""
+``timer_lateness`` says how late a durable timer or a retry fires; ``pg_statements`` and
+``pg_writes`` say what each statement costs the PostgreSQL server and what a run writes to
+each table and index."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import _common
-from bench.tools import pg_replay, sql_replay, timer_lateness, txcount
+from bench.tools import pg_replay, pg_statements, pg_writes, sql_replay, timer_lateness, txcount
 from tests.support.databases import admin_url
 
 
@@ -123,7 +125,42 @@ def test_txcount_says_how_much_wal_a_postgres_run_writes(
 ) -> None:
     monkeypatch.setattr(_common, "PG_ADMIN", admin_url().replace("+psycopg", "", 1))
     asyncio.run(txcount.main("postgres", 5))
-    assert _written_kib(capsys.readouterr().out) > 0
+    out = capsys.readouterr().out
+    assert _written_kib(out) > 0
+    assert "  backends CPU/run " in out  # (this database's backends alone)
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_pg_statements_explains_each_statement_of_a_run(
+    pg_session: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_common, "PG_ADMIN", admin_url().replace("+psycopg", "", 1))
+    pg_statements.main(runs=3)
+    out = capsys.readouterr().out
+    # (per run: how often, executor ms, ...): a run's row is inserted once
+    insert = next(x.split() for x in out.splitlines() if "  INSERT INTO wfe_runs [" in x)
+    assert float(insert[0]) == 1.0
+    assert "  total: exec " in out
+
+
+def test_pg_statements_names_a_statement_by_its_verb_and_table() -> None:
+    assert pg_statements._label(b"INSERT INTO wfe_runs (id) VALUES ($1)") == "INSERT INTO wfe_runs"
+    cte = b"WITH taken AS \n(UPDATE wfe_runs SET status=$1 ...) INSERT INTO wfe_outbox (a) SELECT"
+    assert pg_statements._label(cte) == "UPDATE wfe_runs SET status.. + INSERT INTO wfe_outbox"
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_pg_writes_counts_the_rows_a_run_writes(
+    pg_session: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (the WAL per relation only where pg_waldump may read the server's WAL: not asserted)
+    monkeypatch.setattr(_common, "PG_ADMIN", admin_url().replace("+psycopg", "", 1))
+    pg_writes.main(runs=3, workflow="bench-seq3")
+    out = capsys.readouterr().out
+    runs_row = next(x.split() for x in out.splitlines() if x.strip().startswith("wfe_runs "))
+    assert float(runs_row[1]) >= 1.0  # (rows inserted a run: the run's row at least)
 
 
 def test_ab_swap_takes_the_base_version_and_puts_the_new_one_back(

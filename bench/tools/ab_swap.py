@@ -36,6 +36,7 @@ from engine_port import EngineSettings, create_engine
 
 from .. import _workflows as W
 from .._common import native_database
+from .txcount import _backend_cpu, _backends_delta
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,21 +90,33 @@ class Swap:
         setattr(self.owner, self.name, self.old if old else self.new)
 
 
-async def _batch(engine: Any, per: int, lat: list[float]) -> float:
-    """``per`` runs one after the other; the process CPU a run."""
+async def _batch(
+    engine: Any, per: int, lat: list[float], server: list[float] | None = None, url: Any = None
+) -> float:
+    """``per`` runs one after the other; the process CPU a run. With ``server`` (PostgreSQL:
+    ``url`` a connection to the engine's database), the CPU a run of the database's backends
+    (``txcount._backend_cpu``) is appended to it."""
+    before = _backend_cpu("", url) if server is not None else {}
     t0 = time.process_time()
     for _ in range(per):
         w = time.perf_counter()
         await engine.wait((await engine.start("bench-seq3", {})).id, timeout=60)
         lat.append(time.perf_counter() - w)
-    return (time.process_time() - t0) / per
+    cpu = (time.process_time() - t0) / per
+    if server is not None:
+        server.append(_backends_delta(before, _backend_cpu("", url)) / per)
+    return cpu
 
 
 async def measure(
     backend: str, swaps: list[Swap], batches: int, per: int, aa: bool
 ) -> dict[str, tuple[list[float], list[float]]]:
-    """Side -> (CPU a run of each batch, latency of each run)."""
-    out: dict[str, tuple[list[float], list[float]]] = {"A": ([], []), "B": ([], [])}
+    """Side -> (CPU a run of each batch, latency of each run, on PostgreSQL the server's CPU
+    a run of each batch: the engine database's backends)."""
+    out: dict[str, tuple[list[float], list[float], list[float]]] = {
+        "A": ([], [], []),
+        "B": ([], [], []),
+    }
 
     def use(side: str) -> None:
         for s in swaps:
@@ -111,6 +124,12 @@ async def measure(
 
     with native_database(backend) as url, tempfile.TemporaryDirectory() as blobs:
         settings = EngineSettings(database_url=url, blob_url=f"file://{blobs}")
+        ask = None
+        if backend == "postgres":
+            import psycopg
+
+            plain = url.replace("postgresql+psycopg://", "postgresql://")
+            ask = psycopg.connect(plain, autocommit=True)
         async with create_engine(settings, W.registry()) as engine, engine.worker():
             for side in "AB" * 2:  # (warm-up: statements prepared, both sides' code run)
                 use(side)
@@ -118,26 +137,41 @@ async def measure(
             for b in range(batches):
                 for side in "AB" if b % 2 == 0 else "BA":
                     use(side)
-                    cpu, lat = out[side]
-                    cpu.append(await _batch(engine, per, lat))
+                    cpu, lat, server = out[side]
+                    on_server = server if ask is not None else None
+                    cpu.append(await _batch(engine, per, lat, on_server, ask))
             use("B")
+        if ask is not None:
+            ask.close()
     return out
 
 
-def report(out: dict[str, tuple[list[float], list[float]]], say: Callable[[str], None]) -> None:
+def report(
+    out: dict[str, tuple[list[float], list[float], list[float]]], say: Callable[[str], None]
+) -> None:
     for side in "AB":
-        cpu, lat = out[side]
+        cpu, lat, server = out[side]
+        on_server = (
+            f", server CPU a run mean {1e3 * statistics.mean(server):.3f} ms" if server else ""
+        )
         say(
             f"{side}: {len(lat)} runs, CPU a run mean {1e3 * statistics.mean(cpu):.3f} ms, "
             f"median {1e3 * statistics.median(cpu):.3f} ms, "
-            f"p50 {1e3 * statistics.median(lat):.3f} ms"
+            f"p50 {1e3 * statistics.median(lat):.3f} ms{on_server}"
         )
-    (a_cpu, a_lat), (b_cpu, b_lat) = out["A"], out["B"]
+    (a_cpu, a_lat, a_server), (b_cpu, b_lat, b_server) = out["A"], out["B"]
     pairs = [b / a for a, b in zip(a_cpu, b_cpu, strict=True)]
+    on_server = ""
+    if a_server and b_server:
+        server_pairs = [b / a for a, b in zip(a_server, b_server, strict=True) if a]
+        on_server = (
+            f", server CPU a run {statistics.mean(b_server) / statistics.mean(a_server):.3f} "
+            f"(per-pair median {statistics.median(server_pairs):.3f})"
+        )
     say(
         f"B/A: CPU a run {statistics.mean(b_cpu) / statistics.mean(a_cpu):.3f}, "
         f"p50 {statistics.median(b_lat) / statistics.median(a_lat):.3f}, "
-        f"per-pair CPU median {statistics.median(pairs):.3f}"
+        f"per-pair CPU median {statistics.median(pairs):.3f}{on_server}"
     )
 
 

@@ -163,6 +163,38 @@ def _postgres_cpu() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _backend_cpu(url: str, conn: Any = None) -> dict[int, float]:
+    """CPU seconds of each backend of this database (pid -> seconds, from the scheduler's
+    nanosecond count; empty when the server runs elsewhere): unlike :func:`_postgres_cpu`,
+    other databases' clients (a test suite beside the benchmark) do not count; the WAL writer
+    and the checkpointer do not either. ``conn``: a connection to ask (not counted); else
+    one is opened."""
+    import psycopg
+
+    if conn is None:
+        with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as own:
+            return _backend_cpu(url, own)
+    pids = [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+    ]
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                out[pid] = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _backends_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
 def _written(backend: str, url: str) -> int | None:
     """Bytes written so far: PostgreSQL's WAL insert position, or on SQLite what this
     process wrote (``wchar`` of ``/proc/self/io``: the WAL frames and the checkpoints that
@@ -180,17 +212,19 @@ def _written(backend: str, url: str) -> int | None:
         return None
 
 
-def _floor_server_cpu(url: str, runs: int) -> float:
-    """The PostgreSQL server's CPU per 3-stage run of the raw floor, in the same database."""
+def _floor_server_cpu(url: str, runs: int) -> tuple[float, float]:
+    """The PostgreSQL server's CPU per 3-stage run of the raw floor, in the same database:
+    every postgres process's, and its backend's."""
     conn = Conn("postgres", url.replace("postgresql+psycopg://", "postgresql://"))
     try:
         conn.setup()
         for _ in range(20):
             one_run(conn, 3)
-        server0 = _postgres_cpu()
+        server0, backends0 = _postgres_cpu(), _backend_cpu(url)
         for _ in range(runs):
             one_run(conn, 3)
-        return (_postgres_cpu() - server0) / runs
+        server, backends = _postgres_cpu() - server0, _backends_delta(backends0, _backend_cpu(url))
+        return server / runs, backends / runs
     finally:
         conn.close()
 
@@ -214,11 +248,13 @@ async def _one_signal(engine: Any, counts: Counts) -> float:
 
 async def _measure(
     engine: Any, counts: Counts, backend: str, url: str, runs: int, signal: bool
-) -> tuple[list[float], float, float, int | None]:
+) -> tuple[list[float], float, tuple[float, float], int | None]:
     """``runs`` runs (or signals) counted: their latencies, this process's and the server's
     CPU per run, and the bytes they wrote (None: not readable here)."""
     samples = []
+    postgres = backend == "postgres"
     cpu0, server0 = time.process_time(), _postgres_cpu()
+    backends0 = _backend_cpu(url) if postgres else {}
     written0 = _written(backend, url)
     for _ in range(runs):
         if signal:
@@ -230,10 +266,11 @@ async def _measure(
         samples.append(time.perf_counter() - t0)
     cpu = (time.process_time() - cpu0) / runs
     server = (_postgres_cpu() - server0) / runs
+    own = _backends_delta(backends0, _backend_cpu(url)) / runs if postgres else 0.0
     await asyncio.sleep(0.3)  # (the outbox flush of the last runs)
     written1 = _written(backend, url)
     written = None if written0 is None or written1 is None else written1 - written0
-    return samples, cpu, server, written
+    return samples, cpu, (server, own), written
 
 
 async def main(backend: str, runs: int, signal: bool = False) -> None:
@@ -260,7 +297,9 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
                     counts.take_marked()
                 tx, reads, statements = Counter(counts.tx), Counter(counts.reads), counts.statements
                 round_trips, split = counts.round_trips, counts.split(runs)
-            floor = _floor_server_cpu(url, runs) if backend == "postgres" and not signal else 0.0
+            floor = (
+                _floor_server_cpu(url, runs) if backend == "postgres" and not signal else (0.0, 0.0)
+            )
     what = "signal() -> run complete of bench-signal" if signal else "runs of bench-seq3"
     print(f"{backend}: {runs} {what}, in-process worker")
     print(f"  p50 latency      {statistics.median(samples) * 1000:.2f} ms")
@@ -274,10 +313,15 @@ async def main(backend: str, runs: int, signal: bool = False) -> None:
         print(f"  written/run      {written / runs / 1024:.1f} KiB ({kind})")
     if backend == "postgres":
         print(f"  round trips/run  {round_trips / runs:.1f} (BEGIN and COMMIT included)")
-        if server and not signal:
+        if server[0] and not signal:
             print(
-                f"  server CPU/run   {server * 1000:.2f} ms, the raw floor's {floor * 1000:.2f} ms "
-                "(every postgres process of this host: other clients count too)"
+                f"  server CPU/run   {server[0] * 1000:.2f} ms, the raw floor's "
+                f"{floor[0] * 1000:.2f} ms (every postgres process of this host: other "
+                "clients count too)"
+            )
+            print(
+                f"  backends CPU/run {server[1] * 1000:.2f} ms, the raw floor's "
+                f"{floor[1] * 1000:.2f} ms (this database's backends only)"
             )
         if not signal:
             db_cpu, wait_cpu, wait_wall, waits = split
