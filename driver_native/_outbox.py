@@ -33,6 +33,7 @@ __all__ = [
     "OutboxCounts",
     "RetryRule",
     "append_events",
+    "append_first_events",
     "count_outbox",
     "load_dead",
     "load_events",
@@ -140,6 +141,54 @@ def append_events(
     )
 
 
+def append_first_events(
+    conn: Connection, run: Any, drafts: Sequence[EventDraft], now: float
+) -> None:
+    """Write the first events of a run created in this transaction, numbered 1, 2, ...: its
+    row is inserted with ``event_seq = len(drafts)`` by the caller, so nothing updates it
+    (``append_events`` takes the numbers from the run's row, a second version of it: on
+    PostgreSQL, where the creation also sets its status, an update of every index of the
+    run). Sent with the transaction's next statement on PostgreSQL."""
+    if not drafts:
+        return
+    if conn.dialect.name == "postgresql":
+        params = {
+            "k_id": run.id,
+            "e_workflow": run.workflow_id,
+            "e_now": now,
+            "e_ids": [d.id for d in drafts],
+            "e_types": [d.type for d in drafts],
+            "e_stages": [d.stage for d in drafts],
+            "e_data": [json.dumps(d.data) for d in drafts],
+            "e_business": [bool(d.business) for d in drafts],
+        }
+        execute(conn, _pg_first_append(), params, later=True)
+        return
+    execute_many(
+        conn,
+        _outbox_insert(),
+        [
+            {
+                "event_id": d.id,
+                "run_id": run.id,
+                "workflow_id": run.workflow_id,
+                "seq": i + 1,
+                "type": d.type,
+                "stage_id": d.stage,
+                "data": d.data,
+                "business": d.business,
+                "created_at": now,
+                "status": "pending",
+                "attempts": 0,
+                "first_failed_at": None,
+                "next_attempt_at": None,
+            }
+            for i, d in enumerate(drafts)
+        ],
+        later=True,
+    )
+
+
 @functools.cache
 def _seq_update(keys: tuple[str, ...]) -> Any:
     """Take the run's next event sequence numbers (and set ``keys``): built once per shape."""
@@ -159,7 +208,18 @@ def _pg_append(keys: tuple[str, ...]) -> Any:
     """PostgreSQL: take the run's next sequence numbers (and set ``keys``) and insert the
     events numbered from them, in one statement (a data-modifying CTE; the events come as
     arrays, so the statement has one shape per ``keys`` whatever their number)."""
-    taken = _seq_update(keys).cte("taken")
+    return _pg_events_insert(_seq_update(keys).cte("taken"))
+
+
+@functools.cache
+def _pg_first_append() -> Any:
+    """PostgreSQL: insert the events of :func:`append_first_events`, numbered 1, 2, ..."""
+    return _pg_events_insert(None)
+
+
+def _pg_events_insert(taken: Any) -> Any:
+    """The events (arrays) inserted, numbered after the run's ``taken`` sequence numbers
+    (None: from 1)."""
     arr = postgresql.ARRAY
     events = (
         sa.func.unnest(
@@ -173,22 +233,25 @@ def _pg_append(keys: tuple[str, ...]) -> Any:
         .render_derived()
         .alias("ev")
     )
+    rows = sa.select(
+        events.c.event_id,
+        sa.bindparam("k_id", type_=sa.String),
+        sa.bindparam("e_workflow", type_=sa.String),
+        events.c.i
+        if taken is None
+        else taken.c.event_seq - sa.bindparam("n_events", type_=sa.Integer) + events.c.i,
+        events.c.type,
+        events.c.stage_id,
+        sa.cast(events.c.data, outbox.c.data.type),
+        events.c.business,
+        sa.bindparam("e_now", type_=sa.Double),
+        sa.literal("pending"),
+        sa.literal(0),
+    )
     rows = (
-        sa.select(
-            events.c.event_id,
-            sa.bindparam("k_id", type_=sa.String),
-            sa.bindparam("e_workflow", type_=sa.String),
-            taken.c.event_seq - sa.bindparam("n_events", type_=sa.Integer) + events.c.i,
-            events.c.type,
-            events.c.stage_id,
-            sa.cast(events.c.data, outbox.c.data.type),
-            events.c.business,
-            sa.bindparam("e_now", type_=sa.Double),
-            sa.literal("pending"),
-            sa.literal(0),
-        )
-        .select_from(taken)
-        .join(events, sa.true())
+        rows.select_from(events)
+        if taken is None
+        else rows.select_from(taken).join(events, sa.true())
     )
     cols = ["event_id", "run_id", "workflow_id", "seq", "type", "stage_id", "data"]
     cols += ["business", "created_at", "status", "attempts"]

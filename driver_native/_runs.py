@@ -41,7 +41,7 @@ from engine_port.errors import (
 )
 
 from ._jobs import notify_due
-from ._outbox import append_events
+from ._outbox import append_events, append_first_events
 from ._progress import ACTIVE, Handoff, begin_compensation, refresh_status, schedule
 from ._rawsql import execute, execute_many, execute_together
 from ._schedule import JOBS_CHUNK, fresh_rows, reserve_ids, reserved, touch
@@ -297,9 +297,9 @@ def create_run(
         trace_context=trace_context,
         max_pending_signals=max_pending,
     )
-    # (on PostgreSQL these inserts go out in one round trip with the next statement)
-    execute(conn, _insert(runs, tuple(values)), values, later=True)
-    # the row just written, without reading it back (the schedule below needs its fields)
+    # the row to write, as the schedule below sees it (it needs the run's fields); written
+    # after it, once, with what the schedule sets (status, group counts) and the number of
+    # its first events: no second version of the row in the transaction that creates it
     run = SimpleNamespace(**values)
     run_values: dict[str, Any] = {}
     drafts = [Lifecycle(run_id).run_created(graph.version)]
@@ -312,7 +312,10 @@ def create_run(
     _insert_stages(conn, run_id, [s.id for s in graph.stages], started, now)
     if handoff is not None:
         handoff.reserved = []  # (ids not used are gaps in the sequence, nothing more)
-    append_events(conn, run, drafts, now, **run_values)
+    row = values | run_values | {"event_seq": len(drafts)}
+    # (on PostgreSQL these inserts go out in one round trip with the next statement)
+    execute(conn, _insert(runs, tuple(row)), row, later=True)
+    append_first_events(conn, run, drafts, now)
     return run_id, True
 
 
