@@ -411,6 +411,25 @@ class SignalHandlers:
         self._answers_given += 1
         self._buffered_answers.append((sig, delivery, task, inflight, self._answers_given))
 
+    def _refuse_unheard(self, outcome: str) -> None:
+        """The run ends (``outcome``) in this workflow task: a signal answered buffered in it
+        that no wait took is refused instead (``engine.signal`` raises ``RunNotActiveError``),
+        as on the native driver, where a signal that comes after the run's last outcome finds
+        it ended. temporalio hands a task's signals to their handlers before the results of
+        its activities, so a signal that reached Temporal after the outcome that ends the run
+        (or while the task that records it ran, which the server then refuses and hands out
+        again with the signal) was answered ``buffered`` by a run that would never take it.
+        A signal that came before that outcome ends the same way (the run ends with it
+        untaken, nothing in the run's events tells the two apart), so both are refused.
+        Answers of earlier tasks stand (the run was waiting then); no command depends on it."""
+        if not self._buffered_answers:
+            return
+        task = workflow.info().get_current_history_length()
+        for sig, delivery, at, _, _ in self._buffered_answers:
+            if at == task and any(s is sig for s in self._signals):
+                self._decided(delivery, {"rejected": "RunEnded", "status": outcome})
+        self._buffered_answers = None
+
     def _local_window(self, task: int, names: frozenset[str] | None) -> int:
         """A local try is scheduled in ``task``; its waits may be for ``names`` (None: any).
         The answers from here on, and the ones given buffered earlier in this task (the

@@ -1629,6 +1629,7 @@ class GraphWorkflow(
             st.events = []
         self._status = outcome
         self._final = True
+        self._refuse_unheard(outcome)
         self._finished_at = _iso(self._now())
         self._sync()
         if self._ends_on_worker:

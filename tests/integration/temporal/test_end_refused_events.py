@@ -216,3 +216,61 @@ async def test_engine_cancel_that_finds_the_run_ended_raises_as_on_native(
     assert held == [run.id]
     assert info.status == got.status == RunStatus(decided), (info, got)
     assert f"it is {decided}" in str(raised.value), raised.value
+
+
+async def _signalled(engine: Any, run_id: str) -> None:
+    """Until Temporal recorded a signal of the run (the caller bounds the wait)."""
+    handle = engine._conn.get_workflow_handle(run_id)
+    while True:
+        history = await handle.fetch_history()
+        if any(e.HasField("workflow_execution_signaled_event_attributes") for e in history.events):
+            return
+        await asyncio.sleep(0.02)
+
+
+async def test_engine_signal_after_the_end_was_decided_raises_as_on_native(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``engine.signal`` that reaches a run while the workflow task that ends it runs (the
+    server refuses that task and hands it out again with the signal) raises
+    ``RunNotActiveError``, as on the native driver, where a signal committed after the run's
+    last outcome finds the run ended. Before: it reported the signal ``buffered``
+    (``delivered=False``) for a run that ended without ever taking it: temporalio hands a
+    task's signals to their handlers before its activity results, so the handler queued it
+    while the last stage still looked in flight."""
+    wf = Workflow(f"signal-too-late-{time.monotonic_ns()}", input=In, version="v1")
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        return 1
+
+    @wf.stage(after=[a], signals=["go"])
+    async def b(ctx: StageContext[In]) -> int:
+        return 2  # (declares the signal, never waits for it)
+
+    engine = make_engine(Registry([wf]), sink=MemorySink())
+    loop = asyncio.get_running_loop()
+    sent: list[Any] = []
+    real = GraphWorkflow._record_end
+
+    def then_signal(self: GraphWorkflow, state: dict[str, Any]) -> None:
+        # (on the workflow task's thread) the first time the run records its end, the
+        # engine's signal to it reaches Temporal before the task completes
+        real(self, state)
+        if not sent and not workflow.unsafe.is_replaying():
+            signal = engine.signal(self._run_id, "go", {"v": 1})
+            sent.append(asyncio.run_coroutine_threadsafe(signal, loop))
+            asyncio.run_coroutine_threadsafe(_signalled(engine, self._run_id), loop).result(1.5)
+
+    monkeypatch.setattr(GraphWorkflow, "_record_end", then_signal)
+    async with engine:
+        run = await engine.start(wf, {})
+        async with engine.worker():
+            info = await engine.wait(run.id, timeout=120)
+            assert len(sent) == 1, "the signal was not sent: not the situation"
+            with pytest.raises(RunNotActiveError) as raised:
+                await asyncio.wait_for(asyncio.wrap_future(sent[0]), 120)
+        refused = await _refused(engine, run.id)
+    assert refused, "the end was not refused: not the situation"
+    assert info.status == RunStatus.COMPLETED, info
+    assert "it is completed" in str(raised.value), raised.value
