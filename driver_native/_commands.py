@@ -67,6 +67,11 @@ class ClaimPending(Command):
     # look (an autocommit read) before taking a write transaction; False when the host was
     # just told that work is due (PostgreSQL only: on SQLite the look spares the write lock)
     probe: bool = True
+    # told after the look, in the same read: the earliest time a job it would claim is due
+    # (the kernel's clock, epoch seconds; None: there is none) and whether that is now (the
+    # claim follows). A time to come: the host sets its timer for it, so that what a stopped
+    # worker or another process left sleeping resumes on time, not at the next poll
+    on_next_due: Callable[[float | None, bool], None] | None = field(default=None, compare=False)
 
 
 SKIPPED = "skipped"

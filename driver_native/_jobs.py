@@ -4,7 +4,11 @@ transaction that makes a job due now sends a NOTIFY on :data:`CHANNEL` (with the
 payload) so that idle workers of other processes claim it at once instead of at their next
 poll (polling stays, as the safety net). A job made due in the future (a sleep, a wait's
 timeout, a retry's delay) wakes the worker that recorded it at that time (its own timer,
-``WorkerHost._due_at``); the poll finds those of workers that stopped meanwhile."""
+``WorkerHost._due_at``); an idle worker's look for work (:func:`next_due`, the read it took
+anyway) also tells it the earliest due time of every job it would claim, whoever recorded
+it (a worker that stopped, another process), and it sets its timer for that one too. A job
+another process records in the future after that look is found at the next look (a pass
+that finds nothing due, or the poll)."""
 
 from __future__ import annotations
 
@@ -25,12 +29,12 @@ from ._sql import db_clock, db_clock_sql, in_binds, in_params, lease_until
 __all__ = [
     "CHANNEL",
     "Lease",
-    "any_due",
     "claim",
     "claim_woken",
     "heartbeat",
     "held",
     "lease_values",
+    "next_due",
     "notify_due",
     "poll_suspended",
     "reap_stale",
@@ -160,17 +164,41 @@ def _claim_stmt(postgres: bool, served: int | None) -> Any:
 
 
 @functools.cache
-def _any_due_stmt(served: int | None) -> Any:
-    return sa.select(jobs.c.id).where(*_due(served)).limit(1)
+def _next_due_stmt(served: int | None) -> Any:
+    """One row: for each served "workflow@version" (None: all of them at once) and each
+    status a claim takes, the earliest ``available_at`` of its claimable jobs (NULL: none).
+    Each is the first entry of an index range (``ix_wfe_jobs_due``: wfv, status, available_at;
+    ``ix_wfe_jobs_claim`` without a version filter), not a scan of the jobs due later: a
+    million sleeping runs cost this look what none do."""
+
+    def first(status: str, wfv: Any) -> Any:
+        cond: list[Any] = [
+            sa.text(DUE_PREDICATE),
+            jobs.c.status == sa.literal_column(f"'{status}'"),
+        ]
+        if wfv is not None:
+            cond.append(jobs.c.wfv == wfv)
+        one = sa.select(jobs.c.available_at).where(*cond).order_by(jobs.c.available_at)
+        return one.limit(1).scalar_subquery()
+
+    wfvs: list[Any] = [None] if served is None else in_binds(served, "served")
+    cols = [first(st, v) for v in wfvs for st in ("ready", "waiting")]
+    return sa.select(*(c.label(f"t{i}") for i, c in enumerate(cols)))
 
 
-def any_due(conn: Connection, served: Collection[str] | None, now: float) -> bool:
-    """Whether a claim would find a job (an autocommit read: no write lock while idle)."""
-    params: dict[str, Any] = {"now": now}
+def next_due(conn: Connection, served: Collection[str] | None) -> float | None:
+    """The earliest time a job a claim (of the ``served`` "workflow@version"s; None: any)
+    would take is due, in the past when one is due now; None when there is none (an
+    autocommit read: no write lock while idle). A claim finds a job iff this is <= its
+    ``now``: the idle worker's look for work, which also tells it when to look again."""
+    params: dict[str, Any] = {}
     if served is not None:
+        if not served:
+            return None
         params |= in_params(sorted(served), "served")
-    stmt = _any_due_stmt(None if served is None else len(served))
-    return execute(conn, stmt, params).first() is not None
+    row = execute(conn, _next_due_stmt(None if served is None else len(served)), params).first()
+    times = [] if row is None else [float(t) for t in row if t is not None]
+    return min(times, default=None)
 
 
 def heartbeat(

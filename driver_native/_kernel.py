@@ -797,10 +797,14 @@ class Kernel:
         served: frozenset[str] | None = cmd.served if cmd.served is not None else self.served()
         if cmd.served is None and self.settings.serves == "all":
             served = None  # the serves="all" setting: no version filter
-        if (cmd.probe or not self.db.is_postgres) and not await self.db.read(
-            _jobs.any_due, served, self.now()
-        ):
-            return []  # idle: no write transaction (on SQLite no write lock) for nothing
+        if cmd.probe or not self.db.is_postgres:
+            now = self.now()
+            at = await self.db.read(_jobs.next_due, served)
+            due = at is not None and at <= now
+            if cmd.on_next_due is not None:
+                cmd.on_next_due(at, due)  # (when to look again: no statement of its own)
+            if not due:
+                return []  # idle: no write transaction (on SQLite no write lock) for nothing
         if cmd.begin:
             return await self.db.tx(
                 _claim_and_begin,

@@ -180,6 +180,13 @@ class WorkerHost:
         self._looked: tuple[float, int] = (0.0, 0)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # the due time it is set for
+        # the due times kept that a look for work learned (their report numbers): the
+        # earliest a claim would take, whoever recorded it (a worker that stopped, another
+        # process); when one comes, the times after it are not known: the next idle pass looks
+        self._learned: set[int] = set()
+        # whether every time to come that the last look saw is kept (a look that found a
+        # job due now told none); False: look (one read) before the loop pauses
+        self._ahead_known = False
         self._early_s = 0.0  # the last wait after a ring that came before its time
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -301,8 +308,9 @@ class WorkerHost:
           jobs, dealt with), ``purged`` (runs deleted by retention), ``dead_lettered`` (events
           this worker gave up), ``engine_errors`` (jobs that failed in the engine, logged with
           a traceback), ``loop_errors``, ``listen_errors``, ``woken_by_notify``,
-          ``woken_by_poll``, ``woken_by_timer`` (a job this worker ran came due: a sleep or a
-          wait's timeout ended, a retry's delay passed);
+          ``woken_by_poll``, ``woken_by_timer`` (a job came due: a sleep or a wait's timeout
+          ended, a retry's delay passed, of a job this worker ran or one its last look for
+          work saw, e.g. left asleep by a worker that stopped);
         - its sync stage threads: ``sync_threads``, ``sync_abandoned_running``,
           ``sync_abandoned_total`` (see ``SyncStageExecutor.stats``);
         - its engine's database (every caller of the engine, not only this worker):
@@ -326,6 +334,7 @@ class WorkerHost:
     async def _loop(self) -> None:
         next_maintenance = 0.0
         woken = False  # the last pause ended because work was announced (not the poll)
+        ahead = False  # this pass looked again before pausing (``_ahead_known``)
         while not self._stopping:
             claimed, full = 0, False
             # cleared before the claim looks: a wake-up during the pass (a NOTIFY of work
@@ -358,23 +367,34 @@ class WorkerHost:
                 await asyncio.sleep(self.poll_interval)
             else:
                 self._database_back()
-            if not claimed and not self._stopping and self._wake.is_set():
+            if claimed or self._stopping:
+                ahead = False
+                woken = full  # a full claim: more may be due (look without probing)
+            elif self._wake.is_set():
                 # woken during the pass: look again at once, probing first (what woke it may
                 # be work this pass already claimed)
                 woken = False
-            elif not claimed and not self._stopping:
-                pause = self.poll_interval
-                last = self.last_flush
-                if last is not None and (last.delivered or last.failed or last.degraded):
-                    pause = min(pause, self.flush_interval)  # the outbox has work: keep at it
-                try:
-                    await asyncio.wait_for(self._wake.wait(), pause)
-                    woken = True
-                except TimeoutError:
-                    woken = False
-                    self._counts["woken_by_poll"] += 1
+            elif not self._ahead_known and not ahead:
+                # about to pause without knowing when the next job is due (a look found one
+                # due now and claims took the rest, or a time a look saw came and was taken):
+                # one look first (a read), which sets the timer for the next
+                woken, ahead = False, True
             else:
-                woken = full  # a full claim: more may be due (look without probing)
+                ahead = False
+                woken = await self._pause()
+
+    async def _pause(self) -> bool:
+        """Wait for a wake-up or the poll: whether work was announced (not the poll)."""
+        pause = self.poll_interval
+        last = self.last_flush
+        if last is not None and (last.delivered or last.failed or last.degraded):
+            pause = min(pause, self.flush_interval)  # the outbox has work: keep at it
+        try:
+            await asyncio.wait_for(self._wake.wait(), pause)
+        except TimeoutError:
+            self._counts["woken_by_poll"] += 1
+            return False
+        return True
 
     async def _claim(self, woken: bool) -> tuple[int, bool]:
         """Lease and begin what is due, up to the free slots: (how many, whether that filled
@@ -389,7 +409,12 @@ class WorkerHost:
         self._looked = (self.kernel.now(), self._reports)
         jobs = await self.kernel.dispatch(
             ClaimPending(
-                self.worker_id, limit=free, served=self.served, begin=True, probe=not woken
+                self.worker_id,
+                limit=free,
+                served=self.served,
+                begin=True,
+                probe=not woken,
+                on_next_due=self._next_due,
             )
         )
         for job, begun in jobs:
@@ -402,19 +427,41 @@ class WorkerHost:
         return len(jobs), len(jobs) >= free
 
     # -- timers ------------------------------------------------------------------------------
-    def _due_at(self, at: float) -> None:
+    def _next_due(self, at: float | None, due: bool) -> None:
+        """A look for work (``ClaimPending``) saw the earliest due time ``at`` of the jobs
+        this worker would claim (None: none), ``due`` now or to come: a time to come is kept
+        as a job's of its own is, so what a worker that stopped (a restart, a deploy) or
+        another process left sleeping resumes on time, not at the next poll. (A time another
+        process records after this look is found at the next look: the poll, or a pass that
+        finds nothing due.)"""
+        if due:
+            self._ahead_known = False  # (the claim takes it; what comes after is not known)
+            return
+        self._ahead_known = True
+        if at is None or self._stopping:
+            return
+        i = bisect.bisect_left(self._due_times, (at, 0))
+        if i < len(self._due_times) and self._due_times[i][0] == at:
+            self._learned.add(self._due_times[i][1])  # (kept already: a report, or a look)
+            return
+        self._due_at(at, learned=True)
+
+    def _due_at(self, at: float, *, learned: bool = False) -> None:
         """A job this worker ran is due again at ``at`` (the kernel's clock), in the future
-        (``ExecuteJob.on_due``): the loop looks for work then, not only at its next poll.
-        One timer of the event loop, for the earliest time kept; none while stopping."""
+        (``ExecuteJob.on_due``; ``learned``: a look for work saw it, ``_next_due``): the loop
+        looks for work then, not only at its next poll. One timer of the event loop, for the
+        earliest time kept; none while stopping."""
         if self._stopping:
             return
         times = self._due_times
         if len(times) >= _TIMERS_KEPT and at >= times[-1][0]:
-            return  # (the poll finds it)
+            return  # (the poll, or a later look, finds it)
         self._reports += 1
+        if learned:
+            self._learned.add(self._reports)
         bisect.insort(times, (at, self._reports))
         if len(times) > _TIMERS_KEPT:
-            times.pop()
+            self._learned.discard(times.pop()[1])
         if self._timer is None or at < self._timer_at:
             self._arm(0.0)  # (a new earliest)
 
@@ -438,6 +485,12 @@ class WorkerHost:
             if any(at > looked_at or n > seen for at, n in self._due_times[:come]):
                 self._counts["woken_by_timer"] += 1
                 self._wake.set()
+            if self._learned:
+                gone = {n for _, n in self._due_times[:come]} & self._learned
+                if gone:
+                    # a time a look saw came: the times after it were not looked for
+                    self._learned -= gone
+                    self._ahead_known = False
             del self._due_times[:come]
             self._early_s = 0.0
             self._arm(0.0)
@@ -450,6 +503,7 @@ class WorkerHost:
             self._timer.cancel()
             self._timer = None
         self._due_times.clear()
+        self._learned.clear()
 
     def _loop_failed(self, exc: Exception, what: str) -> None:
         """A loop iteration or a survey raised: the database did not answer within its retry

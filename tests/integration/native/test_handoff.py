@@ -97,7 +97,7 @@ async def test_a_three_stage_run_with_a_local_worker_costs_four_transactions(
         trips = {k: v for k, v in round_trips.items() if k not in idle}
         assert trips == {"_create_run_once": [1], "_apply_and_read": [1, 1, 1]}, dict(round_trips)
     # wait() returns the state the last transition read: no read of the run after its end
-    assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)
+    assert set(reads) <= {"next_due"}, reads  # (only the idle worker's own look for work)
     assert info == await engine.get_run(run.id)
     # the same events as through the queue, in the same order
     lc = Lifecycle(run.id)
@@ -162,7 +162,7 @@ async def test_a_signal_hands_the_stage_it_wakes_to_the_local_worker(
         # one round trip (2 before: reads, then the writes with the COMMIT)
         trips = {k: v for k, v in round_trips.items() if k not in idle}
         assert trips == {"_signal_and_begin": [3], "_apply_and_read": [1]}, dict(round_trips)
-    assert set(reads) <= {"any_due"}, reads  # (only the idle worker's own look for work)
+    assert set(reads) <= {"next_due"}, reads  # (only the idle worker's own look for work)
     assert host.stats()["handed_off"] == 3  # prep at start, wait_go by prep, the resume
     steps = await engine.steps(run.id)
     assert [(s.name, s.kind, s.completed) for s in steps if s.stage == "wait_go"] == [

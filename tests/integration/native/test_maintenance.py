@@ -225,7 +225,7 @@ async def test_a_backlog_of_a_version_nobody_serves_costs_a_worker_nothing(
         )
 
     await engine.kernel.db.tx(backlog)
-    looks = _timed(monkeypatch, _jobs, "any_due")
+    looks = _timed(monkeypatch, _jobs, "next_due")
     async with engine.worker(poll_interval=0.05):
         await eventually(lambda: _true(bool(looks)))
         begin = time.monotonic()
