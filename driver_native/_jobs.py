@@ -35,6 +35,7 @@ __all__ = [
     "held",
     "lease_values",
     "next_due",
+    "notify_ahead",
     "notify_due",
     "poll_suspended",
     "reap_stale",
@@ -44,6 +45,11 @@ __all__ = [
 CHANNEL = "wfe_jobs_due"
 """The PostgreSQL NOTIFY channel of due jobs; the payload is the schema (``current_schema()``),
 so workers of other schemas sharing the database ignore it."""
+
+AHEAD = ":ahead"
+"""The suffix of a payload on :data:`CHANNEL` (the schema, then this) that asks idle workers
+to look for work again, and so learn the due times to come (``notify_ahead``): no job is due
+now. Workers of versions before it ignore it (not their schema)."""
 
 
 @functools.cache
@@ -56,6 +62,19 @@ def notify_due(conn: Connection) -> None:
     transaction commits, with its last statements: no round trip of its own)."""
     if conn.dialect.name == "postgresql":
         execute(conn, _notify_stmt(), {}, later=True)
+
+
+@functools.cache
+def _ahead_stmt() -> Any:
+    return sa.select(sa.func.pg_notify(CHANNEL, sa.func.current_schema() + AHEAD))
+
+
+def notify_ahead(conn: Connection) -> None:
+    """Ask the idle workers of other processes to look again when to wake (PostgreSQL; a
+    worker that stops sends it: the jobs it would have woken itself for, a sleep it recorded
+    after another worker's last look, come due on time there, not at the poll)."""
+    if conn.dialect.name == "postgresql":
+        execute(conn, _ahead_stmt(), {})
 
 
 @functools.cache

@@ -32,7 +32,7 @@ from ._commands import (
     ReleaseJobs,
 )
 from ._dbclock import DatabaseClock
-from ._jobs import CHANNEL
+from ._jobs import AHEAD, CHANNEL, notify_ahead
 from ._kernel import Kernel
 from ._outbox import OutboxCounts, count_outbox
 
@@ -254,6 +254,11 @@ class WorkerHost:
                     self.shutdown_timeout,
                     _some(sorted({str(job.run_id) for job in held})),
                 )
+        if self.kernel.db.is_postgres:
+            # the jobs this worker would have woken itself for (and any sleep recorded after
+            # another worker's last look) come due on time on the others (one NOTIFY)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.kernel.db.tx(notify_ahead), _FINAL_FLUSH_MIN_S)
         if await self._end_flush(max(stop_by - time.monotonic(), 0.0)):
             # the events of the last stages, bounded: a sink that hangs cannot hold the stop
             # (what is left waits in the outbox for the next worker)
@@ -588,8 +593,15 @@ class WorkerHost:
                     delay, failures = 0.5, 0
                     own = self.kernel.db  # (its NOTIFYs: this process wakes its workers itself)
                     async for note in conn.notifies():
-                        if note.payload == schema and note.pid not in own.own_backends:
+                        if note.pid in own.own_backends:
+                            continue
+                        if note.payload == schema:
                             self._counts["woken_by_notify"] += 1
+                            self._wake.set()
+                        elif note.payload == f"{schema}{AHEAD}":
+                            # a worker stopped: the jobs it would have woken for are looked
+                            # for (the idle pass looks once more: ``_ahead_known``)
+                            self._ahead_known = False
                             self._wake.set()
             except asyncio.CancelledError:
                 raise

@@ -27,6 +27,13 @@ from .conftest import MakeEngine, eventually
 POLL = 30.0  # poll_interval_seconds: no poll comes due while a test runs
 
 
+@pytest.fixture
+def postgres_url(database_url: str) -> str:
+    if database_url.startswith("sqlite"):
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; on SQLite a worker learns at its looks")
+    return database_url
+
+
 async def _asleep(engine: NativeEngine, n_ms: int) -> tuple[str, float]:
     """A napper run (``ctx.step.sleep`` of ``n_ms``) left asleep by a worker that stopped:
     its id and the due time of its job (the kernel's clock)."""
@@ -161,3 +168,23 @@ async def test_a_worker_learns_only_the_due_times_of_what_it_serves(
         await eventually(looked, timeout=15)
         assert other._due_times == [] and other._timer is None
         assert len(serving._due_times) == 1
+
+
+async def test_a_sleep_recorded_after_a_look_resumes_on_time_when_its_worker_stops(
+    postgres_url: str, make_engine: MakeEngine
+) -> None:
+    """A rolling deploy on PostgreSQL: the new worker (another process) has looked already
+    when the old one records a sleep and stops; the old one's stop tells it (one NOTIFY) to
+    look again, and it wakes at the sleep's due time, not at its poll."""
+    new = await make_engine(w.napper, poll_interval_seconds=POLL)
+    async with new.worker() as host:
+
+        async def listening() -> bool:
+            return bool(host.listening.is_set() and host._next_survey)
+
+        await eventually(listening, timeout=30)
+        old = await make_engine(w.napper, poll_interval_seconds=POLL)
+        run_id, _ = await _asleep(old, 4000)  # (its worker stops once the stage sleeps)
+        info = await new.wait(run_id, timeout=15)  # (at the poll: up to 30 s)
+        assert info.status == RunStatus.COMPLETED
+        assert host.stats()["woken_by_poll"] == 0
