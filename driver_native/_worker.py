@@ -187,6 +187,8 @@ class WorkerHost:
         # whether every time to come that the last look saw is kept (a look that found a
         # job due now told none); False: look (one read) before the loop pauses
         self._ahead_known = False
+        # it stops leaving jobs due later that it would have woken itself for (``stop``)
+        self._left_due = False
         self._early_s = 0.0  # the last wait after a ring that came before its time
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -217,6 +219,7 @@ class WorkerHost:
         cancel the rest and give their leases back so another worker takes them at once."""
         self._stopping = True
         self._wake.set()
+        self._left_due |= bool(self._due_times)
         self._drop_timer()
         if self._listen_task is not None:
             self._listen_task.cancel()
@@ -254,9 +257,9 @@ class WorkerHost:
                     self.shutdown_timeout,
                     _some(sorted({str(job.run_id) for job in held})),
                 )
-        if self.kernel.db.is_postgres:
-            # the jobs this worker would have woken itself for (and any sleep recorded after
-            # another worker's last look) come due on time on the others (one NOTIFY)
+        if self._left_due and self.kernel.db.is_postgres:
+            # the jobs this worker would have woken itself for (a sleep recorded after another
+            # worker's last look: a rolling deploy) come due on time there (one NOTIFY)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.kernel.db.tx(notify_ahead), _FINAL_FLUSH_MIN_S)
         if await self._end_flush(max(stop_by - time.monotonic(), 0.0)):
@@ -457,6 +460,7 @@ class WorkerHost:
         looks for work then, not only at its next poll. One timer of the event loop, for the
         earliest time kept; none while stopping."""
         if self._stopping:
+            self._left_due = True  # (recorded during the stop: the others are told)
             return
         times = self._due_times
         if len(times) >= _TIMERS_KEPT and at >= times[-1][0]:
