@@ -104,41 +104,11 @@ def append_events(
     if conn.dialect.name == "postgresql":
         # one statement whose result nobody reads (the database numbers the events from
         # the run's counter), so it goes out with the commit: no round trip of its own
-        params.update(
-            e_workflow=run.workflow_id,
-            e_now=now,
-            e_ids=[d.id for d in drafts],
-            e_types=[d.type for d in drafts],
-            e_stages=[d.stage for d in drafts],
-            e_data=[json.dumps(d.data) for d in drafts],
-            e_business=[bool(d.business) for d in drafts],
-        )
+        params.update(_pg_event_arrays(run, drafts, now))
         execute(conn, _pg_append(tuple(run_values)), params, later=True)
         return
     seq = execute(conn, _seq_update(tuple(run_values)), params).scalar()
-    first = seq - len(drafts) + 1
-    execute_many(
-        conn,
-        _outbox_insert(),
-        [
-            {
-                "event_id": d.id,
-                "run_id": run.id,
-                "workflow_id": run.workflow_id,
-                "seq": first + i,
-                "type": d.type,
-                "stage_id": d.stage,
-                "data": d.data,
-                "business": d.business,
-                "created_at": now,
-                "status": "pending",
-                "attempts": 0,
-                "first_failed_at": None,
-                "next_attempt_at": None,
-            }
-            for i, d in enumerate(drafts)
-        ],
-    )
+    execute_many(conn, _outbox_insert(), _event_rows(run, drafts, now, seq - len(drafts) + 1))
 
 
 def append_first_events(
@@ -152,41 +122,47 @@ def append_first_events(
     if not drafts:
         return
     if conn.dialect.name == "postgresql":
-        params = {
-            "k_id": run.id,
-            "e_workflow": run.workflow_id,
-            "e_now": now,
-            "e_ids": [d.id for d in drafts],
-            "e_types": [d.type for d in drafts],
-            "e_stages": [d.stage for d in drafts],
-            "e_data": [json.dumps(d.data) for d in drafts],
-            "e_business": [bool(d.business) for d in drafts],
-        }
+        params = {"k_id": run.id, **_pg_event_arrays(run, drafts, now)}
         execute(conn, _pg_first_append(), params, later=True)
         return
-    execute_many(
-        conn,
-        _outbox_insert(),
-        [
-            {
-                "event_id": d.id,
-                "run_id": run.id,
-                "workflow_id": run.workflow_id,
-                "seq": i + 1,
-                "type": d.type,
-                "stage_id": d.stage,
-                "data": d.data,
-                "business": d.business,
-                "created_at": now,
-                "status": "pending",
-                "attempts": 0,
-                "first_failed_at": None,
-                "next_attempt_at": None,
-            }
-            for i, d in enumerate(drafts)
-        ],
-        later=True,
-    )
+    execute_many(conn, _outbox_insert(), _event_rows(run, drafts, now, 1), later=True)
+
+
+def _pg_event_arrays(run: Any, drafts: Sequence[EventDraft], now: float) -> dict[str, Any]:
+    """The events as the arrays of PostgreSQL's one-statement insert (``_pg_events_insert``)."""
+    return {
+        "e_workflow": run.workflow_id,
+        "e_now": now,
+        "e_ids": [d.id for d in drafts],
+        "e_types": [d.type for d in drafts],
+        "e_stages": [d.stage for d in drafts],
+        "e_data": [json.dumps(d.data) for d in drafts],
+        "e_business": [bool(d.business) for d in drafts],
+    }
+
+
+def _event_rows(
+    run: Any, drafts: Sequence[EventDraft], now: float, first: int
+) -> list[dict[str, Any]]:
+    """The outbox rows of ``drafts``, numbered from ``first``, pending."""
+    return [
+        {
+            "event_id": d.id,
+            "run_id": run.id,
+            "workflow_id": run.workflow_id,
+            "seq": first + i,
+            "type": d.type,
+            "stage_id": d.stage,
+            "data": d.data,
+            "business": d.business,
+            "created_at": now,
+            "status": "pending",
+            "attempts": 0,
+            "first_failed_at": None,
+            "next_attempt_at": None,
+        }
+        for i, d in enumerate(drafts)
+    ]
 
 
 @functools.cache
