@@ -108,7 +108,8 @@ def append_events(
         execute(conn, _pg_append(tuple(run_values)), params, later=True)
         return
     seq = execute(conn, _seq_update(tuple(run_values)), params).scalar()
-    execute_many(conn, _outbox_insert(), _event_rows(run, drafts, now, seq - len(drafts) + 1))
+    first = seq - len(drafts) + 1
+    execute_many(conn, _outbox_insert(), _event_rows(run, drafts, now, first))
 
 
 def append_first_events(
