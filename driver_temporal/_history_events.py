@@ -122,6 +122,9 @@ def _replayer(instances: list[_Recording], data_converter: DataConverter | None)
         interceptors=[_Collect(instances)],
         workflow_runner=workflow_runner(),
         data_converter=data_converter or DATA_CONVERTER,
+        # no deadlock detector: a read of the history must not fail because the process
+        # paused for 2 s during a replay (a full garbage collection beside a CPU hog)
+        debug_mode=True,
     )
 
 

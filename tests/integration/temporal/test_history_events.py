@@ -280,3 +280,41 @@ async def test_a_task_a_terminate_interrupted_counts(name: str, whole_task: bool
         )
         ended = WorkflowHistory(history.workflow_id, [*cut.events, terminated])
         assert emitted(ended).events == committed(cut).events
+
+
+async def test_events_survive_a_replay_that_pauses_for_seconds(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``engine.events`` rebuilds the stream by replaying the run's history; a replay that
+    pauses for more than 2 s (a full garbage collection beside a CPU hog, seen on a clean
+    clone) still reads the events. Before: temporalio's deadlock detector failed the replay
+    and ``events`` raised "does not replay on this driver's code"."""
+    import time as _time
+
+    from temporalio import workflow
+
+    from driver_temporal._workflow import GraphWorkflow
+
+    wf = Workflow(f"hist-pause-{_time.monotonic_ns()}", input=In)
+
+    @wf.stage
+    async def a(ctx: StageContext[In]) -> int:
+        return ctx.input.n
+
+    sink = MemorySink()
+    engine = make_engine(Registry([wf]), sink=sink)
+    real = GraphWorkflow._record_end
+
+    def paused(self: GraphWorkflow, state: dict[str, Any]) -> None:
+        if workflow.unsafe.is_replaying():
+            _time.sleep(2.5)  # (the replay's thread stalls, as in a long GC pause)
+        real(self, state)
+
+    async with engine:
+        run = await engine.start(wf, {"n": 1})
+        async with engine.worker():
+            await engine.wait(run.id, timeout=60)
+        monkeypatch.setattr(GraphWorkflow, "_record_end", paused)
+        events = await engine.events(run.id)
+    assert [e.type for e in events][-1] == "run.completed", events
+    assert [e.id for e in events] == [e.id for e in sink.for_run(run.id)]
