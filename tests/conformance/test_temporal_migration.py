@@ -52,10 +52,10 @@ def _pair(tmp_path: Path, temporal_server: Any) -> tuple[SettingsHarness, Settin
             task_queue=f"m-{uuid.uuid4().hex[:10]}",
             blob_url=blobs,
         ),
-        # a signal to a run no worker serves (the source's worker stopped before the move,
-        # the target's not started yet) is buffered once no worker answered within
-        # signal_timeout: 5 s by default, three times in these scenarios
-        options={"signal_timeout": 1.5},
+        # (signal_timeout at its default, 5 s: a signal to a run no worker serves waits it
+        # out three times in these scenarios, but a repeat to a run that only the target's
+        # migration helper serves must be answered by that helper, which replays the run's
+        # whole history for each task: 1.5 s was too short for it on a loaded CI host)
         name="temporal",
     )
     return native, temporal
