@@ -123,7 +123,9 @@ class _WriterBusy(Exception):
     goes to the database thread instead (which waits for the lock there)."""
 
 
-async def _shielded(coro: Coroutine[Any, Any, T], *, turn: bool = True) -> T:
+async def _shielded(
+    coro: Coroutine[Any, Any, T], going_on: set[asyncio.Task[None]], *, turn: bool = True
+) -> T:
     """``await asyncio.shield(coro)``: ``coro`` runs in a task of its own, which cancelling
     the caller does not cancel, and its result or error is the caller's. With one turn of
     the event loop less than ``asyncio.shield`` (whose task's end reaches the caller through
@@ -138,7 +140,11 @@ async def _shielded(coro: Coroutine[Any, Any, T], *, turn: bool = True) -> T:
     suspends goes on in a task (in the same context) from where it stopped.
 
     ``turn=False``: a caller that suspends (or ends its task) right after has that turn
-    already; one that never suspended returns at once, without a loop turn of its own."""
+    already; one that never suspended returns at once, without a loop turn of its own.
+
+    The task is in ``going_on`` until it ends: its caller may be gone (a heartbeat cancelled
+    as its stage ended, a worker's bounded last flush), and the database's :meth:`Database.
+    settle` waits for it before the connections and greenlets it runs on are dropped."""
     context = contextvars.copy_context()
     try:
         step = context.run(coro.send, None)
@@ -164,9 +170,11 @@ async def _shielded(coro: Coroutine[Any, Any, T], *, turn: bool = True) -> T:
         else:
             if not outer.done():
                 outer.set_result(result)
+        finally:
+            going_on.discard(task)
 
-    # (as with shield: what the task awaits holds it)
-    loop.create_task(inner(), context=context)  # noqa: RUF006
+    task = loop.create_task(inner(), context=context)  # (held until it ends: going_on)
+    going_on.add(task)
     return await outer
 
 
@@ -290,6 +298,7 @@ class Database:
             event.listen(self.engine, "do_executemany", _pg_do_executemany)
             event.listen(self.engine, "do_execute_no_params", _pg_do_execute_no_params)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wfe-db")
+        self._going_on: set[asyncio.Task[None]] = set()  # (see _shielded)
         if self.is_postgres:
             from ._pgloop import LoopConnections
 
@@ -459,7 +468,9 @@ class Database:
     ) -> T:
         if self._loop_conns is not None:
             # (shielded: a transaction begun runs to its end, as on a database thread)
-            return await _shielded(self._retrying_on_loop(self._loop_conns, call), turn=turn)
+            return await _shielded(
+                self._retrying_on_loop(self._loop_conns, call), self._going_on, turn=turn
+            )
         loop = asyncio.get_running_loop()
         inline = self._inline if inline_ok and self._inline is not None else None
         inline = inline if inline is not None and inline.usable() else None
@@ -670,6 +681,20 @@ class Database:
     def schema_status(self) -> tuple[int, int]:
         """(the database's schema version, the version this code needs); reads only."""
         return self.read_sync(_schema.schema_version), _schema.LATEST_SCHEMA_VERSION
+
+    async def settle(self, timeout: float) -> None:
+        """Let the transactions whose callers are gone end (PostgreSQL: they run in tasks of
+        their own, see :func:`_shielded`), up to ``timeout``, then cancel the rest (rolled
+        back): called before :meth:`dispose`, so a closed engine has nothing of its database
+        still running on the loop (a closed engine left a heartbeat's transaction behind it,
+        with the greenlet it ran in and the connection)."""
+        going_on = set(self._going_on)
+        if not going_on:
+            return
+        _done, late = await asyncio.wait(going_on, timeout=timeout)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
     def dispose(self) -> None:
         # (SQLAlchemy's PostgreSQL dialect stays in its reflection caches for a while: not

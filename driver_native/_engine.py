@@ -93,6 +93,10 @@ _LOCAL_POLL_S = 0.5
 """How often wait() reads the status of a run that a local worker executes (its completion
 wakes wait() at once; the read covers a run that moved elsewhere, e.g. after a shutdown)."""
 
+_SETTLE_S = 5.0
+"""How long ``close()`` lets a transaction whose caller is gone (a heartbeat cancelled as its
+stage ended) end before it is cancelled and rolled back."""
+
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:
     """``event.wait()`` for ``timeout`` seconds at most (then return all the same), in the
@@ -206,6 +210,7 @@ class NativeEngine(WorkflowEngine):
         await self._watch.close()
         if self._kernel is not None:
             self._kernel.runner.close()
+            await self._kernel.db.settle(_SETTLE_S)
             self._kernel.db.dispose()
             self._kernel = None
 

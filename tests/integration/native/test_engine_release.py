@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+from sqlalchemy import Connection
 
 from driver_native._engine import NativeEngine
 from driver_native._pgloop import _Runner
@@ -88,3 +89,34 @@ async def test_a_closed_postgres_engine_leaves_its_statements_behind_nowhere(
     pg_session: PostgresSession, tmp_path: Path
 ) -> None:
     await _released(pg_session.new_schema(), tmp_path / "blobs", dialect_kept=True)
+
+
+def _sleep_in_tx(conn: Connection, seconds: float) -> None:
+    conn.exec_driver_sql(f"SELECT pg_sleep({seconds})")
+
+
+@pytest.mark.postgres
+async def test_a_transaction_whose_caller_left_ends_before_the_engine_closes(
+    pg_session: PostgresSession, tmp_path: Path
+) -> None:
+    """A transaction begun runs to its end when its caller is cancelled (a heartbeat cancelled
+    as its stage ended, a worker's bounded last flush): on PostgreSQL it goes on in a task of
+    its own. The engine's close returned while it still ran (with its greenlet and its
+    connection), seen beside a CPU hog as a greenlet left after the engine closed; now close
+    lets it end first."""
+    runners_before = len(_alive(_Runner))
+    engine = create_engine(
+        EngineSettings(database_url=pg_session.new_schema(), blob_url=f"file://{tmp_path}"),
+        Registry([_flow()]),
+    )
+    assert isinstance(engine, NativeEngine)
+    async with engine:
+        caller = asyncio.create_task(engine.kernel.db.tx(_sleep_in_tx, 0.5))
+        await asyncio.sleep(0.1)  # (the statement is at the server)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not others, f"the closed engine still runs {others}"
+    gc.collect()
+    assert len(_alive(_Runner)) <= runners_before
