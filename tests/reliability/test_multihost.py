@@ -261,7 +261,11 @@ async def test_a_connection_killed_while_a_stage_records_is_no_stage_failure(
     the run completes with the trace of a clean run, attempt 1, no step run twice, and the
     worker still up."""
     app = f"wfe-mh-{uuid.uuid4().hex[:8]}"
-    worker = hosts.spawn(url=pg_url + f"&application_name={app}")
+    # (the stage's gates hold the worker's event loop, heartbeats too, from step x until the
+    # test has taken its lock: beside a CPU hog that took longer than the default 30 s lease,
+    # which then expired, and the outcome was never written to wait for the lock. This test
+    # is about a killed connection, not a lease: one no wait here outlasts)
+    worker = hosts.spawn(url=pg_url + f"&application_name={app}", MH_LEASE_SECONDS="600")
     run = await client.start("mh-fence", {})
     await eventually(lambda: _marker(hosts, worker), 60, "step x", hosts)
     await eventually(lambda: _journaled(client, run.id, "x"), 60, "step x journaled", hosts)
