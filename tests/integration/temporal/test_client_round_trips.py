@@ -146,10 +146,18 @@ async def test_a_burst_of_first_starts_registers_the_version_once(
     host = make_engine(registry())
     caller = make_engine(registry(), task_queue=host.settings.task_queue)
     async with host, caller, host.worker():
+        # (the host's worker polls as the version: once Temporal lists it, the caller's
+        # check finds it at once; while it did not, the check described it every 0.1 s,
+        # a count that grew with the host's load: 7-10 beside a CPU hog)
+        version = host.registry.latest_version("rt-quick")
+        for _ in range(600):
+            if await caller._version_present("rt-quick", version):
+                break
+            await asyncio.sleep(0.05)
         with counted(caller) as calls:
             runs = await asyncio.gather(*(caller.start("rt-quick", {"n": i}) for i in range(20)))
         assert len({r.id for r in runs}) == 20
-        assert calls["describe_worker_deployment_version"] <= 6, calls
+        assert calls["describe_worker_deployment_version"] == 1, calls
         for i, r in enumerate(runs):
             assert (await caller.wait(r.id, timeout=60)).output == i + 1
 
