@@ -491,6 +491,53 @@ class SignalContract:
         assert info.status == RunStatus.COMPLETED, info
         assert info.output == ["a", "b", "c"]
 
+    async def test_signals_while_no_worker_runs_the_run_are_judged_like_any_other(
+        self, harness: Harness
+    ) -> None:
+        """A run that waits for its second signal when its worker stops (a deploy, an outage)
+        answers the signals sent meanwhile as at any other time: a sender's retry of a key it
+        took already_completed, the next one delivered to the waiting stage, the one after
+        buffered, one past ``max_pending_signals`` SignalQueueFullError (the delivered one counts
+        until the stage, which runs again only with a worker, takes it). (Temporal: no worker
+        can be asked; once ``signal_timeout`` passed, the run's next workflow task, which its
+        history holds, is run by the engine to judge the signal; before, the answer was read
+        from the run's last state, which knows no keys or bound.)"""
+        wf = Workflow(unique_id("bound-idle"), input=Num)
+
+        @wf.stage(signals=["go"], retry=Retry(max_attempts=1))
+        async def w(ctx: StageContext[Num]) -> list[Any]:
+            got = [await ctx.step.wait_for_signal("go") for _ in range(3)]
+            with contextlib.suppress(StepTimeoutError):
+                got.append(await ctx.step.wait_for_signal("go", timeout=timedelta(seconds=1)))
+            return got
+
+        sink = MemorySink()
+        sent: list[tuple[str, str | None]] = [("a", "ka"), ("b", None), ("c", None), ("d", None)]
+        async with harness.engine(Registry([wf]), sink, max_pending_signals=2) as engine:
+            run = await engine.start(wf.id, {})
+            async with engine.worker():
+                await wait_for_events(sink, run.id, "stage.suspended")
+                res = await engine.signal(run.id, "go", "a", idempotency_key="ka")
+                assert (res.delivered, res.already_completed) == (True, False), res
+                await eventually(
+                    lambda: [e.type for e in sink.for_run(run.id)].count("stage.suspended") == 2
+                )
+            got: list[Any] = []
+            for value, key in sent:
+                try:
+                    res = await asyncio.wait_for(
+                        engine.signal(run.id, "go", value, idempotency_key=key), 60
+                    )
+                except SignalQueueFullError:
+                    got.append("full")
+                else:
+                    got.append((int(res.delivered), int(res.already_completed)))
+            assert got == [(0, 1), (1, 0), (0, 0), "full"], list(zip(sent, got, strict=True))
+            async with engine.worker():
+                info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED, info
+        assert info.output == ["a", "b", "c"]
+
     async def test_signal_unknown_run(self, harness: Harness, tmp_path: Path) -> None:
         async with harness.engine(
             Registry([waiter(ExecutionLog(tmp_path / "log"))]), MemorySink()

@@ -160,7 +160,7 @@ from ._helpers import (
     _settle,
     _state_from_memo,
 )
-from ._history_events import run_events
+from ._history_events import judged_by_replay, run_events
 from ._journal import read_run_journals
 from ._names import RUN_INFO_QUERY
 from ._outage import use_runtime
@@ -1048,21 +1048,15 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             except RPCError:
                 status_now = (await self.get_run(run_id)).status
                 raise RunNotActiveError(run_id, status_now, "signal") from None
-            res = None
-            if info is not None and info.status == RunStatus.PENDING:
-                # its first workflow task may not have started (no worker yet): what the run
-                # will make of the signal is in its history already (``_early``), bound and
-                # idempotency key judged as the native driver's database does
-                res = await self._judged_early(handle, delivery)
-            if res is None:
-                res = await self._delivery(handle, delivery, answer)
+            pending = info is not None and info.status == RunStatus.PENDING
+            res = await self._answer(handle, delivery, answer, pending=pending)
         finally:
             if answer is not None:
                 self._waiters.forget(delivery)
                 answer.cancel()
         if res is None:
-            # no worker answered in time (or the run just closed): the signal stays buffered
-            # on the server; report from the run's last published state
+            # (or a task is in flight, or the run just closed): the signal stays buffered on
+            # the server; report from the run's last published state
             if info is None:
                 memo, status = await self._describe(run_id, settle=False)
                 info = await self._info_from_memo(memo, status, run_id, values=False)
@@ -1168,6 +1162,51 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
                 deadline_s=self.unavailable_timeout,
             )
         except RPCError:
+            return None
+
+    async def _answer(
+        self,
+        handle: WorkflowHandle[Any, Any],
+        delivery: str,
+        answer: asyncio.Future[dict[str, Any]] | None,
+        *,
+        pending: bool,
+    ) -> dict[str, Any] | None:
+        """What the run made, or will make, of the signal sent with ``delivery``: None when
+        that cannot be told (``signal`` then reports from the run's last published state)."""
+        res = None
+        if pending:
+            # its first workflow task may not have started (no worker yet): what the run
+            # will make of the signal is in its history already (``_early``), bound and
+            # idempotency key judged as the native driver's database does
+            res = await self._judged_early(handle, delivery)
+        if res is None:
+            res = await self._delivery(handle, delivery, answer)
+        if res is None:
+            # no worker answered in time: when no task is in flight (every worker of its
+            # version stopped: a deploy, an outage), the run's next one is in its history
+            # already, and is run here
+            res = await self._judged_late(handle, delivery)
+        return res
+
+    async def _judged_late(
+        self, handle: WorkflowHandle[Any, Any], delivery: str
+    ) -> dict[str, Any] | None:
+        """What a run that no worker runs now will make of the signal sent with
+        ``delivery``, by its next workflow task run here on its history
+        (``_history_events.judged_by_replay``); None when that cannot be told in
+        ``signal_timeout`` (a task in flight, a history that does not replay here)."""
+        try:
+            history = await _rpc.call(
+                f"reading the history of run {handle.id!r}",
+                handle.fetch_history,
+                deadline_s=self.unavailable_timeout,
+            )
+            return await asyncio.wait_for(
+                judged_by_replay(history, delivery, self._conn.data_converter),
+                self.signal_timeout,
+            )
+        except (RPCError, TimeoutError):
             return None
 
     async def _asked(

@@ -48,12 +48,19 @@ from engine_port import Event, EventDraft
 from engine_port.errors import DriverUnavailableError, EngineError, RunNotFoundError
 
 from . import _rpc
-from ._carry import DATA_CONVERTER
+from ._carry import DATA_CONVERTER, meta_of
 from ._names import DELIVERY_DECIDED, EVENTS_HANDED, RUN_ENDED, SIGNAL_STORED
 from ._paging import listed
 from ._workflow import GraphWorkflow, workflow_runner
 
-__all__ = ["committed", "emitted", "replay_events", "replay_info", "run_events"]
+__all__ = [
+    "committed",
+    "emitted",
+    "judged_by_replay",
+    "replay_events",
+    "replay_info",
+    "run_events",
+]
 
 # what a workflow task's completion records beside its commands
 _TASK_MESSAGES = (
@@ -178,6 +185,77 @@ async def replay_info(
     if result.replay_failure is not None or not instances or not instances[-1].run_info():
         return None
     return instances[-1].run_info()
+
+
+_TASK_ENDED = (
+    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+)
+
+
+async def judged_by_replay(
+    history: WorkflowHistory, delivery: str, data_converter: DataConverter | None = None
+) -> dict[str, Any] | None:
+    """What the run of ``history`` (its current execution) will make of the signal sent with
+    ``delivery`` once a worker runs its next workflow task, when no worker is running it now:
+    the history holds everything that task will run on (the signal, and what came with it),
+    so the task is run here on the driver's code, as ``emitted`` runs a task Temporal closed
+    (nothing it does leaves this process), and its signal handler's answer is read as the
+    worker's would be (``on_delivery``): delivered, buffered, already completed, or why it is
+    refused (a full queue, a run that ends in that task). None when that cannot be told: no
+    workflow task ran yet (``_early`` judges those), one was in flight when the signal came
+    (its outcome is not in the history yet), the history does not hold the signal, or the
+    answer waits for a ``local=True`` try (withheld)."""
+    events = list(history.events)
+    at = next((i for i, e in enumerate(events) if _carries(e, delivery)), None)
+    if at is None:
+        return None
+    in_flight: bool | None = None  # (None: no workflow task started before the signal)
+    ended = 0  # (where the last workflow task before the signal ended)
+    for i, e in enumerate(events[:at]):
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            in_flight = True
+        elif e.event_type in _TASK_ENDED:
+            in_flight, ended = False, i
+    if in_flight is not False:
+        return None
+    end = next(
+        (
+            i
+            for i in range(at + 1, len(events))
+            if events[i].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
+        ),
+        len(events),
+    )
+    scheduled = [
+        e for e in events[ended:end] if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED
+    ]
+    if not scheduled:
+        return None
+    started = HistoryEvent(
+        event_id=events[end - 1].event_id + 1,
+        event_time=events[end - 1].event_time,
+        event_type=EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+    )
+    started.workflow_task_started_event_attributes.scheduled_event_id = scheduled[-1].event_id
+    instances: list[_Recording] = []
+    result = await _replayer(instances, data_converter).replay_workflow(
+        WorkflowHistory(history.workflow_id, [*events[:end], started]),
+        raise_on_replay_failure=False,
+    )
+    if result.replay_failure is not None or not instances:
+        return None
+    return instances[-1].on_delivery(delivery)
+
+
+def _carries(event: HistoryEvent, delivery: str) -> bool:
+    """Whether ``event`` is the signal the engine sent with ``delivery``."""
+    if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+        return False
+    payloads = event.workflow_execution_signaled_event_attributes.input.payloads
+    meta = meta_of(payloads[0]) if payloads else None
+    return meta is not None and meta.get("delivery") == delivery
 
 
 def committed(history: WorkflowHistory) -> WorkflowHistory:

@@ -84,11 +84,14 @@ async def test_a_burst_while_the_worker_starts_is_bounded(make_engine: EngineFac
 
 async def test_no_worker_answers_typed_within_signal_timeout(make_engine: EngineFactory) -> None:
     """A started run whose worker is gone: ``signal()`` waits ``signal_timeout`` for the run,
-    then answers from its last published state (a SignalResult, no temporalio error), each
-    within about ``signal_timeout`` (the query and the update once took it each, and a
-    query's own timeout ran 2-3 times over). A sender's retry of a key the run already has
-    is not reported already_completed then (nothing without a worker knows the run's keys)
-    but the run drops it once a worker is back: the stage gets each signal once."""
+    then answers what the run's next workflow task will make of the signal, run here on its
+    history (a SignalResult, no temporalio error), each within about ``signal_timeout`` (the
+    query and the update once took it each, and a query's own timeout ran 2-3 times over).
+    The answers are the native driver's: a retry of a key the run already has is
+    already_completed, a signal the waiting stage takes delivered, the next one buffered.
+    (Before, with no worker, they were read from the run's last published state: a retried
+    key was not reported already_completed, nothing there knowing the run's keys.) The
+    stage gets each signal once when a worker is back."""
     wf = Workflow("early-idle", input=In)
 
     @wf.stage(signals=["go"])
@@ -112,10 +115,11 @@ async def test_no_worker_answers_typed_within_signal_timeout(make_engine: Engine
             t0 = time.monotonic()
             res = await engine.signal(run.id, "go", value, idempotency_key=key)
             answers.append((res, time.monotonic() - t0))
+        got = [(res.delivered, res.already_completed) for res, _ in answers]
+        assert got == [(False, True), (True, False), (False, True), (False, False)], answers
         for res, took in answers:
             assert isinstance(res, SignalResult), res
-            assert not res.already_completed, res
-            # (the answer waits for the run signal_timeout, then reads its last state)
+            # (the answer waits for the run signal_timeout, then runs its next task)
             assert timeout_s * 0.9 <= took < timeout_s + 2.5, answers
         async with engine.worker():
             info = await engine.wait(run.id, timeout=90)
