@@ -12,7 +12,15 @@ from typing import Any
 
 import pytest
 
-from engine_port import MemorySink, Registry, Retry, RunStatus, StageContext, Workflow
+from engine_port import (
+    MemorySink,
+    Registry,
+    Retry,
+    RunStatus,
+    StageContext,
+    Workflow,
+    WorkflowEngine,
+)
 from engine_port.errors import (
     EngineError,
     RunNotActiveError,
@@ -453,15 +461,7 @@ class SignalContract:
         worker needed). Once a worker runs, the stage takes exactly the signals queued, so
         the run never held more than its bound. (Temporal: the run's history holds them
         before its first workflow task, which judges them as the engine answered.)"""
-        wf = Workflow(unique_id("bound-early"), input=Num)
-
-        @wf.stage(signals=["go"], retry=Retry(max_attempts=1))
-        async def w(ctx: StageContext[Num]) -> list[Any]:
-            got = [await ctx.step.wait_for_signal("go") for _ in range(3)]
-            with contextlib.suppress(StepTimeoutError):
-                got.append(await ctx.step.wait_for_signal("go", timeout=timedelta(seconds=1)))
-            return got
-
+        wf = _three_signals(unique_id("bound-early"))
         sent: list[tuple[str, str | None]] = [
             ("a", "ka"),
             ("b", None),
@@ -474,17 +474,7 @@ class SignalContract:
         want: list[Any] = [(0, 0), (0, 0), (0, 1), (0, 0), "full", "full", (0, 1)]
         async with harness.engine(Registry([wf]), MemorySink(), max_pending_signals=3) as engine:
             run = await engine.start(wf.id, {})
-            got: list[Any] = []
-            for value, key in sent:
-                try:
-                    res = await asyncio.wait_for(
-                        engine.signal(run.id, "go", value, idempotency_key=key), 30
-                    )
-                except SignalQueueFullError as exc:
-                    assert isinstance(exc, EngineError)
-                    got.append("full")
-                else:
-                    got.append((int(res.delivered), int(res.already_completed)))
+            got = await _answers(engine, run.id, sent)
             assert got == want, list(zip(sent, got, strict=True))
             async with engine.worker():
                 info = await engine.wait(run.id, timeout=60)
@@ -502,15 +492,7 @@ class SignalContract:
         can be asked; once ``signal_timeout`` passed, the run's next workflow task, which its
         history holds, is run by the engine to judge the signal; before, the answer was read
         from the run's last state, which knows no keys or bound.)"""
-        wf = Workflow(unique_id("bound-idle"), input=Num)
-
-        @wf.stage(signals=["go"], retry=Retry(max_attempts=1))
-        async def w(ctx: StageContext[Num]) -> list[Any]:
-            got = [await ctx.step.wait_for_signal("go") for _ in range(3)]
-            with contextlib.suppress(StepTimeoutError):
-                got.append(await ctx.step.wait_for_signal("go", timeout=timedelta(seconds=1)))
-            return got
-
+        wf = _three_signals(unique_id("bound-idle"))
         sink = MemorySink()
         sent: list[tuple[str, str | None]] = [("a", "ka"), ("b", None), ("c", None), ("d", None)]
         async with harness.engine(Registry([wf]), sink, max_pending_signals=2) as engine:
@@ -522,16 +504,7 @@ class SignalContract:
                 await eventually(
                     lambda: [e.type for e in sink.for_run(run.id)].count("stage.suspended") == 2
                 )
-            got: list[Any] = []
-            for value, key in sent:
-                try:
-                    res = await asyncio.wait_for(
-                        engine.signal(run.id, "go", value, idempotency_key=key), 60
-                    )
-                except SignalQueueFullError:
-                    got.append("full")
-                else:
-                    got.append((int(res.delivered), int(res.already_completed)))
+            got = await _answers(engine, run.id, sent)
             assert got == [(0, 1), (1, 0), (0, 0), "full"], list(zip(sent, got, strict=True))
             async with engine.worker():
                 info = await engine.wait(run.id, timeout=60)
@@ -923,3 +896,36 @@ class TimeoutContract:
             "stage.compensated",
             "run.failed",
         ]
+
+
+def _three_signals(workflow_id: str) -> Workflow[Num]:
+    """One stage that takes three ``go`` signals, then a fourth if one comes within 1 s."""
+    wf = Workflow(workflow_id, input=Num)
+
+    @wf.stage(signals=["go"], retry=Retry(max_attempts=1))
+    async def w(ctx: StageContext[Num]) -> list[Any]:
+        got = [await ctx.step.wait_for_signal("go") for _ in range(3)]
+        with contextlib.suppress(StepTimeoutError):
+            got.append(await ctx.step.wait_for_signal("go", timeout=timedelta(seconds=1)))
+        return got
+
+    return wf
+
+
+async def _answers(
+    engine: WorkflowEngine, run_id: str, sent: list[tuple[str, str | None]]
+) -> list[Any]:
+    """The answers to ``go`` signals ``sent`` one after the other (value, idempotency key):
+    ``(delivered, already_completed)`` as 0/1, or ``"full"`` (SignalQueueFullError)."""
+    got: list[Any] = []
+    for value, key in sent:
+        try:
+            res = await asyncio.wait_for(
+                engine.signal(run_id, "go", value, idempotency_key=key), 60
+            )
+        except SignalQueueFullError as exc:
+            assert isinstance(exc, EngineError)
+            got.append("full")
+        else:
+            got.append((int(res.delivered), int(res.already_completed)))
+    return got
