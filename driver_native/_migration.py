@@ -356,6 +356,15 @@ def _insert_stages(conn: Connection, snap: RunSnapshot, now: float) -> None:
     # suspended again in the wait it was imported in, emitting that suspension's id a
     # second time (the id names the step and its deadline) under a new sequence number
     queued = Counter(sig.name for sig in snap.signals)
+    # an attempt imported running at a signal wait (one a signal had just resumed when a
+    # freeze withdrew it, the signal given back to the queue) takes one of them when it runs
+    # again, before any waiting stage: a waiting stage woken for it too lost it and suspended
+    # again, the same way
+    for st in snap.stages:
+        if st.status == StageStatus.RUNNING:
+            for step in st.steps:
+                if step.kind == "signal" and not step.completed and step.signal:
+                    queued[step.signal] -= 1
     resumed = (_resume_job(snap, st, now, queued) for st in snap.stages)
     _insert_many(conn, jobs, [job for job in resumed if job is not None])
 

@@ -18,6 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 from conformance._trace import normalise
+from driver_temporal import _moving
 from engine_port import (
     EngineSettings,
     Event,
@@ -393,6 +394,57 @@ async def _pair_scenario(
     assert info.status == RunStatus.COMPLETED, info
     events = [e for s in sides.values() for e in s.sink.events if e.run_id == run.id]
     return info, events
+
+
+async def test_a_signal_a_stage_took_before_the_freeze_wakes_no_second_waiter(
+    tmp_path: Path, temporal_server: Any
+) -> None:
+    """Temporal -> native, b and c both waiting for ``go``, one ``go`` sent while no worker
+    runs, and a workflow-only worker (a migration helper) runs the signal's task before the
+    freeze: the signal resumes b, whose attempt the freeze withdraws (b exported ``running``
+    at its wait, the signal back in the queue). The native import woke c as well for that
+    signal: c lost it to b and suspended again in the wait it was imported in, its
+    suspension's id sent a second time under a new sequence number (a clean clone beside a
+    CPU hog met this order in ``test_two_waits_for_one_name_one_signal_queued_at_the_move``)."""
+    wf = _pair_wait()
+    async with _engines(tmp_path, temporal_server, Registry([wf])) as sides:
+        src = sides["temporal"]
+        run = await src.engine.start(wf.id, {"doc": {}})
+        async with src.engine.worker():
+            await _until("both wait", lambda: _n_suspended(src, run.id, 2))
+            await _flushed(src, run.id)
+        await src.engine.signal(run.id, "go", {"w": 1})
+        engine: Any = src.engine
+        await _moving.helper(engine, wf.id, "v1")
+        handle = engine._conn.get_workflow_handle(run.id)
+
+        async def signal_handled() -> bool:
+            events = list((await handle.fetch_history()).events)
+            at = max(i for i, e in enumerate(events) if e.HasField(_SIGNALED))
+            return any(e.HasField(_TASK_COMPLETED) for e in events[at:])
+
+        await _until("the signal's workflow task completed", signal_handled)
+        dst = await _moved(sides, src, "native", run.id)
+        async with dst.engine.worker():
+
+            async def one_done() -> bool:
+                info = await dst.engine.get_run(run.id)
+                return sum(s.status == "completed" for s in info.stages) == 1
+
+            await _until("one stage took the signal", one_done)
+            await dst.engine.signal(run.id, "go", {"w": 2})
+            info = await dst.engine.wait(run.id, timeout=30)
+            await _flushed(dst, run.id)
+        events = [e for s in sides.values() for e in s.sink.events if e.run_id == run.id]
+    assert sorted(info.output.values(), key=str) == [{"w": 1}, {"w": 2}], info.output
+    ordered = _check_ids(events)
+    assert [e.type for e in ordered].count("stage.suspended") == 2, [
+        (e.seq, e.type, e.stage) for e in ordered
+    ]
+
+
+_SIGNALED = "workflow_execution_signaled_event_attributes"
+_TASK_COMPLETED = "workflow_task_completed_event_attributes"
 
 
 @pytest.mark.parametrize(
