@@ -18,6 +18,7 @@ from engine_port import (
     Retry,
     RunStatus,
     StageContext,
+    StageStatus,
     Workflow,
     WorkflowEngine,
 )
@@ -507,6 +508,42 @@ class SignalContract:
             got = await _answers(engine, run.id, sent)
             assert got == [(0, 1), (1, 0), (0, 0), "full"], list(zip(sent, got, strict=True))
             async with engine.worker():
+                info = await engine.wait(run.id, timeout=60)
+        assert info.status == RunStatus.COMPLETED, info
+        assert info.output == ["a", "b", "c"]
+
+    async def test_a_signal_that_wakes_a_stage_while_no_worker_runs_reads_the_run_running(
+        self, harness: Harness
+    ) -> None:
+        """A signal a waiting stage takes while no worker runs the run (a deploy, an outage)
+        makes the run `running` at once, its stage still `suspended` on the signal until a
+        worker resumes it; a sender's retry of a key the stage took wakes nothing. (Temporal:
+        only the run writes its state, so `get_run` judges the signals sent since its last
+        workflow task by running its next one on the history, as `signal()` does; before, it
+        read `suspended` until a worker took that task.)"""
+        wf = _three_signals(unique_id("idle-read"))
+        sink = MemorySink()
+        async with harness.engine(Registry([wf]), sink) as engine:
+            run = await engine.start(wf.id, {})
+            async with engine.worker():
+                await wait_for_events(sink, run.id, "stage.suspended")
+                await engine.signal(run.id, "go", "a", idempotency_key="ka")
+                await eventually(
+                    lambda: [e.type for e in sink.for_run(run.id)].count("stage.suspended") == 2
+                )
+            assert (await engine.get_run(run.id)).status == RunStatus.SUSPENDED
+            assert await _answers(engine, run.id, [("a", "ka")]) == [(0, 1)]
+            assert (await engine.get_run(run.id)).status == RunStatus.SUSPENDED
+            assert await _answers(engine, run.id, [("b", None)]) == [(1, 0)]
+            woken = await engine.get_run(run.id)
+            assert woken.status == RunStatus.RUNNING, woken
+            stage = woken.stage("w")
+            assert (stage.status, stage.waiting_for) == (StageStatus.SUSPENDED, "signal:go"), stage
+            async with engine.worker():
+                await eventually(
+                    lambda: [e.type for e in sink.for_run(run.id)].count("stage.suspended") == 3
+                )
+                await engine.signal(run.id, "go", "c")
                 info = await engine.wait(run.id, timeout=60)
         assert info.status == RunStatus.COMPLETED, info
         assert info.output == ["a", "b", "c"]

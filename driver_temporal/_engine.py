@@ -160,7 +160,7 @@ from ._helpers import (
     _settle,
     _state_from_memo,
 )
-from ._history_events import judged_by_replay, run_events
+from ._history_events import judged_by_replay, run_events, woken_by_signal
 from ._journal import read_run_journals
 from ._names import RUN_INFO_QUERY
 from ._outage import use_runtime
@@ -214,6 +214,12 @@ _MAX_LIVE = 4096
 # it at once, even while no worker has acted on the request yet (``_info_from_memo``); not
 # when the run is frozen for a move and defers the request (``_defers_cancel``)
 _CANCEL_REQUESTED = "wfe_cancel_requested"
+# the memo entries ``_describe`` adds when Temporal holds a workflow task of the running run
+# that no worker has started (something came for it: a signal, a timer, ...), and ``get_run``
+# when the run's next task wakes a waiting stage with a signal sent meanwhile: the run reads
+# running, as on the native driver from the signal's commit (``_info_from_memo``)
+_TASK_WAITING = "wfe_task_waiting"
+_SIGNAL_WOKE = "wfe_signal_woke"
 _WORKING = frozenset(s.value for s in WORKING_RUN_STATUSES)
 _ENDED = frozenset(s.value for s in TERMINAL_RUN_STATUSES)
 # signal() to a run whose version a worker of this engine serves: how long it waits for the
@@ -711,7 +717,31 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             # no worker has acted on it yet: compensating, as on the native driver, so that
             # signal() refuses it and a second cancel() is the no-op it is there
             info["status"] = RunStatus.COMPENSATING.value
+        elif memo.get(_SIGNAL_WOKE) and run.status == RunStatus.SUSPENDED:
+            # a signal sent while no worker runs the run woke a waiting stage: running, its
+            # stage suspended until a worker resumes it, as on the native driver
+            info["status"] = RunStatus.RUNNING.value
         return await self._resolve(info, values=values)
+
+    async def _signal_woke(self, run_id: str, memo: dict[str, Any]) -> bool:
+        """Whether a suspended run's next workflow task, which no worker has started, wakes a
+        waiting stage with a signal the engine sent meanwhile (``woken_by_signal``, run here
+        on the run's history within ``signal_timeout``); False when that cannot be told."""
+        if (memo.get("wfe_run") or {}).get("status") != RunStatus.SUSPENDED.value:
+            return False
+        try:
+            history = await _rpc.read(
+                f"reading the history of run {run_id!r}",
+                lambda timeout: self._conn.get_workflow_handle(run_id).fetch_history(
+                    rpc_timeout=timeout
+                ),
+                **self._reads(),
+            )
+            return await asyncio.wait_for(
+                woken_by_signal(history, self._conn.data_converter), self.signal_timeout
+            )
+        except (RPCError, TimeoutError, DriverUnavailableError):
+            return False
 
     async def _ended_outside(
         self, info: dict[str, Any], status: WorkflowExecutionStatus | None, run_id: str
@@ -836,6 +866,12 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             and not await self._defers_cancel(raw, memo)
         ):
             memo[_CANCEL_REQUESTED] = True
+        if (
+            status == WorkflowExecutionStatus.RUNNING
+            and raw.HasField("pending_workflow_task")
+            and raw.pending_workflow_task.state != _WFT_STARTED
+        ):
+            memo[_TASK_WAITING] = True
         return memo, status
 
     async def _defers_cancel(
@@ -856,6 +892,8 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
         memo = await current_memo(self._conn, run_id, memo, status, ask_s=self.signal_timeout)
+        if memo.get(_TASK_WAITING) and await self._signal_woke(run_id, memo):
+            memo[_SIGNAL_WOKE] = True
         info = await self._info_from_memo(memo, status, run_id)
         self._remember(memo, info)
         return info

@@ -60,6 +60,7 @@ __all__ = [
     "replay_events",
     "replay_info",
     "run_events",
+    "woken_by_signal",
 ]
 
 # what a workflow task's completion records beside its commands
@@ -220,6 +221,62 @@ async def judged_by_replay(
             in_flight, ended = False, i
     if in_flight is not False:
         return None
+    task = await _next_task(history, events, ended, at, data_converter)
+    return None if task is None else task.on_delivery(delivery)
+
+
+async def woken_by_signal(
+    history: WorkflowHistory, data_converter: DataConverter | None = None
+) -> bool:
+    """Whether a signal the engine sent after the run's last completed workflow task woke a
+    stage waiting for it (``delivered``), as the run's next workflow task will judge it, run
+    here on its history as :func:`judged_by_replay` runs it: what a run whose worker is away
+    is, on the native driver, from the signal's commit (``running``, its stage ``suspended``
+    until a worker resumes it). False when nothing says so: no signal of the engine's since
+    the last completed task, a task in flight (its completion publishes the run's state),
+    answers withheld, or a history that does not replay here."""
+    events = list(history.events)
+    done = max(
+        (
+            i
+            for i, e in enumerate(events)
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        ),
+        default=None,
+    )
+    if done is None:
+        return False
+    deliveries: list[str] = []
+    ended, in_flight = done, False
+    for i in range(done + 1, len(events)):
+        e = events[i]
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            in_flight = True
+        elif e.event_type in _TASK_ENDED:
+            in_flight, ended = False, i
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            delivery = _delivery_of(e)
+            if delivery is not None:
+                deliveries.append(delivery)
+    if in_flight or not deliveries:
+        return False
+    task = await _next_task(history, events, ended, len(events) - 1, data_converter)
+    if task is None:
+        return False
+    return any((task.on_delivery(d) or {}).get("delivered") is True for d in deliveries)
+
+
+async def _next_task(
+    history: WorkflowHistory,
+    events: list[HistoryEvent],
+    ended: int,
+    at: int,
+    data_converter: DataConverter | None,
+) -> _Recording | None:
+    """The run's workflow task after ``events[at]`` (the last task before it ended at
+    ``events[ended]``), run here on the history with a synthetic ``WorkflowTaskStarted``:
+    the workflow instance as that task leaves it, or None (no task scheduled, a history that
+    does not replay here)."""
     end = next(
         (
             i
@@ -246,16 +303,23 @@ async def judged_by_replay(
     )
     if result.replay_failure is not None or not instances:
         return None
-    return instances[-1].on_delivery(delivery)
+    return instances[-1]
+
+
+def _delivery_of(event: HistoryEvent) -> str | None:
+    """The delivery id the engine sent the signal of ``event`` with (None: not the engine's)."""
+    payloads = event.workflow_execution_signaled_event_attributes.input.payloads
+    meta = meta_of(payloads[0]) if payloads else None
+    delivery = meta.get("delivery") if meta is not None else None
+    return delivery if isinstance(delivery, str) else None
 
 
 def _carries(event: HistoryEvent, delivery: str) -> bool:
     """Whether ``event`` is the signal the engine sent with ``delivery``."""
-    if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
-        return False
-    payloads = event.workflow_execution_signaled_event_attributes.input.payloads
-    meta = meta_of(payloads[0]) if payloads else None
-    return meta is not None and meta.get("delivery") == delivery
+    return (
+        event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        and _delivery_of(event) == delivery
+    )
 
 
 def committed(history: WorkflowHistory) -> WorkflowHistory:
