@@ -236,14 +236,7 @@ async def woken_by_signal(
     the last completed task, a task in flight (its completion publishes the run's state),
     answers withheld, or a history that does not replay here."""
     events = list(history.events)
-    done = max(
-        (
-            i
-            for i, e in enumerate(events)
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-        ),
-        default=None,
-    )
+    done = _last_completed_task(events)
     if done is None:
         return False
     deliveries: list[str] = []
@@ -306,6 +299,18 @@ async def _next_task(
     return instances[-1]
 
 
+def _last_completed_task(events: list[HistoryEvent]) -> int | None:
+    """The index of the last ``WorkflowTaskCompleted`` of ``events`` (None: no task completed)."""
+    return max(
+        (
+            i
+            for i, e in enumerate(events)
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        ),
+        default=None,
+    )
+
+
 def _delivery_of(event: HistoryEvent) -> str | None:
     """The delivery id the engine sent the signal of ``event`` with (None: not the engine's)."""
     payloads = event.workflow_execution_signaled_event_attributes.input.payloads
@@ -328,14 +333,7 @@ def committed(history: WorkflowHistory) -> WorkflowHistory:
     last completed task (an activity that completed, a signal) are for the next task, which
     runs them at its own time (the event times come from the task that handles them)."""
     events = list(history.events)
-    last = max(
-        (
-            i
-            for i, e in enumerate(events)
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-        ),
-        default=None,
-    )
+    last = _last_completed_task(events)
     if last is None:
         return WorkflowHistory(history.workflow_id, [])
     task = events[last].event_id
