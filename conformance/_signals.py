@@ -537,6 +537,9 @@ class SignalContract:
             assert await _answers(engine, run.id, [("b", None)]) == [(1, 0)]
             woken = await engine.get_run(run.id)
             assert woken.status == RunStatus.RUNNING, woken
+            lazy = getattr(engine, "get_run_lazy", None)  # (what `wfe show` and the web view read)
+            if lazy is not None:
+                assert (await lazy(run.id))[0].status == RunStatus.RUNNING
             stage = woken.stage("w")
             assert (stage.status, stage.waiting_for) == (StageStatus.SUSPENDED, "signal:go"), stage
             async with engine.worker():

@@ -723,12 +723,20 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
             info["status"] = RunStatus.RUNNING.value
         return await self._resolve(info, values=values)
 
-    async def _signal_woke(self, run_id: str, memo: dict[str, Any]) -> bool:
-        """Whether a suspended run's next workflow task, which no worker has started, wakes a
-        waiting stage with a signal the engine sent meanwhile (``woken_by_signal``, run here
-        on the run's history within ``signal_timeout``); False when that cannot be told."""
-        if (memo.get("wfe_run") or {}).get("status") != RunStatus.SUSPENDED.value:
-            return False
+    async def _note_signal_woke(self, run_id: str, memo: dict[str, Any]) -> None:
+        """Mark ``memo`` (``_SIGNAL_WOKE``, read by ``_info_from_memo``) when the suspended
+        run's next workflow task, which no worker has started, wakes a waiting stage with a
+        signal the engine sent meanwhile (``woken_by_signal``)."""
+        if (
+            memo.get(_TASK_WAITING)
+            and (memo.get("wfe_run") or {}).get("status") == RunStatus.SUSPENDED.value
+            and await self._signal_woke(run_id)
+        ):
+            memo[_SIGNAL_WOKE] = True
+
+    async def _signal_woke(self, run_id: str) -> bool:
+        """``woken_by_signal`` of the run's history, run here within ``signal_timeout``;
+        False when that cannot be told."""
         try:
             history = await _rpc.read(
                 f"reading the history of run {run_id!r}",
@@ -892,8 +900,7 @@ class TemporalEngine(PagedRuns, WorkflowEngine):
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
         memo = await current_memo(self._conn, run_id, memo, status, ask_s=self.signal_timeout)
-        if memo.get(_TASK_WAITING) and await self._signal_woke(run_id, memo):
-            memo[_SIGNAL_WOKE] = True
+        await self._note_signal_woke(run_id, memo)
         info = await self._info_from_memo(memo, status, run_id)
         self._remember(memo, info)
         return info

@@ -183,6 +183,8 @@ class PagedRuns:
 
         async def _describe(self, run_id: str) -> tuple[Any, WorkflowExecutionStatus | None]: ...
 
+        async def _note_signal_woke(self, run_id: str, memo: dict[str, Any]) -> None: ...
+
         async def _info_from_memo(
             self,
             memo: Any,
@@ -251,6 +253,7 @@ class PagedRuns:
         ``output:ID`` (a sink's part of the run output), as on the native driver."""
         check_run_call(run_id)
         memo, status = await self._describe(run_id)
+        await self._note_signal_woke(run_id, memo)
         info: dict[str, Any] = dict(memo.get("wfe_run") or {})
         spilled: dict[str, int] = {}
 
