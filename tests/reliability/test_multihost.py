@@ -242,6 +242,19 @@ def _terminate_blocked(admin: sa.Connection, app: str, holder: sa.Connection) ->
     )
 
 
+def _backends(admin: sa.Connection, app: str) -> list[tuple[Any, ...]]:
+    """What the backends of ``app`` are doing (state, what they wait for, their last query
+    sent as text): why a worker did not wait for a lock, when it did not."""
+    rows = admin.execute(
+        sa.text(
+            "SELECT state, wait_event_type, wait_event, left(query, 80) FROM pg_stat_activity "
+            "WHERE application_name = :app"
+        ),
+        {"app": app},
+    )
+    return [tuple(r) for r in rows]
+
+
 async def _journaled(engine: NativeEngine, run_id: str, step: str) -> bool:
     def q(conn: sa.Connection) -> bool:
         t = _schema.steps
@@ -282,7 +295,10 @@ async def test_a_connection_killed_while_a_stage_records_is_no_stage_failure(
             deadline = time.monotonic() + 60
             while not _terminate_blocked(admin, app, holder):
                 assert worker.poll() is None, hosts.logs()
-                assert time.monotonic() < deadline, f"the worker never waited:\n{hosts.logs()}"
+                assert time.monotonic() < deadline, (
+                    f"the worker never waited: {_backends(admin, app)}, step y ran: "
+                    f"{(hosts.work / f'after-y-{worker.pid}').exists()}\n{hosts.logs()}"
+                )
                 await asyncio.sleep(0.05)
             holder.rollback()
     finally:
