@@ -289,7 +289,13 @@ async def test_a_connection_killed_while_a_stage_records_is_no_stage_failure(
     key = table.c.run_id if held == "journal" else table.c.id
     admin_engine = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
     try:
-        with admin_engine.connect() as holder, admin_engine.connect() as admin:
+        # (admin autocommits: pg_stat_activity is read once per transaction, so a backend the
+        # worker opened after the first look stayed out of every later one, and a worker that
+        # waited for the lock on it was never found: "the worker never waited", beside load)
+        with (
+            admin_engine.connect() as holder,
+            admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as admin,
+        ):
             holder.execute(sa.select(table.c.id).where(key == run.id).with_for_update())
             (hosts.work / ("go" if held == "journal" else "go2")).write_text("go")
             deadline = time.monotonic() + 60
