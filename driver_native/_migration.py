@@ -18,7 +18,13 @@ from engine_port import (
     RunStatus,
     StageStatus,
 )
-from engine_port.driver import SnapshotSignal, SnapshotStage, SnapshotStep, version_key
+from engine_port.driver import (
+    SnapshotSignal,
+    SnapshotStage,
+    SnapshotStep,
+    at_its_wait,
+    version_key,
+)
 from engine_port.errors import IdempotencyConflictError, MigrationError, RunExistsError
 
 from ._outbox import append_events
@@ -298,7 +304,9 @@ def _insert_stages(conn: Connection, snap: RunSnapshot, now: float) -> None:
     """The stage rows, their step journals, their staged business events and the jobs that
     resume them (those suspended or between attempts): one statement a table."""
     run_id = snap.run_id
-    staged = [_at_its_wait(st) for st in snap.stages]
+    # (an attempt exported running at a wait it suspended in already is imported suspended
+    # there: ``at_its_wait``)
+    staged = [at_its_wait(st) for st in snap.stages]
     _insert_many(
         conn,
         stages,
@@ -360,7 +368,7 @@ def _insert_stages(conn: Connection, snap: RunSnapshot, now: float) -> None:
     # an attempt imported running at a signal wait (one a signal had just resumed when a
     # freeze withdrew it, the signal given back to the queue) takes one of them when it runs
     # again, before any waiting stage: a waiting stage woken for it too lost it and suspended
-    # again, the same way (one ``_at_its_wait`` could not tell suspended there still counts)
+    # again, the same way (one ``at_its_wait`` could not tell suspended there still counts)
     for st in staged:
         if st.status == StageStatus.RUNNING:
             for step in st.steps:
@@ -368,42 +376,6 @@ def _insert_stages(conn: Connection, snap: RunSnapshot, now: float) -> None:
                     queued[step.signal] -= 1
     resumed = (_resume_job(snap, st, now, queued) for st in staged)
     _insert_many(conn, jobs, [job for job in resumed if job is not None])
-
-
-def _at_its_wait(st: SnapshotStage) -> SnapshotStage:
-    """``st`` as a stage suspended in its signal wait when its attempt is imported
-    ``running`` at a wait it is known to have suspended in already (``stage.suspended``
-    emitted at the source), else ``st`` itself. Such an attempt is one a signal had resumed
-    when a freeze withdrew it, the signal given back to the queue; after an aborted export
-    the signal may resume a second waiter of the name, and the move exports both running at
-    their wait with one signal queued. Both ran again here: the one that lost the signal
-    suspended again in its wait and emitted that suspension's id (the id names the step and
-    its deadline) a second time, under a new sequence number. Imported suspended, each
-    takes a queued signal of the name (oldest job first) or waits for one, as a stage that
-    suspended here.
-
-    Known only when the attempt suspended (``suspensions``) and its journal holds no other
-    step it could have suspended in (a sleep, a poll, another signal wait): every
-    suspension of the attempt was in this wait. An attempt at a wait it never suspended in
-    (a lost worker's try that journaled the wait before its suspension was recorded, a new
-    attempt replaying the wait an earlier one journaled), or one that may have suspended in
-    another wait since, stays ``running``: its suspension may not have been emitted, and
-    the target emits it when the attempt suspends."""
-    if st.status != StageStatus.RUNNING or st.attempt <= 0 or st.suspensions <= 0:
-        return st
-    waits = [step for step in st.steps if step.kind != "run"]
-    if len(waits) != 1:
-        return st
-    (wait,) = waits
-    if wait.kind != "signal" or wait.completed or not wait.signal:
-        return st
-    return st.model_copy(
-        update={
-            "status": StageStatus.SUSPENDED,
-            "waiting_for": f"signal:{wait.signal}",
-            "wake_at": wait.deadline,
-        }
-    )
 
 
 def _insert_signals(conn: Connection, snap: RunSnapshot, now: float) -> None:

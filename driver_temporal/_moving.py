@@ -30,7 +30,7 @@ from engine_port import (
     RunSnapshot,
     RunStatus,
 )
-from engine_port.driver import GraphModel
+from engine_port.driver import GraphModel, at_its_wait
 from engine_port.errors import (
     DriverUnavailableError,
     EngineError,
@@ -296,9 +296,14 @@ async def _claim_key(engine: TemporalEngine, key: str, run_id: str) -> None:
 
 
 def _imported_stages(snapshot: RunSnapshot) -> dict[str, StageState]:
-    """The workflow's per-stage state (journal and staged events included) from a snapshot."""
+    """The workflow's per-stage state (journal and staged events included) from a snapshot.
+    An attempt exported ``running`` at a signal wait it suspended in already is taken in
+    suspended in that wait (``at_its_wait``): the workflow lends a queued signal of the name
+    to one waiter, and no other runs an activity for it. Taken in running, each ran again,
+    and the one that lost the signal suspended again in its wait and sent that suspension's
+    id, already sent at the source, a second time under a new sequence number."""
     stages: dict[str, StageState] = {}
-    for st in snapshot.stages:
+    for st in map(at_its_wait, snapshot.stages):
         stages[st.id] = StageState(
             status=str(st.status),
             attempt=st.attempt,

@@ -55,6 +55,7 @@ from ._events import EventSink, publish_to_sink
 from ._faults import describe_fault, is_storage_fault
 from ._graph import GraphModel, RetryModel, StageSpec
 from ._history import StepEntry
+from ._imported import at_its_wait
 from ._limits import (
     check_events_call,
     check_export_target,
@@ -130,6 +131,7 @@ __all__ = [
     "SystemClock",
     "UnsupportedFeatureError",
     "WorkflowEngine",
+    "at_its_wait",
     "check_events_call",
     "check_export_target",
     "check_import_blobs",

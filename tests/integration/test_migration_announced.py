@@ -1,0 +1,201 @@
+"""A suspension the source emitted is not emitted again by the target of a move.
+
+b and c both wait for ``go``. On the native driver one signal wakes every stage waiting for
+its name; the one that loses the signal suspends again in the very same wait, with the same
+``stage.suspended`` id, which the driver finds already emitted in the run's outbox. For a run
+imported suspended there the source's events are not in that outbox: the id went out a
+second time, under a new sequence number (DESIGN §5: every event id is emitted once).
+
+On Temporal an attempt exported ``running`` at a wait it had suspended in already (the
+state an aborted export leaves, see ``test_migration_probe_2``) ran again as an activity, and
+the one that lost the queued signal sent its suspension's id a second time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from engine_port import (
+    EngineSettings,
+    Event,
+    MemorySink,
+    Registry,
+    RunSnapshot,
+    RunStatus,
+    StageContext,
+    StageStatus,
+    Workflow,
+    WorkflowEngine,
+    create_engine,
+)
+
+
+class Doc(BaseModel):
+    pass
+
+
+def _pair_wait() -> Workflow[Doc]:
+    wf = Workflow(f"mig-announced-{uuid.uuid4().hex[:8]}", input=Doc, version="v1")
+
+    @wf.stage
+    async def b(ctx: StageContext[Doc]) -> Any:
+        return await ctx.step.wait_for_signal("go")
+
+    @wf.stage
+    async def c(ctx: StageContext[Doc]) -> Any:
+        return await ctx.step.wait_for_signal("go")
+
+    return wf
+
+
+class Side:
+    def __init__(self, engine: WorkflowEngine, sink: MemorySink) -> None:
+        self.engine, self.sink = engine, sink
+
+
+@asynccontextmanager
+async def _sides(
+    tmp_path: Path, server: Any, wf: Workflow[Doc], names: list[str]
+) -> AsyncIterator[dict[str, Side]]:
+    """One engine a name: ``native-*`` (a SQLite file each), ``temporal`` (on ``server``,
+    the session's dev server); one blob store."""
+    blobs = f"file://{tmp_path / 'blobs'}"
+    sides: dict[str, Side] = {}
+    for name in names:
+        sink = MemorySink()
+        if name == "temporal":
+            settings = EngineSettings(
+                driver="temporal",
+                temporal_address=server.address,
+                task_queue=f"ann-{uuid.uuid4().hex[:8]}",
+                blob_url=blobs,
+            )
+            engine = create_engine(settings, Registry([wf]), event_sink=sink, signal_timeout=1.0)
+        else:
+            settings = EngineSettings(
+                driver="native",
+                database_url=f"sqlite:///{tmp_path / f'{name}.db'}",
+                blob_url=blobs,
+            )
+            engine = create_engine(settings, Registry([wf]), event_sink=sink)
+        sides[name] = Side(engine, sink)
+    engines = [s.engine for s in sides.values()]
+    async with engines[0], engines[1]:
+        yield sides
+
+
+async def _until(what: str, probe: Callable[[], Awaitable[bool]], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not await probe():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def _flushed(side: Side, run_id: str) -> None:
+    """Every event the engine holds for the run reached its sink."""
+    held = {e.id for e in await side.engine.events(run_id)}
+
+    async def delivered() -> bool:
+        await side.engine.flush_events()
+        return held <= {e.id for e in side.sink.for_run(run_id)}
+
+    await _until("events delivered", delivered)
+
+
+def _check_ids(events: list[Event]) -> list[Event]:
+    """No id delivered with two sequence numbers (or as two events); deduplicated by id, the
+    run's events are numbered 1..n without a gap."""
+    by_id: dict[str, tuple[Any, ...]] = {}
+    for e in events:
+        what = (e.seq, e.type, e.stage, e.data)
+        assert by_id.setdefault(e.id, what) == what, (e.id, by_id[e.id], what)
+    kept: dict[str, Event] = {}
+    for e in events:
+        kept.setdefault(e.id, e)
+    ordered = sorted(kept.values(), key=lambda e: e.seq)
+    assert [e.seq for e in ordered] == list(range(1, len(ordered) + 1)), [
+        (e.seq, e.type, e.stage, e.id) for e in ordered
+    ]
+    return ordered
+
+
+async def _both_wait(side: Side, run_id: str) -> None:
+    async def parked() -> bool:
+        info = await side.engine.get_run(run_id)
+        suspended = [e for e in side.sink.for_run(run_id) if e.type == "stage.suspended"]
+        return info.status == RunStatus.SUSPENDED and len(suspended) >= 2
+
+    async with side.engine.worker():
+        await _until("b and c wait for go", parked)
+    await _flushed(side, run_id)
+
+
+def _running_at_their_wait(snap: RunSnapshot) -> RunSnapshot:
+    """``snap`` (b and c suspended in their wait for ``go``, one ``go`` queued) with both
+    attempts ``running`` at that wait after one suspension each: what an aborted export
+    leaves when the signal resumed both (``test_migration_probe_2``), before the move."""
+    assert [s.name for s in snap.signals] == ["go"], snap.signals
+    stages = []
+    for st in snap.stages:
+        assert st.status == StageStatus.SUSPENDED and st.waiting_for == "signal:go", st
+        stages.append(
+            st.model_copy(
+                update={
+                    "status": StageStatus.RUNNING,
+                    "suspensions": 1,
+                    "waiting_for": None,
+                    "wake_at": None,
+                }
+            )
+        )
+    return snap.model_copy(update={"stages": stages})
+
+
+@pytest.mark.temporal
+async def test_two_stages_imported_running_at_their_wait_suspend_once_each_on_temporal(
+    tmp_path: Path, temporal_server: Any
+) -> None:
+    """Native -> Temporal with b and c exported ``running`` at their wait for ``go`` (each
+    suspended there once, its ``stage.suspended`` sent at the source) and one ``go``
+    queued. Both ran again at the target: the one that lost the signal suspended again in
+    its wait and sent that suspension's id a second time (seq 5 and 8). Imported suspended
+    in the wait, the workflow lends the signal to one of them, and the other waits."""
+    wf = _pair_wait()
+    async with _sides(tmp_path, temporal_server, wf, ["native-src", "temporal"]) as sides:
+        src, dst = sides["native-src"], sides["temporal"]
+        run = await src.engine.start(wf.id, {})
+        await _both_wait(src, run.id)
+        await src.engine.signal(run.id, "go", {"w": 1})  # (no worker: both jobs woken)
+        snap = await src.engine.export_run(run.id)
+        await dst.engine.import_run(_running_at_their_wait(snap))
+        await src.engine.complete_export(run.id, "temporal")
+        await _flushed(src, run.id)
+        async with dst.engine.worker():
+
+            async def one_done_one_waits() -> bool:
+                info = await dst.engine.get_run(run.id)
+                return sorted((s.status, s.waiting_for) for s in info.stages) == [
+                    (StageStatus.COMPLETED, None),
+                    (StageStatus.SUSPENDED, "signal:go"),
+                ]
+
+            # (the one that lost the signal waits for the next before it is sent)
+            await _until("one stage took go, the other waits", one_done_one_waits)
+            await dst.engine.signal(run.id, "go", {"w": 2})
+            info = await dst.engine.wait(run.id, timeout=60)
+            await _flushed(dst, run.id)
+        events = [e for s in sides.values() for e in s.sink.for_run(run.id)]
+    assert info.status == RunStatus.COMPLETED, info
+    assert sorted(info.output.values(), key=str) == [{"w": 1}, {"w": 2}], info.output
+    ordered = _check_ids(events)
+    assert [e.type for e in ordered].count("stage.suspended") == 2, [
+        (e.seq, e.type, e.stage) for e in ordered
+    ]
