@@ -22,6 +22,7 @@ from engine_port.driver import (
     SnapshotSignal,
     SnapshotStage,
     SnapshotStep,
+    announced_suspension,
     at_its_wait,
     version_key,
 )
@@ -328,6 +329,10 @@ def _insert_stages(conn: Connection, snap: RunSnapshot, now: float) -> None:
                 "wake_at": _ts(st.wake_at),
                 "started_at": _ts(st.started_at),
                 "finished_at": _ts(st.finished_at),
+                # the suspension the source emitted: one signal wakes every job waiting for
+                # its name here, and a stage that loses it suspends again in the same wait
+                # (``_progress._announced``)
+                "announced_suspension": announced_suspension(snap, st),
             }
             for st in staged
         ],

@@ -612,7 +612,11 @@ def _announced(a: _Attempt, event_id: str, until: float | None) -> bool:
     de-duplicating by id dropped it and saw a gap. Only a stage that suspends with the
     deadline it had (its row keeps ``wake_at`` while it runs), after a suspension of the
     same attempt (the id names the attempt), can repeat one: a first suspension reads
-    nothing."""
+    nothing. A stage imported suspended in a signal wait keeps the id of the suspension
+    the source emitted there (``announced_suspension``, v21): the outbox here does not
+    hold the source's events."""
+    if getattr(a.stage, "announced_suspension", None) == event_id:
+        return True
     if not a.stage.suspensions or getattr(a.stage, "wake_at", None) != until:
         return False
     found = execute(

@@ -596,7 +596,12 @@ def redrive_run(
             "run_id": run_id,
             "redrive": run.redrive_count,
             "stage_id": sid,
-            "record": {k: v for k, v in rows[sid]._mapping.items() if k != "run_id"},
+            # (without the import's note of a suspension sent at the source: bookkeeping)
+            "record": {
+                k: v
+                for k, v in rows[sid]._mapping.items()
+                if k not in ("run_id", "announced_suspension")
+            },
         }
         for sid in sorted(rerun)
         if rows[sid].attempt > 0
@@ -629,6 +634,7 @@ def redrive_run(
             wake_at=None,
             started_at=None,
             finished_at=None,
+            announced_suspension=None,
         )
     )
     keep = sorted(set(rows) - rerun)  # (redrive_plan checked that these are the stage ids)

@@ -132,6 +132,9 @@ stages = Table(
     Column("wake_at", Double),
     Column("started_at", Double),
     Column("finished_at", Double),
+    # the id of the stage.suspended an import knows the source emitted for the wait the
+    # stage is imported suspended in (v21; NULL for any other stage): ``_progress._announced``
+    Column("announced_suspension", String(64)),
 )
 
 stage_archive = Table(
@@ -544,6 +547,17 @@ def _v20(conn: Connection) -> None:
     next(i for i in outbox.indexes if i.name == "ix_wfe_outbox_held").create(conn, checkfirst=True)
 
 
+def _v21(conn: Connection) -> None:
+    """v21 added stages.announced_suspension, the id of the ``stage.suspended`` a source
+    emitted for the signal wait an import takes the stage in suspended: one signal wakes
+    every stage waiting for its name, and one that lost it to another suspended again in
+    the same wait and sent the source's id a second time, under a new sequence number (the
+    target's outbox, where a repeat is looked for, does not hold the source's events).
+    Existing rows keep NULL (stages imported before: as before)."""
+    if "announced_suspension" not in {c["name"] for c in inspect(conn).get_columns("wfe_stages")}:
+        conn.execute(sa.text("ALTER TABLE wfe_stages ADD COLUMN announced_suspension VARCHAR(64)"))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, stages, jobs, step ledger, signals, outbox, command keys", _v1),
     (2, "database-table blob store", _v2),
@@ -565,6 +579,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (18, "signal queue partial index of unconsumed signals: a flat bound check", _v18),
     (19, "runs partial index of ids by lower case: no chosen run id twins another by case", _v19),
     (20, "runs indexes per list filter, newest first; outbox partial index of held events", _v20),
+    (21, "stages.announced_suspension: an imported wait's suspension is not sent twice", _v21),
 ]
 LATEST_SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -4,9 +4,10 @@ every event id is emitted once, with one sequence number)."""
 
 from __future__ import annotations
 
-from ._models import SnapshotStage, StageStatus
+from ._lifecycle import Lifecycle
+from ._models import RunSnapshot, SnapshotStage, StageStatus
 
-__all__ = ["at_its_wait"]
+__all__ = ["announced_suspension", "at_its_wait"]
 
 
 def at_its_wait(st: SnapshotStage) -> SnapshotStage:
@@ -43,3 +44,43 @@ def at_its_wait(st: SnapshotStage) -> SnapshotStage:
             "wake_at": wait.deadline,
         }
     )
+
+
+def announced_suspension(snap: RunSnapshot, st: SnapshotStage) -> str | None:
+    """The id of the ``stage.suspended`` the source emitted for ``st``, a stage imported
+    suspended in a signal wait (after :func:`at_its_wait`), computed as the drivers compute
+    it (the stage, its attempt, the wait's step and its deadline); None for any other stage,
+    or when the snapshot does not say which step it waits in.
+
+    A target that wakes every stage waiting for a name for one signal (the native driver)
+    has the ones that lost it suspend again in the very same wait, with the same id: one
+    emitted at the source, which the target's own outbox does not hold. The target keeps
+    this id with the stage and does not emit it again.
+
+    The step is the stage's one uncompleted signal wait of the name, its deadline the
+    stage's ``wake_at``; with none journaled, the wait of ``after_signal=name`` that keeps
+    no deadline (it journals nothing while it waits), whose step is the name. (A Temporal
+    run started before 2026-12-06 numbered its suspensions instead: its id differs, and the
+    target emits the step's id once, as it did.)"""
+    if st.status != StageStatus.SUSPENDED or st.attempt <= 0 or st.suspensions <= 0:
+        return None
+    waiting_for = st.waiting_for or ""
+    reason, _, name = waiting_for.partition(":")
+    if reason != "signal" or not name:
+        return None
+    open_waits = [s for s in st.steps if s.kind == "signal" and not s.completed]
+    if len(open_waits) > 1:
+        return None
+    if open_waits:
+        (wait,) = open_waits
+        if wait.signal != name or wait.deadline != st.wake_at:
+            return None
+        step = wait.name
+    elif st.wake_at is None:
+        step = name  # (the gate of ``after_signal``: ``Steps._gate``)
+    else:
+        return None
+    draft = Lifecycle(snap.run_id, snap.redrive_count).stage_suspended(
+        st.id, st.attempt, step, st.suspensions, "signal", st.wake_at, waiting_for
+    )
+    return draft.id

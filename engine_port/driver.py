@@ -55,7 +55,7 @@ from ._events import EventSink, publish_to_sink
 from ._faults import describe_fault, is_storage_fault
 from ._graph import GraphModel, RetryModel, StageSpec
 from ._history import StepEntry
-from ._imported import at_its_wait
+from ._imported import announced_suspension, at_its_wait
 from ._limits import (
     check_events_call,
     check_export_target,
@@ -131,6 +131,7 @@ __all__ = [
     "SystemClock",
     "UnsupportedFeatureError",
     "WorkflowEngine",
+    "announced_suspension",
     "at_its_wait",
     "check_events_call",
     "check_export_target",

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from pydantic import BaseModel
 
+from driver_native import _schema
 from engine_port import (
     EngineSettings,
     Event,
@@ -35,6 +37,7 @@ from engine_port import (
     Workflow,
     WorkflowEngine,
     create_engine,
+    migrate_run,
 )
 
 
@@ -136,6 +139,75 @@ async def _both_wait(side: Side, run_id: str) -> None:
     async with side.engine.worker():
         await _until("b and c wait for go", parked)
     await _flushed(side, run_id)
+
+
+async def _suspensions(side: Side, run_id: str) -> dict[str, tuple[str, int]]:
+    """The native target's stage rows: status and suspensions (a stage that lost a signal
+    and suspended again in its wait counts one more, whether or not it emitted anything)."""
+    engine: Any = side.engine
+
+    def read(conn: sa.Connection) -> dict[str, tuple[str, int]]:
+        rows = conn.execute(sa.select(_schema.stages).where(_schema.stages.c.run_id == run_id))
+        return {r.stage_id: (str(r.status), int(r.suspensions)) for r in rows}
+
+    result: dict[str, tuple[str, int]] = await engine.kernel.db.read(read)
+    return result
+
+
+async def _lose_a_signal_after_a_move(tmp_path: Path, server: Any, source: str) -> None:
+    """Native or Temporal -> native: b and c imported suspended in their waits, one ``go``
+    after the move wakes both; the one that loses it suspends again in its wait, and sent
+    the source's id of that suspension again (native -> native: seq 6 at the source, 9 at
+    the target). Then a second ``go`` ends the run."""
+    wf = _pair_wait()
+    async with _sides(tmp_path, server, wf, [source, "native-dst"]) as sides:
+        src, dst = sides[source], sides["native-dst"]
+        run = await src.engine.start(wf.id, {})
+        await _both_wait(src, run.id)
+        move = await migrate_run(src.engine, dst.engine, run.id)
+        assert move.outcome == "moved", move
+        await _flushed(src, run.id)
+        imported = await _suspensions(dst, run.id)
+        assert {s for s, _ in imported.values()} == {StageStatus.SUSPENDED}, imported
+        async with dst.engine.worker():
+            await dst.engine.signal(run.id, "go", {"w": 1})
+
+            async def lost_and_waits_again() -> bool:
+                now = await _suspensions(dst, run.id)
+                done = [sid for sid, (status, _) in now.items() if status == "completed"]
+                again = [
+                    sid
+                    for sid, (status, n) in now.items()
+                    if status == "suspended" and n > imported[sid][1]
+                ]
+                return len(done) == 1 and len(again) == 1
+
+            # (every waiting stage woke for the signal: the one that lost it ran and
+            # suspended again before the second signal is sent)
+            await _until("one stage took go, the other suspended again", lost_and_waits_again)
+            await dst.engine.signal(run.id, "go", {"w": 2})
+            info = await dst.engine.wait(run.id, timeout=60)
+            await _flushed(dst, run.id)
+        events = [e for s in sides.values() for e in s.sink.for_run(run.id)]
+    assert info.status == RunStatus.COMPLETED, info
+    assert sorted(info.output.values(), key=str) == [{"w": 1}, {"w": 2}], info.output
+    ordered = _check_ids(events)
+    assert [e.type for e in ordered].count("stage.suspended") == 2, [
+        (e.seq, e.type, e.stage) for e in ordered
+    ]
+
+
+async def test_a_stage_that_loses_a_signal_after_a_native_move_does_not_resend_its_suspension(
+    tmp_path: Path,
+) -> None:
+    await _lose_a_signal_after_a_move(tmp_path, None, "native-src")
+
+
+@pytest.mark.temporal
+async def test_a_stage_that_loses_a_signal_after_a_temporal_move_does_not_resend_its_suspension(
+    tmp_path: Path, temporal_server: Any
+) -> None:
+    await _lose_a_signal_after_a_move(tmp_path, temporal_server, "temporal")
 
 
 def _running_at_their_wait(snap: RunSnapshot) -> RunSnapshot:

@@ -44,6 +44,7 @@ INTERFACE = [
     "UnsupportedFeatureError",
     "WORKING_RUN_STATUSES",
     "WorkflowEngine",
+    "announced_suspension",
     "at_its_wait",
     "check_events_call",
     "check_export_target",

@@ -209,6 +209,36 @@ async def test_v17_keeps_the_starting_engines_bound_and_older_runs_take_the_send
         await sender.signal(new.id, "junk", 1)  # the run's own bound: 1
 
 
+async def test_v21_adds_the_announced_suspension_of_stages_and_keeps_older_rows(
+    make_engine: MakeEngine,
+) -> None:
+    """v21 adds stages.announced_suspension (an imported wait's suspension, sent at the
+    source); the stage rows of a v20 database read NULL there (nothing known: as before)."""
+    engine = await make_engine(w.waiter)
+    run = await engine.start("it-waiter", {"n": 1})
+    db = engine.kernel.db
+
+    def as_v20(conn: sa.Connection) -> None:
+        conn.execute(sa.text("ALTER TABLE wfe_stages DROP COLUMN announced_suspension"))
+        conn.execute(sa.text("UPDATE wfe_schema SET version = 20"))
+
+    db.tx_sync(as_v20)
+    assert db.upgrade()[:1] == [21]
+    assert db.schema_version() == _schema.LATEST_SCHEMA_VERSION
+
+    def announced(conn: sa.Connection) -> list[object]:
+        rows = conn.execute(
+            sa.select(_schema.stages.c.announced_suspension).where(
+                _schema.stages.c.run_id == run.id
+            )
+        )
+        return [r.announced_suspension for r in rows]
+
+    stages = db.tx_sync(announced)
+    assert stages and all(a is None for a in stages), stages
+    assert db.upgrade() == []  # (idempotent)
+
+
 def test_upgrade_from_v11_adds_the_partial_indexes_of_failed_events_and_due_jobs(
     database_url: str,
 ) -> None:
