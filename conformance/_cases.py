@@ -744,6 +744,20 @@ REGRESSIONS: tuple[Case, ...] = (
         ),
         1,
     ),
+    # the same with no bound, in a case that redrives: the first stage failed for good
+    # before the runner sent the early ``during`` signal, which the failed run refused
+    # (RunNotActiveError, ignored for an unbounded case) and lost; the redriven run's wait
+    # for it hung (WFE_FUZZ_SEED=2112 beside load). A redriven case's first group now waits
+    # for every early signal, as a bounded one does
+    Case(
+        stages=(
+            StageCase("a", outcomes=("fatal",)),
+            StageCase("b", after=("a",), ops=(Wait("b0", "during"),)),
+        ),
+        order=("a", "b"),
+        redrive=True,
+        label="early signals vs a redriven failure",
+    ),
     # a hold's signal after a redrive met a queue full of early signals: the model let it in
     # (the runner got SignalQueueFullError); it now refuses it and ``make_valid`` raises the
     # bound to 2

@@ -28,8 +28,15 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
-from conformance import SettingsHarness
-from conformance._cases import KNOWN_GAPS, Case, cases, fixed_draws, regression_batch
+from conformance import SettingsHarness, _fuzz
+from conformance._cases import (
+    KNOWN_GAPS,
+    REGRESSIONS,
+    Case,
+    cases,
+    fixed_draws,
+    regression_batch,
+)
 from conformance._fuzz import check_batch, run_batch
 from engine_port import EngineSettings
 
@@ -255,3 +262,25 @@ def test_the_regressions_pass_on_temporal_continuing_as_new(
 
     counts = asyncio.run(executions())
     assert any(n > 1 for n in counts.values()), counts
+
+
+def test_early_signals_sent_late_still_reach_a_run_that_is_redriven(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner slow to send the early signals (a loaded host) still sends them before the
+    first group of a case that redrives can fail the run: a ``during`` signal the failed run
+    refused was lost, and the redriven run's wait for it hung."""
+    sent_early = _fuzz._Signals.early
+
+    async def late(self: Any, *args: Any) -> None:
+        await asyncio.sleep(0.5)  # (a slow runner, not an ordering: the barrier orders)
+        await sent_early(self, *args)
+
+    monkeypatch.setattr(_fuzz._Signals, "early", late)
+    (case,) = [c for c in REGRESSIONS if c.label == "early signals vs a redriven failure"]
+
+    def url() -> str:
+        return f"sqlite:///{tmp_path_factory.mktemp('fuzz-db') / 'wfe.db'}"
+
+    harness, _ = _native(url, tmp_path_factory)()
+    check_batch(asyncio.run(run_batch(harness, [case], case_timeout=30)), "native-sqlite")
