@@ -181,10 +181,14 @@ class Case:
     # (SignalQueueFullError) is fixed; a wait whose signal was refused suspends and the
     # runner sends it again once it did (``conformance._model.bounded_plan``)
     bound: int | None = None
-    # (with ``cancel`` and ``redrive``) cancel after the redrive instead: in the first run the
-    # cancel stage holds like any hold (settled) and a sibling after it in ``order`` fails; the
-    # redrive re-runs both, and once the cancel stage suspended on its hold again the runner
-    # cancels the run (never with ``refail``)
+    # (with ``cancel`` and ``redrive``) cancel after the redrive instead: a stage fails for
+    # good in the first run, either a sibling after the cancel stage in ``order`` (the cancel
+    # stage holds like any hold there, settled; the redrive re-runs both, and once the cancel
+    # stage suspended on its hold again the runner cancels the run; never with ``refail``), or
+    # a stage that runs before the cancel stage (an earlier group's, or a sibling before it:
+    # the cancel stage never holds in the first run; the redrive runs the failed stage, then
+    # the cancel stage, and once it holds the runner cancels; with ``refail`` only after the
+    # second redrive)
     cancel_late: bool = False
     label: str = field(default="", compare=False)
 
@@ -514,30 +518,61 @@ def _outside(draw: Any, case: Case) -> Case:
                 replace(s, compensation="fail") if s.id == failing else s for s in case.stages
             ),
         )
-    # a redriven cancelled one cancels after the redrive (``Case.cancel_late``): a sibling
-    # after the cancel stage in its group then fails for good in the first run
+    # a redriven cancelled one cancels after the redrive (``Case.cancel_late``): a stage
+    # fails for good in the first run, a sibling after the cancel stage in its group (the
+    # cancel stage held in the first run too) or a stage that runs before it (it holds only
+    # in the redriven run; then half the time after a redrive that fails again,
+    # ``Case.refail``), see ``_fail_for_a_late_cancel``
     late = case.cancel is not None and case.redrive
-    refail = case.redrive and not late and draw(st.booleans())
+    refail = False
     if late:
         assert case.cancel is not None
-        group = [x for x in case.run_order() if x in groups[held]]
-        after = group[group.index(case.cancel) + 1 :]
-        if after:
-            # (and every stage that runs before it completes: no other failure comes first)
-            failing = draw(st.sampled_from(after))
-            first = {sid for g in groups[:held] for sid in g} | set(group[: group.index(failing)])
-            case = replace(
-                case,
-                stages=tuple(
-                    replace(_tamed(s), outcomes=("fatal",))
-                    if s.id == failing
-                    else _tamed(s)
-                    if s.id in first
-                    else s
-                    for s in case.stages
-                ),
-            )
+        case, first_hold = _fail_for_a_late_cancel(draw, case, groups, held)
+        refail = not first_hold and draw(st.booleans())
+    else:
+        refail = case.redrive and draw(st.booleans())
     return replace(case, refail=refail, cancel_late=late)
+
+
+def _fail_for_a_late_cancel(
+    draw: Any, case: Case, groups: list[list[str]], held: int
+) -> tuple[Case, bool]:
+    """``case`` (a cancel and a redrive) with a stage that fails for good in the first run,
+    every stage that runs before the cancel stage in the run that cancels completing, and
+    whether the cancel stage holds in the first run too (the failing stage is a sibling
+    after it in its group) rather than only in the redriven run (the failing one runs before
+    it: in an earlier group, or before it in its group)."""
+    from hypothesis import strategies as st
+
+    assert case.cancel is not None
+    group = [x for x in case.run_order() if x in groups[held]]
+    at = group.index(case.cancel)
+    after, before = group[at + 1 :], [*(x for g in groups[:held] for x in g), *group[:at]]
+    # (one of the kinds that fit, drawn alike; with a stage before it, none forced one time
+    # in two or three: a case that redrives, maybe twice, then cancels costs two or three
+    # runs, and CI's fuzz time should not grow much)
+    kinds = (["first"] if after else []) + (["redriven", "none"] if before else [])
+    kind = draw(st.sampled_from(kinds)) if kinds else "none"
+    if kind == "none":
+        return case, True  # (nothing fails before the cancel: ``make_valid`` cancels at once)
+    first_hold = kind == "first"
+    failing = draw(st.sampled_from(after if first_hold else before))
+    # every stage that runs before the failing one completes (no other failure first), and
+    # every one that runs before the cancel stage in the redriven run; a hold in a group
+    # before the failing one's would wait for good in the first run (nothing there fails)
+    at_fail = next(k for k, g in enumerate(groups) if failing in g)
+    blocked = {x for g in groups[:at_fail] for x in g}
+    runs_first = group[: group.index(failing)] if first_hold else [*before, case.cancel]
+    tamed = blocked | set(runs_first)
+
+    def fit(s: StageCase) -> StageCase:
+        if s.id == failing:
+            return replace(_tamed(s), outcomes=("fatal",), hold=False)
+        if s.id in tamed:
+            s = _tamed(s)
+        return replace(s, hold=False) if s.id in blocked else s
+
+    return replace(case, stages=tuple(fit(s) for s in case.stages)), first_hold
 
 
 def _tamed(s: StageCase) -> StageCase:

@@ -748,6 +748,9 @@ def test_the_generator_draws_the_corners() -> None:
         "redrive_after_cancelled": 0,
         "cancel_undo_fails": 0,
         "cancel_after_redrive": 0,
+        # the cancel stage holds for the first time in the redriven run
+        "cancel_after_redrive_first_hold": 0,
+        "cancel_after_second_redrive": 0,
     }
 
     @settings(
@@ -769,6 +772,11 @@ def test_the_generator_draws_the_corners() -> None:
             drawn["redrive_after_cancelled"] += any(e[0] == "stage.cancelled" for e in first)
         drawn["cancel_undo_fails"] += exp.status == "cancelled" and bool(exp.compensation_errors)
         drawn["cancel_after_redrive"] += exp.status == "cancelled" and exp.redrive
+        if exp.status == "cancelled" and exp.redrive:
+            assert case.cancel is not None
+            hold = ["stage.suspended", case.cancel, "signal", f"signal:hold_{case.cancel}"]
+            drawn["cancel_after_redrive_first_hold"] += exp.trace.count(hold) == 1
+            drawn["cancel_after_second_redrive"] += exp.redrives == 2
 
     with fixed_draws():  # (the same cases whatever ran before in this process)
         check()
@@ -918,3 +926,54 @@ def test_a_cancel_after_a_redrive() -> None:
     # with nothing failing after it in the first run, it is cancelled there (a plain cancel)
     alone = replace(case, stages=tuple(replace(s, outcomes=("ok",)) for s in case.stages))
     assert make_valid(alone) == replace(alone, cancel_late=False)
+
+
+def test_a_cancel_after_a_second_redrive_holding_only_in_the_redriven_run() -> None:
+    """``cancel_late`` with the failing stage before the cancel stage: b fails for good before
+    c ever runs, the first redrive fails at b again (``refail``), the second one completes b
+    and c holds for the first time: the runner cancels. c is cancelled, d (blocked behind it
+    in its group) too, a (kept since the first run) compensated a third time, b (completed
+    in the last run, no compensation) left completed, e never run."""
+    case = Case(
+        stages=(
+            StageCase("a", compensation="ok"),
+            StageCase("b", after=("a",), outcomes=("fatal",)),
+            StageCase("c", after=("b",), hold=True, compensation="ok"),
+            StageCase("d", after=("b",), gate="after"),
+            StageCase("e", after=("c", "d")),
+        ),
+        order=("a", "b", "c", "d", "e"),
+        cancel="c",
+        redrive=True,
+        refail=True,
+        cancel_late=True,
+    )
+    exp = expect(case)
+    assert (exp.status, exp.redrives, exp.cancel) == ("cancelled", 2, True)
+    assert exp.stages == {
+        "a": "compensated",
+        "b": "completed",
+        "c": "cancelled",
+        "d": "cancelled",
+        "e": "skipped",
+    }
+    redriven = ["run.redriven", "last_failure"]
+    last = len(exp.trace) - exp.trace[::-1].index(redriven) - 1
+    assert exp.trace.count(redriven) == 2
+    assert exp.trace[last:] == [
+        redriven,
+        ["stage.started", "b", 1],
+        ["stage.completed", "b", 1],
+        ["stage.started", "c", 1],
+        ["stage.suspended", "c", "signal", "signal:hold_c"],
+        ["stage.started", "d", 1],
+        ["stage.suspended", "d", "signal", "signal:gate_d"],
+        ["stage.cancelled", "c"],
+        ["stage.cancelled", "d"],
+        ["stage.compensated", "a"],
+        ["run.cancelled"],
+    ]
+    assert exp.counts == {"body:a": 1, "body:b": 3, "body:c": 1, "comp:a": 3}
+    assert exp.compensations == ["comp:a", "comp:a", "comp:a"]
+    assert exp.signals == {}  # (d's gate: never sent, it is blocked behind c)
+    assert make_valid(case) == case
