@@ -871,6 +871,19 @@ REGRESSIONS: tuple[Case, ...] = (
         cancel="b",
         label="local wait signalled across a refused continue",
     ),
+    # a first stage that fails for good at once (``local=True``: on Temporal inside the run's
+    # first workflow task) ended the run before the runner sent a later stage's ``during``
+    # signal: refused (RunNotActiveError), dropped, and after the redrive b waited for it for
+    # good (runner: the first group's barrier now waits for the later groups' early signals;
+    # seed 11 on Temporal, 150 cases)
+    Case(
+        stages=(
+            StageCase("a", outcomes=("fatal",), local=True),
+            StageCase("b", after=("a",), ops=(Wait("b0", "during"),)),
+        ),
+        redrive=True,
+        label="early signal vs a local first stage that fails",
+    ),
 )
 
 

@@ -209,12 +209,18 @@ class _Runtime:
         group = next(g for g in groups if sid in g)
         if group is groups[0]:
             # (a bounded case: every early signal, so that none is taken while they are sent;
-            # a redriven one: every early signal too, so that none reaches a run its first
-            # group has failed already, refused and lost: a later wait for it hung after the
-            # redrive, seen beside load with WFE_FUZZ_SEED=2112)
+            # else every one but the ``during`` ones of the first group, which race its bodies:
+            # a first stage that fails for good at once, a ``local=True`` one on Temporal, ended
+            # the run before the runner sent a later stage's ``during`` signal, refused with
+            # RunNotActiveError and dropped, and the redriven run waited for it for good; in a
+            # case that redrives, those of the first group too: a sibling that failed first
+            # had them refused the same way, seen beside load with WFE_FUZZ_SEED=2112)
             every = self.case.bound is not None or self.case.redrive
-            early = early_waits(self.case)
-            before = {key for _, mode, key in early if mode == "before" or every}
+            before = {
+                key
+                for sid_, _, mode, key in early_signals(self.case)
+                if mode == "before" or every or sid_ not in group
+            }
             await self._until(lambda: before <= self.sent, "early signals sent")
         siblings = [self.case.stage(x) for x in group if x != sid]
         await self._until(
