@@ -396,8 +396,9 @@ async def _pair_scenario(
     return info, events
 
 
+@pytest.mark.parametrize("aborted", [False, True], ids=["moved", "export-aborted-first"])
 async def test_a_signal_a_stage_took_before_the_freeze_wakes_no_second_waiter(
-    tmp_path: Path, temporal_server: Any
+    tmp_path: Path, temporal_server: Any, aborted: bool
 ) -> None:
     """Temporal -> native, b and c both waiting for ``go``, one ``go`` sent while no worker
     runs, and a workflow-only worker (a migration helper) runs the signal's task before the
@@ -405,7 +406,14 @@ async def test_a_signal_a_stage_took_before_the_freeze_wakes_no_second_waiter(
     at its wait, the signal back in the queue). The native import woke c as well for that
     signal: c lost it to b and suspended again in the wait it was imported in, its
     suspension's id sent a second time under a new sequence number (a clean clone beside a
-    CPU hog met this order in ``test_two_waits_for_one_name_one_signal_queued_at_the_move``)."""
+    CPU hog met this order in ``test_two_waits_for_one_name_one_signal_queued_at_the_move``).
+
+    ``aborted``: an export is aborted after the signal's task: the first freeze withdraws b's
+    attempt and frees the signal, the abort lets the run go on, and the signal resumes c as
+    well (both attempts scheduled, no worker to run them). The move exports b and c
+    ``running`` at their wait with one ``go`` queued. Both ran again on the native target:
+    the one that lost the signal suspended again in its wait and sent that suspension's id
+    (already sent at the source) a second time under a new sequence number."""
     wf = _pair_wait()
     async with _engines(tmp_path, temporal_server, Registry([wf])) as sides:
         src = sides["temporal"]
@@ -424,61 +432,15 @@ async def test_a_signal_a_stage_took_before_the_freeze_wakes_no_second_waiter(
             return any(e.HasField(_TASK_COMPLETED) for e in events[at:])
 
         await _until("the signal's workflow task completed", signal_handled)
-        dst = await _moved(sides, src, "native", run.id)
-        async with dst.engine.worker():
+        if aborted:
+            await src.engine.export_run(run.id, wait=30)
+            await src.engine.abort_export(run.id)
 
-            async def one_done() -> bool:
-                info = await dst.engine.get_run(run.id)
-                return sum(s.status == "completed" for s in info.stages) == 1
+            async def both_resumed() -> bool:
+                info = await src.engine.get_run(run.id)
+                return [s.status for s in info.stages] == ["running", "running"]
 
-            await _until("one stage took the signal", one_done)
-            await dst.engine.signal(run.id, "go", {"w": 2})
-            info = await dst.engine.wait(run.id, timeout=30)
-            await _flushed(dst, run.id)
-        events = [e for s in sides.values() for e in s.sink.events if e.run_id == run.id]
-    assert sorted(info.output.values(), key=str) == [{"w": 1}, {"w": 2}], info.output
-    ordered = _check_ids(events)
-    assert [e.type for e in ordered].count("stage.suspended") == 2, [
-        (e.seq, e.type, e.stage) for e in ordered
-    ]
-
-
-async def test_two_stages_resumed_for_one_signal_by_an_aborted_export_suspend_once_each(
-    tmp_path: Path, temporal_server: Any
-) -> None:
-    """Temporal -> native, as above, but an export is aborted after the signal's task: the
-    first freeze withdraws b's attempt and frees the signal, the abort lets the run go on,
-    and the signal resumes c as well (both attempts scheduled, no worker to run them). The
-    move exports b and c ``running`` at their wait with one ``go`` queued. Both ran again on
-    the native target: the one that lost the signal suspended again in its wait and sent
-    that suspension's id (already sent at the source) a second time under a new sequence
-    number."""
-    wf = _pair_wait()
-    async with _engines(tmp_path, temporal_server, Registry([wf])) as sides:
-        src = sides["temporal"]
-        run = await src.engine.start(wf.id, {"doc": {}})
-        async with src.engine.worker():
-            await _until("both wait", lambda: _n_suspended(src, run.id, 2))
-            await _flushed(src, run.id)
-        await src.engine.signal(run.id, "go", {"w": 1})
-        engine: Any = src.engine
-        await _moving.helper(engine, wf.id, "v1")
-        handle = engine._conn.get_workflow_handle(run.id)
-
-        async def signal_handled() -> bool:
-            events = list((await handle.fetch_history()).events)
-            at = max(i for i, e in enumerate(events) if e.HasField(_SIGNALED))
-            return any(e.HasField(_TASK_COMPLETED) for e in events[at:])
-
-        await _until("the signal's workflow task completed", signal_handled)
-        await src.engine.export_run(run.id, wait=30)
-        await src.engine.abort_export(run.id)
-
-        async def both_resumed() -> bool:
-            info = await src.engine.get_run(run.id)
-            return [s.status for s in info.stages] == ["running", "running"]
-
-        await _until("the signal resumed c too", both_resumed)
+            await _until("the signal resumed c too", both_resumed)
         dst = await _moved(sides, src, "native", run.id)
         async with dst.engine.worker():
 
