@@ -51,6 +51,8 @@ from ._shape import GraphShape
 from ._sql import (
     delete_later,
     delete_where,
+    in_binds,
+    in_params,
     run_and,
     select_where,
     try_run,
@@ -870,13 +872,48 @@ def _run_guard(grouped: bool) -> Any:
     return sa.select(sa.literal(1) / sa.func.count()).select_from(rows)
 
 
+GUARD_LIST_MAX = 8
+"""Stages a guard names one parameter each, at most; a longer list goes as one array.
+
+PostgreSQL plans a prepared statement once (its generic plan) unless its plans for the values
+given look cheaper. With ``stage_id = any($array)`` the generic plan costs an array of unknown
+length (ten index probes), each custom plan the array given: on tables PostgreSQL has no
+statistics of (autovacuum off, or before its first ANALYZE) past a few thousand runs, the stage
+guard was planned anew at every outcome, ~0.3 ms of server CPU each
+(``tests/integration/native/test_generic_plans.py``). Named one by one, the stages cost the
+same in both plans, and the generic one is kept."""
+
+
+def _guard_list(name: str, n: int) -> Any:
+    """The condition of a guard listing ``n`` stages in parameters ``name``: one each
+    (:func:`in_binds`) up to :data:`GUARD_LIST_MAX`, else the array ``name``."""
+    if n <= GUARD_LIST_MAX:
+        return stages.c.stage_id.in_(in_binds(n, name))
+    return stages.c.stage_id == sa.func.any(sa.bindparam(name, type_=postgresql.ARRAY(sa.String)))
+
+
+def _guard_values(name: str, values: list[str]) -> dict[str, Any]:
+    """The parameters of :func:`_guard_list` for ``values``."""
+    if len(values) <= GUARD_LIST_MAX:
+        return in_params(values, name)
+    return {name: values}
+
+
+def _stage_guard(fresh: list[str], done: list[str], last: bool) -> Any:
+    """:func:`_stage_guard_of` for these lists (the statement of their lengths)."""
+    return _stage_guard_of(
+        min(len(fresh), GUARD_LIST_MAX + 1), min(len(done), GUARD_LIST_MAX + 1), last
+    )
+
+
 @functools.cache
-def _stage_guard() -> Any:
+def _stage_guard_of(n_fresh: int, n_done: int, last: bool) -> Any:
     """Fails (division by zero) unless the job is still held under the attempt's claim (its
     row locked FOR SHARE, as ``_owned_stage_query`` does), its stage is running the attempt
     predicted, the stages ``fresh`` are pending with no job and no step ledger, the stages
-    ``done`` completed with an output, and (``last``) the run has no staged events."""
-    ids = postgresql.ARRAY(sa.String)
+    ``done`` completed with an output, and (``last``) the run has no staged events. A list
+    that is empty checks nothing; each length up to :data:`GUARD_LIST_MAX` is a statement
+    of its own."""
     run_id = sa.bindparam("run_id", type_=sa.String)
     held_job = (
         sa.select(sa.literal(1).label("one"))
@@ -892,51 +929,50 @@ def _stage_guard() -> Any:
         .with_for_update(read=True)
         .subquery()
     )
-    running = sa.exists().where(
-        stages.c.run_id == run_id,
-        stages.c.stage_id == sa.bindparam("stage_id", type_=sa.String),
-        stages.c.status == sa.literal(StageStatus.RUNNING.value),
-        stages.c.attempt == sa.bindparam("attempt", type_=sa.Integer),
-    )
+    checks: list[Any] = [
+        sa.exists().where(
+            stages.c.run_id == run_id,
+            stages.c.stage_id == sa.bindparam("stage_id", type_=sa.String),
+            stages.c.status == sa.literal(StageStatus.RUNNING.value),
+            stages.c.attempt == sa.bindparam("attempt", type_=sa.Integer),
+        )
+    ]
 
-    def counted(param: str, status: StageStatus, *more: Any) -> Any:
-        """How many of the stages listed in ``param`` have ``status`` (and ``more``)."""
+    def counted(param: str, n: int, status: StageStatus, *more: Any) -> Any:
+        """How many of the ``n`` stages listed in ``param`` have ``status`` (and ``more``)."""
+        listed = _guard_list(param, n)
         return (
             sa.select(sa.func.count())
             .where(
                 stages.c.run_id == run_id,
-                stages.c.stage_id == sa.func.any(sa.bindparam(param, type_=ids)),
+                listed,
                 stages.c.status == sa.literal(status.value),
                 *more,
             )
             .scalar_subquery()
         )
 
-    fresh = counted(
-        "fresh",
-        StageStatus.PENDING,
-        ~sa.exists().where(
-            jobs.c.run_id == stages.c.run_id,
-            jobs.c.stage_id == stages.c.stage_id,
-            jobs.c.kind == sa.literal("stage"),
-        ),
-        ~sa.exists().where(
-            steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id
-        ),
-    )
-    done = counted("done", StageStatus.COMPLETED, stages.c.has_output.is_(True))
-    staged = sa.exists().where(staged_events.c.run_id == run_id)
-    last = sa.bindparam("last", type_=sa.Boolean)
-    return (
-        sa.select(sa.literal(1) / sa.func.count())
-        .select_from(held_job)
-        .where(
-            running,
-            fresh == sa.bindparam("n_fresh", type_=sa.Integer),
-            done == sa.bindparam("n_done", type_=sa.Integer),
-            sa.not_(sa.and_(last, staged)),
+    if n_fresh:
+        fresh = counted(
+            "fresh",
+            n_fresh,
+            StageStatus.PENDING,
+            ~sa.exists().where(
+                jobs.c.run_id == stages.c.run_id,
+                jobs.c.stage_id == stages.c.stage_id,
+                jobs.c.kind == sa.literal("stage"),
+            ),
+            ~sa.exists().where(
+                steps.c.run_id == stages.c.run_id, steps.c.stage_id == stages.c.stage_id
+            ),
         )
-    )
+        checks.append(fresh == sa.bindparam("n_fresh", type_=sa.Integer))
+    if n_done:
+        done = counted("done", n_done, StageStatus.COMPLETED, stages.c.has_output.is_(True))
+        checks.append(done == sa.bindparam("n_done", type_=sa.Integer))
+    if last:
+        checks.append(~sa.exists().where(staged_events.c.run_id == run_id))
+    return sa.select(sa.literal(1) / sa.func.count()).select_from(held_job).where(*checks)
 
 
 def _fresh_row(stage_id: str) -> Any:
@@ -1075,6 +1111,7 @@ def _guard(
     if ahead is not None:
         guard |= {"group": run.current_group, "open": 1, "completed": run.completed_count}
     execute(conn, _run_guard(ahead is not None), guard, later=True)
+    last = bool(ahead is not None and ahead.staged)
     held_params = {
         "job_id": job.id,
         "run_id": run.id,
@@ -1083,13 +1120,12 @@ def _guard(
         "worker": worker,
         "token": job.lease_token,
         "attempt": attempt,
-        "fresh": fresh,
         "n_fresh": len(fresh),
-        "done": done,
         "n_done": len(done),
-        "last": bool(ahead is not None and ahead.staged),
+        **_guard_values("fresh", fresh),
+        **_guard_values("done", done),
     }
-    execute(conn, _stage_guard(), held_params, later=True)
+    execute(conn, _stage_guard(fresh, done, last), held_params, later=True)
 
 
 def _fresh_handoff(handoff: Handoff | None) -> None:
