@@ -872,8 +872,9 @@ def _run_guard(grouped: bool) -> Any:
     return sa.select(sa.literal(1) / sa.func.count()).select_from(rows)
 
 
-GUARD_LIST_MAX = 8
-"""Stages a guard names one parameter each, at most; a longer list goes as one array.
+GUARD_LIST_SIZES = (0, 1, 2, 4, 8)
+"""How many stages a guard names one parameter each: a list is padded to the next of these
+(its last stage repeated: ``IN`` matches each row once), a longer one goes as one array.
 
 PostgreSQL plans a prepared statement once (its generic plan) unless its plans for the values
 given look cheaper. With ``stage_id = any($array)`` the generic plan costs an array of unknown
@@ -881,39 +882,43 @@ length (ten index probes), each custom plan the array given: on tables PostgreSQ
 statistics of (autovacuum off, or before its first ANALYZE) past a few thousand runs, the stage
 guard was planned anew at every outcome, ~0.3 ms of server CPU each
 (``tests/integration/native/test_generic_plans.py``). Named one by one, the stages cost the
-same in both plans, and the generic one is kept."""
+same in both plans, and the generic one is kept. (Sizes, not every length: at most 6 x 6 x 2
+statements of the guard per connection, of the ``_pgbatch.MAX_PREPARED`` it keeps.)"""
 
 
-def _guard_list(name: str, n: int) -> Any:
-    """The condition of a guard listing ``n`` stages in parameters ``name``: one each
-    (:func:`in_binds`) up to :data:`GUARD_LIST_MAX`, else the array ``name``."""
-    if n <= GUARD_LIST_MAX:
-        return stages.c.stage_id.in_(in_binds(n, name))
+def _guard_size(n: int) -> int:
+    """The number of parameters of a guard's list of ``n`` stages (-1: one array)."""
+    return next((size for size in GUARD_LIST_SIZES if size >= n), -1)
+
+
+def _guard_list(name: str, size: int) -> Any:
+    """The condition of a guard's list of stages ``name`` of :func:`_guard_size` ``size``."""
+    if size >= 0:
+        return stages.c.stage_id.in_(in_binds(size, name))
     return stages.c.stage_id == sa.func.any(sa.bindparam(name, type_=postgresql.ARRAY(sa.String)))
 
 
 def _guard_values(name: str, values: list[str]) -> dict[str, Any]:
     """The parameters of :func:`_guard_list` for ``values``."""
-    if len(values) <= GUARD_LIST_MAX:
-        return in_params(values, name)
-    return {name: values}
+    size = _guard_size(len(values))
+    if size < 0:
+        return {name: values}
+    return in_params(values + values[-1:] * (size - len(values)), name)
 
 
 def _stage_guard(fresh: list[str], done: list[str], last: bool) -> Any:
-    """:func:`_stage_guard_of` for these lists (the statement of their lengths)."""
-    return _stage_guard_of(
-        min(len(fresh), GUARD_LIST_MAX + 1), min(len(done), GUARD_LIST_MAX + 1), last
-    )
+    """:func:`_stage_guard_of` for these lists (the statement of their sizes)."""
+    return _stage_guard_of(_guard_size(len(fresh)), _guard_size(len(done)), last)
 
 
 @functools.cache
-def _stage_guard_of(n_fresh: int, n_done: int, last: bool) -> Any:
+def _stage_guard_of(fresh_size: int, done_size: int, last: bool) -> Any:
     """Fails (division by zero) unless the job is still held under the attempt's claim (its
     row locked FOR SHARE, as ``_owned_stage_query`` does), its stage is running the attempt
     predicted, the stages ``fresh`` are pending with no job and no step ledger, the stages
     ``done`` completed with an output, and (``last``) the run has no staged events. A list
-    that is empty checks nothing; each length up to :data:`GUARD_LIST_MAX` is a statement
-    of its own."""
+    that is empty checks nothing; the lists' sizes (:func:`_guard_size`) make the
+    statement."""
     run_id = sa.bindparam("run_id", type_=sa.String)
     held_job = (
         sa.select(sa.literal(1).label("one"))
@@ -938,9 +943,9 @@ def _stage_guard_of(n_fresh: int, n_done: int, last: bool) -> Any:
         )
     ]
 
-    def counted(param: str, n: int, status: StageStatus, *more: Any) -> Any:
-        """How many of the ``n`` stages listed in ``param`` have ``status`` (and ``more``)."""
-        listed = _guard_list(param, n)
+    def counted(param: str, size: int, status: StageStatus, *more: Any) -> Any:
+        """How many of the stages listed in ``param`` have ``status`` (and ``more``)."""
+        listed = _guard_list(param, size)
         return (
             sa.select(sa.func.count())
             .where(
@@ -952,10 +957,10 @@ def _stage_guard_of(n_fresh: int, n_done: int, last: bool) -> Any:
             .scalar_subquery()
         )
 
-    if n_fresh:
+    if fresh_size:
         fresh = counted(
             "fresh",
-            n_fresh,
+            fresh_size,
             StageStatus.PENDING,
             ~sa.exists().where(
                 jobs.c.run_id == stages.c.run_id,
@@ -967,8 +972,8 @@ def _stage_guard_of(n_fresh: int, n_done: int, last: bool) -> Any:
             ),
         )
         checks.append(fresh == sa.bindparam("n_fresh", type_=sa.Integer))
-    if n_done:
-        done = counted("done", n_done, StageStatus.COMPLETED, stages.c.has_output.is_(True))
+    if done_size:
+        done = counted("done", done_size, StageStatus.COMPLETED, stages.c.has_output.is_(True))
         checks.append(done == sa.bindparam("n_done", type_=sa.Integer))
     if last:
         checks.append(~sa.exists().where(staged_events.c.run_id == run_id))
