@@ -116,7 +116,9 @@ class StageCase:
     ops: tuple[Op, ...] = ()
     outcomes: tuple[Outcome, ...] = ("ok",)  # per attempt; past the end: "ok"
     compensation: Literal["ok", "fail"] | None = None
-    hold: bool = False  # end the script with a wait for a signal nobody sends
+    # end the script with a wait for a signal nobody sends, before the attempt's outcome
+    # (the cancel stage of a ``Case.cancel_late``: after it, in an attempt scripted to succeed)
+    hold: bool = False
     # JSON text of a value the stage's step results and its output carry (big and negative
     # integers, extreme floats, -0.0, any unicode, nesting): it must come back as given
     value: str | None = None
@@ -188,7 +190,11 @@ class Case:
     # a stage that runs before the cancel stage (an earlier group's, or a sibling before it:
     # the cancel stage never holds in the first run; the redrive runs the failed stage, then
     # the cancel stage, and once it holds the runner cancels; with ``refail`` only after the
-    # second redrive)
+    # second redrive), or the cancel stage itself: a late cancel's stage reaches its hold
+    # only in an attempt scripted to succeed (one scripted to fail fails before it), so it
+    # fails for good in the first run without holding, the redrive runs it again (its
+    # attempts scripted to succeed) and once it holds the runner cancels (with ``refail``:
+    # the first redrive fails it again at once, before its hold, the second one holds)
     cancel_late: bool = False
     label: str = field(default="", compare=False)
 
@@ -520,9 +526,9 @@ def _outside(draw: Any, case: Case) -> Case:
         )
     # a redriven cancelled one cancels after the redrive (``Case.cancel_late``): a stage
     # fails for good in the first run, a sibling after the cancel stage in its group (the
-    # cancel stage held in the first run too) or a stage that runs before it (it holds only
-    # in the redriven run; then half the time after a redrive that fails again,
-    # ``Case.refail``), see ``_fail_for_a_late_cancel``
+    # cancel stage held in the first run too) or a stage that runs before it or the cancel
+    # stage itself (it holds only in the redriven run; then half the time after a redrive
+    # that fails again, ``Case.refail``), see ``_fail_for_a_late_cancel``
     late = case.cancel is not None and case.redrive
     refail = False
     if late:
@@ -541,7 +547,8 @@ def _fail_for_a_late_cancel(
     every stage that runs before the cancel stage in the run that cancels completing, and
     whether the cancel stage holds in the first run too (the failing stage is a sibling
     after it in its group) rather than only in the redriven run (the failing one runs before
-    it: in an earlier group, or before it in its group)."""
+    it: in an earlier group, or before it in its group; or it is the cancel stage itself,
+    which fails before its hold in the first run and holds once redriven)."""
     from hypothesis import strategies as st
 
     assert case.cancel is not None
@@ -550,13 +557,20 @@ def _fail_for_a_late_cancel(
     after, before = group[at + 1 :], [*(x for g in groups[:held] for x in g), *group[:at]]
     # (one of the kinds that fit, drawn alike; with a stage before it, none forced one time
     # in two or three: a case that redrives, maybe twice, then cancels costs two or three
-    # runs, and CI's fuzz time should not grow much)
+    # runs, and CI's fuzz time should not grow much). One time in three a kind that forces
+    # a failure, or a cancel stage alone in the first group, gives way to the cancel stage
+    # failing itself (``itself``): a few cases in 100
     kinds = (["first"] if after else []) + (["redriven", "none"] if before else [])
-    kind = draw(st.sampled_from(kinds)) if kinds else "none"
-    if kind == "none":
+    kind = draw(st.sampled_from(kinds)) if kinds else "alone"
+    if kind != "none" and draw(st.sampled_from([False, False, True])):
+        kind = "itself"
+    if kind in ("none", "alone"):
         return case, True  # (nothing fails before the cancel: ``make_valid`` cancels at once)
     first_hold = kind == "first"
-    failing = draw(st.sampled_from(after if first_hold else before))
+    if kind == "itself":
+        failing = case.cancel
+    else:
+        failing = draw(st.sampled_from(after if first_hold else before))
     # every stage that runs before the failing one completes (no other failure first), and
     # every one that runs before the cancel stage in the redriven run; a hold in a group
     # before the failing one's would wait for good in the first run (nothing there fails)
@@ -567,7 +581,13 @@ def _fail_for_a_late_cancel(
 
     def fit(s: StageCase) -> StageCase:
         if s.id == failing:
-            return replace(_tamed(s), outcomes=("fatal",), hold=False)
+            # (the cancel stage failing itself keeps its hold: an attempt scripted to fail
+            # fails before it, ``Case.cancel_late``; half the time its retries run out first)
+            out: tuple[Outcome, ...] = ("fatal",)
+            if kind == "itself" and s.max_attempts > 1 and draw(st.booleans()):
+                error: Outcome = "error"
+                out = (error,) * s.max_attempts
+            return replace(_tamed(s), outcomes=out, hold=kind == "itself")
         if s.id in tamed:
             s = _tamed(s)
         return replace(s, hold=False) if s.id in blocked else s

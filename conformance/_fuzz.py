@@ -344,12 +344,15 @@ def _body(s: StageCase, rt: _Runtime) -> Any:
                 assert key is not None
                 got.append(await _wait(ctx, op, key, rt))
                 rt.raced[s.id, key] = got[-1]
-        if s.hold:
-            await ctx.step.wait_for_signal(s.hold_signal)
         if rt.redriven == s.id:
             outcome = "fatal" if rt.fails_again else "ok"
         else:
             outcome = s.outcome(ctx.attempt)
+        # (a late cancel's stage reaches its hold only in an attempt scripted to succeed: it
+        # may be the stage that fails for good, then holds once redriven, ``Case.cancel_late``)
+        late = s.id == rt.case.cancel and rt.case.cancel_late and outcome != "ok"
+        if s.hold and not late:
+            await ctx.step.wait_for_signal(s.hold_signal)
         if outcome == "error":
             raise ScriptedError(f"{s.id} attempt {ctx.attempt} scripted to fail")
         if outcome == "fatal":

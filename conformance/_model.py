@@ -317,10 +317,14 @@ class _Sim:
             ended = self._replay(s, op, key or op.name, got)
             if ended is not None:
                 return ended
-        held = self._hold(s) if s.hold else None
+        outcome = redriven or s.outcome(attempt)
+        # (the cancel stage of a late cancel reaches its hold only in an attempt scripted to
+        # succeed: one scripted to fail fails first, so it may itself be the stage that fails
+        # for good and is redriven, then holds in the redriven run, ``Case.cancel_late``)
+        late = s.id == self.case.cancel and self.case.cancel_late and outcome != "ok"
+        held = self._hold(s) if s.hold and not late else None
         if held is not None:
             return held
-        outcome = redriven or s.outcome(attempt)
         if outcome == "error":
             return "fail", ("ScriptedError", True)
         if outcome == "fatal":

@@ -751,6 +751,9 @@ def test_the_generator_draws_the_corners() -> None:
         # the cancel stage holds for the first time in the redriven run
         "cancel_after_redrive_first_hold": 0,
         "cancel_after_second_redrive": 0,
+        # the cancel stage is the one that failed for good and was redriven: it holds then
+        "cancel_while_the_redriven_stage_holds": 0,
+        "cancel_while_the_redriven_stage_holds_after_a_second_redrive": 0,
     }
 
     @settings(
@@ -777,6 +780,10 @@ def test_the_generator_draws_the_corners() -> None:
             hold = ["stage.suspended", case.cancel, "signal", f"signal:hold_{case.cancel}"]
             drawn["cancel_after_redrive_first_hold"] += exp.trace.count(hold) == 1
             drawn["cancel_after_second_redrive"] += exp.redrives == 2
+            itself = exp.failed_stage == case.cancel
+            drawn["cancel_while_the_redriven_stage_holds"] += itself
+            key = "cancel_while_the_redriven_stage_holds_after_a_second_redrive"
+            drawn[key] += itself and exp.redrives == 2
 
     with fixed_draws():  # (the same cases whatever ran before in this process)
         check()
@@ -977,3 +984,112 @@ def test_a_cancel_after_a_second_redrive_holding_only_in_the_redriven_run() -> N
     assert exp.compensations == ["comp:a", "comp:a", "comp:a"]
     assert exp.signals == {}  # (d's gate: never sent, it is blocked behind c)
     assert make_valid(case) == case
+
+
+def test_a_cancel_while_the_redriven_stage_itself_holds() -> None:
+    """``cancel_late`` with the cancel stage the one that fails: b (gated, a journaled step)
+    fails for good in the first run before its hold (an attempt scripted to fail fails
+    first) and c, blocked behind it, is cancelled; the redrive re-runs b (its gate and step
+    journaled: passed at once, not run again) and c; b now holds, the runner cancels: b and
+    c cancelled, a compensated again, b's compensation never run (it never completed)."""
+    case = Case(
+        stages=(
+            StageCase("a", compensation="ok"),
+            StageCase(
+                "b",
+                after=("a",),
+                ops=(RunStep("b0"),),
+                outcomes=("fatal",),
+                compensation="ok",
+                hold=True,
+                gate="after",
+            ),
+            StageCase("c", after=("a",)),
+            StageCase("d", after=("b", "c")),
+        ),
+        order=("a", "b", "c", "d"),
+        cancel="b",
+        redrive=True,
+        cancel_late=True,
+    )
+    exp = expect(case)
+    assert (exp.status, exp.redrives, exp.cancel, exp.failed_stage) == ("cancelled", 1, True, "b")
+    assert exp.stages == {"a": "compensated", "b": "cancelled", "c": "cancelled", "d": "skipped"}
+    redriven = exp.trace.index(["run.redriven", "last_failure"])
+    assert exp.trace[2:redriven] == [
+        ["stage.started", "a", 1],
+        ["stage.completed", "a", 1],
+        ["stage.started", "b", 1],
+        ["stage.suspended", "b", "signal", "signal:gate_b"],
+        ["stage.failed", "b", 1, "NonRetryableError", False],
+        ["stage.started", "c", 1],
+        ["stage.cancelled", "c"],
+        ["stage.compensated", "a"],
+        ["run.failed", "NonRetryableError", None],
+    ]
+    assert exp.trace[redriven:] == [
+        ["run.redriven", "last_failure"],
+        ["stage.started", "b", 1],
+        ["stage.suspended", "b", "signal", "signal:hold_b"],
+        ["stage.started", "c", 1],
+        ["stage.cancelled", "b"],
+        ["stage.cancelled", "c"],
+        ["stage.compensated", "a"],
+        ["run.cancelled"],
+    ]
+    assert exp.counts == {"body:a": 1, "body:b": 2, "comp:a": 2, "step:b.b0": 1}
+    assert exp.compensations == ["comp:a", "comp:a"]
+    assert exp.signals == {"gate_b": [[True, False]]}
+    assert make_valid(case) == case
+
+
+def test_a_cancel_while_the_redriven_stage_holds_after_a_second_redrive() -> None:
+    """The same alone in its run, its retries run out in the first run (ScriptedError), the
+    first redrive fails it again at once (NonRetryableError, before its hold), the second
+    one holds: the runner cancels. Nothing completed: nothing compensated."""
+    case = Case(
+        stages=(
+            StageCase(
+                "a",
+                max_attempts=2,
+                outcomes=("error", "error"),
+                compensation="ok",
+                hold=True,
+            ),
+        ),
+        cancel="a",
+        redrive=True,
+        refail=True,
+        cancel_late=True,
+    )
+    exp = expect(case)
+    assert (exp.status, exp.redrives, exp.stages) == ("cancelled", 2, {"a": "cancelled"})
+    assert exp.trace == [
+        ["run.created"],
+        ["run.started"],
+        ["stage.started", "a", 1],
+        ["stage.failed", "a", 1, "ScriptedError", True],
+        ["stage.started", "a", 2],
+        ["stage.failed", "a", 2, "ScriptedError", False],
+        ["run.failed", "ScriptedError", None],
+        ["run.redriven", "last_failure"],
+        ["stage.started", "a", 1],
+        ["stage.failed", "a", 1, "NonRetryableError", False],
+        ["run.failed", "NonRetryableError", None],
+        ["run.redriven", "last_failure"],
+        ["stage.started", "a", 1],
+        ["stage.suspended", "a", "signal", "signal:hold_a"],
+        ["stage.cancelled", "a"],
+        ["run.cancelled"],
+    ]
+    assert exp.counts == {"body:a": 4}
+    assert exp.compensations == []
+    assert make_valid(case) == case
+    # (any other holding stage still holds before its outcome: a plain hold of a failing
+    # stage waits for good in the first run, and the case is cancelled at once)
+    plain = replace(case, cancel_late=False, redrive=False, refail=False)
+    assert expect(plain).trace[-3:] == [
+        ["stage.suspended", "a", "signal", "signal:hold_a"],
+        ["stage.cancelled", "a"],
+        ["run.cancelled"],
+    ]
