@@ -9,7 +9,7 @@
 - a redrive that fails again compensates again and ends ``failed`` with the new error; a
   second redrive goes on from there;
 - a cancel after a redrive compensates the completed stages again (the kept ones too) and ends
-  the run ``cancelled``;
+  the run ``cancelled``, also while the redriven stage itself waits (it ends ``cancelled``);
 - a signal racing a wait's timeout is never lost: the wait takes it, or it stays queued for
   the next wait for its name (which of the two is up to timing).
 """
@@ -90,7 +90,8 @@ def _named(
 
 class CornerContract:
     """Cancel with a failing compensation, redrive after cancelled siblings, a redrive that
-    fails again, a signal racing a timeout, a cancel after a redrive."""
+    fails again, a signal racing a timeout, a cancel after a redrive (and while the redriven
+    stage waits)."""
 
     pytestmark = CONTRACT_MARKS  # async tests under pytest-asyncio strict or auto mode
 
@@ -419,3 +420,73 @@ class CornerContract:
             ["run.cancelled"],
         ]
         assert ["stage.started", "z", 1] not in tail
+
+    async def test_a_cancel_while_the_redriven_stage_waits(
+        self, harness: Harness, tmp_path: Path
+    ) -> None:
+        """``waits`` journals ``prep`` and fails for good before its wait in the first run:
+        ``a`` compensated, the run failed. The redrive runs ``waits`` again (attempt 1, its
+        journal kept: ``prep`` not run again), now fixed it waits for ``go``; a cancel while it
+        waits ends the run ``cancelled``: ``waits`` cancelled (never completed: its
+        compensation never runs), ``a`` compensated again, ``z`` never run."""
+        if not harness.capabilities.redrive:
+            pytest.skip("driver lacks capability redrive")
+        log = ExecutionLog(tmp_path / "log")
+        sink = MemorySink()
+        fixed: dict[str, bool] = {}
+        wf = Workflow(unique_id("crh"), input=Num)
+
+        a = _named(wf, log, "a", retry=ONCE)
+
+        @wf.stage(after=[a], retry=ONCE)
+        async def waits(ctx: StageContext[Num]) -> Any:
+            log.hit("waits")
+            await ctx.step.run("prep", _logged(log, "prep"))
+            if not fixed:
+                raise NonRetryableError("waits broke")
+            return await ctx.step.wait_for_signal("go")
+
+        _named(wf, log, "z", after=[waits], retry=ONCE)
+
+        @a.compensation
+        async def undo_a(ctx: StageContext[Num], out: str) -> None:
+            log.hit("undo-a")
+
+        @waits.compensation
+        async def undo_waits(ctx: StageContext[Num], out: Any) -> None:
+            log.hit("undo-waits")
+
+        async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
+            run = await engine.start(wf.id, {})
+            failed = await engine.wait(run.id, timeout=60)
+            assert failed.status == RunStatus.FAILED, run_summary(failed)
+            await wait_for_events(sink, run.id, "run.failed", timeout=60)
+            fixed["yes"] = True
+            await engine.redrive(run.id, from_="last_failure")
+            await eventually(
+                lambda: _count(sink, run.id, "stage.suspended", "waits") == 1,
+                60,
+                what="the redriven waits to wait",
+            )
+            first = await engine.cancel(run.id)
+            info = await engine.wait(run.id, timeout=60)
+            events = await wait_for_events(sink, run.id, "run.cancelled", timeout=60)
+        assert first.status == RunStatus.CANCELLED, run_summary(first)
+        assert info.redrive_count == 1
+        assert run_summary(info) == {
+            "status": "cancelled",
+            "stages": {"a": "compensated", "waits": "cancelled", "z": "skipped"},
+            "error": None,
+            "compensation_errors": [],
+        }
+        assert log.counts() == {"a": 1, "waits": 2, "prep": 1, "undo-a": 2}
+        trace = normalise(events, wf.graph())
+        redriven = ["run.redriven", "last_failure"]
+        assert trace[trace.index(redriven) :] == [
+            redriven,
+            ["stage.started", "waits", 1],
+            ["stage.suspended", "waits", "signal", "signal:go"],
+            ["stage.cancelled", "waits"],
+            ["stage.compensated", "a"],
+            ["run.cancelled"],
+        ]
