@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,17 @@ from typing import Any
 import pytest
 
 from engine_port import (
+    Event,
     MemorySink,
     NonRetryableError,
     Registry,
     Retry,
+    RunInfo,
     RunStatus,
     Stage,
     StageContext,
     Workflow,
+    WorkflowEngine,
 )
 from engine_port.errors import StepTimeoutError
 
@@ -86,6 +90,30 @@ def _named(
         return name
 
     return wf.stage(body, id=name, after=after or [], retry=retry)
+
+
+async def _cancel_after_a_redrive(
+    engine: WorkflowEngine,
+    sink: MemorySink,
+    wf: Workflow[Num],
+    fixed: dict[str, bool],
+    ready: Callable[[str], bool],
+    what: str,
+) -> tuple[RunInfo, RunInfo, list[Event]]:
+    """Start ``wf``, let it fail for good, fix it (``fixed``), redrive it from the last
+    failure, cancel it once ``ready(run_id)``: the cancel's answer, the run once ended, and
+    its events up to ``run.cancelled``."""
+    run = await engine.start(wf.id, {})
+    failed = await engine.wait(run.id, timeout=60)
+    assert failed.status == RunStatus.FAILED, run_summary(failed)
+    await wait_for_events(sink, run.id, "run.failed", timeout=60)
+    fixed["yes"] = True
+    await engine.redrive(run.id, from_="last_failure")
+    await eventually(lambda: ready(run.id), 60, what=what)
+    first = await engine.cancel(run.id)
+    info = await engine.wait(run.id, timeout=60)
+    events = await wait_for_events(sink, run.id, "run.cancelled", timeout=60)
+    return first, info, events
 
 
 class CornerContract:
@@ -379,24 +407,18 @@ class CornerContract:
             log.hit("undo-a")
 
         async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
-            run = await engine.start(wf.id, {})
-            failed = await engine.wait(run.id, timeout=60)
-            assert failed.status == RunStatus.FAILED, run_summary(failed)
-            await wait_for_events(sink, run.id, "run.failed", timeout=60)
-            fixed["yes"] = True
-            await engine.redrive(run.id, from_="last_failure")
-            await eventually(
-                lambda: (
-                    _count(sink, run.id, "stage.suspended", "waits") == 2
-                    and _count(sink, run.id, "stage.completed", "fails") == 1
+            first, info, events = await _cancel_after_a_redrive(
+                engine,
+                sink,
+                wf,
+                fixed,
+                lambda run_id: (
+                    _count(sink, run_id, "stage.suspended", "waits") == 2
+                    and _count(sink, run_id, "stage.completed", "fails") == 1
                 ),
-                60,
-                what="waits to wait again and fails to complete",
+                "waits to wait again and fails to complete",
             )
-            first = await engine.cancel(run.id)
-            info = await engine.wait(run.id, timeout=60)
-            events = await wait_for_events(sink, run.id, "run.cancelled", timeout=60)
-            again = await engine.cancel(run.id)  # a no-op, as on any cancelled run
+            again = await engine.cancel(info.id)  # a no-op, as on any cancelled run
         assert first.status == RunStatus.CANCELLED, run_summary(first)
         assert again.status == RunStatus.CANCELLED
         assert info.redrive_count == 1
@@ -457,20 +479,14 @@ class CornerContract:
             log.hit("undo-waits")
 
         async with harness.engine(Registry([wf]), sink) as engine, engine.worker():
-            run = await engine.start(wf.id, {})
-            failed = await engine.wait(run.id, timeout=60)
-            assert failed.status == RunStatus.FAILED, run_summary(failed)
-            await wait_for_events(sink, run.id, "run.failed", timeout=60)
-            fixed["yes"] = True
-            await engine.redrive(run.id, from_="last_failure")
-            await eventually(
-                lambda: _count(sink, run.id, "stage.suspended", "waits") == 1,
-                60,
-                what="the redriven waits to wait",
+            first, info, events = await _cancel_after_a_redrive(
+                engine,
+                sink,
+                wf,
+                fixed,
+                lambda run_id: _count(sink, run_id, "stage.suspended", "waits") == 1,
+                "the redriven waits to wait",
             )
-            first = await engine.cancel(run.id)
-            info = await engine.wait(run.id, timeout=60)
-            events = await wait_for_events(sink, run.id, "run.cancelled", timeout=60)
         assert first.status == RunStatus.CANCELLED, run_summary(first)
         assert info.redrive_count == 1
         assert run_summary(info) == {
