@@ -6,7 +6,6 @@ and PostgreSQL.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import sqlalchemy as sa
@@ -27,7 +26,7 @@ from sqlalchemy import (
     inspect,
     select,
 )
-from sqlalchemy.exc import SAWarning
+from sqlalchemy.schema import CreateIndex
 
 __all__ = ["LATEST_SCHEMA_VERSION", "MIGRATIONS", "metadata", "schema_version", "upgrade"]
 
@@ -317,6 +316,16 @@ blobs = Table(
 )
 
 
+def _create_index(conn: Connection, table: Table, name: str) -> None:
+    """Create the index ``name`` of ``table`` unless it exists (``CREATE INDEX IF NOT
+    EXISTS``). Not ``index.create(checkfirst=True)``: that reflects the table's indexes, and
+    SQLAlchemy warns that it skips the expression index ``ix_wfe_runs_id_folded`` (an
+    ``SAWarning`` a user upgrading saw, whenever another thread's ``catch_warnings`` put the
+    filters back while the upgrade ran: the filters are the process's)."""
+    index = next(i for i in table.indexes if i.name == name)
+    conn.execute(CreateIndex(index, if_not_exists=True))
+
+
 def _v1(conn: Connection) -> None:
     metadata.create_all(
         conn, tables=[t for t in metadata.sorted_tables if t not in (blobs, drains)]
@@ -396,7 +405,7 @@ def _v7(conn: Connection) -> None:
 def _v8(conn: Connection) -> None:
     """v8 added an index on runs (created_at, id): listing the newest runs and each keyset page
     after a cursor reads the index instead of sorting every run."""
-    next(i for i in runs.indexes if i.name == "ix_wfe_runs_created").create(conn, checkfirst=True)
+    _create_index(conn, runs, "ix_wfe_runs_created")
 
 
 def _v9(conn: Connection) -> None:
@@ -406,9 +415,7 @@ def _v9(conn: Connection) -> None:
     Existing runs keep group_open NULL: unknown, counted by their next transition."""
     if "group_open" not in {c["name"] for c in inspect(conn).get_columns("wfe_runs")}:
         conn.execute(sa.text("ALTER TABLE wfe_runs ADD COLUMN group_open INTEGER"))
-    next(i for i in jobs.indexes if i.name == "ix_wfe_jobs_run_status").create(
-        conn, checkfirst=True
-    )
+    _create_index(conn, jobs, "ix_wfe_jobs_run_status")
     conn.execute(sa.text("DROP INDEX IF EXISTS ix_wfe_jobs_run"))
 
 
@@ -417,9 +424,7 @@ def _v10(conn: Connection) -> None:
     web view's) read every run (a sequential scan: 22 ms at 100,000 runs) unless the
     database's collation is C. (v9 is another change's number.)"""
     if conn.dialect.name == "postgresql":
-        next(i for i in runs.indexes if i.name == "ix_wfe_runs_id_prefix").create(
-            conn, checkfirst=True
-        )
+        _create_index(conn, runs, "ix_wfe_runs_id_prefix")
 
 
 def _v11(conn: Connection) -> None:
@@ -437,16 +442,14 @@ def _v12(conn: Connection) -> None:
     """v12 added a partial index of the outbox events a sink failed: the worker's outbox
     gauge read every undelivered row to tell the retrying ones apart (0.75 s a count at a
     million events, where no host has a sink)."""
-    next(i for i in outbox.indexes if i.name == "ix_wfe_outbox_failing").create(
-        conn, checkfirst=True
-    )
+    _create_index(conn, outbox, "ix_wfe_outbox_failing")
 
 
 def _v13(conn: Connection) -> None:
     """v13 added a partial index of the due jobs by "workflow@version": a worker's look for
     work read every due job of the versions it does not serve (25 ms every 50 ms poll at
     200,000 jobs of a drained version on SQLite)."""
-    next(i for i in jobs.indexes if i.name == "ix_wfe_jobs_due").create(conn, checkfirst=True)
+    _create_index(conn, jobs, "ix_wfe_jobs_due")
 
 
 def _v14(conn: Connection) -> None:
@@ -517,9 +520,7 @@ def _v18(conn: Connection) -> None:
     """v18 added a partial index of each run's unconsumed signals: a signal's bound check
     (``max_pending_signals``) counted them by reading every signal the run had ever taken,
     so the 100,001st signal to a run cost 11x its first on SQLite, 7x on PostgreSQL."""
-    next(i for i in signals.indexes if i.name == "ix_wfe_signal_queue_pending").create(
-        conn, checkfirst=True
-    )
+    _create_index(conn, signals, "ix_wfe_signal_queue_pending")
 
 
 def _v19(conn: Connection) -> None:
@@ -542,9 +543,9 @@ def _v20(conn: Connection) -> None:
     sorted every matching run (0.7 s a page at 48,000), and a flush read every earlier event
     of each event's run (16 s for 500 events of a run with 49,000 delivered)."""
     for index in LISTING_INDEXES:
-        index.create(conn, checkfirst=True)
+        conn.execute(CreateIndex(index, if_not_exists=True))
     conn.execute(sa.text("DROP INDEX IF EXISTS ix_wfe_runs_status"))
-    next(i for i in outbox.indexes if i.name == "ix_wfe_outbox_held").create(conn, checkfirst=True)
+    _create_index(conn, outbox, "ix_wfe_outbox_held")
 
 
 def _v21(conn: Connection) -> None:
@@ -599,17 +600,9 @@ def upgrade(conn: Connection, target: int = LATEST_SCHEMA_VERSION) -> list[int]:
         schema_info.create(conn, checkfirst=True)
         conn.execute(schema_info.insert().values(id=1, version=0))
     applied = []
-    with warnings.catch_warnings():
-        # (a checkfirst reflects the table's indexes, and SQLAlchemy warns that it skips the
-        # expression index ix_wfe_runs_id_folded: nothing for a user to act on)
-        warnings.filterwarnings(
-            "ignore", "Skipped unsupported reflection of expression-based index", SAWarning
-        )
-        for version, _desc, step in MIGRATIONS:
-            if current < version <= target:
-                step(conn)
-                conn.execute(
-                    schema_info.update().where(schema_info.c.id == 1).values(version=version)
-                )
-                applied.append(version)
+    for version, _desc, step in MIGRATIONS:
+        if current < version <= target:
+            step(conn)
+            conn.execute(schema_info.update().where(schema_info.c.id == 1).values(version=version))
+            applied.append(version)
     return applied
