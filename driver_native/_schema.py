@@ -109,9 +109,9 @@ runs = Table(
 # case-insensitive blob store both runs' blobs would share one folder. Generated ids are
 # lower-case: the index holds only the few chosen ones and costs their creation nothing.
 # (SQLite uses a partial index only for a query whose WHERE repeats the index's term.)
-# Made by v19 alone, in SQL, not declared on the table: a fresh database's v1 would make it,
-# and the checkfirst of a later migration reflects the table's indexes, where SQLAlchemy warns
-# that it skips an expression index.
+# Made by v19 alone, in SQL, not declared on the table (a fresh database's v1 would make it);
+# the migrations create indexes with IF NOT EXISTS, never by reflecting the table's indexes,
+# where SQLAlchemy warns that it skips an expression index (``_create_index``).
 CASE_TWIN_WHERE = "id <> lower(id)"
 
 stages = Table(
