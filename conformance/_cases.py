@@ -13,6 +13,7 @@ completion order, compensation order and what a failure or a cancel finds are al
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -289,6 +290,26 @@ def json_values() -> Any:
     return st.one_of(st.sampled_from(HARD_NUMBERS), scalars, nested)
 
 
+@functools.cache
+def _sampled_of(key: tuple[tuple[type, Any], ...]) -> Any:
+    from hypothesis import strategies as st
+
+    return st.sampled_from(tuple(v for _, v in key))
+
+
+def _sampled(options: Sequence[Any]) -> Any:
+    """``st.sampled_from(options)``, one strategy object per distinct ``options``: hypothesis
+    checks a strategy the first time it draws from it (``validate``, ``is_empty``), which was
+    a third of the generator's time when each draw built a new one; the draws are the same.
+    (Keyed with each value's type: ``(0, 1) == (False, True)``.)"""
+    return _sampled_of(tuple((type(v), v) for v in options))
+
+
+def _pick(draw: Any, options: Sequence[Any]) -> Any:
+    """One of ``options``, drawn (``_sampled``)."""
+    return draw(_sampled(options))
+
+
 def _layers(sizes: list[int]) -> list[list[str]]:
     """Stage ids by layer for layers of the drawn ``sizes``, at most 12 stages in all."""
     total = 0
@@ -309,6 +330,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
 
     value_json = st.none() | json_values().map(json.dumps)
 
+    @functools.cache  # (one strategy per arguments, as ``_sampled``)
     @st.composite
     def _ops(draw: Any, sid: str, root: bool, local: bool) -> tuple[Op, ...]:
         n = draw(st.integers(0, 4))
@@ -317,9 +339,9 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
             kind = _kind(draw, local)
             name = f"{sid}{i}"
             if kind == "run":
-                ops.append(RunStep(name, fails=draw(st.sampled_from([0, 0, 0, 1, 2]))))
+                ops.append(RunStep(name, fails=_pick(draw, [0, 0, 0, 1, 2])))
             elif kind == "sleep":
-                ops.append(Sleep(name, ms=draw(st.sampled_from([20, 50, 200]))))
+                ops.append(Sleep(name, ms=_pick(draw, [20, 50, 200])))
             elif kind == "race":
                 ops.extend(_race(draw, name))
             elif kind == "emit":
@@ -335,6 +357,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                 ops.extend(_waits(draw, ops, name, modes, local))
         return tuple(ops)
 
+    @functools.cache
     @st.composite
     def _stage(draw: Any, sid: str, after: tuple[str, ...], root: bool, alone: bool) -> StageCase:
         max_attempts = draw(st.integers(1, 3))
@@ -344,22 +367,20 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         # one (``after`` or ``before``); a stage alone in its group may also time out on it
         gates: list[str | None] = [None] * 5 + ["after"] + ([] if root else ["before"])
         gates += ["timeout"] if alone else []
-        gate = None if local else draw(st.sampled_from(gates))
+        gate = None if local else _pick(draw, gates)
         return StageCase(
             id=sid,
             after=after,
             max_attempts=max_attempts,
-            interval_ms=draw(st.sampled_from([20, 50])),
+            interval_ms=_pick(draw, [20, 50]),
             ops=ops,
             outcomes=tuple(
-                draw(st.sampled_from(["ok", "ok", "ok", "ok", "error", "error", "fatal"]))
+                _pick(draw, ["ok", "ok", "ok", "ok", "error", "error", "fatal"])
                 for _ in range(max_attempts)
             ),
-            compensation=draw(st.sampled_from([None, None, "ok", "ok", "fail"])),
+            compensation=_pick(draw, [None, None, "ok", "ok", "fail"]),
             # (a stage that times out on its gate never reaches a hold)
-            hold=not local
-            and gate != "timeout"
-            and draw(st.sampled_from([False, False, False, True])),
+            hold=not local and gate != "timeout" and _pick(draw, [False, False, False, True]),
             value=draw(value_json),
             local=local,
             gate=gate,
@@ -368,20 +389,20 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
     @st.composite
     def _case(draw: Any) -> Case:
         n_groups = draw(st.integers(1, 5))
-        layers = _layers([draw(st.sampled_from([1, 1, 1, 2, 3, 4])) for _ in range(n_groups)])
+        layers = _layers([_pick(draw, [1, 1, 1, 2, 3, 4]) for _ in range(n_groups)])
         stages: list[StageCase] = []
         for k, layer in enumerate(layers):
             for sid in layer:
                 after: tuple[str, ...] = ()
                 if k > 0:
-                    first = draw(st.sampled_from(layers[k - 1]))
+                    first = _pick(draw, layers[k - 1])
                     earlier = [x for lay in layers[:k] for x in lay if x != first]
-                    extra = draw(st.lists(st.sampled_from(earlier), max_size=2)) if earlier else []
+                    extra = draw(st.lists(_sampled(earlier), max_size=2)) if earlier else []
                     after = tuple(sorted({first, *extra}))
                 stages.append(draw(_stage(sid, after, k == 0, len(layer) == 1)))
         order = tuple(x for layer in layers for x in draw(st.permutations(layer)))
         holders = [s.id for s in stages if s.hold]
-        cancel = draw(st.sampled_from([None, None, *holders])) if holders else None
+        cancel = _pick(draw, [None, None, *holders]) if holders else None
         case = Case(
             stages=tuple(_share_gates(draw, stages, layers)),
             order=order,
@@ -390,7 +411,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
         )
         case = _outside(draw, case)
         # two cases in five bound the run's queue, small enough to refuse early signals
-        bound = draw(st.sampled_from([None, None, None, 1, 2]))
+        bound = _pick(draw, [None, None, None, 1, 2])
         if bound is not None:
             # (and most of its waits early, so that the bound is met: a case refuses an
             # early signal only when more were sent than it holds)
@@ -400,7 +421,7 @@ def cases(gaps: frozenset[str] = KNOWN_GAPS) -> Any:
                 replace(
                     s,
                     ops=tuple(
-                        replace(op, mode=draw(st.sampled_from(modes[s.id in first])))
+                        replace(op, mode=_pick(draw, modes[s.id in first]))
                         if isinstance(op, Wait) and op.mode == "after"
                         else op
                         for op in s.ops
@@ -458,7 +479,7 @@ def _waits(draw: Any, ops: Sequence[Op], name: str, modes: list[str], local: boo
     the FIFO queue orders, and few stages would draw them otherwise)."""
     from hypothesis import strategies as st
 
-    mode = draw(st.sampled_from(modes))
+    mode = _pick(draw, modes)
     # a wait may wait again for the signal of an earlier wait of the stage (an approval loop:
     # steps ``name#2``, ...): half the time, three times in four in an early wait or a local
     # stage, whose every try re-reads what the tries before it journaled (counting a step's
@@ -467,16 +488,16 @@ def _waits(draw: Any, ops: Sequence[Op], name: str, modes: list[str], local: boo
     # ``during``) only a name no late wait used yet (see ``Wait``)
     again = _names_again(ops, mode)
     often = local or mode in ("before", "during")
-    repeat = st.sampled_from([True, True, True, False]) if often else st.booleans()
+    repeat = _sampled((True, True, True, False)) if often else st.booleans()
     if again and draw(repeat):
-        name = draw(st.sampled_from(again))
+        name = _pick(draw, again)
     if mode == "timeout":
-        ms = draw(st.sampled_from([400, 600]))
+        ms = _pick(draw, [400, 600])
         return [Wait(name, "timeout", ms, draw(st.booleans()))]
     out: list[Op] = [Wait(name, mode)]
     early = [m for m in modes if m in ("before", "during")]
-    if mode in early and draw(st.sampled_from([False, False, True])):
-        out.append(Wait(name, draw(st.sampled_from(early))))
+    if mode in early and _pick(draw, [False, False, True]):
+        out.append(Wait(name, _pick(draw, early)))
     return out
 
 
@@ -487,7 +508,7 @@ def _kind(draw: Any, local: bool) -> str:
     # (a local stage waits more often: its waits for one name again are what its tries'
     # journal reads get wrong most easily, see ``_waits``)
     kinds = ["run", "run", "sleep", "wait", "emit"] + (["wait", "wait"] if local else [])
-    kind: str = draw(st.sampled_from(kinds))
+    kind: str = _pick(draw, kinds)
     # one run in seven races instead (not in a local stage: it runs inside its workflow task
     # on Temporal, where no signal reaches it while it runs, so nothing races its timeout)
     if kind == "run" and not local and draw(st.integers(0, 6)) == 0:
@@ -497,9 +518,8 @@ def _kind(draw: Any, local: bool) -> str:
 
 def _race(draw: Any, name: str) -> list[Op]:
     """A ``race`` wait (``Wait``) of ``name`` and the timeout wait after it."""
-    from hypothesis import strategies as st
 
-    lag = draw(st.sampled_from([250, 400, 550]))
+    lag = _pick(draw, [250, 400, 550])
     return [
         Wait(name, "race", ms=400, catch=True, lag=lag),
         Wait(name, "timeout", ms=400, catch=True),
@@ -517,7 +537,7 @@ def _outside(draw: Any, case: Case) -> Case:
     held = next((k for k, g in enumerate(groups) if case.cancel in g), 0)
     done = [sid for g in groups[:held] for sid in g]  # (they complete before the cancel)
     if done and draw(st.booleans()):
-        failing = draw(st.sampled_from(done))
+        failing = _pick(draw, done)
         case = replace(
             case,
             stages=tuple(
@@ -561,16 +581,13 @@ def _fail_for_a_late_cancel(
     # a failure, or a cancel stage alone in the first group, gives way to the cancel stage
     # failing itself (``itself``): a few cases in 100
     kinds = (["first"] if after else []) + (["redriven", "none"] if before else [])
-    kind = draw(st.sampled_from(kinds)) if kinds else "alone"
-    if kind != "none" and draw(st.sampled_from([False, False, True])):
+    kind = _pick(draw, kinds) if kinds else "alone"
+    if kind != "none" and _pick(draw, [False, False, True]):
         kind = "itself"
     if kind in ("none", "alone"):
         return case, True  # (nothing fails before the cancel: ``make_valid`` cancels at once)
     first_hold = kind == "first"
-    if kind == "itself":
-        failing = case.cancel
-    else:
-        failing = draw(st.sampled_from(after if first_hold else before))
+    failing = case.cancel if kind == "itself" else _pick(draw, after if first_hold else before)
     # every stage that runs before the failing one completes (no other failure first), and
     # every one that runs before the cancel stage in the redriven run; a hold in a group
     # before the failing one's would wait for good in the first run (nothing there fails)
@@ -630,12 +647,11 @@ def _share_gates(draw: Any, stages: list[StageCase], layers: list[list[str]]) ->
     """Three times in four, a ``before`` or ``after`` gate of a later group waits for the
     signal name of a gate of an earlier group (``StageCase.gate_shares``), the rules kept: no
     two gates of one name in a group, its ``before`` gates before its ``after`` ones."""
-    from hypothesis import strategies as st
 
     layer_of = {sid: k for k, layer in enumerate(layers) for sid in layer}
     out: list[StageCase] = []
     for s in stages:
-        if s.gate in ("before", "after") and draw(st.sampled_from([True, True, True, False])):
+        if s.gate in ("before", "after") and _pick(draw, [True, True, True, False]):
             names: dict[str, list[StageCase]] = {}  # by signal name, the gates drawn so far
             for o in out:
                 if o.gate in ("before", "after"):
@@ -647,7 +663,7 @@ def _share_gates(draw: Any, stages: list[StageCase], layers: list[list[str]]) ->
                 and (s.gate == "after" or all(g.gate == "before" for g in gates))
             ]
             if fits:
-                shared = draw(st.sampled_from(fits))[len("gate_") :]
+                shared = _pick(draw, fits)[len("gate_") :]
                 out.append(replace(s, gate_shares=shared))
                 continue
         out.append(s)
