@@ -5,7 +5,8 @@ every event id is emitted once, with one sequence number)."""
 from __future__ import annotations
 
 from ._lifecycle import Lifecycle
-from ._models import RunSnapshot, SnapshotStage, StageStatus
+from ._models import RunSnapshot, SnapshotStage, SnapshotWait, StageStatus
+from ._suspended_in import current_wait
 
 __all__ = ["announced_suspension", "at_its_wait"]
 
@@ -22,26 +23,58 @@ def at_its_wait(st: SnapshotStage) -> SnapshotStage:
     each takes a queued signal of the name (the native driver: oldest job first; Temporal:
     the workflow lends it to one waiter) or waits for one, as a stage that suspended there.
 
-    Known only when the attempt suspended (``suspensions``) and its journal holds no other
-    step it could have suspended in (a sleep, a poll, another signal wait): every
-    suspension of the attempt was in this wait. An attempt at a wait it never suspended in
-    (a lost worker's try that journaled the wait before its suspension was recorded, a new
-    attempt replaying the wait an earlier one journaled), or one that may have suspended in
-    another wait since, stays ``running``: its suspension may not have been emitted, and
-    the target emits it when the attempt suspends."""
+    Known from the snapshot's ``suspended_in`` (the wait of the attempt's last emitted
+    suspension): a signal wait still open, the journal's uncompleted wait of that step and
+    deadline, or an ``after_signal`` gate, which journals nothing while it waits without a
+    timeout. A snapshot that does not say (written before ``suspended_in``): only when the
+    attempt suspended (``suspensions``) and its journal holds no other step it could have
+    suspended in (a sleep, a poll, another signal wait), so that every suspension of the
+    attempt was in this wait. An attempt at a wait it never suspended in (a lost worker's
+    try that journaled the wait before its suspension was recorded, a new attempt replaying
+    the wait an earlier one journaled), or one that suspended in another wait since, stays
+    ``running``: its suspension was not emitted, and the target emits it when the attempt
+    suspends."""
     if st.status != StageStatus.RUNNING or st.attempt <= 0 or st.suspensions <= 0:
         return st
+    if st.suspended_in is not None:
+        return _suspended(st, st.suspended_in) if _still_open(st, st.suspended_in) else st
     waits = [step for step in st.steps if step.kind != "run"]
     if len(waits) != 1:
         return st
     (wait,) = waits
     if wait.kind != "signal" or wait.completed or not wait.signal:
         return st
+    return _suspended(
+        st, SnapshotWait(step=wait.name, until=wait.deadline, waiting_for=f"signal:{wait.signal}")
+    )
+
+
+def _still_open(st: SnapshotStage, wait: SnapshotWait) -> bool:
+    """Whether the signal wait ``wait`` is still open in ``st``'s journal: its step not
+    completed (with the deadline it suspended with), or an ``after_signal`` gate without a
+    timeout, journaled once the signal is taken."""
+    reason, _, name = wait.waiting_for.partition(":")
+    if reason != "signal" or not name:
+        return False
+    journaled = [s for s in st.steps if s.name == wait.step]
+    if not journaled:
+        return wait.step == name and wait.until is None
+    step = journaled[0]
+    return (
+        step.kind == "signal"
+        and not step.completed
+        and step.signal == name
+        and step.deadline == wait.until
+    )
+
+
+def _suspended(st: SnapshotStage, wait: SnapshotWait) -> SnapshotStage:
     return st.model_copy(
         update={
             "status": StageStatus.SUSPENDED,
-            "waiting_for": f"signal:{wait.signal}",
-            "wake_at": wait.deadline,
+            "waiting_for": wait.waiting_for,
+            "wake_at": wait.until,
+            "suspended_in": wait,
         }
     )
 
@@ -57,30 +90,20 @@ def announced_suspension(snap: RunSnapshot, st: SnapshotStage) -> str | None:
     emitted at the source, which the target's own outbox does not hold. The target keeps
     this id with the stage and does not emit it again.
 
-    The step is the stage's one uncompleted signal wait of the name, its deadline the
-    stage's ``wake_at``; with none journaled, the wait of ``after_signal=name`` that keeps
-    no deadline (it journals nothing while it waits), whose step is the name. (A Temporal
-    run started before 2026-12-06 numbered its suspensions instead: its id differs, and the
-    target emits the step's id once, as it did.)"""
+    The step is the snapshot's ``suspended_in`` when it names the wait the stage is in (a
+    last emitted suspension elsewhere: None, the source did not emit this one); without it,
+    read from the journal (``current_wait``: the stage's one uncompleted signal wait of the
+    name with the stage's deadline, or the ``after_signal`` gate). (A Temporal run started
+    before 2026-12-06 numbered its suspensions instead: its id differs, and the target
+    emits the step's id once, as it did.)"""
     if st.status != StageStatus.SUSPENDED or st.attempt <= 0 or st.suspensions <= 0:
         return None
-    waiting_for = st.waiting_for or ""
-    reason, _, name = waiting_for.partition(":")
-    if reason != "signal" or not name:
+    if not (st.waiting_for or "").startswith("signal:"):
         return None
-    open_waits = [s for s in st.steps if s.kind == "signal" and not s.completed]
-    if len(open_waits) > 1:
-        return None
-    if open_waits:
-        (wait,) = open_waits
-        if wait.signal != name or wait.deadline != st.wake_at:
-            return None
-        step = wait.name
-    elif st.wake_at is None:
-        step = name  # (the gate of ``after_signal``: ``Steps._gate``)
-    else:
+    wait = st.suspended_in if st.suspended_in is not None else current_wait(st)
+    if wait is None or (wait.waiting_for, wait.until) != (st.waiting_for, st.wake_at):
         return None
     draft = Lifecycle(snap.run_id, snap.redrive_count).stage_suspended(
-        st.id, st.attempt, step, st.suspensions, "signal", st.wake_at, waiting_for
+        st.id, st.attempt, wait.step, st.suspensions, "signal", st.wake_at, wait.waiting_for
     )
     return draft.id

@@ -22,6 +22,7 @@ __all__ = [
     "SnapshotSignal",
     "SnapshotStage",
     "SnapshotStep",
+    "SnapshotWait",
     "StageInfo",
     "StageStatus",
     "VersionInfo",
@@ -256,6 +257,20 @@ class SnapshotSignal(BaseModel):
     idempotency_key: str | None = None
 
 
+class SnapshotWait(BaseModel):
+    """A wait a stage's attempt suspended in: what names its ``stage.suspended`` (with the
+    run, the stage and the attempt, ``Lifecycle.stage_suspended``)."""
+
+    step: str = Field(
+        description="the journal key of the suspending step (an ``after_signal`` gate's: the "
+        "signal name)"
+    )
+    until: datetime | None = Field(
+        default=None, description="the time it waits until (a sleep's wake, a wait's timeout)"
+    )
+    waiting_for: str = Field(description="reason:name, as the stage's ``waiting_for``")
+
+
 class SnapshotStage(BaseModel):
     """One stage of the run, with its step ledger and staged business events."""
 
@@ -275,6 +290,13 @@ class SnapshotStage(BaseModel):
     steps: list[SnapshotStep] = Field(default_factory=list)
     staged_events: list[dict[str, Any]] = Field(
         default_factory=list, description="business events emitted, released on completion"
+    )
+    suspended_in: SnapshotWait | None = Field(
+        default=None,
+        description="the wait of the last ``stage.suspended`` the source emitted for the "
+        "current attempt (whether it is still there or not); None: the attempt did not "
+        "suspend, or the source does not say (a snapshot from before 2026-12-07, or one "
+        "whose step the source could not tell): the import rules read the journal instead",
     )
 
 

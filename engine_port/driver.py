@@ -33,6 +33,10 @@ and tests/unit/test_driver_interface.py freezes the names below. They are:
   ``signal()`` with ``traced_signal``, store ``current_traceparent()`` (taken in ``start()``)
   with the run and give it back as ``StageRequest.trace_context``; the StageRunner makes the
   stage, compensation and step spans;
+- the import rules for stages suspended in a signal wait (``at_its_wait``,
+  ``announced_suspension``) and what an export tells them, the wait of the attempt's last
+  emitted suspension (``SnapshotStage.suspended_in``: ``wait_of_suspension`` finds it from an
+  emitted ``stage.suspended`` id, ``current_wait`` for a stage suspended right now);
 - storage, serialisation and secrets helpers (``ClaimCheck``, ``check_key``,
   ``delete_prefixes``, ``fingerprint``, ``redact_url``, ...), the snapshot models,
   ``StepEntry`` (a journaled step as ``wfe show --steps`` lists it), and the
@@ -84,6 +88,7 @@ from ._models import (
     SnapshotSignal,
     SnapshotStage,
     SnapshotStep,
+    SnapshotWait,
 )
 from ._payload_limit import check_payload_size
 from ._registry import Registry
@@ -101,6 +106,7 @@ from ._secrets import SecretUrl, redact_text, redact_url
 from ._serde import fingerprint, input_fingerprint, to_json_value
 from ._settings import EngineSettings
 from ._signal_names import check_signal_known, served_graph
+from ._suspended_in import current_wait, wait_of_suspension
 from .errors import UnsupportedFeatureError
 
 __all__ = [
@@ -126,6 +132,7 @@ __all__ = [
     "SnapshotSignal",
     "SnapshotStage",
     "SnapshotStep",
+    "SnapshotWait",
     "StageSpec",
     "StepEntry",
     "SystemClock",
@@ -155,6 +162,7 @@ __all__ = [
     "check_worker_options",
     "check_workflow_id",
     "check_workflow_ids",
+    "current_wait",
     "delete_prefixes",
     "describe_fault",
     "fingerprint",
@@ -177,6 +185,7 @@ __all__ = [
     "telemetry",
     "to_json_value",
     "version_key",
+    "wait_of_suspension",
 ]
 
 

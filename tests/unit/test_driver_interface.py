@@ -37,6 +37,7 @@ INTERFACE = [
     "SnapshotSignal",
     "SnapshotStage",
     "SnapshotStep",
+    "SnapshotWait",
     "StageSpec",
     "StepEntry",
     "SystemClock",
@@ -68,6 +69,7 @@ INTERFACE = [
     "check_worker_options",
     "check_workflow_id",
     "check_workflow_ids",
+    "current_wait",
     "delete_prefixes",
     "describe_fault",
     "fingerprint",
@@ -90,6 +92,7 @@ INTERFACE = [
     "to_json_value",
     "telemetry",
     "version_key",
+    "wait_of_suspension",
 ]
 
 # what every driver implements: the port's abstract engine methods (the conformance suite

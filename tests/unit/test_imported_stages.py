@@ -7,7 +7,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from engine_port import Lifecycle, RunSnapshot, RunStatus, StageStatus
-from engine_port.driver import SnapshotStage, SnapshotStep, announced_suspension, at_its_wait
+from engine_port.driver import (
+    SnapshotStage,
+    SnapshotStep,
+    SnapshotWait,
+    announced_suspension,
+    at_its_wait,
+    current_wait,
+    wait_of_suspension,
+)
 
 DEADLINE = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 
@@ -94,3 +102,117 @@ def test_an_attempt_running_at_the_one_wait_it_suspended_in_is_taken_in_suspende
         running.model_copy(update={"steps": [nap, _wait()]}),  # (it may have slept there)
     ):
         assert at_its_wait(unknown) is unknown
+
+
+# -- with the snapshot's ``suspended_in`` (the wait of the attempt's last emitted suspension) --
+
+NAP = SnapshotStep(name="nap", kind="sleep", completed=True, deadline=DEADLINE)
+AT_GO = SnapshotWait(step="go", waiting_for="signal:go")
+
+
+def _running(**fields: object) -> SnapshotStage:
+    return _stage(
+        **{"status": StageStatus.RUNNING, "waiting_for": None, "suspensions": 2, **fields}
+    )
+
+
+def test_an_attempt_running_at_the_wait_it_last_suspended_in_is_taken_in_suspended() -> None:
+    """Whatever else the journal holds (gap 1: a sleep, an earlier wait), or with nothing
+    journaled (gap 2: an ``after_signal`` gate without a timeout)."""
+    earlier = SnapshotStep(name="go", kind="signal", completed=True, result=1, signal="go")
+    timed = SnapshotWait(step="go#2", until=DEADLINE, waiting_for="signal:go")
+    cases = [
+        (_running(steps=[NAP, _wait()], suspended_in=AT_GO), AT_GO),
+        (_running(steps=[earlier, _wait("go#2", deadline=DEADLINE)], suspended_in=timed), timed),
+        (_running(steps=[], suspended_in=AT_GO), AT_GO),  # (the gate)
+    ]
+    for running, wait in cases:
+        parked = at_its_wait(running)
+        assert (parked.status, parked.waiting_for, parked.wake_at, parked.suspended_in) == (
+            StageStatus.SUSPENDED,
+            "signal:go",
+            wait.until,
+            wait,
+        ), running
+        assert announced_suspension(_snap(parked), parked) == _emitted(parked, wait.step)
+
+
+def test_an_attempt_whose_last_suspension_was_elsewhere_stays_running() -> None:
+    in_the_nap = SnapshotWait(step="nap", until=DEADLINE, waiting_for="sleep:nap")
+    done = SnapshotStep(name="go", kind="signal", completed=True, result=1, signal="go")
+    cases = [
+        _running(steps=[NAP, _wait()], suspended_in=in_the_nap),  # (a lost try: the wait)
+        _running(steps=[done], suspended_in=AT_GO),  # (it took its signal since)
+        _running(steps=[_wait(deadline=DEADLINE)], suspended_in=AT_GO),  # (another deadline)
+        _running(steps=[done, _wait("go#2")], suspended_in=AT_GO),  # (past the gate: a wait)
+        _running(steps=[_wait()], suspended_in=AT_GO, suspensions=0),
+    ]
+    for running in cases:
+        assert at_its_wait(running) is running, running
+
+
+def test_a_snapshot_that_says_where_the_stage_suspended_is_believed_over_the_journal() -> None:
+    """A stage suspended in a wait whose suspension the source did not emit (its last one
+    was elsewhere): no id is vouched for, the target emits it."""
+    st = _stage(steps=[NAP, _wait()], suspended_in=AT_GO)
+    assert announced_suspension(_snap(st), st) == _emitted(st, "go")
+    other = SnapshotWait(step="nap", until=DEADLINE, waiting_for="sleep:nap")
+    elsewhere = st.model_copy(update={"suspended_in": other})
+    assert announced_suspension(_snap(elsewhere), elsewhere) is None
+
+
+def test_an_older_snapshot_without_suspended_in_still_loads() -> None:
+    data = _snap(_stage()).model_dump(mode="json")
+    del data["stages"][0]["suspended_in"]
+    (st,) = RunSnapshot.model_validate(data).stages
+    assert st.suspended_in is None and st == _stage()
+
+
+def test_the_wait_of_an_emitted_suspension_is_found_by_its_id() -> None:
+    st = _running(steps=[NAP, _wait("go#2", deadline=DEADLINE)])
+    emitted = (
+        Lifecycle("r-1", 2).stage_suspended("b", 1, "go#2", 2, "signal", DEADLINE, "signal:go").id
+    )
+    found = wait_of_suspension(
+        "r-1", 2, st, emitted, until=DEADLINE, waiting_for="signal:go", gate=None
+    )
+    assert found == SnapshotWait(step="go#2", until=DEADLINE, waiting_for="signal:go")
+    # the gate, found from the stage's after_signal when the stage no longer waits
+    gate = _running(steps=[])
+    at_gate = Lifecycle("r-1", 2).stage_suspended("b", 1, "go", 2, "signal", None, "").id
+    assert wait_of_suspension("r-1", 2, gate, at_gate, until=None, waiting_for=None) is None
+    assert wait_of_suspension(
+        "r-1", 2, gate, at_gate, until=None, waiting_for=None, gate="go"
+    ) == SnapshotWait(step="go", waiting_for="signal:go")
+    # another attempt's suspension, or one numbered (a Temporal run started before)
+    again = st.model_copy(update={"attempt": 2})
+    numbered = Lifecycle("r-1", 2).stage_suspended("b", 1, None, 2, "signal", None, "").id
+    for stage, event in ((again, emitted), (st, numbered)):
+        assert (
+            wait_of_suspension(
+                "r-1", 2, stage, event, until=DEADLINE, waiting_for="signal:go", gate="go"
+            )
+            is None
+        )
+
+
+def test_the_wait_a_suspended_stage_is_in_is_read_from_its_journal() -> None:
+    assert current_wait(_stage()) == AT_GO
+    assert current_wait(_stage(steps=[])) == AT_GO  # (the gate)
+    timed = _stage(steps=[NAP, _wait("go#2", deadline=DEADLINE)], wake_at=DEADLINE)
+    assert current_wait(timed) == SnapshotWait(step="go#2", until=DEADLINE, waiting_for="signal:go")
+    napping = _stage(
+        waiting_for="sleep:nap",
+        wake_at=DEADLINE,
+        steps=[NAP.model_copy(update={"completed": False})],
+    )
+    assert current_wait(napping) == SnapshotWait(
+        step="nap", until=DEADLINE, waiting_for="sleep:nap"
+    )
+    for unknown in (
+        _stage(status=StageStatus.RUNNING),
+        _stage(steps=[_wait(), _wait("go#2")]),
+        _stage(steps=[], wake_at=DEADLINE),
+        _stage(waiting_for="sleep:nap", steps=[]),
+    ):
+        assert current_wait(unknown) is None, unknown
