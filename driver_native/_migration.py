@@ -22,16 +22,27 @@ from engine_port.driver import (
     SnapshotSignal,
     SnapshotStage,
     SnapshotStep,
+    SnapshotWait,
     announced_suspension,
     at_its_wait,
     version_key,
+    wait_of_suspension,
 )
 from engine_port.errors import IdempotencyConflictError, MigrationError, RunExistsError
 
 from ._outbox import append_events
 from ._progress import ACTIVE, refresh_status, schedule
 from ._runs import case_twin, load_graph, save_definition
-from ._schema import jobs, runs, signals, stage_archive, staged_events, stages, steps
+from ._schema import (
+    jobs,
+    outbox,
+    runs,
+    signals,
+    stage_archive,
+    staged_events,
+    stages,
+    steps,
+)
 from ._sql import lock_run, try_run
 
 __all__ = ["abort_export", "complete_export", "freeze_and_snapshot", "import_snapshot"]
@@ -51,12 +62,12 @@ def freeze_and_snapshot(conn: Connection, run_id: str) -> RunSnapshot | None:
     _check_can_migrate(run)
     if not _freeze(conn, run_id):
         return None
-    snapshot_stages = _snapshot_stages(conn, run_id)
+    graph = load_graph(conn, run.workflow_id, run.version)
+    snapshot_stages = _suspended_in(conn, run, _snapshot_stages(conn, run_id), graph)
     signal_rows = conn.execute(
         sa.select(signals).where(signals.c.run_id == run_id).order_by(signals.c.id)
     ).all()
     archive = conn.execute(sa.select(stage_archive).where(stage_archive.c.run_id == run_id)).all()
-    graph = load_graph(conn, run.workflow_id, run.version)
     return RunSnapshot(
         run_id=run.id,
         workflow_id=run.workflow_id,
@@ -132,6 +143,70 @@ def _snapshot_stages(conn: Connection, run_id: str) -> list[SnapshotStage]:
         _snapshot_stage(r, steps_of.get(r.stage_id, []), events_of.get(r.stage_id, []))
         for r in stage_rows
     ]
+
+
+def _suspended_in(
+    conn: Connection, run: Any, snapshot_stages: list[SnapshotStage], graph: GraphModel | None
+) -> list[SnapshotStage]:
+    """``snapshot_stages``, each with the wait of its attempt's last ``stage.suspended``
+    (``SnapshotStage.suspended_in``): the import rules read it rather than guess from the
+    journal (``at_its_wait``, ``announced_suspension``).
+
+    The last suspension the outbox holds for the stage since the run came here (after its
+    last ``run.migrated``: a run that moved away and back keeps its earlier events), else the
+    one the source of its import emitted (``announced_suspension``), matched to a step of
+    the current attempt by its id (``wait_of_suspension``: no match, none)."""
+    emitted = conn.execute(
+        sa.select(outbox.c.event_id, outbox.c.type, outbox.c.stage_id, outbox.c.data)
+        .where(
+            outbox.c.run_id == run.id,
+            outbox.c.type.in_(("stage.suspended", "run.migrated")),
+        )
+        .order_by(outbox.c.seq)
+    ).all()
+    last: dict[str, Any] = {}
+    for e in emitted:
+        if e.type == "run.migrated":
+            last.clear()
+        elif e.stage_id is not None:
+            last[e.stage_id] = e
+    announced = dict(
+        conn.execute(
+            sa.select(stages.c.stage_id, stages.c.announced_suspension).where(
+                stages.c.run_id == run.id, stages.c.announced_suspension.is_not(None)
+            )
+        ).all()
+    )
+    gates = {} if graph is None else {s.id: s.after_signal for s in graph.stages}
+    result = []
+    for st in snapshot_stages:
+        wait: SnapshotWait | None = None
+        gate = gates.get(st.id)
+        mine = last.get(st.id)
+        if st.suspensions > 0 and mine is not None:
+            data = mine.data or {}
+            until = data.get("until")
+            wait = wait_of_suspension(
+                run.id,
+                run.redrive_count,
+                st,
+                mine.event_id,
+                until=None if until is None else datetime.fromisoformat(until),
+                waiting_for=data.get("waiting_for"),
+                gate=gate,
+            )
+        elif st.suspensions > 0 and st.id in announced:
+            wait = wait_of_suspension(
+                run.id,
+                run.redrive_count,
+                st,
+                announced[st.id],
+                until=st.wake_at,
+                waiting_for=st.waiting_for,
+                gate=gate,
+            )
+        result.append(st if wait is None else st.model_copy(update={"suspended_in": wait}))
+    return result
 
 
 def _snapshot_stage(r: Any, step_rows: list[Any], event_rows: list[Any]) -> SnapshotStage:

@@ -96,6 +96,7 @@ class MigrationHandlers:
     _cancel_seen: bool
     _cancel_deferred: bool
     _repin_to: dict[str, Any] | None
+    _suspended_in: dict[str, dict[str, Any]]
 
     def _sync(self) -> None:
         raise NotImplementedError
@@ -257,6 +258,8 @@ class MigrationHandlers:
                     "finished_at": st.finished_at,
                     "steps": list(st.steps.values()),
                     "staged_events": list(st.events),
+                    # (the wait of the attempt's last stage.suspended, ``_suspension_noted``)
+                    "suspended_in": self._suspended_in.get(sid),
                 }
             )
         return {

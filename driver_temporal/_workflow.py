@@ -50,6 +50,7 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from engine_port import ErrorInfo, GraphModel, Lifecycle, StepRecord, run_output
+    from engine_port.driver import SnapshotStage, current_wait
     from engine_port.errors import RunTimeoutError
 
     from ._activities import COMPENSATE_SUFFIX, READ_JOURNAL_ACTIVITY
@@ -294,6 +295,9 @@ class GraphWorkflow(
         # deadline's (``_due_before_next``: only a timer of a second or more fires on time)
         self._timer_s: dict[str, float] = {}
         self._deadline_s = 0.0
+        # the wait of each attempt's last stage.suspended (a snapshot's ``suspended_in``): kept
+        # in memory only, no command reads it (``_suspension_noted``)
+        self._suspended_in: dict[str, dict[str, Any]] = {}
         # (and a cancel that reached the run frozen for a move, deferred: ``_watched``)
         self._cancel_seen = self._cancel_deferred = False
         self._continue_after: int | None = None
@@ -1024,6 +1028,8 @@ class GraphWorkflow(
         if not (st.status in ("suspended", "running") and st.attempt > 0):
             return True
         if st.status == "suspended" and st.waiting_for:
+            # (suspended where the run came from: imported, or continued as new)
+            self._suspension_noted(sid, *self._current_wait(st))
             waiting_for: str = st.waiting_for
             reason = waiting_for.split(":", 1)[0]
             if reason not in ("sleep", "signal", "poll"):
@@ -1053,6 +1059,7 @@ class GraphWorkflow(
         st.suspensions += 1
         until = parse_time(res.get("until"))
         st.status, st.waiting_for, st.wake_at = "suspended", res["waiting_for"], res["until"]
+        self._suspension_noted(sid, res.get("step"), res["until"], res["waiting_for"])
         self._emit(
             self._lc.stage_suspended(
                 sid,
@@ -1067,6 +1074,42 @@ class GraphWorkflow(
         )
         self._sync()
         await self._wait(sid, res, until)
+
+    def _suspension_noted(
+        self, sid: str, step: str | None, until: str | None, waiting_for: str | None
+    ) -> None:
+        """Keep the wait of the attempt's last ``stage.suspended`` for a snapshot
+        (``SnapshotStage.suspended_in``: an attempt a signal resumed, exported running at
+        that wait, is imported suspended there, ``at_its_wait``). Only in memory: the
+        snapshot is an update's result, no command, so runs started before replay as they
+        did. ``step`` None: not known (a result recorded before 2026-12-06, or a suspended
+        stage whose journal does not say), and the snapshot does not say either."""
+        if step is None or waiting_for is None:
+            self._suspended_in.pop(sid, None)
+        else:
+            self._suspended_in[sid] = {"step": step, "until": until, "waiting_for": waiting_for}
+
+    def _current_wait(self, st: StageState) -> tuple[str | None, str | None, str | None]:
+        """(step, until, waiting_for) of the wait ``st``, a suspended stage this execution
+        took over, is in (``current_wait``, the port's rule); step None: not known."""
+        try:
+            stage = SnapshotStage.model_validate(
+                {
+                    "id": st.id,
+                    "status": st.status,
+                    "attempt": st.attempt,
+                    "suspensions": st.suspensions,
+                    "waiting_for": st.waiting_for,
+                    "wake_at": st.wake_at,
+                    "steps": list(st.steps.values()),
+                }
+            )
+        except ValueError:  # (a journal of a form it does not read: the snapshot won't say)
+            return None, None, None
+        wait = current_wait(stage)
+        if wait is None:
+            return None, None, None
+        return wait.step, st.wake_at, wait.waiting_for
 
     async def _stage_failed(self, sid: str, attempt: int, res: dict[str, Any]) -> None:
         """Record the failed attempt; back off before the retry, or raise ``_StageFailed``
@@ -1102,6 +1145,7 @@ class GraphWorkflow(
             st.suspensions = 0
             st.waiting_for = None
             st.wake_at = None
+            self._suspended_in.pop(sid, None)
             self._emit(self._lc.stage_started(sid, attempt))
             self._sync()
         else:

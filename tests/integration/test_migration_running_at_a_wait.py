@@ -34,6 +34,7 @@ from engine_port import (
     WorkflowEngine,
     create_engine,
 )
+from engine_port.driver import SnapshotWait
 
 
 class Doc(BaseModel):
@@ -87,22 +88,38 @@ async def _delivered(engine: WorkflowEngine, sink: MemorySink, run_id: str) -> l
     return sink.for_run(run_id)
 
 
-def _running_at_the_wait(snap: RunSnapshot, suspensions: int) -> RunSnapshot:
+def _running_at_the_wait(snap: RunSnapshot, suspensions: int, told: bool) -> RunSnapshot:
     """``snap`` (b suspended in its wait for ``go``) with b's attempt ``running`` at that wait
-    after ``suspensions`` suspensions (a withdrawn or lost try: no ``waiting_for``)."""
+    after ``suspensions`` suspensions (a withdrawn or lost try: no ``waiting_for``).
+
+    ``told``: the snapshot says where the attempt last suspended (``suspended_in``), as the
+    story goes: in the wait (1 suspension, no nap), nowhere (none), in the nap (1
+    suspension after a nap); else it does not say (a snapshot from before it did), and the
+    import reads the journal."""
     (st,) = snap.stages
     assert st.status == StageStatus.SUSPENDED and st.waiting_for == "signal:go", st
+    assert st.suspended_in is not None and st.suspended_in.step == "go", st.suspended_in
+    suspended_in = None
+    if told and suspensions:
+        (nap,) = [s for s in st.steps if s.name == "nap"] or [None]
+        suspended_in = (
+            st.suspended_in
+            if nap is None
+            else SnapshotWait(step="nap", until=nap.deadline, waiting_for="sleep:nap")
+        )
     running = st.model_copy(
         update={
             "status": StageStatus.RUNNING,
             "suspensions": suspensions,
             "waiting_for": None,
             "wake_at": None,
+            "suspended_in": suspended_in,
         }
     )
     return snap.model_copy(update={"stages": [running]})
 
 
+@pytest.mark.parametrize("told", [True, False], ids=["suspended-in", "older-snapshot"])
 @pytest.mark.parametrize(
     "nap,suspensions,again",
     [
@@ -116,7 +133,7 @@ def _running_at_the_wait(snap: RunSnapshot, suspensions: int) -> RunSnapshot:
     ],
 )
 async def test_a_stage_imported_running_at_a_wait_suspends_there_once(
-    tmp_path: Path, nap: bool, suspensions: int, again: bool
+    tmp_path: Path, nap: bool, suspensions: int, again: bool, told: bool
 ) -> None:
     wf = _workflow()
     async with _two(tmp_path, wf) as [(src, src_sink), (dst, dst_sink)]:
@@ -131,7 +148,7 @@ async def test_a_stage_imported_running_at_a_wait_suspends_there_once(
 
             await _until("b waits for go", parked)
         snap = await src.export_run(run.id)
-        await dst.import_run(_running_at_the_wait(snap, suspensions))
+        await dst.import_run(_running_at_the_wait(snap, suspensions, told))
         await src.complete_export(run.id, "native")
         await _delivered(src, src_sink, run.id)
         imported = (await dst.get_run(run.id)).stage("b")
