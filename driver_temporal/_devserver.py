@@ -22,7 +22,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
@@ -58,6 +58,14 @@ def find_temporal_binary() -> str:
     )
 
 
+_STARTS = 3
+"""How many times ``TemporalDevServer.start`` spawns the server on ports it picked."""
+
+
+class _ExitedEarly(Exception):
+    """The server process exited before its API answered."""
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -83,6 +91,9 @@ class TemporalDevServer:
         startup_timeout: float = 60.0,
         log_file: str | os.PathLike[str] | None = None,
     ) -> None:
+        # ports picked here are free when picked, not when the server binds them: another
+        # process may take one in between (``start`` then tries again with others)
+        self._picked = (port is None, ui_port is None and not headless)
         self.port = port or _free_port()
         self.ui_port = ui_port or (None if headless else _free_port())
         self.db_filename = None if db_filename is None else str(db_filename)
@@ -146,15 +157,32 @@ class TemporalDevServer:
         )
 
     async def start(self) -> None:
-        """Start the server and wait (with a deadline) until its API answers."""
+        """Start the server and wait (with a deadline) until its API answers. A server that
+        exits while starting on ports picked here (one was taken between the pick and its
+        bind: another server starting, a client's ephemeral port) is started again on others,
+        up to ``_STARTS`` times."""
         if self._proc is not None:
             return
-        await asyncio.to_thread(self._spawn)
-        try:
-            await self._wait_ready()
-        except BaseException:
-            await self.stop()
-            raise
+        for tries_left in reversed(range(_STARTS)):
+            await asyncio.to_thread(self._spawn)
+            try:
+                await self._wait_ready()
+                return
+            except _ExitedEarly as exc:
+                await self.stop()
+                if not tries_left or not any(self._picked):
+                    raise DriverUnavailableError(str(exc)) from None
+                self._repick()
+            except BaseException:
+                await self.stop()
+                raise
+
+    def _repick(self) -> None:
+        pick_port, pick_ui = self._picked
+        if pick_port:
+            self.port = _free_port()
+        if pick_ui:
+            self.ui_port = _free_port()
 
     async def _wait_ready(self) -> None:
         use_runtime()  # (the process's temporalio runtime, as the engine makes it: ``_outage``)
@@ -163,9 +191,9 @@ class TemporalDevServer:
         while time.monotonic() < deadline:
             assert self._proc is not None
             if self._proc.poll() is not None:
-                raise DriverUnavailableError(
-                    f"temporal server start-dev exited with code {self._proc.returncode}; run "
-                    f"{' '.join(self.command())!r} by hand to see why"
+                raise _ExitedEarly(
+                    f"temporal server start-dev exited with code {self._proc.returncode}"
+                    f"{self._log_tail()}; run {' '.join(self.command())!r} by hand to see why"
                 )
             try:
                 client = await asyncio.wait_for(
@@ -183,6 +211,23 @@ class TemporalDevServer:
             f"the Temporal dev server at {self.address} did not answer within "
             f"{self.startup_timeout:g}s ({last}); check that the ports are free"
         )
+
+    def _log_tail(self) -> str:
+        """The last lines the server wrote (it exited while starting), for the error."""
+        log: Any = self._log
+        try:
+            log.flush()
+            if self.log_file:
+                with open(self.log_file, "rb") as f:
+                    f.seek(max(0, f.seek(0, os.SEEK_END) - 600))
+                    tail = f.read()
+            else:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - 600))
+                tail = log.read()
+        except (AttributeError, OSError, ValueError):
+            return ""
+        lines = tail.decode(errors="replace").strip().splitlines()
+        return f" ({lines[-1]})" if lines else ""
 
     async def stop(self) -> None:
         proc, self._proc = self._proc, None
