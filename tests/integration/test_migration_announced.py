@@ -12,10 +12,8 @@ the one that lost the queued signal sent its suspension's id a second time."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,6 @@ from pydantic import BaseModel
 from driver_native import _schema
 from engine_port import (
     EngineSettings,
-    Event,
     MemorySink,
     Registry,
     RunSnapshot,
@@ -35,10 +32,13 @@ from engine_port import (
     StageContext,
     StageStatus,
     Workflow,
-    WorkflowEngine,
     create_engine,
     migrate_run,
 )
+from tests.support.moved_runs import Side
+from tests.support.moved_runs import check_ids as _check_ids
+from tests.support.moved_runs import flushed as _flushed
+from tests.support.moved_runs import until as _until
 
 
 class Doc(BaseModel):
@@ -57,11 +57,6 @@ def _pair_wait() -> Workflow[Doc]:
         return await ctx.step.wait_for_signal("go")
 
     return wf
-
-
-class Side:
-    def __init__(self, engine: WorkflowEngine, sink: MemorySink) -> None:
-        self.engine, self.sink = engine, sink
 
 
 @asynccontextmanager
@@ -93,41 +88,6 @@ async def _sides(
     engines = [s.engine for s in sides.values()]
     async with engines[0], engines[1]:
         yield sides
-
-
-async def _until(what: str, probe: Callable[[], Awaitable[bool]], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not await probe():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
-async def _flushed(side: Side, run_id: str) -> None:
-    """Every event the engine holds for the run reached its sink."""
-    held = {e.id for e in await side.engine.events(run_id)}
-
-    async def delivered() -> bool:
-        await side.engine.flush_events()
-        return held <= {e.id for e in side.sink.for_run(run_id)}
-
-    await _until("events delivered", delivered)
-
-
-def _check_ids(events: list[Event]) -> list[Event]:
-    """No id delivered with two sequence numbers (or as two events); deduplicated by id, the
-    run's events are numbered 1..n without a gap."""
-    by_id: dict[str, tuple[Any, ...]] = {}
-    for e in events:
-        what = (e.seq, e.type, e.stage, e.data)
-        assert by_id.setdefault(e.id, what) == what, (e.id, by_id[e.id], what)
-    kept: dict[str, Event] = {}
-    for e in events:
-        kept.setdefault(e.id, e)
-    ordered = sorted(kept.values(), key=lambda e: e.seq)
-    assert [e.seq for e in ordered] == list(range(1, len(ordered) + 1)), [
-        (e.seq, e.type, e.stage, e.id) for e in ordered
-    ]
-    return ordered
 
 
 async def _both_wait(side: Side, run_id: str) -> None:
