@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from driver_native import _schema
+from driver_native import _schema, _worker
 from driver_native._db import Database, _Try
 
 from . import workflows as w
@@ -41,9 +41,12 @@ def _counting(db: Database) -> CountingExecutor:
 
 
 async def test_a_three_stage_run_makes_no_thread_hop_and_no_pool_checkout(
-    make_engine: MakeEngine,
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SQLite: the held connections; PostgreSQL: the loop's connections (``_pgloop``)."""
+    # (no outbox survey while the run is measured: on SQLite it reads on the database thread,
+    # and it comes at least every _SURVEY_MAX_GAP, which a loaded host's warm-up can pass)
+    monkeypatch.setattr(_worker, "_SURVEY_MAX_GAP", 3600.0)
     engine = await make_engine(w.linear)
     hops = _counting(engine.kernel.db)
     checkouts: list[object] = []
@@ -61,8 +64,10 @@ async def test_a_three_stage_run_makes_no_thread_hop_and_no_pool_checkout(
     # before: 4 of each (a hop and a pool checkout per transaction: create, then one per
     # stage outcome; on PostgreSQL until 2026-12-02). At most one checkout: on a loaded host
     # the caller's start can overlap the worker's claim more than during the warm-up, and the
-    # loop then opens (and keeps) one more connection, once.
-    assert hops.hops == 0 and len(checkouts) <= 1
+    # loop then opens (and keeps) one more connection, once. On PostgreSQL that connection is
+    # opened on a database thread: its one hop (CI, 2026-12-07: hops 1), no other.
+    assert len(checkouts) <= 1
+    assert hops.hops == (len(checkouts) if engine.kernel.db.is_postgres else 0)
 
 
 async def test_the_database_thread_checks_out_its_connection_once(tmp_path: Path) -> None:

@@ -52,6 +52,23 @@ class OutageSink(MemorySink):
         await super().publish(events)
 
 
+class SeenSink(OutageSink):
+    """Down until ``up = True``; once a run's events failed, its next try waits for ``go``:
+    the span between a first failure and a dead letter lasts until the test has seen it,
+    however seldom a loaded host lets the worker count its outbox (``_survey``)."""
+
+    publish_timeout = 120.0
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.go = asyncio.Event()
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        if events and self.failures.get(events[0].run_id):
+            await self.go.wait()
+        await super().publish(events)
+
+
 class FlakySink(OutageSink):
     """Fails every batch until each run in it has failed ``attempts`` times: an outage measured
     in attempts, so a loaded machine cannot stretch or shrink it."""
@@ -203,15 +220,18 @@ async def test_a_sink_that_keeps_failing_dead_letters_after_the_span_logs_and_co
     make_engine: MakeEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="wfe.outbox")
-    sink = OutageSink(None)
+    sink = SeenSink()
     engine = await make_engine(w.linear, event_sink=sink, **SHORT)
     run = await engine.start("it-linear", {"n": 1})
     async with engine.worker(flush_interval=0.01, maintenance_interval=0.05) as host:
         assert (await engine.wait(run.id, timeout=20)).status == "completed"
+        # (before SeenSink, CI 2026-12-07: no survey fell inside the 1 s span on a loaded
+        # host, and this timed out)
         retrying = await poll(
             lambda: host.stats()["outbox_retrying"] > 0 and host.stats(), "events retrying"
         )
         assert retrying["outbox_dead"] == 0
+        sink.go.set()
         await poll(lambda: host.stats()["outbox_dead"] == 10, "10 dead letters in stats()")
         stats = host.stats()
     assert stats["dead_lettered"] == 10
