@@ -90,7 +90,7 @@ async def _temporal_driver(a: dict[str, Any]) -> None:
 async def _temporal_raw(a: dict[str, Any]) -> None:
     from . import _temporal_raw
 
-    async with _temporal_raw.worker(a["address"]):
+    async with _temporal_raw.worker(a["address"], pinned=bool(a.get("pinned"))):
         await _until_term()
 
 

@@ -15,9 +15,12 @@ from typing import Any
 
 from temporalio import activity, workflow
 
-__all__ = ["TASK_QUEUE", "worker"]
+__all__ = ["PINNED", "TASK_QUEUE", "worker"]
 
 TASK_QUEUE = "bench-raw"
+PINNED = ("bench-raw", "v1")
+"""(deployment name, build id) of ``worker(pinned=True)``: Worker Deployment versioning with
+workflows pinned, as the driver's workers serve each definition version"""
 STAMPS: list[float] = []
 _T = timedelta(seconds=30)
 
@@ -97,13 +100,22 @@ class Signal:
 
 
 @contextlib.asynccontextmanager
-async def worker(address: str) -> AsyncIterator[Any]:
+async def worker(address: str, *, pinned: bool = False) -> AsyncIterator[Any]:
     from temporalio.client import Client
-    from temporalio.worker import Worker
+    from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
+    from temporalio.worker import Worker, WorkerDeploymentConfig
 
     client = await Client.connect(address)
+    versioning: dict[str, Any] = {}
+    if pinned:
+        versioning["deployment_config"] = WorkerDeploymentConfig(
+            version=WorkerDeploymentVersion(*PINNED),
+            use_worker_versioning=True,
+            default_versioning_behavior=VersioningBehavior.PINNED,
+        )
     async with Worker(
         client,
+        **versioning,
         task_queue=TASK_QUEUE,
         workflows=[Seq3, Fanout, Long, Signal],
         activities=[noop, echo, tick],

@@ -234,3 +234,50 @@ def test_rounds_combine_to_medians() -> None:
     assert out["latency"]["n"] == 30 and out["latency"]["wall_s"] == 4.5
     assert out["latency"]["rounds"] == 3 and len(out["latency"]["per_round"]) == 3
     assert out["signal"] == {"error": "x"}
+
+
+@pytest.mark.temporal
+@pytest.mark.timeout(120)
+def test_hand_written_pinned_runs_on_its_worker_deployment_version() -> None:
+    """``temporal_throughput --pinned`` measures what pinning costs: its hand-written runs must
+    really be pinned to the worker's deployment version (else it measures plain runs twice)."""
+    import asyncio
+    import uuid
+
+    from temporalio.api.enums.v1 import VersioningBehavior
+    from temporalio.client import Client
+    from temporalio.common import PinnedVersioningOverride, WorkerDeploymentVersion
+
+    import bench._temporal_raw as raw
+    from tests.support.temporal import roomy_dev_server
+
+    async def go() -> None:
+        async with (
+            roomy_dev_server(headless=True) as server,
+            raw.worker(server.address, pinned=True),
+        ):
+            client = await Client.connect(server.address)
+            version = WorkerDeploymentVersion(*raw.PINNED)
+            deadline = asyncio.get_running_loop().time() + 60
+            while True:  # (the version exists once the server saw the worker poll)
+                try:
+                    handle = await client.start_workflow(
+                        "bench_seq3",
+                        False,
+                        id=uuid.uuid4().hex,
+                        task_queue=raw.TASK_QUEUE,
+                        versioning_override=PinnedVersioningOverride(version),
+                    )
+                    break
+                except Exception:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+            assert await handle.result() == 3
+            desc = await handle.describe()
+            info = desc.raw_description.workflow_execution_info.versioning_info
+            assert info.behavior == VersioningBehavior.VERSIONING_BEHAVIOR_PINNED
+            assert info.deployment_version.build_id == raw.PINNED[1]
+            assert info.deployment_version.deployment_name == raw.PINNED[0]
+
+    asyncio.run(go())

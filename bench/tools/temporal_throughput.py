@@ -6,7 +6,12 @@ the process tree: the dev server, the two worker processes, and this (starting) 
 
 ``--warm N`` first runs N 3-stage runs one at a time with an in-process worker on the same dev
 server (as the bench's throughput row does for the driver, after its latency workloads), to
-see whether a used dev server changes the figure."""
+see whether a used dev server changes the figure.
+
+``--pinned``: hand-written temporalio against itself with Worker Deployment versioning, its
+workflows pinned to their version (``PinnedVersioningOverride`` at the start), as the driver
+pins every run to its definition version: what that pinning alone costs, in place of the
+driver's rounds."""
 
 from __future__ import annotations
 
@@ -93,14 +98,17 @@ async def _driver(n: int, warm: int, settle: float) -> dict[str, float]:
             return await _timed(_pid(server), go, n)
 
 
-async def _raw(n: int, settle: float) -> dict[str, float]:
+async def _raw(n: int, settle: float, *, pinned: bool = False) -> dict[str, float]:
     from temporalio.client import Client
+    from temporalio.common import PinnedVersioningOverride, WorkerDeploymentVersion
 
     from bench._procs import worker_processes
 
+    pin = PinnedVersioningOverride(WorkerDeploymentVersion(*raw.PINNED)) if pinned else None
     async with TemporalDevServer(headless=True) as server:
         client = await Client.connect(server.address)
-        async with worker_processes("temporal-raw", {"address": server.address}):
+        args = {"address": server.address, "pinned": pinned}
+        async with worker_processes("temporal-raw", args):
             await asyncio.sleep(settle)
 
             async def go() -> None:
@@ -108,7 +116,11 @@ async def _raw(n: int, settle: float) -> dict[str, float]:
                     n,
                     50,
                     lambda _i: client.start_workflow(
-                        "bench_seq3", False, id=uuid.uuid4().hex, task_queue=raw.TASK_QUEUE
+                        "bench_seq3",
+                        False,
+                        id=uuid.uuid4().hex,
+                        task_queue=raw.TASK_QUEUE,
+                        versioning_override=pin,
                     ),
                 )
                 await _gather_bounded(n, 100, lambda i: handles[i].result())
@@ -125,22 +137,30 @@ def _line(title: str, rows: list[dict[str, float]]) -> str:
     )
 
 
-async def main(runs: int, rounds: int, warm: int, settle: float) -> None:
+async def main(runs: int, rounds: int, warm: int, settle: float, pinned: bool) -> None:
+    name = "pinned" if pinned else "driver"
     drv: list[dict[str, float]] = []
     hand: list[dict[str, float]] = []
     for i in range(rounds):
-        order = ("driver", "raw") if i % 2 == 0 else ("raw", "driver")
+        order = (name, "raw") if i % 2 == 0 else ("raw", name)
         for which in order:
-            if which == "driver":
-                drv.append(await _driver(runs, warm, settle))
-                print("driver", {k: round(v, 1) for k, v in drv[-1].items()}, flush=True)
-            else:
+            if which == "raw":
                 hand.append(await _raw(runs, settle))
                 print("raw   ", {k: round(v, 1) for k, v in hand[-1].items()}, flush=True)
-    print(_line("driver      ", drv))
-    print(_line("hand-written", hand))
+                continue
+            if pinned:
+                drv.append(await _raw(runs, settle, pinned=True))
+            else:
+                drv.append(await _driver(runs, warm, settle))
+            print(name, {k: round(v, 1) for k, v in drv[-1].items()}, flush=True)
+    print(_line(f"{'hand-written, pinned' if pinned else 'driver':<20}", drv))
+    print(_line(f"{'hand-written':<20}", hand))
     ratios = [h["runs_per_s"] / d["runs_per_s"] for d, h in zip(drv, hand, strict=True)]
-    print("ratio (hand-written runs/s / driver runs/s) per round:", [round(r, 2) for r in ratios])
+    print(
+        f"ratio (hand-written runs/s / {name} runs/s) per round:",
+        [round(r, 2) for r in ratios],
+        f"median {statistics.median(ratios):.2f}",
+    )
 
 
 if __name__ == "__main__":
@@ -149,5 +169,6 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warm", type=int, default=0)
     ap.add_argument("--settle", type=float, default=10.0)
+    ap.add_argument("--pinned", action="store_true", help="hand-written pinned, not the driver")
     args = ap.parse_args()
-    asyncio.run(main(args.runs, args.rounds, args.warm, args.settle))
+    asyncio.run(main(args.runs, args.rounds, args.warm, args.settle, args.pinned))
